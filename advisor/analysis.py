@@ -1,0 +1,182 @@
+"""From a path to an answer: find the run, load its ranks, measure, run the rules.
+
+This is the pipeline every command shares (`report`, `gate`, `diff`, `profile`):
+discover → load → metrics → rules. Renderers only read the `Analysis` it returns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import orjson
+
+from advisor import __version__
+from advisor.config import Config, load_config
+from advisor.engine import Finding, all_rules, run_rules, select_rules
+from advisor.errors import InputError
+from advisor.load.discover import RunFiles, find_run
+from advisor.load.trace import TraceFrames, load_trace
+from advisor.metrics.summary import Metrics, _stats, compute_metrics
+
+FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
+RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+REPORT_SCHEMA = "advisor/report/v1"
+
+
+@dataclass
+class Analysis:
+    source: str
+    run: RunFiles
+    ranks: list[Metrics]
+    facts: dict[int, dict[str, Any]]
+    findings: list[Finding]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def primary(self) -> Metrics:
+        """The slowest rank: the one the job waits for."""
+        return max(self.ranks, key=lambda m: m.mean_step_ns)
+
+    def run_facts(self, rank: int | None = None) -> dict[str, Any] | None:
+        rank = self.primary.rank if rank is None else rank
+        return self.facts.get(rank) or self.facts.get(-1)
+
+    def step_times_ms(self) -> np.ndarray:
+        """The run's step times: per step, the slowest rank's (a job is as fast as its slowest rank)."""
+        per_rank = [m.steps.set_index("step")["duration"] for m in self.ranks]
+        if len(per_rank) == 1:
+            return per_rank[0].to_numpy(np.float64) / 1e6
+        common = set(per_rank[0].index)
+        for s in per_rank[1:]:
+            common &= set(s.index)
+        if common:
+            idx = sorted(common)
+            return np.max([s.loc[idx].to_numpy() for s in per_rank], axis=0).astype(np.float64) / 1e6
+        n = min(len(s) for s in per_rank)
+        return np.max([s.to_numpy()[:n] for s in per_rank], axis=0).astype(np.float64) / 1e6
+
+    def summary(self) -> dict[str, Any]:
+        s = self.primary.summary()
+        if len(self.ranks) > 1:
+            ms = self.step_times_ms()
+            s["steps"] = int(len(ms))
+            s["step_time_ms"] = _stats(ms)
+        return s
+
+    def notes(self) -> list[str]:
+        out = list(self.run.notes)
+        for m in self.ranks:
+            prefix = f"rank {m.rank}: " if len(self.ranks) > 1 else ""
+            out += [prefix + n for n in m.notes]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": REPORT_SCHEMA,
+            "advisor_version": __version__,
+            "source": self.source,
+            "run": self.run.name,
+            "files": [str(p) for p in self.run.files],
+            "summary": self.summary(),
+            "ranks": [
+                {
+                    "rank": m.rank,
+                    "file": str(m.frames.path),
+                    "device": {
+                        "name": m.device.name,
+                        "total_memory_bytes": m.device.total_memory_bytes,
+                        "compute_capability": m.device.compute_capability,
+                    },
+                    "summary": m.summary(),
+                }
+                for m in self.ranks
+            ],
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": self.notes(),
+            "warnings": self.warnings,
+        }
+
+
+def _read_facts(directory: Path, warnings: list[str]) -> dict[int, dict[str, Any]]:
+    facts: dict[int, dict[str, Any]] = {}
+    if not directory.is_dir():
+        return facts
+    for p in sorted(directory.iterdir()):
+        m = FACTS_FILE.match(p.name)
+        if not m:
+            continue
+        try:
+            data = orjson.loads(p.read_bytes())
+            if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("advisor/facts/"):
+                raise ValueError("not an advisor facts file")
+        except (OSError, ValueError) as exc:
+            warnings.append(f"{p}: ignored facts file ({exc})")
+            continue
+        rank = int(m.group(1)) if m.group(1) else data.get("rank", -1)
+        facts[rank if isinstance(rank, int) else -1] = data
+    return facts
+
+
+def _assign_ranks(frames: list[TraceFrames]) -> list[int]:
+    """distributedInfo.rank when present and distinct, else the file name, else file order."""
+    ranks = [f.rank for f in frames]
+    if all(r is not None for r in ranks) and len(set(ranks)) == len(ranks):
+        return ranks  # type: ignore[return-value]
+    named = [RANK_IN_NAME.search(f.path.name) for f in frames]
+    if all(named) and len({int(m.group(1)) for m in named}) == len(named):  # type: ignore[union-attr]
+        return [int(m.group(1)) for m in named]  # type: ignore[union-attr]
+    return list(range(len(frames)))
+
+
+def load_ranks(run: RunFiles, warnings: list[str], progress: Callable[[Path], None] | None = None) -> list[TraceFrames]:
+    frames, errors = [], []
+    for path in run.files:
+        try:
+            frames.append(load_trace(path))
+        except InputError as exc:
+            if len(run.files) == 1:
+                raise
+            errors.append(exc)
+            warnings.append(f"skipped {exc.line()}")
+        if progress:
+            progress(path)
+    if not frames:
+        raise errors[0]
+    # Several windows of one rank (profiler `repeat`): keep the newest window of each rank.
+    dist = [f.rank for f in frames]
+    if len(frames) > 1 and all(r is not None for r in dist) and len(set(dist)) < len(dist):
+        newest: dict[int, TraceFrames] = {}
+        for f in sorted(frames, key=lambda f: f.path.stat().st_mtime):
+            newest[f.rank] = f  # type: ignore[index]
+        warnings.append(f"{len(frames)} trace files for {len(newest)} rank(s): using the newest window of each")
+        frames = sorted(newest.values(), key=lambda f: f.rank)  # type: ignore[arg-type,return-value]
+    return frames
+
+
+def analyze(
+    path: str | Path,
+    run: str | None = None,
+    config: Config | None = None,
+    rules_dir: str | Path | None = None,
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+    progress: Callable[[Path], None] | None = None,
+) -> Analysis:
+    config = config if config is not None else load_config()
+    warnings: list[str] = []
+    run_files = find_run(path, run)
+    frames = load_ranks(run_files, warnings, progress)
+    metrics = [compute_metrics(f, rank) for f, rank in zip(frames, _assign_ranks(frames))]
+    metrics.sort(key=lambda m: m.rank)
+    facts = _read_facts(run_files.directory, warnings)
+    rules = select_rules(
+        all_rules(rules_dir),
+        select=select or config.select,
+        ignore=[*(ignore or []), *config.ignore],
+    )
+    findings = run_rules(rules, metrics, facts, config.rule_options)
+    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings)

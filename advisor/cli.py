@@ -1,0 +1,200 @@
+"""The `advisor` command line: report, rules, explain (and profile, gate, diff, view).
+
+Any InputError ends in one line on stderr and exit code 2; the user never sees a traceback
+for bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.table import Table
+from rich.text import Text
+
+from advisor.errors import EXIT_BAD_INPUT, InputError
+
+app = typer.Typer(
+    name="advisor",
+    help="Why is my PyTorch training slow, and what should I change first?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+    html = "html"
+
+
+def stdout_console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def write_output(text: str, output: Optional[Path]) -> None:
+    if output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(output, f"cannot write output: {exc.strerror or exc}") from None
+    stderr_console().print(Text(f"wrote {output}"))
+
+
+def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) -> None:
+    """Render an analysis in the chosen format to stdout or a file."""
+    if fmt is Format.json:
+        from advisor.render.json_report import to_json
+
+        write_output(to_json(analysis), output)
+    elif fmt is Format.markdown:
+        from advisor.render.markdown import to_markdown
+
+        write_output(to_markdown(analysis, verbose=verbose), output)
+    elif fmt is Format.html:
+        from advisor.render.html import to_html
+
+        write_output(to_html(analysis), output or Path("advisor_report.html"))
+    else:
+        from advisor.render.text import render_text
+
+        if output is None:
+            render_text(analysis, stdout_console(), verbose=verbose)
+        else:
+            console = Console(record=True, width=120, file=open("/dev/null", "w"), color_system=None)
+            render_text(analysis, console, verbose=verbose)
+            write_output(console.export_text(), output)
+
+
+def analyze_with_progress(path: Path, **kwargs):
+    """analyze() with a progress bar on stderr when there is more than one file to load."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from advisor.analysis import analyze
+    from advisor.load.discover import find_run
+
+    files = find_run(path, kwargs.get("run")).files
+    if len(files) < 2:
+        return analyze(path, **kwargs)
+    with Progress(TextColumn("loading traces"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=stderr_console(), transient=True) as bar:
+        task = bar.add_task("load", total=len(files))
+        return analyze(path, progress=lambda _p: bar.advance(task), **kwargs)
+
+
+@app.command()
+def report(
+    path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file (.json, .json.gz)."),
+    format: Format = typer.Option(Format.text, "--format", "-f", help="text, json, markdown or html."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
+    select: List[str] = typer.Option([], "--select", help="Only these rules (repeatable)."),
+    ignore: List[str] = typer.Option([], "--ignore", help="Skip these rules (repeatable)."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
+) -> None:
+    """Analyse an existing torch.profiler log dir or trace file."""
+    from advisor.config import load_config
+
+    cfg = load_config(config)
+    analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir, select=select, ignore=ignore)
+    emit_report(analysis, format, output, verbose)
+    if tensorboard:
+        from advisor.render.tensorboard import launch_tensorboard
+
+        launch_tensorboard(analysis.run.directory)
+
+
+@app.command("rules")
+def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also list rule files from this folder.")) -> None:
+    """List the rules the advisor checks."""
+    from advisor.engine import all_rules
+
+    t = Table(show_edge=False)
+    t.add_column("rule")
+    t.add_column("what it finds", overflow="fold")
+    t.add_column("source", style="bright_black")
+    for r in all_rules(rules_dir):
+        t.add_row(r.id, Text(r.title), r.source)
+    stdout_console().print(t)
+
+
+@app.command()
+def explain(
+    rule: str = typer.Argument(..., help="A rule id, e.g. dataloader-stall."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also look in this folder."),
+) -> None:
+    """Print one rule's page: what it detects, why it is slow, the fix, how the saving is estimated."""
+    from advisor.engine import find_rule
+
+    r = find_rule(rule, rules_dir)
+    page = r.doc or r.title
+    if r.docs_url and r.docs_url not in page:
+        page += f"\n\nReference: {r.docs_url}"
+    if r.defaults:
+        page += "\n\n## Options\n\n" + "\n".join(f"- `{k}` = `{v!r}`" for k, v in r.defaults.items())
+    stdout_console().print(Markdown(f"# {r.id}\n\n{page}"))
+
+
+def _register_optional_commands() -> None:
+    """Commands whose modules are optional or heavy register themselves here."""
+    try:
+        from advisor.capture.command import profile
+    except ImportError:
+        profile = None
+    if profile is not None:
+        app.command("profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(profile)
+    for module, names in (("advisor.gate.command", ("gate", "baseline")), ("advisor.render.commands", ("diff", "view"))):
+        try:
+            mod = __import__(module, fromlist=list(names))
+        except ImportError:
+            continue
+        for name in names:
+            fn = getattr(mod, name, None)
+            if fn is not None:
+                app.command(name)(fn)
+
+
+_register_optional_commands()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except InputError as exc:
+        stderr_console().print(Text(f"advisor: error: {exc.line()}"), soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except (typer.Abort, KeyboardInterrupt):
+        stderr_console().print(Text("advisor: interrupted"))
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(EXIT_BAD_INPUT if exc.exit_code == 2 else exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

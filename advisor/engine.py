@@ -1,0 +1,285 @@
+"""The rule engine: discover rule files, run them on each rank, rank what they find.
+
+A rule is one module in `rules/` (shipped as `advisor.rules`) or in a user's `--rules DIR`.
+Its docstring is its documentation page (what `advisor explain RULE` prints) and it defines:
+
+    ID = "dataloader-stall"            # kebab-case, unique
+    TITLE = "The input pipeline starves the device"
+    DOCS = "https://pytorch.org/docs/..."   # the PyTorch page that backs the advice
+    DEFAULTS = {"min_share": 0.05}     # thresholds, overridable in [tool.advisor.rules.<ID>]
+    CAUSES = ()                         # for symptom rules: ids of rules that explain them
+    def check(ctx: Context) -> Finding | Iterable[Finding] | None
+
+Findings are ranked by saving. A symptom rule (CAUSES non-empty) is not counted twice with
+its causes: when a cause fired, the symptom keeps only the part of its saving the causes do
+not already claim, and points at them. Savings of one run never add up to more than its
+step time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable
+
+from advisor.errors import InputError
+from advisor.metrics.summary import Metrics
+
+SEVERITIES = ("high", "medium", "low")
+CONFIDENCES = ("high", "medium", "low")
+
+
+@dataclass
+class Fix:
+    text: str
+    snippet: str = ""
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str
+    title: str
+    message: str
+    saving_ms: float | None  # per step; None only for risks that cost no time now (e.g. OOM risk)
+    saving_pct: float | None  # of the mean step time
+    confidence: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: Fix = field(default_factory=lambda: Fix(""))
+    causes: list[str] = field(default_factory=list)
+    rank: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Rule:
+    id: str
+    title: str
+    doc: str
+    docs_url: str
+    defaults: dict[str, Any]
+    causes: tuple[str, ...]
+    module: ModuleType
+    source: str  # "builtin" or the user's folder
+
+    def check(self, ctx: "Context") -> list[Finding]:
+        out = self.module.check(ctx)
+        if out is None:
+            return []
+        if isinstance(out, Finding):
+            return [out]
+        return list(out)
+
+
+@dataclass
+class Context:
+    """What a rule sees: one rank's metrics, the run's facts (if recorded) and its options."""
+
+    metrics: Metrics
+    facts: dict[str, Any] | None
+    options: dict[str, Any]
+    rule: Rule
+    world_size: int = 1
+
+    @property
+    def frames(self):
+        return self.metrics.frames
+
+    @property
+    def step_ms(self) -> float:
+        return self.metrics.mean_step_ns / 1e6
+
+    def fact(self, *keys: str, default: Any = None) -> Any:
+        """A nested value from the facts file, or default when absent (no facts recorded)."""
+        node: Any = self.facts
+        for k in keys:
+            if isinstance(node, dict) and k in node:
+                node = node[k]
+            elif isinstance(node, list) and isinstance(k, int) and k < len(node):
+                node = node[k]
+            else:
+                return default
+        return node
+
+    def finding(
+        self,
+        message: str,
+        saving_ms: float | None,
+        *,
+        confidence: str = "high",
+        evidence: dict[str, Any] | None = None,
+        fix: str | None = None,
+        snippet: str | None = None,
+        severity: str | None = None,
+        title: str | None = None,
+    ) -> Finding:
+        step = self.step_ms
+        pct = (saving_ms / step) if (saving_ms is not None and step > 0) else None
+        if severity is None:
+            severity = "low" if pct is None else ("high" if pct >= 0.10 else "medium" if pct >= 0.03 else "low")
+        mod = self.rule.module
+        return Finding(
+            rule=self.rule.id,
+            severity=severity,
+            title=title or self.rule.title,
+            message=message,
+            saving_ms=saving_ms,
+            saving_pct=pct,
+            confidence=confidence,
+            evidence=evidence or {},
+            fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
+            rank=self.metrics.rank,
+        )
+
+
+# --- discovery ----------------------------------------------------------------------------
+def _rule_from_module(mod: ModuleType, source: str) -> Rule:
+    missing = [a for a in ("ID", "TITLE", "check") if not hasattr(mod, a)]
+    if missing:
+        raise InputError(getattr(mod, "__file__", mod.__name__), f"not a rule: missing {', '.join(missing)}")
+    return Rule(
+        id=mod.ID,
+        title=mod.TITLE,
+        doc=(mod.__doc__ or "").strip(),
+        docs_url=getattr(mod, "DOCS", ""),
+        defaults=dict(getattr(mod, "DEFAULTS", {})),
+        causes=tuple(getattr(mod, "CAUSES", ())),
+        module=mod,
+        source=source,
+    )
+
+
+def builtin_rules() -> list[Rule]:
+    """The rules that ship with the package (found through the package, so a wheel has them)."""
+    import advisor.rules as pkg
+
+    rules = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        rules.append(_rule_from_module(importlib.import_module(f"advisor.rules.{info.name}"), "builtin"))
+    return rules
+
+
+def user_rules(folder: str | Path) -> list[Rule]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(folder, "rules folder not found")
+    rules = []
+    for path in sorted(folder.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        name = f"advisor_user_rules.{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise InputError(path, "cannot load rule file")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:  # a user's rule file is user input
+            raise InputError(path, f"rule file failed to load: {type(exc).__name__}: {exc}") from None
+        rules.append(_rule_from_module(mod, str(folder)))
+    return rules
+
+
+def all_rules(extra_dir: str | Path | None = None) -> list[Rule]:
+    rules = builtin_rules()
+    if extra_dir is not None:
+        rules += user_rules(extra_dir)
+    seen: dict[str, Rule] = {}
+    for r in rules:
+        if r.id in seen:
+            raise InputError(r.module.__file__, f"rule id {r.id!r} is already defined by {seen[r.id].module.__file__}")
+        seen[r.id] = r
+    return rules
+
+
+def find_rule(rule_id: str, extra_dir: str | Path | None = None) -> Rule:
+    for r in all_rules(extra_dir):
+        if r.id == rule_id:
+            return r
+    known = ", ".join(r.id for r in all_rules(extra_dir))
+    raise InputError(None, f"unknown rule {rule_id!r}; known rules: {known}")
+
+
+def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[Rule]:
+    select, ignore = list(select), list(ignore)
+    known = {r.id for r in rules}
+    for rid in select + ignore:
+        if rid not in known:
+            raise InputError(None, f"unknown rule {rid!r} in select/ignore; run `advisor rules` to list them")
+    if select:
+        rules = [r for r in rules if r.id in select]
+    return [r for r in rules if r.id not in ignore]
+
+
+# --- running ------------------------------------------------------------------------------
+def run_rules(
+    rules: list[Rule],
+    ranks: list[Metrics],
+    facts: dict[int, dict[str, Any]] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> list[Finding]:
+    """Run every rule on every rank; keep each rule's worst rank; rank by saving."""
+    facts = facts or {}
+    options = options or {}
+    by_rule: dict[str, Finding] = {}
+    ranks_hit: dict[str, list[int]] = {}
+    for rule in rules:
+        opts = {**rule.defaults, **options.get(rule.id, {})}
+        for m in ranks:
+            f_ = facts.get(m.rank) or facts.get(-1)
+            ctx = Context(metrics=m, facts=f_, options=opts, rule=rule, world_size=len(ranks))
+            for finding in rule.check(ctx):
+                if finding.saving_ms is not None and not finding.saving_ms > 0:
+                    continue  # a finding must buy time, or be a risk with no time figure
+                ranks_hit.setdefault(rule.id, []).append(m.rank)
+                best = by_rule.get(rule.id)
+                if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):
+                    by_rule[rule.id] = finding
+    findings = list(by_rule.values())
+    for f in findings:
+        if len(ranks) > 1:
+            f.evidence["ranks"] = sorted(set(ranks_hit[f.rule]))
+    step_ms = max((m.mean_step_ns / 1e6 for m in ranks), default=0.0)
+    return _settle(findings, rules, step_ms)
+
+
+def _settle(findings: list[Finding], rules: list[Rule], step_ms: float) -> list[Finding]:
+    """Symptoms defer to their causes; the total saving is capped at the step time."""
+    causes = {r.id: r.causes for r in rules}
+    fired = {f.rule: f for f in findings}
+    kept = []
+    for f in findings:
+        explained = [c for c in causes.get(f.rule, ()) if c in fired]
+        if explained:
+            claimed = sum(fired[c].saving_ms or 0 for c in explained)
+            f.causes = explained
+            if f.saving_ms is not None:
+                f.saving_ms = f.saving_ms - claimed
+                if f.saving_ms <= 0.01 * step_ms:
+                    continue  # fully explained by its causes: they carry the saving
+                f.saving_pct = f.saving_ms / step_ms if step_ms else None
+        kept.append(f)
+    kept.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
+    remaining = step_ms
+    out = []
+    for f in kept:
+        if f.saving_ms is not None:
+            if remaining <= 0:
+                continue
+            if f.saving_ms > remaining:
+                f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms: earlier findings already claim the rest of the step"
+                f.saving_ms = remaining
+                f.saving_pct = remaining / step_ms if step_ms else None
+            remaining -= f.saving_ms
+        out.append(f)
+    return out

@@ -1,0 +1,23 @@
+"""Errors the user can act on.
+
+Every problem with the user's input is raised as :class:`InputError`; the CLI turns it into
+one line naming the file and what is wrong, and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+class InputError(Exception):
+    """A problem with something the user gave us (a path, a trace, a config file)."""
+
+    def __init__(self, path: str | Path | None, problem: str):
+        self.path = str(path) if path is not None else None
+        self.problem = problem
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        return f"{self.path}: {self.problem}" if self.path else self.problem

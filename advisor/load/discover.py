@@ -1,0 +1,78 @@
+"""Find the trace files behind a path the user gave: one file, a run dir, or a dir of runs.
+
+A directory whose files are traces is one run (its files are ranks or workers); a directory
+whose sub-directories each hold traces is several runs (`log/<run>/...`), of which the newest
+is reported unless one is named.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from advisor.errors import InputError
+
+TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
+# Files that sit beside traces but are not traces: our own outputs and caches.
+NOT_TRACES = re.compile(r"^(advisor[_.-].*|.*\.advisor\..*|baseline.*\.json)$")
+
+
+@dataclass
+class RunFiles:
+    """The trace files of one run, in a stable order, and what was picked and why."""
+
+    name: str
+    directory: Path
+    files: list[Path]
+    other_runs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def is_trace_name(path: Path) -> bool:
+    name = path.name
+    return name.endswith(TRACE_SUFFIXES) and not NOT_TRACES.match(name)
+
+
+def _mtime(paths: list[Path]) -> float:
+    return max(p.stat().st_mtime for p in paths)
+
+
+def find_run(path: str | Path, run: str | None = None) -> RunFiles:
+    """Resolve PATH (file or directory) to the trace files of one run."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    if path.is_file():
+        return RunFiles(name=path.name, directory=path.parent, files=[path])
+    if not path.is_dir():
+        raise InputError(path, "not a file or directory")
+
+    by_dir: dict[Path, list[Path]] = {}
+    try:
+        for p in sorted(path.rglob("*")):
+            if p.is_file() and is_trace_name(p):
+                by_dir.setdefault(p.parent, []).append(p)
+    except OSError as exc:
+        raise InputError(path, f"cannot read directory: {exc.strerror or exc}") from None
+    if not by_dir:
+        if not any(path.iterdir()):
+            raise InputError(path, "directory is empty")
+        raise InputError(path, "no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this directory")
+
+    runs = {(d.relative_to(path).as_posix() or "."): files for d, files in by_dir.items()}
+    if run is not None:
+        if run not in runs:
+            raise InputError(path, f"no run named {run!r}; runs here: {', '.join(sorted(runs))}")
+        chosen = run
+    else:
+        chosen = max(runs, key=lambda r: (_mtime(runs[r]), r))
+    files = runs[chosen]
+    others = sorted(r for r in runs if r != chosen)
+    directory = path / chosen if chosen != "." else path
+    name = path.name if chosen == "." else chosen
+    notes = []
+    if others:
+        how = "as asked" if run is not None else "the newest"
+        notes.append(f"{len(runs)} runs under {path}; reporting {chosen!r} ({how}); choose with --run NAME")
+    return RunFiles(name=name, directory=directory, files=files, other_runs=others, notes=notes)

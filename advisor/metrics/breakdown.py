@@ -1,0 +1,108 @@
+"""Step-time breakdown: each instant of a step counted once, in priority order.
+
+Categories and priority follow the TensorBoard profiler plugin's overview so the numbers can
+be cross-checked: kernel > memcpy > memset > communication > runtime > dataloader >
+cpu_exec, and whatever no category covers is `other`. Each category's ranges are merged over
+all threads and streams first. Unlike the plugin, runtime calls and DataLoader spans are
+counted on current-schema traces too.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from advisor.load.trace import TraceFrames
+from advisor.metrics.intervals import covers, merge
+
+CATEGORIES = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
+
+DATALOADER_NAME = re.compile(r"^(enumerate\(DataLoader\)#.*\.__next__|enumerate\(DataPipe\)#.*)$")
+# Host-side collective ops (their spans count as communication) and collective kernels.
+COMM_OP_NAME = re.compile(r"^(nccl|gloo|rccl|c10d)[:_]", re.IGNORECASE)
+COMM_KERNEL_NAME = re.compile(r"nccl|rccl|gloo", re.IGNORECASE)
+STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+
+
+def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Regex test over a categorical column, evaluated once per distinct name."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = names.cat.categories
+        hit = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
+        codes = names.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
+    return names.astype(str).str.contains(pattern).to_numpy()
+
+
+def host_roles(frames: TraceFrames) -> pd.Series:
+    """Role of each host event: dataloader, communication, cpu_exec, step, or none (python)."""
+    host = frames.host
+    role = np.full(len(host), "cpu_exec", dtype=object)
+    role[_matches(host["name"], COMM_OP_NAME)] = "communication"
+    role[_matches(host["name"], DATALOADER_NAME)] = "dataloader"
+    role[_matches(host["name"], STEP_NAME)] = "step"
+    # Python frames (with_stack) span whole steps; like the plugin, they are not CPU exec.
+    role[(host["kind"] == "python").to_numpy()] = "none"
+    return pd.Series(role, index=host.index, dtype="category")
+
+
+def communication_kernels(frames: TraceFrames) -> np.ndarray:
+    """Mask over device rows: kernels that are collectives (by name, or launched by a collective op)."""
+    dev = frames.device
+    is_kernel = (dev["kind"] == "kernel").to_numpy()
+    by_name = _matches(dev["name"], COMM_KERNEL_NAME)
+    host = frames.host
+    comm_ids = host.loc[_matches(host["name"], COMM_OP_NAME), "external_id"]
+    comm_ids = comm_ids[comm_ids >= 0].unique()
+    by_op = dev["external_id"].isin(comm_ids).to_numpy() & (dev["external_id"] >= 0).to_numpy()
+    return is_kernel & (by_name | by_op)
+
+
+def category_ranges(frames: TraceFrames) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Merged (start, end) ranges of every category before priority is applied."""
+    dev = frames.device
+    comm = communication_kernels(frames)
+    kind = dev["kind"].to_numpy()
+    ts, end = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
+    roles = host_roles(frames).to_numpy()
+    hts, hend = frames.host["ts"].to_numpy(np.int64), frames.host["end"].to_numpy(np.int64)
+
+    def pick(mask, s, e):
+        return merge(s[mask], e[mask])
+
+    comm_s = np.concatenate([ts[comm], hts[roles == "communication"]])
+    comm_e = np.concatenate([end[comm], hend[roles == "communication"]])
+    return {
+        "kernel": pick((kind == "kernel") & ~comm, ts, end),
+        "memcpy": pick(kind == "memcpy", ts, end),
+        "memset": pick(kind == "memset", ts, end),
+        "communication": merge(comm_s, comm_e),
+        "runtime": merge(frames.runtime["ts"].to_numpy(np.int64), frames.runtime["end"].to_numpy(np.int64)),
+        "dataloader": pick(roles == "dataloader", hts, hend),
+        "cpu_exec": pick(roles == "cpu_exec", hts, hend),
+    }
+
+
+def step_breakdown(frames: TraceFrames, steps: pd.DataFrame) -> pd.DataFrame:
+    """ns per category per step (rows: steps in order; columns: CATEGORIES; sum == duration)."""
+    ranges = category_ranges(frames)
+    s_start = steps["start"].to_numpy(np.int64)
+    s_end = steps["end"].to_numpy(np.int64)
+    bounds = [s_start, s_end] + [a for pair in ranges.values() for a in pair]
+    b = np.unique(np.concatenate(bounds))
+    lo, hi = b[:-1], b[1:]
+    # Priority: the first category covering a segment takes it.
+    cat = np.full(len(lo), len(CATEGORIES) - 1, dtype=np.int64)
+    for i, name in reversed(list(enumerate(CATEGORIES[:-1]))):
+        ms, me = ranges[name]
+        cat[covers(ms, me, lo)] = i
+    idx = np.searchsorted(s_start, lo, side="right") - 1
+    ok = idx >= 0
+    ok[ok] &= lo[ok] < s_end[idx[ok]]
+    n = len(steps)
+    sums = np.bincount(idx[ok] * len(CATEGORIES) + cat[ok], weights=(hi - lo)[ok], minlength=n * len(CATEGORIES))
+    out = pd.DataFrame(sums.reshape(n, len(CATEGORIES)).astype(np.int64), columns=CATEGORIES)
+    out.index = pd.Index(steps["step"].to_numpy(), name="step")
+    return out

@@ -1,0 +1,69 @@
+"""The user's own line of code behind an event, so a finding can say where to look.
+
+Two places hold it: the 2021 schema's `Call stack` argument on each op ("file.py(42): fn;..."),
+and, in current traces recorded with `with_stack=True`, `python_function` events that
+enclose the op on the same thread ("train.py(42): <module>").
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from advisor.load.trace import TraceFrames
+
+FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
+LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python3|/torch/|/torchvision/|<built-in|<frozen|^torch/|^threading\.py|advisor/capture/)")
+
+
+def user_frame(stack: str | None) -> str | None:
+    """The innermost frame of a 'Call stack' string that is not library code."""
+    if not stack:
+        return None
+    for frame in str(stack).split(";"):
+        frame = frame.strip()
+        m = FRAME.match(frame)
+        if m and not LIBRARY.search(m.group("file")):
+            return frame
+    return None
+
+
+def source_lines(frames: TraceFrames, rows: pd.DataFrame, limit: int = 3) -> list[str]:
+    """The most common user source lines behind the given host rows (most frequent first)."""
+    found: list[str] = []
+    if "call_stack" in rows and rows["call_stack"].notna().any():
+        found = [f for f in (user_frame(s) for s in rows["call_stack"].dropna().astype(str)) if f]
+    if not found:
+        found = _enclosing_python_frames(frames, rows)
+    if not found:
+        return []
+    return pd.Series(found).value_counts().head(limit).index.tolist()
+
+
+def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame) -> list[str]:
+    host = frames.host
+    py = host[(host["kind"] == "python")]
+    if len(py) == 0 or len(rows) == 0:
+        return []
+    names = py["name"].astype(str)
+    user = py[names.str.match(FRAME) & ~names.str.contains(LIBRARY)]
+    if len(user) == 0:
+        return []
+    out = []
+    for tid, grp in rows.groupby("tid", observed=True):
+        cand = user[user["tid"] == tid]
+        if len(cand) == 0:
+            continue
+        starts = cand["ts"].to_numpy(np.int64)
+        ends = cand["end"].to_numpy(np.int64)
+        names_ = cand["name"].astype(str).to_numpy()
+        for ts, end in zip(grp["ts"].to_numpy(np.int64), grp["end"].to_numpy(np.int64)):
+            # innermost enclosing user frame: the latest-starting one that still covers the row
+            i = np.searchsorted(starts, ts, side="right") - 1
+            while i >= 0 and ends[i] < end:
+                i -= 1
+            if i >= 0:
+                out.append(names_[i])
+    return out

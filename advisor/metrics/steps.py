@@ -1,0 +1,122 @@
+"""Step spans: where each training step begins and ends, host and device together.
+
+A `ProfilerStep#N` range covers the host side of a step, but the GPU may still be running
+the step's kernels after the host has moved on. As in the TensorBoard profiler plugin, a
+step's end is stretched to the end of the last device activity launched from inside it, and
+its start is pushed past the previous step's end, so steps never overlap and the device
+time of a step is charged to that step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from advisor.load.trace import TraceFrames
+
+
+def launches(frames: TraceFrames) -> pd.DataFrame:
+    """Device activity joined to the runtime call that launched it (by correlation id)."""
+    rt = frames.runtime[["correlation", "ts", "end", "tid", "external_id"]]
+    rt = rt[rt["correlation"] >= 0].drop_duplicates("correlation", keep="first")
+    dev = frames.device[["correlation", "ts", "end", "kind"]].reset_index(names="device_row")
+    return dev.merge(
+        rt.rename(columns={"ts": "launch_ts", "end": "launch_end", "tid": "launch_tid", "external_id": "launch_external_id"}),
+        on="correlation",
+        how="left",
+    )
+
+
+def step_of(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray, te: np.ndarray | None = None) -> np.ndarray:
+    """Index of the step whose [start, end) holds [ts, te] (te defaults to ts), else -1."""
+    if len(starts) == 0:
+        return np.full(len(ts), -1, dtype=np.int64)
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    te = ts if te is None else te
+    ok = idx >= 0
+    inside = np.zeros(len(ts), dtype=bool)
+    inside[ok] = te[ok] <= ends[idx[ok]]
+    return np.where(inside, idx, -1)
+
+
+def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
+    """One row per step: step, name, host_start, host_end, start, end, duration (ns), device_ops.
+
+    Returns the frame and notes for the report (no markers, trailing steps dropped).
+    """
+    notes: list[str] = []
+    host_steps = frames.steps
+    if len(host_steps) == 0:
+        host = frames.host
+        if len(host):
+            start, end = int(host["ts"].min()), int(host["end"].max())
+        else:
+            start, end = frames.window
+        notes.append("no ProfilerStep markers: the whole trace window is treated as one step")
+        host_steps = pd.DataFrame({"step": [0], "name": ["(whole trace)"], "start": [start], "end": [end]})
+    h_start = host_steps["start"].to_numpy(np.int64)
+    h_end = host_steps["end"].to_numpy(np.int64)
+    n = len(host_steps)
+
+    dev_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    dev_max = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    dev_count = np.zeros(n, dtype=np.int64)
+    use_device = False
+    if frames.has_device and len(frames.runtime):
+        lk = launches(frames)
+        has_rt = lk["launch_ts"].notna().to_numpy()
+        owner = np.full(len(lk), -1, dtype=np.int64)
+        lts = lk["launch_ts"].to_numpy(np.float64)
+        lte = lk["launch_end"].to_numpy(np.float64)
+        owner[has_rt] = step_of(h_start, h_end, lts[has_rt].astype(np.int64), lte[has_rt].astype(np.int64))
+        matched = owner >= 0
+        if matched.any():
+            use_device = True
+            o = owner[matched]
+            np.minimum.at(dev_min, o, lk["ts"].to_numpy(np.int64)[matched])
+            np.maximum.at(dev_max, o, lk["end"].to_numpy(np.int64)[matched])
+            np.add.at(dev_count, o, 1)
+            prev_end = int(h_start[0])
+            if dev_min[0] != np.iinfo(np.int64).max:
+                ends = lk["end"].to_numpy(np.int64)[~matched]
+                before = ends[ends < dev_min[0]]
+                if len(before):
+                    prev_end = max(prev_end, int(before.max()))
+
+    start = h_start.copy()
+    end = h_end.copy()
+    if use_device:
+        for i in range(n):  # a step's start depends on the previous step's stretched end
+            s = max(prev_end, int(h_start[i]))
+            e = int(h_end[i])
+            e = max(e, s) if dev_count[i] == 0 else max(e, int(dev_max[i]))
+            if e < s:
+                e = s
+            start[i], end[i] = s, e
+            prev_end = e
+        if n > 1:
+            last = int(np.nonzero(dev_count > 0)[0].max())
+            keep = last + 1
+            if last > 0 and dev_count[last - 1] * 0.8 > dev_count[last]:
+                keep = last
+            if keep < n:
+                notes.append(
+                    f"dropped the last {n - keep} step(s): the profiler did not capture all of their device work"
+                )
+            start, end, dev_count = start[:keep], end[:keep], dev_count[:keep]
+            host_steps = host_steps.iloc[:keep]
+            h_start, h_end = h_start[:keep], h_end[:keep]
+
+    out = pd.DataFrame(
+        {
+            "step": host_steps["step"].to_numpy(np.int64),
+            "name": host_steps["name"].astype(str).to_numpy(),
+            "host_start": h_start,
+            "host_end": h_end,
+            "start": start,
+            "end": end,
+            "device_ops": dev_count,
+        }
+    )
+    out["duration"] = out["end"] - out["start"]
+    return out, notes

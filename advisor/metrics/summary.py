@@ -1,0 +1,180 @@
+"""Metrics of one rank: the step-time picture every rule and renderer reads.
+
+`compute_metrics` is the only place that turns frames into figures; rules never recompute
+them. A figure the trace cannot give is None, never a made-up 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import CATEGORIES, step_breakdown
+from advisor.metrics.copies import copies, copy_summary
+from advisor.metrics.intervals import merge, overlap_with
+from advisor.metrics.kernels import kernel_table, tensor_core_shares, top_kernels, top_ops
+from advisor.metrics.memory import peak_memory
+from advisor.metrics.steps import step_spans
+
+NS_PER_MS = 1e6
+
+
+@dataclass
+class DeviceInfo:
+    name: str | None = None
+    total_memory_bytes: float | None = None
+    compute_capability: str | None = None
+
+    @property
+    def capability(self) -> float | None:
+        try:
+            return float(self.compute_capability) if self.compute_capability else None
+        except ValueError:
+            return None
+
+
+@dataclass
+class Metrics:
+    """Everything measured on one rank's trace."""
+
+    rank: int
+    frames: TraceFrames
+    steps: pd.DataFrame  # step, start, end, duration (ns), device_ops
+    breakdown: pd.DataFrame  # ns per category per step
+    utilization: pd.Series  # share of each step with any device activity
+    kernels: pd.DataFrame
+    device: DeviceInfo
+    tensor_core_kernel_share: float | None
+    tensor_core_eligible_share: float | None
+    h2d: dict[str, Any]
+    d2h: dict[str, Any]
+    peak_memory: dict[int, dict[str, float | None]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_device(self) -> bool:
+        return self.frames.has_device
+
+    @property
+    def step_ms(self) -> np.ndarray:
+        return self.steps["duration"].to_numpy(np.float64) / NS_PER_MS
+
+    @property
+    def mean_step_ns(self) -> float:
+        return float(self.steps["duration"].mean()) if len(self.steps) else 0.0
+
+    @property
+    def breakdown_mean_ms(self) -> dict[str, float]:
+        return {c: float(self.breakdown[c].mean() / NS_PER_MS) for c in CATEGORIES}
+
+    @property
+    def gpu_utilization(self) -> float | None:
+        if not self.has_device or len(self.steps) == 0:
+            return None
+        return float(self.utilization.mul(self.steps["duration"].to_numpy()).sum() / max(self.steps["duration"].sum(), 1))
+
+    @property
+    def peak_allocated(self) -> float | None:
+        vals = [v["allocated"] for v in self.peak_memory.values() if v["allocated"] is not None]
+        return max(vals) if vals else None
+
+    @property
+    def peak_reserved(self) -> float | None:
+        vals = [v["reserved"] for v in self.peak_memory.values() if v["reserved"] is not None]
+        return max(vals) if vals else None
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON `summary` object (schema advisor/report/v1)."""
+        ms = self.step_ms
+        return {
+            "steps": int(len(ms)),
+            "step_time_ms": _stats(ms),
+            "breakdown_ms": self.breakdown_mean_ms,
+            "gpu_utilization": self.gpu_utilization,
+            "tensor_core_kernel_share": self.tensor_core_kernel_share,
+            "tensor_core_eligible_share": self.tensor_core_eligible_share,
+            "peak_memory_bytes": self.peak_allocated,
+            "peak_reserved_bytes": self.peak_reserved,
+            "device_memory_bytes": self.device.total_memory_bytes,
+            "h2d": {k: self.h2d[k] for k in ("count", "bytes", "time_ms", "pageable_count", "pinned_count", "bandwidth_gbps")},
+        }
+
+
+def _stats(ms: np.ndarray) -> dict[str, float | None]:
+    if len(ms) == 0:
+        return {"mean": None, "median": None, "p90": None, "min": None, "max": None}
+    return {
+        "mean": float(ms.mean()),
+        "median": float(np.median(ms)),
+        "p90": float(np.percentile(ms, 90)),
+        "min": float(ms.min()),
+        "max": float(ms.max()),
+    }
+
+
+def _device_info(frames: TraceFrames) -> DeviceInfo:
+    props = frames.device_properties
+    if len(props) == 0:
+        return DeviceInfo()
+    used = frames.device["device"]
+    used_ids = set(used[used >= 0].unique().tolist())
+    row = props[props["id"].isin(used_ids)].head(1)
+    if len(row) == 0:
+        row = props.head(1)
+    r = row.iloc[0]
+    mem = r["total_memory_bytes"]
+    return DeviceInfo(
+        name=r["name"] or None,
+        total_memory_bytes=float(mem) if pd.notna(mem) else None,
+        compute_capability=r["compute_capability"],
+    )
+
+
+def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
+    steps, notes = step_spans(frames)
+    breakdown = step_breakdown(frames, steps)
+    dev = frames.device
+    ms, me = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+    busy = overlap_with(ms, me, steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))
+    util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
+    kernels = kernel_table(frames)
+    # Restrict kernel shares to the steps (warm-up kernels outside them would skew them).
+    in_steps = _inside(kernels["ts"].to_numpy(np.int64), steps)
+    tc, eligible = tensor_core_shares(kernels[in_steps]) if in_steps.any() else tensor_core_shares(kernels)
+    n = len(steps)
+    h2d = copies(frames, "HtoD")
+    d2h = copies(frames, "DtoH")
+    return Metrics(
+        rank=rank,
+        frames=frames,
+        steps=steps,
+        breakdown=breakdown,
+        utilization=util,
+        kernels=kernels,
+        device=_device_info(frames),
+        tensor_core_kernel_share=tc,
+        tensor_core_eligible_share=eligible,
+        h2d=copy_summary(h2d[_inside(h2d["ts"].to_numpy(np.int64), steps)], n),
+        d2h=copy_summary(d2h[_inside(d2h["ts"].to_numpy(np.int64), steps)], n),
+        peak_memory=peak_memory(frames),
+        notes=notes,
+    )
+
+
+def _inside(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    s = steps["start"].to_numpy(np.int64)
+    e = steps["end"].to_numpy(np.int64)
+    if len(s) == 0:
+        return np.zeros(len(ts), dtype=bool)
+    idx = np.searchsorted(s, ts, side="right") - 1
+    ok = idx >= 0
+    out = np.zeros(len(ts), dtype=bool)
+    out[ok] = ts[ok] < e[idx[ok]]
+    return out
+
+
+__all__ = ["Metrics", "DeviceInfo", "compute_metrics", "top_kernels", "top_ops", "NS_PER_MS"]

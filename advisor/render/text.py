@@ -1,0 +1,216 @@
+"""The terminal report: the step-time picture first, then the ranked fixes.
+
+rich handles terminal width, NO_COLOR and pipes (no colour codes when not a terminal).
+Every string from a trace is printed as text, never as console markup.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from advisor.analysis import Analysis
+from advisor.metrics.breakdown import CATEGORIES
+from advisor.metrics.kernels import top_kernels
+
+COLOURS = {
+    "kernel": "green",
+    "memcpy": "magenta",
+    "memset": "bright_magenta",
+    "communication": "cyan",
+    "runtime": "yellow",
+    "dataloader": "red",
+    "cpu_exec": "blue",
+    "other": "bright_black",
+}
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "bright_black"}
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def breakdown_bar(breakdown: dict[str, float], width: int) -> Text:
+    total = sum(breakdown.values()) or 1.0
+    bar = Text()
+    used = 0
+    cats = [c for c in CATEGORIES if breakdown.get(c, 0) > 0]
+    for i, c in enumerate(cats):
+        n = round(width * breakdown[c] / total) if i < len(cats) - 1 else width - used
+        n = max(n, 0)
+        bar.append("█" * n, style=COLOURS[c])
+        used += n
+    return bar
+
+
+def _overview(a: Analysis, console: Console) -> Group:
+    m = a.primary
+    s = a.summary()
+    st = s["step_time_ms"]
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("Run", Text(f"{a.run.name}  ({len(a.run.files)} trace file{'s' if len(a.run.files) != 1 else ''})"))
+    dev = m.device
+    if dev.name:
+        cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
+        head.add_row("Device", Text(f"{dev.name}{cc}, {_fmt_bytes(dev.total_memory_bytes)}"))
+    elif not m.has_device:
+        head.add_row("Device", Text("CPU only (no device activity in the trace)"))
+    if len(a.ranks) > 1:
+        head.add_row("Ranks", Text(f"{len(a.ranks)} (step time per step is the slowest rank's; primary rank {m.rank})"))
+    if st["mean"] is not None:
+        head.add_row(
+            "Step time",
+            Text(f"{st['mean']:.2f} ms mean, {st['median']:.2f} median, p90 {st['p90']:.2f}, min {st['min']:.2f}, max {st['max']:.2f}  over {s['steps']} steps"),
+        )
+    facts = a.run_facts()
+    bs = None
+    if facts and facts.get("dataloaders"):
+        bs = facts["dataloaders"][0].get("batch_size")
+    if bs and st["mean"]:
+        head.add_row("Throughput", Text(f"{bs / st['mean'] * 1000:,.0f} samples/s (batch {bs})"))
+    if m.has_device:
+        head.add_row("GPU utilisation", Text(f"{_pct(s['gpu_utilization'])} of step time with device activity"))
+        head.add_row(
+            "Tensor Cores",
+            Text(f"{_pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {_pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
+        )
+        mem = s["peak_memory_bytes"]
+        if mem is not None:
+            tot = s["device_memory_bytes"]
+            share = f" of {_fmt_bytes(tot)} ({_pct(mem / tot)})" if tot else ""
+            head.add_row("Peak memory", Text(f"{_fmt_bytes(mem)} allocated{share}, {_fmt_bytes(s['peak_reserved_bytes'])} reserved"))
+        h = s["h2d"]
+        if h["count"]:
+            head.add_row(
+                "Host→device",
+                Text(
+                    f"{h['count']} copies, {_fmt_bytes(h['bytes'])}, {h['time_ms']:.2f} ms in the window"
+                    f" ({h['pageable_count']} from pageable memory)"
+                    + (f", {h['bandwidth_gbps']:.1f} GB/s" if h["bandwidth_gbps"] else "")
+                ),
+            )
+
+    bd = s["breakdown_ms"]
+    width = max(20, min(console.width - 4, 100))
+    legend = Table.grid(padding=(0, 2))
+    for _ in range(4):
+        legend.add_column()
+    cells = []
+    total = sum(bd.values()) or 1.0
+    for c in CATEGORIES:
+        if bd[c] <= 0:
+            continue
+        cells.append(Text.assemble(("■ ", COLOURS[c]), f"{c} {bd[c]:.2f} ms ({100 * bd[c] / total:.1f}%)"))
+    for i in range(0, len(cells), 4):
+        legend.add_row(*cells[i : i + 4])
+    return Group(head, Text(""), Text("Step-time breakdown (mean per step)", style="bold"), breakdown_bar(bd, width), legend)
+
+
+def _kernels_table(a: Analysis, n: int = 8) -> Table | None:
+    k = top_kernels(a.primary.kernels, n)
+    if len(k) == 0:
+        return None
+    t = Table(title="Top kernels", title_justify="left", expand=False, show_edge=False)
+    t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=70)
+    t.add_column("calls", justify="right")
+    t.add_column("total ms", justify="right")
+    t.add_column("share", justify="right")
+    t.add_column("TC", justify="center")
+    for r in k.itertuples():
+        t.add_row(Text(str(r.name)), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
+    return t
+
+
+def _findings(a: Analysis, verbose: bool) -> list:
+    out: list = [Text("Findings, ranked by time saved per step", style="bold")]
+    if not a.findings:
+        out.append(Text("  nothing to fix: no rule fired on this run"))
+        return out
+    t = Table(show_edge=False, expand=False)
+    t.add_column("#", justify="right")
+    t.add_column("rule")
+    t.add_column("saving/step", justify="right")
+    t.add_column("%", justify="right")
+    t.add_column("finding", overflow="fold")
+    for i, f in enumerate(a.findings, 1):
+        saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms"
+        t.add_row(str(i), Text(f.rule, style=SEVERITY_STYLE.get(f.severity, "")), saving, _pct(f.saving_pct), Text(f.message))
+    out.append(t)
+    if verbose:
+        for i, f in enumerate(a.findings, 1):
+            body: list = [Text(f.message)]
+            if f.causes:
+                body.append(Text(f"explained by: {', '.join(f.causes)}", style="italic"))
+            ev = {k: v for k, v in f.evidence.items()}
+            if ev:
+                body.append(Text("evidence:", style="bold"))
+                for k, v in ev.items():
+                    body.append(Text(f"  {k}: {_short(v)}"))
+            if f.fix.text:
+                body.append(Text("fix: ", style="bold") + Text(f.fix.text))
+            if f.fix.snippet:
+                body.append(Syntax(f.fix.snippet.strip("\n"), "python", theme="ansi_dark", background_color="default"))
+            body.append(Text(f"confidence: {f.confidence}; `advisor explain {f.rule}` for the method", style="bright_black"))
+            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left"))
+    else:
+        out.append(Text("  -v shows the evidence and the code to change; `advisor explain RULE` the method", style="bright_black"))
+    return out
+
+
+def _short(v, limit: int = 400) -> str:
+    if isinstance(v, list):
+        items = [_short(x, 120) for x in v[:5]]
+        more = f" … (+{len(v) - 5} more)" if len(v) > 5 else ""
+        return "; ".join(items) + more
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    s = str(v)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
+    console.print(_overview(a, console))
+    kt = _kernels_table(a)
+    if kt is not None:
+        console.print()
+        console.print(kt)
+    if len(a.ranks) > 1:
+        console.print()
+        rt = Table(title="Ranks", title_justify="left", show_edge=False)
+        for c in ("rank", "steps", "mean ms", "median ms", "GPU util", "dataloader ms"):
+            rt.add_column(c, justify="right")
+        for m in a.ranks:
+            s = m.summary()
+            st = s["step_time_ms"]
+            rt.add_row(
+                str(m.rank), str(s["steps"]), f"{st['mean']:.2f}" if st["mean"] is not None else "n/a",
+                f"{st['median']:.2f}" if st["median"] is not None else "n/a", _pct(s["gpu_utilization"]),
+                f"{s['breakdown_ms']['dataloader']:.2f}",
+            )
+        console.print(rt)
+    console.print()
+    for part in _findings(a, verbose):
+        console.print(part)
+    notes = a.notes()
+    if notes or a.warnings:
+        console.print()
+        for n in notes:
+            console.print(Text(f"note: {n}", style="bright_black"))
+        for w in a.warnings:
+            console.print(Text(f"warning: {w}", style="yellow"))

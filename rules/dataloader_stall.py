@@ -1,0 +1,127 @@
+"""The training loop waits for the DataLoader.
+
+## What it detects
+Time spent inside `enumerate(DataLoader)#*.__next__` (the DataLoader handing over the next
+batch) that is a real share of the step (at least `min_share`, 5% by default), above all
+while the device has nothing to do.
+
+## Why it is slow
+With `num_workers=0` every batch is loaded, decoded and augmented in the training process
+itself, between two steps: the GPU sits idle until the batch is ready. Worker processes load
+the next batches while the current one trains, so the loading time disappears behind the
+compute — as long as there are enough of them and the batches are ready in time.
+
+## Evidence used
+- the DataLoader spans per step and the part of them that no device activity covers
+  (the `dataloader` slice of the step-time breakdown, which only counts time not already
+  claimed by kernels, copies, runtime calls);
+- the device's idle share during those spans;
+- from the facts file (`advisor profile`): `num_workers`, `pin_memory`,
+  `persistent_workers`, `prefetch_factor`, the CPU count and the number of ranks.
+
+## Example
+Before:
+```python
+loader = DataLoader(train_set, batch_size=32, shuffle=True)
+```
+After:
+```python
+loader = DataLoader(train_set, batch_size=32, shuffle=True,
+                    num_workers=8,              # about (CPU cores / ranks) - 1
+                    persistent_workers=True,    # keep workers between epochs
+                    prefetch_factor=2)
+```
+If workers are already many and the stall stays, the per-sample work is the bottleneck:
+move augmentation to the GPU (decode/resize once offline, augment batches on the device).
+
+## How the saving is estimated
+The exposed DataLoader time per step: the mean `dataloader` slice of the breakdown. With
+enough workers the batch is ready when asked for, so nearly all of it goes; what remains is
+the hand-over itself, well under a millisecond per batch.
+
+Reference: https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.engine import Context
+from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.intervals import merge, overlap_with
+from advisor.metrics.source import source_lines
+
+ID = "dataloader-stall"
+TITLE = "The input pipeline starves the device"
+DOCS = "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading"
+DEFAULTS = {"min_share": 0.05}
+FIX = "Load batches in worker processes: num_workers, persistent_workers, prefetch_factor; move augmentation to the GPU if workers are not enough."
+AFTER = """loader = DataLoader(train_set, batch_size=32, shuffle=True,
+                    num_workers=8, persistent_workers=True, prefetch_factor=2)
+"""
+
+
+def suggested_workers(cpu_count: int | None, world_size: int) -> int | None:
+    if not cpu_count:
+        return None
+    return max(1, min(16, cpu_count // max(world_size, 1) - 1))
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    step_ms = ctx.step_ms
+    exposed_ms = m.breakdown_mean_ms["dataloader"]
+    if step_ms <= 0 or exposed_ms / step_ms < ctx.options["min_share"]:
+        return None
+
+    host = ctx.frames.host
+    spans = host[_matches(host["name"], DATALOADER_NAME)]
+    dl_s, dl_e = merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
+    idle_share = None
+    if m.has_device and len(dl_s):
+        dev = ctx.frames.device
+        ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+        busy = overlap_with(ds, de, dl_s, dl_e).sum()
+        idle_share = 1.0 - busy / max(int((dl_e - dl_s).sum()), 1)
+
+    loaders = ctx.fact("dataloaders", default=None)
+    cpus = ctx.fact("cpu_count")
+    world = ctx.fact("world_size", default=ctx.world_size) or 1
+    workers = suggested_workers(cpus, world)
+    evidence = {
+        "dataloader_ms_per_step": round(exposed_ms, 3),
+        "share_of_step": round(exposed_ms / step_ms, 4),
+        "steps": m.steps["step"].tolist(),
+        "dataloader_spans": [str(n) for n in spans["name"].astype(str).unique()[:3]],
+    }
+    if idle_share is not None:
+        evidence["device_idle_during_loading"] = round(float(idle_share), 4)
+    lines = source_lines(ctx.frames, spans)
+    if lines:
+        evidence["source"] = lines
+
+    if loaders:
+        dl = loaders[0]
+        nw = dl.get("num_workers")
+        evidence["dataloader_settings"] = {k: dl.get(k) for k in ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}
+        evidence["cpu_count"] = cpus
+        where = f" on a {cpus}-core machine" if cpus else ""
+        if nw == 0:
+            fix = f"num_workers=0{where}: set num_workers={workers or 4}, persistent_workers=True."
+        elif workers and nw < workers:
+            fix = f"num_workers={nw}{where}: raise it towards {workers}, with persistent_workers=True and prefetch_factor=2-4."
+        else:
+            fix = f"num_workers={nw} already uses the cores{where}: the per-sample work is the bottleneck; move decoding/augmentation to the GPU or preprocess offline."
+        message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
+        confidence = "high"
+        snippet = AFTER.replace("num_workers=8", f"num_workers={max(workers or 4, (nw or 0))}")
+    else:
+        fix = (
+            f"raise num_workers (about {workers} here)" if workers else "set num_workers to about (CPU cores / ranks) - 1"
+        ) + ", persistent_workers=True; this trace does not record the DataLoader settings (profile with `advisor profile` to check them)."
+        message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
+        confidence = "medium"
+        snippet = AFTER
+    if idle_share is not None:
+        message += f" The device is idle {100 * idle_share:.0f}% of that time."
+    return ctx.finding(message, exposed_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)
