@@ -133,17 +133,19 @@ def _assign_ranks(frames: list[TraceFrames]) -> list[int]:
 
 
 def load_ranks(run: RunFiles, warnings: list[str], progress: Callable[[Path], None] | None = None) -> list[TraceFrames]:
+    """Every rank's frames: in parallel processes when there is enough to load, through the
+    Parquet cache beside each trace; a broken rank is skipped with a warning (unless alone)."""
+    from advisor.load.parallel import load_frames
+
     frames, errors = [], []
-    for path in run.files:
-        try:
-            frames.append(load_trace(path))
-        except InputError as exc:
+    for loaded in load_frames(run.files, progress=progress):
+        if loaded.error is not None:
             if len(run.files) == 1:
-                raise
-            errors.append(exc)
-            warnings.append(f"skipped {exc.line()}")
-        if progress:
-            progress(path)
+                raise loaded.error
+            errors.append(loaded.error)
+            warnings.append(f"skipped {loaded.error.line()}")
+        else:
+            frames.append(loaded.frames)
     if not frames:
         raise errors[0]
     # Several windows of one rank (profiler `repeat`): keep the newest window of each rank.

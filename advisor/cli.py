@@ -6,6 +6,7 @@ for bad input.
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -18,6 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from advisor.errors import EXIT_BAD_INPUT, InputError
+
+EXIT_INTERNAL = 3
 
 app = typer.Typer(
     name="advisor",
@@ -187,13 +190,16 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # usage errors from the CLI parser
             exc.show()
             sys.exit(EXIT_BAD_INPUT if exc.exit_code == 2 else exc.exit_code)
-        raise
+        if os.environ.get("ADVISOR_DEBUG"):
+            raise
+        stderr_console().print(
+            Text(f"advisor: internal error: {type(exc).__name__}: {exc} (set ADVISOR_DEBUG=1 for the traceback)"), soft_wrap=True
+        )
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,15 @@ is reported unless one is named.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 from advisor.errors import InputError
 
+CACHE_DIR_NAME = ".advisor-cache"  # where advisor.load.cache keeps parsed frames
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
 # Files that sit beside traces but are not traces: our own outputs and caches.
 NOT_TRACES = re.compile(r"^(advisor[_.-].*|.*\.advisor\..*|baseline.*\.json)$")
@@ -34,6 +37,25 @@ def is_trace_name(path: Path) -> bool:
     return name.endswith(TRACE_SUFFIXES) and not NOT_TRACES.match(name)
 
 
+def _natural_key(path: Path) -> list[Any]:
+    """rank-2 before rank-10: digit runs compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
+
+
+def _trace_files(root: Path) -> Iterator[Path]:
+    """Trace files under root, recursively, never inside the frames cache (.advisor-cache)."""
+    for folder, dirs, files in os.walk(root, onerror=_raise):
+        dirs[:] = [d for d in dirs if d != CACHE_DIR_NAME]
+        for name in files:
+            p = Path(folder) / name
+            if is_trace_name(p) and p.is_file():
+                yield p
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
 def _mtime(paths: list[Path]) -> float:
     return max(p.stat().st_mtime for p in paths)
 
@@ -50,9 +72,8 @@ def find_run(path: str | Path, run: str | None = None) -> RunFiles:
 
     by_dir: dict[Path, list[Path]] = {}
     try:
-        for p in sorted(path.rglob("*")):
-            if p.is_file() and is_trace_name(p):
-                by_dir.setdefault(p.parent, []).append(p)
+        for p in sorted(_trace_files(path), key=_natural_key):
+            by_dir.setdefault(p.parent, []).append(p)
     except OSError as exc:
         raise InputError(path, f"cannot read directory: {exc.strerror or exc}") from None
     if not by_dir:

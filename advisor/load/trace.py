@@ -5,29 +5,32 @@ Memcpy, Memset) and the current one (cpu_op, user_annotation, python_function,
 cuda_runtime, cuda_driver, kernel, gpu_memcpy, gpu_memset, ...). ROCm traces use the same
 categories; MTIA's `mtia_*` categories count as runtime and device activity.
 
-Speed matters here (traces reach gigabytes): the document is decoded once by orjson with
-the cyclic garbage collector paused (it dominates decoding of large documents), events are
-bucketed by category in one pass, and each column is pulled out with one comprehension per
-bucket. Times become int64 nanoseconds relative to the trace's first event; names become
-categoricals.
+Speed and memory matter here (traces reach gigabytes). `advisor.load.decode` turns the
+bytes into batches of small typed structs (no dict per event); each batch is turned into
+columns at once: one C-level transpose (`zip(*map(attrgetter(...)))`) per field group,
+numbers converted by numpy in one call per column, strings factorized into categorical
+codes. Per-event Python work happens only for events whose values have odd types. The
+cyclic GC is paused for the whole build: it would otherwise rescan the growing heap
+again and again. Times become int64 nanoseconds relative to the trace's first event.
 """
 
 from __future__ import annotations
 
 import gc
-import gzip
 import math
 import re
-import zlib
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import orjson
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from advisor.errors import InputError
+from advisor.load.decode import EMPTY_ARGS, NULL, TRACE_FILE_HINT, Event, decode_trace, read_trace_bytes
 
 # --- what each `cat` is -------------------------------------------------------------------
 HOST_CATS = {
@@ -48,12 +51,20 @@ DEVICE_CATS = {
 }
 # MTIA command-processor events that are bookkeeping, not device work.
 MTIA_NOT_WORK = ("event_wait", "event_record", "synchronize")
+MTIA_DEVICE_CAT = "mtia_ccp_events"
 SYNC_CATS = {"cuda_sync"}
+SCHEMA_2021_CATS = ("Operator", "Kernel", "Runtime")
+MEMORY_EVENT = "[memory]"
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 COPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
-TRACE_FILE_HINT = "a torch.profiler trace (JSON with 'traceEvents')"
+HOST_KINDS = ["op", "annotation", "python"]
+DEVICE_KINDS = ["kernel", "memcpy", "memset"]
+# event groups, by category
+IGNORED, HOST, RUNTIME, DEVICE, SYNC = 0, 1, 2, 3, 4
+
+__all__ = ["TraceFrames", "load_trace", "TRACE_FILE_HINT", "HOST_CATS", "RUNTIME_CATS", "DEVICE_CATS", "SYNC_CATS"]
 
 
 @dataclass
@@ -77,209 +88,411 @@ class TraceFrames:
     @property
     def rank(self) -> int | None:
         rank = self.distributed.get("rank")
-        return int(rank) if isinstance(rank, (int, float)) and not isinstance(rank, bool) else None
+        return int(rank) if isinstance(rank, (int, float)) and not isinstance(rank, bool) and math.isfinite(rank) else None
 
     @property
     def has_device(self) -> bool:
         return len(self.device) > 0
 
 
-# --- decoding -----------------------------------------------------------------------------
-def read_bytes(path: Path) -> bytes:
-    """The decompressed bytes of a trace file (gzip is recognised by its magic number)."""
-    try:
-        raw = path.read_bytes()
-    except IsADirectoryError:
-        raise InputError(path, "is a directory, expected a trace file") from None
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-            detail = "truncated gzip (file cut short while being written?)" if isinstance(exc, EOFError) else f"corrupt gzip ({exc})"
-            raise InputError(path, detail) from None
-    return raw
+# --- columns from sequences of decoded values -----------------------------------------------
+_NUMBER_TYPES = {int, float}
 
 
-def decode(path: Path, data: bytes) -> dict[str, Any]:
-    """orjson.loads with the cyclic GC paused; a bad document becomes an InputError."""
-    if not data.strip():
-        raise InputError(path, "file is empty")
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        where = f" at byte {exc.pos}" if getattr(exc, "pos", None) is not None else ""
-        truncated = exc.pos is not None and exc.pos >= len(data.rstrip()) - 1
-        why = "truncated JSON (profiler stopped mid-write?)" if truncated else f"invalid JSON{where}: {exc.msg}"
-        raise InputError(path, why) from None
-    finally:
-        if enabled:
-            gc.enable()
-    if isinstance(doc, list):
-        doc = {"traceEvents": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise InputError(path, f"not a Chrome trace: expected {TRACE_FILE_HINT}")
-    return doc
-
-
-# --- columns ------------------------------------------------------------------------------
 def _num(v: Any) -> float:
-    """A JSON number, or NaN for anything else (strings, bools, null, huge ints)."""
-    if type(v) is int or type(v) is float:
+    """A JSON number as float, or NaN for anything else (strings, bools, null, huge ints)."""
+    if type(v) is float:
         return v
+    if type(v) is int:
+        try:
+            return float(v)
+        except OverflowError:
+            return math.nan
     return math.nan
 
 
-def _col_float(events: list[dict], key: str) -> np.ndarray:
-    return np.fromiter((_num(e.get(key)) for e in events), dtype=np.float64, count=len(events))
+def floats(values: Sequence[Any]) -> np.ndarray:
+    """float64 column; one numpy call when every value is a number, else per value with NaN."""
+    if set(map(type, values)) <= _NUMBER_TYPES:
+        try:
+            return np.array(values, dtype=np.float64)
+        except OverflowError:
+            pass
+    return np.fromiter(map(_num, values), dtype=np.float64, count=len(values))
 
 
-def _arg_float(args: list[dict], key: str) -> np.ndarray:
-    return np.fromiter((_num(a.get(key)) for a in args), dtype=np.float64, count=len(args))
-
-
-def _arg_id(args: list[dict], *keys: str) -> np.ndarray:
-    """An integer id from args (first key present), -1 where absent."""
-    out = np.full(len(args), -1, dtype=np.int64)
-    for key in keys:
-        vals = _arg_float(args, key)
-        fill = (out == -1) & np.isfinite(vals) & (np.abs(vals) < 2**62)
-        out[fill] = vals[fill].astype(np.int64)
+def ids(values: Sequence[Any]) -> np.ndarray:
+    """int64 id column, -1 where absent or not an integer that fits."""
+    if set(map(type, values)) <= {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    vals = floats(values)
+    out = np.full(len(vals), -1, dtype=np.int64)
+    ok = np.isfinite(vals) & (np.abs(vals) < 2**62)
+    out[ok] = vals[ok].astype(np.int64)
     return out
 
 
-def _names(events: list[dict]) -> pd.Categorical:
-    return pd.Categorical([n if type(n := e.get("name")) is str else str(n) for e in events])
+def _first_id(primary: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    return np.where(primary != -1, primary, fallback)
 
 
-def _tid(events: list[dict]) -> pd.Categorical:
-    return pd.Categorical([str(e.get("tid")) for e in events])
+def categorical(codes: np.ndarray, uniques: np.ndarray) -> pd.Categorical:
+    """uniques[codes] (-1 = missing) as a Categorical of the used values, sorted like pd.Categorical(values)."""
+    codes = np.asarray(codes)
+    present = codes >= 0
+    used = np.flatnonzero(np.bincount(codes[present], minlength=len(uniques))) if len(uniques) else np.array([], dtype=np.int64)
+    cats = np.asarray(uniques, dtype=object)[used]
+    order = np.argsort(cats, kind="stable") if len(cats) else np.array([], dtype=np.int64)
+    remap = np.full(len(uniques) + 1, -1, dtype=np.int32)  # slot -1 keeps missing missing
+    remap[used[order]] = np.arange(len(used), dtype=np.int32)
+    return pd.Categorical.from_codes(remap[codes], categories=pd.Index(cats[order], dtype="str"), validate=False)
 
 
-def _args(events: list[dict]) -> list[dict]:
-    return [a if type(a := e.get("args")) is dict else {} for e in events]
+def str_categorical(values: np.ndarray) -> pd.Categorical:
+    """Categorical of str(v) for mixed values (thread ids are ints in one trace, strings in another)."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    names = np.array([str(u) for u in uniques], dtype=object)
+    if len(set(names)) < len(names):  # e.g. 7 and "7": one category
+        merged, names = pd.factorize(names)
+        codes = merged[codes]
+    return categorical(codes, names)
 
 
-def _times(events: list[dict], base_us: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def object_categorical(values: Sequence[Any]) -> pd.Categorical:
+    """Categorical of strings where None is missing."""
+    codes, uniques = pd.factorize(np.array(values, dtype=object))
+    return categorical(codes, uniques)
+
+
+def _raw_bytes(raws: Sequence[Any]) -> np.ndarray:
+    return np.array(list(map(bytes, raws)), dtype=object)
+
+
+def decoded_raw(raws: Sequence[Any], as_text: bool) -> np.ndarray:
+    """Raw JSON values (grid, Input Dims) decoded once per distinct value: object array.
+
+    Equal values share one Python object, so a million ops with a few hundred distinct
+    shapes hold a few hundred lists, not a million.
+    """
+    if len(raws) == 0:
+        return np.empty(0, dtype=object)
+    codes, uniques = pd.factorize(_raw_bytes(raws))
+    decoded = np.empty(len(uniques), dtype=object)
+    for i, b in enumerate(uniques):
+        try:
+            v = orjson.loads(b)
+        except orjson.JSONDecodeError:  # NaN and friends passed the lenient path as null
+            v = None
+        decoded[i] = (str(v) if v is not None else None) if as_text else v
+    return decoded[codes]
+
+
+# --- one batch of events to column pieces ---------------------------------------------------
+_HOST_ARGS = ("external_id", "external_id_lower", "call_stack", "input_dims", "input_dims_lower")
+_RUNTIME_ARGS = ("correlation", "external_id", "external_id_lower")
+_DEVICE_ARGS = (
+    "device", "stream", "correlation", "external_id", "external_id_lower", "registers", "shared_memory",
+    "blocks_per_sm", "warps_per_sm", "occupancy", "grid", "block", "bytes",
+)
+_MEMORY_ARGS = ("device_type", "device_id", "mem_bytes", "total_allocated", "total_reserved")
+
+
+def _group_of(cat: Any) -> int:
+    key = cat.lower() if isinstance(cat, str) else None
+    if key in HOST_CATS:
+        return HOST
+    if key in RUNTIME_CATS:
+        return RUNTIME
+    if key in DEVICE_CATS:
+        return DEVICE
+    if key in SYNC_CATS:
+        return SYNC
+    return IGNORED
+
+
+def _columns(rows: list[Any], fields: tuple[str, ...]) -> list[list[Any]]:
+    """One list per field (a C-level map per field: faster than transposing tuples)."""
+    return [list(map(attrgetter(f), rows)) for f in fields]
+
+
+def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
+    if len(idx) == 0:
+        return []
+    if len(idx) == 1:
+        return [values[int(idx[0])]]
+    return list(itemgetter(*idx.tolist())(values))
+
+
+def _args_of(args: list[Any], idx: np.ndarray) -> list[Any]:
+    sel = _take(args, idx)
+    if None in sel:  # an event without args reads as one with empty args
+        sel = [a if a is not None else EMPTY_ARGS for a in sel]
+    return sel
+
+
+@dataclass
+class _Part:
+    """Column pieces of one frame from one batch (times still in float µs)."""
+
+    ts: np.ndarray
+    dur: np.ndarray
+    name: pd.Categorical
+    tid: pd.Categorical | None
+    cat_rank: np.ndarray  # ties in time keep the order of first appearance of the category
+    cols: dict[str, Any]
+
+
+@dataclass
+class _BatchColumns:
+    """Per-event columns of one batch that every frame takes its rows from."""
+
+    ts: np.ndarray
+    dur: np.ndarray
+    name_codes: np.ndarray
+    name_uniques: np.ndarray
+    tids: np.ndarray
+    cat_rank: np.ndarray
+
+    def part(self, idx: np.ndarray, cols: dict[str, Any], tid: bool = True) -> _Part:
+        return _Part(
+            ts=self.ts[idx],
+            dur=self.dur[idx],
+            name=categorical(self.name_codes[idx], self.name_uniques),
+            tid=str_categorical(self.tids[idx]) if tid else None,
+            cat_rank=self.cat_rank[idx],
+            cols=cols,
+        )
+
+
+@dataclass
+class _Batch:
+    host: _Part
+    runtime: _Part
+    device: _Part
+    memory: _Part
+    sync: _Part
+    cats: set[str]
+    durational: bool
+    events: int
+    min_ts: float
+
+
+def _batch(events: list[Event], cat_order: dict[Any, int]) -> _Batch:
+    """Column pieces of every frame from one batch; cat_order ranks categories by first appearance."""
+    n = len(events)
+    # Comprehensions with attribute access are the fastest transpose CPython has.
+    ph = [e.ph for e in events]
+    cat = [e.cat for e in events]
+    name = [e.name for e in events]
+    ts_v = [e.ts for e in events]
+    dur_v = [e.dur for e in events]
+    tid_v = [e.tid for e in events]
+    args = [e.args for e in events]
+    cat_codes, cat_uniques = pd.factorize(np.array(cat, dtype=object))
+    group_of_cat = np.array([_group_of(c) for c in cat_uniques] + [IGNORED], dtype=np.int8)
+    group = group_of_cat[cat_codes]
+    is_x = np.array(ph, dtype=object) == "X"
+    name_codes, name_uniques = pd.factorize(np.array(name, dtype=object))
+    if n and (name_codes < 0).any():  # "name": null
+        name_uniques = np.append(np.asarray(name_uniques, dtype=object), "")
+        name_codes = np.where(name_codes < 0, len(name_uniques) - 1, name_codes)
+    name_uniques = np.asarray(name_uniques, dtype=object)
+    ts = floats(ts_v)
+    dur = floats(dur_v)
+    tids = np.array(tid_v, dtype=object)
+
+    lower_cats = [c.lower() for c in cat_uniques]
+    rank_of_cat = np.array([cat_order.setdefault(c, len(cat_order)) for c in cat_uniques] + [-1], dtype=np.int32)
+    # The base time is the first timestamp of any event of a profiler category (before MTIA bookkeeping is dropped).
+    in_profiler_cat = group != IGNORED
+    batch = _BatchColumns(ts, dur, name_codes, name_uniques, tids, rank_of_cat[cat_codes])
+    # MTIA command-processor rows: bookkeeping is not device work; dma* is a copy.
+    mtia = np.zeros(n, dtype=bool)
+    if MTIA_DEVICE_CAT in lower_cats:
+        mtia_codes = [i for i, c in enumerate(lower_cats) if c == MTIA_DEVICE_CAT]
+        mtia = np.isin(cat_codes, mtia_codes)
+        not_work = np.array([str(u).startswith(MTIA_NOT_WORK) for u in name_uniques], dtype=bool)
+        group = np.where(mtia & not_work[name_codes], IGNORED, group)
+
+    def rows(g: int) -> np.ndarray:
+        return np.flatnonzero((group == g) & is_x)
+
+    # host
+    idx = rows(HOST)
+    kind_of_cat = np.array([HOST_KINDS.index(HOST_CATS[c]) if c in HOST_CATS else -1 for c in lower_cats] + [-1], dtype=np.int8)
+    ext, ext_lower, stacks, dims, dims_lower = _columns(_args_of(args, idx), _HOST_ARGS)
+    if dims_lower.count(NULL) != len(dims_lower):
+        dims = [d if d is not NULL else dl for d, dl in zip(dims, dims_lower)]
+    host = batch.part(idx, {
+        "kind": pd.Categorical.from_codes(kind_of_cat[cat_codes[idx]], categories=HOST_KINDS),
+        "external_id": _first_id(ids(ext), ids(ext_lower)),
+        "call_stack": object_categorical(stacks),
+        "input_dims": decoded_raw(dims, as_text=False),
+    })
+
+    # runtime
+    idx = rows(RUNTIME)
+    corr, ext, ext_lower = _columns(_args_of(args, idx), _RUNTIME_ARGS)
+    runtime = batch.part(idx, {
+        "correlation": ids(corr),
+        "external_id": _first_id(ids(ext), ids(ext_lower)),
+    })
+
+    # device
+    idx = rows(DEVICE)
+    kind_of_cat = np.array([DEVICE_KINDS.index(DEVICE_CATS[c]) if c in DEVICE_CATS else -1 for c in lower_cats] + [-1], dtype=np.int8)
+    kinds = kind_of_cat[cat_codes[idx]]
+    if mtia.any():
+        is_dma = np.array([str(u).startswith("dma") for u in name_uniques], dtype=bool)
+        kinds = np.where(mtia[idx] & is_dma[name_codes[idx]], DEVICE_KINDS.index("memcpy"), kinds)
+    (dev, stream, corr, ext, ext_lower, regs, smem, bps, wps, occ, grid, block, nbytes) = _columns(_args_of(args, idx), _DEVICE_ARGS)
+    device = batch.part(idx, {
+        "kind": pd.Categorical.from_codes(kinds, categories=DEVICE_KINDS),
+        "device": ids(dev),
+        "stream": ids(stream),
+        "correlation": ids(corr),
+        "external_id": _first_id(ids(ext), ids(ext_lower)),
+        "registers": floats(regs).astype(np.float32),
+        "shared_memory": floats(smem).astype(np.float32),
+        "blocks_per_sm": floats(bps).astype(np.float32),
+        "warps_per_sm": floats(wps).astype(np.float32),
+        "occupancy": floats(occ).astype(np.float32),
+        "grid": object_categorical(decoded_raw(grid, as_text=True)),
+        "block": object_categorical(decoded_raw(block, as_text=True)),
+        "bytes": floats(nbytes),
+    })
+
+    # [memory] instant events (no category in the 2021 schema, cpu_instant_event later)
+    mem_code = np.flatnonzero(name_uniques == MEMORY_EVENT)
+    idx = np.flatnonzero((name_codes == mem_code[0]) & (group == IGNORED)) if len(mem_code) else np.array([], dtype=np.int64)
+    dtype_, did, mbytes, talloc, tres = _columns(_args_of(args, idx), _MEMORY_ARGS)
+    memory = batch.part(idx, tid=False, cols={
+        "device_type": ids(dtype_),
+        "device_id": ids(did),
+        "bytes": floats(mbytes),
+        "total_allocated": floats(talloc),
+        "total_reserved": floats(tres),
+    })
+
+    idx = rows(SYNC)
+    sync = batch.part(idx, {})
+
+    dts = ts[in_profiler_cat]
+    dts = dts[np.isfinite(dts) & (np.abs(dts) < 1e17)]
+    return _Batch(
+        host=host,
+        runtime=runtime,
+        device=device,
+        memory=memory,
+        sync=sync,
+        cats={c for c in cat_uniques if isinstance(c, str)},
+        durational=bool(in_profiler_cat.any()),
+        events=n,
+        min_ts=float(dts.min()) if len(dts) else math.inf,
+    )
+
+
+# --- pieces of all batches to frames --------------------------------------------------------
+def _concat_cat(pieces: list[pd.Categorical]) -> pd.Categorical:
+    if len(pieces) == 1:
+        return pieces[0]
+    first = pieces[0].categories
+    if all(p.categories.equals(first) for p in pieces[1:]):  # fixed sets (kind) keep their order
+        return pd.Categorical.from_codes(np.concatenate([p.codes for p in pieces]), categories=first, validate=False)
+    return union_categoricals(pieces, sort_categories=True)
+
+
+def _concat(pieces: list[Any]) -> Any:
+    if len(pieces) == 1:
+        return pieces[0]
+    if isinstance(pieces[0], pd.Categorical):
+        return _concat_cat(pieces)
+    return np.concatenate(pieces)
+
+
+def _times(ts: np.ndarray, dur: np.ndarray, base_us: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ts, dur, keep): ns relative to base; keep drops events without a usable time."""
-    ts = _col_float(events, "ts")
-    dur = _col_float(events, "dur")
-    keep = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 1e17) & (dur < 1e15)
-    ts_ns = np.zeros(len(events), dtype=np.int64)
-    dur_ns = np.zeros(len(events), dtype=np.int64)
+    with np.errstate(invalid="ignore"):
+        keep = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 1e17) & (dur < 1e15)
+    ts_ns = np.zeros(len(ts), dtype=np.int64)
+    dur_ns = np.zeros(len(ts), dtype=np.int64)
     ts_ns[keep] = np.rint((ts[keep] - base_us) * 1000.0).astype(np.int64)
     dur_ns[keep] = np.rint(dur[keep] * 1000.0).astype(np.int64)
     return ts_ns, dur_ns, keep
 
 
-def _frame(events: list[dict], base_us: float, extra: dict[str, Any]) -> pd.DataFrame:
-    ts, dur, keep = _times(events, base_us)
-    cols = {"name": _names(events), "tid": _tid(events), "ts": ts, "dur": dur}
-    cols.update(extra)
-    df = pd.DataFrame(cols)
+def _frame(parts: list[_Part], base_us: float, order: str) -> pd.DataFrame:
+    ts_us = _concat([p.ts for p in parts])
+    dur_us = _concat([p.dur for p in parts])
+    ts, dur, keep = _times(ts_us, dur_us, base_us)
+    cols: dict[str, Any] = {"name": _concat([p.name for p in parts]), "tid": _concat([p.tid for p in parts]), "ts": ts, "dur": dur}
+    for key in parts[0].cols:
+        cols[key] = _concat([p.cols[key] for p in parts])
+    cols["end"] = ts + dur
+    rank = _concat([p.cat_rank for p in parts])
+    if order == "ts_dur":  # parents before children: by start, longer first
+        sort = np.lexsort((rank, -dur, ts))
+    else:
+        sort = np.lexsort((rank, ts))
     if not keep.all():
-        df = df[keep].reset_index(drop=True)
-    df["end"] = df["ts"] + df["dur"]
+        sort = sort[keep[sort]]
+    cols = {k: (v.take(sort) if isinstance(v, pd.Categorical) else v[sort]) for k, v in cols.items()}
+    return pd.DataFrame(cols, copy=False)
+
+
+def _device_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
+    df = _frame(parts, base_us, "ts")
+    # Copy direction and memory kinds come from the name: "Memcpy HtoD (Pageable -> Device)".
+    names = df["name"].cat
+    parts_of_name = pd.Series(names.categories, dtype=object).str.extract(COPY_NAME)
+    codes = names.codes.to_numpy()
+    for col, key in zip(("copy_kind", "copy_src", "copy_dst"), range(3)):
+        per_cat = parts_of_name[key].to_numpy(dtype=object)
+        per_cat = np.where(pd.isna(per_cat), None, per_cat)
+        values_codes, uniques = pd.factorize(per_cat)
+        df[col] = categorical(np.append(values_codes, -1)[codes], uniques)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df["bandwidth_gbps"] = np.where(df["dur"] > 0, df["bytes"] / df["dur"], np.nan)  # bytes/ns == GB/s
     return df
 
 
-def _host_frame(events: list[dict], kinds: list[str], base_us: float) -> pd.DataFrame:
-    args = _args(events)
-    stacks = [s if type(s := a.get("Call stack")) is str else None for a in args]
-    dims = [a.get("Input Dims", a.get("Input dims")) for a in args]
-    df = _frame(
-        events,
-        base_us,
-        {
-            "kind": pd.Categorical(kinds, categories=["op", "annotation", "python"]),
-            "external_id": _arg_id(args, "External id", "external id"),
-            "call_stack": pd.Categorical(stacks),
-            "input_dims": dims,
-        },
-    )
-    return df.sort_values(["ts", "dur"], ascending=[True, False], kind="stable").reset_index(drop=True)
-
-
-def _runtime_frame(events: list[dict], base_us: float) -> pd.DataFrame:
-    args = _args(events)
-    df = _frame(
-        events,
-        base_us,
-        {
-            "correlation": _arg_id(args, "correlation"),
-            "external_id": _arg_id(args, "External id", "external id"),
-        },
-    )
-    return df.sort_values("ts", kind="stable").reset_index(drop=True)
-
-
-def _device_frame(events: list[dict], kinds: list[str], base_us: float) -> pd.DataFrame:
-    args = _args(events)
-    df = _frame(
-        events,
-        base_us,
-        {
-            "kind": pd.Categorical(kinds, categories=["kernel", "memcpy", "memset"]),
-            "device": _arg_id(args, "device"),
-            "stream": _arg_id(args, "stream"),
-            "correlation": _arg_id(args, "correlation"),
-            "external_id": _arg_id(args, "External id", "external id"),
-            "registers": _arg_float(args, "registers per thread").astype(np.float32),
-            "shared_memory": _arg_float(args, "shared memory").astype(np.float32),
-            "blocks_per_sm": _arg_float(args, "blocks per SM").astype(np.float32),
-            "warps_per_sm": _arg_float(args, "warps per SM").astype(np.float32),
-            "occupancy": _arg_float(args, "est. achieved occupancy %").astype(np.float32),
-            "grid": pd.Categorical([str(g) if (g := a.get("grid")) is not None else None for a in args]),
-            "block": pd.Categorical([str(b) if (b := a.get("block")) is not None else None for a in args]),
-            "bytes": _arg_float(args, "bytes"),
-        },
-    )
-    # Copy direction and memory kinds come from the name: "Memcpy HtoD (Pageable -> Device)".
-    names = pd.Series(df["name"].cat.categories)
-    parts = names.str.extract(COPY_NAME)
-    lookup = dict(zip(names, parts.itertuples(index=False)))
-    codes = df["name"].astype(object).map(lambda n: lookup.get(n, (None, None, None)))
-    df["copy_kind"] = pd.Categorical([c[0] for c in codes])
-    df["copy_src"] = pd.Categorical([c[1] for c in codes])
-    df["copy_dst"] = pd.Categorical([c[2] for c in codes])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        df["bandwidth_gbps"] = np.where(df["dur"] > 0, df["bytes"] / df["dur"], np.nan)  # bytes/ns == GB/s
-    return df.sort_values("ts", kind="stable").reset_index(drop=True)
-
-
-def _memory_frame(events: list[dict], base_us: float) -> pd.DataFrame:
-    args = _args(events)
-    ts = _col_float(events, "ts")
-    keep = np.isfinite(ts)
-    df = pd.DataFrame(
-        {
-            "ts": np.rint((np.where(keep, ts, base_us) - base_us) * 1000.0).astype(np.int64),
-            "device_type": _arg_id(args, "Device Type"),
-            "device_id": _arg_id(args, "Device Id"),
-            "bytes": _arg_float(args, "Bytes"),
-            "total_allocated": _arg_float(args, "Total Allocated"),
-            "total_reserved": _arg_float(args, "Total Reserved"),
-        }
-    )
-    return df[keep].sort_values("ts", kind="stable").reset_index(drop=True)
+def _memory_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
+    ts = _concat([p.ts for p in parts])
+    keep = np.isfinite(ts) & (np.abs(ts) < 1e17)
+    cols = {"ts": np.rint((np.where(keep, ts, base_us) - base_us) * 1000.0).astype(np.int64)}
+    for key in parts[0].cols:
+        cols[key] = _concat([p.cols[key] for p in parts])
+    sort = np.argsort(cols["ts"], kind="stable")
+    sort = sort[keep[sort]]
+    return pd.DataFrame({k: v[sort] for k, v in cols.items()})
 
 
 def _steps_frame(host: pd.DataFrame) -> pd.DataFrame:
     """ProfilerStep#N spans on the host (never the GPU-side annotation of the same name)."""
-    names = host["name"].astype(str)
-    match = names.str.extract(STEP_NAME, expand=False)
-    is_step = match.notna() & (host["kind"] != "python")
+    names = host["name"].cat
+    number = pd.Series(names.categories, dtype=object).str.extract(STEP_NAME, expand=False)
+    per_cat = pd.to_numeric(number, errors="coerce").to_numpy(np.float64)
+    codes = names.codes.to_numpy()
+    step_no = np.append(per_cat, np.nan)[codes]
+    is_step = np.isfinite(step_no) & (host["kind"] != "python").to_numpy() & (step_no < 2**62)
     steps = host.loc[is_step, ["name", "ts", "end", "tid"]].copy()
-    steps["step"] = match[is_step].astype(np.int64)
+    steps["step"] = step_no[is_step].astype(np.int64)
     steps = steps.sort_values("ts", kind="stable").drop_duplicates("step", keep="first")
-    return steps.rename(columns={"ts": "start"})[["step", "name", "start", "end", "tid"]].reset_index(drop=True)
+    steps = steps.rename(columns={"ts": "start"})[["step", "name", "start", "end", "tid"]].reset_index(drop=True)
+    steps["name"] = steps["name"].cat.remove_unused_categories()
+    steps["tid"] = steps["tid"].cat.remove_unused_categories()
+    return steps
 
 
-def _device_properties(doc: dict) -> pd.DataFrame:
-    props = doc.get("deviceProperties")
+def _property_number(v: Any) -> int | float:
+    """An int property stays int (exact byte counts); anything not a number is NaN."""
+    return v if type(v) is int and abs(v) < 2**63 else _num(v)
+
+
+def _device_properties(props: Any) -> pd.DataFrame:
     rows = []
     if isinstance(props, list):
         for p in props:
@@ -290,84 +503,40 @@ def _device_properties(doc: dict) -> pd.DataFrame:
                 {
                     "id": int(p["id"]) if type(p.get("id")) is int else len(rows),
                     "name": str(p.get("name", "")),
-                    "total_memory_bytes": _num(p.get("totalGlobalMem")),
+                    "total_memory_bytes": _property_number(p.get("totalGlobalMem")),
                     "compute_capability": f"{int(major)}.{int(minor)}" if math.isfinite(major) and math.isfinite(minor) else None,
-                    "num_sms": _num(p.get("numSms")),
+                    "num_sms": _property_number(p.get("numSms")),
                 }
             )
     return pd.DataFrame(rows, columns=["id", "name", "total_memory_bytes", "compute_capability", "num_sms"])
 
 
-def frames_from_doc(path: Path, doc: dict[str, Any]) -> TraceFrames:
-    events = doc["traceEvents"]
-    buckets: dict[Any, list[dict]] = {}
-    memory: list[dict] = []
-    min_ts = math.inf
-    for e in events:
-        if type(e) is not dict:
-            continue
-        cat = e.get("cat")
-        if cat is None:
-            if e.get("name") == "[memory]":
-                memory.append(e)
-            continue
-        b = buckets.get(cat)
-        if b is None:
-            buckets[cat] = b = []
-        b.append(e)
-    durational = [c for c in buckets if type(c) is str and c.lower() in HOST_CATS.keys() | RUNTIME_CATS | DEVICE_CATS.keys() | SYNC_CATS]
-    if not durational and not memory:
-        if not events:
+def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batching: int) -> TraceFrames:
+    """Decode and frame a trace document held in memory (batching: see decode_trace)."""
+    decoded = decode_trace(path, data, **batching)
+    cat_order: dict[Any, int] = {}
+    batches = [_batch(events, cat_order) for events in decoded.batches]  # each batch's structs die here
+    if not batches:
+        batches = [_batch([], cat_order)]
+    total = sum(b.events for b in batches)
+    if not any(b.durational for b in batches) and not any(len(b.memory.ts) for b in batches):
+        if total == 0:
             raise InputError(path, "trace has no events")
         raise InputError(path, "trace has no profiler events (no ops, kernels or runtime calls)")
-
-    # A base near the first event keeps ns offsets exact in float64.
-    for c in durational:
-        for e in buckets[c][:1]:
-            t = _num(e.get("ts"))
-            if math.isfinite(t):
-                min_ts = min(min_ts, t)
-    for c in durational:
-        ts = _col_float(buckets[c], "ts")
-        ts = ts[np.isfinite(ts) & (np.abs(ts) < 1e17)]
-        if len(ts):
-            min_ts = min(min_ts, float(ts.min()))
+    min_ts = min(b.min_ts for b in batches)
     base_us = 0.0 if not math.isfinite(min_ts) else float(math.floor(min_ts))
+    cats = set().union(*(b.cats for b in batches))
+    schema = "2021" if any(c in cats for c in SCHEMA_2021_CATS) else "current"
 
-    schema = "2021" if any(c in buckets for c in ("Operator", "Kernel", "Runtime")) else "current"
-    host_ev, host_kind, rt_ev, dev_ev, dev_kind, sync_ev = [], [], [], [], [], []
-    for cat, evs in buckets.items():
-        if type(cat) is not str:
-            continue
-        key = cat.lower()
-        if key in HOST_CATS:
-            ph_x = [e for e in evs if e.get("ph") == "X"]
-            host_ev += ph_x
-            host_kind += [HOST_CATS[key]] * len(ph_x)
-        elif key in RUNTIME_CATS:
-            rt_ev += [e for e in evs if e.get("ph") == "X"]
-        elif key in DEVICE_CATS:
-            ph_x = [e for e in evs if e.get("ph") == "X"]
-            if key == "mtia_ccp_events":
-                ph_x = [e for e in ph_x if not str(e.get("name", "")).startswith(MTIA_NOT_WORK)]
-                kinds = ["memcpy" if str(e.get("name", "")).startswith("dma") else "kernel" for e in ph_x]
-            else:
-                kinds = [DEVICE_CATS[key]] * len(ph_x)
-            dev_ev += ph_x
-            dev_kind += kinds
-        elif key in SYNC_CATS:
-            sync_ev += [e for e in evs if e.get("ph") == "X"]
-
-    host = _host_frame(host_ev, host_kind, base_us)
-    runtime = _runtime_frame(rt_ev, base_us)
-    device = _device_frame(dev_ev, dev_kind, base_us)
-    mem = _memory_frame(memory, base_us)
-    syncs = _frame(sync_ev, base_us, {}) if sync_ev else None
+    host = _frame([b.host for b in batches], base_us, "ts_dur")
+    runtime = _frame([b.runtime for b in batches], base_us, "ts")
+    device = _device_frame([b.device for b in batches], base_us)
+    memory = _memory_frame([b.memory for b in batches], base_us)
+    syncs = _frame([b.sync for b in batches], base_us, "ts")[["name", "tid", "ts", "dur", "end"]] if any(len(b.sync.ts) for b in batches) else None
     starts = [f["ts"].min() for f in (host, runtime, device) if len(f)]
     ends = [f["end"].max() for f in (host, runtime, device) if len(f)]
     window = (int(min(starts)), int(max(ends))) if starts else (0, 0)
-    dist = doc.get("distributedInfo")
-    meta = {k: v for k, v in doc.items() if k not in ("traceEvents", "deviceProperties", "distributedInfo") and isinstance(v, (str, int, float, bool))}
+    dist = decoded.distributed
     return TraceFrames(
         path=path,
         schema=schema,
@@ -375,12 +544,12 @@ def frames_from_doc(path: Path, doc: dict[str, Any]) -> TraceFrames:
         host=host,
         runtime=runtime,
         device=device,
-        memory=mem,
+        memory=memory,
         steps=_steps_frame(host),
-        device_properties=_device_properties(doc),
+        device_properties=_device_properties(decoded.device_properties),
         distributed=dist if isinstance(dist, dict) else {},
         window=window,
-        metadata=meta,
+        metadata=decoded.metadata,
         syncs=syncs,
     )
 
@@ -388,10 +557,18 @@ def frames_from_doc(path: Path, doc: dict[str, Any]) -> TraceFrames:
 def load_trace(path: str | Path) -> TraceFrames:
     """Read, decode and frame one trace file. Bad input raises InputError naming the file."""
     path = Path(path)
-    doc = decode(path, read_bytes(path))
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        return frames_from_doc(path, doc)
-    except InputError:
-        raise
-    except (ValueError, TypeError, KeyError, OverflowError) as exc:
-        raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
+        data = read_trace_bytes(path)
+        try:
+            return frames_from_bytes(path, data)
+        except InputError:
+            raise
+        except (ValueError, TypeError, KeyError, OverflowError, IndexError) as exc:
+            raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
+        finally:
+            del data
+    finally:
+        if enabled:
+            gc.enable()

@@ -15,6 +15,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import _matches
+from advisor.metrics.hierarchy import enclosing_rows, parents
 
 # Kernel names that run on Tensor Cores (substring, case-sensitive as the libraries emit them).
 TENSOR_CORE_KERNEL_PATTERNS: list[str] = [
@@ -47,18 +48,35 @@ TENSOR_CORE_ELIGIBLE_OP = re.compile(
 
 
 def launching_ops(frames: TraceFrames) -> pd.Series:
-    """For each device row, the name of the host op that launched it (by external id), or NaN."""
+    """For each device row, the name of the host op that launched it, or NaN.
+
+    By external id when the trace links runtime calls to ops that way; otherwise by time:
+    the innermost op on the launching thread that covers the runtime call.
+    """
     host = frames.host
     ops = host[(host["kind"] != "python") & (host["external_id"] >= 0)]
     ops = ops.drop_duplicates("external_id", keep="last")  # innermost op carries the id
     names = pd.Series(ops["name"].astype(str).to_numpy(), index=ops["external_id"].to_numpy())
-    # The runtime call's external id names the op; a device row's own id is a fallback
-    # (some Kineto versions put the correlation id there).
     rt = frames.runtime[frames.runtime["correlation"] >= 0].drop_duplicates("correlation")
     rt_ext = pd.Series(rt["external_id"].to_numpy(), index=rt["correlation"].to_numpy())
     ext = frames.device["correlation"].map(rt_ext)
+    # Some Kineto versions put the correlation id in a device row's own external id.
     ext = ext.where(ext.notna() & (ext >= 0), frames.device["external_id"])
-    return ext.map(names)
+    by_id = ext.map(names)
+    if by_id.notna().mean() >= 0.5 or len(rt) == 0 or len(host) == 0:
+        return by_id
+    return _launching_ops_by_time(frames, rt)
+
+
+def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.Series:
+    host = frames.host
+    ops_mask = (host["kind"] != "python").to_numpy()
+    ops = host[ops_mask & ~host["name"].astype(str).str.startswith("ProfilerStep#").to_numpy()].reset_index(drop=True)
+    parent = parents(ops)
+    rows = enclosing_rows(ops, parent, rt["tid"], rt["ts"].to_numpy(np.int64), rt["end"].to_numpy(np.int64))
+    op_name = np.where(rows >= 0, ops["name"].astype(str).to_numpy()[np.clip(rows, 0, None)], None)
+    by_corr = pd.Series(op_name, index=rt["correlation"].to_numpy())
+    return frames.device["correlation"].map(by_corr)
 
 
 def kernel_table(frames: TraceFrames) -> pd.DataFrame:
@@ -70,7 +88,8 @@ def kernel_table(frames: TraceFrames) -> pd.DataFrame:
     k["fp32_gemm"] = _matches(k["name"], FP32_GEMM_KERNEL) & ~k["tensor_core"]
     op = launching_ops(frames)[mask]
     k["op"] = op.to_numpy()
-    k["eligible"] = op.fillna("").astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP).to_numpy()
+    # A GEMM/conv kernel is eligible whatever launched it (compiled regions hide the op).
+    k["eligible"] = op.fillna("").astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP).to_numpy() | k["tensor_core"] | k["fp32_gemm"]
     return k
 
 
@@ -90,8 +109,7 @@ def tensor_core_shares(kernels: pd.DataFrame) -> tuple[float | None, float | Non
     if total <= 0:
         return None, None
     tc = float(kernels.loc[kernels["tensor_core"], "dur"].sum() / total)
-    has_ops = kernels["op"].notna().any()
-    el = float(kernels.loc[kernels["eligible"], "dur"].sum() / total) if has_ops else None
+    el = float(kernels.loc[kernels["eligible"], "dur"].sum() / total)
     return tc, el
 
 
@@ -120,4 +138,3 @@ __all__ = [
     "fp32_gemm_share",
     "launching_ops",
 ]
-_ = np  # numpy is used through pandas here

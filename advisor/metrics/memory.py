@@ -18,9 +18,17 @@ def device_memory_curve(frames: TraceFrames) -> pd.DataFrame:
     """Allocated/reserved bytes over time for accelerator devices (ts, device_id, allocated, reserved)."""
     m = frames.memory
     m = m[(m["device_type"] != CPU_DEVICE_TYPE) & (m["device_type"] >= 0)]
-    return m[["ts", "device_id", "total_allocated", "total_reserved"]].rename(
+    curve = m[["ts", "device_id", "total_allocated", "total_reserved"]].rename(
         columns={"total_allocated": "allocated", "total_reserved": "reserved"}
     )
+    if len(m) and curve["allocated"].isna().all():
+        # Older traces carry only each allocation's size: rebuild the curve from the running
+        # sum. Memory allocated before the window is unknown, so this is a lower bound
+        # (lifted so it never goes below zero).
+        running = m.groupby("device_id")["bytes"].cumsum()
+        floor = running.groupby(m["device_id"]).transform("min").clip(upper=0)
+        curve["allocated"] = (running - floor).to_numpy()
+    return curve
 
 
 def peak_memory(frames: TraceFrames) -> dict[int, dict[str, float | None]]:

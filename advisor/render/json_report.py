@@ -12,12 +12,16 @@ from advisor.analysis import Analysis
 
 def _clean(obj: Any) -> Any:
     """NaN/inf are not JSON: a figure we cannot give is null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+    if isinstance(obj, float):  # numpy floats too: orjson takes plain floats only
+        return float(obj) if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_clean(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
         return _clean(obj.item())
     return obj

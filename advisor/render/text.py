@@ -122,18 +122,24 @@ def _overview(a: Analysis, console: Console) -> Group:
     return Group(head, Text(""), Text("Step-time breakdown (mean per step)", style="bold"), breakdown_bar(bd, width), legend)
 
 
-def _kernels_table(a: Analysis, n: int = 8) -> Table | None:
+def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     k = top_kernels(a.primary.kernels, n)
     if len(k) == 0:
         return None
     t = Table(title="Top kernels", title_justify="left", expand=False, show_edge=False)
-    t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=70)
-    t.add_column("calls", justify="right")
-    t.add_column("total ms", justify="right")
-    t.add_column("share", justify="right")
-    t.add_column("TC", justify="center")
+    # The figures keep their width (about 38 columns with the rules between them); the
+    # kernel name gets what is left of the terminal and is cut with "…".
+    name_width = max(16, min(70, width - 38))
+    t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=name_width)
+    t.add_column("calls", justify="right", no_wrap=True)
+    t.add_column("total ms", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
+    t.add_column("TC", justify="center", no_wrap=True)
     for r in k.itertuples():
-        t.add_row(Text(str(r.name)), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
+        name = str(r.name)
+        if len(name) > name_width:
+            name = name[: name_width - 1] + "…"
+        t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
     return t
 
 
@@ -186,7 +192,7 @@ def _short(v, limit: int = 400) -> str:
 
 def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
     console.print(_overview(a, console))
-    kt = _kernels_table(a)
+    kt = _kernels_table(a, width=console.width)
     if kt is not None:
         console.print()
         console.print(kt)

@@ -1,0 +1,207 @@
+"""`advisor profile`: run a training script under torch.profiler, then report on it.
+
+    advisor profile train.py -- --lr 0.1
+    advisor profile -m package.module -- ARGS
+    advisor profile --nproc-per-node 2 train.py -- ARGS      (through torchrun)
+
+The script runs like `python train.py ARGS` would run it (see runner.py). Its steps are found
+without changing it (hooks.py); after `--wait` skipped and `--warmup` warm-up steps, `--active`
+steps are recorded, the run is stopped on purpose (`--full` lets it finish), and the report
+is printed. Everything `advisor` says goes to stderr; the report goes to stdout after the
+script's own output.
+
+This module does not import torch at import time (`advisor report` must never load it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from advisor.errors import InputError
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+RUNS_DIR = Path("advisor_runs")
+
+
+def profile(
+    ctx: typer.Context,
+    script: Optional[str] = typer.Argument(
+        None, metavar="SCRIPT [-- ARGS...]", show_default=False,
+        help="The training script, run as `python SCRIPT ARGS` would run it. Put `--` before the script's own options.",
+    ),
+    module: Optional[str] = typer.Option(None, "-m", "--module", help="Run a module instead, like `python -m MODULE ARGS`."),
+    wait: int = typer.Option(1, "--wait", min=0, help="Steps to skip before the profiler warms up (the first step holds start-up)."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Steps the profiler runs without keeping them."),
+    active: int = typer.Option(5, "--active", min=1, help="Steps recorded."),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="How many wait/warmup/active cycles (one trace file each)."),
+    full: bool = typer.Option(False, "--full", help="Let the script run to its end instead of stopping it after the window."),
+    device: Device = typer.Option(Device.auto, "--device", help="What to profile: cuda when available, else cpu."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),
+    no_stack: bool = typer.Option(False, "--no-stack", help="Do not record Python stacks (smaller trace, less overhead)."),
+    no_shapes: bool = typer.Option(False, "--no-shapes", help="Do not record operator input shapes."),
+    no_memory: bool = typer.Option(False, "--no-memory", help="Do not record memory allocations."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Launch N processes through torchrun (torch.distributed.run), all into the same log dir."),
+    format: Format = typer.Option(Format.text, "--format", "-f", help="Report format: text, json or markdown."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
+) -> None:
+    """Run a training script under torch.profiler and report why it is slow."""
+    from advisor.capture.runner import Target, check_target
+
+    extra = list(ctx.args) if ctx is not None else []
+    if extra[:1] == ["--"]:  # kept by click when options stop at the script (allow_interspersed_args=False)
+        extra = extra[1:]
+    if module:
+        target = Target("module", module, ([script] if script else []) + extra)
+    elif script:
+        target = Target("script", script, extra)
+    else:
+        raise InputError(None, "nothing to profile: give a script (advisor profile train.py) or a module (advisor profile -m package.module)")
+    check_target(target)
+    if out is not None:
+        check_out_dir(out)  # before importing torch: a wrong --out is said at once
+    resolved = resolve_device(device.value if isinstance(device, Device) else str(device))
+    out_dir = prepare_out_dir(out, target.stem)
+
+    from advisor.capture.session import CaptureOptions
+
+    options = CaptureOptions(
+        out_dir=out_dir,
+        wait=wait,
+        warmup=warmup,
+        active=active,
+        repeat=repeat,
+        full=full,
+        device=resolved,
+        record_shapes=not no_shapes,
+        profile_memory=not no_memory,
+        with_stack=not no_stack,
+    )
+    if nproc_per_node is not None:
+        from advisor.capture.launch import launch
+
+        exit_code = launch(target, options, nproc_per_node)
+        report_wanted = True
+    else:
+        from advisor.capture.session import capture, summary_lines
+
+        result = capture(target, options)
+        say_lines(summary_lines(result))
+        exit_code = result.exit_code
+        report_wanted = bool(result.recorded_steps or result.own_traces)
+    sys.stdout.flush()
+    if report_wanted and has_traces(out_dir):
+        print_report(out_dir, format.value if isinstance(format, Format) else str(format), verbose)
+    if exit_code:
+        raise SystemExit(exit_code)  # SystemExit: typer.Exit is swallowed by a non-standalone app
+
+
+def say_lines(lines: list[str]) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(stderr=True, highlight=False)
+    for line in lines:
+        console.print(Text("advisor: ", style="bold") + Text(line), soft_wrap=True)
+
+
+def resolve_device(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    available = torch.cuda.is_available()
+    if device == "cuda" and not available:
+        raise InputError(None, "--device cuda: no CUDA device is available to this process (use --device cpu)")
+    return "cuda" if available else "cpu"
+
+
+def prepare_out_dir(out: Path | None, stem: str) -> Path:
+    """Create the log dir; never reuse one that holds anything."""
+    if out is None:
+        base = RUNS_DIR / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        for n in range(1, 1000):
+            candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                candidate.mkdir(parents=True, exist_ok=False)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise InputError(candidate, f"cannot create the log directory: {exc.strerror or exc}") from None
+            return _writable(candidate)
+        raise InputError(base, "too many runs with this name in the same second")
+    check_out_dir(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(out, f"cannot create the log directory: {exc.strerror or exc}") from None
+    return _writable(out)
+
+
+def check_out_dir(out: Path) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(out, "exists and is not a directory; choose another --out")
+        if any(out.iterdir()):
+            raise InputError(out, "already exists and is not empty; advisor never writes into an earlier run (choose another --out)")
+    else:
+        parent = next((p for p in out.absolute().parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise InputError(out, f"cannot create the log directory: {parent} is not a directory")
+
+
+def _writable(path: Path) -> Path:
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(path, "the log directory is not writable")
+    return path
+
+
+def has_traces(out_dir: Path) -> bool:
+    from advisor.load.discover import is_trace_name
+
+    return any(p.is_file() and is_trace_name(p) for p in out_dir.iterdir())
+
+
+def print_report(out_dir: Path, fmt: str, verbose: bool) -> None:
+    """The same report `advisor report OUT_DIR` prints."""
+    try:
+        from advisor.analysis import analyze
+    except ImportError:  # the analysis is not there (partial install): say where the logs are
+        say_lines([f"logs in {out_dir}; analyse them with: advisor report {out_dir}"])
+        return
+    analysis = analyze(out_dir)
+    if fmt == "json":
+        from advisor.render.json_report import to_json
+
+        text = to_json(analysis)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    elif fmt == "markdown":
+        from advisor.render.markdown import to_markdown
+
+        text = to_markdown(analysis, verbose=verbose)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        from rich.console import Console
+
+        from advisor.render.text import render_text
+
+        render_text(analysis, Console(highlight=False, soft_wrap=False), verbose=verbose)
+    sys.stdout.flush()

@@ -1,0 +1,354 @@
+"""Find the training steps of an unmodified script, and record how it trains.
+
+Every hook here wraps what torch already has and calls it unchanged; nothing is replaced.
+`Hooks.install()` puts the wrappers in, `Hooks.uninstall()` puts the originals back (a
+wrapper someone else has since wrapped again is left in place but becomes a plain
+pass-through, so their wrapper keeps working).
+
+Where a step ends:
+
+* **optimizer** (preferred): right after the outermost `optimizer.step()` returns (or
+  `GradScaler.step(optimizer)`, which may skip the optimizer's step on overflow). Each
+  optimizer class's `step` is wrapped when torch patches it for profiling
+  (`Optimizer._patch_step_function`, called by every `Optimizer.__init__`), so the step ends
+  *outside* torch's `Optimizer.step#...` range and the trace keeps ranges nested. The global
+  `register_optimizer_step_post_hook` catches optimizers created some other way. With
+  several optimizers (a GAN), the one that steps last in a round ends the step, once the
+  first round has shown the order.
+* **dataloader** (fallback, for scripts without an optimizer): when the script asks its
+  DataLoader for the next batch after having had one, i.e. when it is done with the batch.
+  Only the first DataLoader to do so counts. An optimizer step seen later takes over.
+
+What is recorded (see facts.py): DataLoaders iterated, autocast entered, GradScaler used,
+torch.compile calls, DataParallel / DistributedDataParallel built, optimizers stepped,
+zero_grad(set_to_none=...). Profilers started by the script itself are reported to the
+session, which then stands aside.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from advisor.capture.facts import FactsRecorder
+
+try:  # keep dynamo out of our step bookkeeping when a script compiles a function that steps;
+    # lazy: torch._dynamo is imported on first use (Optimizer() imports it anyway)
+    _no_dynamo = torch._disable_dynamo
+except AttributeError:  # pragma: no cover - older torch
+    def _no_dynamo(fn):
+        return fn
+
+
+class Patches:
+    """Wrap attributes of classes/modules and undo it exactly."""
+
+    def __init__(self) -> None:
+        self.active = True
+        self._done: list[tuple[Any, str, bool, Any, Any]] = []  # owner, name, had_own, original, wrapper
+        self._wrapped: set[tuple[int, str]] = set()
+
+    def wrap(self, owner: Any, name: str, make: Callable[[Any], Callable]) -> None:
+        key = (id(owner), name)
+        if key in self._wrapped:
+            return
+        had_own = name in vars(owner)
+        original = vars(owner)[name] if had_own else getattr(owner, name)
+        wrapper = make(original)
+        try:
+            functools.update_wrapper(wrapper, original)
+        except (AttributeError, TypeError):  # pragma: no cover - builtins without metadata
+            pass
+        wrapper.__advisor_wrapper__ = True  # type: ignore[attr-defined]
+        setattr(owner, name, wrapper)
+        self._done.append((owner, name, had_own, original, wrapper))
+        self._wrapped.add(key)
+
+    def is_wrapped(self, owner: Any, name: str) -> bool:
+        return (id(owner), name) in self._wrapped
+
+    def undo(self) -> None:
+        self.active = False
+        for owner, name, had_own, original, wrapper in reversed(self._done):
+            if vars(owner).get(name) is not wrapper:
+                continue  # wrapped again by someone else: ours stays, inert
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+        self._done.clear()
+        self._wrapped.clear()
+
+
+def _autocast_dtype(ctx: Any) -> str | None:
+    dtype = getattr(ctx, "fast_dtype", None)
+    return str(dtype).replace("torch.", "") if dtype is not None else None
+
+
+class Hooks:
+    """Step detection and facts recording for one run.
+
+    on_step() is called at every step end (it may raise to stop the run);
+    on_profiler_start(prof) when any profiler starts (the session knows which one is its own);
+    on_trace_export(prof, path) when any profiler writes a trace.
+    """
+
+    def __init__(
+        self,
+        facts: FactsRecorder,
+        on_step: Callable[[], None],
+        on_profiler_start: Callable[[Any], None] | None = None,
+        on_trace_export: Callable[[Any, str], None] | None = None,
+    ) -> None:
+        self.facts = facts
+        self.on_step = on_step
+        self.on_profiler_start = on_profiler_start or (lambda prof: None)
+        self.on_trace_export = on_trace_export or (lambda prof, path: None)
+        self.source: str | None = None  # "optimizer" | "dataloader"
+        self.switched_source = False
+        self.steps = 0
+        self._patches = Patches()
+        self._post_handle = None
+        self._depth = 0  # inside wrapped optimizer/GradScaler steps
+        self._first_round: list[int] = []
+        self._driver: int | None = None
+        self._iter_loader: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._driver_loader: int | None = None
+        self._exporting = 0
+
+    # -- install / uninstall ----------------------------------------------------------------
+    def install(self) -> None:
+        p = self._patches
+        hooks = self
+
+        def patch_step_function(original):
+            def _patch_step_function(opt, *args, **kwargs):
+                result = original(opt, *args, **kwargs)
+                if p.active:
+                    hooks._wrap_optimizer_class(type(opt))
+                return result
+
+            return _patch_step_function
+
+        p.wrap(Optimizer, "_patch_step_function", patch_step_function)
+        self._post_handle = register_optimizer_step_post_hook(self._post_hook)
+
+        scaler_cls = torch.amp.GradScaler
+        p.wrap(scaler_cls, "step", self._stepping_wrapper)
+
+        def scale(original):
+            def scale(scaler, *args, **kwargs):
+                if p.active:
+                    hooks._scaler_used(scaler)
+                return original(scaler, *args, **kwargs)
+
+            return scale
+
+        p.wrap(scaler_cls, "scale", scale)
+
+        def loader_iter(original):
+            def __iter__(loader, *args, **kwargs):
+                it = original(loader, *args, **kwargs)
+                if p.active:
+                    hooks._loader_iterated(loader, it)
+                return it
+
+            return __iter__
+
+        p.wrap(DataLoader, "__iter__", loader_iter)
+
+        def batch_next(original):
+            def __next__(it, *args, **kwargs):
+                if p.active and hooks.source != "optimizer" and getattr(it, "_num_yielded", 1) > 0:
+                    hooks._batch_requested(it)
+                return original(it, *args, **kwargs)
+
+            return __next__
+
+        p.wrap(_BaseDataLoaderIter, "__next__", batch_next)
+
+        def autocast_enter(original):
+            def __enter__(ctx, *args, **kwargs):
+                result = original(ctx, *args, **kwargs)
+                if p.active and getattr(ctx, "_enabled", False):
+                    hooks._autocast_entered(ctx)
+                return result
+
+            return __enter__
+
+        p.wrap(torch.amp.autocast_mode.autocast, "__enter__", autocast_enter)
+
+        def compile_(original):
+            def compile(*args, **kwargs):
+                if p.active:
+                    hooks._compiled(kwargs.get("mode"), kwargs.get("backend"))
+                return original(*args, **kwargs)
+
+            return compile
+
+        p.wrap(torch, "compile", compile_)
+
+        def parallel_init(kind):
+            def make(original):
+                def __init__(module, *args, **kwargs):
+                    original(module, *args, **kwargs)
+                    if p.active:
+                        hooks._parallel_built(kind)
+
+                return __init__
+
+            return make
+
+        p.wrap(torch.nn.DataParallel, "__init__", parallel_init("data_parallel"))
+        p.wrap(torch.nn.parallel.DistributedDataParallel, "__init__", parallel_init("ddp"))
+
+        def zero_grad(original):
+            def zero_grad(obj, *args, **kwargs):
+                if p.active:
+                    hooks._zero_grad(args[0] if args else kwargs.get("set_to_none", True))
+                return original(obj, *args, **kwargs)
+
+            return zero_grad
+
+        p.wrap(Optimizer, "zero_grad", zero_grad)
+        p.wrap(torch.nn.Module, "zero_grad", zero_grad)
+
+        # The script's own profiler: notice it starting, and the traces it writes.
+        import torch.autograd.profiler as autograd_profiler
+        from torch.profiler import profiler as tp
+
+        def started(original):
+            def start(prof, *args, **kwargs):
+                if p.active:
+                    hooks.on_profiler_start(prof)
+                return original(prof, *args, **kwargs)
+
+            return start
+
+        def exported(original):
+            def export_chrome_trace(prof, path, *args, **kwargs):
+                hooks._exporting += 1  # torch.profiler's export calls the autograd profiler's
+                try:
+                    result = original(prof, path, *args, **kwargs)
+                finally:
+                    hooks._exporting -= 1
+                if p.active and hooks._exporting == 0:
+                    hooks.on_trace_export(prof, str(path))
+                return result
+
+            return export_chrome_trace
+
+        p.wrap(tp.profile, "start", started)
+        p.wrap(tp._KinetoProfile, "start", started)
+        p.wrap(autograd_profiler.profile, "__enter__", started)
+        p.wrap(tp._KinetoProfile, "export_chrome_trace", exported)
+        p.wrap(autograd_profiler.profile, "export_chrome_trace", exported)
+
+    def uninstall(self) -> None:
+        if self._post_handle is not None:
+            self._post_handle.remove()
+            self._post_handle = None
+        self._patches.undo()
+
+    # -- optimizer steps --------------------------------------------------------------------
+    def _wrap_optimizer_class(self, cls: type) -> None:
+        if not self._patches.is_wrapped(cls, "step") and not getattr(cls.step, "__advisor_wrapper__", False):
+            self._patches.wrap(cls, "step", self._stepping_wrapper)
+
+    def _stepping_wrapper(self, original):
+        """Wrap a step(self_or_scaler, optimizer?, ...) so its outermost return ends a step."""
+        p = self._patches
+        hooks = self
+
+        def step(obj, *args, **kwargs):
+            if not p.active:
+                return original(obj, *args, **kwargs)
+            hooks._enter_step()
+            try:
+                result = original(obj, *args, **kwargs)
+            except BaseException:
+                hooks._leave_step(None)
+                raise
+            hooks._leave_step(obj if isinstance(obj, Optimizer) else (args[0] if args else kwargs.get("optimizer")))
+            return result
+
+        return step
+
+    @_no_dynamo
+    def _enter_step(self) -> None:
+        self._depth += 1
+
+    @_no_dynamo
+    def _leave_step(self, opt: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0 and opt is not None:
+            self._optimizer_stepped(opt)
+
+    @_no_dynamo
+    def _post_hook(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if self._patches.active and self._depth == 0:  # an optimizer class we did not wrap
+            self._optimizer_stepped(opt)
+
+    def _optimizer_stepped(self, opt: Any) -> None:
+        self.facts.saw_optimizer(opt)
+        if self.source != "optimizer":
+            self.switched_source = self.source == "dataloader"
+            self.source = "optimizer"
+        key = id(opt)
+        if self._driver is None:
+            if key in self._first_round:
+                self._driver = self._first_round[-1]
+                if key != self._driver:
+                    return
+            else:
+                self._first_round.append(key)
+        elif key != self._driver:
+            return
+        self._step()
+
+    # -- DataLoader batches -----------------------------------------------------------------
+    def _loader_iterated(self, loader: Any, it: Any) -> None:
+        self.facts.saw_dataloader(loader)
+        try:
+            self._iter_loader[it] = id(loader)
+        except TypeError:  # pragma: no cover - iterator without weakref support
+            pass
+
+    def _batch_requested(self, it: Any) -> None:
+        loader = self._iter_loader.get(it, id(getattr(it, "_dataset", it)))
+        if self._driver_loader is None:
+            self._driver_loader = loader
+        elif loader != self._driver_loader:
+            return
+        self.source = "dataloader"
+        self._step()
+
+    def _step(self) -> None:
+        self.steps += 1
+        self.on_step()
+
+    # -- facts ------------------------------------------------------------------------------
+    def _scaler_used(self, scaler: Any) -> None:
+        try:
+            if scaler.is_enabled():
+                self.facts.grad_scaler = True
+        except Exception:  # pragma: no cover
+            pass
+
+    def _autocast_entered(self, ctx: Any) -> None:
+        self.facts.saw_autocast(_autocast_dtype(ctx), getattr(ctx, "device", None))
+
+    def _compiled(self, mode: Any, backend: Any) -> None:
+        self.facts.saw_compile(mode, backend)
+
+    def _parallel_built(self, kind: str) -> None:
+        self.facts.parallel[kind] = True
+
+    def _zero_grad(self, set_to_none: Any) -> None:
+        self.facts.zero_grad_set_to_none = bool(set_to_none)

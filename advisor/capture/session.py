@@ -1,0 +1,316 @@
+"""One capture: run the script under torch.profiler with a step window, then write the facts.
+
+    command.py / launch.py  ->  session.capture()  ->  hooks.Hooks (steps, facts)
+                                                   ->  runner.run (the script as __main__)
+                                                   ->  facts.write_facts
+
+The profiler is started before the script's first line and advanced at every step end that
+the hooks find. Its schedule is `wait / warmup / active / repeat`; when the last active step
+ends, torch writes the trace (tensorboard_trace_handler, gzip) and, unless `full`, the run is
+stopped on purpose by raising `StopRun` from the step hook. Whatever way the script ends
+(finished, sys.exit, its own exception, Ctrl-C) the profiler is stopped, which saves a
+partly recorded window, the hooks are undone and the facts file is written.
+
+If the script runs its own torch.profiler, ours is stopped without saving when theirs
+starts, their trace files are linked (or copied) into the log dir, and the run is not cut.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from advisor.capture.facts import FactsRecorder, facts_file_name, write_facts
+from advisor.capture.progress import Progress, Window, step_span
+from advisor.capture.runner import Outcome, Target, run
+
+
+class StopRun(BaseException):
+    """Raised from a step hook once the window is recorded: ends the script on purpose.
+
+    A BaseException, so that the script's `except Exception:` does not swallow it.
+    """
+
+
+@dataclass
+class CaptureOptions:
+    out_dir: Path
+    wait: int = 1
+    warmup: int = 3
+    active: int = 5
+    repeat: int = 1
+    full: bool = False
+    device: str = "cpu"  # resolved: "cpu" | "cuda"
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = True
+    rank: int = 0
+    world_size: int = 1
+    progress: bool = True
+
+    @property
+    def window(self) -> Window:
+        return Window(self.wait, self.warmup, self.active, self.repeat)
+
+
+@dataclass
+class CaptureResult:
+    target: Target
+    options: CaptureOptions
+    outcome: Outcome
+    steps: int = 0
+    step_source: str | None = None
+    recorded_steps: list[int] = field(default_factory=list)
+    window_complete: bool = False
+    traces: list[Path] = field(default_factory=list)
+    own_profiler: bool = False
+    own_traces: list[str] = field(default_factory=list)
+    facts_path: Path | None = None
+    wall_time_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return self.outcome.exit_code
+
+
+class _Session:
+    def __init__(self, target: Target, options: CaptureOptions) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        from advisor.capture.hooks import Hooks
+
+        self.torch = torch
+        self.target = target
+        self.o = options
+        self.window = options.window
+        self.facts = FactsRecorder(target.display if target.kind == "module" else target.name, target.argv, options.rank, options.world_size)
+        self.hooks = Hooks(self.facts, self.on_step, self.on_profiler_start, self.on_trace_export)
+        self.progress = Progress(self.window, enabled=options.progress)
+        self.step_times_ms: list[float] = []
+        self.window_complete = False
+        self.own_profiler = False
+        self.own_traces: list[str] = []
+        self.our_traces: list[str] = []
+        self.notes: list[str] = []
+        activities = [ProfilerActivity.CPU]
+        if options.device == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        worker = f"rank{options.rank}" if options.world_size > 1 else None
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(wait=options.wait, warmup=options.warmup, active=options.active, repeat=options.repeat),
+            on_trace_ready=tensorboard_trace_handler(str(options.out_dir), worker_name=worker, use_gzip=True),
+            record_shapes=options.record_shapes,
+            profile_memory=options.profile_memory,
+            with_stack=options.with_stack,
+        )
+        self.profiling = False
+        self._last_end = 0.0
+
+    # -- hooks' callbacks -------------------------------------------------------------------
+    def on_step(self) -> None:
+        now = time.perf_counter()
+        self.step_times_ms.append((now - self._last_end) * 1e3)
+        done = len(self.step_times_ms)
+        if done <= self.window.length:
+            self.facts.sample_flags()
+        if self.profiling:
+            self.prof.step()
+            if done >= self.window.length:
+                self.window_complete = True
+                if self.o.full:  # nothing more to record: keep only the step clock running
+                    self._stop_profiler()
+        self.progress.step(done, self.step_times_ms[-1])
+        self._last_end = time.perf_counter()
+        if self.window_complete and not self.o.full and not self.own_profiler and done == self.window.length:
+            raise StopRun()
+
+    def on_profiler_start(self, prof: Any) -> None:
+        if prof is self.prof or self.own_profiler:
+            return
+        self.own_profiler = True
+        if self.profiling:
+            self.prof.on_trace_ready = None  # discard what we have: theirs is the profile
+            self._stop_profiler()
+        self.progress.say(f"{self.target.display} starts its own torch.profiler: advisor does not profile it a second time and will use its trace")
+        self.progress.close()
+        self.progress.enabled = False
+
+    def on_trace_export(self, prof: Any, path: str) -> None:
+        (self.our_traces if prof is self.prof else self.own_traces).append(path)
+
+    # -- the run ----------------------------------------------------------------------------
+    def _stop_profiler(self) -> None:
+        if not self.profiling:
+            return
+        self.profiling = False
+        restore = None
+        if threading.current_thread() is threading.main_thread():
+            restore = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a 2nd Ctrl-C must not lose the trace
+        try:
+            self.prof.stop()
+        finally:
+            if restore is not None:
+                signal.signal(signal.SIGINT, restore)
+
+    def run(self) -> CaptureResult:
+        torch = self.torch
+        o = self.o
+        if torch.autograd._profiler_enabled():
+            self.own_profiler = True
+            self.notes.append("a profiler was already running when the script started; advisor did not start another")
+        w = self.window
+        what = f"profiling {self.target.display} on {o.device}: "
+        what += f"skip {w.wait}, warm up {w.warmup}, record {w.active} step{'s' if w.active != 1 else ''}"
+        if w.repeat > 1:
+            what += f", {w.repeat} times"
+        what += f" → {o.out_dir}"
+        self.progress.begin(what)
+        started = time.perf_counter()
+        self.hooks.install()
+        try:
+            if not self.own_profiler:
+                self.prof.start()
+                self.profiling = True
+            self._last_end = time.perf_counter()
+            outcome = run(self.target, on_purpose=(StopRun,))
+        finally:
+            self.progress.close()
+            try:
+                self._stop_profiler()
+            finally:
+                self.hooks.uninstall()
+        if outcome.how == "stopped":
+            self._release_process_group()
+        wall = time.perf_counter() - started
+        result = CaptureResult(
+            target=self.target,
+            options=o,
+            outcome=outcome,
+            steps=len(self.step_times_ms),
+            step_source=self.hooks.source,
+            recorded_steps=[] if self.own_profiler else w.recorded(len(self.step_times_ms)),
+            window_complete=self.window_complete,
+            own_profiler=self.own_profiler,
+            own_traces=list(dict.fromkeys(self.own_traces)),
+            wall_time_s=wall,
+            notes=self.notes,
+        )
+        if self.hooks.switched_source:
+            self.notes.append("steps were counted from DataLoader batches until the first optimizer step, then from optimizer steps")
+        result.traces = self._bring_in_own_traces(result) if self.own_profiler else self._our_traces()
+        result.facts_path = self._write_facts(result)
+        return result
+
+    def _release_process_group(self) -> None:
+        """We cut the run short: close the script's process group as it would have."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # pragma: no cover - best effort
+            pass
+
+    def _bring_in_own_traces(self, result: CaptureResult) -> list[Path]:
+        """Link the script's last trace into the log dir (earlier cycles would read as extra ranks)."""
+        if not result.own_traces:
+            self.notes.append("the script's own profiler wrote no trace file (export_chrome_trace / tensorboard_trace_handler)")
+            return []
+        if len(result.own_traces) > 1:
+            self.notes.append(f"the script wrote {len(result.own_traces)} traces; using the last one, {result.own_traces[-1]}")
+        src = Path(result.own_traces[-1])
+        out = self.o.out_dir.resolve()
+        if not src.is_file():
+            return []
+        if src.resolve().parent == out:
+            return [src]
+        dest = out / src.name
+        if not dest.exists():
+            try:
+                os.link(src, dest)
+            except OSError:
+                try:
+                    shutil.copy2(src, dest)
+                except OSError as exc:
+                    self.notes.append(f"could not copy the script's trace {src} into the log dir: {exc.strerror or exc}")
+                    return []
+        return [dest]
+
+    def _our_traces(self) -> list[Path]:
+        return [Path(p) for p in dict.fromkeys(self.our_traces) if Path(p).is_file()]
+
+    def _write_facts(self, result: CaptureResult) -> Path:
+        path = self.o.out_dir / facts_file_name(self.o.rank, self.o.world_size)
+        run_facts = {
+            "stopped_early": result.outcome.how == "stopped",
+            "step_times_ms": [round(t, 3) for t in self.step_times_ms],
+            "profiled_steps": result.recorded_steps,
+            "step_source": result.step_source,
+            "wall_time_s": round(result.wall_time_s, 3),
+            "outcome": result.outcome.how,
+            "exit_code": result.outcome.exit_code,
+            "own_profiler": {"used": result.own_profiler, "traces": result.own_traces},
+            "notes": list(self.notes),
+        }
+        doc = self.facts.document(device_type=self.o.device, window=self.window.as_dict(), run=run_facts)
+        write_facts(path, doc)
+        return path
+
+
+def capture(target: Target, options: CaptureOptions) -> CaptureResult:
+    """Run TARGET under the profiler into options.out_dir (which must exist); see module doc."""
+    return _Session(target, options).run()
+
+
+def summary_lines(result: CaptureResult) -> list[str]:
+    """What to tell the user about how the capture went (one idea per line)."""
+    t, o = result.target.display, result.options
+    out = o.out_dir
+    lines: list[str] = []
+    how = result.outcome.how
+    recorded = step_span(result.recorded_steps)
+    w = o.window
+    if result.own_profiler:
+        if result.own_traces:
+            lines.append(f"used the trace {t} wrote with its own profiler ({result.own_traces[-1]}), linked into {out}")
+        else:
+            lines.append(f"{t} ran its own profiler but wrote no trace file; only the facts were recorded in {out}")
+    elif result.steps == 0 and how in ("finished", "exit") and result.exit_code == 0:
+        lines.append(
+            f"no training steps found: {t} never called optimizer.step() and never took a second batch "
+            f"from a DataLoader, so nothing was profiled; the facts are in {out}"
+        )
+    elif how == "stopped":
+        lines.append(
+            f"stopped {t} on purpose after step {result.steps - 1}: the window is recorded ({recorded}); "
+            f"use --full to let it run to the end"
+        )
+    elif how == "interrupted":
+        kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded yet"
+        lines.append(f"interrupted during step {result.steps}; {kept} in {out}")
+    elif how == "error" or (how == "exit" and result.exit_code != 0):
+        kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded"
+        lines.append(f"{t} failed with exit code {result.exit_code} after {result.steps} step{'s' if result.steps != 1 else ''}; {kept} in {out}")
+    elif not result.window_complete:
+        if result.recorded_steps:
+            lines.append(f"{t} ended after {result.steps} steps, before the window was complete; recorded {recorded} only")
+        else:
+            lines.append(
+                f"{t} ended after {result.steps} step{'s' if result.steps != 1 else ''}, before any step was recorded "
+                f"(window: skip {w.wait}, warm up {w.warmup}, record {w.active}); try fewer --wait/--warmup steps"
+            )
+    else:
+        lines.append(f"{t} finished after {result.steps} steps; recorded {recorded}")
+    if result.traces:
+        lines.append(f"trace: {', '.join(str(p) for p in result.traces)}")
+    lines.extend(result.notes)
+    return lines

@@ -1,0 +1,430 @@
+"""Budgets and gate settings: read, validated, layered, and checked against a run.
+
+Settings come in layers, each overriding the one before: `[tool.advisor.gate]` of the
+project's pyproject.toml (or `[gate]` of an advisor.toml), then a `--budget FILE`, then the
+command-line flags. Every key is validated where it is read; a typo or a value of the wrong
+kind is an InputError naming the file and the key, never a budget silently ignored.
+
+    [tool.advisor.gate]
+    baseline = "perf/baseline.json"   # relative to this file
+    tolerance = 0.05                  # step-time regression allowed against the baseline
+    max_step_time_ms = 120            # median step time
+    min_gpu_utilization = 0.6
+    max_peak_memory = "20 GiB"        # or a number of bytes
+    max_severity = "medium"           # a `high` finding fails the gate
+    forbid_rules = ["dataloader-stall"]
+    min_samples_per_s = 1500          # needs the batch size (facts file or batch_size)
+    [tool.advisor.gate.max_share]
+    dataloader = 0.05                 # share of the step time per breakdown category
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from advisor.errors import InputError
+from advisor.gate.compare import DEFAULT_CONFIDENCE, DEFAULT_MIN_STEPS, DEFAULT_TOLERANCE
+from advisor.gate.record import SEVERITY_ORDER, RunRecord
+from advisor.gate.verdict import Check
+from advisor.metrics.breakdown import CATEGORIES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+SEVERITY_LIMITS = ("none", "low", "medium", "high")
+SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+SIZE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@dataclass
+class Budgets:
+    max_step_time_ms: float | None = None
+    min_gpu_utilization: float | None = None
+    max_share: dict[str, float] = field(default_factory=dict)
+    max_peak_memory: float | None = None  # bytes
+    max_severity: str | None = None
+    forbid_rules: list[str] = field(default_factory=list)
+    min_samples_per_s: float | None = None
+
+    def any(self) -> bool:
+        return any(getattr(self, f.name) not in (None, [], {}) for f in fields(self))
+
+
+@dataclass
+class GateSettings:
+    budgets: Budgets = field(default_factory=Budgets)
+    baseline: Path | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    confidence: float = DEFAULT_CONFIDENCE
+    min_steps: int = DEFAULT_MIN_STEPS
+    strict: bool = False
+    fail_on_new_findings: bool = False
+    batch_size: int | None = None
+    sources: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.budgets
+        return {
+            "baseline": str(self.baseline) if self.baseline else None,
+            "tolerance": self.tolerance,
+            "confidence": self.confidence,
+            "min_steps": self.min_steps,
+            "strict": self.strict,
+            "fail_on_new_findings": self.fail_on_new_findings,
+            "batch_size": self.batch_size,
+            "budgets": {f.name: getattr(b, f.name) for f in fields(b)},
+            "sources": self.sources,
+        }
+
+
+# --- parsing --------------------------------------------------------------------------------
+def parse_size(value: Any) -> float | None:
+    """Bytes from a number of bytes or a string like "12 GiB" / "800MB"; None if neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value > 0 else None
+    if isinstance(value, str):
+        m = SIZE.match(value)
+        if m:
+            n = float(m.group(1)) * SIZE_UNITS[(m.group(2) or "b").lower()]
+            return n if n > 0 else None
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+class _Reader:
+    """Validates one layer's table; errors name the file and the key."""
+
+    def __init__(self, where: str | Path, table_name: str):
+        self.where = where
+        self.table_name = table_name
+
+    def fail(self, key: str, problem: str) -> InputError:
+        return InputError(self.where, f"{self.table_name}: {key} {problem}")
+
+    def positive(self, key: str, value: Any) -> float:
+        n = _number(value)
+        if n is None or not n > 0:
+            raise self.fail(key, f"must be a positive number, got {value!r}")
+        return n
+
+    def fraction(self, key: str, value: Any, *, upper_open: bool = False) -> float:
+        n = _number(value)
+        ok = n is not None and 0 <= n and (n < 1 if upper_open else n <= 1)
+        if not ok:
+            raise self.fail(key, f"must be a fraction between 0 and 1 (0.05 = 5%), got {value!r}")
+        return n  # type: ignore[return-value]
+
+    def boolean(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
+
+def parse_gate_table(table: Any, where: str | Path, base_dir: Path | None, table_name: str = "[tool.advisor.gate]") -> dict[str, Any]:
+    """Validate one layer of gate settings; returns only the keys it sets (budget keys flat)."""
+    r = _Reader(where, table_name)
+    if not isinstance(table, dict):
+        raise InputError(where, f"{table_name} must be a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "max_step_time_ms":
+            out[key] = r.positive(key, value)
+        elif key == "min_gpu_utilization":
+            out[key] = r.fraction(key, value)
+        elif key == "max_share":
+            if not isinstance(value, dict) or not value:
+                raise r.fail(key, f"must be a table of category = fraction, categories: {', '.join(CATEGORIES)}")
+            shares = {}
+            for cat, frac in value.items():
+                if cat not in CATEGORIES:
+                    raise r.fail(f"{key}.{cat}", f"is not a breakdown category; categories: {', '.join(CATEGORIES)}")
+                shares[cat] = r.fraction(f"{key}.{cat}", frac)
+            out[key] = shares
+        elif key == "max_peak_memory":
+            size = parse_size(value)
+            if size is None:
+                raise r.fail(key, f"must be a number of bytes or a size like \"16 GiB\", got {value!r}")
+            out[key] = size
+        elif key == "max_severity":
+            if value not in SEVERITY_LIMITS:
+                raise r.fail(key, f"must be one of {', '.join(SEVERITY_LIMITS)}, got {value!r}")
+            out[key] = value
+        elif key == "forbid_rules":
+            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+                raise r.fail(key, "must be a list of rule ids")
+            out[key] = list(value)
+        elif key == "min_samples_per_s":
+            out[key] = r.positive(key, value)
+        elif key == "baseline":
+            if not isinstance(value, str) or not value:
+                raise r.fail(key, "must be a path")
+            p = Path(value)
+            out[key] = p if p.is_absolute() or base_dir is None else base_dir / p
+        elif key == "tolerance":
+            out[key] = r.fraction(key, value, upper_open=True)
+        elif key == "confidence":
+            n = _number(value)
+            if n is None or not 0.5 <= n < 1:
+                raise r.fail(key, f"must be between 0.5 and 1 (0.95 = 95%), got {value!r}")
+            out[key] = n
+        elif key == "min_steps":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 3:
+                raise r.fail(key, f"must be a whole number of at least 3, got {value!r}")
+            out[key] = value
+        elif key in ("strict", "fail_on_new_findings"):
+            out[key] = r.boolean(key, value)
+        elif key == "batch_size":
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise r.fail(key, f"must be a positive whole number, got {value!r}")
+            out[key] = value
+        else:
+            raise r.fail(key, "is not a gate setting; known: " + ", ".join(KNOWN_KEYS))
+    return out
+
+
+KNOWN_KEYS = (
+    "baseline",
+    "tolerance",
+    "confidence",
+    "min_steps",
+    "strict",
+    "fail_on_new_findings",
+    "batch_size",
+    "max_step_time_ms",
+    "min_gpu_utilization",
+    "max_share",
+    "max_peak_memory",
+    "max_severity",
+    "forbid_rules",
+    "min_samples_per_s",
+)
+
+
+def read_budget_file(path: Path) -> dict[str, Any]:
+    """A `--budget FILE`: TOML or JSON; its `[tool.advisor.gate]` or `[gate]` table, else the whole file."""
+    if not path.is_file():
+        raise InputError(path, "budget file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read: {exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            doc = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise InputError(path, f"invalid JSON: {exc.msg}") from None
+    else:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InputError(path, f"invalid TOML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InputError(path, "a budget file must hold a table of budgets")
+    nested = doc.get("tool", {}).get("advisor", {}) if isinstance(doc.get("tool"), dict) else {}
+    if isinstance(nested, dict) and "gate" in nested:
+        return parse_gate_table(nested["gate"], path, path.parent, "[tool.advisor.gate]")
+    if path.name == "pyproject.toml":
+        raise InputError(path, "no [tool.advisor.gate] table")
+    if "gate" in doc:
+        return parse_gate_table(doc["gate"], path, path.parent, "[gate]")
+    return parse_gate_table(doc, path, path.parent, "budgets")
+
+
+def build_settings(layers: list[tuple[str, dict[str, Any]]]) -> GateSettings:
+    """Apply validated layers in order (later wins) over the defaults."""
+    s = GateSettings()
+    budget_names = {f.name for f in fields(Budgets)}
+    for source, layer in layers:
+        if not layer:
+            continue
+        s.sources.append(source)
+        for key, value in layer.items():
+            if key in budget_names:
+                if key == "max_share":
+                    s.budgets.max_share = {**s.budgets.max_share, **value}
+                else:
+                    setattr(s.budgets, key, value)
+            else:
+                setattr(s, key, value)
+    return s
+
+
+# --- checking -------------------------------------------------------------------------------
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f} ms"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def _bytes(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if v >= size:
+            return f"{v / size:.2f} {unit}"
+    return f"{v:.0f} B"
+
+
+def _status(ok: bool) -> str:
+    return "pass" if ok else "fail"
+
+
+def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = None) -> list[Check]:
+    """One check per budget set; a budget the run cannot measure is inconclusive, not a pass."""
+    checks: list[Check] = []
+    b = budgets
+    if b.max_step_time_ms is not None:
+        med = record.median_step_ms
+        limit = f"<= {b.max_step_time_ms:g} ms"
+        if med is None:
+            checks.append(Check("max-step-time", "median step time", "inconclusive", "n/a", limit, "the run has no steps (no ProfilerStep spans)"))
+        else:
+            ok = med <= b.max_step_time_ms
+            checks.append(
+                Check(
+                    "max-step-time",
+                    "median step time",
+                    _status(ok),
+                    _ms(med),
+                    limit,
+                    f"median of {record.steps} steps is {_ms(med)}" + ("" if ok else f", {med / b.max_step_time_ms - 1:+.0%} over budget"),
+                    {"median_ms": med, "budget_ms": b.max_step_time_ms, "steps": record.steps},
+                )
+            )
+    if b.min_gpu_utilization is not None:
+        util = record.gpu_utilization
+        limit = f">= {_pct(b.min_gpu_utilization)}"
+        if util is None:
+            checks.append(Check("min-gpu-utilization", "GPU utilisation", "inconclusive", "n/a", limit, "the trace records no device activity"))
+        else:
+            ok = util >= b.min_gpu_utilization
+            checks.append(
+                Check(
+                    "min-gpu-utilization",
+                    "GPU utilisation",
+                    _status(ok),
+                    _pct(util),
+                    limit,
+                    f"the device is busy {_pct(util)} of the step time",
+                    {"gpu_utilization": util, "budget": b.min_gpu_utilization},
+                )
+            )
+    share = record.breakdown_share
+    for cat, budget in b.max_share.items():
+        limit = f"<= {_pct(budget)}"
+        if not share:
+            checks.append(Check(f"max-share.{cat}", f"{cat} share of step", "inconclusive", "n/a", limit, "no step-time breakdown (no steps)"))
+            continue
+        value = share.get(cat, 0.0)
+        ms = record.breakdown_ms.get(cat, 0.0)
+        ok = value <= budget
+        checks.append(
+            Check(
+                f"max-share.{cat}",
+                f"{cat} share of step",
+                _status(ok),
+                _pct(value),
+                limit,
+                f"{cat} takes {ms:.1f} ms of each {sum(record.breakdown_ms.values()):.1f} ms step ({_pct(value)})",
+                {"share": value, "ms_per_step": ms, "budget": budget},
+            )
+        )
+    if b.max_peak_memory is not None:
+        peak = record.peak_memory_bytes
+        limit = f"<= {_bytes(b.max_peak_memory)}"
+        if peak is None:
+            checks.append(
+                Check("max-peak-memory", "peak device memory", "inconclusive", "n/a", limit, "the trace records no device memory (profile with profile_memory=True)")
+            )
+        else:
+            ok = peak <= b.max_peak_memory
+            checks.append(
+                Check(
+                    "max-peak-memory",
+                    "peak device memory",
+                    _status(ok),
+                    _bytes(peak),
+                    limit,
+                    f"peak allocated device memory {_bytes(peak)}",
+                    {"peak_bytes": peak, "budget_bytes": b.max_peak_memory},
+                )
+            )
+    if b.max_severity is not None:
+        allowed = SEVERITY_ORDER.get(b.max_severity, 0)
+        over = [f for f in record.findings if SEVERITY_ORDER.get(f.severity, 3) > allowed]
+        worst = max((f.severity for f in record.findings), key=lambda s: SEVERITY_ORDER.get(s, 0), default="none")
+        checks.append(
+            Check(
+                "max-severity",
+                "finding severity",
+                _status(not over),
+                worst,
+                f"<= {b.max_severity}",
+                ("findings above the limit: " + "; ".join(f"{f.rule} ({f.severity}): {f.title}" for f in over))
+                if over
+                else f"{len(record.findings)} finding(s), none above {b.max_severity}",
+                {"over": [f.rule for f in over]},
+            )
+        )
+    if b.forbid_rules:
+        fired = record.rules_fired
+        hit = [r for r in b.forbid_rules if r in fired]
+        checks.append(
+            Check(
+                "forbid-rules",
+                "forbidden findings",
+                _status(not hit),
+                ", ".join(hit) if hit else "none",
+                "none of " + ", ".join(b.forbid_rules),
+                ("fired: " + "; ".join(f"{r} ({fired[r].severity}): {fired[r].message or fired[r].title}" for r in hit))
+                if hit
+                else "none of the forbidden rules fired",
+                {"fired": hit, "forbidden": b.forbid_rules},
+            )
+        )
+    if b.min_samples_per_s is not None:
+        limit = f">= {b.min_samples_per_s:g} samples/s"
+        rate = record.samples_per_s(batch_size)
+        if rate is None:
+            checks.append(
+                Check(
+                    "min-samples-per-s",
+                    "throughput",
+                    "inconclusive",
+                    "n/a",
+                    limit,
+                    "the batch size is unknown: profile with `advisor profile` (it records it) or set batch_size",
+                )
+            )
+        else:
+            ok = rate >= b.min_samples_per_s
+            bs = batch_size or record.environment.batch_size
+            checks.append(
+                Check(
+                    "min-samples-per-s",
+                    "throughput",
+                    _status(ok),
+                    f"{rate:.0f} samples/s",
+                    limit,
+                    f"batch {bs} x {record.environment.world_size or 1} rank(s) / mean step {_ms(record.mean_step_ms)}",
+                    {"samples_per_s": rate, "batch_size": bs, "budget": b.min_samples_per_s},
+                )
+            )
+    return checks

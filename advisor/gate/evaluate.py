@@ -1,0 +1,167 @@
+"""Run the gate: budgets on the candidate, and the comparison with a baseline when given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.gate.budgets import GateSettings, budget_checks
+from advisor.gate.compare import compare_step_times
+from advisor.gate.record import RunRecord
+from advisor.gate.verdict import Check, GateResult
+
+
+def signed_pct(ratio_minus_one: float | None) -> str:
+    """+26%, -4.3%: whole percent from 10% on, one decimal below."""
+    if ratio_minus_one is None:
+        return "n/a"
+    v = 100 * ratio_minus_one
+    return f"{v:+.0f}%" if abs(v) >= 10 else f"{v:+.1f}%"
+
+
+def _change(ratio: float | None) -> str:
+    return signed_pct(None if ratio is None else ratio - 1)
+
+
+def step_time_check(baseline: RunRecord, candidate: RunRecord, settings: GateSettings) -> Check:
+    title = "step time vs baseline"
+    limit = f"<= {signed_pct(settings.tolerance)}"
+    if not baseline.step_times_ms:
+        med = baseline.median_step_ms
+        cmed = candidate.median_step_ms
+        change = f" (median {med:.1f} -> {cmed:.1f} ms, {_change(cmed / med)})" if med and cmed else ""
+        return Check(
+            "step-time-regression",
+            title,
+            "inconclusive",
+            f"{cmed:.1f} ms" if cmed else "n/a",
+            limit,
+            f"the baseline has no per-step times{change}: write it with `advisor baseline` or pass a log dir",
+        )
+    cmp = compare_step_times(
+        baseline.step_times_ms,
+        candidate.step_times_ms or [],
+        tolerance=settings.tolerance,
+        confidence=settings.confidence,
+        min_steps=settings.min_steps,
+    )
+    parts = []
+    if cmp.baseline_median_ms is not None and cmp.candidate_median_ms is not None:
+        parts.append(f"median {cmp.baseline_median_ms:.1f} -> {cmp.candidate_median_ms:.1f} ms ({_change(cmp.ratio)}")
+        if cmp.lower is not None and cmp.upper is not None:
+            parts[-1] += f"; {cmp.confidence:.0%} bounds {_change(cmp.lower)} to {_change(cmp.upper)}"
+        parts[-1] += ")"
+    if cmp.mean_ratio is not None:
+        parts.append(f"mean {cmp.baseline_mean_ms:.1f} -> {cmp.candidate_mean_ms:.1f} ms ({_change(cmp.mean_ratio)})")
+    if cmp.p_slower is not None:
+        parts.append(f"rank test p={cmp.p_slower:.3g}")
+    parts.append(f"{cmp.baseline_steps} vs {cmp.candidate_steps} steps")
+    message = ", ".join(parts) + f": {cmp.reason}"
+    measured = f"{cmp.candidate_median_ms:.1f} ms ({_change(cmp.ratio)})" if cmp.candidate_median_ms is not None else "n/a"
+    return Check("step-time-regression", title, cmp.verdict, measured, limit, message, cmp.to_dict())
+
+
+def findings_check(baseline: RunRecord, candidate: RunRecord, settings: GateSettings) -> tuple[Check, list[dict[str, Any]], list[dict[str, Any]]]:
+    before, after = baseline.rules_fired, candidate.rules_fired
+    new = [after[r] for r in after if r not in before]
+    gone = [before[r] for r in before if r not in after]
+    new_d = [{"rule": f.rule, "severity": f.severity, "title": f.title, "saving_ms": f.saving_ms, "message": f.message} for f in new]
+    gone_d = [{"rule": f.rule, "severity": f.severity, "title": f.title} for f in gone]
+    if new:
+        status = "fail" if settings.fail_on_new_findings else "warn"
+        saving = lambda f: f" {f.saving_ms:.1f} ms/step" if f.saving_ms else ""  # noqa: E731
+        message = "new since the baseline: " + "; ".join(f"{f.rule} ({f.severity}{saving(f)}): {f.title}" for f in new)
+    else:
+        status = "pass"
+        message = "no finding that the baseline did not have"
+    if gone:
+        message += "; gone since the baseline: " + ", ".join(f.rule for f in gone)
+    check = Check(
+        "new-findings",
+        "new findings",
+        status,
+        ", ".join(f.rule for f in new) if new else "none",
+        "none" if settings.fail_on_new_findings else "(listed)",
+        message,
+        {"new": [f.rule for f in new], "gone": [f.rule for f in gone]},
+    )
+    return check, new_d, gone_d
+
+
+def environment_mismatches(baseline: RunRecord, candidate: RunRecord) -> list[str]:
+    """What differs between the two runs' device, scale and software (both sides known)."""
+    b, c = baseline.environment, candidate.environment
+    out = []
+    for label, x, y in (
+        ("device", b.device_name, c.device_name),
+        ("compute capability", b.compute_capability, c.compute_capability),
+        ("world size", b.world_size, c.world_size),
+        ("batch size", b.batch_size, c.batch_size),
+    ):
+        if x is not None and y is not None and x != y:
+            out.append(f"{label} differs: baseline {x}, candidate {y}")
+    for key in sorted(set(b.versions) & set(c.versions)):
+        if b.versions[key] != c.versions[key]:
+            out.append(f"{key} version differs: baseline {b.versions[key]}, candidate {c.versions[key]}")
+    if baseline.advisor_version and candidate.advisor_version and baseline.advisor_version != candidate.advisor_version:
+        out.append(f"advisor version differs: baseline {baseline.advisor_version}, candidate {candidate.advisor_version} (rules may differ)")
+    return out
+
+
+def environment_check(mismatches: list[str]) -> Check:
+    return Check(
+        "same-environment",
+        "same device and versions",
+        "warn" if mismatches else "pass",
+        f"{len(mismatches)} difference(s)" if mismatches else "same",
+        "same",
+        "; ".join(mismatches) + ": step times may not be comparable" if mismatches else "device, scale and recorded versions match",
+        {"mismatches": mismatches},
+    )
+
+
+def record_summary(r: RunRecord) -> dict[str, Any]:
+    return {
+        "source": r.source,
+        "run": r.run,
+        "kind": r.kind,
+        "steps": r.steps,
+        "step_time_median_ms": r.median_step_ms,
+        "step_time_mean_ms": r.mean_step_ms,
+        "gpu_utilization": r.gpu_utilization,
+        "peak_memory_bytes": r.peak_memory_bytes,
+        "breakdown_share": r.breakdown_share,
+        "findings": [f.rule for f in r.findings],
+        "environment": {
+            "device_name": r.environment.device_name,
+            "compute_capability": r.environment.compute_capability,
+            "world_size": r.environment.world_size,
+            "batch_size": r.environment.batch_size,
+            "versions": r.environment.versions,
+        },
+        "advisor_version": r.advisor_version,
+    }
+
+
+def run_gate(candidate: RunRecord, baseline: RunRecord | None, settings: GateSettings, notes: list[str] | None = None) -> GateResult:
+    checks: list[Check] = []
+    new_d: list[dict[str, Any]] = []
+    gone_d: list[dict[str, Any]] = []
+    warnings = list(notes or [])
+    if baseline is not None:
+        checks.append(step_time_check(baseline, candidate, settings))
+        fcheck, new_d, gone_d = findings_check(baseline, candidate, settings)
+        checks.append(fcheck)
+        mismatches = environment_mismatches(baseline, candidate)
+        checks.append(environment_check(mismatches))
+        warnings += mismatches
+    checks += budget_checks(candidate, settings.budgets, settings.batch_size)
+    return GateResult(
+        checks=checks,
+        strict=settings.strict,
+        candidate=record_summary(candidate),
+        baseline=record_summary(baseline) if baseline is not None else None,
+        settings=settings.to_dict(),
+        new_findings=new_d,
+        resolved_findings=gone_d,
+        warnings=warnings,
+    )

@@ -1,0 +1,332 @@
+"""What a gate compares: one run reduced to the figures a later run is judged against.
+
+A `RunRecord` is built from an `Analysis` (a log dir or trace), and is exactly what
+`advisor baseline` writes (schema `advisor/baseline/v1`): every step time, not just their
+mean, so a comparison can weigh the noise; the breakdown; the key metrics; the findings; and
+the device and versions, so a later comparison knows whether it compares like with like.
+A report JSON (`advisor/report/v1`) can stand in as a baseline too, minus the step times.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from advisor import __version__
+from advisor.errors import InputError
+
+BASELINE_SCHEMA = "advisor/baseline/v1"
+REPORT_SCHEMA_PREFIX = "advisor/report/"
+SEVERITY_ORDER = {"low": 1, "medium": 2, "high": 3}
+
+
+@dataclass
+class Environment:
+    """Where a run ran: what decides whether two step times are comparable at all."""
+
+    device_name: str | None = None
+    compute_capability: str | None = None
+    device_memory_bytes: float | None = None
+    world_size: int | None = None
+    batch_size: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class FindingRecord:
+    rule: str
+    severity: str
+    title: str
+    saving_ms: float | None = None
+    saving_pct: float | None = None
+    message: str = ""
+
+
+@dataclass
+class RunRecord:
+    source: str
+    run: str
+    step_times_ms: list[float] | None  # per step, the slowest rank's; None when not recorded
+    breakdown_ms: dict[str, float]  # mean per step, by category
+    gpu_utilization: float | None
+    peak_memory_bytes: float | None
+    findings: list[FindingRecord]
+    environment: Environment
+    advisor_version: str = __version__
+    created: str | None = None
+    kind: str = "run"  # run | baseline | report: where the record came from
+    summary_step_time_ms: dict[str, float | None] = field(default_factory=dict)
+
+    # --- derived figures ------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        if self.step_times_ms is not None:
+            return len(self.step_times_ms)
+        return int(self.summary_step_time_ms.get("steps") or 0)
+
+    @property
+    def median_step_ms(self) -> float | None:
+        if self.step_times_ms:
+            s = sorted(self.step_times_ms)
+            k = len(s) // 2
+            return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+        return self.summary_step_time_ms.get("median")
+
+    @property
+    def mean_step_ms(self) -> float | None:
+        if self.step_times_ms:
+            return sum(self.step_times_ms) / len(self.step_times_ms)
+        return self.summary_step_time_ms.get("mean")
+
+    @property
+    def breakdown_share(self) -> dict[str, float]:
+        """Each category's share of the step time (the categories add up to the step)."""
+        total = sum(v for v in self.breakdown_ms.values() if v is not None and math.isfinite(v))
+        if total <= 0:
+            return {}
+        return {k: (v or 0.0) / total for k, v in self.breakdown_ms.items()}
+
+    def samples_per_s(self, batch_size: int | None = None) -> float | None:
+        """Samples a second for the whole job: batch size x ranks / mean step time.
+
+        The mean (not the median) because throughput is total samples over total time.
+        """
+        bs = batch_size or self.environment.batch_size
+        mean = self.mean_step_ms
+        if not bs or not mean:
+            return None
+        return bs * (self.environment.world_size or 1) / (mean / 1000.0)
+
+    @property
+    def rules_fired(self) -> dict[str, FindingRecord]:
+        return {f.rule: f for f in self.findings}
+
+    # --- (de)serialisation ----------------------------------------------------------------
+    def to_baseline(self) -> dict[str, Any]:
+        """The `advisor/baseline/v1` document."""
+        share = self.breakdown_share
+        return _clean(
+            {
+                "schema": BASELINE_SCHEMA,
+                "advisor_version": self.advisor_version,
+                "created": self.created or _now(),
+                "source": self.source,
+                "run": self.run,
+                "step_times_ms": self.step_times_ms,
+                "metrics": {
+                    "steps": self.steps,
+                    "step_time_median_ms": self.median_step_ms,
+                    "step_time_mean_ms": self.mean_step_ms,
+                    "gpu_utilization": self.gpu_utilization,
+                    "peak_memory_bytes": self.peak_memory_bytes,
+                    "samples_per_s": self.samples_per_s(),
+                },
+                "breakdown_ms": self.breakdown_ms,
+                "breakdown_share": share,
+                "findings": [asdict(f) for f in self.findings],
+                "environment": asdict(self.environment),
+            }
+        )
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):  # numpy floats too (np.float64 subclasses float)
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _clean(obj.item())
+    return obj
+
+
+def _str_or_none(v: Any) -> str | None:
+    return str(v) if v is not None and v != "" else None
+
+
+# --- from an analysis -----------------------------------------------------------------------
+def environment_of(analysis: Any) -> Environment:
+    """Device, world size, batch size and versions, from the trace and the facts file."""
+    m = analysis.primary
+    facts = analysis.run_facts() or {}
+    fdev = facts.get("device") if isinstance(facts.get("device"), dict) else {}
+    versions: dict[str, str] = {}
+    fv = facts.get("versions")
+    if isinstance(fv, dict):
+        versions.update({str(k): str(v) for k, v in fv.items() if v is not None})
+    for key, value in m.frames.metadata.items():
+        if key.endswith("_version") and value is not None:
+            versions.setdefault(key, str(value))
+    nccl = m.frames.distributed.get("nccl_version")
+    if nccl is not None:
+        versions.setdefault("nccl", str(nccl))
+    world = facts.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool):
+        dist_world = m.frames.distributed.get("world_size")
+        world = int(dist_world) if isinstance(dist_world, (int, float)) and not isinstance(dist_world, bool) else len(analysis.ranks)
+    batch = None
+    loaders = facts.get("dataloaders")
+    if isinstance(loaders, list) and loaders and isinstance(loaders[0], dict):
+        batch = loaders[0].get("batch_size")
+    if batch is None:
+        batch = facts.get("batch_size")
+    return Environment(
+        device_name=m.device.name or _str_or_none(fdev.get("name")),
+        compute_capability=m.device.compute_capability or _str_or_none(fdev.get("compute_capability")),
+        device_memory_bytes=m.device.total_memory_bytes or fdev.get("total_memory_bytes"),
+        world_size=world,
+        batch_size=int(batch) if isinstance(batch, (int, float)) and not isinstance(batch, bool) and batch > 0 else None,
+        versions=versions,
+    )
+
+
+def record_from_analysis(analysis: Any) -> RunRecord:
+    m = analysis.primary
+    peak = max((r.peak_allocated for r in analysis.ranks if r.peak_allocated is not None), default=None)
+    if peak is None:
+        facts = analysis.run_facts() or {}
+        fdev = facts.get("device") if isinstance(facts.get("device"), dict) else {}
+        peak = fdev.get("max_memory_allocated_bytes")
+    steps = [float(x) for x in analysis.step_times_ms()]
+    return RunRecord(
+        source=str(analysis.source),
+        run=analysis.run.name,
+        step_times_ms=steps,
+        breakdown_ms={k: float(v) for k, v in m.breakdown_mean_ms.items()},
+        gpu_utilization=m.gpu_utilization,
+        peak_memory_bytes=float(peak) if peak is not None else None,
+        findings=[
+            FindingRecord(
+                rule=f.rule, severity=f.severity, title=f.title, saving_ms=f.saving_ms, saving_pct=f.saving_pct, message=f.message
+            )
+            for f in analysis.findings
+        ],
+        environment=environment_of(analysis),
+        created=_now(),
+        kind="run",
+    )
+
+
+# --- from a file ------------------------------------------------------------------------
+def _need(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path) -> Any:
+    if key not in doc:
+        raise InputError(path, f"not a valid baseline: missing {key!r}")
+    value = doc[key]
+    if not isinstance(value, kind):
+        raise InputError(path, f"not a valid baseline: {key!r} has the wrong type")
+    return value
+
+
+def _findings(raw: Any, path: Path) -> list[FindingRecord]:
+    if not isinstance(raw, list):
+        raise InputError(path, "not a valid baseline: 'findings' must be a list")
+    out = []
+    for f in raw:
+        if not isinstance(f, dict) or not isinstance(f.get("rule"), str):
+            raise InputError(path, "not a valid baseline: each finding needs a 'rule'")
+        out.append(
+            FindingRecord(
+                rule=f["rule"],
+                severity=str(f.get("severity") or "low"),
+                title=str(f.get("title") or f["rule"]),
+                saving_ms=f.get("saving_ms"),
+                saving_pct=f.get("saving_pct"),
+                message=str(f.get("message") or ""),
+            )
+        )
+    return out
+
+
+def record_from_baseline(doc: dict[str, Any], path: Path) -> RunRecord:
+    steps = _need(doc, "step_times_ms", list, path)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
+        raise InputError(path, "not a valid baseline: 'step_times_ms' must be a list of numbers")
+    metrics = _need(doc, "metrics", dict, path)
+    breakdown = _need(doc, "breakdown_ms", dict, path)
+    env_raw = _need(doc, "environment", dict, path)
+    known = set(Environment.__dataclass_fields__)
+    env = Environment(**{k: v for k, v in env_raw.items() if k in known})
+    if not isinstance(env.versions, dict):
+        raise InputError(path, "not a valid baseline: 'environment.versions' must be a table")
+    return RunRecord(
+        source=str(doc.get("source", path)),
+        run=str(doc.get("run", "")),
+        step_times_ms=[float(x) for x in steps],
+        breakdown_ms={str(k): float(v or 0.0) for k, v in breakdown.items()},
+        gpu_utilization=metrics.get("gpu_utilization"),
+        peak_memory_bytes=metrics.get("peak_memory_bytes"),
+        findings=_findings(_need(doc, "findings", list, path), path),
+        environment=env,
+        advisor_version=str(doc.get("advisor_version", "")),
+        created=doc.get("created"),
+        kind="baseline",
+    )
+
+
+def record_from_report(doc: dict[str, Any], path: Path) -> RunRecord:
+    """A report JSON as a baseline: its summary and findings, but no per-step times."""
+    summary = _need(doc, "summary", dict, path)
+    ranks = doc.get("ranks") or []
+    dev = ranks[0].get("device", {}) if ranks and isinstance(ranks[0], dict) else {}
+    stats = summary.get("step_time_ms") if isinstance(summary.get("step_time_ms"), dict) else {}
+    return RunRecord(
+        source=str(doc.get("source", path)),
+        run=str(doc.get("run", "")),
+        step_times_ms=None,
+        breakdown_ms={str(k): float(v or 0.0) for k, v in (summary.get("breakdown_ms") or {}).items()},
+        gpu_utilization=summary.get("gpu_utilization"),
+        peak_memory_bytes=summary.get("peak_memory_bytes"),
+        findings=_findings(doc.get("findings", []), path),
+        environment=Environment(
+            device_name=dev.get("name"),
+            compute_capability=dev.get("compute_capability"),
+            device_memory_bytes=dev.get("total_memory_bytes"),
+            world_size=len(ranks) or None,
+        ),
+        advisor_version=str(doc.get("advisor_version", "")),
+        kind="report",
+        summary_step_time_ms={**stats, "steps": summary.get("steps")},
+    )
+
+
+def read_record_file(path: Path) -> RunRecord | None:
+    """A baseline or report JSON as a record; None when the file is a trace (to be analysed)."""
+    if path.name.endswith((".gz", ".pt.trace.json")):
+        return None
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(path, f"not a baseline: invalid JSON ({exc.msg})") from None
+    if not isinstance(doc, dict):
+        raise InputError(path, "not a baseline: expected a JSON object")
+    if "traceEvents" in doc:
+        return None
+    schema = doc.get("schema")
+    if schema == BASELINE_SCHEMA:
+        return record_from_baseline(doc, path)
+    if isinstance(schema, str) and schema.startswith(REPORT_SCHEMA_PREFIX):
+        if schema != REPORT_SCHEMA_PREFIX + "v1":
+            raise InputError(path, f"unsupported report schema {schema!r} (this advisor reads {REPORT_SCHEMA_PREFIX}v1)")
+        return record_from_report(doc, path)
+    if isinstance(schema, str) and schema.startswith("advisor/baseline/"):
+        raise InputError(path, f"unsupported baseline schema {schema!r} (this advisor reads {BASELINE_SCHEMA})")
+    raise InputError(
+        path,
+        f"not an advisor baseline (schema {schema!r}); write one with `advisor baseline PATH -o FILE`"
+        if schema is not None
+        else "not an advisor baseline (no 'schema' key); write one with `advisor baseline PATH -o FILE`",
+    )

@@ -1,0 +1,361 @@
+"""Bytes of a trace file to typed event batches, without a Python dict per event.
+
+A Kineto trace is one JSON document whose `traceEvents` array holds every event. Decoding
+it with a generic JSON parser builds a dict per event and a dict per `args`, most of whose
+keys nobody reads; that is where the time and the memory of a naive loader go. Here msgspec
+decodes each event straight into a small slotted struct that declares only the keys the
+frames need (unknown keys are skipped while scanning) and is not tracked by the cyclic GC.
+Values whose type varies between traces are typed `Any`, so odd-but-valid JSON decodes.
+
+Large documents are decoded in two passes so that the events never all exist as Python
+objects at once: a first pass splits `traceEvents` into raw byte slices (no objects built),
+then slices are decoded a batch at a time and each batch is turned into columns before the
+next one is decoded.
+
+Anything msgspec rejects (wrong types, non-UTF-8 bytes, NaN/Infinity literals, numbers out
+of range) is retried once through a lenient path (Python's json with replacement of bad
+bytes, then a clean-up of each event), so a trace is refused only when it is not JSON at all
+or not a Chrome trace; the refusal is an InputError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Union
+
+import msgspec
+
+from advisor.errors import InputError
+
+NAN = math.nan
+NULL = msgspec.Raw(b"null")  # default of raw fields; `is NULL` means "key absent"
+TRACE_FILE_HINT = "a torch.profiler trace (JSON with 'traceEvents')"
+
+# Documents above this size are decoded batch by batch (bounded memory); below it in one go.
+BATCH_THRESHOLD_BYTES = 96 * 2**20
+BATCH_BYTES = 32 * 2**20
+# The lenient retry holds a text copy and Python objects for the whole input: only below this.
+LENIENT_LIMIT_BYTES = 512 * 2**20
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _arg(key: str, default: Any) -> Any:
+    return msgspec.field(default=default, name=key)
+
+
+class EventArgs(msgspec.Struct, gc=False):
+    """The `args` keys any frame reads; every other key is skipped by the decoder."""
+
+    external_id: Any = _arg("External id", -1)
+    external_id_lower: Any = _arg("external id", -1)  # 2021 schema spelling on runtime/device rows
+    correlation: Any = -1
+    device: Any = -1
+    stream: Any = -1
+    registers: Any = _arg("registers per thread", NAN)
+    shared_memory: Any = _arg("shared memory", NAN)
+    blocks_per_sm: Any = _arg("blocks per SM", NAN)
+    warps_per_sm: Any = _arg("warps per SM", NAN)
+    occupancy: Any = _arg("est. achieved occupancy %", NAN)
+    grid: msgspec.Raw = NULL
+    block: msgspec.Raw = NULL
+    bytes: Any = NAN
+    call_stack: Union[str, None] = _arg("Call stack", None)
+    input_dims: msgspec.Raw = _arg("Input Dims", NULL)
+    input_dims_lower: msgspec.Raw = _arg("Input dims", NULL)
+    device_type: Any = _arg("Device Type", -1)
+    device_id: Any = _arg("Device Id", -1)
+    mem_bytes: Any = _arg("Bytes", NAN)
+    total_allocated: Any = _arg("Total Allocated", NAN)
+    total_reserved: Any = _arg("Total Reserved", NAN)
+
+
+EMPTY_ARGS = EventArgs()
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: Union[str, None] = None
+    cat: Union[str, None] = None
+    name: Union[str, None] = ""
+    ts: Any = NAN
+    dur: Any = NAN
+    tid: Union[int, str, None] = None
+    args: Union[EventArgs, None] = None
+
+
+# Top-level scalar keys kept as TraceFrames.metadata (msgspec skips keys a struct does not name).
+METADATA_KEYS = (
+    "schemaVersion",
+    "traceName",
+    "displayTimeUnit",
+    "baseTimeNanoseconds",
+    "record_shapes",
+    "with_stack",
+    "profile_memory",
+    "with_flops",
+    "with_modules",
+    "cupti_version",
+    "cuda_runtime_version",
+    "cuda_driver_version",
+    "hip_runtime_version",
+    "hip_driver_version",
+    "roctracer_version",
+)
+
+
+class _Header(msgspec.Struct, gc=False):
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    schemaVersion: Any = None
+    traceName: Any = None
+    displayTimeUnit: Any = None
+    baseTimeNanoseconds: Any = None
+    record_shapes: Any = None
+    with_stack: Any = None
+    profile_memory: Any = None
+    with_flops: Any = None
+    with_modules: Any = None
+    cupti_version: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    hip_runtime_version: Any = None
+    hip_driver_version: Any = None
+    roctracer_version: Any = None
+
+
+class TraceDoc(_Header):
+    traceEvents: Union[list[Event], None] = None
+
+
+class TraceDocRaw(_Header):
+    traceEvents: Union[list[msgspec.Raw], None] = None
+
+
+_DOC = msgspec.json.Decoder(Union[TraceDoc, list[Event]])
+_DOC_RAW = msgspec.json.Decoder(Union[TraceDocRaw, list[msgspec.Raw]])
+_EVENTS = msgspec.json.Decoder(list[Event])
+
+
+@dataclass
+class DecodedTrace:
+    """The document's header and its events, as batches decoded on demand."""
+
+    device_properties: Any
+    distributed: Any
+    metadata: dict[str, Any]
+    event_count: int
+    batches: Iterator[list[Event]] = field(repr=False)
+
+
+# --- bytes ------------------------------------------------------------------------------------
+def read_trace_bytes(path: Path) -> bytes | bytearray:
+    """The decompressed bytes of a trace file (gzip is recognised by its magic number).
+
+    gzip is inflated into one buffer sized from the gzip trailer, so a 1 GB trace costs 1 GB,
+    not the 2 GB that `gzip.decompress` (chunks, then a joined copy) briefly needs.
+    """
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                f.seek(0)
+                return f.read()
+            return _gunzip(path, f)
+    except IsADirectoryError:
+        raise InputError(path, "is a directory, expected a trace file") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _gunzip(path: Path, f: Any) -> bytearray:
+    f.seek(0, 2)
+    size = f.tell()
+    if size >= 18:
+        f.seek(-4, 2)
+        expected = struct.unpack("<I", f.read(4))[0]  # uncompressed size mod 2**32
+    else:
+        expected = 0
+    f.seek(0)
+    out = bytearray(expected)
+    pos = 0
+    inflate = zlib.decompressobj(wbits=31)
+    try:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            while chunk:
+                piece = inflate.decompress(chunk)
+                out[pos : pos + len(piece)] = piece
+                pos += len(piece)
+                chunk = b""
+                if inflate.eof:  # a concatenated gzip member follows
+                    rest = inflate.unused_data
+                    if rest.strip(b"\x00"):
+                        inflate = zlib.decompressobj(wbits=31)
+                        chunk = rest
+        piece = inflate.flush()
+        out[pos : pos + len(piece)] = piece
+        pos += len(piece)
+    except zlib.error as exc:
+        raise InputError(path, f"corrupt gzip ({exc})") from None
+    if not inflate.eof:
+        raise InputError(path, "truncated gzip (file cut short while being written?)")
+    del out[pos:]
+    return out
+
+
+# --- JSON -------------------------------------------------------------------------------------
+def decode_trace(
+    path: Path,
+    data: bytes | bytearray | memoryview,
+    batch_threshold: int = BATCH_THRESHOLD_BYTES,
+    batch_bytes: int = BATCH_BYTES,
+) -> DecodedTrace:
+    """Decode a trace document; events come as batches of about batch_bytes of JSON once the
+    document is larger than batch_threshold (one batch below it)."""
+    if len(data) == 0 or data.isspace():
+        raise InputError(path, "file is empty")
+    if len(data) <= batch_threshold:
+        try:
+            doc = _DOC.decode(data)
+        except msgspec.DecodeError as exc:
+            doc = _lenient_doc(path, data, exc)
+        except (msgspec.ValidationError, UnicodeDecodeError) as exc:
+            doc = _lenient_doc(path, data, exc)
+        return _decoded(path, doc, lambda events: iter([events]))
+    try:
+        doc = _DOC_RAW.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        if len(data) > LENIENT_LIMIT_BYTES:
+            raise InputError(path, _json_problem(exc)) from None
+        return _decoded(path, _lenient_doc(path, data, exc), lambda events: iter([events]))
+    return _decoded(path, doc, lambda raws: _raw_batches(path, raws, batch_bytes))
+
+
+def _decoded(path: Path, doc: Any, batches: Any) -> DecodedTrace:
+    if isinstance(doc, list):
+        return DecodedTrace(None, None, {}, len(doc), batches(doc))
+    events = doc.traceEvents
+    if events is None:
+        raise InputError(path, f"not a Chrome trace: expected {TRACE_FILE_HINT}")
+    meta = {k: v for k in METADATA_KEYS if isinstance(v := getattr(doc, k), (str, int, float, bool))}
+    return DecodedTrace(doc.deviceProperties, doc.distributedInfo, meta, len(events), batches(events))
+
+
+def _raw_batches(path: Path, raws: list[msgspec.Raw], batch_bytes: int) -> Iterator[list[Event]]:
+    """Decode raw event slices about batch_bytes at a time; each batch replaces the last."""
+    start, size = 0, 0
+    for i, raw in enumerate(raws):
+        size += len(raw)
+        if size >= batch_bytes:
+            yield _decode_batch(path, raws, start, i + 1)
+            start, size = i + 1, 0
+    if start < len(raws):
+        yield _decode_batch(path, raws, start, len(raws))
+
+
+def _decode_batch(path: Path, raws: list[msgspec.Raw], start: int, stop: int) -> list[Event]:
+    data = b"[" + b",".join(raws[start:stop]) + b"]"
+    try:
+        return _EVENTS.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        events = _lenient_json(path, data, exc)
+        return _typed_events(path, events if isinstance(events, list) else [])
+
+
+def _json_problem(exc: Exception) -> str:
+    msg = str(exc)
+    if isinstance(exc, msgspec.DecodeError) and "truncated" in msg:
+        return "truncated JSON (profiler stopped mid-write?)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"invalid UTF-8 at byte {exc.start}"
+    if isinstance(exc, msgspec.ValidationError):
+        return f"not a Chrome trace ({msg}): expected {TRACE_FILE_HINT}"
+    msg = msg.replace("JSON is malformed: ", "")
+    return f"invalid JSON: {msg}"
+
+
+def _lenient_json(path: Path, data: bytes | bytearray | memoryview, first: Exception) -> Any:
+    """Python's json on the text with bad bytes replaced: accepts NaN, Infinity, 1e400, big ints."""
+    if isinstance(first, msgspec.DecodeError) and "truncated" in str(first):
+        raise InputError(path, _json_problem(first)) from None
+    text = bytes(data).decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputError(path, "invalid JSON: nested too deeply") from None
+    except ValueError as exc:
+        if isinstance(first, msgspec.DecodeError):
+            raise InputError(path, _json_problem(first)) from None
+        raise InputError(path, f"invalid JSON: {exc}") from None
+
+
+def _lenient_doc(path: Path, data: bytes | bytearray | memoryview, first: Exception) -> Any:
+    obj = _lenient_json(path, data, first)
+    if isinstance(obj, list):
+        return _typed_events(path, obj)
+    if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
+        raise InputError(path, f"not a Chrome trace: expected {TRACE_FILE_HINT}")
+    header = {k: _clean(obj.get(k)) for k in ("deviceProperties", "distributedInfo", *METADATA_KEYS)}
+    doc = msgspec.convert(header, TraceDoc)
+    doc.traceEvents = _typed_events(path, obj["traceEvents"])
+    return doc
+
+
+# --- clean-up of odd events (the slow path) ---------------------------------------------------
+_ARG_KEYS = {f.encode_name for f in msgspec.structs.fields(EventArgs)}
+
+
+def _clean(v: Any) -> Any:
+    """A JSON value msgspec can encode and decode back: out-of-range numbers become null."""
+    t = type(v)
+    if t is int:
+        return v if INT64_MIN <= v <= INT64_MAX else (float(v) if abs(v) < 2**1023 else None)
+    if t is float:
+        return v if math.isfinite(v) else None
+    if t is list:
+        return [_clean(x) for x in v]
+    if t is dict:
+        return {str(k): _clean(x) for k, x in v.items()}
+    return v
+
+
+def _clean_event(e: Any) -> dict[str, Any] | None:
+    if type(e) is not dict:
+        return None
+    out: dict[str, Any] = {}
+    for key in ("ph", "cat"):
+        if type(v := e.get(key)) is str:
+            out[key] = v
+    name = e.get("name")
+    if name is not None:
+        out["name"] = name if type(name) is str else str(name)
+    for key in ("ts", "dur"):
+        if key in e:
+            out[key] = _clean(e[key])
+    tid = e.get("tid")
+    if tid is not None:
+        out["tid"] = tid if type(tid) is str or (type(tid) is int and INT64_MIN <= tid <= INT64_MAX) else str(tid)
+    args = e.get("args")
+    if type(args) is dict:
+        clean_args = {}
+        for key, v in args.items():
+            if key not in _ARG_KEYS:
+                continue
+            if key == "Call stack" and type(v) is not str:
+                continue
+            clean_args[key] = _clean(v)
+        out["args"] = clean_args
+    return out
+
+
+def _typed_events(path: Path, events: list[Any]) -> list[Event]:
+    cleaned = [c for e in events if (c := _clean_event(e)) is not None]
+    try:
+        return _EVENTS.decode(msgspec.json.encode(cleaned))
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:  # pragma: no cover - clean-up covers the types
+        raise InputError(path, f"malformed trace events ({exc})") from None

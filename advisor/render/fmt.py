@@ -1,0 +1,104 @@
+"""Number formatting and escaping shared by the HTML, Markdown and diff renderers.
+
+Every string that comes from a trace (op and kernel names, file names, rule messages that
+quote them) goes through `esc` (HTML) or `md` (Markdown) before it reaches the output.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from typing import Any
+
+from advisor.analysis import Analysis
+
+NS_PER_MS = 1e6
+
+
+def esc(value: Any) -> str:
+    """HTML-escape a value for text or a quoted attribute (`<`, `>`, `&`, `"`, `'`)."""
+    return html.escape(str(value), quote=True)
+
+
+# CommonMark lets any ASCII punctuation be backslash-escaped. These are the characters that
+# can open raw HTML, an entity, a link or image, emphasis, a code span, strikethrough, a
+# heading or a table cell; escaped, a trace string is only ever text.
+# An underscore inside a word (num_workers) cannot open emphasis in GFM and stays as it is.
+_MD_PUNCT = re.compile(r"([\\`*\[\]<>|~&#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+
+
+def md(value: Any) -> str:
+    """Markdown-escape a value for running text or a table cell (one line)."""
+    s = re.sub(r"\s+", " ", str(value)).strip()
+    return _MD_PUNCT.sub(lambda m: "\\" + m.group(0), s)
+
+
+def md_code_block(code: str, lang: str = "") -> str:
+    """A fenced code block whose fence is longer than any backtick run inside it."""
+    longest = max((len(m) for m in re.findall(r"`+", code)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{code.rstrip()}\n{fence}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or (isinstance(n, float) and not math.isfinite(n)):
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{sign}{int(n)} B" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.1f} TB"
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.{digits}f}%"
+
+
+def ms(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f} ms"
+
+
+def signed(x: float | None, unit: str = "", digits: int = 2) -> str:
+    """`+1.23 ms` / `-4.56 ms`: changes always carry their sign."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    sep = "" if unit in ("", "%") else " "
+    return f"{x:+.{digits}f}{sep}{unit}"
+
+
+def batch_size(a: Analysis) -> int | None:
+    """The batch size from the run's facts file (`advisor profile`), when it was recorded."""
+    facts = a.run_facts()
+    if facts and facts.get("dataloaders"):
+        bs = facts["dataloaders"][0].get("batch_size")
+        if isinstance(bs, int) and bs > 0:
+            return bs
+    return None
+
+
+def throughput(a: Analysis) -> tuple[float, str] | None:
+    """(value, unit): samples/s when the batch size is known, else steps/s."""
+    mean = a.summary()["step_time_ms"]["mean"]
+    if not mean:
+        return None
+    bs = batch_size(a)
+    if bs:
+        return bs / mean * 1000.0, "samples/s"
+    return 1000.0 / mean, "steps/s"
+
+
+def short_value(v: Any, limit: int = 300) -> str:
+    """An evidence value as one readable line (lists shortened, floats rounded)."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={short_value(x, 80)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        items = [short_value(x, 160) for x in v[:6]]
+        more = f" … (+{len(v) - 6} more)" if len(v) > 6 else ""
+        return "; ".join(items) + more
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    s = str(v)
+    return s if len(s) <= limit else s[: limit - 1] + "…"

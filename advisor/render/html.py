@@ -1,0 +1,450 @@
+"""The HTML report: one self-contained file that opens from disk, offline, in any browser.
+
+Charts are inline SVG written here (see `advisor.render.svg` for why no plotting library),
+the stylesheet and the small script come from `assets/` and are inlined, and a
+Content-Security-Policy allows nothing but that one stylesheet and that one script (by hash):
+no request leaves the page, and even a string that escaped escaping could not run. Every
+string from a trace goes through `esc`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+
+from advisor import __version__
+from advisor.analysis import Analysis
+from advisor.engine import Finding
+from advisor.metrics.breakdown import CATEGORIES
+from advisor.metrics.kernels import top_ops
+from advisor.metrics.summary import Metrics
+from advisor.render import svg
+from advisor.render.fmt import esc, fmt_bytes, ms, pct, short_value, throughput
+from advisor.render.timeline import step_timeline
+
+TOP_KERNELS = 40
+TOP_OPS = 30
+
+
+# --- page -------------------------------------------------------------------------------
+def asset(name: str) -> str:
+    return resources.files("advisor.render").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _sha256(text: str) -> str:
+    return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
+
+
+def page(title: str, body: str) -> str:
+    """A complete document: inlined CSS and JS, and a CSP that permits only those two."""
+    css, js = asset("report.css"), asset("report.js")
+    csp = f"default-src 'none'; style-src 'sha256-{_sha256(css)}'; script-src 'sha256-{_sha256(js)}'; base-uri 'none'; form-action 'none'"
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
+        f"<title>{esc(title)}</title><style>{css}</style></head>"
+        f"<body><main>{body}</main><script>{js}</script></body></html>\n"
+    )
+
+
+def tile(key: str, value: str, detail: str = "", cls: str = "") -> str:
+    d = f'<div class="d">{esc(detail)}</div>' if detail else ""
+    return f'<div class="tile {esc(cls)}"><div class="k">{esc(key)}</div><div class="v">{esc(value)}</div>{d}</div>'
+
+
+@dataclass
+class Column:
+    title: str
+    numeric: bool = False
+    name: bool = False  # a long trace name: monospace, clamped to two lines until hovered
+    nowrap: bool = False
+
+
+def sortable_table(columns: list[Column], rows: list[list[tuple[str, float | str | None]]], cls: str = "") -> str:
+    """rows: cells as (shown text, sort value or None to sort by the text)."""
+    numeric = ' class="n" data-type="num"'
+    head = "".join(f'<th scope="col"{numeric if c.numeric else ""}>{esc(c.title)}</th>' for c in columns)
+    body = []
+    for row in rows:
+        cells = []
+        for c, (shown, key) in zip(columns, row):
+            attr = f' data-v="{esc(key)}"' if key is not None else ""
+            if c.numeric:
+                cells.append(f'<td class="n"{attr}>{esc(shown)}</td>')
+            elif c.name:
+                cells.append(f'<td class="name"{attr}><div class="clamp">{esc(shown)}</div></td>')
+            else:
+                klass = ' class="nw"' if c.nowrap else ""
+                cells.append(f"<td{klass}{attr}>{esc(shown)}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return f'<table class="sortable {esc(cls)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+# --- sections ---------------------------------------------------------------------------
+def _header(a: Analysis) -> str:
+    m = a.primary
+    s = a.summary()
+    st = s["step_time_ms"]
+    dev = m.device
+    files = len(a.run.files)
+    if dev.name:
+        device = f"{dev.name}" + (f", compute capability {dev.compute_capability}" if dev.compute_capability else "")
+        device += f", {fmt_bytes(dev.total_memory_bytes)}" if dev.total_memory_bytes else ""
+    elif not m.has_device:
+        device = "CPU only (no device activity in the trace)"
+    else:
+        device = "device not named in the trace"
+    ranks = f" · {len(a.ranks)} ranks (primary: rank {m.rank}, the slowest)" if len(a.ranks) > 1 else ""
+    out = [
+        f"<h1>Why is <span class=\"mono\">{esc(a.run.name)}</span> slow?</h1>",
+        f'<p class="sub">{esc(device)}{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · {esc(a.source)}</p>',
+    ]
+    tiles = []
+    if st["mean"] is not None:
+        tiles.append(tile("Step time (mean)", ms(st["mean"]), f"median {st['median']:.2f} · p90 {st['p90']:.2f} · {s['steps']} steps"))
+    tp = throughput(a)
+    if tp:
+        tiles.append(tile("Throughput", f"{tp[0]:,.1f} {tp[1]}" if tp[0] < 100 else f"{tp[0]:,.0f} {tp[1]}", "from the mean step time"))
+    if m.has_device:
+        tiles.append(tile("GPU utilisation", pct(s["gpu_utilization"]), "of step time with device activity"))
+        tiles.append(tile("Tensor Cores", pct(s["tensor_core_kernel_share"]), f"of kernel time; eligible ops launch {pct(s['tensor_core_eligible_share'])}"))
+        if s["peak_memory_bytes"] is not None:
+            tot = s["device_memory_bytes"]
+            tiles.append(tile("Peak memory", fmt_bytes(s["peak_memory_bytes"]), f"allocated, {pct(s['peak_memory_bytes'] / tot)} of the device" if tot else "allocated"))
+        h = s["h2d"]
+        if h["count"]:
+            bw = f", {h['bandwidth_gbps']:.1f} GB/s" if h["bandwidth_gbps"] else ""
+            tiles.append(tile("Host→device copies", fmt_bytes(h["bytes"]), f"{h['count']} copies, {h['pageable_count']} from pageable memory{bw}"))
+    saving = sum(f.saving_ms or 0 for f in a.findings)
+    if st["mean"]:
+        tiles.append(tile("Could save", ms(saving), f"per step ({pct(saving / st['mean'])}) across {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}"))
+    out.append(f'<div class="tiles">{"".join(tiles)}</div>')
+    links = [("findings", "Findings"), ("breakdown", "Step-time breakdown"), ("timeline", "Timeline"), ("memory", "Memory"), ("kernels", "Top kernels"), ("ops", "Top ops")]
+    if len(a.ranks) > 1:
+        links.append(("ranks", "Ranks"))
+    out.append('<nav class="toc">' + "".join(f'<a href="#{k}">{v}</a>' for k, v in links) + "</nav>")
+    return "".join(out)
+
+
+def _docs_urls() -> dict[str, str]:
+    try:
+        from advisor.engine import builtin_rules
+
+        return {r.id: r.docs_url for r in builtin_rules() if r.docs_url.startswith("https://")}
+    except Exception:  # a rule that fails to import must not cost the user the report
+        return {}
+
+
+def finding_card(i: int, f: Finding, docs: dict[str, str]) -> str:
+    saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step"
+    share = f" <small>({pct(f.saving_pct)})</small>" if f.saving_pct is not None else ""
+    parts = [
+        f'<article class="card sev-{esc(f.severity)}" id="finding-{i}">',
+        f'<header><span class="rank">#{i}</span><span class="rule"><code>{esc(f.rule)}</code></span><span>{esc(f.title)}</span>'
+        f'<span class="badge sev-{esc(f.severity)}">{esc(f.severity)}</span><span class="badge">confidence {esc(f.confidence)}</span>'
+        f'<span class="saving">{esc(saving)}{share}</span></header>',
+        f'<p class="msg">{esc(f.message)}</p>',
+    ]
+    if f.causes:
+        parts.append(f'<p class="muted">Explained in part by: {esc(", ".join(f.causes))}</p>')
+    if f.fix.text:
+        parts.append(f"<p><strong>Fix:</strong> {esc(f.fix.text)}</p>")
+    if f.fix.snippet:
+        parts.append(f'<pre><code class="language-python">{esc(f.fix.snippet.strip(chr(10)))}</code></pre>')
+    if f.evidence:
+        rows = []
+        for k, v in f.evidence.items():
+            if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and k == "source":
+                shown = "<br>".join(esc(x) for x in v[:8])
+            else:
+                shown = esc(short_value(v))
+            rows.append(f"<dt>{esc(k)}</dt><dd>{shown}</dd>")
+        parts.append(f'<details><summary>Evidence</summary><dl class="ev">{"".join(rows)}</dl></details>')
+    more = f"<code>advisor explain {esc(f.rule)}</code> gives the method"
+    if f.rule in docs:
+        more += f' · <a href="{esc(docs[f.rule])}" rel="noreferrer noopener">PyTorch documentation</a>'
+    parts.append(f'<p class="muted">{more}</p></article>')
+    return "".join(parts)
+
+
+def _findings(a: Analysis) -> str:
+    out = ['<h2 id="findings">Findings, ranked by time saved per step</h2>']
+    if not a.findings:
+        out.append("<p>Nothing to fix: no rule fired on this run.</p>")
+        return "".join(out)
+    docs = _docs_urls()
+    out.append('<div class="cards">' + "".join(finding_card(i, f, docs) for i, f in enumerate(a.findings, 1)) + "</div>")
+    return "".join(out)
+
+
+def breakdown_segments(bd_ms: dict[str, float]) -> list[svg.Segment]:
+    total = sum(bd_ms.values()) or 1.0
+    return [
+        svg.Segment(c, v, f"{svg.CATEGORY_LABELS[c]}: {v:.2f} ms ({100 * v / total:.1f}%)")
+        for c, v in bd_ms.items()
+        if v > 0
+    ]
+
+
+def _breakdown(a: Analysis) -> str:
+    m = a.primary
+    bd = m.breakdown_mean_ms
+    total = sum(bd.values())
+    out = ['<h2 id="breakdown">Step-time breakdown</h2>']
+    if len(m.steps) == 0:
+        return out[0] + "<p>No steps found in the trace.</p>"
+    rank = f" (rank {m.rank})" if len(a.ranks) > 1 else ""
+    out.append(f"<h3>The average step{rank}: {total:.2f} ms</h3>")
+    out.append(svg.stacked_hbar(breakdown_segments(bd), label="mean step-time breakdown"))
+    used = [c for c in CATEGORIES if bd[c] > 0]
+    out.append(svg.legend(used, {c: f"{bd[c]:.2f} ms ({100 * bd[c] / (total or 1):.1f}%)" for c in used}))
+    out.append(
+        '<p class="muted">Each instant of a step is counted once, in priority order kernel &gt; memcpy &gt; memset &gt; '
+        "communication &gt; runtime &gt; DataLoader &gt; CPU exec; what nothing covers is “other”.</p>"
+    )
+    per_step = (m.breakdown / 1e6).loc[:, used]
+    out.append(f"<h3>Per step{rank}</h3>")
+    out.append(f"<figure>{svg.stacked_columns(per_step)}<figcaption>Bars: steps of the profiled window (ProfilerStep numbers); hover for values.</figcaption></figure>")
+    return "".join(out)
+
+
+def _timeline(a: Analysis) -> str:
+    m = a.primary
+    out = ['<h2 id="timeline">One step in time</h2>']
+    tl = step_timeline(m)
+    if tl is None:
+        return out[0] + "<p>No steps found in the trace.</p>"
+    rank = f" on rank {m.rank}" if len(a.ranks) > 1 else ""
+    gaps = int(tl.idle["count"].sum()) if len(tl.idle) else 0
+    busy = f"; the device is busy {pct(tl.device_busy_ns / tl.duration_ns)} of it, idle in {gaps:,} gaps" if tl.has_device and tl.duration_ns else ""
+    label = f"Step {tl.step} ({tl.duration_ns / 1e6:.2f} ms, {tl.reason}){rank}"
+    out.append(f"<p>{esc(label)}{esc(busy)}. Host lanes on top, device streams below; red marks where no kernel, copy or memset runs. Hover for names and times; zoom to see single kernels.</p>")
+    out.append(svg.timeline(tl.lanes, tl.idle, tl.duration_ns, label))
+    keys = sorted({c for l in tl.lanes for c in l.spans["cls"].unique()}, key=lambda c: list(svg.SPAN_LABELS).index(c) if c in svg.SPAN_LABELS else 99)
+    if tl.has_device:
+        keys.append("idle")
+    out.append(svg.legend(keys))
+    if not tl.has_device:
+        out.append('<p class="muted">This trace has no device activity (a CPU-only run): only host lanes are shown.</p>')
+    return "".join(out)
+
+
+@dataclass
+class MemoryCurves:
+    series: list[svg.Series]
+    peak: float
+    note: str
+    device_total: float | None
+    running_sum: bool = False  # no allocator totals in the trace: the curve is a lower bound
+
+
+def memory_curves(m: Metrics) -> MemoryCurves | None:
+    """Allocated (and reserved) bytes over the window; device memory first, else the host's.
+
+    Old traces (2021 schema) record only each allocation's size, not the running total: the
+    curve is then the running sum, shifted so that its lowest point is zero, and says so.
+    """
+    mem = m.frames.memory
+    if len(mem) == 0:
+        return None
+    device = mem[mem["device_type"] > 0]
+    host_only = len(device) == 0
+    use = mem[mem["device_type"] == 0] if host_only else device
+    if len(use) == 0:
+        return None
+    series: list[svg.Series] = []
+    note = ""
+    multi = use["device_id"].nunique() > 1
+    peak = 0.0
+    for dev_id, g in use.groupby("device_id", sort=True):
+        g = g.sort_values("ts", kind="stable")
+        x = g["ts"].to_numpy(np.float64) / 1e6
+        who = "host" if host_only else (f"GPU{dev_id}" if multi else "device")
+        alloc = g["total_allocated"].to_numpy(np.float64)
+        if np.isfinite(alloc).any():
+            ok = np.isfinite(alloc)
+            series.append(svg.Series(f"{who} allocated", "allocated", x[ok], alloc[ok]))
+            peak = max(peak, float(alloc[ok].max()))
+            res = g["total_reserved"].to_numpy(np.float64)
+            okr = np.isfinite(res)
+            if okr.any():
+                series.append(svg.Series(f"{who} reserved", "reserved", x[okr], res[okr]))
+                peak = max(peak, float(res[okr].max()))
+        else:
+            run = np.cumsum(np.nan_to_num(g["bytes"].to_numpy(np.float64)))
+            run = run - min(float(run.min()), 0.0)
+            series.append(svg.Series(f"{who} allocated (running sum of allocations)", "allocated", x, run))
+            peak = max(peak, float(run.max()))
+            note = (
+                "This trace records each allocation's size but not the allocator's total: the curve is the running "
+                "sum of allocations and frees in the window, with its lowest point as zero (memory held before the "
+                "window is not included)."
+            )
+    total = None if host_only else m.device.total_memory_bytes
+    if host_only:
+        note = (note + " " if note else "") + "No device memory events: this is the host (CPU) allocator."
+    return MemoryCurves(series, peak, note.strip(), total, running_sum=any("running sum" in s.label for s in series))
+
+
+def _memory(a: Analysis) -> str:
+    m = a.primary
+    out = ['<h2 id="memory">Memory over the window</h2>']
+    curves = memory_curves(m)
+    if curves is None:
+        out.append("<p>No memory events in this trace: record them with <code>profile_memory=True</code> (<code>advisor profile</code> does).</p>")
+        return "".join(out)
+    x_max = float(max(m.frames.window[1], 1)) / 1e6
+    lines: list[svg.HLine] = []
+    off_scale = ""
+    y_max = curves.peak * 1.15 or 1.0
+    total = curves.device_total
+    if total:
+        if curves.peak >= total / 1.5:
+            y_max = max(total * 1.05, curves.peak * 1.05)
+            lines.append(svg.HLine(total, f"device total {fmt_bytes(total)}"))
+        else:
+            at_least = "at least " if curves.running_sum else ""
+            off_scale = f"device total {fmt_bytes(total)} is above this scale: the peak uses {at_least}{pct(curves.peak / total)} of it"
+    for s in curves.series:
+        s.x, s.y = svg.minmax_downsample(s.x, s.y, x_max)
+    bands = [
+        svg.Band(float(r.start) / 1e6, float(r.end) / 1e6, f"#{int(r.step)}: {float(r.duration) / 1e6:.2f} ms")
+        for r in m.steps.itertuples()
+    ]
+    chart = svg.LineChart(curves.series, x_max, y_max, fmt_bytes, x_title="ms since the trace start", lines=lines, bands=bands)
+    rank = f" (rank {m.rank})" if len(a.ranks) > 1 else ""
+    caption = f"Peak {fmt_bytes(curves.peak)}{rank}. " + (f"The {off_scale}. " if off_scale else "") + "Shaded columns are steps."
+    out.append(f"<figure>{svg.line_chart(chart)}<figcaption>{esc(caption)}</figcaption></figure>")
+    keys = []
+    for s in curves.series:
+        if s.key not in keys:
+            keys.append(s.key)
+    labels = {"allocated": "allocated", "reserved": "reserved (caching allocator)"}
+    out.append('<ul class="legend">' + "".join(f'<li><span class="sw c-{k}"></span>{labels[k]}</li>' for k in keys) + (f'<li><span class="sw c-limit"></span>device total</li>' if lines else "") + "</ul>")
+    if curves.note:
+        out.append(f'<p class="muted">{esc(curves.note)}</p>')
+    return "".join(out)
+
+
+def kernel_summary(kernels: pd.DataFrame, n: int = TOP_KERNELS) -> pd.DataFrame:
+    """Kernels by total time with the op that launches each most often."""
+    if len(kernels) == 0:
+        return pd.DataFrame(columns=["name", "count", "total_ns", "mean_ns", "share", "tensor_core", "op"])
+    k = kernels.assign(name=kernels["name"].astype(str), op=kernels["op"].fillna("").astype(str))
+    g = k.groupby("name").agg(count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"), tensor_core=("tensor_core", "any"))
+    g["share"] = g["total_ns"] / max(int(k["dur"].sum()), 1)
+    by_op = k.groupby(["name", "op"]).size().reset_index(name="n").sort_values(["name", "n"], ascending=[True, False])
+    g["op"] = by_op.drop_duplicates("name").set_index("name")["op"]
+    return g.sort_values("total_ns", ascending=False).head(n).reset_index()
+
+
+def _kernels(a: Analysis) -> str:
+    m = a.primary
+    out = ['<h2 id="kernels">Top kernels</h2>']
+    k = kernel_summary(m.kernels)
+    if len(k) == 0:
+        return out[0] + "<p>No kernels in this trace.</p>"
+    total_ms = m.kernels["dur"].sum() / 1e6
+    out.append(f'<p class="muted">The {len(k)} kernels with the most device time in the trace window ({total_ms:.2f} ms of kernels in all{", rank " + str(m.rank) if len(a.ranks) > 1 else ""}). Click a column to sort.</p>')
+    cols = [Column("kernel", name=True), Column("launched by", name=True), Column("calls", True), Column("total ms", True), Column("mean µs", True), Column("share", True), Column("Tensor Cores")]
+    rows = [
+        [
+            (r.name, None),
+            (r.op or "—", None),
+            (f"{r.count:,}", r.count),
+            (f"{r.total_ns / 1e6:.2f}", r.total_ns),
+            (f"{r.mean_ns / 1e3:.1f}", r.mean_ns),
+            (f"{100 * r.share:.1f}%", r.share),
+            ("yes" if r.tensor_core else "no", None),
+        ]
+        for r in k.itertuples()
+    ]
+    out.append(sortable_table(cols, rows, "kernels"))
+    return "".join(out)
+
+
+def _ops(a: Analysis) -> str:
+    m = a.primary
+    out = ['<h2 id="ops">Top ops</h2>']
+    ops = top_ops(m.frames, TOP_OPS)
+    if len(ops) == 0:
+        return out[0] + "<p>No host ops in this trace.</p>"
+    out.append('<p class="muted">Host ops by total time, children included (an op that calls others counts their time too). Click a column to sort.</p>')
+    cols = [Column("op", name=True), Column("calls", True), Column("total ms", True), Column("mean µs", True)]
+    rows = [
+        [(str(r.name), None), (f"{r.count:,}", r.count), (f"{r.total_ns / 1e6:.2f}", r.total_ns), (f"{r.mean_ns / 1e3:.1f}", r.mean_ns)]
+        for r in ops.itertuples()
+    ]
+    out.append(sortable_table(cols, rows, "ops"))
+    return "".join(out)
+
+
+def _ranks(a: Analysis) -> str:
+    if len(a.ranks) < 2:
+        return ""
+    out = ['<h2 id="ranks">Ranks</h2>', '<p class="muted">A job is as fast as its slowest rank. Bars share one scale: the mean step of each rank.</p>']
+    longest = max(sum(m.breakdown_mean_ms.values()) for m in a.ranks) or 1.0
+    bars = []
+    for m in a.ranks:
+        bd = m.breakdown_mean_ms
+        bars.append(f'<div class="rank-bar"><div class="muted">rank {m.rank}: {sum(bd.values()):.2f} ms</div>{svg.stacked_hbar(breakdown_segments(bd), total=longest, height=22, label=f"rank {m.rank}")}</div>')
+    out.append("".join(bars))
+    used = [c for c in CATEGORIES if any(m.breakdown_mean_ms[c] > 0 for m in a.ranks)]
+    out.append(svg.legend(used))
+    cols = [Column("rank", True), Column("steps", True), Column("mean ms", True), Column("median ms", True), Column("GPU util", True), Column("DataLoader ms", True), Column("communication ms", True), Column("peak memory", True), Column("file")]
+    rows = []
+    for m in a.ranks:
+        s = m.summary()
+        st = s["step_time_ms"]
+        peak = s["peak_memory_bytes"]
+        rows.append(
+            [
+                (str(m.rank), m.rank),
+                (str(s["steps"]), s["steps"]),
+                (ms(st["mean"]).replace(" ms", ""), st["mean"]),
+                (ms(st["median"]).replace(" ms", ""), st["median"]),
+                (pct(s["gpu_utilization"]), s["gpu_utilization"]),
+                (f"{s['breakdown_ms']['dataloader']:.2f}", s["breakdown_ms"]["dataloader"]),
+                (f"{s['breakdown_ms']['communication']:.2f}", s["breakdown_ms"]["communication"]),
+                (fmt_bytes(peak), peak),
+                (m.frames.path.name, None),
+            ]
+        )
+    out.append(sortable_table(cols, rows))
+    return "".join(out)
+
+
+def _notes(a: Analysis) -> str:
+    notes, warnings = a.notes(), a.warnings
+    if not notes and not warnings:
+        return ""
+    out = ['<h2 id="notes">Notes</h2>']
+    out += [f'<p class="note">{esc(n)}</p>' for n in notes]
+    out += [f'<p class="warn">warning: {esc(w)}</p>' for w in warnings]
+    return "".join(out)
+
+
+def to_html(analysis: Analysis) -> str:
+    body = "".join(
+        [
+            _header(analysis),
+            _findings(analysis),
+            _breakdown(analysis),
+            _timeline(analysis),
+            _memory(analysis),
+            _kernels(analysis),
+            _ops(analysis),
+            _ranks(analysis),
+            _notes(analysis),
+            f'<footer>advisor {esc(__version__)} · report schema advisor/report/v1 · <code>advisor report --format json</code> gives these numbers as data.</footer>',
+        ]
+    )
+    return page(f"advisor: {analysis.run.name}", body)

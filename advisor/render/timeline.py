@@ -1,0 +1,193 @@
+"""What one representative step looks like in time: the lanes of the HTML timeline.
+
+The median step is the one shown (not the slowest: an outlier tells a different story than
+the typical step). Host lanes: the DataLoader spans, the top-level CPU ops of each busy
+thread and the synchronising runtime calls; device lanes: kernels, copies and memsets per
+stream; and the gaps where the device does nothing at all. Everything is clipped to the
+step and given in ns from the step's start.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from advisor.metrics.breakdown import COMM_OP_NAME, DATALOADER_NAME, STEP_NAME, _matches, communication_kernels
+from advisor.metrics.intervals import merge
+from advisor.metrics.summary import Metrics
+
+# Runtime calls that make the host wait for the device (explicit syncs and blocking copies).
+SYNC_RUNTIME = re.compile(r"Synchronize|^(cuda|hip)Memcpy(2D|3D|ToSymbol|FromSymbol)?$|^(cuda|hip)MemcpyPeer$")
+SPAN_COLUMNS = ["start", "end", "name", "cls", "count", "total"]  # total: ns the members cover
+MAX_HOST_THREADS = 4
+# Above this many spans in a lane, spans narrower than a pixel are merged with their
+# neighbours (the file stays small; wide spans keep their own tooltip).
+MAX_SPANS_PER_LANE = 4000
+LANE_PIXELS = 1600
+# Idle gaps are many (one between most kernels); sub-pixel ones are merged above this count.
+MAX_IDLE_SPANS = 300
+
+
+@dataclass
+class Lane:
+    label: str
+    group: str  # "host" or "device"
+    spans: pd.DataFrame  # SPAN_COLUMNS; start/end in ns from the step start
+
+
+@dataclass
+class StepTimeline:
+    step: int
+    duration_ns: int
+    reason: str
+    lanes: list[Lane] = field(default_factory=list)
+    idle: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SPAN_COLUMNS))  # device idle gaps
+    device_busy_ns: int = 0
+    has_device: bool = False
+
+
+def representative_step(steps: pd.DataFrame) -> int:
+    """Row index of the median-duration step (the earlier one of a tie)."""
+    d = steps["duration"].to_numpy(np.float64)
+    return int(np.argmin(np.abs(d - np.median(d))))
+
+
+def _clip(df: pd.DataFrame, lo: int, hi: int) -> pd.DataFrame:
+    """Rows overlapping [lo, hi), clipped to it and shifted to start at 0."""
+    ts = df["ts"].to_numpy(np.int64)
+    end = df["end"].to_numpy(np.int64)
+    keep = (end > lo) & (ts < hi)
+    out = df.loc[keep].copy()
+    out["start"] = np.clip(out["ts"].to_numpy(np.int64), lo, hi) - lo
+    out["end"] = np.clip(out["end"].to_numpy(np.int64), lo, hi) - lo
+    return out
+
+
+def _spans(df: pd.DataFrame, cls: str | np.ndarray) -> pd.DataFrame:
+    out = pd.DataFrame(
+        {
+            "start": df["start"].to_numpy(np.int64),
+            "end": df["end"].to_numpy(np.int64),
+            "name": df["name"].astype(str).to_numpy(),
+            "cls": cls if isinstance(cls, np.ndarray) else np.full(len(df), cls, dtype=object),
+            "count": np.ones(len(df), dtype=np.int64),
+        }
+    )
+    out["total"] = out["end"] - out["start"]
+    return out.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def _top_level(df: pd.DataFrame) -> pd.DataFrame:
+    """Ops not nested inside an earlier op of the same thread (the host frame is sorted by ts)."""
+    if len(df) == 0:
+        return df
+    end = df["end"].to_numpy(np.int64)
+    reach = np.maximum.accumulate(end)
+    nested = np.zeros(len(df), dtype=bool)
+    nested[1:] = df["ts"].to_numpy(np.int64)[1:] < reach[:-1]
+    return df[~nested]
+
+
+def coalesce(spans: pd.DataFrame, duration_ns: int, limit: int = MAX_SPANS_PER_LANE) -> pd.DataFrame:
+    """Merge runs of sub-pixel spans that nearly touch, when a lane holds more than `limit`.
+
+    A merged span keeps the name of its longest member, counts its members and sums the
+    time they cover (`total`, less than its extent when they leave gaps); wide spans are left
+    alone so their tooltips still name one kernel.
+    """
+    if len(spans) <= limit or duration_ns <= 0:
+        return spans
+    px = duration_ns / LANE_PIXELS
+    s = spans["start"].to_numpy(np.int64)
+    e = spans["end"].to_numpy(np.int64)
+    narrow = (e - s) < px
+    new = np.ones(len(spans), dtype=bool)
+    new[1:] = ~(narrow[1:] & narrow[:-1] & (s[1:] - np.maximum.accumulate(e)[:-1] < px))
+    group = np.cumsum(new) - 1
+    dur = e - s
+    longest = pd.Series(dur).groupby(group).idxmax().to_numpy()
+    out = pd.DataFrame(
+        {
+            "start": pd.Series(s).groupby(group).min().to_numpy(),
+            "end": pd.Series(e).groupby(group).max().to_numpy(),
+            "name": spans["name"].to_numpy()[longest],
+            "cls": spans["cls"].to_numpy()[longest],
+            "count": pd.Series(spans["count"].to_numpy()).groupby(group).sum().to_numpy(),
+            "total": pd.Series(spans["total"].to_numpy()).groupby(group).sum().to_numpy(),
+        }
+    )
+    return out
+
+
+def step_timeline(m: Metrics, row: int | None = None) -> StepTimeline | None:
+    """The lanes of one step (the median step unless `row` names a row of `m.steps`)."""
+    steps = m.steps
+    if len(steps) == 0:
+        return None
+    median = row is None
+    row = representative_step(steps) if row is None else row
+    st = steps.iloc[row]
+    lo, hi = int(st["start"]), int(st["end"])
+    dur = hi - lo
+    reason = "the median step" if median and len(steps) > 1 else ("the only step" if len(steps) == 1 else "chosen step")
+    frames = m.frames
+    lanes: list[Lane] = []
+
+    host = _clip(frames.host, lo, hi)
+    if len(host):
+        dl = host[_matches(host["name"], DATALOADER_NAME)]
+        if len(dl):
+            lanes.append(Lane("DataLoader", "host", _spans(dl, "dataloader")))
+        special = _matches(host["name"], STEP_NAME) | _matches(host["name"], DATALOADER_NAME)
+        comm = _matches(host["name"], COMM_OP_NAME) & ~special
+        if comm.any():
+            lanes.append(Lane("Collectives (host)", "host", coalesce(_spans(host[comm], "communication"), dur)))
+        plain = ~special & ~comm
+        notes = host[(host["kind"] == "annotation").to_numpy() & plain]
+        if len(notes):
+            lanes.append(Lane("Annotations", "host", coalesce(_spans(_top_level(notes), "annotation"), dur)))
+        ops = host[(host["kind"] == "op").to_numpy() & plain]
+        busy = ops.groupby("tid", observed=True)["dur"].sum().sort_values(ascending=False)
+        threads = [t for t in busy.index[:MAX_HOST_THREADS] if busy[t] > 0]
+        for tid in sorted(threads, key=str):
+            top = _top_level(ops[ops["tid"] == tid])
+            label = "CPU ops" if len(threads) == 1 else f"CPU ops · thread {tid}"
+            lanes.append(Lane(label, "host", coalesce(_spans(top, "cpu_exec"), dur)))
+
+    rt = frames.runtime
+    sync_parts = []
+    if len(rt):
+        sync = _clip(rt[_matches(rt["name"], SYNC_RUNTIME)], lo, hi)
+        if len(sync):
+            sync_parts.append(sync)
+    if frames.syncs is not None and len(frames.syncs) and {"ts", "end", "name"} <= set(frames.syncs.columns):
+        sync = _clip(frames.syncs, lo, hi)
+        if len(sync):
+            sync_parts.append(sync)
+    if sync_parts:
+        sync = pd.concat([p[["start", "end", "name"]] for p in sync_parts], ignore_index=True)
+        lanes.append(Lane("Sync (host waits)", "host", coalesce(_spans(sync, "sync"), dur)))
+
+    dev = frames.device
+    timeline = StepTimeline(step=int(st["step"]), duration_ns=dur, reason=reason, has_device=len(dev) > 0)
+    if len(dev):
+        comm = communication_kernels(frames)
+        dev = dev.assign(_cls=np.where(comm, "communication", dev["kind"].astype(str).to_numpy()))
+        dev = _clip(dev, lo, hi)
+        multi_device = dev["device"].nunique() > 1
+        for (device, stream), g in dev.groupby(["device", "stream"], sort=True):
+            where = f"GPU{device} · stream {stream}" if multi_device else f"stream {stream}"
+            spans = _spans(g, g["_cls"].to_numpy(dtype=object))
+            lanes.append(Lane(where, "device", coalesce(spans, dur)))
+        ms_, me_ = merge(dev["start"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+        timeline.device_busy_ns = int((me_ - ms_).sum())
+        gap_s = np.concatenate([[0], me_])
+        gap_e = np.concatenate([ms_, [dur]])
+        keep = gap_e > gap_s
+        gaps = pd.DataFrame({"start": gap_s[keep], "end": gap_e[keep], "name": "device idle"})
+        timeline.idle = coalesce(_spans(gaps, "idle"), dur, limit=MAX_IDLE_SPANS)
+    timeline.lanes = lanes
+    return timeline

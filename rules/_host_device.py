@@ -1,0 +1,749 @@
+"""Shared measurements for the rules about the host and the device waiting on each other.
+
+Not a rule (the leading underscore keeps it out of the catalog). The copy, sync, launch,
+optimizer and allocator rules all ask the same questions of a trace — which host op launched
+this copy, was the device idle while the host sat in this call, which device idle time is
+already explained by another rule — and they must answer them the same way, so that no two
+rules claim the same milliseconds. Everything here is a function of the trace frames and the
+step spans; nothing is cached between calls.
+
+The cost of a blocking host call is measured the same way everywhere: while the host is stuck
+in the call, the device either works (it drains what was queued) or idles. After the call
+returns, the device idles until the host has launched new work. Idle time inside the call is
+caused by the call (the host could not queue work); the idle gap after it is caused by the
+call only as far as the host could have prepared that work while the device was still busy
+during the call. So a call costs `idle_during + min(busy_during, idle_after)` — never more
+than its own duration, and nothing when the device had a deep enough queue to cover it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import DATALOADER_NAME, STEP_NAME, _matches, communication_kernels
+from advisor.metrics.intervals import covers, merge, overlap_with
+from advisor.metrics.steps import launches
+from advisor.metrics.summary import Metrics
+
+SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
+COPY_CALL = re.compile(r"^(cuda|hip)Memcpy")
+LAUNCH_CALL = re.compile(r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch)")
+MALLOC_CALL = re.compile(r"^(cuda|hip)Malloc(Managed|Pitch)?$")
+FREE_CALL = re.compile(r"^(cuda|hip)Free$")
+COPY_OP = re.compile(r"^aten::(to|_to_copy|copy_|cpu|cuda)$")
+ATEN_OP = re.compile(r"^aten::")
+ZERO_GRAD_SPAN = re.compile(r"zero_grad", re.IGNORECASE)
+ZERO_OP = re.compile(r"^aten::(zero_|fill_|_foreach_zero_|zeros_like|_foreach_fill_)$")
+OPTIMIZER_STEP_SPAN = re.compile(r"^Optimizer\.step#")
+MULTI_TENSOR_OP = re.compile(r"^aten::(_foreach_|_fused_)")
+MULTI_TENSOR_KERNEL = re.compile(r"multi_tensor_apply|_foreach_|fused_adam|FusedAdam|fused_sgd|FusedSGD|_fused_", re.IGNORECASE)
+DATA_PARALLEL_SPAN = re.compile(r"^DataParallel\.forward$")
+DATA_PARALLEL_BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(Broadcast|ReduceAddCoalesced|Gather|Scatter)Backward\d*$")
+EMPTY_CACHE_FRAME = re.compile(r"empty_cache")
+# Factories that build a tensor from nothing: made on the device, no copy is needed at all.
+FACTORY_OP = re.compile(
+    r"^aten::(zeros|ones|empty|full|rand|randn|randint|randperm|arange|linspace|logspace|eye|normal|"
+    r"zeros_like|ones_like|empty_like|full_like|rand_like|randn_like|randint_like|bernoulli|empty_strided)$"
+)
+
+# Pinned host→device bandwidth one can count on (GB/s) by compute capability: PCIe 3 for
+# Pascal/Volta/Turing boards, PCIe 4 for Ampere/Ada, PCIe 5 for Hopper/Blackwell. Realistic
+# figures, about 75-80% of the link's peak, so the saving is not overstated.
+PINNED_GBPS_BY_ARCH = [(9.0, 50.0), (8.0, 24.0), (0.0, 12.0)]
+# Copies smaller than this are latency-bound: pinning changes their device time very little.
+BANDWIDTH_BOUND_BYTES = 256 * 1024
+
+
+@dataclass
+class Timeline:
+    """One rank's device activity, step windows and DataLoader spans, as int64 ns arrays.
+
+    `idle_s/e` is the device's idle time; `starved_s/e` the part of it that ends with work
+    the host launched only after the device had gone idle (the device waited for the host,
+    not for a dependency on another stream or rank). Both leave out DataLoader spans (that
+    time belongs to `dataloader-stall`) and any windows given to `without` (time another
+    rule already claims).
+    """
+
+    frames: TraceFrames
+    metrics: Metrics
+    busy_s: np.ndarray
+    busy_e: np.ndarray
+    step_s: np.ndarray  # device-stretched step windows (what a step costs)
+    step_e: np.ndarray
+    host_s: np.ndarray  # the host's ProfilerStep spans (where the loop's own calls are)
+    host_e: np.ndarray
+    loader_s: np.ndarray
+    loader_e: np.ndarray
+    idle_s: np.ndarray
+    idle_e: np.ndarray
+    starved_s: np.ndarray
+    starved_e: np.ndarray
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.step_s)
+
+    def without(self, s: np.ndarray, e: np.ndarray) -> "Timeline":
+        """The same timeline with the windows (merged intervals) taken out of idle/starved time."""
+        i_s, i_e = subtract(self.idle_s, self.idle_e, s, e)
+        st_s, st_e = subtract(self.starved_s, self.starved_e, s, e)
+        return replace(self, idle_s=i_s, idle_e=i_e, starved_s=st_s, starved_e=st_e)
+
+    def in_host_steps(self, ts: np.ndarray) -> np.ndarray:
+        return _in_windows(ts, self.host_s, self.host_e)
+
+    def in_steps(self, ts: np.ndarray) -> np.ndarray:
+        return _in_windows(ts, self.step_s, self.step_e)
+
+    def step_index(self, ts: np.ndarray) -> np.ndarray:
+        """Index of the (device-stretched) step holding each time, -1 outside all steps."""
+        ts = np.asarray(ts, dtype=np.int64)
+        idx = np.searchsorted(self.step_s, ts, side="right") - 1
+        ok = idx >= 0
+        ok[ok] &= ts[ok] < self.step_e[idx[ok]]
+        return np.where(ok, idx, -1)
+
+    def step_numbers(self, ts: np.ndarray) -> list[int]:
+        idx = self.step_index(np.asarray(ts, dtype=np.int64))
+        steps = self.metrics.steps["step"].to_numpy()
+        return sorted({int(steps[i]) for i in idx if i >= 0})
+
+    def idle(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Device idle ns inside each window [lo, hi)."""
+        lo = np.asarray(lo, dtype=np.int64)
+        return overlap_with(self.idle_s, self.idle_e, lo, np.maximum(np.asarray(hi, dtype=np.int64), lo))
+
+    def busy(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        lo = np.asarray(lo, dtype=np.int64)
+        return overlap_with(self.busy_s, self.busy_e, lo, np.maximum(np.asarray(hi, dtype=np.int64), lo))
+
+    def starved(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Starved device idle ns inside each window [lo, hi)."""
+        lo = np.asarray(lo, dtype=np.int64)
+        return overlap_with(self.starved_s, self.starved_e, lo, np.maximum(np.asarray(hi, dtype=np.int64), lo))
+
+    def blocking_cost(self, start: np.ndarray, end: np.ndarray, count_idle_during: bool = True) -> pd.DataFrame:
+        """Per blocking host call [start, end): idle_during, busy_during, idle_after, cost (ns).
+
+        idle_after is the starved idle time in the `busy_during` ns after the call: without
+        the call the host would have been that much further ahead, and would have launched
+        that work in time. cost = idle_during + idle_after, at most the call's duration. With
+        count_idle_during=False (waits for the device: if the device idles while the host
+        waits, what both wait for is elsewhere) cost = idle_after. The windows after the
+        calls are clipped at the next call, so the costs of one set of calls add up.
+        Columns after_start/after_end give each call's window after it.
+        """
+        start = np.asarray(start, dtype=np.int64)
+        end = np.maximum(np.asarray(end, dtype=np.int64), start)
+        idle_in = self.idle(start, end)
+        busy_in = self.busy(start, end)
+        big = np.iinfo(np.int64).max
+        next_start = np.full(len(start), big, dtype=np.int64)
+        if len(start) > 1:
+            order = np.argsort(start, kind="stable")
+            next_start[order[:-1]] = start[order[1:]]
+        horizon = np.maximum(np.minimum(end + busy_in, next_start), end)
+        after = self.starved(end, horizon)
+        cost = after + (idle_in if count_idle_during else 0)
+        return pd.DataFrame(
+            {"idle_during": idle_in, "busy_during": busy_in, "idle_after": after, "cost": cost, "after_start": end, "after_end": horizon}
+        )
+
+
+def _in_windows(ts: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    ts = np.asarray(ts, dtype=np.int64)
+    if len(s) == 0:
+        return np.zeros(len(ts), dtype=bool)
+    idx = np.searchsorted(s, ts, side="right") - 1
+    ok = idx >= 0
+    ok[ok] &= ts[ok] < e[idx[ok]]
+    return ok
+
+
+def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged intervals A minus merged intervals B, as merged intervals."""
+    if len(a_s) == 0 or len(b_s) == 0:
+        return a_s, a_e
+    bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    lo, hi = bounds[:-1], bounds[1:]
+    keep = covers(a_s, a_e, lo) & ~covers(b_s, b_e, lo)
+    return merge(lo[keep], hi[keep])
+
+
+def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged intervals A ∩ B, as merged intervals."""
+    if len(a_s) == 0 or len(b_s) == 0:
+        return a_s[:0], a_e[:0]
+    bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    lo, hi = bounds[:-1], bounds[1:]
+    keep = covers(a_s, a_e, lo) & covers(b_s, b_e, lo)
+    return merge(lo[keep], hi[keep])
+
+
+def timeline(m: Metrics) -> Timeline:
+    f = m.frames
+    dev = f.device
+    bs, be = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+    host = f.host
+    dl = host[_matches(host["name"], DATALOADER_NAME)]
+    ls, le = merge(dl["ts"].to_numpy(np.int64), dl["end"].to_numpy(np.int64))
+    st = m.steps
+    hs = st["host_start"].to_numpy(np.int64) if "host_start" in st else st["start"].to_numpy(np.int64)
+    he = st["host_end"].to_numpy(np.int64) if "host_end" in st else st["end"].to_numpy(np.int64)
+    # Idle time between device activity over the steps, and whether the work after each gap
+    # was launched late (after the device had gone idle).
+    lo = min([int(x.min()) for x in (st["start"].to_numpy(np.int64), bs) if len(x)], default=0)
+    hi = max([int(x.max()) for x in (st["end"].to_numpy(np.int64), be) if len(x)], default=0)
+    gs = np.concatenate([[lo], be]).astype(np.int64)
+    ge = np.concatenate([bs, [hi]]).astype(np.int64)
+    starved = np.zeros(len(gs), dtype=bool)
+    if len(bs):
+        lk = launches(f)
+        first_launch = lk[lk["launch_ts"].notna()].groupby("ts")["launch_ts"].min()
+        nxt = pd.Series(bs).map(first_launch).to_numpy(np.float64)
+        starved[:-1] = np.isfinite(nxt) & (nxt >= gs[:-1])
+    gap = ge > gs
+    idle_s, idle_e = subtract(*merge(gs[gap], ge[gap]), ls, le)
+    ss, se = subtract(*merge(gs[gap & starved], ge[gap & starved]), ls, le)
+    return Timeline(
+        frames=f,
+        metrics=m,
+        busy_s=bs,
+        busy_e=be,
+        step_s=st["start"].to_numpy(np.int64),
+        step_e=st["end"].to_numpy(np.int64),
+        host_s=hs,
+        host_e=he,
+        loader_s=ls,
+        loader_e=le,
+        idle_s=idle_s,
+        idle_e=idle_e,
+        starved_s=ss,
+        starved_e=se,
+    )
+
+
+# --- the host op tree ---------------------------------------------------------------------
+@dataclass
+class OpTree:
+    """Host ops and annotations (not Python frames, not ProfilerStep) with their nesting.
+
+    `parent` and `prev_sibling` are positions in `ops` (-1 for none). Nesting is per thread,
+    from the times alone: an op's parent is the innermost op that was open when it started.
+    """
+
+    ops: pd.DataFrame  # name (str), tid, ts, end, kind, external_id, call_stack, input_dims
+    parent: np.ndarray
+    prev_sibling: np.ndarray
+    depth: np.ndarray
+
+    def mask(self, pattern: re.Pattern) -> np.ndarray:
+        """Ops whose name matches (evaluated once per distinct name)."""
+        return _matches(self.ops["name"], pattern)
+
+    def innermost(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Position of the innermost op on thread `tid` open at time `ts` (-1 if none)."""
+        ts = np.asarray(ts, dtype=np.int64)
+        tid = np.asarray(tid).astype(str)
+        out = np.full(len(ts), -1, dtype=np.int64)
+        op_tid = self.ops["tid"].to_numpy()
+        op_ts = self.ops["ts"].to_numpy(np.int64)
+        op_end = self.ops["end"].to_numpy(np.int64)
+        for t in np.unique(tid):
+            rows = np.nonzero(op_tid == t)[0]
+            if len(rows) == 0:
+                continue
+            pts = np.nonzero(tid == t)[0]
+            j = np.searchsorted(op_ts[rows], ts[pts], side="right") - 1
+            cur = np.where(j >= 0, rows[np.clip(j, 0, None)], -1)
+            # Walk up while the candidate closed before the point.
+            for _ in range(int(self.depth.max(initial=0)) + 2):
+                bad = (cur >= 0) & (op_end[np.clip(cur, 0, None)] <= ts[pts])
+                if not bad.any():
+                    break
+                cur = np.where(bad, self.parent[np.clip(cur, 0, None)], cur)
+            out[pts] = cur
+        return out
+
+    def nearest_ancestor(self, pos: np.ndarray, hit: np.ndarray, outermost: bool = False) -> np.ndarray:
+        """For each position, the nearest (or outermost) ancestor-or-self where `hit` is True, else -1."""
+        cur = np.asarray(pos, dtype=np.int64).copy()
+        found = np.full(len(cur), -1, dtype=np.int64)
+        for _ in range(int(self.depth.max(initial=0)) + 2):
+            live = cur >= 0
+            if not live.any():
+                break
+            here = live & hit[np.clip(cur, 0, None)]
+            take = here & ((found < 0) | outermost)
+            found[take] = cur[take]
+            cur = np.where(live, self.parent[np.clip(cur, 0, None)], -1)
+        return found
+
+    def descendants_of(self, roots: np.ndarray) -> np.ndarray:
+        """Mask over ops: inside (or equal to) one of the root positions."""
+        is_root = np.zeros(len(self.ops), dtype=bool)
+        is_root[np.asarray(roots, dtype=np.int64)] = True
+        return self.nearest_ancestor(np.arange(len(self.ops)), is_root) >= 0
+
+
+def op_tree(frames: TraceFrames) -> OpTree:
+    host = frames.host
+    keep = (host["kind"] != "python").to_numpy() & ~_matches(host["name"], STEP_NAME)
+    ops = host.loc[keep, ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims"]].reset_index(drop=True)
+    ops["name"] = ops["name"].astype(str).astype("category")
+    ops["tid"] = ops["tid"].astype(str)
+    n = len(ops)
+    depth = np.zeros(n, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int64)
+    prev = np.full(n, -1, dtype=np.int64)
+    tids = ops["tid"].to_numpy()
+    for t in np.unique(tids):
+        rows = np.nonzero(tids == t)[0]  # already in (ts asc, dur desc) order
+        ts = ops["ts"].to_numpy(np.int64)[rows]
+        end = ops["end"].to_numpy(np.int64)[rows]
+        pos = np.arange(len(rows))
+        # Ops open when op i starts: those before it in order that end after its start.
+        d = pos - np.searchsorted(np.sort(end), ts, side="right") + (end == ts)
+        d = np.maximum(d, 0)
+        depth[rows] = d
+        # Parent: the last op before i with depth d-1; previous sibling: the last op before i
+        # with the same depth and the same parent.
+        for level in np.unique(d):
+            at = pos[d == level]
+            if level > 0:
+                above = pos[d == level - 1]
+                k = np.searchsorted(above, at, side="left") - 1
+                parent[rows[at]] = np.where(k >= 0, rows[above[np.clip(k, 0, None)]], -1)
+        for level in np.unique(d):
+            at = pos[d == level]
+            if len(at) > 1:
+                same = parent[rows[at[1:]]] == parent[rows[at[:-1]]]
+                prev[rows[at[1:]]] = np.where(same, rows[at[:-1]], -1)
+    return OpTree(ops=ops, parent=parent, prev_sibling=prev, depth=depth)
+
+
+# --- runtime calls and what they launched -------------------------------------------------
+def runtime_calls(frames: TraceFrames, pattern: re.Pattern) -> pd.DataFrame:
+    rt = frames.runtime
+    return rt[_matches(rt["name"], pattern)]
+
+
+def copy_launches(frames: TraceFrames, kind: str) -> pd.DataFrame:
+    """Device copies of one direction with the runtime call that launched them.
+
+    Columns: the device row's name, ts, end, dur, bytes, copy_src, copy_dst, correlation,
+    plus call_ts, call_end, call_tid (NaN/None when the trace lost the call).
+    """
+    dev = frames.device
+    c = dev[(dev["kind"] == "memcpy") & (dev["copy_kind"] == kind)][
+        ["name", "ts", "end", "dur", "bytes", "copy_src", "copy_dst", "correlation", "stream"]
+    ]
+    rt = frames.runtime
+    rt = rt[(rt["correlation"] >= 0)].drop_duplicates("correlation")[["correlation", "ts", "end", "tid"]]
+    rt = rt.rename(columns={"ts": "call_ts", "end": "call_end", "tid": "call_tid"})
+    out = c.merge(rt, on="correlation", how="left")
+    out["call_tid"] = out["call_tid"].astype(str)
+    return out
+
+
+def device_exposed_fraction(tl: Timeline, ts: np.ndarray, end: np.ndarray, kernel_mask: np.ndarray | None = None) -> np.ndarray:
+    """Share of each device interval not covered by compute kernels (kernels that are not collectives)."""
+    dev = tl.frames.device
+    if kernel_mask is None:
+        kernel_mask = (dev["kind"] == "kernel").to_numpy() & ~communication_kernels(tl.frames)
+    ks, ke = merge(dev["ts"].to_numpy(np.int64)[kernel_mask], dev["end"].to_numpy(np.int64)[kernel_mask])
+    ts = np.asarray(ts, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    length = np.maximum(end - ts, 1)
+    hidden = overlap_with(ks, ke, ts, end)
+    return np.clip(1.0 - hidden / length, 0.0, 1.0)
+
+
+# --- host→device copies -------------------------------------------------------------------
+def h2d_copies(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
+    """Host→device copies inside steps, each with the host op that asked for it.
+
+    Adds: in_step (bool), copy_op (position of the outermost aten::to/copy_ around the launch,
+    -1 if unknown), block_end (the end of the host's wait: the launch call or a stream sync
+    inside the same copy op, whichever is later), numel (elements of the copied tensor when
+    shapes were recorded), cpu_made (the tensor was made by a factory op on the CPU right
+    before: claimed by `cpu-tensor-then-copy`).
+    """
+    frames = tl.frames
+    tree = tree if tree is not None else op_tree(frames)
+    c = copy_launches(frames, "HtoD")
+    c = c[tl.in_steps(c["ts"].to_numpy(np.int64))].reset_index(drop=True)
+    has_call = c["call_ts"].notna().to_numpy()
+    call_ts = c["call_ts"].fillna(c["ts"]).to_numpy(np.int64)
+    call_end = c["call_end"].fillna(c["ts"]).to_numpy(np.int64)
+    inner = np.where(has_call, tree.innermost(call_ts, c["call_tid"].to_numpy()), -1)
+    copy_op = tree.nearest_ancestor(inner, tree.mask(COPY_OP), outermost=True)
+    c["copy_op"] = copy_op
+    # Syncs made by the same copy op (a blocking copy waits for its stream).
+    syncs = runtime_calls(frames, SYNC_CALL)
+    block_end = call_end.copy()
+    if len(syncs) and (copy_op >= 0).any():
+        s_inner = tree.innermost(syncs["ts"].to_numpy(np.int64), syncs["tid"].astype(str).to_numpy())
+        s_op = tree.nearest_ancestor(s_inner, tree.mask(COPY_OP), outermost=True)
+        ends = pd.Series(syncs["end"].to_numpy(np.int64)[s_op >= 0]).groupby(s_op[s_op >= 0]).max()
+        extra = pd.Series(copy_op).map(ends).to_numpy(np.float64)
+        block_end = np.where(np.isfinite(extra), np.maximum(block_end, np.nan_to_num(extra).astype(np.int64)), block_end)
+    c["call_ts"] = call_ts
+    c["call_end"] = call_end
+    c["block_end"] = block_end
+    c["numel"] = _numel(tree, copy_op)
+    prev = np.where(copy_op >= 0, tree.prev_sibling[np.clip(copy_op, 0, None)], -1)
+    is_factory = tree.mask(FACTORY_OP)
+    launched = _launched_device_work(tree, frames)
+    cpu_made = (prev >= 0) & is_factory[np.clip(prev, 0, None)] & ~launched[np.clip(prev, 0, None)]
+    c["cpu_made"] = cpu_made
+    names = tree.ops["name"].astype(str).to_numpy()
+    c["factory_op"] = np.where(cpu_made, names[np.clip(prev, 0, None)] if len(names) else None, None)
+    c["factory_pos"] = np.where(cpu_made, prev, -1)
+    return c
+
+
+def _numel(tree: OpTree, pos: np.ndarray) -> np.ndarray:
+    """Elements of the first input of each op (the tensor being copied), NaN when unknown."""
+    dims = tree.ops["input_dims"].to_numpy()
+    out = np.full(len(pos), np.nan)
+    for i, p in enumerate(pos):
+        if p < 0:
+            continue
+        d = dims[p]
+        first = d[0] if isinstance(d, list) and d else None
+        if isinstance(first, list) and first and all(isinstance(x, int) for x in first):
+            out[i] = float(np.prod(first, dtype=np.float64))
+    return out
+
+
+def first_input_shape(tree: OpTree, pos: int) -> list[int] | None:
+    if pos < 0:
+        return None
+    d = tree.ops["input_dims"].iloc[pos]
+    first = d[0] if isinstance(d, list) and d else None
+    return list(first) if isinstance(first, list) and all(isinstance(x, int) for x in first) else None
+
+
+def _launched_device_work(tree: OpTree, frames: TraceFrames) -> np.ndarray:
+    """Mask over ops: a runtime call (launch, copy, memset) happened inside the op."""
+    rt = frames.runtime
+    work = rt[_matches(rt["name"], LAUNCH_CALL) | _matches(rt["name"], COPY_CALL) | rt["name"].astype(str).str.contains("Memset").to_numpy()]
+    out = np.zeros(len(tree.ops), dtype=bool)
+    if len(work) == 0:
+        return out
+    pos = tree.innermost(work["ts"].to_numpy(np.int64), work["tid"].astype(str).to_numpy())
+    pos = pos[pos >= 0]
+    # Mark the op and all its ancestors.
+    cur = np.unique(pos)
+    while len(cur):
+        out[cur] = True
+        cur = np.unique(tree.parent[cur])
+        cur = cur[(cur >= 0) & ~out[np.clip(cur, 0, None)]]
+    return out
+
+
+def pinned_bandwidth(m: Metrics, copies: pd.DataFrame) -> tuple[float, str]:
+    """The host→device bandwidth pinned memory gives on this machine (GB/s) and where it came from.
+
+    Measured on the trace's own large pinned copies when it has some; otherwise a realistic
+    figure for the GPU's generation (PCIe 3 / 4 / 5); otherwise twice the measured pageable
+    bandwidth. Never below the measured pageable bandwidth.
+    """
+    big_pinned = copies[(copies["copy_src"] == "Pinned") & (copies["bytes"] >= 1 << 20) & (copies["dur"] > 0)]
+    pageable = copies[(copies["copy_src"] == "Pageable") & (copies["bytes"] >= BANDWIDTH_BOUND_BYTES) & (copies["dur"] > 0)]
+    pageable_bw = float((pageable["bytes"] / pageable["dur"]).median()) if len(pageable) else 0.0
+    if len(big_pinned):
+        bw = float((big_pinned["bytes"] / big_pinned["dur"]).median())
+        how = f"measured on this trace's {len(big_pinned)} large pinned copies"
+    elif m.device.capability is not None:
+        bw = next(b for cc, b in PINNED_GBPS_BY_ARCH if m.device.capability >= cc)
+        link = {50.0: "PCIe 5", 24.0: "PCIe 4", 12.0: "PCIe 3"}[bw]
+        how = f"typical pinned bandwidth of a {link} link (compute capability {m.device.compute_capability})"
+    elif pageable_bw > 0:
+        bw = 2.0 * pageable_bw
+        how = "twice the measured pageable bandwidth (the GPU generation is not in the trace)"
+    else:
+        bw = 12.0
+        how = "typical pinned bandwidth of a PCIe 3 link (the GPU generation is not in the trace)"
+    return max(bw, pageable_bw), how
+
+
+# --- syncs --------------------------------------------------------------------------------
+SYNC_CAUSES = [
+    ("item", re.compile(r"^aten::(item|_local_scalar_dense)$"), ".item() / float(t) / int(t)"),
+    ("data-dependent shape", re.compile(r"^aten::(nonzero|nonzero_static|masked_select|unique\w*|_unique\w*|repeat_interleave|argwhere|where)$"), "nonzero / boolean-mask indexing / unique"),
+    ("python bool", re.compile(r"^aten::(is_nonzero|equal|allclose)$"), "if tensor: / torch.equal / allclose"),
+    ("blocking copy", re.compile(r"^aten::(to|_to_copy|copy_|cpu|numpy|tolist)$"), ".cpu() / .numpy() / .tolist() / print(t) / .to() without non_blocking"),
+]
+
+
+def sync_calls(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
+    """Calls in which the host waits for the device, inside the host's steps.
+
+    Stream/device/event synchronizations, and device→host copies whose launch call returned
+    only after the copy was done. Syncs that a pageable host→device copy makes (its own
+    stream sync) are left out: they are `h2d-pageable-copy`'s. Columns: name, ts, end, tid,
+    cause (item, data-dependent shape, python bool, blocking copy, explicit, other), op
+    (position of the op that made it, -1 none).
+    """
+    frames = tl.frames
+    tree = tree if tree is not None else op_tree(frames)
+    sy = runtime_calls(frames, SYNC_CALL)[["name", "ts", "end", "tid"]].copy()
+    sy["name"] = sy["name"].astype(str)
+    d2h = copy_launches(frames, "DtoH")
+    d2h = d2h[d2h["call_ts"].notna() & (d2h["call_end"] >= d2h["end"])]
+    blocking = pd.DataFrame(
+        {
+            "name": "blocking copy to host (" + d2h["name"].astype(str) + ")",
+            "ts": d2h["call_ts"].to_numpy(np.int64),
+            "end": d2h["call_end"].to_numpy(np.int64),
+            "tid": d2h["call_tid"].to_numpy(),
+        }
+    )
+    calls = pd.concat([sy, blocking], ignore_index=True)
+    calls["tid"] = calls["tid"].astype(str)
+    calls = calls[tl.in_host_steps(calls["ts"].to_numpy(np.int64))].reset_index(drop=True)
+    if len(calls) == 0:
+        return calls.assign(cause=pd.Series(dtype=str), op=pd.Series(dtype=np.int64))
+    inner = tree.innermost(calls["ts"].to_numpy(np.int64), calls["tid"].to_numpy())
+    # Left out: the stream syncs of pageable host→device copies.
+    h2d = copy_launches(frames, "HtoD")
+    pageable_ops = set()
+    if len(h2d):
+        pg = h2d[(h2d["copy_src"] == "Pageable") & h2d["call_ts"].notna()]
+        p_inner = tree.innermost(pg["call_ts"].to_numpy(np.int64), pg["call_tid"].to_numpy())
+        pageable_ops = set(tree.nearest_ancestor(p_inner, tree.mask(COPY_OP), outermost=True).tolist()) - {-1}
+    copy_owner = tree.nearest_ancestor(inner, tree.mask(COPY_OP), outermost=True)
+    own = np.isin(copy_owner, list(pageable_ops)) & ~calls["name"].str.startswith("blocking copy").to_numpy()
+    calls = calls[~own].reset_index(drop=True)
+    inner = inner[~own]
+    cause = np.full(len(calls), "other", dtype=object)
+    op = np.full(len(calls), -1, dtype=np.int64)
+    for label, pattern, _ in reversed(SYNC_CAUSES):  # first listed wins
+        pos = tree.nearest_ancestor(inner, tree.mask(pattern), outermost=True)
+        cause[pos >= 0] = label
+        op[pos >= 0] = pos[pos >= 0]
+    aten_any = tree.nearest_ancestor(inner, tree.mask(ATEN_OP), outermost=True)
+    explicit = (cause == "other") & (aten_any < 0)
+    cause[explicit] = "explicit"
+    other = (cause == "other") & (aten_any >= 0)
+    op[other] = aten_any[other]
+    calls["cause"] = cause
+    calls["op"] = op
+    return calls
+
+
+# --- spans other rules own ----------------------------------------------------------------
+def zero_grad_memsets(tl: Timeline, tree: OpTree) -> pd.DataFrame:
+    """zero_grad spans that zero the gradients (aten::zero_/fill_/_foreach_zero_ inside)."""
+    spans = np.nonzero(tree.mask(ZERO_GRAD_SPAN) & ~tree.mask(ATEN_OP))[0]
+    if len(spans) == 0:
+        return tree.ops.iloc[[]].assign(pos=pd.Series(dtype=np.int64), zero_ops=pd.Series(dtype=np.int64))
+    is_zero = tree.mask(ZERO_OP)
+    zero_pos = np.nonzero(is_zero)[0]
+    # Count each zeroing once: not the fill_ that a zero_ runs inside.
+    zero_pos = zero_pos[~is_zero[np.clip(tree.parent[zero_pos], 0, None)] | (tree.parent[zero_pos] < 0)]
+    span_mask = np.zeros(len(tree.ops), dtype=bool)
+    span_mask[spans] = True
+    owner = tree.nearest_ancestor(zero_pos, span_mask)
+    counts = pd.Series(owner[owner >= 0]).value_counts()
+    rows = tree.ops.iloc[counts.index.to_numpy()].copy()
+    rows["pos"] = counts.index.to_numpy()
+    rows["zero_ops"] = counts.to_numpy()
+    rows = rows[tl.in_host_steps(rows["ts"].to_numpy(np.int64))]
+    return rows.sort_values("ts")
+
+
+def launches_in_spans(tl: Timeline, tree: OpTree, spans: np.ndarray) -> pd.DataFrame:
+    """Kernel launches (runtime call + the device row it started) made inside the given op positions."""
+    frames = tl.frames
+    rt = runtime_calls(frames, LAUNCH_CALL)[["name", "ts", "end", "tid", "correlation"]]
+    if len(rt) == 0 or len(spans) == 0:
+        return pd.DataFrame(columns=["span", "call_ts", "correlation", "kernel", "k_ts", "k_end", "k_dur"])
+    inner = tree.innermost(rt["ts"].to_numpy(np.int64), rt["tid"].astype(str).to_numpy())
+    is_span = np.zeros(len(tree.ops), dtype=bool)
+    is_span[spans] = True
+    owner = tree.nearest_ancestor(inner, is_span)
+    rt = rt.assign(span=owner)[owner >= 0]
+    dev = frames.device
+    k = dev[dev["correlation"] >= 0][["correlation", "name", "ts", "end", "dur"]].drop_duplicates("correlation")
+    k = k.rename(columns={"name": "kernel", "ts": "k_ts", "end": "k_end", "dur": "k_dur"})
+    return rt.rename(columns={"ts": "call_ts"}).merge(k, on="correlation", how="left")
+
+
+def per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int) -> pd.DataFrame:
+    """Optimizer.step spans inside steps that launch one small kernel per parameter.
+
+    A step is per-parameter when it launches at least `min_launches` kernels, runs no
+    `_foreach_`/`_fused_` op and no multi-tensor kernel. Columns: the span's op row plus pos,
+    launches, kernel_ns, optimizer.
+    """
+    spans = np.nonzero(tree.mask(OPTIMIZER_STEP_SPAN))[0]
+    spans = spans[tl.in_host_steps(tree.ops["ts"].to_numpy(np.int64)[spans])]
+    empty = tree.ops.iloc[[]].assign(pos=pd.Series(dtype=np.int64), launches=pd.Series(dtype=np.int64), kernel_ns=pd.Series(dtype=np.int64), optimizer=pd.Series(dtype=str))
+    if len(spans) == 0:
+        return empty
+    lk = launches_in_spans(tl, tree, spans)
+    multi_op = tree.nearest_ancestor(np.nonzero(tree.mask(MULTI_TENSOR_OP))[0], _mask_of(len(tree.ops), spans))
+    has_multi_op = set(multi_op[multi_op >= 0].tolist())
+    kernel_names = lk["kernel"].astype(str)
+    multi_kernel = set(lk.loc[kernel_names.str.contains(MULTI_TENSOR_KERNEL).to_numpy(), "span"].tolist())
+    g = lk.groupby("span").agg(launches=("call_ts", "size"), kernel_ns=("k_dur", "sum"))
+    rows = tree.ops.iloc[spans].copy()
+    rows["pos"] = spans
+    rows["launches"] = pd.Series(spans).map(g["launches"]).fillna(0).astype(np.int64).to_numpy()
+    rows["kernel_ns"] = pd.Series(spans).map(g["kernel_ns"]).fillna(0).astype(np.int64).to_numpy()
+    rows["optimizer"] = rows["name"].astype(str).str.replace(r"^Optimizer\.step#", "", regex=True).str.replace(r"\.step$", "", regex=True)
+    per_param = (
+        (rows["launches"] >= min_launches)
+        & ~rows["pos"].isin(has_multi_op | multi_kernel)
+        & ~rows["optimizer"].str.contains("fused", case=False)
+    )
+    return rows[per_param.to_numpy()]
+
+
+def _mask_of(n: int, pos: np.ndarray) -> np.ndarray:
+    m = np.zeros(n, dtype=bool)
+    m[np.asarray(pos, dtype=np.int64)] = True
+    return m
+
+
+def data_parallel_spans(tl: Timeline, tree: OpTree) -> pd.DataFrame:
+    """DataParallel.forward spans and the backward nodes of its scatter/broadcast/gather, inside steps."""
+    hit = tree.mask(DATA_PARALLEL_SPAN) | tree.mask(DATA_PARALLEL_BACKWARD)
+    pos = np.nonzero(hit)[0]
+    # Keep only the outermost of nested hits (e.g. evaluate_function wrapping the node).
+    outer = tree.nearest_ancestor(pos, hit, outermost=True)
+    pos = np.unique(outer[outer >= 0])
+    rows = tree.ops.iloc[pos].copy()
+    rows["pos"] = pos
+    return rows[tl.in_host_steps(rows["ts"].to_numpy(np.int64))]
+
+
+def allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFrame:
+    """cudaMalloc/cudaFree calls inside steps, each with the rule that owns it.
+
+    owner = "empty-cache" for a cudaFree made outside any aten op (the Python loop emptying
+    the cache; inside an op a cudaFree is the allocator's own retry after a failed
+    allocation) and for the cudaMalloc calls that follow it in the same and the next step
+    (re-acquiring what was given back); "allocator-churn" for the other calls after the first
+    `warmup_steps` steps; "warm-up" for calls during the first steps.
+    """
+    rt = runtime_calls(tl.frames, MALLOC_CALL)
+    fr = runtime_calls(tl.frames, FREE_CALL)
+    calls = pd.concat([rt.assign(call="malloc"), fr.assign(call="free")])[["name", "ts", "end", "dur", "tid", "call"]]
+    calls = calls.sort_values("ts", kind="stable").reset_index(drop=True)
+    calls["name"] = calls["name"].astype(str)
+    calls["tid"] = calls["tid"].astype(str)
+    step = tl.step_index(calls["ts"].to_numpy(np.int64))
+    host_in = tl.in_host_steps(calls["ts"].to_numpy(np.int64))
+    calls["step_i"] = step
+    calls = calls[(step >= 0) & host_in].reset_index(drop=True)
+    if len(calls) == 0:
+        return calls.assign(owner=pd.Series(dtype=str), in_op=pd.Series(dtype=bool))
+    inner = tree.innermost(calls["ts"].to_numpy(np.int64), calls["tid"].to_numpy())
+    in_op = tree.nearest_ancestor(inner, tree.mask(ATEN_OP)) >= 0
+    python_empty = _inside_python_frame(tl.frames, calls, EMPTY_CACHE_FRAME)
+    calls["in_op"] = in_op
+    is_empty = (calls["call"] == "free").to_numpy() & (~in_op | python_empty)
+    owner = np.where(calls["step_i"].to_numpy() < warmup_steps, "warm-up", "allocator-churn").astype(object)
+    owner[is_empty] = "empty-cache"
+    if is_empty.any():
+        first_free = calls.loc[is_empty].groupby("step_i")["ts"].min()
+        for si, t0 in first_free.items():
+            follow = (calls["call"] == "malloc").to_numpy() & (
+                ((calls["step_i"] == si) & (calls["ts"] > t0)) | (calls["step_i"] == si + 1)
+            ).to_numpy()
+            owner[follow] = "empty-cache"
+    calls["owner"] = owner
+    return calls
+
+
+def _inside_python_frame(frames: TraceFrames, rows: pd.DataFrame, pattern: re.Pattern) -> np.ndarray:
+    host = frames.host
+    py = host[(host["kind"] == "python") & _matches(host["name"], pattern)]
+    out = np.zeros(len(rows), dtype=bool)
+    for tid, g in py.groupby("tid", observed=True):
+        s, e = merge(g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
+        sel = (rows["tid"].astype(str) == str(tid)).to_numpy()
+        out[sel] = covers(s, e, rows["ts"].to_numpy(np.int64)[sel])
+    return out
+
+
+def step_list(tl: Timeline, ts: np.ndarray, limit: int = 20) -> list[int]:
+    return tl.step_numbers(ts)[:limit]
+
+
+def per_step(total_ns: float, tl: Timeline) -> float:
+    """ns over the window → ms per step."""
+    return float(total_ns) / max(tl.n_steps, 1) / 1e6
+
+
+# --- who claims which idle time -----------------------------------------------------------
+# Device idle time is claimed by the first rule in this order that explains it; every later
+# rule measures on a timeline with the earlier claims taken out, so no two rules count the
+# same milliseconds. (DataLoader spans are always left to `dataloader-stall`.)
+PRECEDENCE = [
+    "h2d-pageable-copy",
+    "cpu-tensor-then-copy",
+    "allocator",  # empty-cache and allocator-churn share the cudaMalloc/cudaFree calls
+    "zero-grad-memset",
+    "single-tensor-optimizer",
+    "data-parallel",
+    "host-sync",
+    "launch-bound",
+]
+MIN_OPTIMIZER_LAUNCHES = 50
+
+
+def _windows(s, e) -> tuple[np.ndarray, np.ndarray]:
+    return merge(np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64))
+
+
+def claim(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The windows (merged) whose idle time `rule` counts, measured on `tl`."""
+    if rule in ("h2d-pageable-copy", "cpu-tensor-then-copy"):
+        copies = copies if copies is not None else h2d_copies(tl, tree)
+        if rule == "h2d-pageable-copy":
+            rows = copies[(copies["copy_src"] == "Pageable") & ~copies["cpu_made"]]
+        else:
+            rows = copies[copies["cpu_made"]]
+        cost = tl.blocking_cost(rows["call_ts"].to_numpy(np.int64), rows["block_end"].to_numpy(np.int64))
+        return _windows(rows["call_ts"], cost["after_end"])
+    if rule == "allocator":
+        calls = allocator_calls(tl, tree, warmup_steps=0)
+        cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
+        return _windows(calls["ts"], cost["after_end"])
+    if rule == "zero-grad-memset":
+        z = zero_grad_memsets(tl, tree)
+        return _windows(z["ts"], z["end"])
+    if rule == "single-tensor-optimizer":
+        o = per_parameter_optimizer_steps(tl, tree, MIN_OPTIMIZER_LAUNCHES)
+        return _windows(o["ts"], o["end"])
+    if rule == "data-parallel":
+        d = data_parallel_spans(tl, tree)
+        return _windows(d["ts"], d["end"])
+    if rule == "host-sync":
+        calls = sync_calls(tl, tree)
+        cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64), count_idle_during=False)
+        return _windows(calls["ts"], cost["after_end"])
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+
+def timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None = None) -> Timeline:
+    """`tl` with the idle time of every rule before `rule` in PRECEDENCE taken out."""
+    cur = tl
+    for earlier in PRECEDENCE:
+        if earlier == rule:
+            break
+        s, e = claim(earlier, cur, tree, copies)
+        if len(s):
+            cur = cur.without(s, e)
+    return cur

@@ -1,0 +1,125 @@
+"""The CUDA caching allocator keeps asking the driver for memory after warm-up.
+
+## What it detects
+`cudaMalloc`/`cudaFree` (and `hipMalloc`/`hipFree`) calls inside the steps after the first
+`warmup_steps` (1 by default), other than those `empty-cache` explains; and, when the trace
+has memory events, reserved memory that still moves from step to step. It fires when the
+calls cost at least `min_share` of the step (0.1% by default: after warm-up a steady loop
+makes none).
+
+## Why it is slow
+After the first steps the caching allocator should serve every allocation from memory it
+already holds. A `cudaMalloc` after that means the cache did not fit the request — shapes
+that change from step to step (variable sequence lengths, last batches), fragmentation, or
+a cache that had to be freed because memory ran out (`cudaFree` inside an op is the
+allocator releasing its cache to retry a failed allocation). Each call takes
+milliseconds, `cudaFree` synchronizes the device, and the kernels behind them wait.
+
+## Evidence used
+- the `cudaMalloc`/`cudaFree` runtime calls in the host's steps after warm-up, the op that
+  made them (inside an op: an allocation; a `cudaFree` inside an op: a retry near the limit);
+- the device idle time during them and the idle gap after them that the host could have
+  filled;
+- reserved memory at the end of each step (`[memory]` events, `profile_memory=True`).
+
+## Example
+Before:
+```python
+for batch in loader:                       # each batch has a different length
+    out = model(batch.to(device))
+```
+After:
+```python
+# pad to a few fixed lengths so shapes repeat, and let segments grow in place
+os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"   # before CUDA starts
+for batch in loader:
+    out = model(pad_to_bucket(batch, sizes=(128, 256, 512)).to(device))
+```
+Or run one step with the largest shapes first, so the cache is sized for the worst case.
+
+## How the saving is estimated
+For each call after warm-up: the device idle time while the host was inside it, plus the
+launch-starved idle gap after it, up to the device time that ran during the call. Summed
+per step; calls during the warm-up steps are not counted.
+
+Reference: https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from advisor.engine import Context
+from advisor.metrics.memory import device_memory_curve
+from advisor.metrics.source import source_lines
+from advisor.rules._host_device import allocator_calls, op_tree, per_step, timeline, timeline_for
+
+ID = "allocator-churn"
+TITLE = "GPU memory is allocated from the driver after warm-up"
+DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
+DEFAULTS = {"min_share": 0.001, "warmup_steps": 1}
+FIX = "Keep shapes stable (pad to a few sizes), size the cache with one worst-case step first, and set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
+AFTER = """os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"   # before CUDA starts
+for batch in loader:
+    out = model(pad_to_bucket(batch, sizes=(128, 256, 512)).to(device))
+"""
+
+
+def _reserved_moves(m, tl) -> list[float] | None:
+    """Reserved bytes at the end of each step, when the trace records them."""
+    curve = device_memory_curve(m.frames)
+    curve = curve[np.isfinite(curve["reserved"].to_numpy(np.float64))]
+    if len(curve) == 0:
+        return None
+    ts = curve["ts"].to_numpy(np.int64)
+    at = np.searchsorted(ts, tl.step_e, side="right") - 1
+    vals = np.where(at >= 0, curve["reserved"].to_numpy(np.float64)[np.clip(at, 0, None)], np.nan)
+    return [round(float(v) / 2**20, 1) for v in vals]
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) <= ctx.options["warmup_steps"]:
+        return None
+    tree = op_tree(ctx.frames)
+    base = timeline(m)
+    calls = allocator_calls(base, tree, warmup_steps=int(ctx.options["warmup_steps"]))
+    if len(calls) == 0 or not (calls["owner"] == "allocator-churn").any():
+        return None
+    tl = timeline_for("allocator", base, tree)
+    cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
+    calls = pd.concat([calls, cost], axis=1)
+    mine = calls[calls["owner"] == "allocator-churn"]
+    saving = per_step(mine["cost"].sum(), tl)
+    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+    mallocs = mine[mine["call"] == "malloc"]
+    frees = mine[mine["call"] == "free"]
+    retry_frees = frees[frees["in_op"]]
+    inner = tree.innermost(mine["ts"].to_numpy(np.int64), mine["tid"].to_numpy())
+    ops = tree.ops["name"].astype(str).to_numpy()
+    made_by = pd.Series([ops[i] if i >= 0 else "(no op)" for i in inner]).value_counts().head(5).to_dict()
+    after_warmup = len(m.steps) - int(ctx.options["warmup_steps"])
+    evidence = {
+        "mallocs_after_warmup": int(len(mallocs)),
+        "frees_after_warmup": int(len(frees)),
+        "frees_inside_ops": int(len(retry_frees)),
+        "call_ms_after_warmup": round(float(mine["dur"].sum()) / 1e6, 3),
+        "steps_after_warmup": after_warmup,
+        "made_by_ops": made_by,
+        "steps": tl.step_numbers(mine["ts"].to_numpy(np.int64)),
+    }
+    reserved = _reserved_moves(m, tl)
+    if reserved is not None:
+        evidence["reserved_mib_at_step_end"] = reserved
+    lines = source_lines(ctx.frames, tree.ops.iloc[inner[inner >= 0]]) if (inner >= 0).any() else []
+    if lines:
+        evidence["source"] = lines
+    message = (
+        f"{len(mallocs)} cudaMalloc and {len(frees)} cudaFree calls in {after_warmup} step(s) after warm-up "
+        f"({evidence['call_ms_after_warmup']:.1f} ms in the driver)"
+        + (f", {len(retry_frees)} of the frees inside ops (the allocator emptying its cache to retry near the memory limit)" if len(retry_frees) else "")
+        + f"; stable shapes and a warmed cache save ~{saving:.2f} ms/step."
+    )
+    return ctx.finding(message, saving, confidence="medium", evidence=evidence)

@@ -1,0 +1,101 @@
+"""Convolutions pay for layout transposes: the tensors are NCHW, the fast kernels want NHWC.
+
+## What it detects
+Layout-transposing kernels (`nchwToNhwcKernel`, `nhwcToNchwKernel`) launched around
+convolutions that take at least `min_share` (2%) of the step.
+
+## Why it is slow
+Tensor Core convolution kernels (fp16/bf16 on Volta and newer, TF32 on Ampere and newer)
+work on channels-last (NHWC) data. PyTorch tensors are channels-first (NCHW) by default, so
+cuDNN converts the input, the weights and the output of every convolution, forward and
+backward: extra kernels that only move memory. With the model and the input in
+`torch.channels_last`, the convolutions read and write NHWC directly and the conversions
+disappear (and the other ops keep the layout).
+
+## Evidence used
+- the transpose kernels inside the steps, their time per step and how often they run;
+- the ops that launched them (convolutions and their backward) and, where the trace has
+  stacks, the user's line that calls the model;
+- the share of kernel time on the timeline (kernels hidden under other streams do not count).
+
+## Example
+Before:
+```python
+model = torchvision.models.resnet50().cuda()
+out = model(images.cuda())
+```
+After:
+```python
+model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+out = model(images.cuda().to(memory_format=torch.channels_last))
+```
+Pair it with mixed precision (`torch.autocast`) or TF32: NHWC pays off with Tensor Core
+kernels.
+
+## How the saving is estimated
+The time of the transpose kernels per step, times the share of kernel time on the timeline.
+The NHWC convolution kernels are often faster too; that is not counted.
+
+Reference: https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html
+"""
+
+from __future__ import annotations
+
+import re
+
+from advisor.engine import Context
+from advisor.metrics.breakdown import _matches
+from advisor.metrics.compute import kernel_exposure, step_kernels, top_by_time
+from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
+from advisor.metrics.source import source_lines
+
+ID = "channels-last"
+TITLE = "Convolutions pay for NCHW ↔ NHWC layout transposes"
+DOCS = "https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"
+DEFAULTS = {"min_share": 0.02}
+FIX = "Put the model and its input in channels-last memory format: model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)."
+AFTER = """model = model.to(memory_format=torch.channels_last)
+for x, y in loader:
+    x = x.cuda(non_blocking=True).to(memory_format=torch.channels_last)
+    ...
+"""
+LAYOUT_TRANSPOSE_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|NchwToNhwc|NhwcToNchw|nchw2nhwc|nhwc2nchw")
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    step_ms = ctx.step_ms
+    k = step_kernels(m)
+    if len(k) == 0 or step_ms <= 0:
+        return None
+    transposes = k[_matches(k["name"], LAYOUT_TRANSPOSE_KERNEL)]
+    if len(transposes) == 0:
+        return None
+    n_steps = max(len(m.steps), 1)
+    exposure = kernel_exposure(m, k)
+    transpose_ms = float(transposes["dur"].sum()) / 1e6 / n_steps
+    saving_ms = transpose_ms * exposure
+    if saving_ms / step_ms < ctx.options["min_share"]:
+        return None
+    kernel_ms = float(k["dur"].sum()) / 1e6 / n_steps
+    evidence = {
+        "transpose_ms_per_step": round(transpose_ms, 3),
+        "transposes_per_step": round(len(transposes) / n_steps, 1),
+        "share_of_kernel_time": round(transpose_ms / kernel_ms, 4) if kernel_ms else None,
+        "kernel_time_on_timeline": round(exposure, 4),
+        "kernels": top_by_time(transposes, n_steps),
+        "ops": top_by_time(transposes.dropna(subset=["op"]), n_steps, by="op"),
+        "steps": m.steps["step"].tolist(),
+    }
+    host = ctx.frames.host
+    ops = set(transposes["op"].dropna().astype(str).unique())
+    rows = host[host["name"].astype(str).isin(ops) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]
+    lines = source_lines(ctx.frames, rows.head(300))
+    if lines:
+        evidence["source"] = lines
+    message = (
+        f"{len(transposes) / n_steps:.0f} layout transposes per step around convolutions take {transpose_ms:.1f} ms "
+        f"({100 * transpose_ms / kernel_ms:.0f}% of kernel time): the tensors are NCHW and cuDNN converts them to NHWC and back. "
+        "Convert the model and the input to torch.channels_last."
+    )
+    return ctx.finding(message, saving_ms, confidence="high", evidence=evidence)

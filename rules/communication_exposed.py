@@ -1,0 +1,146 @@
+"""Gradient communication is not hidden behind computation.
+
+## What it detects
+Collective kernels (NCCL/RCCL/Gloo: all-reduce, reduce-scatter, all-gather, broadcast,
+send/recv) inside the steps that run while no compute kernel runs: the device does nothing
+but communicate. It fires when that exposed time, less what cannot be hidden, is at least
+`min_share` of the step (5% by default).
+
+## Why it is slow
+Data-parallel training exchanges gradients every step. `DistributedDataParallel` splits
+them into buckets and all-reduces each bucket as soon as backward has produced it, so the
+exchange runs while backward computes the rest. Communication shows up exposed when that
+overlap is lost: buckets too large (the first one is ready only late in backward), a manual
+all-reduce after `backward()`, gradient accumulation that syncs every micro-batch instead of
+the last (`no_sync()`), FSDP without prefetching, or a rank that arrives late so the others
+wait inside the collective.
+
+## Evidence used
+- the collective kernels (by name, or launched by a `nccl:*`/`c10d::*` op) and the compute
+  kernels on all streams, per step;
+- the exposed collective time, and the exposed part of each step's last collective (which
+  nothing is left to overlap with);
+- the collective kinds and the number of ranks.
+
+## Example
+Before:
+```python
+model = DDP(model, device_ids=[rank])
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y) / accum
+    loss.backward()                        # all-reduces on every micro-batch
+    if (i + 1) % accum == 0:
+        opt.step(); opt.zero_grad()
+```
+After:
+```python
+model = DDP(model, device_ids=[rank], bucket_cap_mb=25, gradient_as_bucket_view=True)
+for i, (x, y) in enumerate(loader):
+    sync = (i + 1) % accum == 0
+    with (contextlib.nullcontext() if sync else model.no_sync()):
+        loss = criterion(model(x), y) / accum
+        loss.backward()                    # all-reduce only on the last micro-batch
+    if sync:
+        opt.step(); opt.zero_grad()
+```
+
+## How the saving is estimated
+Exposed collective time per step (collective kernels minus the time compute kernels run
+alongside them), minus the exposed part of the step's last collective: that one follows the
+last gradient and can never overlap. The collective time includes waiting for slower ranks;
+overlap does not remove that, so the confidence is medium, and low when most of the exposed
+time is point-to-point (send/recv, all-to-all) traffic of model-parallel layers, which
+bucketing does not touch.
+
+Reference: https://pytorch.org/docs/stable/notes/ddp.html#internal-design
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.engine import Context
+from advisor.metrics.breakdown import communication_kernels
+from advisor.metrics.intervals import merge
+from advisor.rules._host_device import intersect, per_step, subtract, timeline
+
+ID = "communication-exposed"
+TITLE = "Communication is not overlapped with computation"
+DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
+DEFAULTS = {"min_share": 0.05}
+FIX = "Overlap communication with backward: DDP with smaller buckets (bucket_cap_mb), no_sync() for all but the last micro-batch, no manual all-reduce after backward; FSDP with backward_prefetch."
+AFTER = """model = DDP(model, device_ids=[rank], bucket_cap_mb=25, gradient_as_bucket_view=True)
+for i, (x, y) in enumerate(loader):
+    sync = (i + 1) % accum == 0
+    with (contextlib.nullcontext() if sync else model.no_sync()):
+        loss = criterion(model(x), y) / accum
+        loss.backward()
+    if sync:
+        opt.step(); opt.zero_grad()
+"""
+POINT_TO_POINT = r"SendRecv|AllToAll|all_to_all|Send|Recv"
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    if not m.has_device or ctx.step_ms <= 0:
+        return None
+    dev = ctx.frames.device
+    comm = communication_kernels(ctx.frames)
+    if not comm.any():
+        return None
+    tl = timeline(m)
+    is_kernel = (dev["kind"] == "kernel").to_numpy()
+    ts, te = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
+    cs, ce = merge(ts[comm], te[comm])
+    ks, ke = merge(ts[is_kernel & ~comm], te[is_kernel & ~comm])
+    xs, xe = subtract(cs, ce, ks, ke)
+    ss, se = merge(tl.step_s, tl.step_e)
+    xs, xe = intersect(xs, xe, ss, se)
+    if len(xs) == 0:
+        return None
+    exposed = xe - xs
+    step_of = tl.step_index(xs)
+    # The last exposed stretch of each step's last collective cannot overlap with anything.
+    last_comm_start = np.full(tl.n_steps, -1, dtype=np.int64)
+    ci = tl.step_index(cs)
+    for i in np.unique(ci[ci >= 0]):
+        last_comm_start[i] = cs[ci == i].max()
+    in_last = (step_of >= 0) & (xs >= last_comm_start[np.clip(step_of, 0, None)])
+    total_ns = float(exposed[step_of >= 0].sum())
+    tail_ns = float(exposed[in_last].sum())
+    saving = per_step(total_ns - tail_ns, tl)
+    if saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+
+    kernels = dev[comm & tl.in_steps(ts)]
+    names = kernels["name"].astype(str)
+    kinds = names.str.extract(r"ncclKernel_([A-Za-z]+)|nccl[A-Za-z]*?(AllReduce|ReduceScatter|AllGather|Broadcast|SendRecv|AllToAll)", expand=True)
+    kind = kinds[0].fillna(kinds[1]).fillna("other")
+    p2p_share = float(kernels.loc[names.str.contains(POINT_TO_POINT).to_numpy(), "dur"].sum() / max(kernels["dur"].sum(), 1))
+    world = ctx.fact("world_size", default=None) or ctx.frames.distributed.get("world_size")
+    evidence = {
+        "collective_ms_per_step": round(per_step(float((ce - cs)[tl.in_steps(cs)].sum()), tl), 3),
+        "exposed_ms_per_step": round(per_step(total_ns, tl), 3),
+        "unavoidable_tail_ms_per_step": round(per_step(tail_ns, tl), 3),
+        "exposed_share_of_step": round(per_step(total_ns, tl) / ctx.step_ms, 4),
+        "collectives": kind.value_counts().to_dict(),
+        "point_to_point_share": round(p2p_share, 3),
+        "streams": sorted(int(s) for s in kernels["stream"].unique() if s >= 0),
+        "steps": tl.step_numbers(xs),
+    }
+    if world:
+        evidence["world_size"] = world
+    confidence = "low" if p2p_share > 0.5 else "medium"
+    snippet = AFTER
+    if p2p_share > 0.5:
+        snippet = ""
+        fix = "Most exposed time is send/recv or all-to-all (model-parallel traffic): overlap it with compute (pipeline the next batch's input distribution, as TorchRec's train pipelines do) or check for a slow rank; bucket sizes do not apply."
+    else:
+        fix = FIX
+    message = (
+        f"{evidence['exposed_ms_per_step']:.1f} ms/step of collectives run with no compute beside them "
+        f"({100 * evidence['exposed_share_of_step']:.0f}% of the step); overlapping all but the last one "
+        f"({evidence['unavoidable_tail_ms_per_step']:.1f} ms) saves up to ~{saving:.1f} ms/step."
+    )
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)

@@ -1,0 +1,153 @@
+"""Convolutions with fixed shapes run cuDNN's fallback algorithms: cudnn.benchmark is off.
+
+## What it detects
+Convolution kernels inside the steps that belong to cuDNN's generic fallback algorithms
+(`implicit_convolve_sgemm`, `explicit_convolve_sgemm`, `dgrad_engine`, `wgrad_alg0_engine`,
+FFT) hold at least `min_share` (3%) of the step after the estimated gain, the convolution
+input shapes are the same in every step, and `torch.backends.cudnn.benchmark` is off — read
+from the facts file; without one the rule says it could not check the switch and reports at
+low confidence.
+
+## Why it is slow
+With `cudnn.benchmark = False` PyTorch asks cuDNN's heuristics for one algorithm per
+convolution; the heuristics often fall back to the generic algorithms above, which need no
+workspace but are slow. With `benchmark = True` the first call of each shape times the
+candidate algorithms and keeps the fastest. It pays off when shapes repeat (fixed image size
+and batch size); with shapes that change every step it re-tunes every time and costs more
+than it saves.
+
+## Evidence used
+- the convolution kernels in the steps and which of them are fallback algorithms;
+- the convolution ops' recorded input shapes per step (`record_shapes=True`): the same set
+  in every step means static shapes; without shapes the rule says so;
+- from the facts file: `cudnn_benchmark`.
+
+## Example
+Before:
+```python
+model = torchvision.models.resnet50().cuda()
+```
+After:
+```python
+torch.backends.cudnn.benchmark = True    # input shapes are fixed: tune once per shape
+model = torchvision.models.resnet50().cuda()
+```
+
+## How the saving is estimated
+The fallback kernels' time per step × (1 − 1/1.5), times the share of kernel time on the
+timeline: the tuned algorithms are taken to be 1.5× faster, a conservative figure for cuDNN's
+precomputed-GEMM, Winograd and ALGO_1 kernels against the fallbacks. When the same kernels
+run in fp32 on a GPU with Tensor Cores, `tensor-cores-unused` claims them first: this rule
+then counts its gain on the time left after the mixed-precision speed-up (the standalone
+figure is in the evidence), so the two never add up to more than both fixes together.
+
+Reference: https://pytorch.org/docs/stable/backends.html#torch.backends.cudnn.benchmark
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from advisor.engine import Context
+from advisor.metrics.breakdown import _matches
+from advisor.metrics.compute import arch_speedup, device_capability, is_conv, kernel_exposure, kernel_precision, step_kernels, top_by_time
+from advisor.metrics.source import source_lines
+from advisor.metrics.steps import step_of
+
+ID = "cudnn-benchmark"
+TITLE = "cudnn.benchmark is off: convolutions use fallback algorithms"
+DOCS = "https://pytorch.org/docs/stable/backends.html#torch.backends.cudnn.benchmark"
+DEFAULTS = {"min_share": 0.03, "tuned_speedup": 1.5}
+FIX = "Set torch.backends.cudnn.benchmark = True when input shapes do not change between steps."
+AFTER = """torch.backends.cudnn.benchmark = True
+"""
+FALLBACK_CONV_KERNEL = re.compile(
+    r"implicit_convolve_[sh]gemm|explicit_convolve_[sh]gemm|dgrad_engine|wgrad_alg0_engine|fft2d_|fft_[rc]2[rc]|cudnn::detail::\w*alg0"
+)
+CONV_OP_WITH_SHAPES = re.compile(r"^aten::(cudnn_convolution|miopen_convolution|_convolution|convolution)$")
+
+
+def static_shapes(frames, steps: pd.DataFrame) -> bool | None:
+    """True when every step runs the same convolution input shapes, False when they change,
+    None when the trace has no shapes (recorded without record_shapes=True)."""
+    host = frames.host
+    if "input_dims" not in host:
+        return None
+    conv = host[_matches(host["name"], CONV_OP_WITH_SHAPES)]
+    conv = conv[conv["input_dims"].notna()]
+    if len(conv) == 0 or len(steps) == 0:
+        return None
+    idx = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), conv["ts"].to_numpy(np.int64))
+    conv = conv.assign(step_index=idx)[idx >= 0]
+    if len(conv) == 0:
+        return None
+    per_step = conv.groupby("step_index")["input_dims"].apply(lambda s: tuple(sorted(map(str, s))))
+    return bool(per_step.nunique() == 1 and len(per_step) == len(steps))
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    opts = ctx.options
+    step_ms = ctx.step_ms
+    benchmark = ctx.fact("cudnn_benchmark")
+    if benchmark is True or step_ms <= 0:
+        return None
+    k = step_kernels(m)
+    if len(k) == 0:
+        return None
+    conv = is_conv(k)
+    fallback = k[conv & _matches(k["name"], FALLBACK_CONV_KERNEL)]
+    if len(fallback) == 0:
+        return None
+    shapes = static_shapes(ctx.frames, m.steps)
+    if shapes is False:
+        return None  # shapes change between steps: benchmark mode would re-tune every time
+    n_steps = max(len(m.steps), 1)
+    exposure = kernel_exposure(m, k)
+    speedup = float(opts["tuned_speedup"])
+    fallback_ms = float(fallback["dur"].sum()) / 1e6 / n_steps
+    standalone_ms = fallback_ms * (1 - 1 / speedup) * exposure
+    # The same fp32 kernels are what autocast replaces: count this gain after that one.
+    cap = device_capability(m, ctx.fact("device", "compute_capability"))
+    arch = arch_speedup(cap.value) if cap.nvidia else None
+    after_amp = 1.0
+    if arch is not None and ctx.fact("autocast", "used") is not True:
+        if (kernel_precision(fallback, cap.value) == "fp32").all():
+            after_amp = 1 / arch.half_over_fp32
+    saving_ms = standalone_ms * after_amp
+    if saving_ms / step_ms < opts["min_share"]:
+        return None
+
+    conv_ms = float(k.loc[conv, "dur"].sum()) / 1e6 / n_steps
+    evidence = {
+        "fallback_conv_ms_per_step": round(fallback_ms, 3),
+        "share_of_conv_kernel_time": round(fallback_ms / conv_ms, 4) if conv_ms else None,
+        "static_shapes": shapes,
+        "cudnn_benchmark": benchmark,
+        "tuned_speedup_used": speedup,
+        "standalone_saving_ms": round(standalone_ms, 3),
+        "counted_after_mixed_precision": after_amp < 1.0,
+        "kernel_time_on_timeline": round(exposure, 4),
+        "kernels": top_by_time(fallback, n_steps),
+        "ops": top_by_time(fallback.dropna(subset=["op"]), n_steps, by="op"),
+        "steps": m.steps["step"].tolist(),
+    }
+    host = ctx.frames.host
+    rows = host[_matches(host["name"], CONV_OP_WITH_SHAPES)]
+    lines = source_lines(ctx.frames, rows.head(300))
+    if lines:
+        evidence["source"] = lines
+    message = (
+        f"{fallback_ms:.1f} ms per step ({100 * fallback_ms / conv_ms:.0f}% of convolution kernel time) runs cuDNN's fallback "
+        "algorithms (implicit GEMM, ALGO_0) that its heuristics pick when torch.backends.cudnn.benchmark is off"
+    )
+    message += "; the convolution shapes are the same in every step." if shapes else "; input shapes are not in the trace (record_shapes=False): use benchmark mode only if they stay fixed."
+    if benchmark is None:
+        message += " The benchmark switch is not recorded (no facts file), so this is inferred from the kernels."
+    message += f" Estimated {saving_ms:.1f} ms per step"
+    message += f" (alone {standalone_ms:.1f} ms; counted after the mixed-precision gain on the same kernels)." if after_amp < 1.0 else "."
+    confidence = "medium" if benchmark is False and shapes else "low"
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence)

@@ -1,0 +1,97 @@
+"""torch.cuda.empty_cache() runs inside the training loop.
+
+## What it detects
+`cudaFree` calls inside the profiler steps (a trace without `ProfilerStep` markers has no
+loop to speak of and is not checked) that no aten op made (or that a Python `empty_cache`
+frame encloses, when the trace has stacks): the training loop hands the caching
+allocator's free blocks back to the driver. The `cudaMalloc` calls that follow in the same
+and the next step — getting the memory back — are counted with it.
+
+## Why it is slow
+PyTorch keeps freed GPU memory in its cache so the next step can reuse it without asking
+the driver. `empty_cache()` gives the cached blocks back: `cudaFree` synchronizes the whole
+device, and the next step has to `cudaMalloc` everything again, which is slow and also
+synchronizing. It does not give the program more memory — tensors still alive keep theirs —
+and it only helps other processes on the same GPU.
+
+## Evidence used
+- `cudaFree`/`cudaMalloc` runtime calls inside the host's steps, whether an aten op encloses
+  them (inside an op a `cudaFree` is the allocator's own retry after a failed allocation,
+  left to `allocator-churn`), and the Python frames around them when recorded;
+- the device idle time during those calls and the idle gap after them that the host could
+  have filled.
+
+## Example
+Before:
+```python
+for x, y in loader:
+    train_step(x, y)
+    torch.cuda.empty_cache()
+```
+After:
+```python
+for x, y in loader:
+    train_step(x, y)
+# call empty_cache() only when handing the GPU to something else, e.g. after training
+```
+If memory runs out without it, the cause is fragmentation or a leak: try
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, and see `memory-growth`.
+
+## How the saving is estimated
+For each of those `cudaFree` and `cudaMalloc` calls: the device idle time while the host
+was inside the call, plus the launch-starved idle gap after it, up to the device time that
+ran during the call (the host would have been that far ahead). Summed per step.
+
+Reference: https://pytorch.org/docs/stable/notes/cuda.html#memory-management
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from advisor.engine import Context
+from advisor.rules._host_device import allocator_calls, op_tree, per_step, timeline, timeline_for
+
+ID = "empty-cache"
+TITLE = "The loop empties the CUDA memory cache"
+DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#memory-management"
+DEFAULTS = {"min_share": 0.0}
+FIX = "Remove torch.cuda.empty_cache() from the training loop; the caching allocator reuses freed memory."
+AFTER = """for x, y in loader:
+    train_step(x, y)          # no torch.cuda.empty_cache() here
+"""
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) == 0:  # no step markers: no loop to judge
+        return None
+    tree = op_tree(ctx.frames)
+    base = timeline(m)
+    calls = allocator_calls(base, tree, warmup_steps=1)
+    if len(calls) == 0 or not (calls["owner"] == "empty-cache").any():
+        return None
+    tl = timeline_for("allocator", base, tree)
+    cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
+    calls = pd.concat([calls, cost], axis=1)
+    mine = calls[calls["owner"] == "empty-cache"]
+    saving = per_step(mine["cost"].sum(), tl)
+    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+    frees = mine[mine["call"] == "free"]
+    mallocs = mine[mine["call"] == "malloc"]
+    evidence = {
+        "frees_outside_ops_per_step": round(len(frees) / tl.n_steps, 2),
+        "free_ms_per_step": round(per_step(frees["dur"].sum(), tl), 3),
+        "mallocs_after_it_per_step": round(len(mallocs) / tl.n_steps, 2),
+        "malloc_ms_per_step": round(per_step(mallocs["dur"].sum(), tl), 3),
+        "device_idle_during_ms_per_step": round(per_step(mine["idle_during"].sum(), tl), 3),
+        "steps": tl.step_numbers(frees["ts"].to_numpy(np.int64)),
+    }
+    message = (
+        f"{evidence['frees_outside_ops_per_step']:g} cudaFree/step outside any op (empty_cache() in the loop, "
+        f"{evidence['free_ms_per_step']:.2f} ms), then {evidence['mallocs_after_it_per_step']:g} cudaMalloc/step "
+        f"({evidence['malloc_ms_per_step']:.2f} ms) to get the memory back; removing it saves ~{saving:.2f} ms/step."
+    )
+    return ctx.finding(message, saving, confidence="high" if len(mallocs) else "medium", evidence=evidence)

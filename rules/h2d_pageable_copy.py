@@ -1,0 +1,152 @@
+"""Batches are copied to the GPU from pageable host memory.
+
+## What it detects
+Host→device copies inside the steps that the trace labels `Memcpy HtoD (Pageable -> Device)`:
+the source tensor lives in ordinary (pageable) memory. Copies smaller than `min_bytes_per_step`
+in all (1 MiB by default) are ignored, and the rule fires when the estimated saving is at
+least `min_share` of the step (0.2% by default).
+
+## Why it is slow
+The GPU's copy engine can only read page-locked (pinned) memory. From pageable memory the
+driver first copies the data into a pinned staging buffer, chunk by chunk, and the copy runs
+at a fraction of the link's speed. Worse, the call does not return until the data has been
+staged, so the host cannot queue the next kernels meanwhile, and `.to(device)` without
+`non_blocking=True` then waits for the copy to finish: the device runs dry after the copy
+until the host has launched the forward pass.
+
+## Evidence used
+- every pageable host→device copy in the steps: bytes, device time, measured bandwidth;
+- the `cudaMemcpyAsync` launch call and the stream sync of the same `aten::to`/`aten::copy_`:
+  how long the host was stuck, and the device idle time during and right after it;
+- the trace's own large pinned copies (for the pinned bandwidth of this machine), else the
+  GPU generation from the trace's device properties;
+- from the facts file, when present: the DataLoader's `pin_memory` setting.
+Copies of tensors the step makes on the CPU with a factory (`torch.zeros(...)` then `.to()`)
+are left to `cpu-tensor-then-copy`, whose fix removes the copy altogether.
+
+## Example
+Before:
+```python
+loader = DataLoader(train_set, batch_size=64, num_workers=8)
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+```
+After:
+```python
+loader = DataLoader(train_set, batch_size=64, num_workers=8, pin_memory=True)
+for x, y in loader:
+    x = x.to(device, non_blocking=True)
+    y = y.to(device, non_blocking=True)
+```
+
+## How the saving is estimated
+Two parts, per step. The copy itself: its device time minus the time the same bytes take at
+pinned bandwidth (measured on the trace's own pinned copies when it has large ones, otherwise
+a realistic figure for the link: PCIe 3 12 GB/s for compute capability below 8.0, PCIe 4
+24 GB/s for 8.x, PCIe 5 50 GB/s for 9.0 and later), counted only for copies of at least
+256 KiB and only the part not hidden behind kernels. The host's wait: the device idle time
+while the host sat in the copy call and its stream sync, plus the idle gap after it as far as
+the host could have filled it while the copy was running (with `non_blocking=True` the next
+kernels are queued behind the copy). Pinning in the DataLoader's worker processes adds no
+time to the step.
+
+Reference: https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from advisor.engine import Context
+from advisor.metrics.source import source_lines
+from advisor.rules._host_device import BANDWIDTH_BOUND_BYTES, device_exposed_fraction, h2d_copies, op_tree, per_step, pinned_bandwidth, timeline
+
+ID = "h2d-pageable-copy"
+TITLE = "Host-to-device copies come from pageable memory"
+DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"
+DEFAULTS = {"min_share": 0.002, "min_bytes_per_step": 1 << 20}
+FIX = "Pin the batches (DataLoader(pin_memory=True)) and copy them with .to(device, non_blocking=True)."
+AFTER = """loader = DataLoader(train_set, batch_size=64, num_workers=8, pin_memory=True)
+for x, y in loader:
+    x = x.to(device, non_blocking=True)
+    y = y.to(device, non_blocking=True)
+"""
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    if not m.has_device or ctx.step_ms <= 0:
+        return None
+    tl = timeline(m)
+    tree = op_tree(ctx.frames)
+    copies = h2d_copies(tl, tree)
+    pageable = copies[(copies["copy_src"] == "Pageable") & ~copies["cpu_made"]]
+    if len(pageable) == 0:
+        return None
+    total_bytes = float(np.nansum(pageable["bytes"].to_numpy()))
+    bytes_per_step = total_bytes / tl.n_steps
+    if bytes_per_step < ctx.options["min_bytes_per_step"]:
+        return None
+
+    pinned_gbps, bw_source = pinned_bandwidth(m, copies)
+    size = pageable["bytes"].fillna(0).to_numpy()
+    dur = pageable["dur"].to_numpy(np.float64)
+    exposed = device_exposed_fraction(tl, pageable["ts"].to_numpy(np.int64), pageable["end"].to_numpy(np.int64))
+    big = size >= BANDWIDTH_BOUND_BYTES
+    copy_saved = np.where(big, np.maximum(dur - size / pinned_gbps, 0.0) * exposed, 0.0)
+    block = tl.blocking_cost(pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64))
+    host_wait = (pageable["block_end"] - pageable["call_ts"]).to_numpy(np.float64)
+
+    copy_ms = per_step(copy_saved.sum(), tl)
+    block_ms = per_step(block["cost"].sum(), tl)
+    saving = copy_ms + block_ms
+    if saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+
+    measured = total_bytes / max(float(dur.sum()), 1.0)  # bytes/ns == GB/s
+    evidence = {
+        "pageable_copies_per_step": round(len(pageable) / tl.n_steps, 2),
+        "mb_per_step": round(bytes_per_step / 1e6, 2),
+        "copy_ms_per_step": round(per_step(dur.sum(), tl), 3),
+        "measured_gbps": round(measured, 2),
+        "pinned_gbps_assumed": round(pinned_gbps, 1),
+        "pinned_gbps_source": bw_source,
+        "host_blocked_ms_per_step": round(per_step(host_wait.sum(), tl), 3),
+        "saving_from_faster_copy_ms": round(copy_ms, 3),
+        "saving_from_not_blocking_ms": round(block_ms, 3),
+        "steps": tl.step_numbers(pageable["ts"].to_numpy(np.int64)),
+    }
+    by_step = pd.Series(copy_saved + block["cost"].to_numpy(np.float64)).groupby(tl.step_index(pageable["ts"].to_numpy(np.int64))).sum()
+    steps = m.steps["step"].to_numpy()
+    evidence["saving_by_step_ms"] = {int(steps[i]): round(float(v) / 1e6, 3) for i, v in by_step.items() if i >= 0}
+    ops = pageable["copy_op"].to_numpy()
+    lines = source_lines(ctx.frames, tree.ops.iloc[ops[ops >= 0]]) if (ops >= 0).any() else []
+    if lines:
+        evidence["source"] = lines
+
+    loaders = ctx.fact("dataloaders", default=None)
+    confidence = "high"
+    if loaders:
+        pins = [dl.get("pin_memory") for dl in loaders if isinstance(dl, dict)]
+        evidence["dataloader_pin_memory"] = pins
+        if pins and all(p is True for p in pins):
+            fix = (
+                "The DataLoader already pins its batches, yet these copies are pageable: the copied tensors are made "
+                "after loading (a transform or .float() in the loop?). Pin them (t.pin_memory()) or do that work on the GPU, "
+                "and copy with non_blocking=True."
+            )
+            confidence = "medium"
+        else:
+            fix = "Set pin_memory=True in the DataLoader and copy with .to(device, non_blocking=True)."
+    else:
+        fix = FIX
+    message = (
+        f"{evidence['pageable_copies_per_step']:g} copies/step ({bytes_per_step / 1e6:.1f} MB) go host→device from pageable "
+        f"memory at {measured:.1f} GB/s, and the host waits {evidence['host_blocked_ms_per_step']:.2f} ms/step for them; "
+        f"pinned at ~{pinned_gbps:.0f} GB/s with non_blocking=True saves ~{saving:.2f} ms/step."
+    )
+    worst = max(evidence["saving_by_step_ms"].items(), key=lambda kv: kv[1], default=None)
+    if worst is not None and len(evidence["saving_by_step_ms"]) > 1 and worst[1] > 0.5 * sum(evidence["saving_by_step_ms"].values()):
+        message += f" Most of it is in step {worst[0]} ({worst[1]:.1f} ms)."
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix)

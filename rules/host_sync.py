@@ -1,0 +1,142 @@
+"""The training loop makes the host wait for the GPU inside the step.
+
+## What it detects
+Calls inside the steps in which the host waits for the device: `cudaStreamSynchronize`,
+`cudaDeviceSynchronize`, `cudaEventSynchronize` (and their HIP names), and device→host
+copies whose launch call returned only after the copy had finished. Each is traced back to
+the op that made it: `aten::item`/`aten::_local_scalar_dense` (`.item()`, `float(t)`),
+`aten::nonzero`/`masked_select`/`unique` (shapes that depend on the data), `aten::is_nonzero`
+(`if tensor:`), `aten::to`/`copy_` (`.cpu()`, `.tolist()`, `print(t)`), or no op at all (an
+explicit `torch.cuda.synchronize()`). It fires when the time they cost is at least
+`min_share` of the step (0.5% by default).
+
+## Why it is slow
+CUDA work is asynchronous: the host normally queues kernels far ahead of the GPU. A sync
+empties that queue. While the host waits, it prepares nothing; when the wait ends, the GPU
+has run dry and idles until the host has launched the next kernels — and any CPU work the
+host does next (logging, the next batch's Python) is now on the critical path instead of
+hidden behind the GPU.
+
+## Evidence used
+- the sync calls and blocking device→host copies inside the host's steps, their durations,
+  and the op (and user source line, when the trace has stacks) behind each;
+- the device's activity during each wait and the idle gap after it (DataLoader time in that
+  gap is left to `dataloader-stall`);
+- the stream syncs that a pageable host→device copy makes are left to `h2d-pageable-copy`,
+  and idle time that a copy, an allocator call, `zero_grad` or a per-parameter optimizer
+  step already explains is left to those rules.
+
+## Example
+Before:
+```python
+for step, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    total += loss.item()                 # waits for the GPU every step
+```
+After:
+```python
+total = torch.zeros((), device=device)
+for step, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    total += loss.detach()               # stays on the GPU
+    if step % 100 == 0:
+        print(total.item() / (step + 1))  # one wait every 100 steps
+```
+
+## How the saving is estimated
+For each wait: the part of the idle gap after it that the host could have filled while the
+GPU was still busy during the wait, i.e. `min(device busy time during the wait, device idle
+gap after it)`, summed per step. Idle time *during* a wait is not counted: if the device
+idles while the host waits, both are waiting for something else (another stream, another
+rank), which removing the sync would not speed up. Reading values every N steps keeps one
+wait in N.
+
+Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from advisor.engine import Context
+from advisor.metrics.source import source_lines
+from advisor.rules._host_device import SYNC_CAUSES, op_tree, per_step, sync_calls, timeline, timeline_for
+
+ID = "host-sync"
+TITLE = "The host waits for the GPU inside the step"
+DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization"
+DEFAULTS = {"min_share": 0.005}
+FIX = "Keep per-step values on the GPU (loss.detach(), running sums as tensors) and read them every N steps; avoid data-dependent shapes and explicit synchronize() in the loop."
+AFTER = """total = torch.zeros((), device=device)
+for step, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    total += loss.detach()                # no sync
+    if step % 100 == 0:
+        print(total.item() / (step + 1))  # one sync every 100 steps
+"""
+
+ADVICE = {
+    "item": "read .item() every N steps and keep running values as tensors (loss.detach())",
+    "data-dependent shape": "use masks/torch.where instead of nonzero/boolean indexing, or pass size= to nonzero_static",
+    "python bool": "avoid `if tensor:`/torch.equal in the loop; compare on the device (torch.where) or check every N steps",
+    "blocking copy": "copy to the host every N steps, or with .to('cpu', non_blocking=True) into pinned memory and read it later",
+    "explicit": "remove torch.cuda.synchronize() from the loop (time with CUDA events, or the profiler, instead)",
+    "other": "find the op that reads device values back on the host and keep the value on the device",
+}
+WHAT = {label: what for label, _, what in SYNC_CAUSES} | {"explicit": "torch.cuda.synchronize()", "other": "other ops"}
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    if not m.has_device or ctx.step_ms <= 0:
+        return None
+    tree = op_tree(ctx.frames)
+    base = timeline(m)
+    calls = sync_calls(base, tree)
+    if len(calls) == 0:
+        return None
+    tl = timeline_for(ID, base, tree)
+    cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64), count_idle_during=False)
+    calls = pd.concat([calls, cost], axis=1)
+    calls["wait"] = calls["end"] - calls["ts"]
+    saving = per_step(calls["cost"].sum(), tl)
+    if saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+
+    by = calls.groupby("cause").agg(count=("wait", "size"), wait=("wait", "sum"), cost=("cost", "sum")).sort_values("cost", ascending=False)
+    causes = []
+    for cause, r in by.iterrows():
+        rows = calls[(calls["cause"] == cause) & (calls["op"] >= 0)]
+        entry = {
+            "cause": cause,
+            "what": WHAT.get(cause, cause),
+            "per_step": round(r["count"] / tl.n_steps, 2),
+            "wait_ms_per_step": round(per_step(r["wait"], tl), 3),
+            "saving_ms_per_step": round(per_step(r["cost"], tl), 3),
+        }
+        lines = source_lines(ctx.frames, tree.ops.iloc[rows["op"].to_numpy()]) if len(rows) else []
+        if lines:
+            entry["source"] = lines
+        causes.append(entry)
+    item_ops = int(tree.mask(SYNC_CAUSES[0][1]).sum())
+    evidence = {
+        "syncs_per_step": round(len(calls) / tl.n_steps, 2),
+        "wait_ms_per_step": round(per_step(calls["wait"].sum(), tl), 3),
+        "device_idle_after_ms_per_step": round(per_step(calls["idle_after"].sum(), tl), 3),
+        "by_cause": causes,
+        "sync_calls": calls["name"].value_counts().head(5).to_dict(),
+        "item_calls_in_trace": item_ops,
+        "steps": tl.step_numbers(calls["ts"].to_numpy(np.int64)),
+    }
+    top = causes[0]
+    where = f" at {top['source'][0]}" if top.get("source") else ""
+    message = (
+        f"{evidence['syncs_per_step']:g} host waits per step ({evidence['wait_ms_per_step']:.2f} ms), mostly "
+        f"{top['what']}{where}; the GPU then idles until the host catches up: ~{saving:.2f} ms/step."
+    )
+    fix = "; ".join(f"{c['cause']}: {ADVICE[c['cause']]}" for c in causes[:3])
+    return ctx.finding(message, saving, confidence="high" if top["cause"] != "other" else "medium", evidence=evidence, fix=fix[0].upper() + fix[1:] + ".")

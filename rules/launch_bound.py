@@ -1,0 +1,128 @@
+"""The GPU waits for the host to launch its many short kernels.
+
+## What it detects
+Steps made of many short kernels (at least `min_kernels_per_step`, 100 by default, with a
+median under `max_median_kernel_us`, 50 µs) where the device keeps running dry between
+them: idle gaps shorter than `max_gap_ms` (1 ms) that end with a kernel the host launched
+only after the device had gone idle. It fires when those gaps add up to at least
+`min_share` of the step (3% by default).
+
+## Why it is slow
+Eager PyTorch launches every op's kernels from Python, one by one: each costs the host
+roughly 5–20 µs of dispatch and launch overhead. When the kernels themselves take only a
+few microseconds, the device finishes each one before the host has launched the next, and
+the step takes as long as the host needs to launch it, not as long as the GPU needs to run
+it. CUDA graphs replay a whole captured sequence with one launch; `torch.compile` also fuses
+many small kernels into fewer, bigger ones; a larger batch makes each kernel longer for the
+same number of launches.
+
+## Evidence used
+- the device's idle gaps inside the steps and, for each, when the kernel after it was
+  launched (from the runtime call linked by correlation id);
+- kernel count and durations per step; the ops that launched the kernels after the gaps;
+- from the facts file, when present: whether `torch.compile` is already used.
+Gaps inside DataLoader spans, blocking copies, syncs and their aftermath, allocator calls,
+`zero_grad` memsets, per-parameter optimizer steps and `DataParallel` spans are left to
+those rules.
+
+## Example
+Before:
+```python
+model = MyModel().cuda()
+for x, y in loader:
+    loss = criterion(model(x), y)
+```
+After:
+```python
+model = torch.compile(MyModel().cuda(), mode="reduce-overhead")   # CUDA graphs
+for x, y in loader:
+    loss = criterion(model(x), y)
+```
+If shapes vary from step to step, pad them to a few fixed sizes first (each new shape is a
+new graph), or raise the batch size so each launch does more work.
+
+## How the saving is estimated
+The sum of the launch-starved gaps per step that no other rule explains, each shorter than
+`max_gap_ms` (longer gaps are host work, not launch overhead). That is what a captured CUDA
+graph, which launches back to back, would remove; parts of a step that cannot be captured
+keep their gaps, so this is an upper bound and the confidence is medium.
+
+Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-cuda-graphs
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.engine import Context
+from advisor.metrics.intervals import merge, overlap_with
+from advisor.rules._host_device import intersect, op_tree, per_step, timeline, timeline_for
+
+ID = "launch-bound"
+TITLE = "The GPU waits for the host to launch kernels"
+DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-cuda-graphs"
+DEFAULTS = {"min_share": 0.03, "min_kernels_per_step": 100, "max_median_kernel_us": 50.0, "max_gap_ms": 1.0}
+FIX = "Cut launch overhead: torch.compile(model, mode='reduce-overhead') (CUDA graphs), or a larger batch so each kernel does more work."
+AFTER = """model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs: one launch per step
+"""
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    if not m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0:
+        return None
+    base = timeline(m)
+    k = m.kernels
+    k = k[base.in_steps(k["ts"].to_numpy(np.int64))]
+    per_step_kernels = len(k) / base.n_steps
+    median_us = float(k["dur"].median()) / 1e3 if len(k) else 0.0
+    if per_step_kernels < ctx.options["min_kernels_per_step"] or median_us > ctx.options["max_median_kernel_us"]:
+        return None
+
+    # Short starved gaps inside the steps, with the time other rules claim taken out.
+    gs, ge = base.starved_s, base.starved_e
+    short = (ge - gs) < ctx.options["max_gap_ms"] * 1e6
+    gs, ge = gs[short], ge[short]
+    ss, se = merge(base.step_s, base.step_e)
+    gs, ge = intersect(gs, ge, ss, se)
+    tree = op_tree(ctx.frames)
+    tl = timeline_for(ID, base, tree)
+    fs, fe = intersect(gs, ge, tl.starved_s, tl.starved_e)
+    gap_ns = float((fe - fs).sum())
+    saving = per_step(gap_ns, tl)
+    if saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+
+    # Which ops' kernels the device was waiting for.
+    after = k[np.isin(k["ts"].to_numpy(np.int64), fe)]
+    waited_for = after["op"].fillna("(unknown op)").astype(str).value_counts(normalize=True).head(5).round(3).to_dict()
+    rt = ctx.frames.runtime
+    launch_names = rt["name"].astype(str)
+    lc = rt[launch_names.str.contains(r"^(cuda|cu|hip)(Launch|ExtLaunch|ModuleLaunch|ExtModuleLaunch)", regex=True).to_numpy()]
+    lc = lc[base.in_host_steps(lc["ts"].to_numpy(np.int64))]
+    idle_share = 1.0 - (m.gpu_utilization or 0.0)
+    compiled = ctx.fact("compile", "used")
+    evidence = {
+        "kernels_per_step": round(per_step_kernels, 1),
+        "median_kernel_us": round(median_us, 2),
+        "starved_gaps_per_step": round(len(fs) / tl.n_steps, 1),
+        "median_gap_us": round(float(np.median(fe - fs)) / 1e3, 1) if len(fs) else None,
+        "gap_ms_per_step": round(saving, 3),
+        "mean_launch_call_us": round(float(lc["dur"].mean()) / 1e3, 2) if len(lc) else None,
+        "device_idle_share": round(idle_share, 4),
+        "waiting_for_ops": waited_for,
+        "steps": tl.step_numbers(fs),
+    }
+    if compiled is not None:
+        evidence["torch_compile_used"] = compiled
+    if compiled:
+        fix = "torch.compile is already used: compile with mode='reduce-overhead' (CUDA graphs) and check for graph breaks (TORCH_LOGS=graph_breaks); or raise the batch size."
+    else:
+        fix = FIX
+    message = (
+        f"{per_step_kernels:.0f} kernels/step (median {median_us:.1f} µs) outrun the host: the GPU sits idle "
+        f"{saving:.1f} ms/step in {evidence['starved_gaps_per_step']:.0f} short gaps waiting for the next launch; "
+        f"CUDA graphs (torch.compile mode='reduce-overhead') or a larger batch recover up to that."
+    )
+    _ = overlap_with
+    return ctx.finding(message, saving, confidence="medium", evidence=evidence, fix=fix)

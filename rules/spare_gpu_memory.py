@@ -1,0 +1,173 @@
+"""Most of the GPU's memory is unused while the GPU waits: the batch could be larger.
+
+## What it detects
+Peak device memory is below `max_share` (25%) of the device's memory while the GPU is busy
+less than `max_utilization` (80%) of the step, and the per-step overhead a larger batch would
+spread over more samples is at least `min_share` (3%) of the step.
+
+## Why it is slow
+Part of every step costs the same whatever the batch size: launching each op's kernels,
+Python and dispatcher work between them, the optimizer step and `zero_grad`, gradient
+all-reduce, synchronisations. With a small batch that fixed cost is paid for few samples.
+A batch k times larger pays it once for k times the samples (and its kernels use the GPU
+better, which is not counted here).
+
+## Evidence used
+- peak memory: from the facts file (`max_memory_reserved/allocated` over the whole run)
+  when present, else the trace's `[memory]` totals; a trace with only allocation sizes (2021
+  schema) gives a lower bound — what was allocated before the window is unseen — so the rule
+  then asks for half the headroom, assumes at most a 2× batch and reports at low confidence;
+- GPU utilisation and the step-time breakdown (runtime, CPU work, other, memset,
+  communication) plus the optimizer's kernel time: the per-step cost that does not grow
+  with the batch;
+- the DataLoader batch size from the facts file, for the fix.
+
+## Example
+Before:
+```python
+loader = DataLoader(train_set, batch_size=32, num_workers=8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+```
+After:
+```python
+loader = DataLoader(train_set, batch_size=128, num_workers=8)          # 4x the samples per step
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * 128 / 32)    # scale the LR, warm it up
+```
+A larger batch changes the optimisation: scale the learning rate with the batch (linear
+scaling with a few epochs of warm-up is the usual start) and check that the run still
+converges to the same accuracy; fewer steps per epoch is the point, not a side effect.
+
+## How the saving is estimated
+Batch factor k = min(4, ⌊80% of device memory / peak⌋) (2 with only a lower bound), and the
+saving per current step = fixed per-step time × (1 − 1/k): the fixed cost is paid once per k
+times the samples. The fixed time is the step's runtime, CPU-work, other, memset and
+communication slices plus the optimizer's kernel time; the better kernel efficiency of larger
+batches is not counted, so the figure is conservative.
+
+Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from advisor.engine import Context
+from advisor.metrics.breakdown import STEP_NAME, _matches
+from advisor.metrics.compute import kernel_exposure, launched_inside, step_kernels
+from advisor.metrics.intervals import covers, merge
+from advisor.metrics.memory_use import FACTS, LOWER_BOUND, memory_use
+
+ID = "spare-gpu-memory"
+TITLE = "GPU memory is mostly unused: the batch could be larger"
+DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
+DEFAULTS = {"max_share": 0.25, "max_utilization": 0.80, "max_batch_factor": 4, "usable_share": 0.80, "min_share": 0.03}
+FIX = "Raise the batch size (memory allows it) and scale the learning rate with it; check convergence."
+AFTER = """loader = DataLoader(train_set, batch_size=4 * batch_size, num_workers=8)
+optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * 4)   # linear scaling, with warm-up
+"""
+FIXED_CATEGORIES = ("runtime", "cpu_exec", "other", "memset", "communication")
+OPTIMIZER_SPAN = re.compile(r"^Optimizer\.(step|zero_grad)#")
+
+
+def batch_copy_host_ms(frames, steps) -> float:
+    """Host-only time per step inside the ops that issue host-to-device copies (`aten::to`, `copy_`).
+
+    The union of the spans of ops that contain a `cudaMemcpy*` call launching an HtoD copy,
+    inside the steps and outside any device activity (the part the breakdown counts as
+    runtime or CPU work): the part of that overhead that scales with the batch's bytes.
+    """
+    dev = frames.device
+    rt = frames.runtime
+    h2d_corr = dev.loc[(dev["kind"] == "memcpy") & (dev["copy_kind"] == "HtoD"), "correlation"]
+    calls = rt[rt["correlation"].isin(h2d_corr[h2d_corr >= 0])]
+    host = frames.host
+    ops = host[(host["kind"] == "op").to_numpy() & ~_matches(host["name"], STEP_NAME)]
+    if len(calls) == 0 or len(ops) == 0 or len(steps) == 0:
+        return 0.0
+    call_ts = np.sort(calls["ts"].to_numpy(np.int64))
+    o_ts, o_end = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    contains = np.searchsorted(call_ts, o_end, side="left") > np.searchsorted(call_ts, o_ts, side="left")
+    cs, ce = merge(o_ts[contains], o_end[contains])
+    ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+    ss, se = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+    b = np.unique(np.concatenate([cs, ce, ds, de, ss, se]))
+    if len(b) < 2:
+        return 0.0
+    lo, hi = b[:-1], b[1:]
+    host_only = covers(cs, ce, lo) & ~covers(ds, de, lo) & covers(ss, se, lo)
+    return float((hi - lo)[host_only].sum()) / 1e6 / max(len(steps), 1)
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    opts = ctx.options
+    util = m.gpu_utilization
+    step_ms = ctx.step_ms
+    if util is None or step_ms <= 0 or util >= opts["max_utilization"]:
+        return None
+    mem = memory_use(m, ctx.fact("device"))
+    peak = mem.peak
+    share = mem.share(peak)
+    if share is None:
+        return None
+    bound_only = mem.source == LOWER_BOUND
+    max_share = opts["max_share"] / 2 if bound_only else opts["max_share"]
+    if share >= max_share:
+        return None
+    factor = 2 if bound_only else min(int(opts["max_batch_factor"]), math.floor(opts["usable_share"] / share))
+    if factor < 2:
+        return None
+
+    bd = m.breakdown_mean_ms
+    fixed_parts = {c: bd[c] for c in FIXED_CATEGORIES}
+    # Copying the batch to the device grows with the batch: its host time is not overhead.
+    copy_ms = batch_copy_host_ms(ctx.frames, m.steps)
+    fixed_parts["minus_batch_copies"] = -min(copy_ms, fixed_parts["runtime"] + fixed_parts["cpu_exec"])
+    host = ctx.frames.host
+    k = step_kernels(m)
+    opt_mask = launched_inside(ctx.frames, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
+    n_steps = max(len(m.steps), 1)
+    fixed_parts["optimizer_kernels"] = float(k.loc[opt_mask, "dur"].sum()) / 1e6 / n_steps * kernel_exposure(m, k)
+    fixed_ms = float(sum(fixed_parts.values()))
+    saving_ms = fixed_ms * (1 - 1 / factor)
+    if saving_ms / step_ms < opts["min_share"]:
+        return None
+
+    gb = 1024**3
+    loaders = ctx.fact("dataloaders") or []
+    batch = loaders[0].get("batch_size") if loaders and isinstance(loaders[0], dict) else None
+    what = "peak reserved" if mem.peak_reserved is not None else "peak allocated"
+    if bound_only:
+        seen = (
+            f"the allocations made in the profiled window peak at {peak / gb:.2f} GB of the {mem.device_bytes / gb:.1f} GB device "
+            "(memory allocated before the window, such as the weights, is not in this trace)"
+        )
+    else:
+        seen = f"{what} memory is {peak / gb:.2f} GB of {mem.device_bytes / gb:.1f} GB ({100 * share:.0f}%)"
+    grow = f"batch_size={batch} → {batch * factor}" if batch else f"a {factor}× larger batch"
+    fix = (
+        f"Try {grow} and scale the learning rate with it (linear scaling with warm-up), then check that the run still converges."
+    )
+    message = (
+        f"The GPU is busy {100 * util:.0f}% of the step and {seen}. {fix} "
+        f"A {factor}× batch spreads {fixed_ms:.1f} ms of per-step overhead over {factor}× the samples: about {saving_ms:.1f} ms per current step."
+    )
+    evidence = {
+        "peak_allocated_bytes": mem.peak_allocated,
+        "peak_reserved_bytes": mem.peak_reserved,
+        "device_memory_bytes": mem.device_bytes,
+        "memory_share": round(share, 4),
+        "memory_source": mem.source,
+        "gpu_utilization": round(util, 4),
+        "batch_factor": factor,
+        "fixed_ms_per_step": {c: round(v, 3) for c, v in fixed_parts.items()},
+        "batch_size": batch,
+        "steps": m.steps["step"].tolist(),
+    }
+    confidence = "low" if bound_only else ("high" if mem.source == FACTS else "medium")
+    snippet = AFTER.replace("4 * batch_size", str(batch * factor) if batch else f"{factor} * batch_size").replace("base_lr * 4", f"base_lr * {factor}")
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)
+

@@ -1,0 +1,115 @@
+"""Step times differ so much that the profiled window is not representative.
+
+## What it detects
+At least `min_steps` (3) steps in the window, the slowest more than `min_spread` (25%) above
+the median step, and the mean step at least `min_share` (3%) above the median. Each slow step
+(over 20% above the median) is broken down against a typical step: which part of the
+step-time breakdown (kernel, memcpy, dataloader, runtime, CPU work, ...) grew.
+
+## Why it is slow
+A mean over a few steps is only a good picture of training when the steps are alike. A slow
+first step is warm-up (cuDNN autotuning, allocator growth, lazy initialisation, compilation)
+that the profiler schedule did not skip; slow steps later come from something that happens
+only now and then — a DataLoader worker falling behind, a checkpoint, an evaluation, a
+garbage collection, a recompilation, another process on the GPU. Averaging them in hides them
+and blurs every other figure.
+
+## Evidence used
+- the step durations (host and device side together, as in the step-time breakdown);
+- the median step, the slow steps and by how much each is slower;
+- per slow step, the breakdown category that grew most compared with the median step.
+
+## Example
+Before:
+```python
+schedule = torch.profiler.schedule(wait=0, warmup=1, active=5)
+```
+After:
+```python
+schedule = torch.profiler.schedule(wait=1, warmup=3, active=10)   # skip warm-up, see more steps
+```
+Then look at the slow steps in the trace view: if they recur (every N steps), the periodic
+work is the thing to make cheaper or asynchronous.
+
+## How the saving is estimated
+The mean step minus the median step: what the window would gain if the slow steps ran like
+a typical one. It is an upper bound when the slow steps are inherent (an evaluation every N
+steps), hence medium confidence.
+
+Reference: https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.engine import Context
+from advisor.metrics.breakdown import CATEGORIES
+
+ID = "step-time-variance"
+TITLE = "Step times vary too much for the window to be representative"
+DOCS = "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule"
+DEFAULTS = {"min_steps": 3, "min_spread": 0.25, "slow_factor": 0.20, "min_share": 0.03}
+FIX = "Skip warm-up steps in the profiler schedule and profile more steps; look at what the slow steps do in the trace view."
+AFTER = """schedule = torch.profiler.schedule(wait=1, warmup=3, active=10)
+"""
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    opts = ctx.options
+    ms = m.step_ms
+    if len(ms) < opts["min_steps"]:
+        return None
+    median = float(np.median(ms))
+    mean = float(ms.mean())
+    if median <= 0:
+        return None
+    spread = float(ms.max()) / median - 1
+    saving_ms = mean - median
+    if spread < opts["min_spread"] or saving_ms / mean < opts["min_share"]:
+        return None
+
+    steps = m.steps["step"].to_numpy()
+    slow = np.nonzero(ms > median * (1 + opts["slow_factor"]))[0]
+    bd = m.breakdown.to_numpy(np.float64) / 1e6
+    typical = np.median(bd[ms <= median * (1 + opts["slow_factor"])], axis=0)
+    slow_steps = []
+    for i in slow:
+        excess = bd[i] - typical
+        j = int(np.argmax(excess))
+        slow_steps.append(
+            {
+                "step": int(steps[i]),
+                "ms": round(float(ms[i]), 3),
+                "over_median_pct": round(100 * (ms[i] / median - 1), 1),
+                "grew_most": CATEGORIES[j],
+                "grew_by_ms": round(float(excess[j]), 3),
+            }
+        )
+    first_is_slow = bool(len(slow) and slow[0] == 0)
+    evidence = {
+        "step_ms": [round(float(x), 3) for x in ms],
+        "steps": steps.tolist(),
+        "median_ms": round(median, 3),
+        "mean_ms": round(mean, 3),
+        "slowest_over_median_pct": round(100 * spread, 1),
+        "slow_steps": slow_steps,
+    }
+    parts = [f"step {s['step']} {s['ms']:.0f} ms (+{s['over_median_pct']:.0f}%, mostly {s['grew_most']} +{s['grew_by_ms']:.1f} ms)" for s in slow_steps[:3]]
+    message = (
+        f"Steps range from {ms.min():.1f} to {ms.max():.1f} ms around a median of {median:.1f} ms; slow: {'; '.join(parts)}. "
+        f"The mean is {saving_ms:.1f} ms above the median, so the averages in this report mix in atypical steps."
+    )
+    fixes = []
+    if first_is_slow:
+        fixes.append("The first profiled step is still warm-up: skip more steps before recording (schedule wait/warmup).")
+    if len(slow) > int(first_is_slow):
+        fixes.append(
+            "Look at the other slow steps in the trace view: find the work only they do (DataLoader hiccup, checkpoint, "
+            "evaluation, GC, recompilation) and make it cheaper or asynchronous."
+        )
+    fixes.append("Record more active steps.")
+    fix = " ".join(fixes)
+    message += " " + fix
+    return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, fix=fix)

@@ -1,0 +1,203 @@
+"""Matrix work runs in fp32, not on fp16/bf16 Tensor Cores.
+
+## What it detects
+On an NVIDIA GPU with Tensor Cores (compute capability 7.0 or newer), the kernels of
+operators that could use them — convolutions, matmul/linear, RNN cells, attention — run no
+fp16/bf16 kernels: less than `max_half_share` (10%) of their kernel time is half precision,
+while they hold at least `min_eligible_share` (10%) of the kernel time. TF32 kernels on
+Ampere and newer use the Tensor Cores but are not mixed precision: they count as work that
+bf16 would still speed up.
+
+## Why it is slow
+Tensor Cores multiply fp16/bf16 matrices many times faster than the fp32 units (V100: 125
+TFLOPS against 15.7; A100: 312 bf16 against 156 TF32 and 19.5 fp32) and half-precision
+tensors move half the bytes. Eager PyTorch keeps everything in fp32 unless asked:
+`torch.autocast` runs each eligible op in fp16/bf16 and keeps precision-sensitive ops
+(softmax, reductions, losses) in fp32.
+
+## Evidence used
+- every kernel inside the steps, its launching op, whether that op can use Tensor Cores,
+  and the kernel's precision (fp16/bf16 markers in the name; on Ampere and newer, tensor-op
+  kernels without them are TF32; Volta and Turing have no TF32 mode);
+- the compute capability (trace device properties, else the facts file, else the
+  architecture named in library kernel names, at lower confidence);
+- the share of kernel time that is on the timeline (kernels hidden under other streams'
+  kernels do not shorten the step);
+- from the facts file: whether `autocast` and `GradScaler` were used.
+
+## Example
+Before:
+```python
+for x, y in loader:
+    loss = loss_fn(model(x.cuda()), y.cuda())
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+```
+After:
+```python
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x.cuda()), y.cuda())
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+```
+fp16 needs the GradScaler so small gradients survive. On Ampere and newer use
+`dtype=torch.bfloat16` and drop the scaler (bf16 has fp32's range).
+
+## How the saving is estimated
+Per step: the time of the eligible kernels that are not half precision, times
+(1 − 1/speed-up), times the share of kernel time on the timeline. Speed-ups (conservative,
+on the whole eligible kernel time, casts and layout changes included):
+
+| architecture | compute capability | fp32 → fp16/bf16 | TF32 → bf16 |
+| --- | --- | --- | --- |
+| Volta | 7.0 | 2.0× | – |
+| Turing | 7.5 | 2.0× | – |
+| Ampere (A100/A30) | 8.0 | 3.0× | 1.5× |
+| Ampere/Ada (A10, L4, L40, RTX 30/40) | 8.6 | 1.56× | 1.3× |
+| Hopper | 9.0 | 3.0× | 1.5× |
+| Blackwell | 10.0 | 3.0× | 1.5× |
+| Blackwell (RTX 50) | 12.0 | 1.56× | 1.3× |
+
+The datasheet ratios are 4-8× higher; 2.0× on Volta is what matches the ~1.5× throughput
+autocast gives a GPU-bound ResNet on a V100 with two thirds of its kernel time in
+convolutions. On Ampere and newer, plain fp32 kernels are first worth TF32's speed-up (the
+`tf32-disabled` rule claims that part); this rule claims only the further TF32 → bf16 part
+of them, so the two never count the same time twice. The estimate assumes the host keeps
+ahead of the GPU once the kernels are faster.
+
+Reference: https://pytorch.org/docs/stable/amp.html
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.engine import Context
+from advisor.metrics.compute import (
+    arch_speedup,
+    device_capability,
+    kernel_exposure,
+    kernel_precision,
+    step_kernels,
+    top_by_time,
+)
+from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
+from advisor.metrics.source import source_lines
+
+ID = "tensor-cores-unused"
+TITLE = "Matrix work runs in fp32, not on fp16/bf16 Tensor Cores"
+DOCS = "https://pytorch.org/docs/stable/amp.html"
+DEFAULTS = {"min_capability": 7.0, "min_eligible_share": 0.10, "max_half_share": 0.10, "min_share": 0.05}
+FIX = "Run the forward pass and the loss under torch.autocast (fp16 with a GradScaler before Ampere, bf16 from Ampere on)."
+AFTER_FP16 = """scaler = torch.amp.GradScaler("cuda")
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = loss_fn(model(x), y)
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+"""
+AFTER_BF16 = """with torch.autocast("cuda", dtype=torch.bfloat16):
+    loss = loss_fn(model(x), y)
+loss.backward()
+optimizer.step()
+"""
+AFTER = AFTER_FP16
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    opts = ctx.options
+    cap = device_capability(m, ctx.fact("device", "compute_capability"))
+    if not cap.nvidia or cap.value is None or cap.value < opts["min_capability"]:
+        return None
+    arch = arch_speedup(cap.value)
+    k = step_kernels(m)
+    total = float(k["dur"].sum())
+    step_ms = ctx.step_ms
+    if arch is None or total <= 0 or step_ms <= 0:
+        return None
+    precision = kernel_precision(k, cap.value)
+    eligible = k["eligible"].to_numpy(bool)
+    dur = k["dur"].to_numpy(np.float64)
+    eligible_ns = dur[eligible].sum()
+    if eligible_ns / total < opts["min_eligible_share"]:
+        return None
+    half_ns = dur[eligible & (precision == "half")].sum()
+    if half_ns / eligible_ns > opts["max_half_share"]:
+        return None  # mixed precision is in use
+
+    fp32_mask = eligible & (precision == "fp32")
+    tf32_mask = eligible & (precision == "tf32")
+    fp32_ns, tf32_ns = dur[fp32_mask].sum(), dur[tf32_mask].sum()
+    if arch.tf32_over_fp32 is None:
+        speedup = arch.half_over_fp32
+        saved_ns = fp32_ns * (1 - 1 / speedup)
+        method = f"{speedup:g}× fp32 → fp16 on {arch.name}"
+    else:
+        speedup = arch.half_over_tf32 or 1.0
+        saved_ns = (fp32_ns / arch.tf32_over_fp32 + tf32_ns) * (1 - 1 / speedup)
+        method = f"{speedup:g}× TF32 → bf16 on {arch.name} (fp32 kernels first counted at TF32 speed)"
+    exposure = kernel_exposure(m, k)
+    n_steps = max(len(m.steps), 1)
+    saving_ms = saved_ns * exposure / n_steps / 1e6
+    if saving_ms / step_ms < opts["min_share"]:
+        return None
+
+    bf16 = cap.value >= 8.0
+    dtype = "bfloat16" if bf16 else "float16"
+    autocast_used = ctx.fact("autocast", "used")
+    candidates = k[fp32_mask | tf32_mask]
+    eligible_ms = eligible_ns / n_steps / 1e6
+    where = "TF32" if tf32_ns > fp32_ns else "fp32"
+    evidence = {
+        "compute_capability": cap.value,
+        "compute_capability_source": cap.source,
+        "architecture": arch.name,
+        "tensor_core_kernel_share": round(m.tensor_core_kernel_share or 0.0, 4),
+        "eligible_share_of_kernel_time": round(eligible_ns / total, 4),
+        "half_precision_share_of_eligible": round(half_ns / eligible_ns, 4),
+        "fp32_eligible_ms_per_step": round(fp32_ns / n_steps / 1e6, 3),
+        "tf32_eligible_ms_per_step": round(tf32_ns / n_steps / 1e6, 3),
+        "speedup_used": method,
+        "kernel_time_on_timeline": round(exposure, 4),
+        "kernels": top_by_time(candidates, n_steps),
+        "ops": top_by_time(candidates.dropna(subset=["op"]), n_steps, by="op"),
+        "steps": m.steps["step"].tolist(),
+    }
+    host = ctx.frames.host
+    ops = set(candidates["op"].dropna().astype(str).unique())
+    op_rows = host[host["name"].astype(str).isin(ops) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]
+    lines = source_lines(ctx.frames, op_rows.head(300))
+    if lines:
+        evidence["source"] = lines
+    if autocast_used is not None:
+        evidence["autocast"] = {"used": autocast_used, "dtypes": ctx.fact("autocast", "dtypes"), "grad_scaler": ctx.fact("grad_scaler")}
+
+    share_txt = f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms per step) comes from ops that can use Tensor Cores"
+    if where == "TF32":
+        state = f"it runs in TF32, {100 * half_ns / eligible_ns:.0f}% in fp16/bf16"
+    else:
+        state = f"{100 * half_ns / eligible_ns:.0f}% of it runs on fp16/bf16 Tensor Cores"
+    gpu = f"{m.device.name or arch.name + ' GPU'} (compute capability {cap.value:.1f})"
+    if autocast_used:
+        fix = (
+            f"autocast is on, yet the eligible ops still run in {where}: make sure the forward pass and the loss run inside "
+            f"torch.autocast('cuda', dtype=torch.{dtype}) and that inputs are not cast back to float32."
+        )
+    elif bf16:
+        fix = f"wrap the forward pass and the loss in torch.autocast('cuda', dtype=torch.bfloat16) (no GradScaler needed)."
+    else:
+        fix = "wrap the forward pass and the loss in torch.autocast('cuda', dtype=torch.float16) and scale the loss with torch.amp.GradScaler."
+    message = (
+        f"{share_txt} on {gpu}, but {state}; {fix} "
+        f"Estimated {saving_ms:.1f} ms per step ({method})."
+    )
+    if autocast_used is None:
+        message += " (No facts file: autocast settings not checked; the kernel names show the precision.)"
+    confidence = "high" if cap.source in ("trace", "facts") else "medium"
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16)

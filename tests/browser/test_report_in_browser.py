@@ -1,0 +1,178 @@
+"""The HTML reports in a real browser: headless Chromium, driven over the DevTools protocol.
+
+Checks what only a browser can: the page's script runs under its own Content-Security-Policy,
+the charts are drawn with real sizes, sorting and zooming work, nothing logs an error, and a
+trace full of markup runs nothing. Screenshots go to test-artifacts/ (or
+$ADVISOR_TEST_ARTIFACTS) for CI to keep.
+
+Skips when no Chromium is installed (`apt-get install chromium`; CI's .ci/run installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from advisor.analysis import analyze
+from advisor.render.diff import compare, diff_html
+from advisor.render.html import to_html
+from cdp import Chromium, find_chromium
+from conftest import REPO
+from trace_edit import by_cat, events, load_events, name_contains, rename_events, trace_path, write_trace
+
+ARTIFACTS = Path(os.environ.get("ADVISOR_TEST_ARTIFACTS", REPO / "test-artifacts"))
+# Shipped sample runs, preferred over the shared V100 trace when they have been recorded.
+SAMPLE_RUNS = [REPO / "sample_runs" / "resnet18_cifar" / "runs" / "cpu_baseline"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("chromium not installed (apt-get install chromium; CI's .ci/run installs it)")
+    b = Chromium.launch(binary, width=1280, height=900)
+    yield b
+    b.close()
+
+
+def sample_run() -> Path:
+    for run in SAMPLE_RUNS:
+        if run.is_dir() and any(p.name.endswith((".json", ".json.gz")) for p in run.rglob("*")):
+            return run
+    return trace_path("v100_resnet50_nw0")
+
+
+def drawn_rects(page, selector: str) -> int:
+    """Rects inside `selector` that the browser laid out with a visible size."""
+    return page.evaluate(
+        f"""Array.from(document.querySelectorAll({selector!r} + ' rect')).filter(r => {{
+              const b = r.getBoundingClientRect(); return b.width > 0 && b.height > 0; }}).length"""
+    )
+
+
+def test_sample_report_draws_its_charts(browser, tmp_path):
+    run = sample_run()
+    path = tmp_path / "report.html"
+    path.write_text(to_html(analyze(run)), encoding="utf-8")
+    page = browser.open(path)
+
+    assert page.evaluate("document.documentElement.getAttribute('data-report-ready')") == "1", "the report's script did not run (CSP hash?)"
+    assert page.evaluate("getComputedStyle(document.body).fontFamily").startswith("system-ui"), "the stylesheet was not applied"
+    assert drawn_rects(page, "svg.hbar") >= 2  # the average step, split by category
+    assert drawn_rects(page, "svg.chart") >= 2  # per-step bars (and the memory bands)
+    assert drawn_rects(page, "svg.tl-body") >= 10  # the timeline
+    # The average-step bar is laid out edge to edge: its segments fill the bar's width.
+    widths = page.evaluate(
+        """(() => { const svg = document.querySelector('svg.hbar');
+             const sum = Array.from(svg.querySelectorAll('rect')).reduce((s, r) => s + r.getBoundingClientRect().width, 0);
+             return [sum, svg.getBoundingClientRect().width]; })()"""
+    )
+    assert widths[0] == pytest.approx(widths[1], abs=2)
+
+    # Sorting: the kernel table by calls, descending then ascending.
+    def calls_column() -> list[float]:
+        return page.evaluate(
+            """Array.from(document.querySelectorAll('table.kernels tbody tr')).map(r => parseFloat(r.cells[2].getAttribute('data-v')))"""
+        )
+
+    if page.evaluate("document.querySelector('table.kernels') !== null"):
+        page.evaluate("document.querySelector('table.kernels thead th:nth-child(3)').click()")
+        got = calls_column()
+        assert got == sorted(got, reverse=True) and len(got) > 1
+        page.evaluate("document.querySelector('table.kernels thead th:nth-child(3)').click()")
+        got = calls_column()
+        assert got == sorted(got)
+
+    # Zoom: 4× makes the timeline four times wider, and shows that zoom level's ticks.
+    before = page.evaluate("document.querySelector('svg.tl-body').getBoundingClientRect().width")
+    page.evaluate("document.querySelector('.tl button[data-zoom=\"4\"]').click()")
+    after = page.evaluate("document.querySelector('svg.tl-body').getBoundingClientRect().width")
+    assert after == pytest.approx(4 * before, abs=2)
+    assert page.evaluate("getComputedStyle(document.querySelector('.tl .tick.z4')).display") != "none"
+    assert page.evaluate("getComputedStyle(document.querySelector('.tl .tick.z1')).display") == "none"
+    page.evaluate("document.querySelector('.tl button[data-zoom=\"1\"]').click()")
+
+    assert page.errors() == []
+    shot = page.screenshot(ARTIFACTS / "report.png")
+    assert shot.stat().st_size > 20_000
+
+
+def test_diff_report_in_browser(browser, tmp_path):
+    c = compare(analyze(trace_path("v100_resnet50_nw0")), analyze(trace_path("v100_resnet50_nw4")))
+    path = tmp_path / "diff.html"
+    path.write_text(diff_html(c), encoding="utf-8")
+    page = browser.open(path)
+    assert page.evaluate("document.documentElement.getAttribute('data-report-ready')") == "1"
+    assert drawn_rects(page, "svg.hbar") >= 6  # promised/measured bars and before/after breakdowns
+    text = page.evaluate("document.body.innerText")
+    assert "resolved" in text and "dataloader-stall" in text
+    assert page.errors() == []
+    page.screenshot(ARTIFACTS / "diff.png")
+
+
+# --- hostile trace ------------------------------------------------------------------------
+# Each payload, if it ever ran, leaves a trace the test looks for: window.__xss, a changed
+# document.title, or an <xss-marker> element.
+SCRIPT_TAG = '<script>window.__xss="script";document.title="pwned"</script>'
+ATTR_BREAK = "\"><img src=x onerror=\"window.__xss='img';document.body.appendChild(document.createElement('xss-marker'))\">"
+SVG_BREAK = "'><svg onload=\"window.__xss='svg'\"></svg><title>pwned</title>"
+DATALOADER_SPAN = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def hostile_run(tmp_path: Path) -> Path:
+    """nw0 with hostile strings where the report shows trace strings. Changed, nothing else:
+
+    - every kernel event: its name gets SCRIPT_TAG + ATTR_BREAK appended (kernel table,
+      timeline tooltips, rule evidence);
+    - every `aten::cudnn_convolution` op: renamed to that name + ATTR_BREAK + SVG_BREAK (ops
+      table, "launched by" column, timeline);
+    - the DataLoader spans: SCRIPT_TAG inserted into the name, which still matches the
+      DataLoader pattern (dataloader-stall evidence, gpu-idle message, timeline lane);
+    - the run folder is named `run"><svg onload=...>` (page heading and title).
+    """
+    doc = load_events(trace_path("v100_resnet50_nw0"))
+    assert rename_events(doc, by_cat("Kernel"), lambda e: e["name"] + SCRIPT_TAG + ATTR_BREAK) > 1000
+    assert rename_events(doc, lambda e: e.get("name") == "aten::cudnn_convolution", "aten::cudnn_convolution" + ATTR_BREAK + SVG_BREAK) > 10
+    hostile_dl = DATALOADER_SPAN.replace("#_", "#" + SCRIPT_TAG + "_")
+    assert rename_events(doc, lambda e: e.get("name") == DATALOADER_SPAN, hostile_dl) > 0
+    assert events(doc, name_contains("<script>"))
+    run = tmp_path / ('run"><svg onload=window.__xss=1>')
+    write_trace(doc, run / "worker0.pt.trace.json")
+    return run
+
+
+def assert_nothing_ran(page) -> None:
+    assert page.evaluate("typeof window.__xss") == "undefined"
+    assert page.evaluate("document.title").startswith("advisor: run")
+    assert "pwned" not in page.evaluate("document.title")
+    assert page.evaluate("document.querySelectorAll('xss-marker, img, iframe, script[src]').length") == 0
+    assert page.evaluate("document.querySelectorAll('[onerror], [onload]').length") == 0
+    assert page.evaluate("document.querySelectorAll('script').length") == 1  # the report's own
+
+
+def test_hostile_trace_runs_nothing_and_shows_the_text(browser, tmp_path):
+    html = to_html(analyze(hostile_run(tmp_path)))
+    with_csp = tmp_path / "hostile.html"
+    with_csp.write_text(html, encoding="utf-8")
+    # The same page without its Content-Security-Policy: escaping alone must hold.
+    without_csp = tmp_path / "hostile-no-csp.html"
+    stripped, n = re.subn(r'<meta http-equiv="Content-Security-Policy" content="[^"]*">', "", html)
+    assert n == 1
+    without_csp.write_text(stripped, encoding="utf-8")
+
+    for path in (with_csp, without_csp):
+        page = browser.open(path)
+        assert page.evaluate("document.documentElement.getAttribute('data-report-ready')") == "1"
+        assert_nothing_ran(page)
+        text = page.evaluate("document.body.textContent")
+        assert SCRIPT_TAG in text and ATTR_BREAK in text and SVG_BREAK in text  # shown as text
+        tooltips = page.evaluate("Array.from(document.querySelectorAll('svg title')).map(t => t.textContent).join('\\n')")
+        assert SCRIPT_TAG in tooltips and ATTR_BREAK in tooltips
+        # Hover and sort: the table script moves rows around; still nothing may run.
+        page.evaluate("document.querySelectorAll('table.sortable th').forEach(th => th.click())")
+        assert_nothing_ran(page)
+        assert page.errors() == []  # with the CSP on: no violation, so nothing even tried
+    page.screenshot(ARTIFACTS / "hostile.png", full_page=False)

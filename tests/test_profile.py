@@ -1,0 +1,395 @@
+"""`advisor profile`: real runs of real scripts under the real torch.profiler (no mocks).
+
+Every run goes through a fresh process (`python -m advisor.capture`, the profile command on
+its own; one test through `python -m advisor profile`, the full CLI), because a capture
+changes process-wide state (sys.modules['__main__'], multiprocessing's forkserver) the way a
+real `advisor profile` process does. Windows and step counts are tiny to keep the file fast.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import REPO
+
+SAMPLE = REPO / "sample_runs" / "resnet18_cifar" / "train.py"
+QUICK = ["--wait", "0", "--warmup", "1", "--active", "1", "--no-stack"]
+
+TRAIN = """
+import os, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Numbers(Dataset):  # defined in the script: spawn workers must find __main__.Numbers
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)), i % 2
+
+
+def main():
+    method = os.environ.get("START_METHOD") or None
+    workers = int(os.environ.get("WORKERS", "0"))
+    loader = DataLoader(Numbers(), batch_size=4, num_workers=workers, multiprocessing_context=method if workers else None)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = 0
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+    print(f"finished {steps} steps as {__name__} argv={sys.argv[1:]}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.capture", timeout: int = 120) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", cli, *([] if cli == "advisor.capture" else ["profile"]), *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def facts(out: Path, name: str = "advisor_facts.json") -> dict:
+    data = orjson.loads((out / name).read_bytes())
+    assert data["schema"] == "advisor/facts/v1"
+    return data
+
+
+def traces(out: Path) -> list[Path]:
+    return sorted(out.glob("*.pt.trace.json.gz"))
+
+
+def advisor_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("advisor:")]
+
+
+# -- the sample, end to end -----------------------------------------------------------------
+
+def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", str(SAMPLE), "--", "--cpu-variant", "--steps", "50"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    [trace] = traces(out)
+    doc = json.loads(gzip.open(trace).read())
+    steps = {e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    assert steps == {"ProfilerStep#2", "ProfilerStep#3"}
+    assert any(e.get("cat") == "python_function" for e in doc["traceEvents"])  # with_stack by default
+    f = facts(out)
+    assert f["argv"] == [str(SAMPLE), "--cpu-variant", "--steps", "50"]
+    assert f["dataloaders"] == [{
+        "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
+        "dataset_len": 10000, "dataset_class": "FakeCIFAR10", "multiprocessing_context": None, "drop_last": False,
+    }]
+    assert f["cpu_count"] == len(os.sched_getaffinity(0))
+    assert f["device"]["type"] == "cpu" and f["versions"]["torch"]
+    assert f["optimizers"] == [{"class": "SGD", "foreach": None, "fused": None}]
+    assert f["zero_grad_set_to_none"] is False
+    assert f["autocast"] == {"used": False, "dtypes": []} and f["compile"] == {"used": False, "modes": []}
+    assert f["window"] == {"wait": 1, "warmup": 1, "active": 2, "repeat": 1}
+    assert len(f["step_times_ms"]) == 4 and all(t > 0 for t in f["step_times_ms"])
+    assert f["profiled_steps"] == [2, 3] and f["step_source"] == "optimizer"
+    assert f["stopped_early"] is True and f["outcome"] == "stopped"
+    assert any("stopped" in line and "on purpose" in line for line in advisor_lines(r.stderr))
+    assert "step 20" not in r.stdout  # the script's own output: it was stopped at step 4
+
+
+def test_full_cli_passes_script_options_after_double_dash(tmp_path: Path):
+    pytest.importorskip("advisor.cli")
+    script = write(tmp_path / "train.py", TRAIN)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), *QUICK, "--full", str(script), "--", "--device", "x", "-v"], tmp_path, cli="advisor")
+    assert r.returncode == 0, r.stderr
+    assert "finished 12 steps as __main__ argv=['--device', 'x', '-v']" in r.stdout
+    assert len(facts(out)["step_times_ms"]) == 12
+
+
+# -- DataLoader workers under every start method, Dataset defined in the script -------------
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_workers_with_a_dataset_defined_in_the_script(tmp_path: Path, method: str):
+    script = write(tmp_path / "train.py", TRAIN)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), *QUICK, "--full", str(script)], tmp_path, env={"START_METHOD": method, "WORKERS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "finished 12 steps as __main__" in r.stdout
+    f = facts(out)
+    assert f["dataloaders"][0]["num_workers"] == 1
+    assert f["dataloaders"][0]["multiprocessing_context"] == method
+    assert f["dataloaders"][0]["dataset_class"] == "Numbers"
+    assert len(traces(out)) == 1
+
+
+def test_module_mode_with_spawn_workers(tmp_path: Path):
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "train.py", TRAIN)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), *QUICK, "--full", "-m", "pkg.train", "--", "a", "b"], tmp_path, env={"START_METHOD": "spawn", "WORKERS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "finished 12 steps as __main__ argv=['a', 'b']" in r.stdout
+    assert facts(out)["script"] == "-m pkg.train"
+
+
+# -- the script's own failures come back as they are ----------------------------------------
+
+def test_script_traceback_and_exit_code_come_back(tmp_path: Path):
+    script = write(tmp_path / "fails.py", """
+        import torch
+        def helper():
+            raise ValueError("boom in the script")
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+        helper()
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "5", "--no-stack", str(script)], tmp_path)
+    assert r.returncode == 1
+    tb = r.stderr[r.stderr.index("Traceback (most recent call last):"):]
+    assert 'fails.py", line 10, in <module>' in tb and 'line 4, in helper' in tb
+    assert "ValueError: boom in the script" in tb
+    assert "advisor" not in tb.split("ValueError: boom in the script")[0]  # none of our frames
+    f = facts(out)
+    assert f["outcome"] == "error" and f["exit_code"] == 1 and len(f["step_times_ms"]) == 3
+
+
+def test_sys_exit_code_and_failure_before_the_first_step(tmp_path: Path):
+    script = write(tmp_path / "exits.py", "import sys\nprint('bye')\nsys.exit(7)\n")
+    r = profile(["--out", str(tmp_path / "a"), str(script)], tmp_path)
+    assert r.returncode == 7 and "bye" in r.stdout
+    assert facts(tmp_path / "a")["step_times_ms"] == []
+    script = write(tmp_path / "early.py", "import torch\nraise RuntimeError('before any step')\n")
+    r = profile(["--out", str(tmp_path / "b"), str(script)], tmp_path)
+    assert r.returncode == 1 and "RuntimeError: before any step" in r.stderr
+    assert traces(tmp_path / "b") == [] and facts(tmp_path / "b")["outcome"] == "error"
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def test_missing_script_is_one_line_and_exit_2(tmp_path: Path):
+    r = profile(["--out", str(tmp_path / "run"), "nope.py"], tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["advisor: error: nope.py: no such file"]
+    assert not (tmp_path / "run").exists()
+    r = profile(["-m", "no_such_module_here"], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no module named" in r.stderr
+
+
+def test_never_writes_into_an_existing_run_or_an_unwritable_place(tmp_path: Path):
+    script = write(tmp_path / "train.py", TRAIN)
+    old = tmp_path / "old_run"
+    old.mkdir()
+    (old / "advisor_facts.json").write_text("precious")
+    r = profile(["--out", str(old), str(script)], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "not empty" in r.stderr
+    assert (old / "advisor_facts.json").read_text() == "precious" and len(list(old.iterdir())) == 1
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    r = profile(["--out", str(blocker / "run"), str(script)], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot create the log directory" in r.stderr
+    assert blocker.read_text() == "x"
+
+
+def test_default_out_dir_is_new_every_time(tmp_path: Path):
+    script = write(tmp_path / "nosteps.py", "print('no training here')\n")
+    for _ in range(2):
+        r = profile([str(script)], tmp_path)
+        assert r.returncode == 0, r.stderr
+    runs = sorted((tmp_path / "advisor_runs").iterdir())
+    assert len(runs) == 2 and all(p.name.startswith("nosteps-") for p in runs)
+    assert all((p / "advisor_facts.json").is_file() for p in runs)
+
+
+# -- steps, window, stopping ----------------------------------------------------------------
+
+def test_stops_after_the_window_unless_full(tmp_path: Path):
+    script = write(tmp_path / "train.py", TRAIN)
+    r = profile(["--out", str(tmp_path / "cut"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "finished" not in r.stdout
+    f = facts(tmp_path / "cut")
+    assert f["stopped_early"] and len(f["step_times_ms"]) == 4 and f["profiled_steps"] == [2, 3]
+    r = profile(["--out", str(tmp_path / "full"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", "--full", str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "finished 12 steps" in r.stdout
+    f = facts(tmp_path / "full")
+    assert not f["stopped_early"] and len(f["step_times_ms"]) == 12 and f["profiled_steps"] == [2, 3]
+    assert f["outcome"] == "finished"
+
+
+def test_dataloader_batches_are_steps_when_there_is_no_optimizer(tmp_path: Path):
+    script = write(tmp_path / "infer.py", """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        model = torch.nn.Linear(4, 2)
+        with torch.no_grad():
+            for (x,) in DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=4):
+                model(x)
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), *QUICK, str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    f = facts(out)
+    assert f["step_source"] == "dataloader" and f["stopped_early"] and len(traces(out)) == 1
+
+
+def test_no_steps_found_is_said_and_facts_are_kept(tmp_path: Path):
+    script = write(tmp_path / "nosteps.py", "import torch\nprint('sum', torch.ones(3).sum().item())\n")
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), str(script)], tmp_path)
+    assert r.returncode == 0 and "sum 3.0" in r.stdout
+    assert any("no training steps found" in line for line in advisor_lines(r.stderr))
+    assert facts(out)["step_times_ms"] == [] and traces(out) == []
+
+
+def test_ctrl_c_during_the_window_keeps_what_was_captured(tmp_path: Path):
+    script = write(tmp_path / "train.py", """
+        import os, signal, torch
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(100):
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "5", "--no-stack", str(script)], tmp_path)
+    assert r.returncode == 130
+    assert any("interrupted" in line for line in advisor_lines(r.stderr))
+    f = facts(out)
+    assert f["outcome"] == "interrupted" and f["profiled_steps"] == [1, 2]
+    assert len(traces(out)) == 1
+
+
+def test_script_with_its_own_profiler_is_not_profiled_twice(tmp_path: Path):
+    script = write(tmp_path / "own.py", """
+        import torch
+        from torch.profiler import profile, schedule, tensorboard_trace_handler
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = schedule(wait=1, warmup=1, active=2, repeat=1)
+        with profile(schedule=sched, on_trace_ready=tensorboard_trace_handler("./own_log", use_gzip=True)) as prof:
+            for _ in range(6):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                prof.step()
+        print("own profiler done")
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "1", str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "own profiler done" in r.stdout  # not cut short: its window is its own
+    assert any("own torch.profiler" in line for line in advisor_lines(r.stderr))
+    theirs = sorted((tmp_path / "own_log").iterdir())
+    assert len(theirs) == 1
+    assert [p.name for p in traces(out)] == [theirs[0].name]  # only their trace, linked in
+    f = facts(out)
+    assert f["own_profiler"]["used"] and f["profiled_steps"] == [] and len(f["step_times_ms"]) == 6
+
+
+def test_facts_record_autocast_compile_and_scaler_and_hooks_are_undone(tmp_path: Path):
+    script = write(tmp_path / "flags.py", """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        compiled = torch.compile(model, mode="reduce-overhead")  # lazy: never run here
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=True)
+        scaler = torch.amp.GradScaler("cpu")
+        torch.backends.cudnn.benchmark = True
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(2, 4)).float().sum()
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    """)
+    check = tmp_path / "check.py"
+    check.write_text(textwrap.dedent(f"""
+        import torch, torch.utils.data.dataloader as dl
+        from torch.optim.optimizer import Optimizer
+        before = (torch.compile, Optimizer._patch_step_function, Optimizer.zero_grad, dl.DataLoader.__iter__,
+                  dl._BaseDataLoaderIter.__next__, torch.amp.autocast_mode.autocast.__enter__, torch.amp.GradScaler.step)
+        from advisor.capture.runner import Target
+        from advisor.capture.session import CaptureOptions, capture
+        from pathlib import Path
+        out = Path({str(tmp_path / 'run')!r}); out.mkdir()
+        result = capture(Target("script", {str(script)!r}), CaptureOptions(out_dir=out, wait=0, warmup=1, active=1, with_stack=False, progress=False))
+        after = (torch.compile, Optimizer._patch_step_function, Optimizer.zero_grad, dl.DataLoader.__iter__,
+                 dl._BaseDataLoaderIter.__next__, torch.amp.autocast_mode.autocast.__enter__, torch.amp.GradScaler.step)
+        assert all(a is b for a, b in zip(before, after)), [a for a, b in zip(before, after) if a is not b]
+        assert not getattr(torch.optim.SGD.step, "__advisor_wrapper__", False)
+        from torch.optim.optimizer import _global_optimizer_post_hooks
+        assert not _global_optimizer_post_hooks
+        print("undone", result.outcome.how)
+    """))
+    r = subprocess.run([sys.executable, str(check)], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "undone stopped" in r.stdout
+    f = facts(tmp_path / "run")
+    assert f["autocast"] == {"used": True, "dtypes": ["bfloat16"]}
+    assert f["compile"] == {"used": True, "modes": ["reduce-overhead"]}
+    assert f["grad_scaler"] is True and f["cudnn_benchmark"] is True and f["zero_grad_set_to_none"] is True
+    assert f["optimizers"] == [{"class": "SGD", "foreach": True, "fused": None}]
+    assert len(f["step_times_ms"]) == 2 and f["step_source"] == "optimizer"
+
+
+# -- several processes ----------------------------------------------------------------------
+
+def test_torchrun_two_ranks_gloo(tmp_path: Path):
+    script = write(tmp_path / "ddp.py", """
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(10):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        dist.destroy_process_group()
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--nproc-per-node", "2", *QUICK, str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names[:2] == ["advisor_facts.rank0.json", "advisor_facts.rank1.json"]
+    assert [n.split(".")[0] for n in names[2:]] == ["rank0", "rank1"]
+    for rank in (0, 1):
+        f = facts(out, f"advisor_facts.rank{rank}.json")
+        assert f["rank"] == rank and f["world_size"] == 2 and f["parallel"]["ddp"] and f["stopped_early"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_is_profiled(tmp_path: Path):
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--device", "cuda", "--wait", "1", "--warmup", "1", "--active", "2", str(SAMPLE), "--", "--steps", "10"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    f = facts(out)
+    assert f["device"]["type"] == "cuda" and f["device"]["compute_capability"] and f["device"]["max_memory_allocated_bytes"]
+    doc = json.loads(gzip.open(traces(out)[0]).read())
+    assert any(e.get("cat") == "kernel" for e in doc["traceEvents"])
