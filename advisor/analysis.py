@@ -23,6 +23,7 @@ from advisor.load.trace import TraceFrames, load_trace
 from advisor.metrics.summary import Metrics, _stats, compute_metrics
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
+WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 REPORT_SCHEMA = "advisor/report/v1"
 
@@ -148,15 +149,33 @@ def load_ranks(run: RunFiles, warnings: list[str], progress: Callable[[Path], No
             frames.append(loaded.frames)
     if not frames:
         raise errors[0]
-    # Several windows of one rank (profiler `repeat`): keep the newest window of each rank.
-    dist = [f.rank for f in frames]
-    if len(frames) > 1 and all(r is not None for r in dist) and len(set(dist)) < len(dist):
-        newest: dict[int, TraceFrames] = {}
-        for f in sorted(frames, key=lambda f: f.path.stat().st_mtime):
-            newest[f.rank] = f  # type: ignore[index]
-        warnings.append(f"{len(frames)} trace files for {len(newest)} rank(s): using the newest window of each")
-        frames = sorted(newest.values(), key=lambda f: f.rank)  # type: ignore[arg-type,return-value]
-    return frames
+    return _one_window_per_worker(frames, warnings)
+
+
+def worker_key(frames: TraceFrames) -> str:
+    """Which process wrote a trace: its distributed rank, else the handler's worker name
+    (`<worker>.<timestamp>.pt.trace.json[.gz]`), else the file itself."""
+    if frames.rank is not None:
+        return f"rank{frames.rank}"
+    m = WINDOW_FILE.match(frames.path.name)
+    return m.group(1) if m else frames.path.name
+
+
+def _one_window_per_worker(frames: list[TraceFrames], warnings: list[str]) -> list[TraceFrames]:
+    """Several files from one worker are profiling windows (schedule `repeat`, or a last
+    partial window cut short), not ranks: keep the window with the most steps (then the newest)."""
+    by_worker: dict[str, list[TraceFrames]] = {}
+    for f in frames:
+        by_worker.setdefault(worker_key(f), []).append(f)
+    if all(len(v) == 1 for v in by_worker.values()):
+        return frames
+    kept = []
+    for key, windows in by_worker.items():
+        best = max(windows, key=lambda f: (len(f.steps), f.path.stat().st_mtime))
+        kept.append(best)
+        if len(windows) > 1:
+            warnings.append(f"{len(windows)} profiling windows from worker {key}: using {best.path.name} ({len(best.steps)} steps)")
+    return [f for f in frames if any(f is k for k in kept)]
 
 
 def analyze(

@@ -257,14 +257,27 @@ def _settle(findings: list[Finding], rules: list[Rule], step_ms: float) -> list[
     """Symptoms defer to their causes; the total saving is capped at the step time."""
     causes = {r.id: r.causes for r in rules}
     fired = {f.rule: f for f in findings}
+    raw = {f.rule: f.saving_ms for f in findings}
+    settled: dict[str, float | None] = {}
+
+    def settle(rule_id: str, seen: frozenset = frozenset()) -> float | None:
+        # A cause is settled before the symptom that lists it, so nothing is subtracted twice.
+        if rule_id in settled:
+            return settled[rule_id]
+        saving = raw[rule_id]
+        explained = [c for c in causes.get(rule_id, ()) if c in fired and c not in seen]
+        if saving is not None and explained:
+            saving -= sum(settle(c, seen | {rule_id}) or 0 for c in explained)
+        settled[rule_id] = saving
+        return saving
+
     kept = []
     for f in findings:
         explained = [c for c in causes.get(f.rule, ()) if c in fired]
         if explained:
-            claimed = sum(fired[c].saving_ms or 0 for c in explained)
             f.causes = explained
             if f.saving_ms is not None:
-                f.saving_ms = f.saving_ms - claimed
+                f.saving_ms = settle(f.rule)
                 if f.saving_ms <= 0.01 * step_ms:
                     continue  # fully explained by its causes: they carry the saving
                 f.saving_pct = f.saving_ms / step_ms if step_ms else None

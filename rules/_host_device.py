@@ -65,9 +65,9 @@ class Timeline:
 
     `idle_s/e` is the device's idle time; `starved_s/e` the part of it that ends with work
     the host launched only after the device had gone idle (the device waited for the host,
-    not for a dependency on another stream or rank). Both leave out DataLoader spans (that
-    time belongs to `dataloader-stall`) and any windows given to `without` (time another
-    rule already claims).
+    not for a dependency on another stream or rank). Both leave out DataLoader spans when
+    `dataloader-stall` claims them (exposed DataLoader time at or above its default share)
+    and any windows given to `without` (time another rule already claims).
     """
 
     frames: TraceFrames
@@ -186,12 +186,22 @@ def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray
     return merge(lo[keep], hi[keep])
 
 
+def _loader_claimed(m: Metrics) -> bool:
+    """Whether `dataloader-stall` claims the DataLoader time (its default threshold is met)."""
+    from advisor.rules.dataloader_stall import DEFAULTS as LOADER_DEFAULTS
+
+    step_ms = m.mean_step_ns / 1e6
+    return step_ms > 0 and m.breakdown_mean_ms["dataloader"] / step_ms >= LOADER_DEFAULTS["min_share"]
+
+
 def timeline(m: Metrics) -> Timeline:
     f = m.frames
     dev = f.device
     bs, be = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     host = f.host
     dl = host[_matches(host["name"], DATALOADER_NAME)]
+    if not _loader_claimed(m):
+        dl = dl.iloc[:0]  # dataloader-stall will not fire: its time is anyone's
     ls, le = merge(dl["ts"].to_numpy(np.int64), dl["end"].to_numpy(np.int64))
     st = m.steps
     hs = st["host_start"].to_numpy(np.int64) if "host_start" in st else st["start"].to_numpy(np.int64)
@@ -284,12 +294,6 @@ class OpTree:
             found[take] = cur[take]
             cur = np.where(live, self.parent[np.clip(cur, 0, None)], -1)
         return found
-
-    def descendants_of(self, roots: np.ndarray) -> np.ndarray:
-        """Mask over ops: inside (or equal to) one of the root positions."""
-        is_root = np.zeros(len(self.ops), dtype=bool)
-        is_root[np.asarray(roots, dtype=np.int64)] = True
-        return self.nearest_ancestor(np.arange(len(self.ops)), is_root) >= 0
 
 
 def op_tree(frames: TraceFrames) -> OpTree:
@@ -677,10 +681,6 @@ def _inside_python_frame(frames: TraceFrames, rows: pd.DataFrame, pattern: re.Pa
     return out
 
 
-def step_list(tl: Timeline, ts: np.ndarray, limit: int = 20) -> list[int]:
-    return tl.step_numbers(ts)[:limit]
-
-
 def per_step(total_ns: float, tl: Timeline) -> float:
     """ns over the window → ms per step."""
     return float(total_ns) / max(tl.n_steps, 1) / 1e6
@@ -689,7 +689,7 @@ def per_step(total_ns: float, tl: Timeline) -> float:
 # --- who claims which idle time -----------------------------------------------------------
 # Device idle time is claimed by the first rule in this order that explains it; every later
 # rule measures on a timeline with the earlier claims taken out, so no two rules count the
-# same milliseconds. (DataLoader spans are always left to `dataloader-stall`.)
+# same milliseconds. (DataLoader spans go to `dataloader-stall` when it claims them.)
 PRECEDENCE = [
     "h2d-pageable-copy",
     "cpu-tensor-then-copy",

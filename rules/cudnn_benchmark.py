@@ -53,7 +53,16 @@ import pandas as pd
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
-from advisor.metrics.compute import arch_speedup, device_capability, is_conv, kernel_exposure, kernel_precision, step_kernels, top_by_time
+from advisor.metrics.compute import (
+    arch_speedup,
+    device_capability,
+    is_conv,
+    kernel_exposure,
+    kernel_precision,
+    launching_host_rows,
+    step_kernels,
+    top_by_time,
+)
 from advisor.metrics.source import source_lines
 from advisor.metrics.steps import step_of
 
@@ -135,19 +144,17 @@ def check(ctx: Context):
         "ops": top_by_time(fallback.dropna(subset=["op"]), n_steps, by="op"),
         "steps": m.steps["step"].tolist(),
     }
-    host = ctx.frames.host
-    rows = host[_matches(host["name"], CONV_OP_WITH_SHAPES)]
-    lines = source_lines(ctx.frames, rows.head(300))
+    lines = source_lines(ctx.frames, launching_host_rows(ctx.frames, fallback).head(300))
     if lines:
         evidence["source"] = lines
     message = (
-        f"{fallback_ms:.1f} ms per step ({100 * fallback_ms / conv_ms:.0f}% of convolution kernel time) runs cuDNN's fallback "
-        "algorithms (implicit GEMM, ALGO_0) that its heuristics pick when torch.backends.cudnn.benchmark is off"
+        f"{fallback_ms:.1f} ms/step ({100 * fallback_ms / conv_ms:.0f}% of convolution kernel time) runs cuDNN's fallback "
+        "algorithms (implicit GEMM, ALGO_0), the heuristics' pick with cudnn.benchmark off"
     )
-    message += "; the convolution shapes are the same in every step." if shapes else "; input shapes are not in the trace (record_shapes=False): use benchmark mode only if they stay fixed."
+    message += "; the convolution shapes repeat every step" if shapes else "; input shapes are not in the trace (record_shapes=False): benchmark only if they stay fixed"
+    message += f". cudnn.benchmark = True: ~{saving_ms:.1f} ms/step"
+    message += f" ({standalone_ms:.1f} ms alone; counted after autocast's gain on the same kernels)." if after_amp < 1.0 else "."
     if benchmark is None:
-        message += " The benchmark switch is not recorded (no facts file), so this is inferred from the kernels."
-    message += f" Estimated {saving_ms:.1f} ms per step"
-    message += f" (alone {standalone_ms:.1f} ms; counted after the mixed-precision gain on the same kernels)." if after_amp < 1.0 else "."
+        message += " The switch is not recorded (no facts file): inferred from the kernels."
     confidence = "medium" if benchmark is False and shapes else "low"
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence)

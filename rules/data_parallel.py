@@ -5,7 +5,9 @@
 the backward nodes of its scatter/broadcast/gather (`BroadcastBackward`,
 `ReduceAddCoalescedBackward`, `GatherBackward`, `ScatterBackward`) inside the steps, or
 `parallel.data_parallel` in the facts file. A `DistributedDataParallel.forward` is not this.
-It fires when the estimated saving is at least `min_share` of the step (1% by default).
+It fires whenever the trace shows several devices (or the facts say DataParallel is used);
+with a single device, where DataParallel only scatters the batch, when the estimated saving
+is at least `min_share` of the step (1% by default).
 
 ## Why it is slow
 `DataParallel` is one process driving all GPUs. Every step it scatters the batch from GPU 0,
@@ -28,8 +30,9 @@ Before:
 ```python
 model = nn.DataParallel(model).cuda()
 ```
-After (launch with `torchrun --nproc_per_node=NUM_GPUS train.py`):
+After:
 ```python
+# launched with: torchrun --nproc_per_node=NUM_GPUS train.py
 dist.init_process_group("nccl")
 local_rank = int(os.environ["LOCAL_RANK"])
 torch.cuda.set_device(local_rank)
@@ -107,8 +110,9 @@ def check(ctx: Context):
     saving = per_step(idle_ns.sum() + exposed_transfer.sum(), tl)
     devices = sorted(int(d) for d in dev["device"].unique() if d >= 0)
     used_facts = ctx.fact("parallel", "data_parallel")
-    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
-        return None
+    several = len(devices) > 1 or bool(used_facts)
+    if saving <= 0 or (not several and saving / ctx.step_ms < ctx.options["min_share"]):
+        return None  # on one device DataParallel only scatters: flag it only if that costs
 
     peer = dev[(dev["kind"] == "memcpy") & dev["copy_kind"].isin(["PtoP", "DtoD"])]
     evidence = {

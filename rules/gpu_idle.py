@@ -4,7 +4,8 @@
 The share of each step with no kernel, copy or memset running on the device is above
 `1 - max_utilization` (GPU utilisation below 60% by default). This is a symptom: it says the
 device waits, not why. When a rule that explains the wait fires (the DataLoader, pageable or
-oversized copies, host synchronisation, launch overhead, a batch too small for the device),
+oversized copies, host synchronisation, launch overhead, `zero_grad` memsets, a batch too
+small for the device),
 this finding keeps only the idle time those rules do not already claim, and points at them.
 
 ## Why it is slow

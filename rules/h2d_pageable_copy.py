@@ -48,7 +48,8 @@ a realistic figure for the link: PCIe 3 12 GB/s for compute capability below 8.0
 while the host sat in the copy call and its stream sync, plus the idle gap after it as far as
 the host could have filled it while the copy was running (with `non_blocking=True` the next
 kernels are queued behind the copy). Pinning in the DataLoader's worker processes adds no
-time to the step.
+time to the step. The figure is the median over the steps of each step's sum, so that one
+step's one-off stall does not set it (such a step is named in the message).
 
 Reference: https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers
 """
@@ -56,7 +57,6 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buf
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
@@ -98,10 +98,17 @@ def check(ctx: Context):
     block = tl.blocking_cost(pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64))
     host_wait = (pageable["block_end"] - pageable["call_ts"]).to_numpy(np.float64)
 
-    copy_ms = per_step(copy_saved.sum(), tl)
-    block_ms = per_step(block["cost"].sum(), tl)
-    saving = copy_ms + block_ms
-    if saving / ctx.step_ms < ctx.options["min_share"]:
+    # Per step, then the median: the copies recur every step, and one step's one-off stall
+    # (page faults on the first batch, say) should not set the figure for all of them.
+    step_i = tl.step_index(pageable["ts"].to_numpy(np.int64))
+    per_step_ns = np.zeros(tl.n_steps)
+    np.add.at(per_step_ns, step_i[step_i >= 0], (copy_saved + block["cost"].to_numpy(np.float64))[step_i >= 0])
+    copy_ns = np.zeros(tl.n_steps)
+    np.add.at(copy_ns, step_i[step_i >= 0], copy_saved[step_i >= 0])
+    saving = float(np.median(per_step_ns)) / 1e6
+    copy_ms = float(np.median(copy_ns)) / 1e6
+    block_ms = saving - copy_ms
+    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
         return None
 
     measured = total_bytes / max(float(dur.sum()), 1.0)  # bytes/ns == GB/s
@@ -117,9 +124,8 @@ def check(ctx: Context):
         "saving_from_not_blocking_ms": round(block_ms, 3),
         "steps": tl.step_numbers(pageable["ts"].to_numpy(np.int64)),
     }
-    by_step = pd.Series(copy_saved + block["cost"].to_numpy(np.float64)).groupby(tl.step_index(pageable["ts"].to_numpy(np.int64))).sum()
     steps = m.steps["step"].to_numpy()
-    evidence["saving_by_step_ms"] = {int(steps[i]): round(float(v) / 1e6, 3) for i, v in by_step.items() if i >= 0}
+    evidence["saving_by_step_ms"] = {int(steps[i]): round(float(v) / 1e6, 3) for i, v in enumerate(per_step_ns)}
     ops = pageable["copy_op"].to_numpy()
     lines = source_lines(ctx.frames, tree.ops.iloc[ops[ops >= 0]]) if (ops >= 0).any() else []
     if lines:
@@ -147,6 +153,6 @@ def check(ctx: Context):
         f"pinned at ~{pinned_gbps:.0f} GB/s with non_blocking=True saves ~{saving:.2f} ms/step."
     )
     worst = max(evidence["saving_by_step_ms"].items(), key=lambda kv: kv[1], default=None)
-    if worst is not None and len(evidence["saving_by_step_ms"]) > 1 and worst[1] > 0.5 * sum(evidence["saving_by_step_ms"].values()):
-        message += f" Most of it is in step {worst[0]} ({worst[1]:.1f} ms)."
+    if worst is not None and len(per_step_ns) > 2 and worst[1] > 3 * saving:
+        message += f" (Step {worst[0]} alone lost {worst[1]:.1f} ms in these copies; the figure is the median step's.)"
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix)

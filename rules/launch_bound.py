@@ -21,7 +21,7 @@ same number of launches.
   launched (from the runtime call linked by correlation id);
 - kernel count and durations per step; the ops that launched the kernels after the gaps;
 - from the facts file, when present: whether `torch.compile` is already used.
-Gaps inside DataLoader spans, blocking copies, syncs and their aftermath, allocator calls,
+Gaps inside DataLoader spans (when `dataloader-stall` fires), blocking copies, syncs and their aftermath, allocator calls,
 `zero_grad` memsets, per-parameter optimizer steps and `DataParallel` spans are left to
 those rules.
 
@@ -55,8 +55,8 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.intervals import merge, overlap_with
-from advisor.rules._host_device import intersect, op_tree, per_step, timeline, timeline_for
+from advisor.metrics.intervals import merge
+from advisor.rules._host_device import LAUNCH_CALL, intersect, op_tree, per_step, runtime_calls, timeline, timeline_for
 
 ID = "launch-bound"
 TITLE = "The GPU waits for the host to launch kernels"
@@ -96,9 +96,7 @@ def check(ctx: Context):
     # Which ops' kernels the device was waiting for.
     after = k[np.isin(k["ts"].to_numpy(np.int64), fe)]
     waited_for = after["op"].fillna("(unknown op)").astype(str).value_counts(normalize=True).head(5).round(3).to_dict()
-    rt = ctx.frames.runtime
-    launch_names = rt["name"].astype(str)
-    lc = rt[launch_names.str.contains(r"^(cuda|cu|hip)(Launch|ExtLaunch|ModuleLaunch|ExtModuleLaunch)", regex=True).to_numpy()]
+    lc = runtime_calls(ctx.frames, LAUNCH_CALL)
     lc = lc[base.in_host_steps(lc["ts"].to_numpy(np.int64))]
     idle_share = 1.0 - (m.gpu_utilization or 0.0)
     compiled = ctx.fact("compile", "used")
@@ -124,5 +122,4 @@ def check(ctx: Context):
         f"{saving:.1f} ms/step in {evidence['starved_gaps_per_step']:.0f} short gaps waiting for the next launch; "
         f"CUDA graphs (torch.compile mode='reduce-overhead') or a larger batch recover up to that."
     )
-    _ = overlap_with
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, fix=fix)

@@ -96,10 +96,10 @@ def check(ctx: Context):
         "slowest_over_median_pct": round(100 * spread, 1),
         "slow_steps": slow_steps,
     }
-    parts = [f"step {s['step']} {s['ms']:.0f} ms (+{s['over_median_pct']:.0f}%, mostly {s['grew_most']} +{s['grew_by_ms']:.1f} ms)" for s in slow_steps[:3]]
+    parts = [f"step {s['step']} +{s['over_median_pct']:.0f}% ({s['grew_most']} +{s['grew_by_ms']:.1f} ms)" for s in slow_steps[:3]]
     message = (
-        f"Steps range from {ms.min():.1f} to {ms.max():.1f} ms around a median of {median:.1f} ms; slow: {'; '.join(parts)}. "
-        f"The mean is {saving_ms:.1f} ms above the median, so the averages in this report mix in atypical steps."
+        f"Steps range {ms.min():.1f}–{ms.max():.1f} ms around a median of {median:.1f} ms ({', '.join(parts)}): "
+        f"the mean is {saving_ms:.1f} ms above the median, so this window's averages mix in atypical steps."
     )
     fixes = []
     if first_is_slow:
@@ -111,5 +111,5 @@ def check(ctx: Context):
         )
     fixes.append("Record more active steps.")
     fix = " ".join(fixes)
-    message += " " + fix
+    message += " " + fixes[0]
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, fix=fix)

@@ -4,9 +4,9 @@
 On an NVIDIA GPU with Tensor Cores (compute capability 7.0 or newer), the kernels of
 operators that could use them — convolutions, matmul/linear, RNN cells, attention — run no
 fp16/bf16 kernels: less than `max_half_share` (10%) of their kernel time is half precision,
-while they hold at least `min_eligible_share` (10%) of the kernel time. TF32 kernels on
-Ampere and newer use the Tensor Cores but are not mixed precision: they count as work that
-bf16 would still speed up.
+while they hold at least `min_eligible_share` (10%) of the kernel time, and the estimated
+saving is at least `min_share` (5%) of the step. TF32 kernels on Ampere and newer use the
+Tensor Cores but are not mixed precision: they count as work that bf16 would still speed up.
 
 ## Why it is slow
 Tensor Cores multiply fp16/bf16 matrices many times faster than the fp32 units (V100: 125
@@ -57,15 +57,15 @@ on the whole eligible kernel time, casts and layout changes included):
 | --- | --- | --- | --- |
 | Volta | 7.0 | 2.0× | – |
 | Turing | 7.5 | 2.0× | – |
-| Ampere (A100/A30) | 8.0 | 3.0× | 1.5× |
-| Ampere/Ada (A10, L4, L40, RTX 30/40) | 8.6 | 1.56× | 1.3× |
+| Ampere A100/A30 | 8.0 | 3.0× | 1.5× |
+| Ampere/Ada A10, L4, L40, RTX 30/40 | 8.6 | 1.56× | 1.3× |
 | Hopper | 9.0 | 3.0× | 1.5× |
 | Blackwell | 10.0 | 3.0× | 1.5× |
-| Blackwell (RTX 50) | 12.0 | 1.56× | 1.3× |
+| Blackwell RTX 50 | 12.0 | 1.56× | 1.3× |
 
-The datasheet ratios are 4-8× higher; 2.0× on Volta is what matches the ~1.5× throughput
-autocast gives a GPU-bound ResNet on a V100 with two thirds of its kernel time in
-convolutions. On Ampere and newer, plain fp32 kernels are first worth TF32's speed-up (the
+The datasheet peak ratios are higher (V100 fp16/fp32 8×; A100 bf16/TF32 2×, bf16/fp32 16×):
+2.0× on Volta is what matches the ~1.5× throughput autocast gives a GPU-bound ResNet on a
+V100 with two thirds of its kernel time in convolutions. On Ampere and newer, plain fp32 kernels are first worth TF32's speed-up (the
 `tf32-disabled` rule claims that part); this rule claims only the further TF32 → bf16 part
 of them, so the two never count the same time twice. The estimate assumes the host keeps
 ahead of the GPU once the kernels are faster.
@@ -83,6 +83,7 @@ from advisor.metrics.compute import (
     device_capability,
     kernel_exposure,
     kernel_precision,
+    launching_host_rows,
     step_kernels,
     top_by_time,
 )
@@ -137,11 +138,11 @@ def check(ctx: Context):
     if arch.tf32_over_fp32 is None:
         speedup = arch.half_over_fp32
         saved_ns = fp32_ns * (1 - 1 / speedup)
-        method = f"{speedup:g}× fp32 → fp16 on {arch.name}"
+        method = f"{speedup:g}× on that time, {arch.name}"
     else:
         speedup = arch.half_over_tf32 or 1.0
         saved_ns = (fp32_ns / arch.tf32_over_fp32 + tf32_ns) * (1 - 1 / speedup)
-        method = f"{speedup:g}× TF32 → bf16 on {arch.name} (fp32 kernels first counted at TF32 speed)"
+        method = f"{speedup:g}× TF32 → bf16, {arch.name}"
     exposure = kernel_exposure(m, k)
     n_steps = max(len(m.steps), 1)
     saving_ms = saved_ns * exposure / n_steps / 1e6
@@ -169,35 +170,43 @@ def check(ctx: Context):
         "ops": top_by_time(candidates.dropna(subset=["op"]), n_steps, by="op"),
         "steps": m.steps["step"].tolist(),
     }
-    host = ctx.frames.host
-    ops = set(candidates["op"].dropna().astype(str).unique())
-    op_rows = host[host["name"].astype(str).isin(ops) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]
-    lines = source_lines(ctx.frames, op_rows.head(300))
+    lines = source_lines(ctx.frames, eligible_op_rows(ctx.frames, candidates).head(300))
     if lines:
         evidence["source"] = lines
-    if autocast_used is not None:
-        evidence["autocast"] = {"used": autocast_used, "dtypes": ctx.fact("autocast", "dtypes"), "grad_scaler": ctx.fact("grad_scaler")}
+    evidence["autocast"] = (
+        {"used": autocast_used, "dtypes": ctx.fact("autocast", "dtypes"), "grad_scaler": ctx.fact("grad_scaler")}
+        if autocast_used is not None
+        else "not recorded (no facts file); the kernel names show the precision"
+    )
 
-    share_txt = f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms per step) comes from ops that can use Tensor Cores"
-    if where == "TF32":
-        state = f"it runs in TF32, {100 * half_ns / eligible_ns:.0f}% in fp16/bf16"
-    else:
-        state = f"{100 * half_ns / eligible_ns:.0f}% of it runs on fp16/bf16 Tensor Cores"
-    gpu = f"{m.device.name or arch.name + ' GPU'} (compute capability {cap.value:.1f})"
+    half_pct = 100 * half_ns / eligible_ns
+    state = f"it runs in TF32 ({half_pct:.0f}% fp16/bf16)" if where == "TF32" else f"{half_pct:.0f}% of it runs in fp16/bf16"
+    gpu = f"{m.device.name or arch.name + ' GPU'} (cc {cap.value:.1f})"
     if autocast_used:
         fix = (
-            f"autocast is on, yet the eligible ops still run in {where}: make sure the forward pass and the loss run inside "
-            f"torch.autocast('cuda', dtype=torch.{dtype}) and that inputs are not cast back to float32."
+            f"autocast is on, yet these ops still run in {where}: run the forward pass and the loss inside "
+            f"torch.autocast('cuda', dtype=torch.{dtype}) and do not cast inputs back to float32."
         )
+        how = "Autocast covering them"
     elif bf16:
-        fix = f"wrap the forward pass and the loss in torch.autocast('cuda', dtype=torch.bfloat16) (no GradScaler needed)."
+        fix = "Run the forward pass and the loss under torch.autocast('cuda', dtype=torch.bfloat16); bf16 needs no GradScaler."
+        how = "Autocast to bfloat16"
     else:
-        fix = "wrap the forward pass and the loss in torch.autocast('cuda', dtype=torch.float16) and scale the loss with torch.amp.GradScaler."
+        fix = "Run the forward pass and the loss under torch.autocast('cuda', dtype=torch.float16) and scale the loss with torch.amp.GradScaler."
+        how = "Autocast to float16 with a GradScaler"
     message = (
-        f"{share_txt} on {gpu}, but {state}; {fix} "
-        f"Estimated {saving_ms:.1f} ms per step ({method})."
+        f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms/step) is convolution/matmul work that can use "
+        f"Tensor Cores, yet {state} on {gpu}. {how}: ~{saving_ms:.1f} ms/step ({method})."
     )
-    if autocast_used is None:
-        message += " (No facts file: autocast settings not checked; the kernel names show the precision.)"
     confidence = "high" if cap.source in ("trace", "facts") else "medium"
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16)
+
+
+def eligible_op_rows(frames, kernels):
+    """Host rows of the ops that launched the kernels (by id), else of eligible ops by name."""
+    rows = launching_host_rows(frames, kernels)
+    if len(rows):
+        return rows
+    host = frames.host
+    names = set(kernels["op"].dropna().astype(str).unique())
+    return host[host["name"].astype(str).isin(names) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]

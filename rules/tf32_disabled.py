@@ -41,11 +41,11 @@ Per step: the fp32 GEMM/convolution kernel time of the families whose switch is 
 
 | architecture | compute capability | fp32 → TF32 |
 | --- | --- | --- |
-| Ampere (A100/A30) | 8.0 | 2.0× |
-| Ampere/Ada (A10, L4, L40, RTX 30/40) | 8.6 | 1.2× |
+| Ampere A100/A30 | 8.0 | 2.0× |
+| Ampere/Ada A10, L4, L40, RTX 30/40 | 8.6 | 1.2× |
 | Hopper | 9.0 | 2.0× |
 | Blackwell | 10.0 | 2.0× |
-| Blackwell (RTX 50) | 12.0 | 1.2× |
+| Blackwell RTX 50 | 12.0 | 1.2× |
 
 The further TF32 → bf16 step belongs to `tensor-cores-unused`, which counts only that part of
 the same kernels, so the two never count the same time twice.
@@ -70,8 +70,8 @@ from advisor.metrics.compute import (
     step_kernels,
     top_by_time,
 )
-from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
 from advisor.metrics.source import source_lines
+from advisor.rules.tensor_cores_unused import eligible_op_rows
 
 ID = "tf32-disabled"
 TITLE = "fp32 matmuls/convolutions run without TF32"
@@ -149,14 +149,14 @@ def check(ctx: Context):
         fixes.append('torch.set_float32_matmul_precision("high") (or torch.backends.cuda.matmul.allow_tf32 = True)')
     if "conv" in families:
         fixes.append("torch.backends.cudnn.allow_tf32 = True")
-    fix = "set " + " and ".join(fixes) + " before building the model."
-    gpu = f"{m.device.name or arch.name + ' GPU'} (compute capability {cap.value:.1f})"
+    fix = "Set " + " and ".join(fixes) + " before building the model."
+    gpu = f"{m.device.name or arch.name + ' GPU'} (cc {cap.value:.1f})"
     message = (
-        f"{fp32_ns / n_steps / 1e6:.1f} ms per step of fp32 {what} run without TF32 on {gpu}; {fix} "
-        f"Estimated {saving_ms:.1f} ms per step ({speedup:g}× fp32 → TF32 on {arch.name})."
+        f"{fp32_ns / n_steps / 1e6:.1f} ms/step of fp32 {what} run without TF32 on {gpu}. Allowing TF32: "
+        f"~{saving_ms:.1f} ms/step ({speedup:g}× fp32 → TF32, {arch.name})."
     )
     if not recorded:
-        message += " The TF32 switches are not recorded (no facts file): no TF32 kernel of this kind ran, so they look off."
+        message += " The TF32 switches are not recorded (no facts file); no TF32 kernel of this kind ran, so they look off."
     candidates = k[chosen]
     evidence = {
         "compute_capability": cap.value,
@@ -172,10 +172,7 @@ def check(ctx: Context):
         "ops": top_by_time(candidates.dropna(subset=["op"]), n_steps, by="op"),
         "steps": m.steps["step"].tolist(),
     }
-    host = ctx.frames.host
-    ops = set(candidates["op"].dropna().astype(str).unique())
-    op_rows = host[host["name"].astype(str).isin(ops) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]
-    lines = source_lines(ctx.frames, op_rows.head(300))
+    lines = source_lines(ctx.frames, eligible_op_rows(ctx.frames, candidates).head(300))
     if lines:
         evidence["source"] = lines
     confidence = "high" if recorded and cap.source != "kernel names" else "medium"

@@ -50,7 +50,7 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
-from advisor.metrics.compute import kernel_exposure, launched_inside, step_kernels, top_by_time
+from advisor.metrics.compute import kernel_exposure, launched_inside, launching_host_rows, step_kernels, top_by_time
 from advisor.metrics.source import source_lines
 
 ID = "unfused-elementwise"
@@ -106,17 +106,14 @@ def check(ctx: Context):
         "ops": top_by_time(ew.dropna(subset=["op"]), n_steps, by="op"),
         "steps": m.steps["step"].tolist(),
     }
-    ops = set(ew["op"].dropna().astype(str).unique())
-    rows = host[host["name"].astype(str).isin(ops) & (host["kind"] == "op").to_numpy()]
-    lines = source_lines(ctx.frames, rows.head(300))
+    lines = source_lines(ctx.frames, launching_host_rows(ctx.frames, ew).head(300))
     if lines:
         evidence["source"] = lines
     compile_fact = ctx.fact("compile", "used")
     message = (
-        f"{100 * ew_ns / total:.0f}% of kernel time ({ew_ms:.1f} ms per step, {per_step:.0f} kernels) is eager elementwise, "
-        "reduction and normalisation work and no compiled (Triton) kernel ran; torch.compile(model) fuses these chains. "
-        f"Estimated {saving_ms:.1f} ms per step ({speedup:g}× on those kernels)."
+        f"{100 * ew_ns / total:.0f}% of kernel time ({ew_ms:.1f} ms/step, {per_step:.0f} kernels) is eager elementwise, "
+        "reduction and normalisation work and no compiled (Triton) kernel ran. torch.compile(model) fuses these chains: "
+        f"~{saving_ms:.1f} ms/step ({speedup:g}× on those kernels)."
     )
-    if compile_fact is None:
-        message += " (No facts file: judged from the kernel names alone.)"
+    evidence["compile"] = compile_fact if compile_fact is not None else "not recorded (no facts file); judged from the kernel names"
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence)

@@ -78,7 +78,7 @@ def check(ctx: Context):
     set_to_none = ctx.fact("zero_grad_set_to_none")
     evidence = {
         "zero_grad_ms_per_step": round(per_step(spans["dur"].sum(), tl), 3),
-        "zeroing_ops_per_step": round(spans["zero_ops"].sum() / tl.n_steps, 1),
+        "zeroing_ops_per_step": round(float(spans["zero_ops"].sum()) / tl.n_steps, 1),
         "kernels_per_step": round(len(lk) / tl.n_steps, 1),
         "kernel_ms_per_step": round(per_step(kernel_ns, tl), 3),
         "device_idle_ms_per_step": round(per_step(idle_ns, tl), 3),

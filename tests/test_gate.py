@@ -8,6 +8,7 @@ DataLoader 59.26 ms of 177.59 = 33.4% and 1.19 of 141.07 = 0.8%), the devices na
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -19,18 +20,19 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from rich.console import Console
 
 from advisor.errors import InputError
 from advisor.gate.budgets import GateSettings, build_settings, parse_gate_table, parse_size, read_budget_file
 from advisor.gate.compare import _u_counts, compare_step_times, mann_whitney_greater, median_ratio_bounds
 from advisor.gate.evaluate import run_gate
-from advisor.gate.outputs import github_annotations, github_summary, to_junit
+from advisor.gate.outputs import github_annotations, github_summary, render_terminal, to_junit
 from advisor.gate.record import BASELINE_SCHEMA, read_record_file, record_from_analysis
 from advisor.gate.verdict import Check, GateResult
 
-from conftest import REPO, shared_trace
+from conftest import shared_trace
 
-ADVISOR = Path(sys.executable).parent / "advisor"
+ADVISOR = [sys.executable, "-m", "advisor"]  # the console script's main(), in a fresh process
 
 
 # --- fixtures: analyse each real trace once -------------------------------------------------
@@ -66,7 +68,7 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tu
     """The real `advisor` entry point in a fresh process, as CI runs it."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
     full_env.update({"COLUMNS": "200", **(env or {})})
-    p = subprocess.run([str(ADVISOR), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*ADVISOR, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -419,7 +421,7 @@ def test_junit_validates_one_case_per_check(cli, baselines, tmp_path):
 
 
 def hostile_result(status: str = "fail", strict: bool = False) -> GateResult:
-    evil = 'ker<nel>|"x" & %0A 50%\nline2\x00\x07 [link](javascript:alert(1)) ::error::'
+    evil = 'ker<nel>|"x" & %0A 50%\nline2\x00\x07\x1b[2J [link](javascript:alert(1)) ::error::'
     return GateResult(
         checks=[Check("max-share.dataloader", f"title, with: {evil}", status, evil, "<= 5%", evil)],
         strict=strict,
@@ -443,7 +445,11 @@ def test_strings_from_traces_stay_data_in_every_format():
     md = github_summary(hostile_result())
     table_rows = [r for r in md.splitlines() if r.startswith("| ")]
     assert all(r.count(" | ") == 4 for r in table_rows[2:])  # no cell splits the table
-    assert "<nel>" not in md and "&lt;nel&gt;" in md and "](javascript" not in md
+    assert "<nel>" not in md and "&lt;nel&gt;" in md
+    assert re.search(r"(?<!\\)[\[\]]", md) is None  # every bracket escaped: no link can form
+    term = io.StringIO()
+    render_terminal(hostile_result(), Console(file=term, color_system=None, width=300))
+    assert "ker<nel>" in term.getvalue() and "\x1b" not in term.getvalue()  # no markup, no escape sequences
     # an inconclusive check is a skip, or a failure under --strict
     assert assert_valid_junit(to_junit(hostile_result("inconclusive"))).find(".//skipped") is not None
     assert assert_valid_junit(to_junit(hostile_result("inconclusive", strict=True))).find(".//failure") is not None

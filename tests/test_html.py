@@ -25,6 +25,9 @@ from advisor.render.timeline import step_timeline
 from trace_edit import by_cat, events, load_events, rename_events, trace_path, write_trace
 
 MAX_SAMPLE_BYTES = 5 * 1024 * 1024  # the issue's budget for the shipped samples
+REPO = Path(__file__).resolve().parents[1]
+# Recorded sample runs shipped with the repository (sample_runs/<model>/runs/<run>/).
+SHIPPED_RUNS = sorted(p for p in REPO.glob("sample_runs/*/runs/*") if p.is_dir() and any(p.rglob("*.json*")))
 
 
 class Elements(HTMLParser):
@@ -75,6 +78,15 @@ def test_report_is_self_contained_and_small(nw0_html):
     assert "@import" not in nw0_html and not re.search(r"url\((?!#)", nw0_html)
     (csp,) = [a["content"] for a in doc.find("meta") if a.get("http-equiv") == "Content-Security-Policy"]
     assert "default-src 'none'" in csp
+
+
+@pytest.mark.parametrize("run", SHIPPED_RUNS or [None], ids=lambda p: p.name if p else "none")
+def test_shipped_sample_reports_stay_under_5mb(run):
+    if run is None:
+        pytest.skip("no sample runs recorded under sample_runs/*/runs/ yet")
+    html = to_html(analyze(run))
+    assert len(html.encode()) < MAX_SAMPLE_BYTES
+    assert 'class="hbar"' in html and 'class="tl-body"' in html
 
 
 def test_csp_allows_exactly_the_inline_style_and_script(nw0_html):
@@ -150,12 +162,35 @@ def test_memory_curve_of_an_old_trace_is_the_running_sum_of_allocations(nw0_html
     running = np.cumsum([e["args"]["Bytes"] for e in events_sorted])
     peak = running.max() - min(running.min(), 0)
     assert len(sizes) > 1000
-    assert f"Peak {peak / 1024**3:.1f} GB" in nw0_html
+    assert f"Peak allocated {peak / 1024**3:.1f} GB" in nw0_html
     assert "running sum" in nw0_html
     # The V100's 32 GB (totalGlobalMem 34084028416 B = 31.7 GiB) is far above the curve: said, not drawn.
-    assert "device total 31.7 GB is above this scale" in nw0_html
+    assert f"device total 31.7 GB is above this scale: the peak allocation uses at least {100 * peak / 34084028416:.1f}% of it" in nw0_html
+    assert '<line class="hline' not in nw0_html
     doc = Elements(nw0_html)
     assert len(doc.find("polyline", "line")) == 1
+
+
+def test_memory_near_the_device_total_draws_the_total(tmp_path):
+    """nw0 edited as if the model already held 30 GiB before the window: each GPU [memory]
+    event gets `Total Allocated` = 30 GiB + the running sum of `Bytes` so far, and `Total
+    Reserved` = 31.5 GiB (the current schema's fields). The curve then comes near the V100's
+    31.7 GiB, which must be drawn as a line, and the allocator's own totals are used."""
+    doc = load_events(trace_path("v100_resnet50_nw0"))
+    gpu_mem = sorted(events(doc, lambda e: e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 1), key=lambda e: e["ts"])
+    running, peak = 0, 0
+    for e in gpu_mem:
+        running += e["args"]["Bytes"]
+        peak = max(peak, running)
+        e["args"]["Total Allocated"] = 30 * 1024**3 + running
+        e["args"]["Total Reserved"] = int(31.5 * 1024**3)
+    path = write_trace(doc, tmp_path / "run" / "worker0.pt.trace.json")
+    html = to_html(analyze(path.parent))
+    total = 34084028416
+    assert f"Peak allocated {(30 * 1024**3 + peak) / 1024**3:.1f} GB ({100 * (30 * 1024**3 + peak) / total:.1f}% of the device)" in html
+    assert html.count('<line class="hline c-limit"') == 1 and "device total 31.7 GB</text>" in html
+    assert "running sum" not in html and "is above this scale" not in html
+    assert len(Elements(html).find("polyline", "line")) == 2  # allocated and reserved
 
 
 def test_top_kernel_table_starts_with_the_kernel_with_most_time(nw0_html):

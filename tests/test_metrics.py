@@ -143,3 +143,19 @@ def test_interval_overlap_matches_brute_force():
     got = overlap_with(ms, me, lo, hi)
     want = [covered[a:b].sum() for a, b in zip(lo, hi)]
     np.testing.assert_array_equal(got, want)
+
+
+def test_windows_of_one_worker_are_not_ranks(nw0, tmp_path):
+    """Two files from one worker (the handler's `<worker>.<ts>` names): the real nw0 trace and
+    a copy cut to its first two steps (a partial last window). One rank, the full window."""
+    src = single_file(nw0)
+    doc = orjson.loads(gzip.decompress(src.read_bytes()))
+    steps = sorted(e["ts"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+    cut = steps[2]
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ts", 0) < cut]
+    (tmp_path / "worker0.1000.pt.trace.json.gz").write_bytes(src.read_bytes())
+    (tmp_path / "worker0.2000.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(doc)))
+    a = analyze(tmp_path)
+    assert len(a.ranks) == 1
+    assert a.summary()["steps"] == 6
+    assert any("2 profiling windows from worker worker0" in w for w in a.warnings)

@@ -40,6 +40,7 @@ def rank_argv(target: Target, o: CaptureOptions) -> list[str]:
 
 def launch(target: Target, options: CaptureOptions, nproc: int) -> int:
     """Run TARGET on NPROC local ranks through torchrun; return the exit code to give."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -54,6 +55,8 @@ def launch(target: Target, options: CaptureOptions, nproc: int) -> int:
         _, failure = exc.get_first_failure()
         code = failure.exitcode
         return 128 - code if code < 0 else (code or 1)
+    except SignalException as exc:  # Ctrl-C / SIGTERM: torchrun passed it on to the ranks, which kept their traces
+        return 128 + int(exc.sigval)
     finally:
         for s, handler in saved.items():
             if handler is not None:

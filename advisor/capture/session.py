@@ -113,6 +113,7 @@ class _Session:
             with_stack=options.with_stack,
         )
         self.profiling = False
+        self.profiler_failed = False
         self._last_end = 0.0
 
     # -- hooks' callbacks -------------------------------------------------------------------
@@ -123,7 +124,10 @@ class _Session:
         if done <= self.window.length:
             self.facts.sample_flags()
         if self.profiling:
-            self.prof.step()
+            try:
+                self.prof.step()  # at the window's end this writes the trace
+            except Exception as exc:  # ours, not the script's: say it, do not break the run
+                self._profiler_failed(exc)
             if done >= self.window.length:
                 self.window_complete = True
                 if self.o.full:  # nothing more to record: keep only the step clock running
@@ -135,6 +139,9 @@ class _Session:
 
     def on_profiler_start(self, prof: Any) -> None:
         if prof is self.prof or self.own_profiler:
+            return
+        if self.window_complete:  # ours is saved already: keep it, leave theirs alone
+            self.notes.append("the script started its own profiler after advisor's window; advisor kept its own trace")
             return
         self.own_profiler = True
         if self.profiling:
@@ -157,9 +164,16 @@ class _Session:
             restore = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a 2nd Ctrl-C must not lose the trace
         try:
             self.prof.stop()
+        except Exception as exc:
+            self._profiler_failed(exc)
         finally:
             if restore is not None:
                 signal.signal(signal.SIGINT, restore)
+
+    def _profiler_failed(self, exc: Exception) -> None:
+        self.profiling = False
+        self.profiler_failed = True
+        self.notes.append(f"torch.profiler failed, the trace may be missing: {type(exc).__name__}: {exc}")
 
     def run(self) -> CaptureResult:
         torch = self.torch
@@ -197,7 +211,7 @@ class _Session:
             outcome=outcome,
             steps=len(self.step_times_ms),
             step_source=self.hooks.source,
-            recorded_steps=[] if self.own_profiler else w.recorded(len(self.step_times_ms)),
+            recorded_steps=[] if (self.own_profiler or self.profiler_failed) else w.recorded(len(self.step_times_ms)),
             window_complete=self.window_complete,
             own_profiler=self.own_profiler,
             own_traces=list(dict.fromkeys(self.own_traces)),
@@ -259,7 +273,7 @@ class _Session:
             "outcome": result.outcome.how,
             "exit_code": result.outcome.exit_code,
             "own_profiler": {"used": result.own_profiler, "traces": result.own_traces},
-            "notes": list(self.notes),
+            "notes": list(dict.fromkeys(self.notes)),
         }
         doc = self.facts.document(device_type=self.o.device, window=self.window.as_dict(), run=run_facts)
         write_facts(path, doc)

@@ -76,7 +76,7 @@ def load_baseline(path: Path, config: Any, rules_dir: Optional[Path], run: Optio
     analysis = analyze_with_progress(path, run=run, config=config, rules_dir=rules_dir)
     record = record_from_analysis(analysis)
     record.kind = "run"
-    return record, [f"baseline: {w}" for w in analysis.warnings]
+    return record, [f"baseline: {w}" for w in [*analysis.run.notes, *analysis.warnings]]
 
 
 def evaluate_gate(
@@ -100,7 +100,7 @@ def evaluate_gate(
         base_record, notes = load_baseline(settings.baseline, config, rules_dir)
     analysis = analyze_with_progress(path, run=run, config=config, rules_dir=rules_dir)
     candidate = record_from_analysis(analysis)
-    return run_gate(candidate, base_record, settings, notes=notes + list(analysis.warnings))
+    return run_gate(candidate, base_record, settings, notes=[*notes, *analysis.run.notes, *analysis.warnings])
 
 
 def gate(
@@ -114,10 +114,10 @@ def gate(
     min_steps: Optional[int] = typer.Option(None, "--min-steps", help="Fewest steps per run to judge step time (default 5)."),
     max_step_time_ms: Optional[float] = typer.Option(None, "--max-step-time-ms", help="Budget: median step time in ms."),
     min_gpu_utilization: Optional[float] = typer.Option(None, "--min-gpu-utilization", help="Budget: GPU busy share of the step (0.6 = 60%)."),
-    max_share: List[str] = typer.Option([], "--max-share", help="Budget: CATEGORY=FRACTION of the step time, e.g. dataloader=0.05 (repeatable)."),
-    max_peak_memory: Optional[str] = typer.Option(None, "--max-peak-memory", help="Budget: peak device memory, e.g. '20 GiB' or bytes."),
-    max_severity: Optional[str] = typer.Option(None, "--max-severity", help="Budget: worst finding severity allowed (none, low, medium, high)."),
-    forbid: List[str] = typer.Option([], "--forbid", help="Budget: a rule that must not fire (repeatable)."),
+    max_share: List[str] = typer.Option([], "--max-share", metavar="CATEGORY=FRACTION", help="Budget: CATEGORY=FRACTION of the step time, e.g. dataloader=0.05 (repeatable)."),
+    max_peak_memory: Optional[str] = typer.Option(None, "--max-peak-memory", metavar="SIZE", help="Budget: peak device memory, e.g. '20 GiB' or bytes."),
+    max_severity: Optional[str] = typer.Option(None, "--max-severity", metavar="LEVEL", help="Budget: worst finding severity allowed (none, low, medium, high)."),
+    forbid: List[str] = typer.Option([], "--forbid", metavar="RULE", help="Budget: a rule that must not fire (repeatable)."),
     min_samples_per_s: Optional[float] = typer.Option(None, "--min-samples-per-s", help="Budget: throughput; needs the batch size."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size per rank, when no facts file records it."),
     fail_on_new_findings: Optional[bool] = typer.Option(

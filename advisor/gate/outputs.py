@@ -29,7 +29,7 @@ from advisor.gate.verdict import Check, GateResult
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "inconclusive": "yellow", "fail": "bold red"}
 STATUS_ICON = {"pass": "✅", "warn": "⚠️", "inconclusive": "❔", "fail": "❌"}
-CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 XML_INVALID = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
@@ -43,12 +43,16 @@ def render_terminal(result: GateResult, console: Console) -> None:
     t.add_column("why", overflow="fold", ratio=1)
     for c in result.checks:
         status = c.effective_status(result.strict)
-        t.add_row(Text(c.title), Text(status.upper(), style=STATUS_STYLE[status]), Text(c.measured), Text(c.limit), Text(c.message))
+        t.add_row(_term(c.title), Text(status.upper(), style=STATUS_STYLE[status]), _term(c.measured), _term(c.limit), _term(c.message))
     console.print(t)
     for w in result.warnings:
-        console.print(Text(f"warning: {w}", style="yellow"))
-    verdict = result.verdict
-    console.print(Text(f"advisor gate: {result.headline()}", style=STATUS_STYLE[verdict]))
+        console.print(_term(f"warning: {w}", style="yellow"))
+    console.print(_term(f"advisor gate: {result.headline()}", style=STATUS_STYLE[result.verdict]))
+
+
+def _term(s: str, style: str = "") -> Text:
+    """Terminal text from any string: no markup, no escape sequences."""
+    return Text(CONTROL.sub("", s), style=style)
 
 
 # --- JSON -----------------------------------------------------------------------------------

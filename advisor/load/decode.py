@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -159,15 +160,36 @@ def read_trace_bytes(path: Path) -> bytes | bytearray:
     not the 2 GB that `gzip.decompress` (chunks, then a joined copy) briefly needs.
     """
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb", buffering=0) as f:
             if f.read(2) != b"\x1f\x8b":
-                f.seek(0)
-                return f.read()
+                return _read_plain(f)
             return _gunzip(path, f)
     except IsADirectoryError:
         raise InputError(path, "is a directory, expected a trace file") from None
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _read_plain(f: Any) -> bytearray:
+    """The whole file into one buffer sized up front (f.read() grows and copies: 2x peak)."""
+    size = os.fstat(f.fileno()).st_size
+    out = bytearray(size)
+    view = memoryview(out)
+    f.seek(0)
+    pos = 0
+    while pos < size:
+        n = f.readinto(view[pos:])
+        if not n:
+            break
+        pos += n
+    view.release()
+    if pos < size:  # the file shrank while we read it
+        del out[pos:]
+    else:  # or grew: take the rest too
+        rest = f.read()
+        if rest:
+            out += rest
+    return out
 
 
 def _gunzip(path: Path, f: Any) -> bytearray:

@@ -63,18 +63,24 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
 
 @dataclass
 class Loaded:
-    """One rank's outcome: frames, or the InputError that names what is wrong with its file."""
+    """One rank's outcome: frames, or what is wrong with its file (sent as plain strings:
+    they cross a process boundary)."""
 
     path: Path
     frames: TraceFrames | None = None
-    error: InputError | None = None
+    error_path: str | None = None
+    problem: str | None = None
+
+    @property
+    def error(self) -> InputError | None:
+        return InputError(self.error_path, self.problem) if self.problem is not None else None
 
 
 def _load_one(path: Path, cache: bool) -> Loaded:
     try:
         return Loaded(path, frames=load_cached(path, cache=cache))
     except InputError as exc:
-        return Loaded(path, error=exc)
+        return Loaded(path, error_path=exc.path, problem=exc.problem)
 
 
 def _total_bytes(paths: list[Path]) -> int:
@@ -94,10 +100,14 @@ def load_frames(
     cache: bool = True,
     executor: Executor | None = None,
 ) -> list[Loaded]:
-    """Every rank's frames (or error), in the order of `paths`; progress(path) as each finishes."""
+    """Every rank's frames (or error), in the order of `paths`; progress(path) as each finishes.
+
+    workers=None picks one process per core, or none at all for a few small files.
+    """
     paths = [Path(p) for p in paths]
     n = default_workers(len(paths)) if workers is None else max(1, min(workers, len(paths)))
-    if executor is None and (n == 1 or _total_bytes(paths) < PARALLEL_MIN_BYTES):
+    small = workers is None and _total_bytes(paths) < PARALLEL_MIN_BYTES
+    if executor is None and (n == 1 or small):
         out = []
         for p in paths:
             out.append(_load_one(p, cache))

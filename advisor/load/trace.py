@@ -514,8 +514,12 @@ def _device_properties(props: Any) -> pd.DataFrame:
 def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batching: int) -> TraceFrames:
     """Decode and frame a trace document held in memory (batching: see decode_trace)."""
     decoded = decode_trace(path, data, **batching)
+    del data  # from here the raw event slices alone keep the buffer, until the last batch is decoded
     cat_order: dict[Any, int] = {}
-    batches = [_batch(events, cat_order) for events in decoded.batches]  # each batch's structs die here
+    batches = []
+    for events in decoded.batches:
+        batches.append(_batch(events, cat_order))
+        del events  # free this batch's structs before the next batch is decoded
     if not batches:
         batches = [_batch([], cat_order)]
     total = sum(b.events for b in batches)
@@ -533,6 +537,8 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
     device = _device_frame([b.device for b in batches], base_us)
     memory = _memory_frame([b.memory for b in batches], base_us)
     syncs = _frame([b.sync for b in batches], base_us, "ts")[["name", "tid", "ts", "dur", "end"]] if any(len(b.sync.ts) for b in batches) else None
+    if not (len(host) or len(runtime) or len(device) or len(memory)):
+        raise InputError(path, "trace has no events with a usable time (every ts/dur is missing, negative or not a number)")
     starts = [f["ts"].min() for f in (host, runtime, device) if len(f)]
     ends = [f["end"].max() for f in (host, runtime, device) if len(f)]
     window = (int(min(starts)), int(max(ends))) if starts else (0, 0)
@@ -560,15 +566,14 @@ def load_trace(path: str | Path) -> TraceFrames:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        data = read_trace_bytes(path)
         try:
-            return frames_from_bytes(path, data)
+            # No local name for the bytes: the decoder may free them before the frames are built.
+            return frames_from_bytes(path, read_trace_bytes(path))
         except InputError:
             raise
-        except (ValueError, TypeError, KeyError, OverflowError, IndexError) as exc:
+        except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
             raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
-        finally:
-            del data
     finally:
         if enabled:
             gc.enable()
+

@@ -40,11 +40,11 @@ class ArchSpeedup:
 ARCH_SPEEDUPS: list[ArchSpeedup] = [
     ArchSpeedup("Volta", 7.0, half_over_fp32=2.0, tf32_over_fp32=None, half_over_tf32=None),
     ArchSpeedup("Turing", 7.5, half_over_fp32=2.0, tf32_over_fp32=None, half_over_tf32=None),
-    ArchSpeedup("Ampere (A100/A30)", 8.0, half_over_fp32=3.0, tf32_over_fp32=2.0, half_over_tf32=1.5),
-    ArchSpeedup("Ampere/Ada (A10, L4, L40, RTX 30/40)", 8.6, half_over_fp32=1.56, tf32_over_fp32=1.2, half_over_tf32=1.3),
+    ArchSpeedup("Ampere A100/A30", 8.0, half_over_fp32=3.0, tf32_over_fp32=2.0, half_over_tf32=1.5),
+    ArchSpeedup("Ampere/Ada A10, L4, L40, RTX 30/40", 8.6, half_over_fp32=1.56, tf32_over_fp32=1.2, half_over_tf32=1.3),
     ArchSpeedup("Hopper", 9.0, half_over_fp32=3.0, tf32_over_fp32=2.0, half_over_tf32=1.5),
     ArchSpeedup("Blackwell", 10.0, half_over_fp32=3.0, tf32_over_fp32=2.0, half_over_tf32=1.5),
-    ArchSpeedup("Blackwell (RTX 50)", 12.0, half_over_fp32=1.56, tf32_over_fp32=1.2, half_over_tf32=1.3),
+    ArchSpeedup("Blackwell RTX 50", 12.0, half_over_fp32=1.56, tf32_over_fp32=1.2, half_over_tf32=1.3),
 ]
 
 
@@ -137,8 +137,8 @@ def kernel_precision(kernels: pd.DataFrame, capability: float | None) -> np.ndar
 
 def is_conv(kernels: pd.DataFrame) -> np.ndarray:
     """Per kernel row: convolution work (by launching op when known, else by kernel name)."""
-    by_op = kernels["op"].fillna("").astype(str).str.contains(CONV_OP).to_numpy()
     has_op = kernels["op"].notna().to_numpy()
+    by_op = has_op & kernels["op"].astype(str).str.contains(CONV_OP).to_numpy()
     by_name = _matches(kernels["name"], CONV_KERNEL)
     return np.where(has_op, by_op | by_name, by_name)
 
@@ -204,6 +204,20 @@ def top_by_time(kernels: pd.DataFrame, n_steps: int, by: str = "name", n: int = 
     ]
 
 
+
+
+def launching_host_rows(frames, kernels: pd.DataFrame) -> pd.DataFrame:
+    """Host op rows that launched the given kernel rows (runtime call's external id), so a
+    finding can name the user's line; empty where the trace does not link them by id."""
+    host = frames.host
+    corr = frames.device.loc[kernels.index, "correlation"]
+    rt = frames.runtime
+    ext = rt.loc[rt["correlation"].isin(corr[corr >= 0]) & (rt["external_id"] >= 0), "external_id"].unique()
+    if len(ext) == 0:
+        return host.iloc[0:0]
+    return host[(host["kind"] != "python").to_numpy() & host["external_id"].isin(ext).to_numpy()]
+
+
 __all__ = [
     "ArchSpeedup",
     "ARCH_SPEEDUPS",
@@ -218,4 +232,5 @@ __all__ = [
     "launched_inside",
     "short_kernel_name",
     "top_by_time",
+    "launching_host_rows",
 ]

@@ -89,7 +89,7 @@ def kernel_table(frames: TraceFrames) -> pd.DataFrame:
     op = launching_ops(frames)[mask]
     k["op"] = op.to_numpy()
     # A GEMM/conv kernel is eligible whatever launched it (compiled regions hide the op).
-    k["eligible"] = op.fillna("").astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP).to_numpy() | k["tensor_core"] | k["fp32_gemm"]
+    k["eligible"] = op.astype(object).fillna("").astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP).to_numpy() | k["tensor_core"] | k["fp32_gemm"]
     return k
 
 

@@ -109,7 +109,7 @@ def _header(a: Analysis) -> str:
     ]
     tiles = []
     if st["mean"] is not None:
-        tiles.append(tile("Step time (mean)", ms(st["mean"]), f"median {st['median']:.2f} · p90 {st['p90']:.2f} · {s['steps']} steps"))
+        tiles.append(tile("Step time (mean)", ms(st["mean"]), f"median {st['median']:.2f} · p90 {st['p90']:.2f} · {s['steps']} step{'s' if s['steps'] != 1 else ''}"))
     tp = throughput(a)
     if tp:
         tiles.append(tile("Throughput", f"{tp[0]:,.1f} {tp[1]}" if tp[0] < 100 else f"{tp[0]:,.0f} {tp[1]}", "from the mean step time"))
@@ -127,7 +127,7 @@ def _header(a: Analysis) -> str:
     if st["mean"]:
         tiles.append(tile("Could save", ms(saving), f"per step ({pct(saving / st['mean'])}) across {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}"))
     out.append(f'<div class="tiles">{"".join(tiles)}</div>')
-    links = [("findings", "Findings"), ("breakdown", "Step-time breakdown"), ("timeline", "Timeline"), ("memory", "Memory"), ("kernels", "Top kernels"), ("ops", "Top ops")]
+    links = [("breakdown", "Step-time breakdown"), ("findings", "Findings"), ("timeline", "Timeline"), ("memory", "Memory"), ("kernels", "Top kernels"), ("ops", "Top ops")]
     if len(a.ranks) > 1:
         links.append(("ranks", "Ranks"))
     out.append('<nav class="toc">' + "".join(f'<a href="#{k}">{v}</a>' for k, v in links) + "</nav>")
@@ -240,7 +240,8 @@ def _timeline(a: Analysis) -> str:
 @dataclass
 class MemoryCurves:
     series: list[svg.Series]
-    peak: float
+    peak: float  # the highest point of any curve (allocated or reserved): the chart's scale
+    peak_allocated: float
     note: str
     device_total: float | None
     running_sum: bool = False  # no allocator totals in the trace: the curve is a lower bound
@@ -263,7 +264,7 @@ def memory_curves(m: Metrics) -> MemoryCurves | None:
     series: list[svg.Series] = []
     note = ""
     multi = use["device_id"].nunique() > 1
-    peak = 0.0
+    peak = peak_allocated = 0.0
     for dev_id, g in use.groupby("device_id", sort=True):
         g = g.sort_values("ts", kind="stable")
         x = g["ts"].to_numpy(np.float64) / 1e6
@@ -272,7 +273,7 @@ def memory_curves(m: Metrics) -> MemoryCurves | None:
         if np.isfinite(alloc).any():
             ok = np.isfinite(alloc)
             series.append(svg.Series(f"{who} allocated", "allocated", x[ok], alloc[ok]))
-            peak = max(peak, float(alloc[ok].max()))
+            peak_allocated = max(peak_allocated, float(alloc[ok].max()))
             res = g["total_reserved"].to_numpy(np.float64)
             okr = np.isfinite(res)
             if okr.any():
@@ -282,7 +283,7 @@ def memory_curves(m: Metrics) -> MemoryCurves | None:
             run = np.cumsum(np.nan_to_num(g["bytes"].to_numpy(np.float64)))
             run = run - min(float(run.min()), 0.0)
             series.append(svg.Series(f"{who} allocated (running sum of allocations)", "allocated", x, run))
-            peak = max(peak, float(run.max()))
+            peak_allocated = max(peak_allocated, float(run.max()))
             note = (
                 "This trace records each allocation's size but not the allocator's total: the curve is the running "
                 "sum of allocations and frees in the window, with its lowest point as zero (memory held before the "
@@ -291,7 +292,8 @@ def memory_curves(m: Metrics) -> MemoryCurves | None:
     total = None if host_only else m.device.total_memory_bytes
     if host_only:
         note = (note + " " if note else "") + "No device memory events: this is the host (CPU) allocator."
-    return MemoryCurves(series, peak, note.strip(), total, running_sum=any("running sum" in s.label for s in series))
+    peak = max(peak, peak_allocated)
+    return MemoryCurves(series, peak, peak_allocated, note.strip(), total, running_sum=any("running sum" in s.label for s in series))
 
 
 def _memory(a: Analysis) -> str:
@@ -312,23 +314,32 @@ def _memory(a: Analysis) -> str:
             lines.append(svg.HLine(total, f"device total {fmt_bytes(total)}"))
         else:
             at_least = "at least " if curves.running_sum else ""
-            off_scale = f"device total {fmt_bytes(total)} is above this scale: the peak uses {at_least}{pct(curves.peak / total)} of it"
+            off_scale = f"device total {fmt_bytes(total)} is above this scale: the peak allocation uses {at_least}{pct(curves.peak_allocated / total)} of it"
+    # Axis in one binary unit, so its ticks are round numbers of that unit (0, 10, 20 GB).
+    power = max(0, min(4, int(np.log2(max(y_max, 1.0)) // 10)))
+    unit, scale = ("B", "KB", "MB", "GB", "TB")[power], 1024.0**power
     for s in curves.series:
         s.x, s.y = svg.minmax_downsample(s.x, s.y, x_max)
+        s.y = s.y / scale
+    for h in lines:
+        h.value /= scale
     bands = [
         svg.Band(float(r.start) / 1e6, float(r.end) / 1e6, f"#{int(r.step)}: {float(r.duration) / 1e6:.2f} ms")
         for r in m.steps.itertuples()
     ]
-    chart = svg.LineChart(curves.series, x_max, y_max, fmt_bytes, x_title="ms since the trace start", lines=lines, bands=bands)
+    chart = svg.LineChart(
+        curves.series, x_max, y_max / scale, lambda v: f"{v:g} {unit}", x_title="ms since the trace start", lines=lines, bands=bands
+    )
     rank = f" (rank {m.rank})" if len(a.ranks) > 1 else ""
-    caption = f"Peak {fmt_bytes(curves.peak)}{rank}. " + (f"The {off_scale}. " if off_scale else "") + "Shaded columns are steps."
+    share = f" ({pct(curves.peak_allocated / total)} of the device)" if total and not off_scale else ""
+    caption = f"Peak allocated {fmt_bytes(curves.peak_allocated)}{share}{rank}. " + (f"The {off_scale}. " if off_scale else "") + "Shaded columns are steps."
     out.append(f"<figure>{svg.line_chart(chart)}<figcaption>{esc(caption)}</figcaption></figure>")
     keys = []
     for s in curves.series:
         if s.key not in keys:
             keys.append(s.key)
     labels = {"allocated": "allocated", "reserved": "reserved (caching allocator)"}
-    out.append('<ul class="legend">' + "".join(f'<li><span class="sw c-{k}"></span>{labels[k]}</li>' for k in keys) + (f'<li><span class="sw c-limit"></span>device total</li>' if lines else "") + "</ul>")
+    out.append('<ul class="legend">' + "".join(f'<li><span class="sw c-{k}"></span>{labels[k]}</li>' for k in keys) + ('<li><span class="sw c-limit"></span>device total</li>' if lines else "") + "</ul>")
     if curves.note:
         out.append(f'<p class="muted">{esc(curves.note)}</p>')
     return "".join(out)
@@ -399,7 +410,7 @@ def _ranks(a: Analysis) -> str:
     out.append("".join(bars))
     used = [c for c in CATEGORIES if any(m.breakdown_mean_ms[c] > 0 for m in a.ranks)]
     out.append(svg.legend(used))
-    cols = [Column("rank", True), Column("steps", True), Column("mean ms", True), Column("median ms", True), Column("GPU util", True), Column("DataLoader ms", True), Column("communication ms", True), Column("peak memory", True), Column("file")]
+    cols = [Column("rank", True), Column("steps", True), Column("mean ms", True), Column("median ms", True), Column("GPU util", True), Column("DataLoader ms", True), Column("communication ms", True), Column("peak memory", True), Column("file", name=True)]
     rows = []
     for m in a.ranks:
         s = m.summary()
@@ -436,8 +447,8 @@ def to_html(analysis: Analysis) -> str:
     body = "".join(
         [
             _header(analysis),
-            _findings(analysis),
             _breakdown(analysis),
+            _findings(analysis),
             _timeline(analysis),
             _memory(analysis),
             _kernels(analysis),

@@ -210,11 +210,13 @@ def line_chart(c: LineChart, width: int = 1000, height: int = 300) -> str:
         cls = "band" if i % 2 == 0 else "band band-alt"
         out.append(f'<rect class="{cls}" x="{num(x0)}" y="{top}" width="{num(max(x1 - x0, 0.5))}" height="{ph}">{title(b.label)}</rect>')
         if len(c.bands) <= 40:
-            out.append(f'<text class="axis band-label" x="{num((x0 + x1) / 2)}" y="{top + 12}" text-anchor="middle">{esc(b.label.split(":")[0])}</text>')
-    for v in ticks(y_top, 5):
+            out.append(f'<text class="axis band-label" x="{num((x0 + x1) / 2)}" y="{top + ph - 5}" text-anchor="middle">{esc(b.label.split(":")[0])}</text>')
+    y_ticks = ticks(y_top, 5)
+    y_step = y_ticks[1] - y_ticks[0] if len(y_ticks) > 1 else y_top
+    for v in y_ticks:
         y = float(py(v))
         out.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{num(y)}" y2="{num(y)}"/>')
-        out.append(f'<text class="axis" x="{left - 6}" y="{num(y + 4)}" text-anchor="end">{esc(c.y_format(v))}</text>')
+        out.append(f'<text class="axis" x="{left - 6}" y="{num(y + 4)}" text-anchor="end">{esc(c.y_format(float(tick_label(v, y_step))))}</text>')
     xs = ticks(x_max, 8)
     xstep = xs[1] - xs[0] if len(xs) > 1 else x_max
     for v in xs:
@@ -229,7 +231,7 @@ def line_chart(c: LineChart, width: int = 1000, height: int = 300) -> str:
     for h in c.lines:
         y = float(py(h.value))
         out.append(f'<line class="hline c-{esc(h.key)}" x1="{left}" x2="{width - right}" y1="{num(y)}" y2="{num(y)}">{title(h.label)}</line>')
-        out.append(f'<text class="axis hline-label" x="{width - right - 4}" y="{num(y - 5)}" text-anchor="end">{esc(h.label)}</text>')
+        out.append(f'<text class="axis hline-label" x="{left + 6}" y="{num(y - 5)}" text-anchor="start">{esc(h.label)}</text>')
     if c.off_scale_note:
         out.append(f'<text class="axis hline-label" x="{width - right - 4}" y="{top + 12}" text-anchor="end">{esc(c.off_scale_note)}</text>')
     out.append(f'<line class="axis-line" x1="{left}" x2="{width - right}" y1="{top + ph}" y2="{top + ph}"/>')
@@ -294,7 +296,10 @@ def timeline(lanes: Sequence, idle: pd.DataFrame, duration_ns: int, step_label: 
     for lane in lanes:
         if lane.group == "device" and device_top is None:
             device_top = y
-        labels.append(f'<text class="lane-label lane-{esc(lane.group)}" x="164" y="{y + LANE_H - 5}" text-anchor="end">{esc(lane.label)}</text>')
+        shown = lane.label if len(lane.label) <= 26 else lane.label[:25] + "…"
+        labels.append(
+            f'<text class="lane-label lane-{esc(lane.group)}" x="164" y="{y + LANE_H - 5}" text-anchor="end">{title(lane.label)}{esc(shown)}</text>'
+        )
         body.append(f'<rect class="lane-bg" x="0" y="{y}" width="100%" height="{LANE_H}"/>')
         unit = "kernels/copies" if lane.group == "device" else "spans"
         body.extend(_lane_rects(lane.spans, duration_ns, y, unit))

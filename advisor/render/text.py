@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.console import Console, Group
 from rich.markup import escape
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -148,16 +149,18 @@ def _findings(a: Analysis, verbose: bool) -> list:
     if not a.findings:
         out.append(Text("  nothing to fix: no rule fired on this run"))
         return out
-    t = Table(show_edge=False, expand=False)
-    t.add_column("#", justify="right")
-    t.add_column("rule")
-    t.add_column("saving/step", justify="right")
-    t.add_column("%", justify="right")
-    t.add_column("finding", overflow="fold")
     for i, f in enumerate(a.findings, 1):
-        saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms"
-        t.add_row(str(i), Text(f.rule, style=SEVERITY_STYLE.get(f.severity, "")), saving, _pct(f.saving_pct), Text(f.message))
-    out.append(t)
+        saving = "risk, no time cost yet" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step ({_pct(f.saving_pct)})"
+        out.append(
+            Text.assemble(
+                (f"{i:>2}. ", "bold"),
+                (f.rule, SEVERITY_STYLE.get(f.severity, "")),
+                "  ",
+                (saving, "bold"),
+                (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
+            )
+        )
+        out.append(Padding(Text(f.message), (0, 0, 0, 4)))
     if verbose:
         for i, f in enumerate(a.findings, 1):
             body: list = [Text(f.message)]

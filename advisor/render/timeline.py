@@ -25,7 +25,9 @@ SPAN_COLUMNS = ["start", "end", "name", "cls", "count", "total"]  # total: ns th
 MAX_HOST_THREADS = 4
 # Above this many spans in a lane, spans narrower than a pixel are merged with their
 # neighbours (the file stays small; wide spans keep their own tooltip).
-MAX_SPANS_PER_LANE = 4000
+MAX_SPANS_PER_LANE = 2500
+# Streams beyond the busiest few share one lane (a lane per stream would not fit the page).
+MAX_DEVICE_LANES = 12
 LANE_PIXELS = 1600
 # Idle gaps are many (one between most kernels); sub-pixel ones are merged above this count.
 MAX_IDLE_SPANS = 300
@@ -178,10 +180,18 @@ def step_timeline(m: Metrics, row: int | None = None) -> StepTimeline | None:
         dev = dev.assign(_cls=np.where(comm, "communication", dev["kind"].astype(str).to_numpy()))
         dev = _clip(dev, lo, hi)
         multi_device = dev["device"].nunique() > 1
+        busy_by_stream = (dev["end"] - dev["start"]).groupby([dev["device"], dev["stream"]]).sum()
+        shown = set(busy_by_stream.sort_values(ascending=False).index[:MAX_DEVICE_LANES])
         for (device, stream), g in dev.groupby(["device", "stream"], sort=True):
+            if (device, stream) not in shown:
+                continue
             where = f"GPU{device} · stream {stream}" if multi_device else f"stream {stream}"
             spans = _spans(g, g["_cls"].to_numpy(dtype=object))
             lanes.append(Lane(where, "device", coalesce(spans, dur)))
+        if len(busy_by_stream) > len(shown):
+            rest = dev[~pd.MultiIndex.from_arrays([dev["device"], dev["stream"]]).isin(list(shown))]
+            label = f"{len(busy_by_stream) - len(shown)} more streams"
+            lanes.append(Lane(label, "device", coalesce(_spans(rest, rest["_cls"].to_numpy(dtype=object)), dur)))
         ms_, me_ = merge(dev["start"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
         timeline.device_busy_ns = int((me_ - ms_).sum())
         gap_s = np.concatenate([[0], me_])

@@ -1,0 +1,348 @@
+"""Fuzzing the whole pipeline with mutated real traces.
+
+Real traces from ../shared/traces are mutated the ways broken or odd profiler output looks:
+cut short, keys dropped, values of the wrong type, NaN/Infinity literals, huge integers,
+negative durations, shuffled events, duplicated ids, non-UTF-8 bytes, odd top-level shapes.
+`advisor.analysis.analyze` and the JSON and text renderers must either work or raise
+InputError with one line that names the file; any other exception fails the test.
+
+Bounded for CI: a few hundred hypothesis examples on small traces (deterministic when CI is
+set). For longer local runs with coverage guidance (atheris, if installed):
+
+    python tests/test_fuzz.py -max_total_time=600
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gzip
+import io
+import json
+import os
+import random
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import SHARED_TRACES  # noqa: E402
+
+from advisor.errors import InputError  # noqa: E402
+
+# Small real traces of every kind: current schema with steps, ROCm, CPU-only, 2021 schema, no steps.
+SOURCES = [
+    "misc/a100_triton.json.gz",
+    "misc/amd_mi250_minitoy.json.gz",
+    "misc/cpu_only.pt.trace.json.gz",
+    "misc/old_schema_inference.json.gz",
+    "misc/a100_alexnet.json.gz",
+]
+EVENT_KEYS = ["ph", "cat", "name", "ts", "dur", "tid", "pid", "args", "id"]
+ARG_KEYS = [
+    "External id", "external id", "correlation", "device", "stream", "grid", "block", "bytes", "Call stack",
+    "Input Dims", "Device Type", "Device Id", "Bytes", "Total Allocated", "Total Reserved",
+    "registers per thread", "shared memory", "blocks per SM", "warps per SM", "est. achieved occupancy %",
+]
+ODD_NAMES = ["", "ProfilerStep#", "ProfilerStep#-1", "ProfilerStep#99999999999999999999999", "[memory]",
+             "Memcpy HtoD (Pageable -> Device)", "Memcpy ?? (a -> b)", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+             "cudaLaunchKernel", "ncclKernel_AllReduce", "名前\u0000\ud7ff", "x" * 5000]
+
+have_traces = all((SHARED_TRACES / s).is_file() for s in SOURCES)
+needs_traces = pytest.mark.skipif(not have_traces, reason=f"real GPU traces not available at {SHARED_TRACES}")
+
+FUZZ = settings(
+    max_examples=int(os.environ.get("ADVISOR_FUZZ_EXAMPLES", "120")),
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+
+
+@functools.cache
+def source_doc(name: str) -> dict[str, Any]:
+    return json.loads(gzip.decompress((SHARED_TRACES / name).read_bytes()))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+# --- mutations: each takes (doc, draw) and changes doc in place ------------------------------
+def _events(doc: Any) -> list:
+    evs = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    return evs if isinstance(evs, list) else []
+
+
+def _pick(draw: Callable, evs: list) -> dict | None:
+    dicts = [e for e in evs if isinstance(e, dict)]
+    return draw(st.sampled_from(dicts)) if dicts else None
+
+
+def _pick_many(draw: Callable, evs: list) -> list[dict]:
+    dicts = [e for e in evs if isinstance(e, dict)]
+    if not dicts:
+        return []
+    share = draw(st.sampled_from([0.01, 0.1, 0.5, 1.0]))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    return [e for e in dicts if rng.random() < share]
+
+
+def drop_keys(doc, draw):
+    for e in _pick_many(draw, _events(doc)):
+        key = draw(st.sampled_from(EVENT_KEYS + ARG_KEYS))
+        e.pop(key, None)
+        if isinstance(e.get("args"), dict):
+            e["args"].pop(key, None)
+
+
+def wrong_types(doc, draw):
+    for _ in range(draw(st.integers(1, 5))):
+        e = _pick(draw, _events(doc))
+        if e is None:
+            return
+        key = draw(st.sampled_from(EVENT_KEYS + ARG_KEYS))
+        value = draw(json_values)
+        if key in ARG_KEYS and isinstance(e.get("args"), dict):
+            e["args"][key] = value
+        else:
+            e[key] = value
+
+
+def nan_and_infinity(doc, draw):
+    for e in _pick_many(draw, _events(doc)):
+        key = draw(st.sampled_from(["ts", "dur", "bytes", "Bytes", "Total Allocated", "correlation"]))
+        value = draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+        if key in ("ts", "dur"):
+            e[key] = value
+        elif isinstance(e.get("args"), dict):
+            e["args"][key] = value
+
+
+def huge_integers(doc, draw):
+    for e in _pick_many(draw, _events(doc)):
+        key = draw(st.sampled_from(["ts", "dur", "tid", "correlation", "External id", "device", "stream", "Device Id"]))
+        value = draw(st.sampled_from([1, -1])) * 10 ** draw(st.integers(17, 40))
+        if key in ("ts", "dur", "tid"):
+            e[key] = value
+        elif isinstance(e.get("args"), dict):
+            e["args"][key] = value
+
+
+def negative_durations(doc, draw):
+    for e in _pick_many(draw, _events(doc)):
+        if isinstance(e.get("dur"), (int, float)):
+            e["dur"] = -abs(e["dur"]) - draw(st.integers(0, 10))
+
+
+def shuffle_events(doc, draw):
+    evs = _events(doc)
+    random.Random(draw(st.integers(0, 2**32))).shuffle(evs)
+
+
+def duplicate_ids(doc, draw):
+    value = draw(st.integers(-2, 5))
+    for e in _pick_many(draw, _events(doc)):
+        if isinstance(e.get("args"), dict):
+            for key in ("correlation", "External id", "external id"):
+                if key in e["args"]:
+                    e["args"][key] = value
+    evs = _events(doc)
+    for e in _pick_many(draw, evs)[:200]:
+        evs.append(copy.deepcopy(e))
+
+
+def drop_event_kinds(doc, draw):
+    evs = _events(doc)
+    field = draw(st.sampled_from(["cat", "ph", "name"]))
+    values = {e.get(field) for e in evs if isinstance(e, dict) and isinstance(e.get(field), str)}
+    if values:
+        gone = draw(st.sampled_from(sorted(values)))
+        evs[:] = [e for e in evs if not (isinstance(e, dict) and e.get(field) == gone)]
+
+
+def odd_names(doc, draw):
+    for e in _pick_many(draw, _events(doc))[:50]:
+        e["name"] = draw(st.sampled_from(ODD_NAMES))
+
+
+def odd_top_level(doc, draw):
+    what = draw(st.sampled_from(["deviceProperties", "distributedInfo", "traceEvents-item", "schemaVersion"]))
+    if what == "traceEvents-item":
+        _events(doc).insert(draw(st.integers(0, 5)), draw(json_values))
+    elif isinstance(doc, dict):
+        doc[what] = draw(json_values | st.just([{"id": "x", "totalGlobalMem": -1, "computeMajor": 1e300}]) | st.just({"rank": 1e300}))
+
+
+MUTATIONS = [drop_keys, wrong_types, nan_and_infinity, huge_integers, negative_durations, shuffle_events,
+             duplicate_ids, drop_event_kinds, odd_names, odd_top_level]
+
+
+def serialize(doc: Any, draw: Callable) -> bytes:
+    """JSON with NaN/Infinity literals (as Python writes them), then byte-level damage."""
+    data = json.dumps(doc, allow_nan=True, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
+    damage = draw(st.sampled_from(["none", "none", "none", "truncate", "non_utf8", "gzip", "gzip_truncated"]))
+    if damage == "truncate":
+        data = data[: draw(st.integers(0, len(data)))]
+    elif damage == "non_utf8":
+        pos = [i for i in range(len(data)) if data[i : i + 1] == b'"'][1::2][:2000]
+        if pos:
+            at = draw(st.sampled_from(pos))
+            data = data[:at] + draw(st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x80abc"])) + data[at:]
+    elif damage.startswith("gzip"):
+        data = gzip.compress(data, compresslevel=1)
+        if damage == "gzip_truncated":
+            data = data[: draw(st.integers(0, len(data) - 1))]
+    return data
+
+
+def check_pipeline(path: Path) -> None:
+    """analyze + both renderers must work, or fail with a one-line InputError naming the file."""
+    from rich.console import Console
+
+    from advisor.analysis import analyze
+    from advisor.render.json_report import to_json
+    from advisor.render.text import render_text
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            analysis = analyze(path)
+            json.loads(to_json(analysis))
+            render_text(analysis, Console(file=io.StringIO(), width=120), verbose=True)
+    except InputError as exc:
+        line = exc.line()
+        assert "\n" not in line and str(path) in line, line
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir():
+    with tempfile.TemporaryDirectory(prefix="advisor-fuzz-") as d:
+        yield Path(d)
+
+
+def _write(fuzz_dir: Path, data: bytes, gz: bool) -> Path:
+    folder = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    path = folder / ("trace.pt.trace.json.gz" if gz else "trace.pt.trace.json")
+    path.write_bytes(data)
+    return path
+
+
+def _mutated_trace(data: st.DataObject, fuzz_dir: Path) -> Path:
+    doc = copy.deepcopy(source_doc(data.draw(st.sampled_from(SOURCES))))
+    for _ in range(data.draw(st.integers(1, 3))):
+        data.draw(st.sampled_from(MUTATIONS))(doc, data.draw)
+    raw = serialize(doc, data.draw)
+    return _write(fuzz_dir, raw, raw[:2] == b"\x1f\x8b")
+
+
+@needs_traces
+@FUZZ
+@given(data=st.data())
+def test_pipeline_survives_mutated_real_traces(data, fuzz_dir, monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    check_pipeline(_mutated_trace(data, fuzz_dir))
+
+
+@needs_traces
+@settings(FUZZ, max_examples=FUZZ.max_examples * 2)
+@given(data=st.data())
+def test_loader_survives_mutated_real_traces(data, fuzz_dir):
+    from advisor.load.trace import load_trace
+
+    path = _mutated_trace(data, fuzz_dir)
+    try:
+        frames = load_trace(path)
+    except InputError as exc:
+        assert "\n" not in exc.line() and str(path) in exc.line()
+        return
+    for name in ("host", "runtime", "device"):
+        df = getattr(frames, name)
+        assert (df["dur"] >= 0).all() and (df["end"] >= df["ts"]).all()
+
+
+# --- one fixed case per failure class (regressions, no randomness) ---------------------------
+def _doc_with(change: Callable[[dict], None]) -> dict:
+    doc = copy.deepcopy(source_doc("misc/amd_mi250_minitoy.json.gz"))
+    change(doc)
+    return doc
+
+
+def _every_event(fn: Callable[[dict], None]) -> Callable[[dict], None]:
+    def change(doc: dict) -> None:
+        for e in doc["traceEvents"]:
+            fn(e)
+    return change
+
+
+FIXED_CASES: dict[str, Callable[[], bytes]] = {
+    "NaN and Infinity literals": lambda: json.dumps(_doc_with(_every_event(lambda e: e.update(ts=float("nan")) if e.get("cat") == "kernel" else e.update(dur=float("inf")) if e.get("cat") == "cpu_op" else None))).encode(),
+    "huge integers": lambda: json.dumps(_doc_with(_every_event(lambda e: e.update(ts=10**40, tid=10**30) if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" else None))).encode(),
+    "negative durations": lambda: json.dumps(_doc_with(_every_event(lambda e: e.update(dur=-5) if "dur" in e else None))).encode(),
+    "args of the wrong type": lambda: json.dumps(_doc_with(_every_event(lambda e: e.update(args=[1, 2]) if e.get("cat") == "kernel" else None))).encode(),
+    "names that are numbers": lambda: json.dumps(_doc_with(_every_event(lambda e: e.update(name=7)))).encode(),
+    "duplicated correlation ids": lambda: json.dumps(_doc_with(_every_event(lambda e: e["args"].update(correlation=1) if isinstance(e.get("args"), dict) else None))).encode(),
+    "unsorted events": lambda: json.dumps(_doc_with(lambda d: d["traceEvents"].reverse())).encode(),
+    "non-UTF-8 bytes in a name": lambda: json.dumps(source_doc("misc/amd_mi250_minitoy.json.gz")).encode().replace(b'"name": "', b'"name": "\xff\xfe', 5),
+    "events that are not objects": lambda: json.dumps(_doc_with(lambda d: d["traceEvents"].extend([1, "x", None, [2]]))).encode(),
+    "no timestamps at all": lambda: json.dumps(_doc_with(_every_event(lambda e: e.pop("ts", None)))).encode(),
+    "a bare event array": lambda: json.dumps(source_doc("misc/amd_mi250_minitoy.json.gz")["traceEvents"]).encode(),
+    "only metadata events": lambda: json.dumps(_doc_with(lambda d: d.update(traceEvents=[e for e in d["traceEvents"] if e.get("ph") == "M"]))).encode(),
+    "step markers with odd numbers": lambda: json.dumps(_doc_with(_every_event(lambda e: e.update(name="ProfilerStep#99999999999999999999999") if e.get("cat") == "user_annotation" else None))).encode(),
+    "odd rank and device properties": lambda: json.dumps(_doc_with(lambda d: d.update(distributedInfo={"rank": float("nan")}, deviceProperties=[{"id": "0", "totalGlobalMem": "lots", "computeMajor": 1e300}]))).encode(),
+}
+
+
+@needs_traces
+@pytest.mark.parametrize("case", sorted(FIXED_CASES))
+def test_odd_but_valid_traces_are_analysed_or_refused_in_one_line(case, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    path = tmp_path / "trace.pt.trace.json"
+    path.write_bytes(FIXED_CASES[case]())
+    check_pipeline(path)
+
+
+# --- coverage-guided fuzzing with atheris (optional, not part of the test run) ---------------
+def _atheris_main() -> None:  # pragma: no cover - run by hand
+    import atheris
+
+    docs = [source_doc(s) for s in SOURCES]
+    work = Path(tempfile.mkdtemp(prefix="advisor-atheris-"))
+    os.environ["ADVISOR_CACHE"] = "off"
+
+    def one_input(buf: bytes) -> None:
+        fdp = atheris.FuzzedDataProvider(buf)
+        doc = copy.deepcopy(docs[fdp.ConsumeIntInRange(0, len(docs) - 1)])
+        evs = doc["traceEvents"]
+        for _ in range(fdp.ConsumeIntInRange(0, 8)):
+            if not evs:
+                break
+            e = evs[fdp.ConsumeIntInRange(0, len(evs) - 1)]
+            key = (EVENT_KEYS + ARG_KEYS)[fdp.ConsumeIntInRange(0, len(EVENT_KEYS + ARG_KEYS) - 1)]
+            target = e["args"] if key in ARG_KEYS and isinstance(e.get("args"), dict) else e
+            choice = fdp.ConsumeIntInRange(0, 4)
+            target[key] = [None, fdp.ConsumeInt(16), fdp.ConsumeFloat(), fdp.ConsumeUnicodeNoSurrogates(8), [fdp.ConsumeInt(4)]][choice]
+        data = json.dumps(doc).encode()
+        cut = fdp.ConsumeIntInRange(0, 3)
+        if cut == 0:
+            data = data[: fdp.ConsumeIntInRange(0, len(data))]
+        path = work / "trace.pt.trace.json"
+        path.write_bytes(data)
+        check_pipeline(path)
+
+    atheris.Setup(sys.argv, one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _atheris_main()

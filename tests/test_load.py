@@ -1,0 +1,395 @@
+"""The trace loader on the real traces in ../shared/traces.
+
+What is checked against what: frame sizes against a plain `json` count of the raw events (an
+independent reading of the same file), copy sizes and bandwidths against MANIFEST.md, bad
+input through the real CLI entry point (one line, exit 2, no traceback), the Parquet cache
+and the parallel loader against a fresh parse.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+
+from advisor.load import cache as frame_cache
+from advisor.load.decode import read_trace_bytes
+from advisor.load.discover import find_run
+from advisor.load.parallel import load_frames
+from advisor.load.trace import frames_from_bytes, load_trace
+
+from conftest import REPO, SHARED_TRACES, shared_trace, single_file
+
+FRAMES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
+HOST = {"cpu_op", "operator", "user_annotation", "python_function", "python"}
+RUNTIME = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
+DEVICE = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "mtia_ccp_events"}
+MTIA_BOOKKEEPING = ("event_wait", "event_record", "synchronize")
+
+
+def all_trace_files() -> list[Path]:
+    if not SHARED_TRACES.is_dir():
+        return []
+    return sorted(p for p in SHARED_TRACES.rglob("*.json.gz") if ".advisor-cache" not in p.parts)
+
+
+TRACE_FILES = all_trace_files()
+needs_traces = pytest.mark.skipif(not TRACE_FILES, reason=f"real GPU traces not available at {SHARED_TRACES}")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Cache entries of this file's tests go to a temporary user cache, never into ../shared."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    monkeypatch.delenv("ADVISOR_CACHE", raising=False)
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """`advisor.cli.main` in this process: (exit code, stdout, stderr)."""
+    from advisor.cli import main
+
+    def run(args: list[str]) -> tuple[int, str, str]:
+        with monkeypatch.context() as m:
+            m.setenv("COLUMNS", "200")
+            m.setattr(sys, "argv", ["advisor", *args])
+            capsys.readouterr()
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def raw_events(path: Path) -> list[dict]:
+    """The events as Python's own json module reads them (independent of the loader)."""
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return [e for e in events if isinstance(e, dict)]
+
+
+def expected_counts(path: Path) -> dict[str, int]:
+    counts = {"host": 0, "runtime": 0, "device": 0, "memory": 0}
+    for e in raw_events(path):
+        cat = str(e.get("cat", "")).lower()
+        timed = isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0
+        if e.get("name") == "[memory]":
+            counts["memory"] += 1
+        elif e.get("ph") != "X" or not timed:
+            continue
+        elif cat in HOST:
+            counts["host"] += 1
+        elif cat in RUNTIME:
+            counts["runtime"] += 1
+        elif cat in DEVICE and not (cat == "mtia_ccp_events" and str(e.get("name")).startswith(MTIA_BOOKKEEPING)):
+            counts["device"] += 1
+    return counts
+
+
+def assert_same_frames(a, b) -> None:
+    for name in FRAMES:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+            continue
+        pd.testing.assert_frame_equal(x, y, obj=name)
+    assert (a.schema, a.base_us, a.window, a.distributed) == (b.schema, b.base_us, b.window, b.distributed)
+
+
+# --- both schemas, every device kind ---------------------------------------------------------
+@needs_traces
+@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda p: p.name)
+def test_frames_hold_every_profiler_event_of_the_file(path):
+    frames = load_trace(path)
+    expected = expected_counts(path)
+    assert {k: len(getattr(frames, k)) for k in expected} == expected
+    for name in ("host", "runtime", "device"):
+        df = getattr(frames, name)
+        assert df["ts"].dtype == np.int64 and df["dur"].dtype == np.int64
+        assert isinstance(df["name"].dtype, pd.CategoricalDtype)
+        assert (np.diff(df["ts"].to_numpy()) >= 0).all(), f"{name} not sorted by start"
+        assert (df["end"] == df["ts"] + df["dur"]).all()
+    # total device time agrees with the raw durations (µs -> ns)
+    raw_device_us = sum(
+        e["dur"]
+        for e in raw_events(path)
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE and isinstance(e.get("dur"), (int, float))
+        and not str(e.get("name")).startswith(MTIA_BOOKKEEPING)
+    )
+    assert frames.device["dur"].sum() == pytest.approx(raw_device_us * 1000, rel=1e-9, abs=len(frames.device))
+
+
+@needs_traces
+def test_schema_generations_are_told_apart():
+    assert load_trace(single_file(shared_trace("v100_resnet50_nw0"))).schema == "2021"
+    assert load_trace(shared_trace("misc/old_schema_inference.json.gz")).schema == "2021"
+    assert load_trace(shared_trace("misc/a100_80gb_train.json.gz")).schema == "current"
+
+
+@needs_traces
+def test_rocm_and_mtia_traces_count_as_device_activity():
+    amd = load_trace(shared_trace("misc/amd_mi250_minitoy.json.gz"))
+    assert set(amd.device["kind"]) >= {"kernel", "memcpy"} and amd.has_device
+    mtia = load_trace(shared_trace("misc/mtia_inference.json.gz"))
+    assert mtia.has_device and len(mtia.runtime) > 0
+    names = mtia.device["name"].astype(str)
+    assert not names.str.startswith(MTIA_BOOKKEEPING).any()
+    # MTIA DMA commands are copies, the rest of its command-processor work is compute
+    assert (mtia.device.loc[names.str.startswith("dma").to_numpy(), "kind"] == "memcpy").all()
+    assert (mtia.device["kind"] == "kernel").any()
+    cpu = load_trace(shared_trace("misc/cpu_only.pt.trace.json.gz"))
+    assert not cpu.has_device and len(cpu.host) > 0
+
+
+@needs_traces
+def test_pageable_batch_copies_match_the_manifest():
+    """MANIFEST.md: each batch is copied from pageable memory, ~19 MB at ~10 GB/s."""
+    dev = load_trace(single_file(shared_trace("v100_resnet50_nw0"))).device
+    htod = dev[(dev["copy_kind"] == "HtoD") & (dev["copy_src"] == "Pageable")]
+    big = htod[htod["bytes"] > 1e6]
+    assert len(big) >= 5
+    assert big["bytes"].median() == pytest.approx(19.3e6, rel=0.05)
+    assert big["bandwidth_gbps"].median() == pytest.approx(10, rel=0.25)
+    assert (big["copy_dst"] == "Device").all()
+
+
+@needs_traces
+@pytest.mark.parametrize("name", ["misc/a100_80gb_train.json.gz", "misc/mtia_inference.json.gz", "a100_two_ranks/rank-0.json.gz"])
+def test_batched_decoding_gives_the_same_frames(name):
+    """Large files are decoded in batches to bound memory; the frames must not change."""
+    path = shared_trace(name)
+    data = read_trace_bytes(path)
+    whole = frames_from_bytes(path, data)
+    batched = frames_from_bytes(path, data, batch_threshold=0, batch_bytes=256 * 1024)
+    assert_same_frames(whole, batched)
+
+
+# --- inputs: files, run folders, folders of runs ----------------------------------------------
+@needs_traces
+def test_plain_json_and_gzip_and_both_suffixes_load_alike(tmp_path):
+    src = shared_trace("misc/a100_alexnet.json.gz")
+    raw = gzip.decompress(src.read_bytes())
+    variants = {
+        "a.json": raw,
+        "b.pt.trace.json": raw,
+        "c.json.gz": src.read_bytes(),
+        "d.pt.trace.json.gz": gzip.compress(raw),
+    }
+    loaded = []
+    for name, data in variants.items():
+        (tmp_path / name).write_bytes(data)
+        loaded.append(load_trace(tmp_path / name))
+    for other in loaded[1:]:
+        for frame in ("host", "runtime", "device"):
+            pd.testing.assert_frame_equal(getattr(loaded[0], frame), getattr(other, frame))
+    # a folder with these four is one run of four files
+    assert len(find_run(tmp_path).files) == 4
+
+
+def _copy_run(src_files: list[Path], folder: Path, names: list[str] | None = None, mtime: float | None = None) -> None:
+    folder.mkdir(parents=True)
+    for i, src in enumerate(src_files):
+        target = folder / (names[i] if names else src.name)
+        shutil.copyfile(src, target)
+        if mtime is not None:
+            os.utime(target, (mtime, mtime))
+
+
+@needs_traces
+def test_folder_of_runs_reports_the_newest_and_says_so(tmp_path, cli):
+    alexnet, triton = shared_trace("misc/a100_alexnet.json.gz"), shared_trace("misc/a100_triton.json.gz")
+    _copy_run([alexnet], tmp_path / "log" / "older", mtime=1_600_000_000)
+    _copy_run([triton], tmp_path / "log" / "newer", mtime=1_700_000_000)
+    code, out, err = cli(["report", "--format", "json", str(tmp_path / "log")])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["run"] == "newer"
+    assert any("'newer' (the newest)" in n and "--run" in n for n in report["notes"])
+    code, out, err = cli(["report", "--format", "json", "--run", "older", str(tmp_path / "log")])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["run"] == "older" and report["files"][0].endswith("a100_alexnet.json.gz")
+    assert any("'older' (as asked)" in n for n in report["notes"])
+    code, _, err = cli(["report", "--run", "nope", str(tmp_path / "log")])
+    assert code == 2 and "no run named 'nope'" in err and "newer" in err
+
+
+@needs_traces
+def test_ranks_come_from_distributed_info_then_file_names_then_order(tmp_path):
+    from advisor.analysis import analyze
+
+    two = sorted(shared_trace("a100_two_ranks").glob("*.json.gz"))
+    assert [m.rank for m in analyze(shared_trace("a100_two_ranks")).ranks] == [0, 1]
+    # without distributedInfo: the number in the file name
+    for i, (src, name) in enumerate(zip(two, ["worker7.pt.trace.json", "worker3.pt.trace.json"])):
+        doc = orjson.loads(gzip.decompress(src.read_bytes()))
+        doc.pop("distributedInfo")
+        (tmp_path / "named").mkdir(exist_ok=True)
+        (tmp_path / "named" / name).write_bytes(orjson.dumps(doc))
+    assert sorted(m.rank for m in analyze(tmp_path / "named").ranks) == [3, 7]
+    # neither: file order
+    (tmp_path / "plain").mkdir()
+    for name, src in zip(["first.json", "second.json"], sorted((tmp_path / "named").iterdir())):
+        shutil.copyfile(src, tmp_path / "plain" / name)
+    assert sorted(m.rank for m in analyze(tmp_path / "plain").ranks) == [0, 1]
+
+
+# --- bad input: one line naming the file, exit 2, no traceback ---------------------------------
+def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (path to report, words the error line must contain)."""
+    good = shared_trace("misc/a100_alexnet.json.gz").read_bytes()
+    raw = gzip.decompress(good)
+    (tmp / "empty_dir").mkdir()
+    (tmp / "no_traces").mkdir()
+    (tmp / "no_traces" / "notes.txt").write_text("not a trace")
+    (tmp / "cut.json.gz").write_bytes(good[: len(good) // 2])
+    (tmp / "cut.pt.trace.json").write_bytes(raw[: int(len(raw) * 0.6)])
+    (tmp / "other.json").write_text('{"hello": "world", "items": [1, 2, 3]}')
+    (tmp / "noevents.json").write_text('{"schemaVersion": 1, "traceEvents": []}')
+    (tmp / "zero.json").write_bytes(b"")
+    (tmp / "garbage.json.gz").write_bytes(b"\x1f\x8b" + b"\x00" * 64)
+    return {
+        "missing path": (tmp / "does_not_exist", "no such file or directory"),
+        "empty directory": (tmp / "empty_dir", "directory is empty"),
+        "directory without traces": (tmp / "no_traces", "no trace files"),
+        "truncated gzip": (tmp / "cut.json.gz", "truncated gzip"),
+        "truncated JSON": (tmp / "cut.pt.trace.json", "truncated JSON"),
+        "not a Chrome trace": (tmp / "other.json", "not a Chrome trace"),
+        "no events": (tmp / "noevents.json", "trace has no events"),
+        "empty file": (tmp / "zero.json", "file is empty"),
+        "corrupt gzip": (tmp / "garbage.json.gz", "gzip"),
+    }
+
+
+@needs_traces
+def test_every_bad_input_is_one_line_and_exit_2(tmp_path, cli):
+    for label, (path, words) in _bad_inputs(tmp_path).items():
+        code, out, err = cli(["report", str(path)])
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2, (label, code, err)
+        assert len(lines) == 1, (label, err)
+        assert str(path) in lines[0] and words in lines[0], (label, lines[0])
+        assert "Traceback" not in err and out == "", label
+
+
+@needs_traces
+def test_bad_input_in_a_fresh_process_has_no_traceback(tmp_path):
+    bad = _bad_inputs(tmp_path)
+    for label in ("truncated JSON", "not a Chrome trace"):
+        path, words = bad[label]
+        p = subprocess.run([sys.executable, "-m", "advisor", "report", str(path)], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.strip().count("\n") == 0 and words in p.stderr and "Traceback" not in p.stderr
+
+
+@needs_traces
+def test_a_broken_rank_is_skipped_with_a_warning(tmp_path, cli):
+    ranks = sorted(shared_trace("a100_two_ranks").glob("*.json.gz"))
+    run = tmp_path / "job"
+    run.mkdir()
+    shutil.copyfile(ranks[0], run / ranks[0].name)
+    (run / ranks[1].name).write_bytes(ranks[1].read_bytes()[:5000])
+    code, out, err = cli(["report", "--format", "json", str(run)])
+    assert code == 0, err
+    report = json.loads(out)
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    warning = [w for w in report["warnings"] if ranks[1].name in w]
+    assert warning and "truncated gzip" in warning[0]
+
+
+@needs_traces
+def test_report_never_imports_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "sys.argv = ['advisor', 'report', '--format', 'json', '-o', sys.argv[2], sys.argv[1]]\n"
+        "from advisor.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    script = tmp_path / "check_imports.py"
+    script.write_text(code)
+    trace = single_file(shared_trace("v100_resnet50_nw0"))
+    p = subprocess.run([sys.executable, str(script), str(trace), str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]"
+
+
+# --- cache ----------------------------------------------------------------------------------
+@needs_traces
+def test_cache_beside_the_trace_round_trips_and_follows_the_file(tmp_path):
+    trace = tmp_path / "run" / "worker0.pt.trace.json.gz"
+    trace.parent.mkdir()
+    shutil.copyfile(single_file(shared_trace("v100_resnet50_nw0")), trace)
+    fresh = frame_cache.load_cached(trace, min_parse_seconds=0)
+    entry = trace.parent / ".advisor-cache" / trace.name
+    assert (entry / "advisor_cache.json").is_file() and (entry / "host.parquet").is_file()
+    assert not list(entry.glob("*.pkl")) and not list(entry.glob("*.pickle"))
+    cached = frame_cache.read_cached(trace)
+    assert cached is not None
+    assert_same_frames(fresh, cached)
+    assert cached.host["input_dims"].map(lambda v: v is None or isinstance(v, list)).all()
+    assert cached.host["input_dims"].tolist() == fresh.host["input_dims"].tolist()
+    # the cache folder is not a run and holds no traces
+    assert find_run(trace.parent).files == [trace]
+    # a rewritten trace (new mtime) is parsed again
+    st = trace.stat()
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert frame_cache.read_cached(trace) is None
+    # a damaged entry is a miss, not an error
+    frame_cache.load_cached(trace, min_parse_seconds=0)
+    (entry / "device.parquet").write_bytes(b"PAR1 broken")
+    assert frame_cache.read_cached(trace) is None
+    assert_same_frames(frame_cache.load_cached(trace, min_parse_seconds=0), fresh)
+
+
+@needs_traces
+def test_cache_falls_back_to_the_user_cache_then_to_nothing(tmp_path, monkeypatch):
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    trace = folder / "a100.json.gz"
+    shutil.copyfile(shared_trace("misc/a100_alexnet.json.gz"), trace)
+    folder.chmod(0o555)
+    try:
+        frame_cache.load_cached(trace, min_parse_seconds=0)
+        assert not (folder / ".advisor-cache").exists()
+        user_root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "frames"
+        assert len(list(user_root.iterdir())) == 1
+        assert frame_cache.read_cached(trace) is not None
+        # nowhere writable: no cache, and the frames still load
+        blocked = tmp_path / "blocked"
+        blocked.write_text("a file where the cache folder should be")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+        frames = frame_cache.load_cached(trace, min_parse_seconds=0)
+        assert len(frames.device) > 0 and frame_cache.read_cached(trace) is None
+        monkeypatch.setenv("ADVISOR_CACHE", "off")
+        assert frame_cache.write_cached(frames) is None
+    finally:
+        folder.chmod(0o755)
+
+
+# --- parallel -------------------------------------------------------------------------------
+@needs_traces
+def test_parallel_loading_matches_serial_and_reports_each_file(tmp_path):
+    paths = [shared_trace("misc/a100_80gb_train.json.gz"), shared_trace("misc/a100_nccl.json.gz"), tmp_path / "broken.json"]
+    paths[2].write_text('{"traceEvents": [{"ph": "X", "cat": "kernel"')
+    seen = []
+    parallel = load_frames(paths, workers=2, cache=False, progress=seen.append)
+    assert sorted(seen) == sorted(paths)
+    assert [r.path for r in parallel] == paths
+    assert parallel[2].frames is None and "truncated JSON" in parallel[2].error.line()
+    for result, path in zip(parallel[:2], paths[:2]):
+        assert result.error is None
+        assert_same_frames(result.frames, load_trace(path))
