@@ -259,29 +259,34 @@ def _settle(findings: list[Finding], rules: list[Rule], step_ms: float) -> list[
     fired = {f.rule: f for f in findings}
     raw = {f.rule: f.saving_ms for f in findings}
     settled: dict[str, float | None] = {}
+    dropped: set[str] = set()
 
     def settle(rule_id: str, seen: frozenset = frozenset()) -> float | None:
-        # A cause is settled before the symptom that lists it, so nothing is subtracted twice.
+        # A cause is settled before the symptom that lists it, so nothing is subtracted twice;
+        # a symptom fully explained by its causes is dropped and claims nothing.
         if rule_id in settled:
             return settled[rule_id]
         saving = raw[rule_id]
         explained = [c for c in causes.get(rule_id, ()) if c in fired and c not in seen]
         if saving is not None and explained:
             saving -= sum(settle(c, seen | {rule_id}) or 0 for c in explained)
+            if saving <= 0.01 * step_ms:
+                dropped.add(rule_id)
+                saving = 0.0
         settled[rule_id] = saving
         return saving
 
     kept = []
     for f in findings:
-        explained = [c for c in causes.get(f.rule, ()) if c in fired]
-        if explained:
-            f.causes = explained
-            if f.saving_ms is not None:
-                f.saving_ms = settle(f.rule)
-                if f.saving_ms <= 0.01 * step_ms:
-                    continue  # fully explained by its causes: they carry the saving
-                f.saving_pct = f.saving_ms / step_ms if step_ms else None
+        f.saving_ms = settle(f.rule)
+        if f.rule in dropped:
+            continue  # fully explained by its causes: they carry the saving
+        f.causes = [c for c in causes.get(f.rule, ()) if c in fired]
+        if f.causes and f.saving_ms is not None:
+            f.saving_pct = f.saving_ms / step_ms if step_ms else None
         kept.append(f)
+    for f in kept:
+        f.causes = [c for c in f.causes if c not in dropped]
     kept.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
     remaining = step_ms
     out = []

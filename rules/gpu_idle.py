@@ -68,6 +68,11 @@ CAUSES = (
     "h2d-copy-volume",
     "zero-grad-memset",
     "spare-gpu-memory",
+    "cpu-tensor-then-copy",
+    "single-tensor-optimizer",
+    "data-parallel",
+    "empty-cache",
+    "allocator-churn",
 )
 FIX = "Keep work queued on the device: load data in workers, copy from pinned memory with non_blocking=True, avoid per-step syncs, fuse small kernels."
 AFTER = """loader = DataLoader(ds, batch_size=32, num_workers=8, pin_memory=True, persistent_workers=True)
