@@ -179,7 +179,9 @@ _register_optional_commands()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except InputError as exc:
         stderr_console().print(Text(f"advisor: error: {exc.line()}"), soft_wrap=True)
         sys.exit(EXIT_BAD_INPUT)

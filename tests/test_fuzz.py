@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,11 +57,14 @@ ODD_NAMES = ["", "ProfilerStep#", "ProfilerStep#-1", "ProfilerStep#9999999999999
 have_traces = all((SHARED_TRACES / s).is_file() for s in SOURCES)
 needs_traces = pytest.mark.skipif(not have_traces, reason=f"real GPU traces not available at {SHARED_TRACES}")
 
+IN_CI = bool(os.environ.get("CI"))
 FUZZ = settings(
     max_examples=int(os.environ.get("ADVISOR_FUZZ_EXAMPLES", "120")),
     deadline=None,
-    derandomize=bool(os.environ.get("CI")),
+    derandomize=IN_CI,
     database=None,
+    # In CI a failure is reported as drawn (shrinking a whole-pipeline case can take minutes).
+    phases=[Phase.explicit, Phase.generate] if IN_CI else list(Phase),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 

@@ -347,6 +347,22 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, extra, files, expect):
     assert len(lines) == 1 and lines[0].startswith("advisor: error:") and expect in lines[0], err
 
 
+def test_usage_errors_exit_2(cli, tmp_path):
+    assert cli(["gate"], cwd=tmp_path)[0] == 2  # no PATH
+    assert cli(["gate", str(shared_trace("v100_resnet50_nw4")), "--tolerance", "five"], cwd=tmp_path)[0] == 2
+    code, _, err = cli(["gate", str(shared_trace("v100_resnet50_nw4")), "--tolerance", "5"], cwd=tmp_path)
+    assert code == 2 and "0.05 = 5%" in err
+
+
+def test_baseline_goes_where_the_config_points_and_warns_on_few_steps(cli, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.advisor.gate]\nbaseline = "perf/b.json"\n')
+    code, _, err = cli(["baseline", str(shared_trace("a100_two_ranks"))], cwd=tmp_path)
+    assert code == 0, err
+    doc = orjson.loads((tmp_path / "perf" / "b.json").read_bytes())
+    assert len(doc["step_times_ms"]) == 2 and doc["environment"]["world_size"] == 128  # distributedInfo of the trace
+    assert "only 2 step(s)" in err
+
+
 def test_size_and_budget_file_layouts(tmp_path):
     assert parse_size("16 GiB") == 16 * 2**30
     assert parse_size("800MB") == 800e6

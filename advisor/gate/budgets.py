@@ -351,7 +351,7 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
         limit = f"<= {_bytes(b.max_peak_memory)}"
         if peak is None:
             checks.append(
-                Check("max-peak-memory", "peak device memory", "inconclusive", "n/a", limit, "the trace records no device memory (profile with profile_memory=True)")
+                Check("max-peak-memory", "peak device memory", "inconclusive", "n/a", limit, "no device memory recorded (a CPU-only run, or profiled without profile_memory=True)")
             )
         else:
             ok = peak <= b.max_peak_memory

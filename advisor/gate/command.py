@@ -24,7 +24,7 @@ DEFAULT_BASELINE = Path("perf/baseline.json")
 
 
 def _stderr() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _config_layer(cfg: Any) -> tuple[str, dict[str, Any]]:
@@ -75,7 +75,6 @@ def load_baseline(path: Path, config: Any, rules_dir: Optional[Path], run: Optio
 
     analysis = analyze_with_progress(path, run=run, config=config, rules_dir=rules_dir)
     record = record_from_analysis(analysis)
-    record.kind = "run"
     return record, [f"baseline: {w}" for w in [*analysis.run.notes, *analysis.warnings]]
 
 

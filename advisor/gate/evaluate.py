@@ -79,7 +79,7 @@ def findings_check(baseline: RunRecord, candidate: RunRecord, settings: GateSett
         "new-findings",
         "new findings",
         status,
-        ", ".join(f.rule for f in new) if new else "none",
+        (new[0].rule if len(new) == 1 else f"{len(new)} new") if new else "none",
         "none" if settings.fail_on_new_findings else "(listed)",
         message,
         {"new": [f.rule for f in new], "gone": [f.rule for f in gone]},

@@ -88,7 +88,9 @@ class TraceFrames:
     @property
     def rank(self) -> int | None:
         rank = self.distributed.get("rank")
-        return int(rank) if isinstance(rank, (int, float)) and not isinstance(rank, bool) and math.isfinite(rank) else None
+        if not isinstance(rank, (int, float)) or isinstance(rank, bool) or not math.isfinite(rank):
+            return None
+        return int(rank) if rank == int(rank) and 0 <= rank < 2**31 else None
 
     @property
     def has_device(self) -> bool:
