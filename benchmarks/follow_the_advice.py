@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import importlib.util
 import json
 import math
 import os
@@ -82,6 +83,16 @@ class Switches:
 
     def label(self) -> str:
         return " ".join(self.argv()) or "(baseline)"
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> "Switches":
+        """The settings a command line of the script's switches gives (for --start)."""
+        p = argparse.ArgumentParser(prog="--start", add_help=False)
+        p.add_argument("--workers", type=int, default=cls.workers)
+        p.add_argument("--batch-size", type=int, default=cls.batch_size)
+        for name in ("pin_memory", "uint8_to_device", "set_to_none", "amp", "compile"):
+            p.add_argument("--" + name.replace("_", "-"), action="store_true")
+        return cls(**vars(p.parse_args(argv)))
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,7 @@ RULE_SWITCHES: dict[str, RuleSwitch] = {
     "h2d-copy-volume": RuleSwitch("uint8_to_device", _flag("uint8_to_device")),
     "spare-gpu-memory": RuleSwitch("batch_size", _batch),
     "zero-grad-memset": RuleSwitch("set_to_none", _flag("set_to_none")),
-    "tensor-cores-unused": RuleSwitch("amp", _flag("amp"), ("cuda",), "autocast on this CPU has no fast half-precision path"),
+    "tensor-cores-unused": RuleSwitch("amp", _flag("amp"), ("cuda",), "this scenario keeps fp32 on the CPU (the rule judges autocast from GPU kernels)"),
     "unfused-elementwise": RuleSwitch("compile", _flag("compile"), ("cuda",), "torch.compile on the CPU costs minutes of compiling per round"),
     "launch-bound": RuleSwitch("compile", _flag("compile"), ("cuda",), "torch.compile on the CPU costs minutes of compiling per round"),
 }
@@ -375,6 +386,7 @@ class Walk:
     rounds: list[Round] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     stop_reason: str = ""
+    load_at_start: float = math.nan  # 1-minute load average: other work on the machine skews timings
 
 
 def situation(r: Round, settings: Settings, cpu_count: int) -> Situation:
@@ -382,11 +394,11 @@ def situation(r: Round, settings: Settings, cpu_count: int) -> Situation:
     return Situation(r.switches, settings.device, int(cores) if isinstance(cores, int) and cores > 0 else cpu_count, r.batch_size)
 
 
-def follow(settings: Settings, max_rounds: int, work_dir: Path, say: Callable[[str], None]) -> Walk:
+def follow(settings: Settings, max_rounds: int, work_dir: Path, say: Callable[[str], None], start: Switches = Switches()) -> Walk:
     """Profile, apply the highest-ranked applicable finding, profile again; see the module doc."""
     cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    walk = Walk(settings)
-    current = profile_round(Switches(), settings, work_dir / "round0")
+    walk = Walk(settings, load_at_start=os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan)
+    current = profile_round(start, settings, work_dir / "round0")
     walk.rounds.append(current)
     say(f"round 0 {current.switches.label()}: {_round_line(current, settings)}")
     if not current.ok:
@@ -396,7 +408,10 @@ def follow(settings: Settings, max_rounds: int, work_dir: Path, say: Callable[[s
     while len([c for c in walk.changes if c.after is not None]) < max_rounds:
         picked = choose(current.findings, situation(current, settings, cpu_count), blocked)
         if picked is None:
-            walk.stop_reason = "no finding maps to a switch this device can use"
+            failed = [c.description for c in walk.changes if c.before is current and c.after is None]
+            walk.stop_reason = "no finding maps to a switch this device can use" + (
+                f" and has not failed already (failed: {', '.join(failed)})" if failed else ""
+            )
             return walk
         index, p = picked
         finding = current.findings[index]
@@ -459,6 +474,8 @@ def header_lines(walk: Walk, started: dt.datetime) -> list[str]:
     versions = facts.get("versions") or {}
     device = facts.get("device") or {}
     variant = "CPU variant (small ResNet on 32x32, hand-made PIL/numpy augmentation)" if s.cpu_variant else "the published script (torchvision ResNet-18, Resize(224))"
+    if not s.cpu_variant and importlib.util.find_spec("torchvision") is None:
+        variant = "CPU variant: torchvision is not installed, so the script fell back to it"
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     lines = [
         "follow the advice: the reference ResNet-18 scenario, one profiler-guided change per round",
@@ -469,7 +486,7 @@ def header_lines(walk: Walk, started: dt.datetime) -> list[str]:
         f"script: sample_runs/resnet18_cifar/train.py, {variant}",
         f"window: advisor profile --wait {s.wait} --warmup {s.warmup} --active {s.active} --full, then {s.after_steps} steps without the profiler",
         f"compute threads: {s.threads if s.threads else 'torch default'}"
-        + (f"; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min)" if load else ""),
+        + (f"; load average at the start {walk.load_at_start:.1f}, at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min)" if load else ""),
     ]
     return [line for line in lines if line]
 
@@ -483,7 +500,7 @@ def table_lines(walk: Walk) -> list[str]:
     ]  # fmt: skip
     base = walk.rounds[0]
     rows.append((
-        "0", "baseline", "", f"{_ms(base.window_median_ms)} / {_ms(base.after_window_ms(w))}",
+        "0", "baseline" if base.switches == Switches() else f"start: {base.switches.label()}", "", f"{_ms(base.window_median_ms)} / {_ms(base.after_window_ms(w))}",
         f"{_ms(_samples(base, base.window_median_ms), 0)} / {_ms(_samples(base, base.after_window_ms(w)), 0)}",
         _pct(base.dataloader_share), _pct(base.gpu_utilization), "", "", "", f"#0 {PUBLISHED_BASELINE.figure}",
     ))  # fmt: skip
@@ -625,6 +642,10 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def cuda_available() -> bool:
     try:
         import torch
@@ -638,10 +659,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--cpu-variant", action="store_true", help="the script's small CPU variant even on a GPU (always on the CPU)")
     p.add_argument("--max-rounds", type=int, default=8, help="stop after this many applied changes")
+    p.add_argument("--start", default="", help="the script's switches to start from instead of the baseline, e.g. '--workers 8 --pin-memory' (to go on with a walk cut short)")
     p.add_argument("--wait", type=int, default=1)
     p.add_argument("--warmup", type=int, default=None, help="default: 4 on a GPU (the published window), 2 on the CPU")
     p.add_argument("--active", type=int, default=None, help="default: 3 on a GPU (the published window), 5 on the CPU")
-    p.add_argument("--after-steps", type=int, default=None, help="steps after the window, unprofiled (default 20 GPU, 8 CPU)")
+    p.add_argument("--after-steps", type=int, default=None, help="steps after the window, unprofiled (default 20)")
     p.add_argument("--threads", type=int, default=None, help="OMP/MKL threads for the script (default 1 on the CPU, torch's own on a GPU; 0 = torch's own)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per round")
     p.add_argument("--keep", type=Path, default=None, help="keep every round's log dir under this (new) folder")
@@ -658,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         wait=a.wait,
         warmup=a.warmup if a.warmup is not None else (4 if gpu else 2),
         active=a.active if a.active is not None else (3 if gpu else 5),
-        after_steps=a.after_steps if a.after_steps is not None else (20 if gpu else 8),
+        after_steps=a.after_steps if a.after_steps is not None else 20,
         threads=threads or None,
         timeout_s=a.timeout,
     )
@@ -669,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         work_dir = Path(tempfile.mkdtemp(prefix="advisor-follow-"))
     try:
-        walk = follow(settings, a.max_rounds, work_dir, lambda line: print(line, file=sys.stderr, flush=True))
+        walk = follow(settings, a.max_rounds, work_dir, _say, Switches.parse(a.start.split()))
     finally:
         if a.keep is None:
             shutil.rmtree(work_dir, ignore_errors=True)

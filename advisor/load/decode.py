@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator, Union
 
 import msgspec
+import numpy as np
 
 from advisor.errors import InputError
 
@@ -43,6 +44,8 @@ BATCH_BYTES = 32 * 2**20
 # The lenient retry holds a text copy and Python objects for the whole input: only below this.
 LENIENT_LIMIT_BYTES = 512 * 2**20
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+GZIP_READ_BYTES = 256 * 2**10
+GZIP_PIECE_BYTES = 4 * 2**20
 
 
 def _arg(key: str, default: Any) -> Any:
@@ -50,7 +53,7 @@ def _arg(key: str, default: Any) -> Any:
 
 
 class EventArgs(msgspec.Struct, gc=False):
-    """The `args` keys any frame reads; every other key is skipped by the decoder."""
+    """The `args` keys of spans that any frame reads; every other key is skipped unread."""
 
     external_id: Any = _arg("External id", -1)
     external_id_lower: Any = _arg("external id", -1)  # 2021 schema spelling on runtime/device rows
@@ -68,24 +71,57 @@ class EventArgs(msgspec.Struct, gc=False):
     call_stack: Union[str, None] = _arg("Call stack", None)
     input_dims: msgspec.Raw = _arg("Input Dims", NULL)
     input_dims_lower: msgspec.Raw = _arg("Input dims", NULL)
+
+
+class MemoryArgs(msgspec.Struct, gc=False):
+    """The `args` of a `[memory]` instant event (profile_memory=True)."""
+
     device_type: Any = _arg("Device Type", -1)
     device_id: Any = _arg("Device Id", -1)
-    mem_bytes: Any = _arg("Bytes", NAN)
+    bytes: Any = _arg("Bytes", NAN)
     total_allocated: Any = _arg("Total Allocated", NAN)
     total_reserved: Any = _arg("Total Reserved", NAN)
 
 
 EMPTY_ARGS = EventArgs()
+EMPTY_MEMORY_ARGS = MemoryArgs()
 
 
-class Event(msgspec.Struct, gc=False):
-    ph: Union[str, None] = None
+class _Phase(msgspec.Struct, gc=False, tag_field="ph"):
+    """Base of the event types: msgspec picks the type from the event's phase (`ph`)."""
+
+
+class Span(_Phase, tag="X"):
+    """A complete event: an op, annotation, runtime call, kernel, copy or memset."""
+
     cat: Union[str, None] = None
     name: Union[str, None] = ""
     ts: Any = NAN
     dur: Any = NAN
     tid: Union[int, str, None] = None
     args: Union[EventArgs, None] = None
+
+
+class Instant(_Phase, tag="i"):
+    """An instant event; the frames keep the `[memory]` ones."""
+
+    cat: Union[str, None] = None
+    name: Union[str, None] = ""
+    ts: Any = NAN
+    args: Union[MemoryArgs, None] = None
+
+
+class LegacyInstant(Instant, tag="I"):
+    pass
+
+
+# Every other phase of the Chrome trace format (flows, metadata, counters, async, ...) is
+# decoded as an empty struct: its fields are skipped without building a single object.
+OTHER_PHASES = ("B", "E", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")")
+_OTHER = tuple(msgspec.defstruct(f"OtherPhase{i}", [], bases=(_Phase,), tag=ph, gc=False) for i, ph in enumerate(OTHER_PHASES))
+KNOWN_PHASES = frozenset(("X", "i", "I", *OTHER_PHASES))
+INSTANT_TYPES = (Instant, LegacyInstant)
+Event = Union[(Span, Instant, LegacyInstant, *_OTHER)]
 
 
 # Top-level scalar keys kept as TraceFrames.metadata (msgspec skips keys a struct does not name).
@@ -204,24 +240,23 @@ def _gunzip(path: Path, f: Any) -> bytearray:
     out = bytearray(expected)
     pos = 0
     inflate = zlib.decompressobj(wbits=31)
+    pending = b""
     try:
         while True:
-            chunk = f.read(1 << 20)
-            if not chunk:
-                break
-            while chunk:
-                piece = inflate.decompress(chunk)
-                out[pos : pos + len(piece)] = piece
-                pos += len(piece)
-                chunk = b""
-                if inflate.eof:  # a concatenated gzip member follows
-                    rest = inflate.unused_data
-                    if rest.strip(b"\x00"):
-                        inflate = zlib.decompressobj(wbits=31)
-                        chunk = rest
-        piece = inflate.flush()
-        out[pos : pos + len(piece)] = piece
-        pos += len(piece)
+            if not pending:
+                pending = f.read(GZIP_READ_BYTES)
+                if not pending:
+                    break
+            if inflate.eof:  # another gzip member follows (or zero padding)
+                if not pending.strip(b"\x00"):
+                    pending = b""
+                    continue
+                inflate = zlib.decompressobj(wbits=31)
+            # Bounded pieces: the output buffer is the only large allocation.
+            piece = inflate.decompress(pending, GZIP_PIECE_BYTES)
+            pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
+            out[pos : pos + len(piece)] = piece
+            pos += len(piece)
     except zlib.error as exc:
         raise InputError(path, f"corrupt gzip ({exc})") from None
     if not inflate.eof:
@@ -255,7 +290,7 @@ def decode_trace(
         if len(data) > LENIENT_LIMIT_BYTES:
             raise InputError(path, _json_problem(exc)) from None
         return _decoded(path, _lenient_doc(path, data, exc), lambda events: iter([events]))
-    return _decoded(path, doc, lambda raws: _raw_batches(path, raws, batch_bytes))
+    return _decoded(path, doc, lambda raws: _raw_batches(path, raws, data, batch_bytes))
 
 
 def _decoded(path: Path, doc: Any, batches: Any) -> DecodedTrace:
@@ -268,20 +303,44 @@ def _decoded(path: Path, doc: Any, batches: Any) -> DecodedTrace:
     return DecodedTrace(doc.deviceProperties, doc.distributedInfo, meta, len(events), batches(events))
 
 
-def _raw_batches(path: Path, raws: list[msgspec.Raw], batch_bytes: int) -> Iterator[list[Event]]:
+def _raw_batches(path: Path, raws: list[msgspec.Raw], buffer: Any, batch_bytes: int) -> Iterator[list[Event]]:
     """Decode raw event slices about batch_bytes at a time; each batch replaces the last."""
-    start, size = 0, 0
-    for i, raw in enumerate(raws):
-        size += len(raw)
-        if size >= batch_bytes:
-            yield _decode_batch(path, raws, start, i + 1)
-            start, size = i + 1, 0
-    if start < len(raws):
-        yield _decode_batch(path, raws, start, len(raws))
+    if not raws:
+        return
+    sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+    cuts = np.searchsorted(np.cumsum(sizes), np.arange(batch_bytes, int(sizes.sum()) + batch_bytes, batch_bytes), side="left") + 1
+    bounds = np.unique(np.clip(np.concatenate(([0], cuts, [len(raws)])), 0, len(raws)))
+    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        yield _decode_batch(path, raws, buffer, start, stop)
 
 
-def _decode_batch(path: Path, raws: list[msgspec.Raw], start: int, stop: int) -> list[Event]:
-    data = b"[" + b",".join(raws[start:stop]) + b"]"
+def _address(obj: Any) -> int:
+    return np.frombuffer(obj, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def _decode_batch(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, stop: int) -> list[Event]:
+    """Decode raws[start:stop] as one JSON array.
+
+    The raw slices are views into the document, separated by commas and whitespace, so when
+    the document is a bytearray the array is decoded in place: the separator before the first
+    event becomes '[' and the one after the last becomes ']' for the duration of the decode.
+    """
+    if isinstance(buffer, bytearray):
+        base = _address(buffer)
+        first = _address(raws[start]) - base
+        last = _address(raws[stop - 1]) - base + len(raws[stop - 1])
+        if 0 < first and last < len(buffer):
+            before, after = buffer[first - 1], buffer[last]
+            buffer[first - 1], buffer[last] = 0x5B, 0x5D  # "[" and "]"
+            try:
+                # No explicit release: raw values decoded from the view (Input Dims) point into it.
+                return _decode_events(path, memoryview(buffer)[first - 1 : last + 1])
+            finally:
+                buffer[first - 1], buffer[last] = before, after
+    return _decode_events(path, b"[" + b",".join(raws[start:stop]) + b"]")
+
+
+def _decode_events(path: Path, data: Any) -> list[Event]:
     try:
         return _EVENTS.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
@@ -329,7 +388,7 @@ def _lenient_doc(path: Path, data: bytes | bytearray | memoryview, first: Except
 
 
 # --- clean-up of odd events (the slow path) ---------------------------------------------------
-_ARG_KEYS = {f.encode_name for f in msgspec.structs.fields(EventArgs)}
+_ARG_KEYS = {f.encode_name for t in (EventArgs, MemoryArgs) for f in msgspec.structs.fields(t)}
 
 
 def _clean(v: Any) -> Any:
@@ -349,10 +408,12 @@ def _clean(v: Any) -> Any:
 def _clean_event(e: Any) -> dict[str, Any] | None:
     if type(e) is not dict:
         return None
-    out: dict[str, Any] = {}
-    for key in ("ph", "cat"):
-        if type(v := e.get(key)) is str:
-            out[key] = v
+    ph = e.get("ph")
+    if type(ph) is not str or ph not in KNOWN_PHASES:
+        return None  # not an event the Chrome trace format defines
+    out: dict[str, Any] = {"ph": ph}
+    if type(v := e.get("cat")) is str:
+        out["cat"] = v
     name = e.get("name")
     if name is not None:
         out["name"] = name if type(name) is str else str(name)

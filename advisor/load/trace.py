@@ -20,7 +20,7 @@ import gc
 import math
 import re
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,7 +30,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from advisor.errors import InputError
-from advisor.load.decode import EMPTY_ARGS, NULL, TRACE_FILE_HINT, Event, decode_trace, read_trace_bytes
+from advisor.load.decode import EMPTY_ARGS, EMPTY_MEMORY_ARGS, INSTANT_TYPES, NULL, TRACE_FILE_HINT, Span, decode_trace, read_trace_bytes
 
 # --- what each `cat` is -------------------------------------------------------------------
 HOST_CATS = {
@@ -193,13 +193,7 @@ def decoded_raw(raws: Sequence[Any], as_text: bool) -> np.ndarray:
 
 
 # --- one batch of events to column pieces ---------------------------------------------------
-_HOST_ARGS = ("external_id", "external_id_lower", "call_stack", "input_dims", "input_dims_lower")
-_RUNTIME_ARGS = ("correlation", "external_id", "external_id_lower")
-_DEVICE_ARGS = (
-    "device", "stream", "correlation", "external_id", "external_id_lower", "registers", "shared_memory",
-    "blocks_per_sm", "warps_per_sm", "occupancy", "grid", "block", "bytes",
-)
-_MEMORY_ARGS = ("device_type", "device_id", "mem_bytes", "total_allocated", "total_reserved")
+_INSTANT_TYPES = frozenset(INSTANT_TYPES)
 
 
 def _group_of(cat: Any) -> int:
@@ -215,11 +209,6 @@ def _group_of(cat: Any) -> int:
     return IGNORED
 
 
-def _columns(rows: list[Any], fields: tuple[str, ...]) -> list[list[Any]]:
-    """One list per field (a C-level map per field: faster than transposing tuples)."""
-    return [list(map(attrgetter(f), rows)) for f in fields]
-
-
 def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
     if len(idx) == 0:
         return []
@@ -228,10 +217,13 @@ def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
     return list(itemgetter(*idx.tolist())(values))
 
 
-def _args_of(args: list[Any], idx: np.ndarray) -> list[Any]:
-    sel = _take(args, idx)
-    if None in sel:  # an event without args reads as one with empty args
-        sel = [a if a is not None else EMPTY_ARGS for a in sel]
+def _args_of(rows: list[Any], idx: np.ndarray | None, empty: Any) -> list[Any]:
+    """The args structs of the selected rows (an `args`-less event reads as empty args).
+
+    rows are args structs when idx is given, else events whose .args are taken."""
+    sel = _take(rows, idx) if idx is not None else [e.args for e in rows]
+    if None in sel:
+        sel = [a if a is not None else empty for a in sel]
     return sel
 
 
@@ -282,50 +274,52 @@ class _Batch:
     min_ts: float
 
 
-def _batch(events: list[Event], cat_order: dict[Any, int]) -> _Batch:
+def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     """Column pieces of every frame from one batch; cat_order ranks categories by first appearance."""
     n = len(events)
+    spans = [e for e in events if type(e) is Span]
+    instants = [e for e in events if type(e) in _INSTANT_TYPES]
     # Comprehensions with attribute access are the fastest transpose CPython has.
-    ph = [e.ph for e in events]
-    cat = [e.cat for e in events]
-    name = [e.name for e in events]
-    ts_v = [e.ts for e in events]
-    dur_v = [e.dur for e in events]
-    tid_v = [e.tid for e in events]
-    args = [e.args for e in events]
+    cat = [e.cat for e in spans]
+    name = [e.name for e in spans]
+    ts = floats([e.ts for e in spans])
+    dur = floats([e.dur for e in spans])
+    tids = np.array([e.tid for e in spans], dtype=object)
+    args = [e.args for e in spans]
+    del spans
+
     cat_codes, cat_uniques = pd.factorize(np.array(cat, dtype=object))
+    del cat
     group_of_cat = np.array([_group_of(c) for c in cat_uniques] + [IGNORED], dtype=np.int8)
     group = group_of_cat[cat_codes]
-    is_x = np.array(ph, dtype=object) == "X"
     name_codes, name_uniques = pd.factorize(np.array(name, dtype=object))
-    if n and (name_codes < 0).any():  # "name": null
-        name_uniques = np.append(np.asarray(name_uniques, dtype=object), "")
-        name_codes = np.where(name_codes < 0, len(name_uniques) - 1, name_codes)
+    del name
     name_uniques = np.asarray(name_uniques, dtype=object)
-    ts = floats(ts_v)
-    dur = floats(dur_v)
-    tids = np.array(tid_v, dtype=object)
+    if (name_codes < 0).any():  # "name": null
+        name_uniques = np.append(name_uniques, "")
+        name_codes = np.where(name_codes < 0, len(name_uniques) - 1, name_codes)
 
     lower_cats = [c.lower() for c in cat_uniques]
     rank_of_cat = np.array([cat_order.setdefault(c, len(cat_order)) for c in cat_uniques] + [-1], dtype=np.int32)
-    # The base time is the first timestamp of any event of a profiler category (before MTIA bookkeeping is dropped).
+    # The base time is the first start of any span of a profiler category (MTIA bookkeeping included).
     in_profiler_cat = group != IGNORED
     batch = _BatchColumns(ts, dur, name_codes, name_uniques, tids, rank_of_cat[cat_codes])
     # MTIA command-processor rows: bookkeeping is not device work; dma* is a copy.
-    mtia = np.zeros(n, dtype=bool)
+    mtia = np.zeros(len(group), dtype=bool)
     if MTIA_DEVICE_CAT in lower_cats:
-        mtia_codes = [i for i, c in enumerate(lower_cats) if c == MTIA_DEVICE_CAT]
-        mtia = np.isin(cat_codes, mtia_codes)
+        mtia = np.isin(cat_codes, [i for i, c in enumerate(lower_cats) if c == MTIA_DEVICE_CAT])
         not_work = np.array([str(u).startswith(MTIA_NOT_WORK) for u in name_uniques], dtype=bool)
         group = np.where(mtia & not_work[name_codes], IGNORED, group)
 
-    def rows(g: int) -> np.ndarray:
-        return np.flatnonzero((group == g) & is_x)
-
     # host
-    idx = rows(HOST)
+    idx = np.flatnonzero(group == HOST)
     kind_of_cat = np.array([HOST_KINDS.index(HOST_CATS[c]) if c in HOST_CATS else -1 for c in lower_cats] + [-1], dtype=np.int8)
-    ext, ext_lower, stacks, dims, dims_lower = _columns(_args_of(args, idx), _HOST_ARGS)
+    rows = _args_of(args, idx, EMPTY_ARGS)
+    ext = [a.external_id for a in rows]
+    ext_lower = [a.external_id_lower for a in rows]
+    stacks = [a.call_stack for a in rows]
+    dims = [a.input_dims for a in rows]
+    dims_lower = [a.input_dims_lower for a in rows]
     if dims_lower.count(NULL) != len(dims_lower):
         dims = [d if d is not NULL else dl for d, dl in zip(dims, dims_lower)]
     host = batch.part(idx, {
@@ -334,53 +328,63 @@ def _batch(events: list[Event], cat_order: dict[Any, int]) -> _Batch:
         "call_stack": object_categorical(stacks),
         "input_dims": decoded_raw(dims, as_text=False),
     })
+    del ext, ext_lower, stacks, dims, dims_lower
 
     # runtime
-    idx = rows(RUNTIME)
-    corr, ext, ext_lower = _columns(_args_of(args, idx), _RUNTIME_ARGS)
+    idx = np.flatnonzero(group == RUNTIME)
+    rows = _args_of(args, idx, EMPTY_ARGS)
+    corr = [a.correlation for a in rows]
+    ext = [a.external_id for a in rows]
+    ext_lower = [a.external_id_lower for a in rows]
     runtime = batch.part(idx, {
         "correlation": ids(corr),
         "external_id": _first_id(ids(ext), ids(ext_lower)),
     })
 
     # device
-    idx = rows(DEVICE)
+    idx = np.flatnonzero(group == DEVICE)
     kind_of_cat = np.array([DEVICE_KINDS.index(DEVICE_CATS[c]) if c in DEVICE_CATS else -1 for c in lower_cats] + [-1], dtype=np.int8)
     kinds = kind_of_cat[cat_codes[idx]]
     if mtia.any():
         is_dma = np.array([str(u).startswith("dma") for u in name_uniques], dtype=bool)
         kinds = np.where(mtia[idx] & is_dma[name_codes[idx]], DEVICE_KINDS.index("memcpy"), kinds)
-    (dev, stream, corr, ext, ext_lower, regs, smem, bps, wps, occ, grid, block, nbytes) = _columns(_args_of(args, idx), _DEVICE_ARGS)
+    rows = _args_of(args, idx, EMPTY_ARGS)
     device = batch.part(idx, {
         "kind": pd.Categorical.from_codes(kinds, categories=DEVICE_KINDS),
-        "device": ids(dev),
-        "stream": ids(stream),
-        "correlation": ids(corr),
-        "external_id": _first_id(ids(ext), ids(ext_lower)),
-        "registers": floats(regs).astype(np.float32),
-        "shared_memory": floats(smem).astype(np.float32),
-        "blocks_per_sm": floats(bps).astype(np.float32),
-        "warps_per_sm": floats(wps).astype(np.float32),
-        "occupancy": floats(occ).astype(np.float32),
-        "grid": object_categorical(decoded_raw(grid, as_text=True)),
-        "block": object_categorical(decoded_raw(block, as_text=True)),
-        "bytes": floats(nbytes),
+        "device": ids([a.device for a in rows]),
+        "stream": ids([a.stream for a in rows]),
+        "correlation": ids([a.correlation for a in rows]),
+        "external_id": _first_id(ids([a.external_id for a in rows]), ids([a.external_id_lower for a in rows])),
+        "registers": floats([a.registers for a in rows]).astype(np.float32),
+        "shared_memory": floats([a.shared_memory for a in rows]).astype(np.float32),
+        "blocks_per_sm": floats([a.blocks_per_sm for a in rows]).astype(np.float32),
+        "warps_per_sm": floats([a.warps_per_sm for a in rows]).astype(np.float32),
+        "occupancy": floats([a.occupancy for a in rows]).astype(np.float32),
+        "grid": object_categorical(decoded_raw([a.grid for a in rows], as_text=True)),
+        "block": object_categorical(decoded_raw([a.block for a in rows], as_text=True)),
+        "bytes": floats([a.bytes for a in rows]),
     })
+    del rows
+
+    sync = batch.part(np.flatnonzero(group == SYNC), {})
 
     # [memory] instant events (no category in the 2021 schema, cpu_instant_event later)
-    mem_code = np.flatnonzero(name_uniques == MEMORY_EVENT)
-    idx = np.flatnonzero((name_codes == mem_code[0]) & (group == IGNORED)) if len(mem_code) else np.array([], dtype=np.int64)
-    dtype_, did, mbytes, talloc, tres = _columns(_args_of(args, idx), _MEMORY_ARGS)
-    memory = batch.part(idx, tid=False, cols={
-        "device_type": ids(dtype_),
-        "device_id": ids(did),
-        "bytes": floats(mbytes),
-        "total_allocated": floats(talloc),
-        "total_reserved": floats(tres),
-    })
-
-    idx = rows(SYNC)
-    sync = batch.part(idx, {})
+    mem = [e for e in instants if e.name == MEMORY_EVENT]
+    rows = _args_of(mem, None, EMPTY_MEMORY_ARGS)
+    memory = _Part(
+        ts=floats([e.ts for e in mem]),
+        dur=np.zeros(len(mem)),
+        name=None,
+        tid=None,
+        cat_rank=np.zeros(len(mem), dtype=np.int32),
+        cols={
+            "device_type": ids([a.device_type for a in rows]),
+            "device_id": ids([a.device_id for a in rows]),
+            "bytes": floats([a.bytes for a in rows]),
+            "total_allocated": floats([a.total_allocated for a in rows]),
+            "total_reserved": floats([a.total_reserved for a in rows]),
+        },
+    )
 
     dts = ts[in_profiler_cat]
     dts = dts[np.isfinite(dts) & (np.abs(dts) < 1e17)]

@@ -48,7 +48,8 @@ def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame) -> list[st
     if len(py) == 0 or len(rows) == 0:
         return []
     names = py["name"].astype(str)
-    user = py[names.str.match(FRAME) & ~names.str.contains(LIBRARY)]
+    is_frame = names.map(lambda n: FRAME.match(n) is not None).astype(bool)
+    user = py[is_frame & ~names.map(lambda n: LIBRARY.search(n) is not None).astype(bool)]
     if len(user) == 0:
         return []
     out = []
