@@ -17,9 +17,8 @@ import orjson
 from advisor import __version__
 from advisor.config import Config, load_config
 from advisor.engine import Finding, all_rules, run_rules, select_rules
-from advisor.errors import InputError
 from advisor.load.discover import RunFiles, find_run
-from advisor.load.trace import TraceFrames, load_trace
+from advisor.load.trace import TraceFrames
 from advisor.metrics.summary import Metrics, _stats, compute_metrics
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")

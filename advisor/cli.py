@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from advisor.errors import EXIT_BAD_INPUT, InputError
+from advisor.render.output import write_output
 
 EXIT_INTERNAL = 3
 
@@ -45,18 +46,6 @@ def stdout_console() -> Console:
 
 def stderr_console() -> Console:
     return Console(stderr=True, highlight=False)
-
-
-def write_output(text: str, output: Optional[Path]) -> None:
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(output, f"cannot write output: {exc.strerror or exc}") from None
-    stderr_console().print(Text(f"wrote {output}"))
 
 
 def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) -> None:

@@ -33,9 +33,9 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -66,7 +66,12 @@ def record_one(out_dir: Path, steps: int, threads: int | None, nice: int | None)
 
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.profiler import (
+        ProfilerActivity,
+        profile,
+        schedule,
+        tensorboard_trace_handler,
+    )
 
     if threads:
         torch.set_num_threads(threads)

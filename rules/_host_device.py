@@ -25,7 +25,12 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import DATALOADER_NAME, STEP_NAME, _matches, communication_kernels
+from advisor.metrics.breakdown import (
+    DATALOADER_NAME,
+    STEP_NAME,
+    _matches,
+    communication_kernels,
+)
 from advisor.metrics.intervals import covers, merge, overlap_with
 from advisor.metrics.steps import launches
 from advisor.metrics.summary import Metrics

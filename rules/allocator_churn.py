@@ -49,11 +49,17 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from advisor.rules._host_device import (
+    allocator_calls,
+    op_tree,
+    per_step,
+    timeline,
+    timeline_for,
+)
 
 from advisor.engine import Context
 from advisor.metrics.memory import device_memory_curve
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import allocator_calls, op_tree, per_step, timeline, timeline_for
 
 ID = "allocator-churn"
 TITLE = "GPU memory is allocated from the driver after warm-up"

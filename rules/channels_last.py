@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import re
 
+from advisor.rules.tensor_cores_unused import eligible_op_rows
+
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.compute import kernel_exposure, step_kernels, top_by_time
 from advisor.metrics.source import source_lines
-from advisor.rules.tensor_cores_unused import eligible_op_rows
 
 ID = "channels-last"
 TITLE = "Convolutions pay for NCHW ↔ NHWC layout transposes"

@@ -58,11 +58,11 @@ Reference: https://pytorch.org/docs/stable/notes/ddp.html#internal-design
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import intersect, per_step, subtract, timeline
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import communication_kernels
 from advisor.metrics.intervals import merge
-from advisor.rules._host_device import intersect, per_step, subtract, timeline
 
 ID = "communication-exposed"
 TITLE = "Communication is not overlapped with computation"

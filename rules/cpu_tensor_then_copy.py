@@ -46,10 +46,17 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#creat
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import (
+    device_exposed_fraction,
+    h2d_copies,
+    op_tree,
+    per_step,
+    timeline,
+    timeline_for,
+)
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import device_exposed_fraction, h2d_copies, op_tree, per_step, timeline, timeline_for
 
 ID = "cpu-tensor-then-copy"
 TITLE = "Tensors are made on the CPU and copied to the GPU each step"

@@ -54,12 +54,20 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#use-nn-parallel-distr
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import (
+    DATA_PARALLEL_SPAN,
+    data_parallel_spans,
+    op_tree,
+    per_step,
+    subtract,
+    timeline,
+    timeline_for,
+)
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import communication_kernels
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import DATA_PARALLEL_SPAN, data_parallel_spans, op_tree, per_step, subtract, timeline, timeline_for
 
 ID = "data-parallel"
 TITLE = "nn.DataParallel replicates the model every step"

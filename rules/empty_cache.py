@@ -49,9 +49,15 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from advisor.rules._host_device import (
+    allocator_calls,
+    op_tree,
+    per_step,
+    timeline,
+    timeline_for,
+)
 
 from advisor.engine import Context
-from advisor.rules._host_device import allocator_calls, op_tree, per_step, timeline, timeline_for
 
 ID = "empty-cache"
 TITLE = "The loop empties the CUDA memory cache"

@@ -50,10 +50,19 @@ Reference: https://pytorch.org/vision/stable/transforms.html#performance-conside
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import (
+    BANDWIDTH_BOUND_BYTES,
+    device_exposed_fraction,
+    first_input_shape,
+    h2d_copies,
+    op_tree,
+    per_step,
+    pinned_bandwidth,
+    timeline,
+)
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import BANDWIDTH_BOUND_BYTES, device_exposed_fraction, first_input_shape, h2d_copies, op_tree, per_step, pinned_bandwidth, timeline
 
 ID = "h2d-copy-volume"
 TITLE = "Too many bytes cross to the GPU each step"

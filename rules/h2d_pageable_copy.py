@@ -57,10 +57,18 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buf
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import (
+    BANDWIDTH_BOUND_BYTES,
+    device_exposed_fraction,
+    h2d_copies,
+    op_tree,
+    per_step,
+    pinned_bandwidth,
+    timeline,
+)
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import BANDWIDTH_BOUND_BYTES, device_exposed_fraction, h2d_copies, op_tree, per_step, pinned_bandwidth, timeline
 
 ID = "h2d-pageable-copy"
 TITLE = "Host-to-device copies come from pageable memory"

@@ -60,10 +60,17 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from advisor.rules._host_device import (
+    SYNC_CAUSES,
+    op_tree,
+    per_step,
+    sync_calls,
+    timeline,
+    timeline_for,
+)
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import SYNC_CAUSES, op_tree, per_step, sync_calls, timeline, timeline_for
 
 ID = "host-sync"
 TITLE = "The host waits for the GPU inside the step"

@@ -53,10 +53,18 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-c
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import (
+    LAUNCH_CALL,
+    intersect,
+    op_tree,
+    per_step,
+    runtime_calls,
+    timeline,
+    timeline_for,
+)
 
 from advisor.engine import Context
 from advisor.metrics.intervals import merge
-from advisor.rules._host_device import LAUNCH_CALL, intersect, op_tree, per_step, runtime_calls, timeline, timeline_for
 
 ID = "launch-bound"
 TITLE = "The GPU waits for the host to launch kernels"

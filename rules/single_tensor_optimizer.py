@@ -45,10 +45,18 @@ Reference: https://pytorch.org/docs/stable/optim.html#algorithms
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import (
+    MIN_OPTIMIZER_LAUNCHES,
+    launches_in_spans,
+    op_tree,
+    per_parameter_optimizer_steps,
+    per_step,
+    timeline,
+    timeline_for,
+)
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import MIN_OPTIMIZER_LAUNCHES, launches_in_spans, op_tree, per_parameter_optimizer_steps, per_step, timeline, timeline_for
 
 ID = "single-tensor-optimizer"
 TITLE = "The optimizer launches kernels one parameter at a time"

@@ -58,6 +58,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+from advisor.rules.tensor_cores_unused import eligible_op_rows
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
@@ -71,7 +72,6 @@ from advisor.metrics.compute import (
     top_by_time,
 )
 from advisor.metrics.source import source_lines
-from advisor.rules.tensor_cores_unused import eligible_op_rows
 
 ID = "tf32-disabled"
 TITLE = "fp32 matmuls/convolutions run without TF32"

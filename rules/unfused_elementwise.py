@@ -50,7 +50,13 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
-from advisor.metrics.compute import kernel_exposure, launched_inside, launching_host_rows, step_kernels, top_by_time
+from advisor.metrics.compute import (
+    kernel_exposure,
+    launched_inside,
+    launching_host_rows,
+    step_kernels,
+    top_by_time,
+)
 from advisor.metrics.source import source_lines
 
 ID = "unfused-elementwise"

@@ -44,10 +44,17 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-p
 from __future__ import annotations
 
 import numpy as np
+from advisor.rules._host_device import (
+    launches_in_spans,
+    op_tree,
+    per_step,
+    timeline,
+    timeline_for,
+    zero_grad_memsets,
+)
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
-from advisor.rules._host_device import launches_in_spans, op_tree, per_step, timeline, timeline_for, zero_grad_memsets
 
 ID = "zero-grad-memset"
 TITLE = "zero_grad() zeroes every gradient instead of dropping it"

@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from trace_edit import trace_path
 
 from advisor.analysis import analyze
 from advisor.render.diff import compare, diff_html, diff_json, diff_markdown
-from trace_edit import trace_path
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,32 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from conftest import shared_trace
 from rich.console import Console
 
 from advisor.errors import InputError
-from advisor.gate.budgets import GateSettings, build_settings, parse_gate_table, parse_size, read_budget_file
-from advisor.gate.compare import _u_counts, compare_step_times, mann_whitney_greater, median_ratio_bounds
+from advisor.gate.budgets import (
+    GateSettings,
+    build_settings,
+    parse_gate_table,
+    parse_size,
+    read_budget_file,
+)
+from advisor.gate.compare import (
+    _u_counts,
+    compare_step_times,
+    mann_whitney_greater,
+    median_ratio_bounds,
+)
 from advisor.gate.evaluate import run_gate
-from advisor.gate.outputs import github_annotations, github_summary, render_terminal, to_junit
+from advisor.gate.outputs import (
+    github_annotations,
+    github_summary,
+    render_terminal,
+    to_junit,
+)
 from advisor.gate.record import BASELINE_SCHEMA, read_record_file, record_from_analysis
 from advisor.gate.verdict import Check, GateResult
-
-from conftest import shared_trace
 
 ADVISOR = [sys.executable, "-m", "advisor"]  # the console script's main(), in a fresh process
 

@@ -18,11 +18,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trace_edit import (
+    by_cat,
+    events,
+    load_events,
+    rename_events,
+    trace_path,
+    write_trace,
+)
 
 from advisor.analysis import analyze
 from advisor.render.html import to_html
 from advisor.render.timeline import step_timeline
-from trace_edit import by_cat, events, load_events, rename_events, trace_path, write_trace
 
 MAX_SAMPLE_BYTES = 5 * 1024 * 1024  # the budget for the shipped samples
 REPO = Path(__file__).resolve().parents[1]

@@ -20,14 +20,13 @@ import numpy as np
 import orjson
 import pandas as pd
 import pytest
+from conftest import REPO, SHARED_TRACES, shared_trace, single_file
 
 from advisor.load import cache as frame_cache
 from advisor.load.decode import read_trace_bytes
 from advisor.load.discover import find_run
 from advisor.load.parallel import load_frames
 from advisor.load.trace import frames_from_bytes, load_trace
-
-from conftest import REPO, SHARED_TRACES, shared_trace, single_file
 
 FRAMES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
 HOST = {"cpu_op", "operator", "user_annotation", "python_function", "python"}

@@ -14,10 +14,17 @@ from html.parser import HTMLParser
 
 import pytest
 from markdown_it import MarkdownIt
+from trace_edit import (
+    by_cat,
+    events,
+    load_events,
+    rename_events,
+    trace_path,
+    write_trace,
+)
 
 from advisor.analysis import analyze
 from advisor.render.markdown import MAX_CHARS, to_markdown
-from trace_edit import by_cat, events, load_events, rename_events, trace_path, write_trace
 
 # Tags our Markdown may produce once rendered; anything else came from data.
 ALLOWED_TAGS = {"h3", "p", "strong", "em", "code", "pre", "table", "thead", "tbody", "tr", "th", "td", "details", "summary", "ul", "li", "blockquote", "br"}

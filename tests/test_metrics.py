@@ -9,14 +9,13 @@ import gzip
 import numpy as np
 import orjson
 import pytest
+from conftest import shared_trace, single_file
 
 from advisor.analysis import analyze
 from advisor.load.trace import load_trace
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.intervals import merge, overlap_with, total
 from advisor.metrics.summary import compute_metrics
-
-from conftest import shared_trace, single_file
 
 PLUGIN_ROLES = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from conftest import REPO
 
 SAMPLE = REPO / "sample_runs" / "resnet18_cifar" / "train.py"

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import REPO
 
 from advisor.capture.command import prepare_out_dir
 from advisor.capture.progress import Window, step_span
 from advisor.capture.runner import Target, _exit_code, check_target
 from advisor.errors import InputError
-from conftest import REPO
 
 SAMPLE_RUNS = REPO / "sample_runs" / "resnet18_cifar" / "runs"
 

@@ -14,15 +14,27 @@ from pathlib import Path
 
 import orjson
 import pytest
+from trace_edit import (
+    edit_events,
+    load_events,
+    set_args,
+    trace_file,
+    trace_path,
+    write_trace,
+)
 
 from advisor.analysis import Analysis, analyze
 from advisor.config import Config
 from advisor.engine import Finding, all_rules, find_rule
 from advisor.load.trace import load_trace
-from advisor.metrics.compute import ARCH_SPEEDUPS, arch_speedup, capability_from_kernels, kernel_precision
+from advisor.metrics.compute import (
+    ARCH_SPEEDUPS,
+    arch_speedup,
+    capability_from_kernels,
+    kernel_precision,
+)
 from advisor.metrics.kernels import kernel_table
 from advisor.render.json_report import to_json
-from trace_edit import edit_events, load_events, set_args, trace_file, trace_path, write_trace
 
 MINE = [
     "tensor-cores-unused",

@@ -18,13 +18,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-
-from advisor.analysis import Analysis, analyze
-from advisor.config import Config
-from advisor.engine import Finding, find_rule
-from advisor.load.trace import load_trace
-from advisor.metrics.summary import compute_metrics
-from advisor.render.json_report import to_json
 from trace_edit import (
     add_events,
     by_name,
@@ -39,6 +32,13 @@ from trace_edit import (
     traces_dir,
     write_trace,
 )
+
+from advisor.analysis import Analysis, analyze
+from advisor.config import Config
+from advisor.engine import Finding, find_rule
+from advisor.load.trace import load_trace
+from advisor.metrics.summary import compute_metrics
+from advisor.render.json_report import to_json
 
 MY_RULES = [
     "h2d-pageable-copy",

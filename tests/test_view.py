@@ -8,10 +8,10 @@ import time
 import urllib.request
 
 import pytest
+from trace_edit import trace_file, trace_path
 
 from advisor.errors import InputError
 from advisor.render.tensorboard import profiler_logdir, start_tensorboard
-from trace_edit import trace_file, trace_path
 
 
 def test_logdir_is_the_run_folder_or_the_trace_files_folder(tmp_path):

@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as exc:
         try:
-            from typer._click.exceptions import ClickException  # typer vendors click since 0.2x
+            from typer._click.exceptions import (
+                ClickException,  # typer vendors click since 0.2x
+            )
         except ImportError:  # pragma: no cover - older typer on real click
             from click.exceptions import ClickException
 

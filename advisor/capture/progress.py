@@ -81,7 +81,12 @@ class Progress:
         self._phase = self.window.phase(0)
         self._announce(0)
         if self.enabled and self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
             from rich.progress import Progress as Bar
 
             self._bar = Bar(

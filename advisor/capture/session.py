@@ -83,7 +83,12 @@ class CaptureResult:
 class _Session:
     def __init__(self, target: Target, options: CaptureOptions) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        from torch.profiler import (
+            ProfilerActivity,
+            profile,
+            schedule,
+            tensorboard_trace_handler,
+        )
 
         from advisor.capture.hooks import Hooks
 

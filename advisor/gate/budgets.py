@@ -29,7 +29,11 @@ from typing import Any
 import orjson
 
 from advisor.errors import InputError
-from advisor.gate.compare import DEFAULT_CONFIDENCE, DEFAULT_MIN_STEPS, DEFAULT_TOLERANCE
+from advisor.gate.compare import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_MIN_STEPS,
+    DEFAULT_TOLERANCE,
+)
 from advisor.gate.record import SEVERITY_ORDER, RunRecord
 from advisor.gate.verdict import Check
 from advisor.metrics.breakdown import CATEGORIES

@@ -14,9 +14,20 @@ from rich.console import Console
 from rich.text import Text
 
 from advisor.errors import InputError
-from advisor.gate.budgets import GateSettings, build_settings, parse_gate_table, read_budget_file
+from advisor.gate.budgets import (
+    GateSettings,
+    build_settings,
+    parse_gate_table,
+    read_budget_file,
+)
 from advisor.gate.evaluate import run_gate
-from advisor.gate.outputs import emit_github, render_terminal, to_json, to_junit, write_file
+from advisor.gate.outputs import (
+    emit_github,
+    render_terminal,
+    to_json,
+    to_junit,
+    write_file,
+)
 from advisor.gate.record import RunRecord, read_record_file, record_from_analysis
 from advisor.gate.verdict import GateResult
 

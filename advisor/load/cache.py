@@ -27,9 +27,9 @@ import orjson
 import pandas as pd
 
 from advisor import __version__
+from advisor.load.discover import CACHE_DIR_NAME
 from advisor.load.trace import DEVICE_KINDS, HOST_KINDS, TraceFrames, load_trace
 
-from advisor.load.discover import CACHE_DIR_NAME
 META_FILE = "advisor_cache.json"
 CACHE_FORMAT = 1
 TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")

@@ -30,7 +30,16 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from advisor.errors import InputError
-from advisor.load.decode import EMPTY_ARGS, EMPTY_MEMORY_ARGS, INSTANT_TYPES, NULL, TRACE_FILE_HINT, Span, decode_trace, read_trace_bytes
+from advisor.load.decode import (
+    EMPTY_ARGS,
+    EMPTY_MEMORY_ARGS,
+    INSTANT_TYPES,
+    NULL,
+    TRACE_FILE_HINT,
+    Span,
+    decode_trace,
+    read_trace_bytes,
+)
 
 # --- what each `cat` is -------------------------------------------------------------------
 HOST_CATS = {

@@ -16,7 +16,12 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import CATEGORIES, step_breakdown
 from advisor.metrics.copies import copies, copy_summary
 from advisor.metrics.intervals import merge, overlap_with
-from advisor.metrics.kernels import kernel_table, tensor_core_shares, top_kernels, top_ops
+from advisor.metrics.kernels import (
+    kernel_table,
+    tensor_core_shares,
+    top_kernels,
+    top_ops,
+)
 from advisor.metrics.memory import peak_memory
 from advisor.metrics.steps import step_spans
 

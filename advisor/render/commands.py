@@ -5,16 +5,14 @@ Kept out of advisor/cli.py so that importing them never imports the CLI module b
 
 from __future__ import annotations
 
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
-from advisor.errors import InputError
+from advisor.render.output import write_output
 
 
 class DiffFormat(str, Enum):
@@ -22,18 +20,6 @@ class DiffFormat(str, Enum):
     json = "json"
     markdown = "markdown"
     html = "html"
-
-
-def _write(text: str, output: Optional[Path]) -> None:
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(output, f"cannot write output: {exc.strerror or exc}") from None
-    Console(stderr=True, highlight=False).print(Text(f"wrote {output}"))
 
 
 def diff(
@@ -57,11 +43,11 @@ def diff(
     if format is DiffFormat.text:
         console = Console(record=True, width=120, file=open("/dev/null", "w"), color_system=None)
         render_diff(comparison, "text", console)
-        _write(console.export_text(), output)
+        write_output(console.export_text(), output)
         return
     text = render_diff(comparison, format.value)
     assert text is not None
-    _write(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None))
+    write_output(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None))
 
 
 def view(

@@ -386,7 +386,13 @@ def diff_markdown(c: Comparison) -> str:
 
 # --- HTML ---------------------------------------------------------------------------------
 def diff_html(c: Comparison) -> str:
-    from advisor.render.html import breakdown_segments, page, sortable_table, tile, Column
+    from advisor.render.html import (
+        Column,
+        breakdown_segments,
+        page,
+        sortable_table,
+        tile,
+    )
 
     b, a = c.before, c.after
     unit = c.throughput_unit

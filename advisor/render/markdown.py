@@ -12,7 +12,15 @@ from advisor.analysis import Analysis
 from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
-from advisor.render.fmt import esc, fmt_bytes, md, md_code_block, pct, short_value, throughput
+from advisor.render.fmt import (
+    esc,
+    fmt_bytes,
+    md,
+    md_code_block,
+    pct,
+    short_value,
+    throughput,
+)
 from advisor.render.svg import CATEGORY_LABELS
 
 # GitHub refuses comments over 65,536 characters; stay well below it.

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from advisor.metrics.breakdown import COMM_OP_NAME, DATALOADER_NAME, STEP_NAME, _matches, communication_kernels
+from advisor.metrics.breakdown import (
+    COMM_OP_NAME,
+    DATALOADER_NAME,
+    STEP_NAME,
+    _matches,
+    communication_kernels,
+)
 from advisor.metrics.intervals import merge
 from advisor.metrics.summary import Metrics
 

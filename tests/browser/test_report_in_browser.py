@@ -15,13 +15,21 @@ import re
 from pathlib import Path
 
 import pytest
+from cdp import Chromium, find_chromium
+from conftest import REPO
+from trace_edit import (
+    by_cat,
+    events,
+    load_events,
+    name_contains,
+    rename_events,
+    trace_path,
+    write_trace,
+)
 
 from advisor.analysis import analyze
 from advisor.render.diff import compare, diff_html
 from advisor.render.html import to_html
-from cdp import Chromium, find_chromium
-from conftest import REPO
-from trace_edit import by_cat, events, load_events, name_contains, rename_events, trace_path, write_trace
 
 ARTIFACTS = Path(os.environ.get("ADVISOR_TEST_ARTIFACTS", REPO / "test-artifacts"))
 # Shipped sample runs, preferred over the shared V100 trace when they have been recorded.
