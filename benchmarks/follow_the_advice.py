@@ -208,7 +208,7 @@ def propose(finding: dict[str, Any], s: Situation) -> Proposal:
     rule = str(finding.get("rule"))
     entry = RULE_SWITCHES.get(rule)
     if entry is None:
-        return Proposal(rule, None, None, "no switch in the script for this fix")
+        return Proposal(rule, None, None, "the script has none for this fix")
     if s.device not in entry.devices:
         return Proposal(rule, entry.switch, None, f"skipped on {s.device}: {entry.unusable}")
     after = entry.apply(finding, s)
@@ -549,7 +549,7 @@ def findings_lines(walk: Walk, top: int = 6) -> list[str]:
         s = situation(r, walk.settings, cpu_count)
         for k, f in enumerate(r.findings[:top]):
             p = propose(f, s)
-            action = f"-> {p.change(r.switches)}" if p.applicable else f"(not applied: {p.why_not})"
+            action = f"switch: {p.change(r.switches)}" if p.applicable else f"(no switch: {p.why_not})"
             out.append(f"  {k + 1}. {f.get('rule')} [{f.get('severity')}] {_ms(f.get('saving_ms'), 2)} ms ({_pct(f.get('saving_pct'))}) {action}")
         if len(r.findings) > top:
             out.append(f"  ... {len(r.findings) - top} more")

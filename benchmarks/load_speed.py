@@ -37,8 +37,8 @@ SHARED = REPO.parent / "shared" / "traces"
 RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO))
 
-from advisor.load.decode import read_trace_bytes  # noqa: E402
-from advisor.load.trace import frames_from_bytes  # noqa: E402
+from advisor.load.decode import read_trace_bytes
+from advisor.load.trace import frames_from_bytes
 
 
 def machine_info() -> dict:
@@ -100,9 +100,9 @@ def parse_vs_orjson(paths: list[Path], repeat: int) -> list[dict]:
         data = bytes(read_trace_bytes(path))
         o_gc, o_nogc, f = [], [], []
         for _ in range(repeat):  # interleaved, so load changes hit all three alike
-            o_gc.append(timed(lambda: orjson.loads(data)))
-            o_nogc.append(timed(lambda: bare_orjson(data)))
-            f.append(timed(lambda: frames_from_bytes(path, data)))
+            o_gc.append(timed(lambda data=data: orjson.loads(data)))
+            o_nogc.append(timed(lambda data=data: bare_orjson(data)))
+            f.append(timed(lambda path=path, data=data: frames_from_bytes(path, data)))
         row = {
             "trace": str(path.relative_to(SHARED)),
             "mb": len(data) / 2**20,
@@ -120,7 +120,7 @@ def parse_vs_orjson(paths: list[Path], repeat: int) -> list[dict]:
 # --- 2. whole report vs python -c gzip+orjson --------------------------------------------------
 def run_wall(cmd: list[str], env: dict) -> float:
     start = time.perf_counter()
-    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    p = subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     elapsed = time.perf_counter() - start
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr[-2000:]}")
@@ -136,13 +136,15 @@ def report_vs_python(path: Path, repeat: int) -> dict:
         b.append(run_wall(baseline, env))
         r.append(run_wall(report, env))
     # report never imports torch
+    script = (
+        "import sys; sys.argv=['advisor','report','--format','json',sys.argv[1]]\n"
+        "from advisor.cli import main\n"
+        "try:\n main()\nexcept SystemExit: pass\n"
+        "print('TORCH' if any(m == 'torch' or m.startswith('torch.') for m in sys.modules) else 'NO-TORCH', file=sys.stderr)"
+    )
     probe = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; sys.argv=['advisor','report','--format','json',sys.argv[1]]\n"
-         "from advisor.cli import main\n"
-         "try:\n main()\nexcept SystemExit: pass\n"
-         "print('TORCH' if any(m == 'torch' or m.startswith('torch.') for m in sys.modules) else 'NO-TORCH', file=sys.stderr)", str(path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        [sys.executable, "-c", script, str(path)],
+        check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
     )
     return {
         "trace": str(path.relative_to(SHARED)),
@@ -208,7 +210,7 @@ print(json.dumps({"load_s": elapsed, "import_s": imported, "peak_rss_mb": max(pe
 
 
 def probe(python: str, tool: str, trace: Path, env: dict | None = None) -> dict | None:
-    p = subprocess.run([python, "-c", PROBE, tool, str(trace)], capture_output=True, text=True, env=env, timeout=1800)
+    p = subprocess.run([python, "-c", PROBE, tool, str(trace)], check=False, capture_output=True, text=True, env=env, timeout=1800)
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["failed"])[-1][:300]}
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -255,7 +257,7 @@ def main() -> None:
     lines = [f"machine: {info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB, Python {info['python']}, load avg {info['load_average_at_start']}"]
 
     parse_rows = parse_vs_orjson(traces, args.repeat)
-    lines.append("\n1. parse into frames vs bare orjson.loads (same decompressed bytes, GC paused for both; best of %d)" % args.repeat)
+    lines.append(f"\n1. parse into frames vs bare orjson.loads (same decompressed bytes, GC paused for both; best of {args.repeat})")
     lines.append(f"{'trace':45s} {'MB':>7s} {'orjson s':>9s} {'frames s':>9s} {'ratio':>6s} {'frames MB/s':>11s} {'orjson MB/s':>11s}")
     for r in parse_rows:
         lines.append(f"{r['trace']:45s} {r['mb']:7.1f} {r['orjson_s']:9.3f} {r['frames_s']:9.3f} {r['ratio']:6.2f} {r['frames_mb_s']:11.0f} {r['orjson_mb_s']:11.0f}")

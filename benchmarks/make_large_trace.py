@@ -24,9 +24,10 @@ import math
 import re
 import sys
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 

@@ -24,17 +24,18 @@ import random
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import SHARED_TRACES  # noqa: E402
+from conftest import SHARED_TRACES
 
-from advisor.errors import InputError  # noqa: E402
+from advisor.errors import InputError
 
 # Small real traces of every kind: current schema with steps, ROCm, CPU-only, 2021 schema, no steps.
 SOURCES = [

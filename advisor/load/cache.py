@@ -49,7 +49,7 @@ class CacheKey:
     format: int = CACHE_FORMAT
 
     @classmethod
-    def of(cls, path: Path) -> "CacheKey":
+    def of(cls, path: Path) -> CacheKey:
         st = path.stat()
         return cls(size=st.st_size, mtime_ns=st.st_mtime_ns)
 
@@ -146,7 +146,7 @@ def _read_entry(entry: Path, key: CacheKey, path: Path) -> TraceFrames | None:
             metadata=meta.get("metadata") or {},
             syncs=tables["syncs"],
         )
-    except Exception:  # a damaged or foreign entry is a miss, never a failed report
+    except Exception:  # noqa: BLE001 - a damaged or foreign entry is a miss, never a failed report
         return None
 
 
@@ -199,7 +199,7 @@ def _write_entry(entry: Path, key: CacheKey, frames: TraceFrames) -> bool:
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
         return True
-    except Exception:  # read-only folder, full disk, odd values: skip caching, keep the report
+    except Exception:  # noqa: BLE001 - read-only folder, full disk, odd values: skip caching, keep the report
         shutil.rmtree(tmp, ignore_errors=True)
         return False
 
@@ -207,7 +207,7 @@ def _write_entry(entry: Path, key: CacheKey, frames: TraceFrames) -> bool:
 def _to_json_text(values: pd.Series) -> pd.Categorical:
     """Nested lists as JSON text, encoded once per distinct object (equal shapes share objects)."""
     arr = values.to_numpy(dtype=object)
-    codes, firsts = pd.factorize(np.fromiter(map(id, arr), dtype=np.int64, count=len(arr)))
+    codes, _ = pd.factorize(np.fromiter(map(id, arr), dtype=np.int64, count=len(arr)))
     first_row = np.unique(codes, return_index=True)[1]  # codes number objects by first appearance
     texts = np.array([orjson.dumps(arr[i]).decode() for i in first_row], dtype=object)
     return pd.Categorical(texts[codes] if len(arr) else [])

@@ -25,9 +25,10 @@ import math
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -68,7 +69,7 @@ class EventArgs(msgspec.Struct, gc=False):
     grid: msgspec.Raw = NULL
     block: msgspec.Raw = NULL
     bytes: Any = NAN
-    call_stack: Union[str, None] = _arg("Call stack", None)
+    call_stack: str | None = _arg("Call stack", None)
     input_dims: msgspec.Raw = _arg("Input Dims", NULL)
     input_dims_lower: msgspec.Raw = _arg("Input dims", NULL)
 
@@ -94,21 +95,21 @@ class _Phase(msgspec.Struct, gc=False, tag_field="ph"):
 class Span(_Phase, tag="X"):
     """A complete event: an op, annotation, runtime call, kernel, copy or memset."""
 
-    cat: Union[str, None] = None
-    name: Union[str, None] = ""
+    cat: str | None = None
+    name: str | None = ""
     ts: Any = NAN
     dur: Any = NAN
-    tid: Union[int, str, None] = None
-    args: Union[EventArgs, None] = None
+    tid: int | str | None = None
+    args: EventArgs | None = None
 
 
 class Instant(_Phase, tag="i"):
     """An instant event; the frames keep the `[memory]` ones."""
 
-    cat: Union[str, None] = None
-    name: Union[str, None] = ""
+    cat: str | None = None
+    name: str | None = ""
     ts: Any = NAN
-    args: Union[MemoryArgs, None] = None
+    args: MemoryArgs | None = None
 
 
 class LegacyInstant(Instant, tag="I"):
@@ -121,7 +122,7 @@ OTHER_PHASES = ("B", "E", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D",
 _OTHER = tuple(msgspec.defstruct(f"OtherPhase{i}", [], bases=(_Phase,), tag=ph, gc=False) for i, ph in enumerate(OTHER_PHASES))
 KNOWN_PHASES = frozenset(("X", "i", "I", *OTHER_PHASES))
 INSTANT_TYPES = (Instant, LegacyInstant)
-Event = Union[(Span, Instant, LegacyInstant, *_OTHER)]
+Event = Union[(Span, Instant, LegacyInstant, *_OTHER)]  # built from a tuple: no `|` spelling
 
 
 # Top-level scalar keys kept as TraceFrames.metadata (msgspec skips keys a struct does not name).
@@ -165,15 +166,15 @@ class _Header(msgspec.Struct, gc=False):
 
 
 class TraceDoc(_Header):
-    traceEvents: Union[list[Event], None] = None
+    traceEvents: list[Event] | None = None
 
 
 class TraceDocRaw(_Header):
-    traceEvents: Union[list[msgspec.Raw], None] = None
+    traceEvents: list[msgspec.Raw] | None = None
 
 
-_DOC = msgspec.json.Decoder(Union[TraceDoc, list[Event]])
-_DOC_RAW = msgspec.json.Decoder(Union[TraceDocRaw, list[msgspec.Raw]])
+_DOC = msgspec.json.Decoder(TraceDoc | list[Event])
+_DOC_RAW = msgspec.json.Decoder(TraceDocRaw | list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[Event])
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from advisor.errors import InputError
 from advisor.load.cache import load_cached

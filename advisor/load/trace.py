@@ -19,10 +19,11 @@ from __future__ import annotations
 import gc
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
@@ -73,7 +74,7 @@ DEVICE_KINDS = ["kernel", "memcpy", "memset"]
 # event groups, by category
 IGNORED, HOST, RUNTIME, DEVICE, SYNC = 0, 1, 2, 3, 4
 
-__all__ = ["TraceFrames", "load_trace", "TRACE_FILE_HINT", "HOST_CATS", "RUNTIME_CATS", "DEVICE_CATS", "SYNC_CATS"]
+__all__ = ["DEVICE_CATS", "HOST_CATS", "RUNTIME_CATS", "SYNC_CATS", "TRACE_FILE_HINT", "TraceFrames", "load_trace"]
 
 
 @dataclass
@@ -195,7 +196,7 @@ def decoded_raw(raws: Sequence[Any], as_text: bool) -> np.ndarray:
     for i, b in enumerate(uniques):
         try:
             v = orjson.loads(b)
-        except orjson.JSONDecodeError:  # NaN and friends passed the lenient path as null
+        except orjson.JSONDecodeError:  # numbers a double cannot hold (1e400) pass msgspec's raw scan
             v = None
         decoded[i] = (str(v) if v is not None else None) if as_text else v
     return decoded[codes]
@@ -242,7 +243,7 @@ class _Part:
 
     ts: np.ndarray
     dur: np.ndarray
-    name: pd.Categorical
+    name: pd.Categorical | None  # None for [memory] events, whose frame has no name column
     tid: pd.Categorical | None
     cat_rank: np.ndarray  # ties in time keep the order of first appearance of the category
     cols: dict[str, Any]
@@ -259,12 +260,12 @@ class _BatchColumns:
     tids: np.ndarray
     cat_rank: np.ndarray
 
-    def part(self, idx: np.ndarray, cols: dict[str, Any], tid: bool = True) -> _Part:
+    def part(self, idx: np.ndarray, cols: dict[str, Any]) -> _Part:
         return _Part(
             ts=self.ts[idx],
             dur=self.dur[idx],
             name=categorical(self.name_codes[idx], self.name_uniques),
-            tid=str_categorical(self.tids[idx]) if tid else None,
+            tid=str_categorical(self.tids[idx]),
             cat_rank=self.cat_rank[idx],
             cols=cols,
         )
@@ -439,7 +440,8 @@ def _times(ts: np.ndarray, dur: np.ndarray, base_us: float) -> tuple[np.ndarray,
     return ts_ns, dur_ns, keep
 
 
-def _frame(parts: list[_Part], base_us: float, order: str) -> pd.DataFrame:
+def _frame_columns(parts: list[_Part], base_us: float, order: str) -> dict[str, Any]:
+    """Columns of one frame from its pieces: times in ns from base_us, rows sorted, timeless rows dropped."""
     ts_us = _concat([p.ts for p in parts])
     dur_us = _concat([p.dur for p in parts])
     ts, dur, keep = _times(ts_us, dur_us, base_us)
@@ -454,24 +456,29 @@ def _frame(parts: list[_Part], base_us: float, order: str) -> pd.DataFrame:
         sort = np.lexsort((rank, ts))
     if not keep.all():
         sort = sort[keep[sort]]
-    cols = {k: (v.take(sort) if isinstance(v, pd.Categorical) else v[sort]) for k, v in cols.items()}
-    return pd.DataFrame(cols, copy=False)
+    return {k: (v.take(sort) if isinstance(v, pd.Categorical) else v[sort]) for k, v in cols.items()}
+
+
+def _frame(parts: list[_Part], base_us: float, order: str) -> pd.DataFrame:
+    return pd.DataFrame(_frame_columns(parts, base_us, order), copy=False)
+
+
+def _copy_parts(name: str) -> tuple[str | None, str | None, str | None]:
+    m = COPY_NAME.match(name)
+    return (m.group(1), m.group(2), m.group(3)) if m else (None, None, None)
 
 
 def _device_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
-    df = _frame(parts, base_us, "ts")
+    cols = _frame_columns(parts, base_us, "ts")
     # Copy direction and memory kinds come from the name: "Memcpy HtoD (Pageable -> Device)".
-    names = df["name"].cat
-    parts_of_name = pd.Series(names.categories, dtype=object).str.extract(COPY_NAME)
-    codes = names.codes.to_numpy()
-    for col, key in zip(("copy_kind", "copy_src", "copy_dst"), range(3)):
-        per_cat = parts_of_name[key].to_numpy(dtype=object)
-        per_cat = np.where(pd.isna(per_cat), None, per_cat)
-        values_codes, uniques = pd.factorize(per_cat)
-        df[col] = categorical(np.append(values_codes, -1)[codes], uniques)
+    names = cols["name"]
+    copy = np.array([_copy_parts(c) for c in names.categories] + [(None, None, None)], dtype=object).reshape(-1, 3)
+    for i, col in enumerate(("copy_kind", "copy_src", "copy_dst")):
+        codes, uniques = pd.factorize(copy[:, i])
+        cols[col] = categorical(codes[names.codes], uniques)
     with np.errstate(divide="ignore", invalid="ignore"):
-        df["bandwidth_gbps"] = np.where(df["dur"] > 0, df["bytes"] / df["dur"], np.nan)  # bytes/ns == GB/s
-    return df
+        cols["bandwidth_gbps"] = np.where(cols["dur"] > 0, cols["bytes"] / cols["dur"], np.nan)  # bytes/ns == GB/s
+    return pd.DataFrame(cols, copy=False)
 
 
 def _memory_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
@@ -485,21 +492,31 @@ def _memory_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
     return pd.DataFrame({k: v[sort] for k, v in cols.items()})
 
 
+def _step_number(name: str) -> float:
+    m = STEP_NAME.match(name)
+    return float(m.group(1)) if m else math.nan
+
+
 def _steps_frame(host: pd.DataFrame) -> pd.DataFrame:
     """ProfilerStep#N spans on the host (never the GPU-side annotation of the same name)."""
-    names = host["name"].cat
-    number = pd.Series(names.categories, dtype=object).str.extract(STEP_NAME, expand=False)
-    per_cat = pd.to_numeric(number, errors="coerce").to_numpy(np.float64)
-    codes = names.codes.to_numpy()
-    step_no = np.append(per_cat, np.nan)[codes]
-    is_step = np.isfinite(step_no) & (host["kind"] != "python").to_numpy() & (step_no < 2**62)
-    steps = host.loc[is_step, ["name", "ts", "end", "tid"]].copy()
-    steps["step"] = step_no[is_step].astype(np.int64)
-    steps = steps.sort_values("ts", kind="stable").drop_duplicates("step", keep="first")
-    steps = steps.rename(columns={"ts": "start"})[["step", "name", "start", "end", "tid"]].reset_index(drop=True)
-    steps["name"] = steps["name"].cat.remove_unused_categories()
-    steps["tid"] = steps["tid"].cat.remove_unused_categories()
-    return steps
+    names = host["name"].array
+    per_cat = np.array([_step_number(c) for c in names.categories] + [math.nan], dtype=np.float64)
+    step_no = per_cat[names.codes]
+    with np.errstate(invalid="ignore"):
+        is_step = np.isfinite(step_no) & (step_no < 2**62) & (host["kind"].array.codes != HOST_KINDS.index("python"))
+    rows = np.flatnonzero(is_step)  # host rows are sorted by start already
+    numbers = step_no[rows].astype(np.int64)
+    _, first = np.unique(numbers, return_index=True)  # a step seen twice keeps its first span
+    rows = rows[np.sort(first)]
+    return pd.DataFrame(
+        {
+            "step": step_no[rows].astype(np.int64),
+            "name": names.take(rows).remove_unused_categories(),
+            "start": host["ts"].to_numpy()[rows],
+            "end": host["end"].to_numpy()[rows],
+            "tid": host["tid"].array.take(rows).remove_unused_categories(),
+        }
+    )
 
 
 def _property_number(v: Any) -> int | float:

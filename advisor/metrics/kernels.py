@@ -72,6 +72,8 @@ def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.Series:
     host = frames.host
     ops_mask = (host["kind"] != "python").to_numpy()
     ops = host[ops_mask & ~host["name"].astype(str).str.startswith("ProfilerStep#").to_numpy()].reset_index(drop=True)
+    if len(ops) == 0:  # only step markers on the host: no op can have launched anything
+        return pd.Series(np.nan, index=frames.device.index, dtype=object)
     parent = parents(ops)
     rows = enclosing_rows(ops, parent, rt["tid"], rt["ts"].to_numpy(np.int64), rt["end"].to_numpy(np.int64))
     op_name = np.where(rows >= 0, ops["name"].astype(str).to_numpy()[np.clip(rows, 0, None)], None)
