@@ -253,7 +253,7 @@ def main() -> None:
 
     info = machine_info()
     traces = shared_traces()
-    largest = traces[-1]
+    largest = max(traces, key=lambda p: len(read_trace_bytes(p)))  # by uncompressed size
     lines = [f"machine: {info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB, Python {info['python']}, load avg {info['load_average_at_start']}"]
 
     parse_rows = parse_vs_orjson(traces, args.repeat)

@@ -5,7 +5,7 @@ optimizer and allocator rules all ask the same questions of a trace — which ho
 this copy, was the device idle while the host sat in this call, which device idle time is
 already explained by another rule — and they must answer them the same way, so that no two
 rules claim the same milliseconds. Everything here is a function of the trace frames and the
-step spans; nothing is cached between calls.
+step spans; the op tree and the idle timeline are built once per rank (Metrics.shared).
 
 The cost of a blocking host call is measured the same way everywhere: while the host is stuck
 in the call, the device either works (it drains what was queued) or idles. After the call
@@ -200,6 +200,11 @@ def _loader_claimed(m: Metrics) -> bool:
 
 
 def timeline(m: Metrics) -> Timeline:
+    """The rank's idle timeline (shared by every rule that reads it)."""
+    return m.shared("host_device.timeline", lambda: _build_timeline(m))
+
+
+def _build_timeline(m: Metrics) -> Timeline:
     f = m.frames
     dev = f.device
     bs, be = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
@@ -384,8 +389,12 @@ def h2d_copies(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
     shapes were recorded), cpu_made (the tensor was made by a factory op on the CPU right
     before: claimed by `cpu-tensor-then-copy`).
     """
+    # Depends only on the steps and the op tree, which every derived timeline shares.
+    return tl.metrics.shared("host_device.h2d_copies", lambda: _h2d_copies(tl, tree if tree is not None else op_tree_of(tl.metrics)))
+
+
+def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     frames = tl.frames
-    tree = tree if tree is not None else op_tree(frames)
     c = copy_launches(frames, "HtoD")
     c = c[tl.in_steps(c["ts"].to_numpy(np.int64))].reset_index(drop=True)
     has_call = c["call_ts"].notna().to_numpy()
@@ -742,8 +751,19 @@ def claim(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None = N
     return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
 
+def op_tree_of(m: Metrics) -> OpTree:
+    """The rank's op tree, built once and shared by the rules."""
+    return m.shared("host_device.op_tree", lambda: op_tree(m.frames))
+
+
 def timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None = None) -> Timeline:
     """`tl` with the idle time of every rule before `rule` in PRECEDENCE taken out."""
+    if copies is None and tl is tl.metrics.derived.get("host_device.timeline"):
+        return tl.metrics.shared(f"host_device.timeline_for.{rule}", lambda: _timeline_for(rule, tl, tree, None))
+    return _timeline_for(rule, tl, tree, copies)
+
+
+def _timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None) -> Timeline:
     cur = tl
     for earlier in PRECEDENCE:
         if earlier == rule:

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 from advisor.rules._host_device import (
     allocator_calls,
-    op_tree,
+    op_tree_of,
     per_step,
     timeline,
     timeline_for,
@@ -88,7 +88,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) <= ctx.options["warmup_steps"]:
         return None
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     base = timeline(m)
     calls = allocator_calls(base, tree, warmup_steps=int(ctx.options["warmup_steps"]))
     if len(calls) == 0 or not (calls["owner"] == "allocator-churn").any():

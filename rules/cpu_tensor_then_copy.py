@@ -49,7 +49,7 @@ import numpy as np
 from advisor.rules._host_device import (
     device_exposed_fraction,
     h2d_copies,
-    op_tree,
+    op_tree_of,
     per_step,
     timeline,
     timeline_for,
@@ -73,7 +73,7 @@ def check(ctx: Context):
     if not m.has_device or ctx.step_ms <= 0:
         return None
     base = timeline(m)
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     copies = h2d_copies(base, tree)
     made = copies[copies["cpu_made"]]
     if len(made) == 0:

@@ -57,7 +57,7 @@ import numpy as np
 from advisor.rules._host_device import (
     DATA_PARALLEL_SPAN,
     data_parallel_spans,
-    op_tree,
+    op_tree_of,
     per_step,
     subtract,
     timeline,
@@ -87,7 +87,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0:
         return None
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     base = timeline(m)
     spans = data_parallel_spans(base, tree)
     if len(spans) == 0:

@@ -55,7 +55,7 @@ from advisor.rules._host_device import (
     device_exposed_fraction,
     first_input_shape,
     h2d_copies,
-    op_tree,
+    op_tree_of,
     per_step,
     pinned_bandwidth,
     timeline,
@@ -97,7 +97,7 @@ def check(ctx: Context):
     if not m.has_device or ctx.step_ms <= 0:
         return None
     tl = timeline(m)
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     copies = h2d_copies(tl, tree)
     big = copies[(copies["bytes"] >= BANDWIDTH_BOUND_BYTES) & ~copies["cpu_made"]].reset_index(drop=True)
     if len(big) == 0:

@@ -61,7 +61,7 @@ from advisor.rules._host_device import (
     BANDWIDTH_BOUND_BYTES,
     device_exposed_fraction,
     h2d_copies,
-    op_tree,
+    op_tree_of,
     per_step,
     pinned_bandwidth,
     timeline,
@@ -87,7 +87,7 @@ def check(ctx: Context):
     if not m.has_device or ctx.step_ms <= 0:
         return None
     tl = timeline(m)
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     copies = h2d_copies(tl, tree)
     pageable = copies[(copies["copy_src"] == "Pageable") & ~copies["cpu_made"]]
     if len(pageable) == 0:

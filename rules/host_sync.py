@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 from advisor.rules._host_device import (
     SYNC_CAUSES,
-    op_tree,
+    op_tree_of,
     per_step,
     sync_calls,
     timeline,
@@ -101,7 +101,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0:
         return None
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     base = timeline(m)
     calls = sync_calls(base, tree)
     if len(calls) == 0:

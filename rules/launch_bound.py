@@ -56,7 +56,7 @@ import numpy as np
 from advisor.rules._host_device import (
     LAUNCH_CALL,
     intersect,
-    op_tree,
+    op_tree_of,
     per_step,
     runtime_calls,
     timeline,
@@ -93,7 +93,7 @@ def check(ctx: Context):
     gs, ge = gs[short], ge[short]
     ss, se = merge(base.step_s, base.step_e)
     gs, ge = intersect(gs, ge, ss, se)
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     tl = timeline_for(ID, base, tree)
     fs, fe = intersect(gs, ge, tl.starved_s, tl.starved_e)
     gap_ns = float((fe - fs).sum())

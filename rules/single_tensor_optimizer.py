@@ -48,7 +48,7 @@ import numpy as np
 from advisor.rules._host_device import (
     MIN_OPTIMIZER_LAUNCHES,
     launches_in_spans,
-    op_tree,
+    op_tree_of,
     per_parameter_optimizer_steps,
     per_step,
     timeline,
@@ -72,7 +72,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0:
         return None
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     base = timeline(m)
     spans = per_parameter_optimizer_steps(base, tree, int(ctx.options["min_launches"]))
     if len(spans) == 0:

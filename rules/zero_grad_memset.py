@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 from advisor.rules._host_device import (
     launches_in_spans,
-    op_tree,
+    op_tree_of,
     per_step,
     timeline,
     timeline_for,
@@ -69,7 +69,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0:
         return None
-    tree = op_tree(ctx.frames)
+    tree = op_tree_of(ctx.metrics)
     base = timeline(m)
     spans = zero_grad_memsets(base, tree)
     if len(spans) == 0:

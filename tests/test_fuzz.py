@@ -320,6 +320,12 @@ def test_odd_but_valid_traces_are_analysed_or_refused_in_one_line(case, tmp_path
 def _atheris_main() -> None:  # pragma: no cover - run by hand
     import atheris
 
+    # imported here, instrumented, so libFuzzer gets coverage feedback from the pipeline
+    with atheris.instrument_imports(include=["advisor"]):
+        import advisor.analysis
+        import advisor.render.json_report
+        import advisor.render.text  # noqa: F401
+
     docs = [source_doc(s) for s in SOURCES]
     work = Path(tempfile.mkdtemp(prefix="advisor-atheris-"))
     os.environ["ADVISOR_CACHE"] = "off"

@@ -115,3 +115,30 @@ def test_sample_logs_are_there_and_small(run: str, workers: int):
     doc = json.loads(gzip.open(traces[0]).read())
     steps = sorted({e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
     assert steps == ["ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"]
+
+
+def test_sample_logs_are_read_by_tensorboards_profiler_plugin(tmp_path: Path):
+    pytest.importorskip("torch_tb_profiler")
+    runs = [SAMPLE_RUNS / r for r in ("cpu_baseline", "cpu_workers") if (SAMPLE_RUNS / r).is_dir()]
+    if not runs:
+        pytest.skip("sample logs not recorded")
+    check = tmp_path / "tb_check.py"  # the plugin's cache starts a multiprocessing Manager: needs a real __main__
+    check.write_text(textwrap.dedent("""
+        import os, sys
+        from torch_tb_profiler import consts, io
+        from torch_tb_profiler.profiler.data import RunProfileData
+
+        if __name__ == "__main__":
+            cache = io.Cache()
+            for d in sys.argv[1:]:
+                for name in sorted(os.listdir(d)):
+                    m = consts.WORKER_PATTERN.match(name)
+                    if not m:
+                        continue
+                    data = RunProfileData.parse(m.group(1), m.group(2)[1:] if m.group(2) else None, os.path.join(d, name), cache)
+                    data.process()
+                    print(os.path.basename(d), ",".join(data.steps_names), data.avg_costs is not None)
+    """))
+    r = subprocess.run([sys.executable, str(check), *map(str, runs)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[: len(runs)] == [f"{d.name} 5,6,7 True" for d in runs]

@@ -16,8 +16,9 @@ Fields (all always present; unknown values are null):
     window {wait, warmup, active, repeat}, stopped_early,
     step_times_ms, profiled_steps, step_source, wall_time_s
 
-and, beyond v1's list, `outcome` (finished | stopped | exit | error | interrupted),
-`exit_code`, `own_profiler` {used, traces} and `notes` (lines for the reader).
+and, beyond v1's list, `torch_threads` {intra_op, inter_op, omp_num_threads_env},
+`outcome` (finished | stopped | exit | error | interrupted), `exit_code`,
+`own_profiler` {used, traces} and `notes` (lines for the reader).
 
 `step_times_ms[k]` is the wall time of step k (ProfilerStep#k in the trace); step 0 also
 holds the script's start-up (imports, building the model and data) because a step starts
@@ -183,6 +184,7 @@ class FactsRecorder:
             "device": device_facts(device_type),
             "versions": version_facts(),
             "cpu_count": cpu_count(),
+            "torch_threads": thread_facts(),
             "dataloaders": list(self.dataloaders.values()),
             "autocast": {"used": bool(self.autocast_dtypes), "dtypes": list(self.autocast_dtypes)},
             "grad_scaler": self.grad_scaler,
@@ -223,6 +225,17 @@ def device_facts(device_type: str) -> dict[str, Any]:
         "total_memory_bytes": _physical_memory(),
         "max_memory_allocated_bytes": None,
         "max_memory_reserved_bytes": None,
+    }
+
+
+def thread_facts() -> dict[str, Any]:
+    """torch's intra-/inter-op thread pools (DataLoader workers compete with them for cores)."""
+    import torch
+
+    return {
+        "intra_op": torch.get_num_threads(),
+        "inter_op": torch.get_num_interop_threads(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
 
 

@@ -163,14 +163,27 @@ def categorical(codes: np.ndarray, uniques: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(remap[codes], categories=pd.Index(cats[order], dtype="str"), validate=False)
 
 
-def str_categorical(values: np.ndarray) -> pd.Categorical:
-    """Categorical of str(v) for mixed values (thread ids are ints in one trace, strings in another)."""
-    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+def str_codes(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and unique str(v) for mixed values (thread ids are ints in one trace, strings in another)."""
+    if set(map(type, values)) <= {int}:
+        try:
+            codes, uniques = pd.factorize(np.array(values, dtype=np.int64))
+            return codes, np.array([str(u) for u in uniques], dtype=object)
+        except OverflowError:
+            pass
+    codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=False)
     names = np.array([str(u) for u in uniques], dtype=object)
     if len(set(names)) < len(names):  # e.g. 7 and "7": one category
         merged, names = pd.factorize(names)
         codes = merged[codes]
-    return categorical(codes, names)
+    return codes, np.asarray(names, dtype=object)
+
+
+def _ids_pair(primary: list[Any], fallback: list[Any]) -> np.ndarray:
+    """An id from the first of two spellings of a key that is present (-1 where neither is)."""
+    if fallback.count(-1) == len(fallback):  # the usual case: only one spelling in the trace
+        return ids(primary)
+    return _first_id(ids(primary), ids(fallback))
 
 
 def object_categorical(values: Sequence[Any]) -> pd.Categorical:
@@ -183,8 +196,18 @@ def _raw_bytes(raws: Sequence[Any]) -> np.ndarray:
     return np.array(list(map(bytes, raws)), dtype=object)
 
 
-def decoded_raw(raws: Sequence[Any], as_text: bool) -> np.ndarray:
-    """Raw JSON values (grid, Input Dims) decoded once per distinct value: object array.
+def _decode_each(uniques: np.ndarray) -> list[Any]:
+    out = []
+    for b in uniques:
+        try:
+            out.append(orjson.loads(b))
+        except orjson.JSONDecodeError:  # numbers a double cannot hold (1e400) pass msgspec's raw scan
+            out.append(None)
+    return out
+
+
+def decoded_raw(raws: Sequence[Any]) -> np.ndarray:
+    """Raw JSON values (Input Dims) decoded once per distinct value: object array.
 
     Equal values share one Python object, so a million ops with a few hundred distinct
     shapes hold a few hundred lists, not a million.
@@ -193,13 +216,18 @@ def decoded_raw(raws: Sequence[Any], as_text: bool) -> np.ndarray:
         return np.empty(0, dtype=object)
     codes, uniques = pd.factorize(_raw_bytes(raws))
     decoded = np.empty(len(uniques), dtype=object)
-    for i, b in enumerate(uniques):
-        try:
-            v = orjson.loads(b)
-        except orjson.JSONDecodeError:  # numbers a double cannot hold (1e400) pass msgspec's raw scan
-            v = None
-        decoded[i] = (str(v) if v is not None else None) if as_text else v
+    decoded[:] = _decode_each(uniques)
     return decoded[codes]
+
+
+def raw_text_categorical(raws: Sequence[Any]) -> pd.Categorical:
+    """Raw JSON values (grid, block) as a Categorical of str(value); JSON null is missing."""
+    if len(raws) == 0:
+        return categorical(np.empty(0, dtype=np.int64), np.empty(0, dtype=object))
+    codes, uniques = pd.factorize(_raw_bytes(raws))
+    texts = [str(v) if v is not None else None for v in _decode_each(uniques)]
+    text_codes, names = pd.factorize(np.array(texts, dtype=object))  # "[1,2]" and "[1, 2]" are one value
+    return categorical(np.append(text_codes, -1)[codes], np.asarray(names, dtype=object))
 
 
 # --- one batch of events to column pieces ---------------------------------------------------
@@ -257,7 +285,8 @@ class _BatchColumns:
     dur: np.ndarray
     name_codes: np.ndarray
     name_uniques: np.ndarray
-    tids: np.ndarray
+    tid_codes: np.ndarray
+    tid_names: np.ndarray
     cat_rank: np.ndarray
 
     def part(self, idx: np.ndarray, cols: dict[str, Any]) -> _Part:
@@ -265,7 +294,7 @@ class _BatchColumns:
             ts=self.ts[idx],
             dur=self.dur[idx],
             name=categorical(self.name_codes[idx], self.name_uniques),
-            tid=str_categorical(self.tids[idx]),
+            tid=categorical(self.tid_codes[idx], self.tid_names),
             cat_rank=self.cat_rank[idx],
             cols=cols,
         )
@@ -294,7 +323,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     name = [e.name for e in spans]
     ts = floats([e.ts for e in spans])
     dur = floats([e.dur for e in spans])
-    tids = np.array([e.tid for e in spans], dtype=object)
+    tid_codes, tid_names = str_codes([e.tid for e in spans])
     args = [e.args for e in spans]
     del spans
 
@@ -313,7 +342,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     rank_of_cat = np.array([cat_order.setdefault(c, len(cat_order)) for c in cat_uniques] + [-1], dtype=np.int32)
     # The base time is the first start of any span of a profiler category (MTIA bookkeeping included).
     in_profiler_cat = group != IGNORED
-    batch = _BatchColumns(ts, dur, name_codes, name_uniques, tids, rank_of_cat[cat_codes])
+    batch = _BatchColumns(ts, dur, name_codes, name_uniques, tid_codes, tid_names, rank_of_cat[cat_codes])
     # MTIA command-processor rows: bookkeeping is not device work; dma* is a copy.
     mtia = np.zeros(len(group), dtype=bool)
     if MTIA_DEVICE_CAT in lower_cats:
@@ -334,9 +363,9 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         dims = [d if d is not NULL else dl for d, dl in zip(dims, dims_lower)]
     host = batch.part(idx, {
         "kind": pd.Categorical.from_codes(kind_of_cat[cat_codes[idx]], categories=HOST_KINDS),
-        "external_id": _first_id(ids(ext), ids(ext_lower)),
+        "external_id": _ids_pair(ext, ext_lower),
         "call_stack": object_categorical(stacks),
-        "input_dims": decoded_raw(dims, as_text=False),
+        "input_dims": decoded_raw(dims),
     })
     del ext, ext_lower, stacks, dims, dims_lower
 
@@ -348,7 +377,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     ext_lower = [a.external_id_lower for a in rows]
     runtime = batch.part(idx, {
         "correlation": ids(corr),
-        "external_id": _first_id(ids(ext), ids(ext_lower)),
+        "external_id": _ids_pair(ext, ext_lower),
     })
 
     # device
@@ -364,14 +393,14 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         "device": ids([a.device for a in rows]),
         "stream": ids([a.stream for a in rows]),
         "correlation": ids([a.correlation for a in rows]),
-        "external_id": _first_id(ids([a.external_id for a in rows]), ids([a.external_id_lower for a in rows])),
+        "external_id": _ids_pair([a.external_id for a in rows], [a.external_id_lower for a in rows]),
         "registers": floats([a.registers for a in rows]).astype(np.float32),
         "shared_memory": floats([a.shared_memory for a in rows]).astype(np.float32),
         "blocks_per_sm": floats([a.blocks_per_sm for a in rows]).astype(np.float32),
         "warps_per_sm": floats([a.warps_per_sm for a in rows]).astype(np.float32),
         "occupancy": floats([a.occupancy for a in rows]).astype(np.float32),
-        "grid": object_categorical(decoded_raw([a.grid for a in rows], as_text=True)),
-        "block": object_categorical(decoded_raw([a.block for a in rows], as_text=True)),
+        "grid": raw_text_categorical([a.grid for a in rows]),
+        "block": raw_text_categorical([a.block for a in rows]),
         "bytes": floats([a.bytes for a in rows]),
     })
     del rows

@@ -59,6 +59,14 @@ class Metrics:
     d2h: dict[str, Any]
     peak_memory: dict[int, dict[str, float | None]]
     notes: list[str] = field(default_factory=list)
+    # Intermediate results several rules share (op tree, idle timeline), built once per rank.
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def shared(self, key: str, build):
+        """`build()` once per rank; later callers get the same object (treat it as read-only)."""
+        if key not in self.derived:
+            self.derived[key] = build()
+        return self.derived[key]
 
     @property
     def has_device(self) -> bool:
