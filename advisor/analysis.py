@@ -7,7 +7,7 @@ discover → load → metrics → rules. Renderers only read the `Analysis` it r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -177,6 +177,19 @@ def _one_window_per_worker(frames: list[TraceFrames], warnings: list[str]) -> li
     return [f for f in frames if any(f is k for k in kept)]
 
 
+def _complete_steps_only(frames: TraceFrames, facts: dict[str, Any] | None, warnings: list[str]) -> TraceFrames:
+    """An interrupted capture ends with a partly recorded step; the facts list the complete ones."""
+    done = (facts or {}).get("profiled_steps")
+    if not isinstance(done, list) or not done or len(frames.steps) == 0:
+        return frames
+    keep = frames.steps["step"].isin([s for s in done if isinstance(s, int)])
+    if keep.all() or not keep.any():
+        return frames
+    dropped = frames.steps.loc[~keep, "step"].tolist()
+    warnings.append(f"{frames.path.name}: left out step(s) {dropped}, not completed when the capture stopped")
+    return replace(frames, steps=frames.steps[keep].reset_index(drop=True))
+
+
 def analyze(
     path: str | Path,
     run: str | None = None,
@@ -190,9 +203,11 @@ def analyze(
     warnings: list[str] = []
     run_files = find_run(path, run)
     frames = load_ranks(run_files, warnings, progress)
-    metrics = [compute_metrics(f, rank) for f, rank in zip(frames, _assign_ranks(frames))]
-    metrics.sort(key=lambda m: m.rank)
     facts = _read_facts(run_files.directory, warnings)
+    ranks = _assign_ranks(frames)
+    frames = [_complete_steps_only(f, facts.get(r) or facts.get(-1), warnings) for f, r in zip(frames, ranks)]
+    metrics = [compute_metrics(f, rank) for f, rank in zip(frames, ranks)]
+    metrics.sort(key=lambda m: m.rank)
     rules = select_rules(
         all_rules(rules_dir),
         select=select or config.select,

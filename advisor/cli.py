@@ -151,7 +151,7 @@ def _register_optional_commands() -> None:
     except ImportError:
         profile = None
     if profile is not None:
-        app.command("profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(profile)
+        app.command("profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})(profile)
     for module, names in (("advisor.gate.command", ("gate", "baseline")), ("advisor.render.commands", ("diff", "view"))):
         try:
             mod = __import__(module, fromlist=list(names))

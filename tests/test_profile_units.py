@@ -94,7 +94,7 @@ def test_script_module_is_main_and_everything_is_put_back(tmp_path: Path):
         assert sys.modules['__main__'] is main and sys.argv == argv and sys.path == path
         print(outcome.how, outcome.exit_code)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [f"__main__ ['{script}', '--x', '1'] True True", "finished 0"]
 
@@ -112,7 +112,7 @@ def test_sample_logs_are_there_and_small(run: str, workers: int):
     assert facts["schema"] == "advisor/facts/v1"
     assert facts["dataloaders"][0]["num_workers"] == workers and facts["dataloaders"][0]["batch_size"] == 32
     assert facts["profiled_steps"] == [5, 6, 7] and facts["stopped_early"]
-    doc = json.loads(gzip.open(traces[0]).read())
+    doc = json.loads(gzip.decompress(traces[0].read_bytes()))
     steps = sorted({e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
     assert steps == ["ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"]
 
@@ -139,6 +139,6 @@ def test_sample_logs_are_read_by_tensorboards_profiler_plugin(tmp_path: Path):
                     data.process()
                     print(os.path.basename(d), ",".join(data.steps_names), data.avg_costs is not None)
     """))
-    r = subprocess.run([sys.executable, str(check), *map(str, runs)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(check), *map(str, runs)], check=False, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[: len(runs)] == [f"{d.name} 5,6,7 True" for d in runs]

@@ -20,7 +20,6 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -44,22 +43,22 @@ RUNS_DIR = Path("advisor_runs")
 
 def profile(
     ctx: typer.Context,
-    script: Optional[str] = typer.Argument(
+    script: str | None = typer.Argument(
         None, metavar="SCRIPT [-- ARGS...]", show_default=False,
         help="The training script, run as `python SCRIPT ARGS` would run it. Put `--` before the script's own options.",
     ),
-    module: Optional[str] = typer.Option(None, "-m", "--module", help="Run a module instead, like `python -m MODULE ARGS`."),
+    module: str | None = typer.Option(None, "-m", "--module", help="Run a module instead, like `python -m MODULE ARGS`."),
     wait: int = typer.Option(1, "--wait", min=0, help="Steps to skip before the profiler warms up (the first step holds start-up)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Steps the profiler runs without keeping them."),
     active: int = typer.Option(5, "--active", min=1, help="Steps recorded."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="How many wait/warmup/active cycles (one trace file each)."),
     full: bool = typer.Option(False, "--full", help="Let the script run to its end instead of stopping it after the window."),
     device: Device = typer.Option(Device.auto, "--device", help="What to profile: cuda when available, else cpu."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),
     no_stack: bool = typer.Option(False, "--no-stack", help="Do not record Python stacks (smaller trace, less overhead)."),
     no_shapes: bool = typer.Option(False, "--no-shapes", help="Do not record operator input shapes."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Do not record memory allocations."),
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Launch N processes through torchrun (torch.distributed.run), all into the same log dir."),
+    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Launch N processes through torchrun (torch.distributed.run), all into the same log dir."),
     format: Format = typer.Option(Format.text, "--format", "-f", help="Report format: text, json or markdown."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
 ) -> None:

@@ -267,4 +267,4 @@ def read_facts(path: Path) -> dict[str, Any]:
     return orjson.loads(Path(path).read_bytes())
 
 
-__all__ = ["SCHEMA", "FactsRecorder", "facts_file_name", "write_facts", "read_facts", "cpu_count"]
+__all__ = ["SCHEMA", "FactsRecorder", "cpu_count", "facts_file_name", "read_facts", "write_facts"]

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
