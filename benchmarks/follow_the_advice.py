@@ -321,10 +321,10 @@ def profile_round(switches: Switches, settings: Settings, out_dir: Path) -> Roun
     if settings.cpu_variant:
         script_args.append("--cpu-variant")
     cmd = [
-        sys.executable, "-m", "advisor", "profile", str(SCRIPT),
+        sys.executable, "-m", "advisor", "profile",
         "--out", str(out_dir), "--format", "json", "--device", settings.device, "--full",
         "--wait", str(settings.wait), "--warmup", str(settings.warmup), "--active", str(settings.active),
-        "--", *script_args,
+        str(SCRIPT), "--", *script_args,
     ]  # fmt: skip
     env = dict(os.environ)
     if settings.threads:

@@ -56,19 +56,19 @@ def _arg(key: str, default: Any) -> Any:
 class EventArgs(msgspec.Struct, gc=False):
     """The `args` keys of spans that any frame reads; every other key is skipped unread."""
 
-    external_id: Any = _arg("External id", -1)
-    external_id_lower: Any = _arg("external id", -1)  # 2021 schema spelling on runtime/device rows
-    correlation: Any = -1
-    device: Any = -1
-    stream: Any = -1
-    registers: Any = _arg("registers per thread", NAN)
-    shared_memory: Any = _arg("shared memory", NAN)
-    blocks_per_sm: Any = _arg("blocks per SM", NAN)
-    warps_per_sm: Any = _arg("warps per SM", NAN)
-    occupancy: Any = _arg("est. achieved occupancy %", NAN)
+    external_id: int = _arg("External id", -1)
+    external_id_lower: int = _arg("external id", -1)  # 2021 schema spelling on runtime/device rows
+    correlation: int = -1
+    device: int = -1
+    stream: int = -1
+    registers: float = _arg("registers per thread", NAN)
+    shared_memory: float = _arg("shared memory", NAN)
+    blocks_per_sm: float = _arg("blocks per SM", NAN)
+    warps_per_sm: float = _arg("warps per SM", NAN)
+    occupancy: float = _arg("est. achieved occupancy %", NAN)
     grid: msgspec.Raw = NULL
     block: msgspec.Raw = NULL
-    bytes: Any = NAN
+    bytes: float = NAN
     call_stack: str | None = _arg("Call stack", None)
     input_dims: msgspec.Raw = _arg("Input Dims", NULL)
     input_dims_lower: msgspec.Raw = _arg("Input dims", NULL)
@@ -77,11 +77,11 @@ class EventArgs(msgspec.Struct, gc=False):
 class MemoryArgs(msgspec.Struct, gc=False):
     """The `args` of a `[memory]` instant event (profile_memory=True)."""
 
-    device_type: Any = _arg("Device Type", -1)
-    device_id: Any = _arg("Device Id", -1)
-    bytes: Any = _arg("Bytes", NAN)
-    total_allocated: Any = _arg("Total Allocated", NAN)
-    total_reserved: Any = _arg("Total Reserved", NAN)
+    device_type: int = _arg("Device Type", -1)
+    device_id: int = _arg("Device Id", -1)
+    bytes: float = _arg("Bytes", NAN)
+    total_allocated: float = _arg("Total Allocated", NAN)
+    total_reserved: float = _arg("Total Reserved", NAN)
 
 
 EMPTY_ARGS = EventArgs()
@@ -97,8 +97,8 @@ class Span(_Phase, tag="X"):
 
     cat: str | None = None
     name: str | None = ""
-    ts: Any = NAN
-    dur: Any = NAN
+    ts: float = NAN
+    dur: float = NAN
     tid: int | str | None = None
     args: EventArgs | None = None
 
@@ -108,7 +108,7 @@ class Instant(_Phase, tag="i"):
 
     cat: str | None = None
     name: str | None = ""
-    ts: Any = NAN
+    ts: float = NAN
     args: MemoryArgs | None = None
 
 
@@ -389,7 +389,28 @@ def _lenient_doc(path: Path, data: bytes | bytearray | memoryview, first: Except
 
 
 # --- clean-up of odd events (the slow path) ---------------------------------------------------
-_ARG_KEYS = {f.encode_name for t in (EventArgs, MemoryArgs) for f in msgspec.structs.fields(t)}
+def _float_or_none(v: Any) -> float | None:
+    """A finite number as float (None drops the key: the field reads as missing)."""
+    if type(v) is float:
+        return v if math.isfinite(v) else None
+    if type(v) is int:
+        return float(v) if abs(v) < 2**1023 else None
+    return None
+
+
+def _int_or_none(v: Any) -> int | None:
+    if type(v) is int:
+        return v if INT64_MIN <= v <= INT64_MAX else None
+    if type(v) is float and math.isfinite(v) and v == int(v) and abs(v) < 2**63:
+        return int(v)
+    return None
+
+
+def _arg_kind(t: Any) -> str:
+    return "int" if t is int else "float" if t is float else "str" if t == (str | None) else "raw"
+
+
+_ARG_KINDS = {f.encode_name: _arg_kind(f.type) for t in (EventArgs, MemoryArgs) for f in msgspec.structs.fields(t)}
 
 
 def _clean(v: Any) -> Any:
@@ -406,6 +427,14 @@ def _clean(v: Any) -> Any:
     return v
 
 
+_CLEAN_ARG = {
+    "int": _int_or_none,
+    "float": _float_or_none,
+    "str": lambda v: v if type(v) is str else None,
+    "raw": _clean,
+}
+
+
 def _clean_event(e: Any) -> dict[str, Any] | None:
     if type(e) is not dict:
         return None
@@ -419,8 +448,8 @@ def _clean_event(e: Any) -> dict[str, Any] | None:
     if name is not None:
         out["name"] = name if type(name) is str else str(name)
     for key in ("ts", "dur"):
-        if key in e:
-            out[key] = _clean(e[key])
+        if (v := _float_or_none(e.get(key))) is not None:
+            out[key] = v
     tid = e.get("tid")
     if tid is not None:
         out["tid"] = tid if type(tid) is str or (type(tid) is int and INT64_MIN <= tid <= INT64_MAX) else str(tid)
@@ -428,11 +457,12 @@ def _clean_event(e: Any) -> dict[str, Any] | None:
     if type(args) is dict:
         clean_args = {}
         for key, v in args.items():
-            if key not in _ARG_KEYS:
+            kind = _ARG_KINDS.get(key)
+            if kind is None:
                 continue
-            if key == "Call stack" and type(v) is not str:
-                continue
-            clean_args[key] = _clean(v)
+            v = _CLEAN_ARG[kind](v)
+            if v is not None:
+                clean_args[key] = v
         out["args"] = clean_args
     return out
 

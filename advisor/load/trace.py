@@ -19,7 +19,8 @@ from __future__ import annotations
 import gc
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -108,9 +109,6 @@ class TraceFrames:
 
 
 # --- columns from sequences of decoded values -----------------------------------------------
-_NUMBER_TYPES = {int, float}
-
-
 def _num(v: Any) -> float:
     """A JSON number as float, or NaN for anything else (strings, bools, null, huge ints)."""
     if type(v) is float:
@@ -123,24 +121,21 @@ def _num(v: Any) -> float:
     return math.nan
 
 
-def floats(values: Sequence[Any]) -> np.ndarray:
-    """float64 column; one numpy call when every value is a number, else per value with NaN."""
-    if set(map(type, values)) <= _NUMBER_TYPES:
-        try:
-            return np.array(values, dtype=np.float64)
-        except OverflowError:
-            pass
-    return np.fromiter(map(_num, values), dtype=np.float64, count=len(values))
+def floats(values: Sequence[float]) -> np.ndarray:
+    """float64 column in one numpy call (the decoder types these fields: every value is a float)."""
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return np.fromiter(map(_num, values), dtype=np.float64, count=len(values))
 
 
-def ids(values: Sequence[Any]) -> np.ndarray:
-    """int64 id column, -1 where absent or not an integer that fits."""
-    if set(map(type, values)) <= {int}:
-        try:
-            return np.array(values, dtype=np.int64)
-        except OverflowError:
-            pass
-    vals = floats(values)
+def ids(values: Sequence[int]) -> np.ndarray:
+    """int64 id column, -1 where absent or not an integer that fits (ints up to 2**64 decode)."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    vals = np.fromiter(map(_num, values), dtype=np.float64, count=len(values))
     out = np.full(len(vals), -1, dtype=np.int64)
     ok = np.isfinite(vals) & (np.abs(vals) < 2**62)
     out[ok] = vals[ok].astype(np.int64)
@@ -572,69 +567,77 @@ def _device_properties(props: Any) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["id", "name", "total_memory_bytes", "compute_capability", "num_sms"])
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC: building millions of objects would trigger it again and again,
+    and it would rescan the whole growing heap each time for cycles that do not exist."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batching: int) -> TraceFrames:
     """Decode and frame a trace document held in memory (batching: see decode_trace)."""
-    decoded = decode_trace(path, data, **batching)
-    del data  # from here the raw event slices alone keep the buffer, until the last batch is decoded
-    cat_order: dict[Any, int] = {}
-    batches = []
-    for events in decoded.batches:
-        batches.append(_batch(events, cat_order))
-        del events  # free this batch's structs before the next batch is decoded
-    if not batches:
-        batches = [_batch([], cat_order)]
-    total = sum(b.events for b in batches)
-    if not any(b.durational for b in batches) and not any(len(b.memory.ts) for b in batches):
-        if total == 0:
-            raise InputError(path, "trace has no events")
-        raise InputError(path, "trace has no profiler events (no ops, kernels or runtime calls)")
-    min_ts = min(b.min_ts for b in batches)
-    base_us = 0.0 if not math.isfinite(min_ts) else float(math.floor(min_ts))
-    cats = set().union(*(b.cats for b in batches))
-    schema = "2021" if any(c in cats for c in SCHEMA_2021_CATS) else "current"
+    with gc_paused():
+        decoded = decode_trace(path, data, **batching)
+        del data  # from here the raw event slices alone keep the buffer, until the last batch is decoded
+        cat_order: dict[Any, int] = {}
+        batches = []
+        for events in decoded.batches:
+            batches.append(_batch(events, cat_order))
+            del events  # free this batch's structs before the next batch is decoded
+        if not batches:
+            batches = [_batch([], cat_order)]
+        total = sum(b.events for b in batches)
+        if not any(b.durational for b in batches) and not any(len(b.memory.ts) for b in batches):
+            if total == 0:
+                raise InputError(path, "trace has no events")
+            raise InputError(path, "trace has no profiler events (no ops, kernels or runtime calls)")
+        min_ts = min(b.min_ts for b in batches)
+        base_us = 0.0 if not math.isfinite(min_ts) else float(math.floor(min_ts))
+        cats = set().union(*(b.cats for b in batches))
+        schema = "2021" if any(c in cats for c in SCHEMA_2021_CATS) else "current"
 
-    host = _frame([b.host for b in batches], base_us, "ts_dur")
-    runtime = _frame([b.runtime for b in batches], base_us, "ts")
-    device = _device_frame([b.device for b in batches], base_us)
-    memory = _memory_frame([b.memory for b in batches], base_us)
-    syncs = _frame([b.sync for b in batches], base_us, "ts")[["name", "tid", "ts", "dur", "end"]] if any(len(b.sync.ts) for b in batches) else None
-    if not (len(host) or len(runtime) or len(device) or len(memory)):
-        raise InputError(path, "trace has no events with a usable time (every ts/dur is missing, negative or not a number)")
-    starts = [f["ts"].min() for f in (host, runtime, device) if len(f)]
-    ends = [f["end"].max() for f in (host, runtime, device) if len(f)]
-    window = (int(min(starts)), int(max(ends))) if starts else (0, 0)
-    dist = decoded.distributed
-    return TraceFrames(
-        path=path,
-        schema=schema,
-        base_us=base_us,
-        host=host,
-        runtime=runtime,
-        device=device,
-        memory=memory,
-        steps=_steps_frame(host),
-        device_properties=_device_properties(decoded.device_properties),
-        distributed=dist if isinstance(dist, dict) else {},
-        window=window,
-        metadata=decoded.metadata,
-        syncs=syncs,
-    )
+        host = _frame([b.host for b in batches], base_us, "ts_dur")
+        runtime = _frame([b.runtime for b in batches], base_us, "ts")
+        device = _device_frame([b.device for b in batches], base_us)
+        memory = _memory_frame([b.memory for b in batches], base_us)
+        syncs = _frame([b.sync for b in batches], base_us, "ts")[["name", "tid", "ts", "dur", "end"]] if any(len(b.sync.ts) for b in batches) else None
+        if not (len(host) or len(runtime) or len(device) or len(memory)):
+            raise InputError(path, "trace has no events with a usable time (every ts/dur is missing, negative or not a number)")
+        starts = [f["ts"].min() for f in (host, runtime, device) if len(f)]
+        ends = [f["end"].max() for f in (host, runtime, device) if len(f)]
+        window = (int(min(starts)), int(max(ends))) if starts else (0, 0)
+        dist = decoded.distributed
+        return TraceFrames(
+            path=path,
+            schema=schema,
+            base_us=base_us,
+            host=host,
+            runtime=runtime,
+            device=device,
+            memory=memory,
+            steps=_steps_frame(host),
+            device_properties=_device_properties(decoded.device_properties),
+            distributed=dist if isinstance(dist, dict) else {},
+            window=window,
+            metadata=decoded.metadata,
+            syncs=syncs,
+        )
 
 
 def load_trace(path: str | Path) -> TraceFrames:
     """Read, decode and frame one trace file. Bad input raises InputError naming the file."""
     path = Path(path)
-    enabled = gc.isenabled()
-    gc.disable()
     try:
-        try:
-            # No local name for the bytes: the decoder may free them before the frames are built.
-            return frames_from_bytes(path, read_trace_bytes(path))
-        except InputError:
-            raise
-        except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
-            raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
-    finally:
-        if enabled:
-            gc.enable()
+        # No local name for the bytes: the decoder may free them before the frames are built.
+        return frames_from_bytes(path, read_trace_bytes(path))
+    except InputError:
+        raise
+    except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
+        raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
 
