@@ -14,7 +14,6 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
@@ -133,6 +132,8 @@ def explain(
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also look in this folder."),
 ) -> None:
     """Print one rule's page: what it detects, why it is slow, the fix, how the saving is estimated."""
+    from rich.markdown import Markdown
+
     from advisor.engine import find_rule
 
     r = find_rule(rule, rules_dir)

@@ -19,5 +19,8 @@ class InputError(Exception):
         self.problem = problem
         super().__init__(self.line())
 
+    def __reduce__(self):  # crosses process boundaries when ranks load in parallel
+        return (type(self), (self.path, self.problem))
+
     def line(self) -> str:
         return f"{self.path}: {self.problem}" if self.path else self.problem

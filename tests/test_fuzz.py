@@ -259,7 +259,7 @@ def test_pipeline_survives_mutated_real_traces(data, fuzz_dir, monkeypatch):
 
 
 @needs_traces
-@settings(FUZZ, max_examples=FUZZ.max_examples * 2)
+@settings(FUZZ, max_examples=FUZZ.max_examples + FUZZ.max_examples // 4)
 @given(data=st.data())
 def test_loader_survives_mutated_real_traces(data, fuzz_dir):
     from advisor.load.trace import load_trace
