@@ -764,11 +764,11 @@ def timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | N
 
 
 def _timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None) -> Timeline:
-    cur = tl
-    for earlier in PRECEDENCE:
-        if earlier == rule:
-            break
-        s, e = claim(earlier, cur, tree, copies)
-        if len(s):
-            cur = cur.without(s, e)
-    return cur
+    # Built on the previous rule's timeline, so each claim is measured once per rank.
+    i = PRECEDENCE.index(rule) if rule in PRECEDENCE else len(PRECEDENCE)
+    if i == 0:
+        return tl
+    earlier = PRECEDENCE[i - 1]
+    cur = timeline_for(earlier, tl, tree, copies)
+    s, e = claim(earlier, cur, tree, copies)
+    return cur.without(s, e) if len(s) else cur
