@@ -772,3 +772,17 @@ def _timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | 
     cur = timeline_for(earlier, tl, tree, copies)
     s, e = claim(earlier, cur, tree, copies)
     return cur.without(s, e) if len(s) else cur
+
+
+def candidates(ctx, rule: str, find) -> tuple[pd.DataFrame, Timeline, OpTree] | None:
+    """What a host-side rule starts from: `find(base_timeline, op_tree)`'s rows and the
+    timeline with earlier rules' idle time taken out; None on CPU-only runs or no rows."""
+    m = ctx.metrics
+    if not m.has_device or ctx.step_ms <= 0:
+        return None
+    tree = op_tree_of(m)
+    base = timeline(m)
+    rows = find(base, tree)
+    if len(rows) == 0:
+        return None
+    return rows, timeline_for(rule, base, tree), tree

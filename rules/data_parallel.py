@@ -55,13 +55,11 @@ from __future__ import annotations
 
 import numpy as np
 from advisor.rules._host_device import (
+    candidates,
     DATA_PARALLEL_SPAN,
     data_parallel_spans,
-    op_tree_of,
     per_step,
     subtract,
-    timeline,
-    timeline_for,
 )
 
 from advisor.engine import Context
@@ -84,15 +82,10 @@ loader = DataLoader(dataset, batch_size=per_gpu_batch, sampler=DistributedSample
 
 
 def check(ctx: Context):
-    m = ctx.metrics
-    if not m.has_device or ctx.step_ms <= 0:
+    found = candidates(ctx, ID, data_parallel_spans)
+    if found is None:
         return None
-    tree = op_tree_of(ctx.metrics)
-    base = timeline(m)
-    spans = data_parallel_spans(base, tree)
-    if len(spans) == 0:
-        return None
-    tl = timeline_for(ID, base, tree)
+    spans, tl, tree = found
     dev = ctx.frames.device
     comm = communication_kernels(ctx.frames)
     is_kernel = (dev["kind"] == "kernel").to_numpy()

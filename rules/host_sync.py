@@ -61,12 +61,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from advisor.rules._host_device import (
+    candidates,
     SYNC_CAUSES,
-    op_tree_of,
     per_step,
     sync_calls,
-    timeline,
-    timeline_for,
 )
 
 from advisor.engine import Context
@@ -98,15 +96,10 @@ WHAT = {label: what for label, _, what in SYNC_CAUSES} | {"explicit": "torch.cud
 
 
 def check(ctx: Context):
-    m = ctx.metrics
-    if not m.has_device or ctx.step_ms <= 0:
+    found = candidates(ctx, ID, sync_calls)
+    if found is None:
         return None
-    tree = op_tree_of(ctx.metrics)
-    base = timeline(m)
-    calls = sync_calls(base, tree)
-    if len(calls) == 0:
-        return None
-    tl = timeline_for(ID, base, tree)
+    calls, tl, tree = found
     cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64), count_idle_during=False)
     calls = pd.concat([calls, cost], axis=1)
     calls["wait"] = calls["end"] - calls["ts"]

@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import numpy as np
 from advisor.rules._host_device import (
+    candidates,
     launches_in_spans,
-    op_tree_of,
     per_step,
-    timeline,
-    timeline_for,
     zero_grad_memsets,
 )
 
@@ -66,15 +64,10 @@ AFTER = """optimizer.zero_grad(set_to_none=True)
 
 
 def check(ctx: Context):
-    m = ctx.metrics
-    if not m.has_device or ctx.step_ms <= 0:
+    found = candidates(ctx, ID, zero_grad_memsets)
+    if found is None:
         return None
-    tree = op_tree_of(ctx.metrics)
-    base = timeline(m)
-    spans = zero_grad_memsets(base, tree)
-    if len(spans) == 0:
-        return None
-    tl = timeline_for(ID, base, tree)
+    spans, tl, tree = found
     lk = launches_in_spans(tl, tree, spans["pos"].to_numpy())
     kernel_ns = float(lk["k_dur"].fillna(0).sum()) if len(lk) else 0.0
     idle_ns = float(tl.idle(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64)).sum())
