@@ -30,8 +30,6 @@ from typing import Any, Iterable
 from advisor.errors import InputError
 from advisor.metrics.summary import Metrics
 
-SEVERITIES = ("high", "medium", "low")
-CONFIDENCES = ("high", "medium", "low")
 
 
 @dataclass

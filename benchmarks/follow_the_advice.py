@@ -50,6 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.capture.facts import cpu_name
+from advisor.render.output import to_json_text
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "sample_runs" / "resnet18_cifar" / "train.py"
 REPORT_START = re.compile(r'^\{\s*\n\s*"schema":\s*"advisor/report/', re.MULTILINE)
@@ -481,7 +484,7 @@ def header_lines(walk: Walk, started: dt.datetime) -> list[str]:
         "follow the advice: the reference ResNet-18 scenario, one profiler-guided change per round",
         f"date: {started.strftime('%Y-%m-%d %H:%M')} (UTC{started.strftime('%z')})",
         f"machine: {platform.system()} {platform.machine()}, {facts.get('cpu_count') or os.cpu_count()} cores, {device.get('name') or '?'} ({device.get('type') or s.device})",
-        f"cpu: {_cpu_name()}" if s.device == "cuda" else "",
+        f"cpu: {cpu_name()}" if s.device == "cuda" else "",
         f"versions: torch {versions.get('torch')}, cuda {versions.get('cuda')}, cudnn {versions.get('cudnn')}, python {versions.get('python') or platform.python_version()}",
         f"script: sample_runs/resnet18_cifar/train.py, {variant}",
         f"window: advisor profile --wait {s.wait} --warmup {s.warmup} --active {s.active} --full, then {s.after_steps} steps without the profiler",
@@ -621,27 +624,6 @@ def to_json(walk: Walk) -> dict[str, Any]:
     }
 
 
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -702,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         a.table.parent.mkdir(parents=True, exist_ok=True)
         a.table.write_text(text)
     if a.json is not None:
-        a.json.write_text(json.dumps(_json_safe(to_json(walk)), indent=2))
+        a.json.write_text(to_json_text(to_json(walk)))
     return 0 if walk.rounds and walk.rounds[0].ok else 1
 
 

@@ -27,10 +27,10 @@ import pandas as pd
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import (
     DATALOADER_NAME,
-    STEP_NAME,
     _matches,
     communication_kernels,
 )
+from advisor.metrics.hierarchy import OpTree, op_tree
 from advisor.metrics.intervals import covers, merge, overlap_with
 from advisor.metrics.steps import launches
 from advisor.metrics.summary import Metrics
@@ -247,99 +247,6 @@ def _build_timeline(m: Metrics) -> Timeline:
         starved_s=ss,
         starved_e=se,
     )
-
-
-# --- the host op tree ---------------------------------------------------------------------
-@dataclass
-class OpTree:
-    """Host ops and annotations (not Python frames, not ProfilerStep) with their nesting.
-
-    `parent` and `prev_sibling` are positions in `ops` (-1 for none). Nesting is per thread,
-    from the times alone: an op's parent is the innermost op that was open when it started.
-    """
-
-    ops: pd.DataFrame  # name (str), tid, ts, end, kind, external_id, call_stack, input_dims
-    parent: np.ndarray
-    prev_sibling: np.ndarray
-    depth: np.ndarray
-
-    def mask(self, pattern: re.Pattern) -> np.ndarray:
-        """Ops whose name matches (evaluated once per distinct name)."""
-        return _matches(self.ops["name"], pattern)
-
-    def innermost(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
-        """Position of the innermost op on thread `tid` open at time `ts` (-1 if none)."""
-        ts = np.asarray(ts, dtype=np.int64)
-        tid = np.asarray(tid).astype(str)
-        out = np.full(len(ts), -1, dtype=np.int64)
-        op_tid = self.ops["tid"].to_numpy()
-        op_ts = self.ops["ts"].to_numpy(np.int64)
-        op_end = self.ops["end"].to_numpy(np.int64)
-        for t in np.unique(tid):
-            rows = np.nonzero(op_tid == t)[0]
-            if len(rows) == 0:
-                continue
-            pts = np.nonzero(tid == t)[0]
-            j = np.searchsorted(op_ts[rows], ts[pts], side="right") - 1
-            cur = np.where(j >= 0, rows[np.clip(j, 0, None)], -1)
-            # Walk up while the candidate closed before the point.
-            for _ in range(int(self.depth.max(initial=0)) + 2):
-                bad = (cur >= 0) & (op_end[np.clip(cur, 0, None)] <= ts[pts])
-                if not bad.any():
-                    break
-                cur = np.where(bad, self.parent[np.clip(cur, 0, None)], cur)
-            out[pts] = cur
-        return out
-
-    def nearest_ancestor(self, pos: np.ndarray, hit: np.ndarray, outermost: bool = False) -> np.ndarray:
-        """For each position, the nearest (or outermost) ancestor-or-self where `hit` is True, else -1."""
-        cur = np.asarray(pos, dtype=np.int64).copy()
-        found = np.full(len(cur), -1, dtype=np.int64)
-        for _ in range(int(self.depth.max(initial=0)) + 2):
-            live = cur >= 0
-            if not live.any():
-                break
-            here = live & hit[np.clip(cur, 0, None)]
-            take = here & ((found < 0) | outermost)
-            found[take] = cur[take]
-            cur = np.where(live, self.parent[np.clip(cur, 0, None)], -1)
-        return found
-
-
-def op_tree(frames: TraceFrames) -> OpTree:
-    host = frames.host
-    keep = (host["kind"] != "python").to_numpy() & ~_matches(host["name"], STEP_NAME)
-    ops = host.loc[keep, ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims"]].reset_index(drop=True)
-    ops["name"] = ops["name"].astype(str).astype("category")
-    ops["tid"] = ops["tid"].astype(str)
-    n = len(ops)
-    depth = np.zeros(n, dtype=np.int64)
-    parent = np.full(n, -1, dtype=np.int64)
-    prev = np.full(n, -1, dtype=np.int64)
-    tids = ops["tid"].to_numpy()
-    for t in np.unique(tids):
-        rows = np.nonzero(tids == t)[0]  # already in (ts asc, dur desc) order
-        ts = ops["ts"].to_numpy(np.int64)[rows]
-        end = ops["end"].to_numpy(np.int64)[rows]
-        pos = np.arange(len(rows))
-        # Ops open when op i starts: those before it in order that end after its start.
-        d = pos - np.searchsorted(np.sort(end), ts, side="right") + (end == ts)
-        d = np.maximum(d, 0)
-        depth[rows] = d
-        # Parent: the last op before i with depth d-1; previous sibling: the last op before i
-        # with the same depth and the same parent.
-        for level in np.unique(d):
-            at = pos[d == level]
-            if level > 0:
-                above = pos[d == level - 1]
-                k = np.searchsorted(above, at, side="left") - 1
-                parent[rows[at]] = np.where(k >= 0, rows[above[np.clip(k, 0, None)]], -1)
-        for level in np.unique(d):
-            at = pos[d == level]
-            if len(at) > 1:
-                same = parent[rows[at[1:]]] == parent[rows[at[:-1]]]
-                prev[rows[at[1:]]] = np.where(same, rows[at[:-1]], -1)
-    return OpTree(ops=ops, parent=parent, prev_sibling=prev, depth=depth)
 
 
 # --- runtime calls and what they launched -------------------------------------------------

@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import numpy as np
 from advisor.rules._host_device import (
-    candidates,
     DATA_PARALLEL_SPAN,
+    candidates,
     data_parallel_spans,
     per_step,
     subtract,

@@ -61,8 +61,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from advisor.rules._host_device import (
-    candidates,
     SYNC_CAUSES,
+    candidates,
     per_step,
     sync_calls,
 )

@@ -43,7 +43,7 @@ def facts_file_name(rank: int, world_size: int) -> str:
     return f"advisor_facts.rank{rank}.json" if world_size > 1 else "advisor_facts.json"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -66,10 +66,6 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 class FactsRecorder:
@@ -220,7 +216,7 @@ def device_facts(device_type: str) -> dict[str, Any]:
         }
     return {
         "type": "cpu",
-        "name": _cpu_name(),
+        "name": cpu_name(),
         "compute_capability": None,
         "total_memory_bytes": _physical_memory(),
         "max_memory_allocated_bytes": None,

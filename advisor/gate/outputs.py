@@ -18,14 +18,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from advisor.errors import InputError
-from advisor.gate.record import _clean
 from advisor.gate.verdict import Check, GateResult
+from advisor.render.output import to_json_text
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "inconclusive": "yellow", "fail": "bold red"}
 STATUS_ICON = {"pass": "✅", "warn": "⚠️", "inconclusive": "❔", "fail": "❌"}
@@ -57,7 +56,7 @@ def _term(s: str, style: str = "") -> Text:
 
 # --- JSON -----------------------------------------------------------------------------------
 def to_json(result: GateResult) -> str:
-    return orjson.dumps(_clean(result.to_dict()), option=orjson.OPT_INDENT_2).decode()
+    return to_json_text(result.to_dict())
 
 
 # --- JUnit XML ------------------------------------------------------------------------------

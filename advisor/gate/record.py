@@ -19,6 +19,7 @@ import orjson
 
 from advisor import __version__
 from advisor.errors import InputError
+from advisor.render.output import jsonable
 
 BASELINE_SCHEMA = "advisor/baseline/v1"
 REPORT_SCHEMA_PREFIX = "advisor/report/"
@@ -110,7 +111,7 @@ class RunRecord:
     def to_baseline(self) -> dict[str, Any]:
         """The `advisor/baseline/v1` document."""
         share = self.breakdown_share
-        return _clean(
+        return jsonable(
             {
                 "schema": BASELINE_SCHEMA,
                 "advisor_version": self.advisor_version,
@@ -136,18 +137,6 @@ class RunRecord:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-
-
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float):  # numpy floats too (np.float64 subclasses float)
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _clean(obj.item())
-    return obj
 
 
 def _str_or_none(v: Any) -> str | None:

@@ -1,66 +1,110 @@
-"""Nesting of host events: each event's parent and depth on its thread, and the innermost
-op enclosing a runtime call.
+"""Nesting of host events: which op was open when something happened on its thread.
 
 Some traces link a kernel to its op by external id; others (several Kineto versions) put the
-correlation id there instead, and only time tells which op launched it: the innermost op on
-the launching thread whose span covers the runtime call.
+correlation id there instead, and only time tells which op launched it. The op tree answers
+that for the metrics (launching ops) and for the rules (the op around a copy, a sync, a
+zero_grad), built without a per-event Python loop.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
+from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import STEP_NAME, _matches
 
-def parents(host: pd.DataFrame) -> np.ndarray:
-    """Row index of each host event's parent on the same thread (-1 for roots).
 
-    `host` must be sorted by (ts, -dur) as the loader leaves it. One pass with a stack per
-    thread: the only per-event loop in the metrics, and it runs only when a rule needs it.
+@dataclass
+class OpTree:
+    """Host ops and annotations (not Python frames, not ProfilerStep) with their nesting.
+
+    `parent` and `prev_sibling` are positions in `ops` (-1 for none). Nesting is per thread,
+    from the times alone: an op's parent is the innermost op that was open when it started.
     """
-    out = np.full(len(host), -1, dtype=np.int64)
-    ts = host["ts"].to_numpy(np.int64)
-    end = host["end"].to_numpy(np.int64)
-    for _, rows in host.groupby("tid", observed=True, sort=False).indices.items():
-        stack: list[int] = []
-        for i in rows.tolist():
-            t = ts[i]
-            while stack and end[stack[-1]] <= t:
-                stack.pop()
-            if stack and end[i] <= end[stack[-1]]:
-                out[i] = stack[-1]
-            stack.append(i)
-    return out
 
+    ops: pd.DataFrame  # name (str), tid, ts, end, kind, external_id, call_stack, input_dims
+    parent: np.ndarray
+    prev_sibling: np.ndarray
+    depth: np.ndarray
 
-def depth(parent: np.ndarray) -> np.ndarray:
-    d = np.zeros(len(parent), dtype=np.int64)
-    p = parent.copy()
-    while (p >= 0).any():
-        d += p >= 0
-        p = np.where(p >= 0, parent[np.clip(p, 0, None)], -1)
-    return d
+    def mask(self, pattern: re.Pattern) -> np.ndarray:
+        """Ops whose name matches (evaluated once per distinct name)."""
+        return _matches(self.ops["name"], pattern)
 
+    def innermost(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Position of the innermost op on thread `tid` open at time `ts` (-1 if none)."""
+        ts = np.asarray(ts, dtype=np.int64)
+        tid = np.asarray(tid).astype(str)
+        out = np.full(len(ts), -1, dtype=np.int64)
+        op_tid = self.ops["tid"].to_numpy()
+        op_ts = self.ops["ts"].to_numpy(np.int64)
+        op_end = self.ops["end"].to_numpy(np.int64)
+        for t in np.unique(tid):
+            rows = np.nonzero(op_tid == t)[0]
+            if len(rows) == 0:
+                continue
+            pts = np.nonzero(tid == t)[0]
+            j = np.searchsorted(op_ts[rows], ts[pts], side="right") - 1
+            cur = np.where(j >= 0, rows[np.clip(j, 0, None)], -1)
+            # Walk up while the candidate closed before the point.
+            for _ in range(int(self.depth.max(initial=0)) + 2):
+                bad = (cur >= 0) & (op_end[np.clip(cur, 0, None)] <= ts[pts])
+                if not bad.any():
+                    break
+                cur = np.where(bad, self.parent[np.clip(cur, 0, None)], cur)
+            out[pts] = cur
+        return out
 
-def enclosing_rows(host: pd.DataFrame, parent: np.ndarray, tid: pd.Series, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """For each (tid, ts, end), the row of the innermost host event covering it, or -1."""
-    out = np.full(len(ts), -1, dtype=np.int64)
-    h_tid = host["tid"].astype(str).to_numpy()
-    h_ts = host["ts"].to_numpy(np.int64)
-    h_end = host["end"].to_numpy(np.int64)
-    q_tid = tid.astype(str).to_numpy()
-    for t in np.unique(q_tid):
-        rows = np.nonzero(h_tid == t)[0]
-        if len(rows) == 0:
-            continue
-        q = np.nonzero(q_tid == t)[0]
-        pos = np.searchsorted(h_ts[rows], ts[q], side="right") - 1
-        idx = np.where(pos >= 0, rows[np.clip(pos, 0, None)], -1)
-        # Walk up the parents until the event covers the query (depth-bounded, vectorised).
-        for _ in range(256):
-            bad = (idx >= 0) & (h_end[np.clip(idx, 0, None)] < end[q])
-            if not bad.any():
+    def nearest_ancestor(self, pos: np.ndarray, hit: np.ndarray, outermost: bool = False) -> np.ndarray:
+        """For each position, the nearest (or outermost) ancestor-or-self where `hit` is True, else -1."""
+        cur = np.asarray(pos, dtype=np.int64).copy()
+        found = np.full(len(cur), -1, dtype=np.int64)
+        for _ in range(int(self.depth.max(initial=0)) + 2):
+            live = cur >= 0
+            if not live.any():
                 break
-            idx[bad] = parent[idx[bad]]
-        out[q] = idx
-    return out
+            here = live & hit[np.clip(cur, 0, None)]
+            take = here & ((found < 0) | outermost)
+            found[take] = cur[take]
+            cur = np.where(live, self.parent[np.clip(cur, 0, None)], -1)
+        return found
+
+
+def op_tree(frames: TraceFrames) -> OpTree:
+    host = frames.host
+    keep = (host["kind"] != "python").to_numpy() & ~_matches(host["name"], STEP_NAME)
+    ops = host.loc[keep, ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims"]].reset_index(drop=True)
+    ops["name"] = ops["name"].astype(str).astype("category")
+    ops["tid"] = ops["tid"].astype(str)
+    n = len(ops)
+    depth = np.zeros(n, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int64)
+    prev = np.full(n, -1, dtype=np.int64)
+    tids = ops["tid"].to_numpy()
+    for t in np.unique(tids):
+        rows = np.nonzero(tids == t)[0]  # already in (ts asc, dur desc) order
+        ts = ops["ts"].to_numpy(np.int64)[rows]
+        end = ops["end"].to_numpy(np.int64)[rows]
+        pos = np.arange(len(rows))
+        # Ops open when op i starts: those before it in order that end after its start.
+        d = pos - np.searchsorted(np.sort(end), ts, side="right") + (end == ts)
+        d = np.maximum(d, 0)
+        depth[rows] = d
+        # Parent: the last op before i with depth d-1; previous sibling: the last op before i
+        # with the same depth and the same parent.
+        for level in np.unique(d):
+            at = pos[d == level]
+            if level > 0:
+                above = pos[d == level - 1]
+                k = np.searchsorted(above, at, side="left") - 1
+                parent[rows[at]] = np.where(k >= 0, rows[above[np.clip(k, 0, None)]], -1)
+        for level in np.unique(d):
+            at = pos[d == level]
+            if len(at) > 1:
+                same = parent[rows[at[1:]]] == parent[rows[at[:-1]]]
+                prev[rows[at[1:]]] = np.where(same, rows[at[:-1]], -1)
+    return OpTree(ops=ops, parent=parent, prev_sibling=prev, depth=depth)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import _matches
-from advisor.metrics.hierarchy import enclosing_rows, parents
+from advisor.metrics.hierarchy import op_tree
 
 # Kernel names that run on Tensor Cores (substring, case-sensitive as the libraries emit them).
 TENSOR_CORE_KERNEL_PATTERNS: list[str] = [
@@ -69,16 +69,13 @@ def launching_ops(frames: TraceFrames) -> pd.Series:
 
 
 def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.Series:
-    host = frames.host
-    ops_mask = (host["kind"] != "python").to_numpy()
-    ops = host[ops_mask & ~host["name"].astype(str).str.startswith("ProfilerStep#").to_numpy()].reset_index(drop=True)
-    if len(ops) == 0:  # only step markers on the host: no op can have launched anything
+    tree = op_tree(frames)
+    if len(tree.ops) == 0:  # only step markers on the host: no op can have launched anything
         return pd.Series(np.nan, index=frames.device.index, dtype=object)
-    parent = parents(ops)
-    rows = enclosing_rows(ops, parent, rt["tid"], rt["ts"].to_numpy(np.int64), rt["end"].to_numpy(np.int64))
-    op_name = np.where(rows >= 0, ops["name"].astype(str).to_numpy()[np.clip(rows, 0, None)], None)
-    by_corr = pd.Series(op_name, index=rt["correlation"].to_numpy())
-    return frames.device["correlation"].map(by_corr)
+    pos = tree.innermost(rt["ts"].to_numpy(np.int64), rt["tid"].astype(str).to_numpy())
+    names = tree.ops["name"].astype(str).to_numpy()
+    op_name = np.where(pos >= 0, names[np.clip(pos, 0, None)], None)
+    return frames.device["correlation"].map(pd.Series(op_name, index=rt["correlation"].to_numpy()))
 
 
 def kernel_table(frames: TraceFrames) -> pd.DataFrame:

@@ -23,7 +23,7 @@ from advisor.metrics.kernels import (
     top_ops,
 )
 from advisor.metrics.memory import peak_memory
-from advisor.metrics.steps import step_spans
+from advisor.metrics.steps import step_of, step_spans
 
 NS_PER_MS = 1e6
 
@@ -147,6 +147,12 @@ def _device_info(frames: TraceFrames) -> DeviceInfo:
     )
 
 
+def _inside(rows: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Which rows start inside one of the steps."""
+    s, e = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+    return step_of(s, e, rows["ts"].to_numpy(np.int64)) >= 0
+
+
 def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
     steps, notes = step_spans(frames)
     breakdown = step_breakdown(frames, steps)
@@ -156,7 +162,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
     util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
     kernels = kernel_table(frames)
     # Restrict kernel shares to the steps (warm-up kernels outside them would skew them).
-    in_steps = _inside(kernels["ts"].to_numpy(np.int64), steps)
+    in_steps = _inside(kernels, steps)
     tc, eligible = tensor_core_shares(kernels[in_steps]) if in_steps.any() else tensor_core_shares(kernels)
     n = len(steps)
     h2d = copies(frames, "HtoD")
@@ -171,23 +177,11 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
         device=_device_info(frames),
         tensor_core_kernel_share=tc,
         tensor_core_eligible_share=eligible,
-        h2d=copy_summary(h2d[_inside(h2d["ts"].to_numpy(np.int64), steps)], n),
-        d2h=copy_summary(d2h[_inside(d2h["ts"].to_numpy(np.int64), steps)], n),
+        h2d=copy_summary(h2d[_inside(h2d, steps)], n),
+        d2h=copy_summary(d2h[_inside(d2h, steps)], n),
         peak_memory=peak_memory(frames),
         notes=notes,
     )
-
-
-def _inside(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    s = steps["start"].to_numpy(np.int64)
-    e = steps["end"].to_numpy(np.int64)
-    if len(s) == 0:
-        return np.zeros(len(ts), dtype=bool)
-    idx = np.searchsorted(s, ts, side="right") - 1
-    ok = idx >= 0
-    out = np.zeros(len(ts), dtype=bool)
-    out[ok] = ts[ok] < e[idx[ok]]
-    return out
 
 
 __all__ = ["Metrics", "DeviceInfo", "compute_metrics", "top_kernels", "top_ops", "NS_PER_MS"]

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -24,6 +23,7 @@ from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.render import svg
 from advisor.render.fmt import batch_size, esc, fmt_bytes, md, pct, signed
+from advisor.render.output import to_json_text
 
 DIFF_SCHEMA = "advisor/diff/v1"
 STATUSES = ("resolved", "new", "remaining")
@@ -249,20 +249,8 @@ def compare(before: Analysis, after: Analysis) -> Comparison:
 
 
 # --- JSON ---------------------------------------------------------------------------------
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):
-        return _clean(obj.item())
-    return obj
-
-
 def diff_json(c: Comparison) -> str:
-    return orjson.dumps(_clean(c.to_dict()), option=orjson.OPT_INDENT_2).decode()
+    return to_json_text(c.to_dict())
 
 
 # --- shared wording -----------------------------------------------------------------------

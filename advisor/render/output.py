@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+import orjson
 from rich.console import Console
 from rich.text import Text
 
@@ -22,3 +24,24 @@ def write_output(text: str, output: Optional[Path]) -> None:
     except OSError as exc:
         raise InputError(output, f"cannot write output: {exc.strerror or exc}") from None
     Console(stderr=True, highlight=False).print(Text(f"wrote {output}"))
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values: NaN/inf become null (a figure we cannot give), numpy scalars plain."""
+    if isinstance(obj, float):  # numpy floats too (np.float64 subclasses float)
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return jsonable(obj.item())
+    return obj
+
+
+def to_json_text(obj: Any) -> str:
+    return orjson.dumps(jsonable(obj), option=orjson.OPT_INDENT_2).decode()

@@ -17,6 +17,7 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
+from advisor.render.fmt import batch_size, fmt_bytes, pct, short_value
 
 COLOURS = {
     "kernel": "green",
@@ -29,20 +30,6 @@ COLOURS = {
     "other": "bright_black",
 }
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "bright_black"}
-
-
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def breakdown_bar(breakdown: dict[str, float], width: int) -> Text:
@@ -69,7 +56,7 @@ def _overview(a: Analysis, console: Console) -> Group:
     dev = m.device
     if dev.name:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
-        head.add_row("Device", Text(f"{dev.name}{cc}, {_fmt_bytes(dev.total_memory_bytes)}"))
+        head.add_row("Device", Text(f"{dev.name}{cc}, {fmt_bytes(dev.total_memory_bytes)}"))
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
@@ -79,29 +66,26 @@ def _overview(a: Analysis, console: Console) -> Group:
             "Step time",
             Text(f"{st['mean']:.2f} ms mean, {st['median']:.2f} median, p90 {st['p90']:.2f}, min {st['min']:.2f}, max {st['max']:.2f}  over {s['steps']} steps"),
         )
-    facts = a.run_facts()
-    bs = None
-    if facts and facts.get("dataloaders"):
-        bs = facts["dataloaders"][0].get("batch_size")
+    bs = batch_size(a)
     if bs and st["mean"]:
         head.add_row("Throughput", Text(f"{bs / st['mean'] * 1000:,.0f} samples/s (batch {bs})"))
     if m.has_device:
-        head.add_row("GPU utilisation", Text(f"{_pct(s['gpu_utilization'])} of step time with device activity"))
+        head.add_row("GPU utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
         head.add_row(
             "Tensor Cores",
-            Text(f"{_pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {_pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
+            Text(f"{pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
         )
         mem = s["peak_memory_bytes"]
         if mem is not None:
             tot = s["device_memory_bytes"]
-            share = f" of {_fmt_bytes(tot)} ({_pct(mem / tot)})" if tot else ""
-            head.add_row("Peak memory", Text(f"{_fmt_bytes(mem)} allocated{share}, {_fmt_bytes(s['peak_reserved_bytes'])} reserved"))
+            share = f" of {fmt_bytes(tot)} ({pct(mem / tot)})" if tot else ""
+            head.add_row("Peak memory", Text(f"{fmt_bytes(mem)} allocated{share}, {fmt_bytes(s['peak_reserved_bytes'])} reserved"))
         h = s["h2d"]
         if h["count"]:
             head.add_row(
                 "Host→device",
                 Text(
-                    f"{h['count']} copies, {_fmt_bytes(h['bytes'])}, {h['time_ms']:.2f} ms in the window"
+                    f"{h['count']} copies, {fmt_bytes(h['bytes'])}, {h['time_ms']:.2f} ms in the window"
                     f" ({h['pageable_count']} from pageable memory)"
                     + (f", {h['bandwidth_gbps']:.1f} GB/s" if h["bandwidth_gbps"] else "")
                 ),
@@ -150,7 +134,7 @@ def _findings(a: Analysis, verbose: bool) -> list:
         out.append(Text("  nothing to fix: no rule fired on this run"))
         return out
     for i, f in enumerate(a.findings, 1):
-        saving = "risk, no time cost yet" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step ({_pct(f.saving_pct)})"
+        saving = "risk, no time cost yet" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step ({pct(f.saving_pct)})"
         out.append(
             Text.assemble(
                 (f"{i:>2}. ", "bold"),
@@ -170,7 +154,7 @@ def _findings(a: Analysis, verbose: bool) -> list:
             if ev:
                 body.append(Text("evidence:", style="bold"))
                 for k, v in ev.items():
-                    body.append(Text(f"  {k}: {_short(v)}"))
+                    body.append(Text(f"  {k}: {short_value(v)}"))
             if f.fix.text:
                 body.append(Text("fix: ", style="bold") + Text(f.fix.text))
             if f.fix.snippet:
@@ -180,17 +164,6 @@ def _findings(a: Analysis, verbose: bool) -> list:
     else:
         out.append(Text("  -v shows the evidence and the code to change; `advisor explain RULE` the method", style="bright_black"))
     return out
-
-
-def _short(v, limit: int = 400) -> str:
-    if isinstance(v, list):
-        items = [_short(x, 120) for x in v[:5]]
-        more = f" … (+{len(v) - 5} more)" if len(v) > 5 else ""
-        return "; ".join(items) + more
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    s = str(v)
-    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
@@ -209,7 +182,7 @@ def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
             st = s["step_time_ms"]
             rt.add_row(
                 str(m.rank), str(s["steps"]), f"{st['mean']:.2f}" if st["mean"] is not None else "n/a",
-                f"{st['median']:.2f}" if st["median"] is not None else "n/a", _pct(s["gpu_utilization"]),
+                f"{st['median']:.2f}" if st["median"] is not None else "n/a", pct(s["gpu_utilization"]),
                 f"{s['breakdown_ms']['dataloader']:.2f}",
             )
         console.print(rt)
