@@ -45,16 +45,18 @@ def _natural_key(path: Path) -> list[Any]:
 
 def _trace_files(root: Path) -> Iterator[Path]:
     """Trace files under root, recursively, never inside the frames cache (.advisor-cache)."""
-    for folder, dirs, files in os.walk(root, onerror=_raise):
+    def unreadable(exc: OSError) -> None:
+        # The folder the user named must be readable; a sub-folder that vanishes or is
+        # locked while we walk is skipped, not fatal.
+        if Path(exc.filename or "") == root:
+            raise exc
+
+    for folder, dirs, files in os.walk(root, onerror=unreadable):
         dirs[:] = [d for d in dirs if d != CACHE_DIR_NAME]
         for name in files:
             p = Path(folder) / name
             if is_trace_name(p) and p.is_file():
                 yield p
-
-
-def _raise(exc: OSError) -> None:
-    raise exc
 
 
 def _mtime(paths: list[Path]) -> float:
