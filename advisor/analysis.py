@@ -19,6 +19,7 @@ from advisor.config import Config, load_config
 from advisor.engine import Finding, all_rules, run_rules, select_rules
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
+from advisor.metrics.profiler_overhead import ProfilerOverhead, profiler_overhead
 from advisor.metrics.summary import Metrics, _stats, compute_metrics
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
@@ -67,11 +68,19 @@ class Analysis:
             s["step_time_ms"] = _stats(ms)
         return s
 
+    def profiler_overhead(self) -> ProfilerOverhead | None:
+        """The slowest rank's window against its unprofiled steps (facts of `advisor profile --full`)."""
+        return profiler_overhead(self.run_facts())
+
     def notes(self) -> list[str]:
         out = list(self.run.notes)
         for m in self.ranks:
             prefix = f"rank {m.rank}: " if len(self.ranks) > 1 else ""
             out += [prefix + n for n in m.notes]
+        overhead = self.profiler_overhead()
+        note = overhead.note((self.run_facts() or {}).get("profiler", {}).get("with_stack", True)) if overhead else None
+        if note:
+            out.append(note)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +91,7 @@ class Analysis:
             "run": self.run.name,
             "files": [str(p) for p in self.run.files],
             "summary": self.summary(),
+            "profiler_overhead": overhead.to_dict() if (overhead := self.profiler_overhead()) else None,
             "ranks": [
                 {
                     "rank": m.rank,

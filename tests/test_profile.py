@@ -65,7 +65,7 @@ def write(path: Path, text: str) -> Path:
 
 
 def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.capture", timeout: int = 120) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", cli, *([] if cli == "advisor.capture" else ["profile"]), *args],
         cwd=cwd, env=full_env, check=False, capture_output=True, text=True, timeout=timeout,
@@ -392,3 +392,28 @@ def test_cuda_device_is_profiled(tmp_path: Path):
     assert f["device"]["type"] == "cuda" and f["device"]["compute_capability"] and f["device"]["max_memory_allocated_bytes"]
     doc = json.loads(gzip.decompress(traces(out)[0].read_bytes()))
     assert any(e.get("cat") == "kernel" for e in doc["traceEvents"])
+
+
+def test_compiled_model_is_recorded_without_stacks_unless_asked(tmp_path: Path):
+    """The stack tracer costs more than a compiled step, so a compiled model is recorded without it."""
+    script = write(tmp_path / "compiled.py", """
+        import torch
+        model = torch.compile(torch.nn.Linear(8, 2), backend="eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(6):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    """)
+    for name, extra, stacks in (("auto", [], False), ("forced", ["--stack"], True)):
+        out = tmp_path / name
+        r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", *extra, str(script)], tmp_path)
+        assert r.returncode == 0, r.stderr
+        f = facts(out)
+        assert f["compile"]["used"] and f["profiler"]["with_stack"] is stacks
+        assert any("stack" in n and "torch.compile" in n for n in f["notes"]) is not stacks
+        [trace] = traces(out)
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        assert any(e.get("cat") == "python_function" for e in doc["traceEvents"]) is stacks
+        steps = sorted(e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+        assert steps == ["ProfilerStep#2", "ProfilerStep#3"] and f["profiled_steps"] == [2, 3]

@@ -55,7 +55,11 @@ def profile(
     full: bool = typer.Option(False, "--full", help="Let the script run to its end instead of stopping it after the window."),
     device: Device = typer.Option(Device.auto, "--device", help="What to profile: cuda when available, else cpu."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),
-    no_stack: bool = typer.Option(False, "--no-stack", help="Do not record Python stacks (smaller trace, less overhead)."),
+    stack: bool | None = typer.Option(
+        None, "--stack/--no-stack",
+        help="Record Python stacks. Default: yes, unless the script compiled its model (torch.compile) before the window, where the stack tracer would cost more than the step.",
+        show_default=False,
+    ),
     no_shapes: bool = typer.Option(False, "--no-shapes", help="Do not record operator input shapes."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Do not record memory allocations."),
     nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Launch N processes through torchrun (torch.distributed.run), all into the same log dir."),
@@ -92,7 +96,7 @@ def profile(
         device=resolved,
         record_shapes=not no_shapes,
         profile_memory=not no_memory,
-        with_stack=not no_stack,
+        with_stack=stack,
     )
     if nproc_per_node is not None:
         from advisor.capture.launch import launch

@@ -29,7 +29,7 @@ def rank_argv(target: Target, o: CaptureOptions) -> list[str]:
         "--wait", str(o.wait), "--warmup", str(o.warmup), "--active", str(o.active), "--repeat", str(o.repeat),
         "--device", o.device,
     ]
-    argv += ["--full"] * o.full + ["--no-stack"] * (not o.with_stack)
+    argv += ["--full"] * o.full + {True: ["--stack"], False: ["--no-stack"], None: []}[o.with_stack]
     argv += ["--no-shapes"] * (not o.record_shapes) + ["--no-memory"] * (not o.profile_memory)
     if target.kind == "module":
         argv += ["--target-module", target.name, "--", *target.args]
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--full", action="store_true")
-    p.add_argument("--no-stack", action="store_true")
+    p.add_argument("--stack", dest="with_stack", action="store_true", default=None)
+    p.add_argument("--no-stack", dest="with_stack", action="store_false")
     p.add_argument("--no-shapes", action="store_true")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--target-module")
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         device=ns.device,
         record_shapes=not ns.no_shapes,
         profile_memory=not ns.no_memory,
-        with_stack=not ns.no_stack,
+        with_stack=ns.with_stack,
         rank=rank,
         world_size=world_size,
         progress=rank == 0,

@@ -49,7 +49,7 @@ class CaptureOptions:
     device: str = "cpu"  # resolved: "cpu" | "cuda"
     record_shapes: bool = True
     profile_memory: bool = True
-    with_stack: bool = True
+    with_stack: bool | None = None  # None: on, unless the model is compiled before recording starts
     rank: int = 0
     world_size: int = 1
     progress: bool = True
@@ -109,14 +109,23 @@ class _Session:
         if options.device == "cuda":
             activities.append(ProfilerActivity.CUDA)
         worker = f"rank{options.rank}" if options.world_size > 1 else None
-        self.prof = profile(
-            activities=activities,
-            schedule=schedule(wait=options.wait, warmup=options.warmup, active=options.active, repeat=options.repeat),
-            on_trace_ready=tensorboard_trace_handler(str(options.out_dir), worker_name=worker, use_gzip=True),
-            record_shapes=options.record_shapes,
-            profile_memory=options.profile_memory,
-            with_stack=options.with_stack,
-        )
+
+        def make_profiler(with_stack: bool, wait: int) -> Any:
+            return profile(
+                activities=activities,
+                schedule=schedule(wait=wait, warmup=options.warmup, active=options.active, repeat=options.repeat),
+                on_trace_ready=tensorboard_trace_handler(str(options.out_dir), worker_name=worker, use_gzip=True),
+                record_shapes=options.record_shapes,
+                profile_memory=options.profile_memory,
+                with_stack=with_stack,
+            )
+
+        self.make_profiler = make_profiler
+        # Whether to record stacks is decided when the wait steps are over, once the script has
+        # had the chance to call torch.compile (see _start_late).
+        self.start_late = options.with_stack is None and options.wait > 0 and options.repeat == 1
+        self.with_stack = True if options.with_stack is None else options.with_stack
+        self.prof = None if self.start_late else make_profiler(self.with_stack, options.wait)
         self.profiling = False
         self.profiler_failed = False
         self._last_end = 0.0
@@ -128,7 +137,9 @@ class _Session:
         done = len(self.step_times_ms)
         if done <= self.window.length:
             self.facts.sample_flags()
-        if self.profiling:
+        if self.start_late and done == self.window.wait and not self.own_profiler:
+            self._start_late()
+        elif self.profiling:
             try:
                 self.prof.step()  # at the window's end this writes the trace
             except Exception as exc:  # ours, not the script's: say it, do not break the run
@@ -141,6 +152,31 @@ class _Session:
         self._last_end = time.perf_counter()
         if self.window_complete and not self.o.full and not self.own_profiler and done == self.window.length:
             raise StopRun()
+
+    def _start_late(self) -> None:
+        """Start the profiler after the wait steps, without Python stacks for a compiled model.
+
+        With torch.compile, every kernel goes through several Python frames of the generated
+        wrapper: the stack tracer then costs more than the step itself (a compiled ResNet-18
+        step on an H100 measured 2.6x slower with stacks than without the profiler), which
+        would make the host look like the bottleneck.
+        """
+        self.start_late = False
+        if self.facts.compile_modes:
+            self.with_stack = False
+            self.notes.append(
+                "Python stacks were not recorded: the script compiled its model (torch.compile), and the stack tracer "
+                "would cost more than a compiled step; `advisor profile --stack` records them anyway"
+            )
+        self.prof = self.make_profiler(self.with_stack, self.window.wait)
+        # Go on from where an early start would be, so steps keep their numbers (ProfilerStep#N).
+        self.prof.step_num = self.window.wait
+        self.prof.current_action = self.prof.schedule(self.prof.step_num)
+        try:
+            self.prof.start()
+            self.profiling = True
+        except Exception as exc:
+            self._profiler_failed(exc)
 
     def on_profiler_start(self, prof: Any) -> None:
         if prof is self.prof or self.own_profiler:
@@ -196,7 +232,7 @@ class _Session:
         started = time.perf_counter()
         self.hooks.install()
         try:
-            if not self.own_profiler:
+            if not self.own_profiler and self.prof is not None:
                 self.prof.start()
                 self.profiling = True
             self._last_end = time.perf_counter()
@@ -278,6 +314,7 @@ class _Session:
             "outcome": result.outcome.how,
             "exit_code": result.outcome.exit_code,
             "own_profiler": {"used": result.own_profiler, "traces": result.own_traces},
+            "profiler": {"with_stack": self.with_stack, "record_shapes": self.o.record_shapes, "profile_memory": self.o.profile_memory},
             "notes": list(dict.fromkeys(self.notes)),
         }
         doc = self.facts.document(device_type=self.o.device, window=self.window.as_dict(), run=run_facts)

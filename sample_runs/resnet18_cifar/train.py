@@ -12,7 +12,7 @@ Each published change has a switch, so the same file shows every step of the seq
     --uint8-to-device      ship uint8 images, convert and normalise on the device
     --set-to-none          optimizer.zero_grad(set_to_none=True)
     --amp                  autocast (float16 on CUDA, bfloat16 on CPU) with a GradScaler
-    --compile              torch.compile(model)
+    --compile [MODE]       torch.compile(model), mode "default" or e.g. "reduce-overhead" (CUDA graphs)
 
 With torchvision installed it uses T.Resize(224)/ToTensor/Normalize and torchvision's
 resnet18. Without it, or with --cpu-variant, it uses a small ResNet defined below on 32x32
@@ -133,7 +133,8 @@ def parse_args():
     p.add_argument("--uint8-to-device", action="store_true", help="convert and normalise on the device")
     p.add_argument("--set-to-none", action="store_true", help="zero_grad(set_to_none=True)")
     p.add_argument("--amp", action="store_true", help="autocast (float16 on CUDA, bfloat16 on CPU)")
-    p.add_argument("--compile", action="store_true", help="torch.compile(model)")
+    p.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                   help="torch.compile(model); MODE e.g. reduce-overhead for CUDA graphs (default: default)")
     p.add_argument("--steps", type=int, default=100, help="stop after this many steps")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--cpu-variant", action="store_true", help="small ResNet, 32x32, hand-made transforms")
@@ -170,7 +171,7 @@ def main():
 
     model = model.to(device)
     if args.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=None if args.compile == "default" else args.compile)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
