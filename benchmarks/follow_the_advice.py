@@ -165,12 +165,15 @@ class Situation:
 WORKERS_SUGGESTED = re.compile(r"(?:set num_workers=|raise it towards |num_workers to about |about )(\d+)")
 
 
-def _workers(finding: dict[str, Any], s: Situation) -> Switches | str:
+def _workers(finding: dict[str, Any], s: Situation) -> Switches | tuple[str, Switches] | str:
     text = f"{finding.get('fix', {}).get('text', '')} {finding.get('message', '')}"
     match = WORKERS_SUGGESTED.search(text)
     wanted = int(match.group(1)) if match else max(1, s.cpu_count - 1)
     wanted = min(wanted, s.cpu_count)
     if wanted <= s.switches.workers:
+        # The rule's advice when the cores are used: less work per sample on the host.
+        if not s.switches.uint8_to_device and "uint8" in text:
+            return "uint8_to_device", dataclasses.replace(s.switches, uint8_to_device=True)
         return f"already {s.switches.workers} workers on {s.cpu_count} cores: the per-sample work itself is the bottleneck"
     return dataclasses.replace(s.switches, workers=wanted)
 
@@ -205,7 +208,7 @@ def _compile(mode: str) -> Callable[[dict[str, Any], Situation], Switches | str]
 @dataclass(frozen=True)
 class RuleSwitch:
     switch: str
-    apply: Callable[[dict[str, Any], Situation], Switches | str]
+    apply: Callable[[dict[str, Any], Situation], Switches | tuple[str, Switches] | str]
     devices: tuple[str, ...] = ("cpu", "cuda")
     unusable: str = ""  # why the other devices cannot use it
 
@@ -232,9 +235,12 @@ def propose(finding: dict[str, Any], s: Situation) -> Proposal:
     if s.device not in entry.devices:
         return Proposal(rule, entry.switch, None, f"skipped on {s.device}: {entry.unusable}")
     after = entry.apply(finding, s)
+    switch = entry.switch
+    if isinstance(after, tuple):  # the rule's fix, for this situation, is another switch
+        switch, after = after
     if isinstance(after, str):
-        return Proposal(rule, entry.switch, None, after)
-    return Proposal(rule, entry.switch, after)
+        return Proposal(rule, switch, None, after)
+    return Proposal(rule, switch, after)
 
 
 def choose(findings: list[dict[str, Any]], s: Situation, blocked: set[Switches]) -> tuple[int, Proposal] | None:

@@ -11,6 +11,12 @@ itself, between two steps: the GPU sits idle until the batch is ready. Worker pr
 the next batches while the current one trains, so the loading time disappears behind the
 compute — as long as there are enough of them and the batches are ready in time.
 
+Prefetching can hide the stall from a short window: workers fill `num_workers ×
+prefetch_factor` batches while the first steps compile or warm up, and the window may train
+from that buffer. `advisor profile` also times every step's wait for its batch outside the
+window (`loader_wait_ms` in the facts file); when the window shows no stall but the
+unprofiled steps after it wait at least `min_share` of their time, the rule reports those.
+
 ## Evidence used
 - the DataLoader spans per step and the part of them that no device activity covers
   (the `dataloader` slice of the step-time breakdown, which only counts time not already
@@ -37,7 +43,9 @@ move augmentation to the GPU (decode/resize once offline, augment batches on the
 ## How the saving is estimated
 The exposed DataLoader time per step: the mean `dataloader` slice of the breakdown. With
 enough workers the batch is ready when asked for, so nearly all of it goes; what remains is
-the hand-over itself, well under a millisecond per batch.
+the hand-over itself, well under a millisecond per batch. For a stall the window hid, the
+saving is the median wait of the unprofiled steps after the window (at least 3 of them; the
+first after the window is left out, as the trace is written then).
 
 Reference: https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
 """
@@ -67,11 +75,29 @@ def suggested_workers(cpu_count: int | None, world_size: int) -> int | None:
     return max(1, min(16, cpu_count // max(world_size, 1) - 1))
 
 
+def unprofiled_wait(facts_wait: object, facts_steps: object, profiled: object) -> tuple[float, float, int] | None:
+    """Median DataLoader wait and step time (ms) of the unprofiled steps after the window."""
+    if not (isinstance(facts_wait, list) and isinstance(facts_steps, list) and isinstance(profiled, list) and profiled):
+        return None
+    if len(facts_wait) != len(facts_steps) or not all(isinstance(i, int) for i in profiled):
+        return None
+    first = max(profiled) + 2  # the step after the window writes the trace
+    waits, steps = facts_wait[first:], facts_steps[first:]
+    if len(steps) < 3:
+        return None
+    return float(np.median(waits)), float(np.median(steps)), len(steps)
+
+
 def check(ctx: Context):
     m = ctx.metrics
     step_ms = ctx.step_ms
     exposed_ms = m.breakdown_mean_ms["dataloader"]
-    if step_ms <= 0 or exposed_ms / step_ms < ctx.options["min_share"]:
+    if step_ms <= 0:
+        return None
+    after = unprofiled_wait(ctx.fact("loader_wait_ms"), ctx.fact("step_times_ms"), ctx.fact("profiled_steps"))
+    shown = exposed_ms / step_ms >= ctx.options["min_share"]
+    hidden = not shown and after is not None and after[0] / after[1] >= ctx.options["min_share"]
+    if not shown and not hidden:
         return None
 
     host = ctx.frames.host
@@ -111,7 +137,10 @@ def check(ctx: Context):
         elif workers and nw < workers:
             fix = f"num_workers={nw}{where}: raise it towards {workers}, with persistent_workers=True and prefetch_factor=2-4."
         else:
-            fix = f"num_workers={nw} already uses the cores{where}: the per-sample work is the bottleneck; move decoding/augmentation to the GPU or preprocess offline."
+            fix = (
+                f"num_workers={nw} already uses the cores{where}: the per-sample work is the bottleneck; send uint8 images and "
+                "convert/normalise them on the GPU, move augmentation to the GPU, or preprocess offline."
+            )
         message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
         confidence = "high"
         snippet = AFTER.replace("num_workers=8", f"num_workers={max(workers or 4, (nw or 0))}")
@@ -124,4 +153,16 @@ def check(ctx: Context):
         snippet = AFTER
     if idle_share is not None:
         message += f" The device is idle {100 * idle_share:.0f}% of that time."
-    return ctx.finding(message, exposed_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)
+    saving = exposed_ms
+    if hidden:
+        wait_ms, unprofiled_step_ms, n = after  # type: ignore[misc]
+        evidence["unprofiled_wait_ms_per_step"] = round(wait_ms, 3)
+        evidence["unprofiled_step_ms"] = round(unprofiled_step_ms, 3)
+        evidence["unprofiled_steps"] = n
+        message = (
+            f"After the window, {n} unprofiled steps waited {wait_ms:.1f} ms of each {unprofiled_step_ms:.1f} ms step for the "
+            f"DataLoader ({100 * wait_ms / unprofiled_step_ms:.0f}%) against {exposed_ms:.1f} ms in the window, where prefetched "
+            f"batches hid it; {fix}"
+        )
+        saving = wait_ms
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)

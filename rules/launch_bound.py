@@ -36,9 +36,12 @@ After:
 ```python
 model = torch.compile(MyModel().cuda(), mode="reduce-overhead")   # CUDA graphs
 for x, y in loader:
+    torch.compiler.cudagraph_mark_step_begin()   # training loops: a new iteration starts
     loss = criterion(model(x), y)
 ```
-If shapes vary from step to step, pad them to a few fixed sizes first (each new shape is a
+In a training loop, mark each iteration's start (as above) so the graphs may reuse the last
+iteration's output memory; without it PyTorch stops with "accessing tensor output of
+CUDAGraphs that has been overwritten by a subsequent run". If shapes vary from step to step, pad them to a few fixed sizes first (each new shape is a
 new graph), or raise the batch size so each launch does more work.
 
 ## How the saving is estimated
@@ -72,6 +75,8 @@ DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-cuda
 DEFAULTS = {"min_share": 0.03, "min_kernels_per_step": 100, "max_median_kernel_us": 50.0, "max_gap_ms": 1.0}
 FIX = "Cut launch overhead: torch.compile(model, mode='reduce-overhead') (CUDA graphs), or a larger batch so each kernel does more work."
 AFTER = """model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs: one launch per step
+for x, y in loader:
+    torch.compiler.cudagraph_mark_step_begin()              # each training iteration
 """
 
 

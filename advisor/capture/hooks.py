@@ -21,13 +21,16 @@ Where a step ends:
 
 What is recorded (see facts.py): DataLoaders iterated, autocast entered, GradScaler used,
 torch.compile calls, DataParallel / DistributedDataParallel built, optimizers stepped,
-zero_grad(set_to_none=...). Profilers started by the script itself are reported to the
-session, which then stands aside.
+zero_grad(set_to_none=...), and how long each step waited for its DataLoader's next batch
+(also outside the profiled window, where prefetched batches can no longer hide a slow input
+pipeline). Profilers started by the script itself are reported to the session, which then
+stands aside.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -122,6 +125,7 @@ class Hooks:
         self._iter_loader: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._driver_loader: int | None = None
         self._exporting = 0
+        self._loader_wait_ns = 0
 
     # -- install / uninstall ----------------------------------------------------------------
     def install(self) -> None:
@@ -166,9 +170,15 @@ class Hooks:
 
         def batch_next(original):
             def __next__(it, *args, **kwargs):
-                if p.active and hooks.source != "optimizer" and getattr(it, "_num_yielded", 1) > 0:
+                if not p.active:
+                    return original(it, *args, **kwargs)
+                if hooks.source != "optimizer" and getattr(it, "_num_yielded", 1) > 0:
                     hooks._batch_requested(it)
-                return original(it, *args, **kwargs)
+                started = time.perf_counter_ns()
+                try:
+                    return original(it, *args, **kwargs)
+                finally:
+                    hooks._loader_wait_ns += time.perf_counter_ns() - started
 
             return __next__
 
@@ -329,6 +339,11 @@ class Hooks:
             return
         self.source = "dataloader"
         self._step()
+
+    def take_loader_wait_ms(self) -> float:
+        """DataLoader waiting since the last call (the step that just ended)."""
+        waited, self._loader_wait_ns = self._loader_wait_ns, 0
+        return waited / 1e6
 
     def _step(self) -> None:
         self.steps += 1

@@ -100,6 +100,7 @@ class _Session:
         self.hooks = Hooks(self.facts, self.on_step, self.on_profiler_start, self.on_trace_export)
         self.progress = Progress(self.window, enabled=options.progress)
         self.step_times_ms: list[float] = []
+        self.loader_wait_ms: list[float] = []  # per step, the time spent in DataLoader.__next__
         self.window_complete = False
         self.own_profiler = False
         self.own_traces: list[str] = []
@@ -134,6 +135,7 @@ class _Session:
     def on_step(self) -> None:
         now = time.perf_counter()
         self.step_times_ms.append((now - self._last_end) * 1e3)
+        self.loader_wait_ms.append(self.hooks.take_loader_wait_ms())
         done = len(self.step_times_ms)
         if done <= self.window.length:
             self.facts.sample_flags()
@@ -308,6 +310,7 @@ class _Session:
         run_facts = {
             "stopped_early": result.outcome.how == "stopped",
             "step_times_ms": [round(t, 3) for t in self.step_times_ms],
+            "loader_wait_ms": [round(t, 3) for t in self.loader_wait_ms],
             "profiled_steps": result.recorded_steps,
             "step_source": result.step_source,
             "wall_time_s": round(result.wall_time_s, 3),
