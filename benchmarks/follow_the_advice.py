@@ -200,6 +200,8 @@ def _compile(mode: str) -> Callable[[dict[str, Any], Situation], Switches | str]
     def apply(finding: dict[str, Any], s: Situation) -> Switches | str:
         if s.switches.compile in (mode, "reduce-overhead"):
             return f"--compile {s.switches.compile} is already on and the finding stays"
+        if mode == "reduce-overhead":  # CUDA graphs own the gradients: zero_grad must drop them (the rule's fix says so)
+            return dataclasses.replace(s.switches, compile=mode, set_to_none=True)
         return dataclasses.replace(s.switches, compile=mode)
 
     return apply

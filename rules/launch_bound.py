@@ -40,8 +40,9 @@ for x, y in loader:
     loss = criterion(model(x), y)
 ```
 In a training loop, mark each iteration's start (as above) so the graphs may reuse the last
-iteration's output memory; without it PyTorch stops with "accessing tensor output of
-CUDAGraphs that has been overwritten by a subsequent run". If shapes vary from step to step, pad them to a few fixed sizes first (each new shape is a
+iteration's output memory, and keep `zero_grad(set_to_none=True)` (the default): the
+gradients live in the graphs' memory, and zeroing them in place stops PyTorch with
+"accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run". If shapes vary from step to step, pad them to a few fixed sizes first (each new shape is a
 new graph), or raise the batch size so each launch does more work.
 
 ## How the saving is estimated
@@ -73,7 +74,10 @@ ID = "launch-bound"
 TITLE = "The GPU waits for the host to launch kernels"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-cuda-graphs"
 DEFAULTS = {"min_share": 0.03, "min_kernels_per_step": 100, "max_median_kernel_us": 50.0, "max_gap_ms": 1.0}
-FIX = "Cut launch overhead: torch.compile(model, mode='reduce-overhead') (CUDA graphs), or a larger batch so each kernel does more work."
+FIX = (
+    "Cut launch overhead: torch.compile(model, mode='reduce-overhead') (CUDA graphs; mark each iteration with "
+    "torch.compiler.cudagraph_mark_step_begin() and keep zero_grad(set_to_none=True)), or a larger batch so each kernel does more work."
+)
 AFTER = """model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs: one launch per step
 for x, y in loader:
     torch.compiler.cudagraph_mark_step_begin()              # each training iteration
@@ -127,7 +131,10 @@ def check(ctx: Context):
     if compiled is not None:
         evidence["torch_compile_used"] = compiled
     if compiled:
-        fix = "torch.compile is already used: compile with mode='reduce-overhead' (CUDA graphs) and check for graph breaks (TORCH_LOGS=graph_breaks); or raise the batch size."
+        fix = (
+            "torch.compile is already used: compile with mode='reduce-overhead' (CUDA graphs; keep zero_grad(set_to_none=True)) "
+            "and check for graph breaks (TORCH_LOGS=graph_breaks); or raise the batch size."
+        )
     else:
         fix = FIX
     message = (
