@@ -14,8 +14,9 @@ compute — as long as there are enough of them and the batches are ready in tim
 Prefetching can hide the stall from a short window: workers fill `num_workers ×
 prefetch_factor` batches while the first steps compile or warm up, and the window may train
 from that buffer. `advisor profile` also times every step's wait for its batch outside the
-window (`loader_wait_ms` in the facts file); when the window shows no stall but the
-unprofiled steps after it wait at least `min_share` of their time, the rule reports those.
+window (`loader_wait_ms` in the facts file); when the unprofiled steps after the window wait
+at least `min_share` of their time and over twice what the window showed, the rule reports
+those.
 
 ## Evidence used
 - the DataLoader spans per step and the part of them that no device activity covers
@@ -43,9 +44,11 @@ move augmentation to the GPU (decode/resize once offline, augment batches on the
 ## How the saving is estimated
 The exposed DataLoader time per step: the mean `dataloader` slice of the breakdown. With
 enough workers the batch is ready when asked for, so nearly all of it goes; what remains is
-the hand-over itself, well under a millisecond per batch. For a stall the window hid, the
-saving is the median wait of the unprofiled steps after the window (at least 3 of them; the
-first after the window is left out, as the trace is written then).
+the hand-over itself, well under a millisecond per batch. For a stall the window hid or
+understated, the
+share of the step the unprofiled steps after the window spent waiting (their mean wait over
+their mean step time; at least 3 of them, the first after the window left out, as the trace
+is written then), applied to the window's step like every other saving.
 
 Reference: https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
 """
@@ -76,7 +79,11 @@ def suggested_workers(cpu_count: int | None, world_size: int) -> int | None:
 
 
 def unprofiled_wait(facts_wait: object, facts_steps: object, profiled: object) -> tuple[float, float, int] | None:
-    """Median DataLoader wait and step time (ms) of the unprofiled steps after the window."""
+    """Mean DataLoader wait and step time (ms) of the unprofiled steps after the window.
+
+    Means, not medians: with several workers, batches arrive in bursts (one long wait, then
+    a few short ones), and the time lost per step is the average wait.
+    """
     if not (isinstance(facts_wait, list) and isinstance(facts_steps, list) and isinstance(profiled, list) and profiled):
         return None
     if len(facts_wait) != len(facts_steps) or not all(isinstance(i, int) for i in profiled):
@@ -85,7 +92,7 @@ def unprofiled_wait(facts_wait: object, facts_steps: object, profiled: object) -
     waits, steps = facts_wait[first:], facts_steps[first:]
     if len(steps) < 3:
         return None
-    return float(np.median(waits)), float(np.median(steps)), len(steps)
+    return float(np.mean(waits)), float(np.mean(steps)), len(steps)
 
 
 def check(ctx: Context):
@@ -96,7 +103,8 @@ def check(ctx: Context):
         return None
     after = unprofiled_wait(ctx.fact("loader_wait_ms"), ctx.fact("step_times_ms"), ctx.fact("profiled_steps"))
     shown = exposed_ms / step_ms >= ctx.options["min_share"]
-    hidden = not shown and after is not None and after[0] / after[1] >= ctx.options["min_share"]
+    # The window understates the stall: the steps after it waited over twice as long.
+    hidden = after is not None and after[0] / after[1] >= ctx.options["min_share"] and after[0] > 2 * exposed_ms
     if not shown and not hidden:
         return None
 
@@ -164,5 +172,5 @@ def check(ctx: Context):
             f"DataLoader ({100 * wait_ms / unprofiled_step_ms:.0f}%) against {exposed_ms:.1f} ms in the window, where prefetched "
             f"batches hid it; {fix}"
         )
-        saving = wait_ms
+        saving = wait_ms / unprofiled_step_ms * step_ms  # the same share of the window's step, like every other finding
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -417,3 +418,54 @@ def test_compiled_model_is_recorded_without_stacks_unless_asked(tmp_path: Path):
         assert any(e.get("cat") == "python_function" for e in doc["traceEvents"]) is stacks
         steps = sorted(e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
         assert steps == ["ProfilerStep#2", "ProfilerStep#3"] and f["profiled_steps"] == [2, 3]
+
+
+def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_path: Path):
+    """Workers fill their prefetch buffer during a slow first step; the window trains from it,
+    and only the unprofiled steps after it show the input pipeline cannot keep up."""
+    script = write(tmp_path / "prefetched.py", """
+        import time
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class SlowReads(Dataset):
+            def __len__(self):
+                return 10_000
+
+            def __getitem__(self, index):
+                time.sleep(0.02)  # 20 ms of I/O per sample: 40 ms per batch from two workers
+                return torch.randn(8), 0
+
+        def main():
+            loader = DataLoader(SlowReads(), batch_size=4, num_workers=2, prefetch_factor=4)
+            model = torch.nn.Linear(8, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step, (x, _) in enumerate(loader):
+                if step == 0:
+                    time.sleep(2.0)  # start-up (a compile, say): the workers fill 8 batches meanwhile
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                time.sleep(0.005)
+                if step == 40:
+                    break
+
+        if __name__ == "__main__":
+            main()
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", "--full", "--no-stack", str(script)], tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr
+    f = facts(out)
+    waits, steps = f["loader_wait_ms"], f["step_times_ms"]
+    assert len(waits) == len(steps) == 41 and f["profiled_steps"] == [2, 3]
+    assert max(waits[2:4]) < 10 < statistics.mean(waits[5:])  # hidden in the window, plain after it
+    doc = json.loads(subprocess.run(
+        [sys.executable, "-m", "advisor", "report", str(out), "--format", "json", "--select", "dataloader-stall"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout)
+    [stall] = doc["findings"]
+    assert stall["rule"] == "dataloader-stall" and "prefetched batches hid it" in stall["message"]
+    assert stall["evidence"]["unprofiled_steps"] == 41 - 5
+    assert stall["saving_pct"] == pytest.approx(statistics.mean(waits[5:]) / statistics.mean(steps[5:]), rel=1e-3)
+    assert stall["evidence"]["unprofiled_wait_ms_per_step"] == pytest.approx(statistics.mean(waits[5:]), abs=1e-3)

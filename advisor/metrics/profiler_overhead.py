@@ -35,7 +35,13 @@ class ProfilerOverhead:
         }
 
     def note(self, with_stack: bool | None) -> str | None:
-        """A warning when the window ran notably slower than the same steps unprofiled."""
+        """A warning when the window ran notably slower, or faster, than the same steps unprofiled."""
+        if self.slowdown <= 1 / NOTABLE_SLOWDOWN:
+            return (
+                f"the {self.unprofiled_steps} unprofiled steps after the window were slower than the recorded ones (median "
+                f"{self.unprofiled_median_ms:.1f} ms against {self.window_median_ms:.1f} ms): the window may not show what "
+                "bounds the run later (prefetched batches running out, recompilation, other work on the machine)"
+            )
         if self.slowdown < NOTABLE_SLOWDOWN:
             return None
         hint = " (record with `--no-stack` to shrink it)" if with_stack else ""

@@ -1,0 +1,121 @@
+"""The shipped GPU logs of the reference scenario (H100, recorded with `advisor profile --full`).
+
+Each log dir in sample_runs/resnet18_cifar/runs/gpu_* is one round of
+benchmarks/follow_the_advice.py (see benchmarks/results/follow_the_advice_gpu*.txt): these
+tests hold the advisor to what those real runs showed — the right first finding, a promised
+saving that the next run kept, and nothing of high severity left at the end.
+"""
+
+from __future__ import annotations
+
+import gzip
+import statistics
+import subprocess
+import sys
+
+import orjson
+import pytest
+from conftest import REPO, SAMPLE_RUNS
+
+from advisor.analysis import Analysis, analyze
+from advisor.render.json_report import to_json
+
+RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Analysis]:
+    names = ("gpu_baseline", "gpu_workers", "gpu_compiled", "gpu_cudagraphs", "gpu_walk_final")
+    return {name: analyze(RUNS / name) for name in names}
+
+
+def facts(name: str) -> dict:
+    return orjson.loads((RUNS / name / "advisor_facts.json").read_bytes())
+
+
+def finding(a: Analysis, rule: str):
+    return next((f for f in a.findings if f.rule == rule), None)
+
+
+def median_step_ms(a: Analysis) -> float:
+    return float(a.primary.steps["duration"].median()) / 1e6
+
+
+def test_the_logs_are_real_h100_runs(runs):
+    for name, a in runs.items():
+        f = facts(name)
+        assert a.primary.device.name == "NVIDIA H100 80GB HBM3" and a.primary.device.compute_capability == "9.0", name
+        assert f["device"]["type"] == "cuda" and f["profiled_steps"] == [5, 6, 7], name
+        assert a.primary.steps["step"].tolist() == [5, 6, 7], name
+        assert len(f["loader_wait_ms"]) == len(f["step_times_ms"]) == 48, name
+
+
+def test_baseline_starves_on_its_input_and_the_workers_keep_the_promise(runs):
+    base, workers = runs["gpu_baseline"], runs["gpu_workers"]
+    top = base.findings[0]
+    assert top.rule == "dataloader-stall" and top.severity == "high"
+    assert top.saving_ms == pytest.approx(base.primary.breakdown_mean_ms["dataloader"], rel=1e-6)
+    assert top.saving_ms / base.primary.mean_step_ns * 1e6 > 0.5  # most of the step
+    assert facts("gpu_baseline")["dataloaders"][0]["num_workers"] == 0
+    # The next round only raised num_workers; the window's median step fell by about the promise.
+    assert facts("gpu_workers")["dataloaders"][0]["num_workers"] == 15
+    measured = median_step_ms(base) - median_step_ms(workers)
+    assert 0.5 <= measured / top.saving_ms <= 1.5
+    assert finding(workers, "dataloader-stall") is None
+
+
+def test_cuda_graphs_keep_the_launch_bound_promise(runs):
+    compiled, graphs = runs["gpu_compiled"], runs["gpu_cudagraphs"]
+    launch = finding(compiled, "launch-bound")
+    assert compiled.findings[0] is launch and "reduce-overhead" in launch.fix.text
+    assert "set_to_none=True" in launch.fix.text  # CUDA graphs own the gradients
+    assert facts("gpu_cudagraphs")["compile"]["modes"] == ["reduce-overhead"]
+    measured = median_step_ms(compiled) - median_step_ms(graphs)
+    assert 0.5 <= measured / launch.saving_ms <= 1.5
+    assert finding(graphs, "launch-bound") is None and graphs.primary.gpu_utilization > 0.9
+
+
+def test_the_end_of_the_walk_has_nothing_of_high_severity(runs):
+    final = runs["gpu_walk_final"]
+    assert not [f.rule for f in final.findings if f.severity == "high"]
+    f = facts("gpu_walk_final")
+    assert f["dataloaders"][0]["batch_size"] == 512 and f["autocast"]["dtypes"] == ["bfloat16"]
+    assert final.primary.tensor_core_kernel_share > 0.3  # bf16 convolutions on Tensor Cores
+    for name in ("gpu_baseline", "gpu_workers"):  # eager runs keep Python stacks
+        assert facts(name)["profiler"]["with_stack"] is True
+
+
+@pytest.mark.parametrize("name", ["gpu_compiled", "gpu_cudagraphs", "gpu_walk_final"])
+def test_compiled_runs_are_recorded_without_python_stacks(name):
+    f = facts(name)
+    assert f["compile"]["used"] and f["profiler"]["with_stack"] is False
+    assert any("torch.compile" in n for n in f["notes"])
+    [trace] = (RUNS / name).glob("*.pt.trace.json.gz")
+    events = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert not any(e.get("cat") == "python_function" for e in events)
+
+
+def test_profiler_overhead_is_measured_against_the_unprofiled_steps(runs):
+    a = runs["gpu_workers"]
+    f = facts("gpu_workers")
+    overhead = a.profiler_overhead()
+    assert overhead is not None and overhead.unprofiled_steps == 48 - 9
+    assert overhead.unprofiled_median_ms == pytest.approx(statistics.median(f["step_times_ms"][9:]))
+    assert overhead.window_median_ms == pytest.approx(statistics.median(f["step_times_ms"][5:8]))
+    assert overhead.slowdown > 1.25  # Python stacks on an eager model
+    [note] = [n for n in a.notes() if "profiler slowed" in n]
+    assert f"{overhead.slowdown:.1f}x" in note and "--no-stack" in note
+    doc = orjson.loads(to_json(a))
+    assert doc["profiler_overhead"]["unprofiled_steps"] == 39
+
+
+def test_diff_from_the_baseline_to_the_end_of_the_walk():
+    r = subprocess.run(
+        [sys.executable, "-m", "advisor", "diff", str(RUNS / "gpu_baseline"), str(RUNS / "gpu_walk_final"), "--format", "json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = orjson.loads(r.stdout)
+    resolved = {f["rule"] for f in doc["findings"]["resolved"]}
+    assert {"dataloader-stall", "spare-gpu-memory", "h2d-pageable-copy", "launch-bound"} <= resolved
+    assert doc["findings"]["new"] == [] and doc["findings"]["remaining"] == []
