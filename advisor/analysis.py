@@ -7,6 +7,7 @@ discover → load → metrics → rules. Renderers only read the `Analysis` it r
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -14,9 +15,11 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 
-from advisor import __version__
+from advisor import __version__, analysis_cache
+from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
 from advisor.config import Config, load_config
 from advisor.engine import Finding, all_rules, run_rules, select_rules
+from advisor.load.cache import cache_enabled
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.profiler_overhead import ProfilerOverhead, profiler_overhead
@@ -208,20 +211,37 @@ def analyze(
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     progress: Callable[[Path], None] | None = None,
+    cache: bool = False,
 ) -> Analysis:
+    """The analysis of a run. With `cache`, an unchanged run analysed the same way before comes
+    back from the analysis cache: its ranks then carry a FramesHeader, not frames, which is
+    all the text, JSON and Markdown reports, gate and diff read (the HTML report needs frames)."""
     config = config if config is not None else load_config()
     warnings: list[str] = []
     run_files = find_run(path, run)
+    select = select or config.select
+    ignore = [*(ignore or []), *config.ignore]
+    key = _cache_key(run_files, config, select, ignore, rules_dir) if cache else None
+    if key is not None:
+        hit = read_analysis(run_files, key)
+        if hit is not None:
+            facts = _read_facts(run_files.directory, [])  # its warnings are among the stored ones
+            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings)
+    started = time.perf_counter()
     frames = load_ranks(run_files, warnings, progress)
     facts = _read_facts(run_files.directory, warnings)
     ranks = _assign_ranks(frames)
     frames = [_complete_steps_only(f, facts.get(r) or facts.get(-1), warnings) for f, r in zip(frames, ranks)]
     metrics = [compute_metrics(f, rank) for f, rank in zip(frames, ranks)]
     metrics.sort(key=lambda m: m.rank)
-    rules = select_rules(
-        all_rules(rules_dir),
-        select=select or config.select,
-        ignore=[*(ignore or []), *config.ignore],
-    )
+    rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)
     findings = run_rules(rules, metrics, facts, config.rule_options)
+    if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:
+        # Stored only if nothing changed while it ran (a trace still being written, say).
+        if _cache_key(run_files, config, select, ignore, rules_dir) == key:
+            write_analysis(run_files, key, metrics, findings, warnings)
     return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings)
+
+
+def _cache_key(run: RunFiles, config: Config, select: list[str], ignore: list[str], rules_dir: str | Path | None) -> AnalysisKey | None:
+    return AnalysisKey.of(run, config.rule_options, select, ignore, rules_dir) if cache_enabled() else None

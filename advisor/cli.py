@@ -104,7 +104,8 @@ def report(
     from advisor.config import load_config
 
     cfg = load_config(config)
-    analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir, select=select, ignore=ignore)
+    # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
+    analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir, select=select, ignore=ignore, cache=format is not Format.html)
     emit_report(analysis, format, output, verbose)
     if tensorboard:
         from advisor.render.tensorboard import launch_tensorboard

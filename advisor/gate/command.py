@@ -84,7 +84,7 @@ def load_baseline(path: Path, config: Any, rules_dir: Optional[Path], run: Optio
             return record, []
     from advisor.cli import analyze_with_progress
 
-    analysis = analyze_with_progress(path, run=run, config=config, rules_dir=rules_dir)
+    analysis = analyze_with_progress(path, run=run, config=config, rules_dir=rules_dir, cache=True)
     record = record_from_analysis(analysis)
     return record, [f"baseline: {w}" for w in [*analysis.run.notes, *analysis.warnings]]
 
@@ -108,7 +108,7 @@ def evaluate_gate(
     base_record, notes = (None, [])
     if settings.baseline is not None:
         base_record, notes = load_baseline(settings.baseline, config, rules_dir)
-    analysis = analyze_with_progress(path, run=run, config=config, rules_dir=rules_dir)
+    analysis = analyze_with_progress(path, run=run, config=config, rules_dir=rules_dir, cache=True)
     candidate = record_from_analysis(analysis)
     return run_gate(candidate, base_record, settings, notes=[*notes, *analysis.run.notes, *analysis.warnings])
 
@@ -193,7 +193,7 @@ def baseline(
     cfg = load_config(config)
     settings = build_settings([_config_layer(cfg)])
     target = output or settings.baseline or DEFAULT_BASELINE
-    analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir)
+    analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir, cache=True)
     record = record_from_analysis(analysis)
     import orjson
 

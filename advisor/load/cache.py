@@ -65,29 +65,41 @@ def cache_enabled() -> bool:
     return cache_setting().lower() not in ("off", "0", "no", "false")
 
 
-def _user_cache_root() -> Path:
+def cache_dir_setting() -> Path | None:
+    """The folder ADVISOR_CACHE=<dir> names, or None when the cache goes beside the traces."""
+    setting = cache_setting()
+    return None if setting.lower() in ("on", "", "1", "yes", "true") else Path(setting)
+
+
+def user_cache_root(kind: str = "frames") -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torch-advisor" / "frames"
+    return Path(base) / "torch-advisor" / kind
 
 
-def _path_digest(path: Path) -> str:
+def path_digest(path: Path) -> str:
     return hashlib.sha256(str(path.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def candidate_dirs(path: Path) -> list[Path]:
     """Where an entry for this trace may live, in order of preference."""
-    setting = cache_setting()
-    if setting.lower() not in ("on", "", "1", "yes", "true"):
-        return [Path(setting) / f"{_path_digest(path)}-{path.name}"]
-    return [path.parent / CACHE_DIR_NAME / path.name, _user_cache_root() / f"{_path_digest(path)}-{path.name}"]
+    chosen = cache_dir_setting()
+    if chosen is not None:
+        return [chosen / f"{path_digest(path)}-{path.name}"]
+    return [path.parent / CACHE_DIR_NAME / path.name, user_cache_root() / f"{path_digest(path)}-{path.name}"]
 
 
-def _writable(folder: Path) -> bool:
+def writable(folder: Path) -> bool:
     """Writable, and meant to be: a folder with no write bits is left alone even by root."""
     try:
         return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
     except OSError:
         return False
+
+
+def may_write_under(entry: Path) -> bool:
+    """False where the nearest existing folder above an entry is not ours to write."""
+    existing = next((p for p in (entry.parent, entry.parent.parent) if p.exists()), None)
+    return existing is None or writable(existing)
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -167,8 +179,7 @@ def write_cached(frames: TraceFrames) -> Path | None:
 
 def _write_entry(entry: Path, key: CacheKey, frames: TraceFrames) -> bool:
     tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}"
-    existing = next((p for p in (entry.parent, entry.parent.parent) if p.exists()), None)
-    if existing is not None and not _writable(existing):
+    if not may_write_under(entry):
         return False
     try:
         import pyarrow as pa

@@ -7,6 +7,7 @@ them. A figure the trace cannot give is None, never a made-up 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,12 +43,27 @@ class DeviceInfo:
             return None
 
 
+@dataclass(frozen=True)
+class FramesHeader:
+    """What the text, JSON and Markdown reports and the gate read of a rank's frames: all that
+    an analysis-cache hit brings back, so the frames themselves need not be loaded."""
+
+    path: Path
+    metadata: dict[str, Any]
+    distributed: dict[str, Any]
+    has_device: bool
+
+
 @dataclass
 class Metrics:
-    """Everything measured on one rank's trace."""
+    """Everything measured on one rank's trace.
+
+    From the analysis cache (advisor.analysis_cache) `frames` is a FramesHeader and `kernels`
+    keeps only what top_kernels reads (name, dur, tensor_core); rules never see such a rank.
+    """
 
     rank: int
-    frames: TraceFrames
+    frames: TraceFrames | FramesHeader
     steps: pd.DataFrame  # step, start, end, duration (ns), device_ops
     breakdown: pd.DataFrame  # ns per category per step
     utilization: pd.Series  # share of each step with any device activity
@@ -184,4 +200,4 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
     )
 
 
-__all__ = ["Metrics", "DeviceInfo", "compute_metrics", "top_kernels", "top_ops", "NS_PER_MS"]
+__all__ = ["Metrics", "DeviceInfo", "FramesHeader", "compute_metrics", "top_kernels", "top_ops", "NS_PER_MS"]

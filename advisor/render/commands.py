@@ -36,7 +36,7 @@ def diff(
     from advisor.render.diff import compare, render_diff
 
     cfg = load_config(config)
-    comparison = compare(analyze(before, config=cfg, rules_dir=rules_dir), analyze(after, config=cfg, rules_dir=rules_dir))
+    comparison = compare(analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True))
     if format is DiffFormat.text and output is None:
         render_diff(comparison, "text", Console(highlight=False, soft_wrap=False))
         return
