@@ -418,8 +418,13 @@ def sync_calls(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
     cause (item, data-dependent shape, python bool, blocking copy, explicit, other), op
     (position of the op that made it, -1 none).
     """
+    # Depends only on the host steps and the op tree, which every derived timeline shares:
+    # `host-sync` and the claims of the rules after it read the same calls.
+    return tl.metrics.shared("host_device.sync_calls", lambda: _sync_calls(tl, tree if tree is not None else op_tree_of(tl.metrics)))
+
+
+def _sync_calls(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     frames = tl.frames
-    tree = tree if tree is not None else op_tree(frames)
     sy = runtime_calls(frames, SYNC_CALL)[["name", "ts", "end", "tid"]].copy()
     sy["name"] = sy["name"].astype(str)
     d2h = copy_launches(frames, "DtoH")
@@ -488,19 +493,32 @@ def zero_grad_memsets(tl: Timeline, tree: OpTree) -> pd.DataFrame:
 
 def launches_in_spans(tl: Timeline, tree: OpTree, spans: np.ndarray) -> pd.DataFrame:
     """Kernel launches (runtime call + the device row it started) made inside the given op positions."""
-    frames = tl.frames
-    rt = runtime_calls(frames, LAUNCH_CALL)[["name", "ts", "end", "tid", "correlation"]]
-    if len(rt) == 0 or len(spans) == 0:
+    calls, inner = launch_calls(tl, tree)
+    if len(calls) == 0 or len(spans) == 0:
         return pd.DataFrame(columns=["span", "call_ts", "correlation", "kernel", "k_ts", "k_end", "k_dur"])
+    owner = tree.nearest_ancestor(inner, _mask_of(len(tree.ops), spans))
+    mine = calls[owner >= 0].reset_index(drop=True)
+    return mine.assign(span=owner[owner >= 0])[LAUNCH_COLUMNS]
+
+
+LAUNCH_COLUMNS = ["name", "call_ts", "end", "tid", "correlation", "span", "kernel", "k_ts", "k_end", "k_dur"]
+
+
+def launch_calls(tl: Timeline, tree: OpTree) -> tuple[pd.DataFrame, np.ndarray]:
+    """Every kernel launch call joined to the device row it started, and the innermost op open
+    around each call: built once per rank (the optimizer and zero_grad rules both ask)."""
+    return tl.metrics.shared("host_device.launch_calls", lambda: _launch_calls(tl.frames, tree))
+
+
+def _launch_calls(frames: TraceFrames, tree: OpTree) -> tuple[pd.DataFrame, np.ndarray]:
+    rt = runtime_calls(frames, LAUNCH_CALL)[["name", "ts", "end", "tid", "correlation"]]
+    if len(rt) == 0:
+        return rt, np.zeros(0, dtype=np.int64)
     inner = tree.innermost(rt["ts"].to_numpy(np.int64), rt["tid"].astype(str).to_numpy())
-    is_span = np.zeros(len(tree.ops), dtype=bool)
-    is_span[spans] = True
-    owner = tree.nearest_ancestor(inner, is_span)
-    rt = rt.assign(span=owner)[owner >= 0]
     dev = frames.device
     k = dev[dev["correlation"] >= 0][["correlation", "name", "ts", "end", "dur"]].drop_duplicates("correlation")
     k = k.rename(columns={"name": "kernel", "ts": "k_ts", "end": "k_end", "dur": "k_dur"})
-    return rt.rename(columns={"ts": "call_ts"}).merge(k, on="correlation", how="left")
+    return rt.rename(columns={"ts": "call_ts"}).merge(k, on="correlation", how="left"), inner
 
 
 def per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int) -> pd.DataFrame:
@@ -510,6 +528,13 @@ def per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int)
     `_foreach_`/`_fused_` op and no multi-tensor kernel. Columns: the span's op row plus pos,
     launches, kernel_ns, optimizer.
     """
+    # Depends only on the host steps and the op tree: the rule and the later rules' claims share it.
+    return tl.metrics.shared(
+        f"host_device.per_parameter_optimizer_steps.{min_launches}", lambda: _per_parameter_optimizer_steps(tl, tree, min_launches)
+    )
+
+
+def _per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int) -> pd.DataFrame:
     spans = np.nonzero(tree.mask(OPTIMIZER_STEP_SPAN))[0]
     spans = spans[tl.in_host_steps(tree.ops["ts"].to_numpy(np.int64)[spans])]
     empty = tree.ops.iloc[[]].assign(pos=pd.Series(dtype=np.int64), launches=pd.Series(dtype=np.int64), kernel_ns=pd.Series(dtype=np.int64), optimizer=pd.Series(dtype=str))
@@ -561,6 +586,11 @@ def allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFra
     (re-acquiring what was given back); "allocator-churn" for the other calls after the first
     `warmup_steps` steps; "warm-up" for calls during the first steps.
     """
+    # Depends only on the steps and the op tree: the allocator rules and the later claims share it.
+    return tl.metrics.shared(f"host_device.allocator_calls.{warmup_steps}", lambda: _allocator_calls(tl, tree, warmup_steps))
+
+
+def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFrame:
     rt = runtime_calls(tl.frames, MALLOC_CALL)
     fr = runtime_calls(tl.frames, FREE_CALL)
     calls = pd.concat([rt.assign(call="malloc"), fr.assign(call="free")])[["name", "ts", "end", "dur", "tid", "call"]]

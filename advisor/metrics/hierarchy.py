@@ -43,7 +43,7 @@ class OpTree:
         op_tid = self.ops["tid"].to_numpy()
         op_ts = self.ops["ts"].to_numpy(np.int64)
         op_end = self.ops["end"].to_numpy(np.int64)
-        for t in np.unique(tid):
+        for t in pd.unique(tid):  # threads are independent: no need to sort their names
             rows = np.nonzero(op_tid == t)[0]
             if len(rows) == 0:
                 continue
@@ -85,7 +85,7 @@ def op_tree(frames: TraceFrames) -> OpTree:
     parent = np.full(n, -1, dtype=np.int64)
     prev = np.full(n, -1, dtype=np.int64)
     tids = ops["tid"].to_numpy()
-    for t in np.unique(tids):
+    for t in pd.unique(tids):  # hashing, not sorting, the thread names (threads are independent)
         rows = np.nonzero(tids == t)[0]  # already in (ts asc, dur desc) order
         ts = ops["ts"].to_numpy(np.int64)[rows]
         end = ops["end"].to_numpy(np.int64)[rows]
