@@ -31,12 +31,13 @@ from advisor.metrics.breakdown import (
     communication_kernels,
 )
 from advisor.metrics.hierarchy import OpTree, op_tree
-from advisor.metrics.intervals import covers, merge, overlap_with
+from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
 from advisor.metrics.steps import launches
 from advisor.metrics.summary import Metrics
 
 SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
 COPY_CALL = re.compile(r"^(cuda|hip)Memcpy")
+MEMSET_CALL = re.compile(r"Memset")
 LAUNCH_CALL = re.compile(r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch)")
 MALLOC_CALL = re.compile(r"^(cuda|hip)Malloc(Managed|Pitch)?$")
 FREE_CALL = re.compile(r"^(cuda|hip)Free$")
@@ -175,7 +176,7 @@ def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray)
     """Merged intervals A minus merged intervals B, as merged intervals."""
     if len(a_s) == 0 or len(b_s) == 0:
         return a_s, a_e
-    bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
     lo, hi = bounds[:-1], bounds[1:]
     keep = covers(a_s, a_e, lo) & ~covers(b_s, b_e, lo)
     return merge(lo[keep], hi[keep])
@@ -185,7 +186,7 @@ def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray
     """Merged intervals A ∩ B, as merged intervals."""
     if len(a_s) == 0 or len(b_s) == 0:
         return a_s[:0], a_e[:0]
-    bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
     lo, hi = bounds[:-1], bounds[1:]
     keep = covers(a_s, a_e, lo) & covers(b_s, b_e, lo)
     return merge(lo[keep], hi[keep])
@@ -359,17 +360,17 @@ def first_input_shape(tree: OpTree, pos: int) -> list[int] | None:
 def _launched_device_work(tree: OpTree, frames: TraceFrames) -> np.ndarray:
     """Mask over ops: a runtime call (launch, copy, memset) happened inside the op."""
     rt = frames.runtime
-    work = rt[_matches(rt["name"], LAUNCH_CALL) | _matches(rt["name"], COPY_CALL) | rt["name"].astype(str).str.contains("Memset").to_numpy()]
+    work = rt[_matches(rt["name"], LAUNCH_CALL) | _matches(rt["name"], COPY_CALL) | _matches(rt["name"], MEMSET_CALL)]
     out = np.zeros(len(tree.ops), dtype=bool)
     if len(work) == 0:
         return out
     pos = tree.innermost(work["ts"].to_numpy(np.int64), work["tid"].astype(str).to_numpy())
     pos = pos[pos >= 0]
     # Mark the op and all its ancestors.
-    cur = np.unique(pos)
+    cur = sorted_unique(pos)
     while len(cur):
         out[cur] = True
-        cur = np.unique(tree.parent[cur])
+        cur = sorted_unique(tree.parent[cur])
         cur = cur[(cur >= 0) & ~out[np.clip(cur, 0, None)]]
     return out
 
@@ -537,19 +538,21 @@ def per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int)
 def _per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int) -> pd.DataFrame:
     spans = np.nonzero(tree.mask(OPTIMIZER_STEP_SPAN))[0]
     spans = spans[tl.in_host_steps(tree.ops["ts"].to_numpy(np.int64)[spans])]
-    empty = tree.ops.iloc[[]].assign(pos=pd.Series(dtype=np.int64), launches=pd.Series(dtype=np.int64), kernel_ns=pd.Series(dtype=np.int64), optimizer=pd.Series(dtype=str))
     if len(spans) == 0:
-        return empty
+        return tree.ops.iloc[[]].assign(
+            pos=pd.Series(dtype=np.int64), launches=pd.Series(dtype=np.int64), kernel_ns=pd.Series(dtype=np.int64), optimizer=pd.Series(dtype=str)
+        )
     lk = launches_in_spans(tl, tree, spans)
     multi_op = tree.nearest_ancestor(np.nonzero(tree.mask(MULTI_TENSOR_OP))[0], _mask_of(len(tree.ops), spans))
     has_multi_op = set(multi_op[multi_op >= 0].tolist())
-    kernel_names = lk["kernel"].astype(str)
-    multi_kernel = set(lk.loc[kernel_names.str.contains(MULTI_TENSOR_KERNEL).to_numpy(), "span"].tolist())
-    g = lk.groupby("span").agg(launches=("call_ts", "size"), kernel_ns=("k_dur", "sum"))
+    multi_kernel = set(lk.loc[_matches(lk["kernel"], MULTI_TENSOR_KERNEL), "span"].tolist()) if len(lk) else set()
+    # Launches and kernel ns per span (spans are sorted positions, each launch names one).
+    span_i = np.searchsorted(spans, lk["span"].to_numpy(np.int64))
+    k_dur = np.nan_to_num(lk["k_dur"].to_numpy(np.float64))
     rows = tree.ops.iloc[spans].copy()
     rows["pos"] = spans
-    rows["launches"] = pd.Series(spans).map(g["launches"]).fillna(0).astype(np.int64).to_numpy()
-    rows["kernel_ns"] = pd.Series(spans).map(g["kernel_ns"]).fillna(0).astype(np.int64).to_numpy()
+    rows["launches"] = np.bincount(span_i, minlength=len(spans)).astype(np.int64)
+    rows["kernel_ns"] = np.bincount(span_i, weights=k_dur, minlength=len(spans)).astype(np.int64)
     rows["optimizer"] = rows["name"].astype(str).str.replace(r"^Optimizer\.step#", "", regex=True).str.replace(r"\.step$", "", regex=True)
     per_param = (
         (rows["launches"] >= min_launches)
@@ -571,7 +574,7 @@ def data_parallel_spans(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     pos = np.nonzero(hit)[0]
     # Keep only the outermost of nested hits (e.g. evaluate_function wrapping the node).
     outer = tree.nearest_ancestor(pos, hit, outermost=True)
-    pos = np.unique(outer[outer >= 0])
+    pos = sorted_unique(outer[outer >= 0])
     rows = tree.ops.iloc[pos].copy()
     rows["pos"] = pos
     return rows[tl.in_host_steps(rows["ts"].to_numpy(np.int64))]
