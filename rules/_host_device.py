@@ -32,7 +32,6 @@ from advisor.metrics.breakdown import (
 )
 from advisor.metrics.hierarchy import OpTree, op_tree
 from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
-from advisor.metrics.steps import launches
 from advisor.metrics.summary import Metrics
 
 SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
@@ -225,7 +224,7 @@ def _build_timeline(m: Metrics) -> Timeline:
     ge = np.concatenate([bs, [hi]]).astype(np.int64)
     starved = np.zeros(len(gs), dtype=bool)
     if len(bs):
-        lk = launches(f)
+        lk = m.launches
         first_launch = lk[lk["launch_ts"].notna()].groupby("ts")["launch_ts"].min()
         nxt = pd.Series(bs).map(first_launch).to_numpy(np.float64)
         starved[:-1] = np.isfinite(nxt) & (nxt >= gs[:-1])

@@ -133,7 +133,7 @@ def check(ctx: Context):
     fixed_parts["minus_batch_copies"] = -min(copy_ms, fixed_parts["runtime"] + fixed_parts["cpu_exec"])
     host = ctx.frames.host
     k = step_kernels(m)
-    opt_mask = launched_inside(ctx.frames, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
+    opt_mask = launched_inside(ctx.metrics, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
     n_steps = max(len(m.steps), 1)
     fixed_parts["optimizer_kernels"] = float(k.loc[opt_mask, "dur"].sum()) / 1e6 / n_steps * kernel_exposure(m, k)
     fixed_ms = float(sum(fixed_parts.values()))
