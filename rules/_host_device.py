@@ -266,11 +266,18 @@ def copy_launches(frames: TraceFrames, kind: str) -> pd.DataFrame:
         ["name", "ts", "end", "dur", "bytes", "copy_src", "copy_dst", "correlation", "stream"]
     ]
     rt = frames.runtime
-    rt = rt[(rt["correlation"] >= 0)].drop_duplicates("correlation")[["correlation", "ts", "end", "tid"]]
+    # Only the calls of these copies (first call per correlation id, as over all calls).
+    rt = rt[(rt["correlation"] >= 0) & rt["correlation"].isin(c["correlation"])]
+    rt = rt.drop_duplicates("correlation")[["correlation", "ts", "end", "tid"]]
     rt = rt.rename(columns={"ts": "call_ts", "end": "call_end", "tid": "call_tid"})
     out = c.merge(rt, on="correlation", how="left")
     out["call_tid"] = out["call_tid"].astype(str)
     return out
+
+
+def rank_copy_launches(m: Metrics, kind: str) -> pd.DataFrame:
+    """copy_launches once per rank and direction: the copy and the sync rules both ask."""
+    return m.shared(f"host_device.copy_launches.{kind}", lambda: copy_launches(m.frames, kind))
 
 
 def device_exposed_fraction(tl: Timeline, ts: np.ndarray, end: np.ndarray, kernel_mask: np.ndarray | None = None) -> np.ndarray:
@@ -302,7 +309,7 @@ def h2d_copies(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
 
 def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     frames = tl.frames
-    c = copy_launches(frames, "HtoD")
+    c = rank_copy_launches(tl.metrics, "HtoD")
     c = c[tl.in_steps(c["ts"].to_numpy(np.int64))].reset_index(drop=True)
     has_call = c["call_ts"].notna().to_numpy()
     call_ts = c["call_ts"].fillna(c["ts"]).to_numpy(np.int64)
@@ -427,7 +434,7 @@ def _sync_calls(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     frames = tl.frames
     sy = runtime_calls(frames, SYNC_CALL)[["name", "ts", "end", "tid"]].copy()
     sy["name"] = sy["name"].astype(str)
-    d2h = copy_launches(frames, "DtoH")
+    d2h = rank_copy_launches(tl.metrics, "DtoH")
     d2h = d2h[d2h["call_ts"].notna() & (d2h["call_end"] >= d2h["end"])]
     blocking = pd.DataFrame(
         {
@@ -444,7 +451,7 @@ def _sync_calls(tl: Timeline, tree: OpTree) -> pd.DataFrame:
         return calls.assign(cause=pd.Series(dtype=str), op=pd.Series(dtype=np.int64))
     inner = tree.innermost(calls["ts"].to_numpy(np.int64), calls["tid"].to_numpy())
     # Left out: the stream syncs of pageable host→device copies.
-    h2d = copy_launches(frames, "HtoD")
+    h2d = rank_copy_launches(tl.metrics, "HtoD")
     pageable_ops = set()
     if len(h2d):
         pg = h2d[(h2d["copy_src"] == "Pageable") & h2d["call_ts"].notna()]
