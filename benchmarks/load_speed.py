@@ -12,7 +12,9 @@ Prints and records (benchmarks/results/load_speed.{txt,json}):
    the process tree), next to advisor's `load_trace`. Goal: >= 4x faster, peak RSS no higher.
    HTA lives in its own venv (default /tmp/hta-venv; `--hta-python`), never in the project's.
 
-    python benchmarks/load_speed.py [--repeat 5] [--hta-python /tmp/hta-venv/bin/python]
+    python benchmarks/load_speed.py [--repeat 5] [--hta-python /tmp/hta-venv/bin/python] [--only report]
+
+`--only parse|report|tools` runs one section and prints it, without touching the recorded results.
 """
 
 from __future__ import annotations
@@ -249,6 +251,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--hta-python", default="/tmp/hta-venv/bin/python")
     ap.add_argument("--out", type=Path, default=RESULTS / "load_speed")
+    ap.add_argument("--only", choices=("parse", "report", "tools"), help="run one section; the recorded results are left as they are")
     args = ap.parse_args()
     hta = args.hta_python if Path(args.hta_python).exists() else None
 
@@ -256,6 +259,12 @@ def main() -> None:
     traces = shared_traces()
     largest = max(traces, key=lambda p: len(read_trace_bytes(p)))  # by uncompressed size
     lines = [f"machine: {info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB, Python {info['python']}, load avg {info['load_average_at_start']}"]
+    if args.only:
+        section = {"parse": lambda: parse_vs_orjson(traces, args.repeat), "report": lambda: report_vs_python(largest, args.repeat),
+                   "tools": lambda: other_tools([t for t in traces if t.stat().st_size > 500_000], hta, max(1, args.repeat // 2))}[args.only]
+        print(lines[0])
+        print(json.dumps(section(), indent=2))
+        return
 
     parse_rows = parse_vs_orjson(traces, args.repeat)
     lines.append(f"\n1. parse into frames vs orjson.loads of the same decompressed bytes (in process, interleaved, best of {args.repeat})")

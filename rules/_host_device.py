@@ -31,12 +31,12 @@ from advisor.metrics.breakdown import (
     communication_kernels,
 )
 from advisor.metrics.hierarchy import OpTree, op_tree
-from advisor.metrics.intervals import covers, merge, overlap_with
-from advisor.metrics.steps import launches
+from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
 from advisor.metrics.summary import Metrics
 
 SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
 COPY_CALL = re.compile(r"^(cuda|hip)Memcpy")
+MEMSET_CALL = re.compile(r"Memset")
 LAUNCH_CALL = re.compile(r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch)")
 MALLOC_CALL = re.compile(r"^(cuda|hip)Malloc(Managed|Pitch)?$")
 FREE_CALL = re.compile(r"^(cuda|hip)Free$")
@@ -175,7 +175,7 @@ def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray)
     """Merged intervals A minus merged intervals B, as merged intervals."""
     if len(a_s) == 0 or len(b_s) == 0:
         return a_s, a_e
-    bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
     lo, hi = bounds[:-1], bounds[1:]
     keep = covers(a_s, a_e, lo) & ~covers(b_s, b_e, lo)
     return merge(lo[keep], hi[keep])
@@ -185,7 +185,7 @@ def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray
     """Merged intervals A ∩ B, as merged intervals."""
     if len(a_s) == 0 or len(b_s) == 0:
         return a_s[:0], a_e[:0]
-    bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
     lo, hi = bounds[:-1], bounds[1:]
     keep = covers(a_s, a_e, lo) & covers(b_s, b_e, lo)
     return merge(lo[keep], hi[keep])
@@ -224,7 +224,7 @@ def _build_timeline(m: Metrics) -> Timeline:
     ge = np.concatenate([bs, [hi]]).astype(np.int64)
     starved = np.zeros(len(gs), dtype=bool)
     if len(bs):
-        lk = launches(f)
+        lk = m.launches
         first_launch = lk[lk["launch_ts"].notna()].groupby("ts")["launch_ts"].min()
         nxt = pd.Series(bs).map(first_launch).to_numpy(np.float64)
         starved[:-1] = np.isfinite(nxt) & (nxt >= gs[:-1])
@@ -266,11 +266,18 @@ def copy_launches(frames: TraceFrames, kind: str) -> pd.DataFrame:
         ["name", "ts", "end", "dur", "bytes", "copy_src", "copy_dst", "correlation", "stream"]
     ]
     rt = frames.runtime
-    rt = rt[(rt["correlation"] >= 0)].drop_duplicates("correlation")[["correlation", "ts", "end", "tid"]]
+    # Only the calls of these copies (first call per correlation id, as over all calls).
+    rt = rt[(rt["correlation"] >= 0) & rt["correlation"].isin(c["correlation"])]
+    rt = rt.drop_duplicates("correlation")[["correlation", "ts", "end", "tid"]]
     rt = rt.rename(columns={"ts": "call_ts", "end": "call_end", "tid": "call_tid"})
     out = c.merge(rt, on="correlation", how="left")
     out["call_tid"] = out["call_tid"].astype(str)
     return out
+
+
+def rank_copy_launches(m: Metrics, kind: str) -> pd.DataFrame:
+    """copy_launches once per rank and direction: the copy and the sync rules both ask."""
+    return m.shared(f"host_device.copy_launches.{kind}", lambda: copy_launches(m.frames, kind))
 
 
 def device_exposed_fraction(tl: Timeline, ts: np.ndarray, end: np.ndarray, kernel_mask: np.ndarray | None = None) -> np.ndarray:
@@ -302,7 +309,7 @@ def h2d_copies(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
 
 def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     frames = tl.frames
-    c = copy_launches(frames, "HtoD")
+    c = rank_copy_launches(tl.metrics, "HtoD")
     c = c[tl.in_steps(c["ts"].to_numpy(np.int64))].reset_index(drop=True)
     has_call = c["call_ts"].notna().to_numpy()
     call_ts = c["call_ts"].fillna(c["ts"]).to_numpy(np.int64)
@@ -359,17 +366,17 @@ def first_input_shape(tree: OpTree, pos: int) -> list[int] | None:
 def _launched_device_work(tree: OpTree, frames: TraceFrames) -> np.ndarray:
     """Mask over ops: a runtime call (launch, copy, memset) happened inside the op."""
     rt = frames.runtime
-    work = rt[_matches(rt["name"], LAUNCH_CALL) | _matches(rt["name"], COPY_CALL) | rt["name"].astype(str).str.contains("Memset").to_numpy()]
+    work = rt[_matches(rt["name"], LAUNCH_CALL) | _matches(rt["name"], COPY_CALL) | _matches(rt["name"], MEMSET_CALL)]
     out = np.zeros(len(tree.ops), dtype=bool)
     if len(work) == 0:
         return out
     pos = tree.innermost(work["ts"].to_numpy(np.int64), work["tid"].astype(str).to_numpy())
     pos = pos[pos >= 0]
     # Mark the op and all its ancestors.
-    cur = np.unique(pos)
+    cur = sorted_unique(pos)
     while len(cur):
         out[cur] = True
-        cur = np.unique(tree.parent[cur])
+        cur = sorted_unique(tree.parent[cur])
         cur = cur[(cur >= 0) & ~out[np.clip(cur, 0, None)]]
     return out
 
@@ -418,11 +425,16 @@ def sync_calls(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
     cause (item, data-dependent shape, python bool, blocking copy, explicit, other), op
     (position of the op that made it, -1 none).
     """
+    # Depends only on the host steps and the op tree, which every derived timeline shares:
+    # `host-sync` and the claims of the rules after it read the same calls.
+    return tl.metrics.shared("host_device.sync_calls", lambda: _sync_calls(tl, tree if tree is not None else op_tree_of(tl.metrics)))
+
+
+def _sync_calls(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     frames = tl.frames
-    tree = tree if tree is not None else op_tree(frames)
     sy = runtime_calls(frames, SYNC_CALL)[["name", "ts", "end", "tid"]].copy()
     sy["name"] = sy["name"].astype(str)
-    d2h = copy_launches(frames, "DtoH")
+    d2h = rank_copy_launches(tl.metrics, "DtoH")
     d2h = d2h[d2h["call_ts"].notna() & (d2h["call_end"] >= d2h["end"])]
     blocking = pd.DataFrame(
         {
@@ -439,7 +451,7 @@ def sync_calls(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
         return calls.assign(cause=pd.Series(dtype=str), op=pd.Series(dtype=np.int64))
     inner = tree.innermost(calls["ts"].to_numpy(np.int64), calls["tid"].to_numpy())
     # Left out: the stream syncs of pageable host→device copies.
-    h2d = copy_launches(frames, "HtoD")
+    h2d = rank_copy_launches(tl.metrics, "HtoD")
     pageable_ops = set()
     if len(h2d):
         pg = h2d[(h2d["copy_src"] == "Pageable") & h2d["call_ts"].notna()]
@@ -488,19 +500,32 @@ def zero_grad_memsets(tl: Timeline, tree: OpTree) -> pd.DataFrame:
 
 def launches_in_spans(tl: Timeline, tree: OpTree, spans: np.ndarray) -> pd.DataFrame:
     """Kernel launches (runtime call + the device row it started) made inside the given op positions."""
-    frames = tl.frames
-    rt = runtime_calls(frames, LAUNCH_CALL)[["name", "ts", "end", "tid", "correlation"]]
-    if len(rt) == 0 or len(spans) == 0:
+    calls, inner = launch_calls(tl, tree)
+    if len(calls) == 0 or len(spans) == 0:
         return pd.DataFrame(columns=["span", "call_ts", "correlation", "kernel", "k_ts", "k_end", "k_dur"])
+    owner = tree.nearest_ancestor(inner, _mask_of(len(tree.ops), spans))
+    mine = calls[owner >= 0].reset_index(drop=True)
+    return mine.assign(span=owner[owner >= 0])[LAUNCH_COLUMNS]
+
+
+LAUNCH_COLUMNS = ["name", "call_ts", "end", "tid", "correlation", "span", "kernel", "k_ts", "k_end", "k_dur"]
+
+
+def launch_calls(tl: Timeline, tree: OpTree) -> tuple[pd.DataFrame, np.ndarray]:
+    """Every kernel launch call joined to the device row it started, and the innermost op open
+    around each call: built once per rank (the optimizer and zero_grad rules both ask)."""
+    return tl.metrics.shared("host_device.launch_calls", lambda: _launch_calls(tl.frames, tree))
+
+
+def _launch_calls(frames: TraceFrames, tree: OpTree) -> tuple[pd.DataFrame, np.ndarray]:
+    rt = runtime_calls(frames, LAUNCH_CALL)[["name", "ts", "end", "tid", "correlation"]]
+    if len(rt) == 0:
+        return rt, np.zeros(0, dtype=np.int64)
     inner = tree.innermost(rt["ts"].to_numpy(np.int64), rt["tid"].astype(str).to_numpy())
-    is_span = np.zeros(len(tree.ops), dtype=bool)
-    is_span[spans] = True
-    owner = tree.nearest_ancestor(inner, is_span)
-    rt = rt.assign(span=owner)[owner >= 0]
     dev = frames.device
     k = dev[dev["correlation"] >= 0][["correlation", "name", "ts", "end", "dur"]].drop_duplicates("correlation")
     k = k.rename(columns={"name": "kernel", "ts": "k_ts", "end": "k_end", "dur": "k_dur"})
-    return rt.rename(columns={"ts": "call_ts"}).merge(k, on="correlation", how="left")
+    return rt.rename(columns={"ts": "call_ts"}).merge(k, on="correlation", how="left"), inner
 
 
 def per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int) -> pd.DataFrame:
@@ -510,21 +535,30 @@ def per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int)
     `_foreach_`/`_fused_` op and no multi-tensor kernel. Columns: the span's op row plus pos,
     launches, kernel_ns, optimizer.
     """
+    # Depends only on the host steps and the op tree: the rule and the later rules' claims share it.
+    return tl.metrics.shared(
+        f"host_device.per_parameter_optimizer_steps.{min_launches}", lambda: _per_parameter_optimizer_steps(tl, tree, min_launches)
+    )
+
+
+def _per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int) -> pd.DataFrame:
     spans = np.nonzero(tree.mask(OPTIMIZER_STEP_SPAN))[0]
     spans = spans[tl.in_host_steps(tree.ops["ts"].to_numpy(np.int64)[spans])]
-    empty = tree.ops.iloc[[]].assign(pos=pd.Series(dtype=np.int64), launches=pd.Series(dtype=np.int64), kernel_ns=pd.Series(dtype=np.int64), optimizer=pd.Series(dtype=str))
     if len(spans) == 0:
-        return empty
+        return tree.ops.iloc[[]].assign(
+            pos=pd.Series(dtype=np.int64), launches=pd.Series(dtype=np.int64), kernel_ns=pd.Series(dtype=np.int64), optimizer=pd.Series(dtype=str)
+        )
     lk = launches_in_spans(tl, tree, spans)
     multi_op = tree.nearest_ancestor(np.nonzero(tree.mask(MULTI_TENSOR_OP))[0], _mask_of(len(tree.ops), spans))
     has_multi_op = set(multi_op[multi_op >= 0].tolist())
-    kernel_names = lk["kernel"].astype(str)
-    multi_kernel = set(lk.loc[kernel_names.str.contains(MULTI_TENSOR_KERNEL).to_numpy(), "span"].tolist())
-    g = lk.groupby("span").agg(launches=("call_ts", "size"), kernel_ns=("k_dur", "sum"))
+    multi_kernel = set(lk.loc[_matches(lk["kernel"], MULTI_TENSOR_KERNEL), "span"].tolist()) if len(lk) else set()
+    # Launches and kernel ns per span (spans are sorted positions, each launch names one).
+    span_i = np.searchsorted(spans, lk["span"].to_numpy(np.int64))
+    k_dur = np.nan_to_num(lk["k_dur"].to_numpy(np.float64))
     rows = tree.ops.iloc[spans].copy()
     rows["pos"] = spans
-    rows["launches"] = pd.Series(spans).map(g["launches"]).fillna(0).astype(np.int64).to_numpy()
-    rows["kernel_ns"] = pd.Series(spans).map(g["kernel_ns"]).fillna(0).astype(np.int64).to_numpy()
+    rows["launches"] = np.bincount(span_i, minlength=len(spans)).astype(np.int64)
+    rows["kernel_ns"] = np.bincount(span_i, weights=k_dur, minlength=len(spans)).astype(np.int64)
     rows["optimizer"] = rows["name"].astype(str).str.replace(r"^Optimizer\.step#", "", regex=True).str.replace(r"\.step$", "", regex=True)
     per_param = (
         (rows["launches"] >= min_launches)
@@ -546,7 +580,7 @@ def data_parallel_spans(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     pos = np.nonzero(hit)[0]
     # Keep only the outermost of nested hits (e.g. evaluate_function wrapping the node).
     outer = tree.nearest_ancestor(pos, hit, outermost=True)
-    pos = np.unique(outer[outer >= 0])
+    pos = sorted_unique(outer[outer >= 0])
     rows = tree.ops.iloc[pos].copy()
     rows["pos"] = pos
     return rows[tl.in_host_steps(rows["ts"].to_numpy(np.int64))]
@@ -561,6 +595,11 @@ def allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFra
     (re-acquiring what was given back); "allocator-churn" for the other calls after the first
     `warmup_steps` steps; "warm-up" for calls during the first steps.
     """
+    # Depends only on the steps and the op tree: the allocator rules and the later claims share it.
+    return tl.metrics.shared(f"host_device.allocator_calls.{warmup_steps}", lambda: _allocator_calls(tl, tree, warmup_steps))
+
+
+def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFrame:
     rt = runtime_calls(tl.frames, MALLOC_CALL)
     fr = runtime_calls(tl.frames, FREE_CALL)
     calls = pd.concat([rt.assign(call="malloc"), fr.assign(call="free")])[["name", "ts", "end", "dur", "tid", "call"]]

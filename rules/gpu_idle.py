@@ -54,7 +54,7 @@ import pandas as pd
 from advisor.engine import Context
 from advisor.metrics.breakdown import STEP_NAME, _matches
 from advisor.metrics.compute import step_kernels
-from advisor.metrics.intervals import covers, merge, overlap_with
+from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
 
 ID = "gpu-idle"
 TITLE = "The GPU is idle for much of each step"
@@ -87,7 +87,7 @@ def idle_intervals(frames, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     dev = frames.device
     ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     ss, se = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
-    b = np.unique(np.concatenate([ss, se, ds, de]))
+    b = sorted_unique(np.concatenate([ss, se, ds, de]))
     if len(b) < 2:
         return b[:0], b[:0], b[:0]
     lo, hi = b[:-1], b[1:]

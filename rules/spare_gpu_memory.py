@@ -62,7 +62,7 @@ import numpy as np
 from advisor.engine import Context
 from advisor.metrics.breakdown import STEP_NAME, _matches
 from advisor.metrics.compute import kernel_exposure, launched_inside, step_kernels
-from advisor.metrics.intervals import covers, merge
+from advisor.metrics.intervals import covers, merge, sorted_unique
 from advisor.metrics.memory_use import FACTS, LOWER_BOUND, memory_use
 
 ID = "spare-gpu-memory"
@@ -100,7 +100,7 @@ def batch_copy_host_ms(frames, steps) -> float:
     cs, ce = merge(o_ts[contains], o_end[contains])
     ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     ss, se = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
-    b = np.unique(np.concatenate([cs, ce, ds, de, ss, se]))
+    b = sorted_unique(np.concatenate([cs, ce, ds, de, ss, se]))
     if len(b) < 2:
         return 0.0
     lo, hi = b[:-1], b[1:]
@@ -135,7 +135,7 @@ def check(ctx: Context):
     fixed_parts["minus_batch_copies"] = -min(copy_ms, fixed_parts["runtime"] + fixed_parts["cpu_exec"])
     host = ctx.frames.host
     k = step_kernels(m)
-    opt_mask = launched_inside(ctx.frames, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
+    opt_mask = launched_inside(ctx.metrics, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
     n_steps = max(len(m.steps), 1)
     fixed_parts["optimizer_kernels"] = float(k.loc[opt_mask, "dur"].sum()) / 1e6 / n_steps * kernel_exposure(m, k)
     fixed_ms = float(sum(fixed_parts.values()))

@@ -87,7 +87,7 @@ def check(ctx: Context):
     if total <= 0:
         return None
     host = ctx.frames.host
-    in_optimizer = launched_inside(ctx.frames, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
+    in_optimizer = launched_inside(ctx.metrics, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
     ew = k[_matches(k["name"], ELEMENTWISE_KERNEL) & ~in_optimizer]
     ew_ns = float(ew["dur"].sum())
     if ew_ns / total < opts["min_kernel_share"]:

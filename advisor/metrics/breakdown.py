@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.intervals import covers, merge
+from advisor.metrics.intervals import covers, merge, sorted_unique
 
 CATEGORIES = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
 
@@ -91,7 +91,7 @@ def step_breakdown(frames: TraceFrames, steps: pd.DataFrame) -> pd.DataFrame:
     s_start = steps["start"].to_numpy(np.int64)
     s_end = steps["end"].to_numpy(np.int64)
     bounds = [s_start, s_end] + [a for pair in ranges.values() for a in pair]
-    b = np.unique(np.concatenate(bounds))
+    b = sorted_unique(np.concatenate(bounds))
     lo, hi = b[:-1], b[1:]
     # Priority: the first category covering a segment takes it.
     cat = np.full(len(lo), len(CATEGORIES) - 1, dtype=np.int64)

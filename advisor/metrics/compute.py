@@ -19,7 +19,7 @@ import pandas as pd
 
 from advisor.metrics.breakdown import _matches, communication_kernels
 from advisor.metrics.intervals import covers, merge
-from advisor.metrics.steps import launches, step_of
+from advisor.metrics.steps import step_of
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,13 @@ def is_conv(kernels: pd.DataFrame) -> np.ndarray:
 
 # --- kernel time inside the steps ---------------------------------------------------------
 def step_kernels(metrics) -> pd.DataFrame:
-    """Compute kernels (collectives excluded) that start inside a step, with a `step_index` column."""
+    """Compute kernels (collectives excluded) that start inside a step, with a `step_index` column.
+
+    Most kernel rules start from these: built once per rank (treat the frame as read-only)."""
+    return metrics.shared("compute.step_kernels", lambda: _step_kernels(metrics))
+
+
+def _step_kernels(metrics) -> pd.DataFrame:
     k = metrics.kernels
     steps = metrics.steps
     if len(k) == 0 or len(steps) == 0:
@@ -171,14 +177,15 @@ def kernel_exposure(metrics, kernels: pd.DataFrame | None = None) -> float:
     return min(1.0, union / total)
 
 
-def launched_inside(frames, spans: pd.DataFrame) -> np.ndarray:
+def launched_inside(metrics, spans: pd.DataFrame) -> np.ndarray:
     """Mask over device rows: launched (runtime call start) inside any of the given host spans."""
+    frames = metrics.frames
     dev = frames.device
     out = np.zeros(len(dev), dtype=bool)
     if len(spans) == 0 or len(dev) == 0 or len(frames.runtime) == 0:
         return out
     s, e = merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
-    lk = launches(frames)
+    lk = metrics.launches
     lts = lk["launch_ts"].to_numpy(np.float64)
     ok = ~np.isnan(lts)
     rows = lk["device_row"].to_numpy()[ok]

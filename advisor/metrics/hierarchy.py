@@ -16,6 +16,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import STEP_NAME, _matches
+from advisor.metrics.intervals import sorted_unique
 
 
 @dataclass
@@ -30,6 +31,7 @@ class OpTree:
     parent: np.ndarray
     prev_sibling: np.ndarray
     depth: np.ndarray
+    thread: np.ndarray  # ops["tid"] as a NumPy str array: innermost() compares it per thread, often
 
     def mask(self, pattern: re.Pattern) -> np.ndarray:
         """Ops whose name matches (evaluated once per distinct name)."""
@@ -40,10 +42,10 @@ class OpTree:
         ts = np.asarray(ts, dtype=np.int64)
         tid = np.asarray(tid).astype(str)
         out = np.full(len(ts), -1, dtype=np.int64)
-        op_tid = self.ops["tid"].to_numpy()
+        op_tid = self.thread
         op_ts = self.ops["ts"].to_numpy(np.int64)
         op_end = self.ops["end"].to_numpy(np.int64)
-        for t in np.unique(tid):
+        for t in pd.unique(tid):  # threads are independent: no need to sort their names
             rows = np.nonzero(op_tid == t)[0]
             if len(rows) == 0:
                 continue
@@ -84,8 +86,8 @@ def op_tree(frames: TraceFrames) -> OpTree:
     depth = np.zeros(n, dtype=np.int64)
     parent = np.full(n, -1, dtype=np.int64)
     prev = np.full(n, -1, dtype=np.int64)
-    tids = ops["tid"].to_numpy()
-    for t in np.unique(tids):
+    tids = ops["tid"].to_numpy().astype(str)
+    for t in pd.unique(tids):  # hashing, not sorting, the thread names (threads are independent)
         rows = np.nonzero(tids == t)[0]  # already in (ts asc, dur desc) order
         ts = ops["ts"].to_numpy(np.int64)[rows]
         end = ops["end"].to_numpy(np.int64)[rows]
@@ -96,15 +98,15 @@ def op_tree(frames: TraceFrames) -> OpTree:
         depth[rows] = d
         # Parent: the last op before i with depth d-1; previous sibling: the last op before i
         # with the same depth and the same parent.
-        for level in np.unique(d):
+        for level in sorted_unique(d):
             at = pos[d == level]
             if level > 0:
                 above = pos[d == level - 1]
                 k = np.searchsorted(above, at, side="left") - 1
                 parent[rows[at]] = np.where(k >= 0, rows[above[np.clip(k, 0, None)]], -1)
-        for level in np.unique(d):
+        for level in sorted_unique(d):
             at = pos[d == level]
             if len(at) > 1:
                 same = parent[rows[at[1:]]] == parent[rows[at[:-1]]]
                 prev[rows[at[1:]]] = np.where(same, rows[at[:-1]], -1)
-    return OpTree(ops=ops, parent=parent, prev_sibling=prev, depth=depth)
+    return OpTree(ops=ops, parent=parent, prev_sibling=prev, depth=depth, thread=tids)

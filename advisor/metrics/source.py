@@ -34,12 +34,24 @@ def source_lines(frames: TraceFrames, rows: pd.DataFrame, limit: int = 3) -> lis
     """The most common user source lines behind the given host rows (most frequent first)."""
     found: list[str] = []
     if "call_stack" in rows and rows["call_stack"].notna().any():
-        found = [f for f in (user_frame(s) for s in rows["call_stack"].dropna().astype(str)) if f]
+        found = [f for f in _user_frames(rows["call_stack"]) if f]
     if not found:
         found = _enclosing_python_frames(frames, rows)
     if not found:
         return []
     return pd.Series(found).value_counts().head(limit).index.tolist()
+
+
+def _user_frames(stacks: pd.Series) -> list[str | None]:
+    """user_frame of each non-null stack, in row order; a categorical column (a trace has few
+    distinct stacks and many rows) is parsed once per distinct stack."""
+    if not isinstance(stacks.dtype, pd.CategoricalDtype):
+        return [user_frame(s) for s in stacks.dropna().astype(str)]
+    codes = stacks.cat.codes.to_numpy()
+    codes = codes[codes >= 0]
+    categories = stacks.cat.categories
+    per_stack = {c: user_frame(str(categories[c])) for c in np.unique(codes).tolist()}
+    return [per_stack[c] for c in codes.tolist()]
 
 
 def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame) -> list[str]:

@@ -24,7 +24,7 @@ from advisor.metrics.kernels import (
     top_ops,
 )
 from advisor.metrics.memory import peak_memory
-from advisor.metrics.steps import step_of, step_spans
+from advisor.metrics.steps import launches, step_of, step_spans
 
 NS_PER_MS = 1e6
 
@@ -83,6 +83,11 @@ class Metrics:
         if key not in self.derived:
             self.derived[key] = build()
         return self.derived[key]
+
+    @property
+    def launches(self) -> pd.DataFrame:
+        """Device rows joined to the runtime calls that launched them (several rules ask: built once)."""
+        return self.shared("launches", lambda: launches(self.frames))
 
     @property
     def has_device(self) -> bool:

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import orjson
-from rich.console import Console
-from rich.text import Text
 
 from advisor.errors import InputError
 
@@ -23,6 +21,9 @@ def write_output(text: str, output: Optional[Path]) -> None:
         output.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise InputError(output, f"cannot write output: {exc.strerror or exc}") from None
+    from rich.console import Console  # only here: writing stdout needs no rich
+    from rich.text import Text
+
     Console(stderr=True, highlight=False).print(Text(f"wrote {output}"))
 
 
