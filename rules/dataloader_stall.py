@@ -48,7 +48,8 @@ the hand-over itself, well under a millisecond per batch. For a stall the window
 understated, the
 share of the step the unprofiled steps after the window spent waiting (their mean wait over
 their mean step time; at least 3 of them, the first after the window left out, as the trace
-is written then), applied to the window's step like every other saving.
+is written then, and so are steps over 5× the upper quartile: epoch ends and recompilations),
+applied to the window's step like every other saving.
 
 Reference: https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
 """
@@ -82,17 +83,24 @@ def unprofiled_wait(facts_wait: object, facts_steps: object, profiled: object) -
     """Mean DataLoader wait and step time (ms) of the unprofiled steps after the window.
 
     Means, not medians: with several workers, batches arrive in bursts (one long wait, then
-    a few short ones), and the time lost per step is the average wait.
+    a few short ones), and the time lost per step is the average wait. Steps over 5x the
+    upper quartile are left out: epoch ends that start new workers and recompilations are
+    not the steady state this rule is about (bursts keep the quartile honest).
     """
     if not (isinstance(facts_wait, list) and isinstance(facts_steps, list) and isinstance(profiled, list) and profiled):
         return None
     if len(facts_wait) != len(facts_steps) or not all(isinstance(i, int) for i in profiled):
         return None
     first = max(profiled) + 2  # the step after the window writes the trace
-    waits, steps = facts_wait[first:], facts_steps[first:]
-    if len(steps) < 3:
+    try:
+        waits = np.asarray(facts_wait[first:], dtype=np.float64)
+        steps = np.asarray(facts_steps[first:], dtype=np.float64)
+    except (TypeError, ValueError):
         return None
-    return float(np.mean(waits)), float(np.mean(steps)), len(steps)
+    steady = steps <= 5 * np.percentile(steps, 75) if len(steps) else steps.astype(bool)
+    if steady.sum() < 3:
+        return None
+    return float(waits[steady].mean()), float(steps[steady].mean()), int(steady.sum())
 
 
 def check(ctx: Context):

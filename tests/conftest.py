@@ -1,7 +1,9 @@
-"""Shared test fixtures: where the real traces are, and a skip when they are not there."""
+"""Shared test fixtures: where the real traces are (with a skip when they are not there), and the CLI run in-process."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,32 @@ def nw0() -> Path:
 @pytest.fixture
 def nw4() -> Path:
     return shared_trace("v100_resnet50_nw4")
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """`advisor.cli.main` in this process (no interpreter start-up): (exit code, stdout, stderr).
+
+    A wide terminal, and no GITHUB_* variables (they switch the gate's annotations on).
+    """
+    from advisor.cli import main
+
+    def run(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        with monkeypatch.context() as m:
+            if cwd is not None:
+                m.chdir(cwd)
+            for k in [k for k in os.environ if k.startswith("GITHUB_")]:
+                m.delenv(k)
+            for k, v in {"COLUMNS": "200", **(env or {})}.items():
+                m.setenv(k, v)
+            m.setattr(sys, "argv", ["advisor", *args])
+            capsys.readouterr()
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,29 +29,6 @@ def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
     monkeypatch.delenv("ADVISOR_CACHE", raising=False)
     monkeypatch.setattr(analysis_cache, "MIN_ANALYSIS_SECONDS", 0.0)
-
-
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """`advisor.cli.main` in this process: (exit code, stdout, stderr)."""
-    from advisor.cli import main
-
-    def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-        with monkeypatch.context() as m:
-            m.chdir(cwd)
-            for k, v in {"COLUMNS": "160", **(env or {})}.items():
-                m.setenv(k, v)
-            m.setattr(sys, "argv", ["advisor", *args])
-            capsys.readouterr()
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 @pytest.fixture

@@ -87,31 +87,6 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tu
     return p.returncode, p.stdout, p.stderr
 
 
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """`advisor.cli.main` in this process (no interpreter start-up): exit code, stdout, stderr."""
-    from advisor.cli import main
-
-    def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-        with monkeypatch.context() as m:
-            m.chdir(cwd)
-            for k in [k for k in os.environ if k.startswith("GITHUB_")]:
-                m.delenv(k)
-            for k, v in {"COLUMNS": "200", **(env or {})}.items():
-                m.setenv(k, v)
-            m.setattr(sys, "argv", ["advisor", *args])
-            capsys.readouterr()
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
 # --- statistics -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "n, one_sided_05, two_sided_05",

@@ -81,6 +81,12 @@ def test_the_end_of_the_walk_has_nothing_of_high_severity(runs):
     f = facts("gpu_walk_final")
     assert f["dataloaders"][0]["batch_size"] == 512 and f["autocast"]["dtypes"] == ["bfloat16"]
     assert final.primary.tensor_core_kernel_share > 0.3  # bf16 convolutions on Tensor Cores
+    # Epoch ends (batch 512 of 10,000 samples) restart the workers and recompile for the last
+    # short batch: after the window the mean wait is a quarter of the mean step, but those
+    # steps are not a steady stall.
+    after_wait, after_steps = f["loader_wait_ms"][9:], f["step_times_ms"][9:]
+    assert statistics.mean(after_wait) / statistics.mean(after_steps) > 0.2
+    assert finding(final, "dataloader-stall") is None
     for name in ("gpu_baseline", "gpu_workers"):  # eager runs keep Python stacks
         assert facts(name)["profiler"]["with_stack"] is True
 

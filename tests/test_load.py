@@ -52,27 +52,6 @@ def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("ADVISOR_CACHE", raising=False)
 
 
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """`advisor.cli.main` in this process: (exit code, stdout, stderr)."""
-    from advisor.cli import main
-
-    def run(args: list[str]) -> tuple[int, str, str]:
-        with monkeypatch.context() as m:
-            m.setenv("COLUMNS", "200")
-            m.setattr(sys, "argv", ["advisor", *args])
-            capsys.readouterr()
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
 def raw_events(path: Path) -> list[dict]:
     """The events as Python's own json module reads them (independent of the loader)."""
     doc = json.loads(gzip.decompress(path.read_bytes()))
