@@ -25,7 +25,7 @@ RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Analysis]:
-    names = ("gpu_baseline", "gpu_workers", "gpu_compiled", "gpu_cudagraphs", "gpu_walk_final")
+    names = ("gpu_baseline", "gpu_workers", "gpu_compiled", "gpu_cudagraphs", "gpu_input_bound", "gpu_walk_final")
     return {name: analyze(RUNS / name) for name in names}
 
 
@@ -91,7 +91,7 @@ def test_the_end_of_the_walk_has_nothing_of_high_severity(runs):
         assert facts(name)["profiler"]["with_stack"] is True
 
 
-@pytest.mark.parametrize("name", ["gpu_compiled", "gpu_cudagraphs", "gpu_walk_final"])
+@pytest.mark.parametrize("name", ["gpu_compiled", "gpu_cudagraphs", "gpu_input_bound", "gpu_walk_final"])
 def test_compiled_runs_are_recorded_without_python_stacks(name):
     f = facts(name)
     assert f["compile"]["used"] and f["profiler"]["with_stack"] is False
@@ -125,3 +125,17 @@ def test_diff_from_the_baseline_to_the_end_of_the_walk():
     resolved = {f["rule"] for f in doc["findings"]["resolved"]}
     assert {"dataloader-stall", "spare-gpu-memory", "h2d-pageable-copy", "launch-bound"} <= resolved
     assert doc["findings"]["new"] == [] and doc["findings"]["remaining"] == []
+
+
+def test_a_stall_the_window_hid_is_found_in_the_steps_after_it(runs):
+    """CUDA graphs made the step so short that 15 workers could not keep up, but the window
+    trained from the batches they had prefetched during compilation."""
+    a = runs["gpu_input_bound"]
+    assert a.primary.breakdown_mean_ms["dataloader"] / (a.primary.mean_step_ns / 1e6) < 0.01
+    stall = a.findings[0]
+    assert stall.rule == "dataloader-stall" and stall.severity == "high"
+    assert "prefetched batches hid it" in stall.message and "uint8" in stall.fix.text
+    f = facts("gpu_input_bound")
+    after = stall.evidence["unprofiled_wait_ms_per_step"] / stall.evidence["unprofiled_step_ms"]
+    assert stall.saving_pct == pytest.approx(after, rel=1e-3) and after > 0.3
+    assert stall.evidence["unprofiled_steps"] >= 30 and max(f["loader_wait_ms"][5:8]) < 1
