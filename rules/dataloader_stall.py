@@ -71,6 +71,13 @@ FIX = "Load batches in worker processes: num_workers, persistent_workers, prefet
 AFTER = """loader = DataLoader(train_set, batch_size=32, shuffle=True,
                     num_workers=8, persistent_workers=True, prefetch_factor=2)
 """
+# When the workers already use every core: less work per sample on the host.
+LESS_HOST_WORK = """transform = T.Compose([T.Resize(224), T.PILToTensor()])       # uint8 from the workers
+mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+for x, y in loader:
+    x = x.to(device, non_blocking=True).float().sub_(mean).div_(std)  # convert on the GPU
+"""
 
 
 def suggested_workers(cpu_count: int | None, world_size: int) -> int | None:
@@ -142,6 +149,7 @@ def check(ctx: Context):
     if lines:
         evidence["source"] = lines
 
+    cores_used = False
     if loaders:
         dl = loaders[0]
         nw = dl.get("num_workers")
@@ -153,6 +161,7 @@ def check(ctx: Context):
         elif workers and nw < workers:
             fix = f"num_workers={nw}{where}: raise it towards {workers}, with persistent_workers=True and prefetch_factor=2-4."
         else:
+            cores_used = True
             fix = (
                 f"num_workers={nw} already uses the cores{where}: the per-sample work is the bottleneck; send uint8 images and "
                 "convert/normalise them on the GPU, move augmentation to the GPU, or preprocess offline."
@@ -160,6 +169,10 @@ def check(ctx: Context):
         message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
         confidence = "high"
         snippet = AFTER.replace("num_workers=8", f"num_workers={max(workers or 4, (nw or 0))}")
+        if isinstance(dl.get("batch_size"), int):
+            snippet = snippet.replace("batch_size=32", f"batch_size={dl['batch_size']}")
+        if cores_used:
+            snippet = LESS_HOST_WORK
     else:
         fix = (
             f"raise num_workers (about {workers} here)" if workers else "set num_workers to about (CPU cores / ranks) - 1"

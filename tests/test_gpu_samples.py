@@ -57,6 +57,7 @@ def test_baseline_starves_on_its_input_and_the_workers_keep_the_promise(runs):
     assert top.saving_ms == pytest.approx(base.primary.breakdown_mean_ms["dataloader"], rel=1e-6)
     assert top.saving_ms / base.primary.mean_step_ns * 1e6 > 0.5  # most of the step
     assert facts("gpu_baseline")["dataloaders"][0]["num_workers"] == 0
+    assert "num_workers=15" in top.fix.snippet and "batch_size=32" in top.fix.snippet
     # The next round only raised num_workers; the window's median step fell by about the promise.
     assert facts("gpu_workers")["dataloaders"][0]["num_workers"] == 15
     measured = median_step_ms(base) - median_step_ms(workers)
@@ -135,7 +136,19 @@ def test_a_stall_the_window_hid_is_found_in_the_steps_after_it(runs):
     stall = a.findings[0]
     assert stall.rule == "dataloader-stall" and stall.severity == "high"
     assert "prefetched batches hid it" in stall.message and "uint8" in stall.fix.text
+    assert "PILToTensor" in stall.fix.snippet  # not "more workers": the cores are used
     f = facts("gpu_input_bound")
     after = stall.evidence["unprofiled_wait_ms_per_step"] / stall.evidence["unprofiled_step_ms"]
     assert stall.saving_pct == pytest.approx(after, rel=1e-3) and after > 0.3
     assert stall.evidence["unprofiled_steps"] >= 30 and max(f["loader_wait_ms"][5:8]) < 1
+
+
+def test_mangled_cutlass_convolutions_count_as_tensor_core_kernels():
+    """cuDNN's runtime-fused cutlass convs appear under their mangled C++ names in CUPTI."""
+    from advisor.metrics.kernels import TENSOR_CORE_KERNEL
+
+    [trace] = (RUNS / "gpu_walk_final").glob("*.pt.trace.json.gz")
+    events = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    mangled = {e["name"] for e in events if e.get("cat") == "kernel" and e["name"].startswith("_ZN17cutlass")}
+    convs = {n for n in mangled if "ImplicitGemmConvolution" in n}
+    assert convs and all(TENSOR_CORE_KERNEL.search(n) for n in convs)

@@ -29,6 +29,8 @@ TENSOR_CORE_KERNEL_PATTERNS: list[str] = [
     "sm80_xmma", "sm86_xmma", "sm89_xmma", "sm90_xmma", "sm100_xmma", "s16816gemm", "h16816gemm",
     "gemm_bf16", "gemm_f16", "cutlass_80", "cutlass_90", "flash_fwd", "flash_bwd", "fmha",
     "sm90_gemm", "sm80_gemm", "_tensor16x8x", "_mma_",
+    # cutlass kernels that CUPTI reports by their mangled C++ name (cuDNN's runtime-fused convs)
+    "MmaTensorOp",
 ]
 TENSOR_CORE_KERNEL = re.compile("|".join(re.escape(p) for p in TENSOR_CORE_KERNEL_PATTERNS))
 
