@@ -160,7 +160,7 @@ class _Session:
 
         With torch.compile, every kernel goes through several Python frames of the generated
         wrapper: the stack tracer then costs more than the step itself (a compiled ResNet-18
-        step on an H100 measured 2.6x slower with stacks than without the profiler), which
+        step on an H100 measured 2.7x slower with stacks than without the profiler), which
         would make the host look like the bottleneck.
         """
         self.start_late = False
