@@ -22,7 +22,7 @@ from advisor.engine import Finding, all_rules, run_rules, select_rules
 from advisor.load.cache import cache_enabled
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
-from advisor.metrics.profiler_overhead import ProfilerOverhead, profiler_overhead
+from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
 from advisor.metrics.summary import Metrics, _stats, compute_metrics
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")

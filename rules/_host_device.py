@@ -599,6 +599,24 @@ def allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFra
     return tl.metrics.shared(f"host_device.allocator_calls.{warmup_steps}", lambda: _allocator_calls(tl, tree, warmup_steps))
 
 
+def owned_allocator_calls(ctx, owner: str, warmup_steps: int) -> tuple[pd.DataFrame, Timeline, OpTree, float] | None:
+    """The allocator calls `owner` claims, with their blocking cost, and its saving per step
+    (None when there are none or they cost less than the rule's `min_share`)."""
+    tree = op_tree_of(ctx.metrics)
+    base = timeline(ctx.metrics)
+    calls = allocator_calls(base, tree, warmup_steps=warmup_steps)
+    if len(calls) == 0 or not (calls["owner"] == owner).any():
+        return None
+    tl = timeline_for("allocator", base, tree)
+    cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
+    mine = pd.concat([calls, cost], axis=1)
+    mine = mine[mine["owner"] == owner]
+    saving = per_step(mine["cost"].sum(), tl)
+    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+    return mine, tl, tree, saving
+
+
 def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFrame:
     rt = runtime_calls(tl.frames, MALLOC_CALL)
     fr = runtime_calls(tl.frames, FREE_CALL)

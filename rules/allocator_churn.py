@@ -49,13 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from advisor.rules._host_device import (
-    allocator_calls,
-    op_tree_of,
-    per_step,
-    timeline,
-    timeline_for,
-)
+from advisor.rules._host_device import owned_allocator_calls
 
 from advisor.engine import Context
 from advisor.metrics.memory import device_memory_curve
@@ -88,18 +82,10 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) <= ctx.options["warmup_steps"]:
         return None
-    tree = op_tree_of(ctx.metrics)
-    base = timeline(m)
-    calls = allocator_calls(base, tree, warmup_steps=int(ctx.options["warmup_steps"]))
-    if len(calls) == 0 or not (calls["owner"] == "allocator-churn").any():
+    owned = owned_allocator_calls(ctx, "allocator-churn", warmup_steps=int(ctx.options["warmup_steps"]))
+    if owned is None:
         return None
-    tl = timeline_for("allocator", base, tree)
-    cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
-    calls = pd.concat([calls, cost], axis=1)
-    mine = calls[calls["owner"] == "allocator-churn"]
-    saving = per_step(mine["cost"].sum(), tl)
-    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
-        return None
+    mine, tl, tree, saving = owned
     mallocs = mine[mine["call"] == "malloc"]
     frees = mine[mine["call"] == "free"]
     retry_frees = frees[frees["in_op"]]

@@ -43,12 +43,10 @@ from __future__ import annotations
 
 import re
 
-from advisor.rules.tensor_cores_unused import eligible_op_rows
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
-from advisor.metrics.compute import kernel_exposure, step_kernels, top_by_time
-from advisor.metrics.source import source_lines
+from advisor.metrics.compute import kernel_evidence, kernel_exposure, step_kernels
 
 ID = "channels-last"
 TITLE = "Convolutions pay for NCHW ↔ NHWC layout transposes"
@@ -83,14 +81,8 @@ def check(ctx: Context):
         "transpose_ms_per_step": round(transpose_ms, 3),
         "transposes_per_step": round(len(transposes) / n_steps, 1),
         "share_of_kernel_time": round(transpose_ms / kernel_ms, 4) if kernel_ms else None,
-        "kernel_time_on_timeline": round(exposure, 4),
-        "kernels": top_by_time(transposes, n_steps),
-        "ops": top_by_time(transposes.dropna(subset=["op"]), n_steps, by="op"),
-        "steps": m.steps["step"].tolist(),
     }
-    lines = source_lines(ctx.frames, eligible_op_rows(ctx.frames, transposes).head(300))
-    if lines:
-        evidence["source"] = lines
+    evidence.update(kernel_evidence(ctx.frames, transposes, m.steps, exposure, by_eligible_op=True))
     message = (
         f"{len(transposes) / n_steps:.0f} NCHW↔NHWC transposes per step around convolutions take {transpose_ms:.1f} ms/step "
         f"({100 * transpose_ms / kernel_ms:.0f}% of kernel time). Model and input in torch.channels_last: ~{saving_ms:.1f} ms/step."

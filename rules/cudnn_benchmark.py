@@ -57,13 +57,11 @@ from advisor.metrics.compute import (
     arch_speedup,
     device_capability,
     is_conv,
+    kernel_evidence,
     kernel_exposure,
     kernel_precision,
-    launching_host_rows,
     step_kernels,
-    top_by_time,
 )
-from advisor.metrics.source import source_lines
 from advisor.metrics.steps import step_of
 
 ID = "cudnn-benchmark"
@@ -139,14 +137,8 @@ def check(ctx: Context):
         "tuned_speedup_used": speedup,
         "standalone_saving_ms": round(standalone_ms, 3),
         "counted_after_mixed_precision": after_amp < 1.0,
-        "kernel_time_on_timeline": round(exposure, 4),
-        "kernels": top_by_time(fallback, n_steps),
-        "ops": top_by_time(fallback.dropna(subset=["op"]), n_steps, by="op"),
-        "steps": m.steps["step"].tolist(),
     }
-    lines = source_lines(ctx.frames, launching_host_rows(ctx.frames, fallback).head(300))
-    if lines:
-        evidence["source"] = lines
+    evidence.update(kernel_evidence(ctx.frames, fallback, m.steps, exposure))
     message = (
         f"{fallback_ms:.1f} ms/step ({100 * fallback_ms / conv_ms:.0f}% of convolution kernel time) runs cuDNN's fallback "
         "algorithms (implicit GEMM, ALGO_0), the heuristics' pick with cudnn.benchmark off"

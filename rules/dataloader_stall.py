@@ -62,6 +62,7 @@ from advisor.engine import Context
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.source import source_lines
+from advisor.metrics.unprofiled import UnprofiledSteps, unprofiled_steps
 
 ID = "dataloader-stall"
 TITLE = "The input pipeline starves the device"
@@ -86,28 +87,20 @@ def suggested_workers(cpu_count: int | None, world_size: int) -> int | None:
     return max(1, min(16, cpu_count // max(world_size, 1) - 1))
 
 
-def unprofiled_wait(facts_wait: object, facts_steps: object, profiled: object) -> tuple[float, float, int] | None:
-    """Mean DataLoader wait and step time (ms) of the unprofiled steps after the window.
+def steady_wait(after: UnprofiledSteps | None) -> tuple[float, float, int] | None:
+    """Mean DataLoader wait and step time (ms) of the steady unprofiled steps after the window.
 
     Means, not medians: with several workers, batches arrive in bursts (one long wait, then
     a few short ones), and the time lost per step is the average wait. Steps over 5x the
     upper quartile are left out: epoch ends that start new workers and recompilations are
     not the steady state this rule is about (bursts keep the quartile honest).
     """
-    if not (isinstance(facts_wait, list) and isinstance(facts_steps, list) and isinstance(profiled, list) and profiled):
+    if after is None or after.loader_wait_ms is None:
         return None
-    if len(facts_wait) != len(facts_steps) or not all(isinstance(i, int) for i in profiled):
-        return None
-    first = max(profiled) + 2  # the step after the window writes the trace
-    try:
-        waits = np.asarray(facts_wait[first:], dtype=np.float64)
-        steps = np.asarray(facts_steps[first:], dtype=np.float64)
-    except (TypeError, ValueError):
-        return None
-    steady = steps <= 5 * np.percentile(steps, 75) if len(steps) else steps.astype(bool)
+    steady = after.step_ms <= 5 * np.percentile(after.step_ms, 75)
     if steady.sum() < 3:
         return None
-    return float(waits[steady].mean()), float(steps[steady].mean()), int(steady.sum())
+    return float(after.loader_wait_ms[steady].mean()), float(after.step_ms[steady].mean()), int(steady.sum())
 
 
 def check(ctx: Context):
@@ -116,7 +109,7 @@ def check(ctx: Context):
     exposed_ms = m.breakdown_mean_ms["dataloader"]
     if step_ms <= 0:
         return None
-    after = unprofiled_wait(ctx.fact("loader_wait_ms"), ctx.fact("step_times_ms"), ctx.fact("profiled_steps"))
+    after = steady_wait(unprofiled_steps(ctx.facts))
     shown = exposed_ms / step_ms >= ctx.options["min_share"]
     # The window understates the stall: the steps after it waited over twice as long.
     hidden = after is not None and after[0] / after[1] >= ctx.options["min_share"] and after[0] > 2 * exposed_ms

@@ -48,14 +48,7 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#memory-management
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
-from advisor.rules._host_device import (
-    allocator_calls,
-    op_tree_of,
-    per_step,
-    timeline,
-    timeline_for,
-)
+from advisor.rules._host_device import owned_allocator_calls, per_step
 
 from advisor.engine import Context
 
@@ -73,18 +66,10 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) == 0:  # no step markers: no loop to judge
         return None
-    tree = op_tree_of(ctx.metrics)
-    base = timeline(m)
-    calls = allocator_calls(base, tree, warmup_steps=1)
-    if len(calls) == 0 or not (calls["owner"] == "empty-cache").any():
+    owned = owned_allocator_calls(ctx, "empty-cache", warmup_steps=1)
+    if owned is None:
         return None
-    tl = timeline_for("allocator", base, tree)
-    cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
-    calls = pd.concat([calls, cost], axis=1)
-    mine = calls[calls["owner"] == "empty-cache"]
-    saving = per_step(mine["cost"].sum(), tl)
-    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
-        return None
+    mine, tl, tree, saving = owned
     frees = mine[mine["call"] == "free"]
     mallocs = mine[mine["call"] == "malloc"]
     evidence = {

@@ -97,11 +97,7 @@ def check(ctx: Context):
         saving_ms = None
     message += "Free memory with activation checkpointing or mixed precision, or use a smaller micro-batch with gradient accumulation."
     evidence = {
-        "peak_allocated_bytes": mem.peak_allocated,
-        "peak_reserved_bytes": mem.peak_reserved,
-        "device_memory_bytes": mem.device_bytes,
-        "memory_share": round(share, 4),
-        "memory_source": mem.source,
+        **mem.evidence(share),
         "allocator_calls_per_step": round(len(calls) / n_steps, 1),
         "allocator_ms_per_step": round(alloc_ms, 3),
         "steps": steps["step"].tolist(),

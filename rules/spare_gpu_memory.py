@@ -163,11 +163,7 @@ def check(ctx: Context):
         f"fixed overhead over {factor}× the samples: ~{saving_ms:.1f} ms per current step; scale the learning rate with it."
     )
     evidence = {
-        "peak_allocated_bytes": mem.peak_allocated,
-        "peak_reserved_bytes": mem.peak_reserved,
-        "device_memory_bytes": mem.device_bytes,
-        "memory_share": round(share, 4),
-        "memory_source": mem.source,
+        **mem.evidence(share),
         "gpu_utilization": round(util, 4),
         "batch_factor": factor,
         "fixed_ms_per_step": {c: round(v, 3) for c, v in fixed_parts.items()},

@@ -81,14 +81,11 @@ from advisor.engine import Context
 from advisor.metrics.compute import (
     arch_speedup,
     device_capability,
+    kernel_evidence,
     kernel_exposure,
     kernel_precision,
-    launching_host_rows,
     step_kernels,
-    top_by_time,
 )
-from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
-from advisor.metrics.source import source_lines
 
 ID = "tensor-cores-unused"
 TITLE = "Matrix work runs in fp32, not on fp16/bf16 Tensor Cores"
@@ -165,14 +162,8 @@ def check(ctx: Context):
         "fp32_eligible_ms_per_step": round(fp32_ns / n_steps / 1e6, 3),
         "tf32_eligible_ms_per_step": round(tf32_ns / n_steps / 1e6, 3),
         "speedup_used": method,
-        "kernel_time_on_timeline": round(exposure, 4),
-        "kernels": top_by_time(candidates, n_steps),
-        "ops": top_by_time(candidates.dropna(subset=["op"]), n_steps, by="op"),
-        "steps": m.steps["step"].tolist(),
     }
-    lines = source_lines(ctx.frames, eligible_op_rows(ctx.frames, candidates).head(300))
-    if lines:
-        evidence["source"] = lines
+    evidence.update(kernel_evidence(ctx.frames, candidates, m.steps, exposure, by_eligible_op=True))
     evidence["autocast"] = (
         {"used": autocast_used, "dtypes": ctx.fact("autocast", "dtypes"), "grad_scaler": ctx.fact("grad_scaler")}
         if autocast_used is not None
@@ -200,13 +191,3 @@ def check(ctx: Context):
     )
     confidence = "high" if cap.source in ("trace", "facts") else "medium"
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16)
-
-
-def eligible_op_rows(frames, kernels):
-    """Host rows of the ops that launched the kernels (by id), else of eligible ops by name."""
-    rows = launching_host_rows(frames, kernels)
-    if len(rows):
-        return rows
-    host = frames.host
-    names = set(kernels["op"].dropna().astype(str).unique())
-    return host[host["name"].astype(str).isin(names) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]

@@ -58,7 +58,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from advisor.rules.tensor_cores_unused import eligible_op_rows
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
@@ -66,12 +65,11 @@ from advisor.metrics.compute import (
     arch_speedup,
     device_capability,
     is_conv,
+    kernel_evidence,
     kernel_exposure,
     kernel_precision,
     step_kernels,
-    top_by_time,
 )
-from advisor.metrics.source import source_lines
 
 ID = "tf32-disabled"
 TITLE = "fp32 matmuls/convolutions run without TF32"
@@ -167,13 +165,7 @@ def check(ctx: Context):
             for f, v in families.items()
         },
         "speedup_used": speedup,
-        "kernel_time_on_timeline": round(exposure, 4),
-        "kernels": top_by_time(candidates, n_steps),
-        "ops": top_by_time(candidates.dropna(subset=["op"]), n_steps, by="op"),
-        "steps": m.steps["step"].tolist(),
     }
-    lines = source_lines(ctx.frames, eligible_op_rows(ctx.frames, candidates).head(300))
-    if lines:
-        evidence["source"] = lines
+    evidence.update(kernel_evidence(ctx.frames, candidates, m.steps, exposure, by_eligible_op=True))
     confidence = "high" if recorded and cap.source != "kernel names" else "medium"
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER)

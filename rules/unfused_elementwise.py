@@ -51,13 +51,11 @@ import numpy as np
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.compute import (
+    kernel_evidence,
     kernel_exposure,
     launched_inside,
-    launching_host_rows,
     step_kernels,
-    top_by_time,
 )
-from advisor.metrics.source import source_lines
 
 ID = "unfused-elementwise"
 TITLE = "Eager elementwise kernels dominate: nothing is fused"
@@ -107,14 +105,8 @@ def check(ctx: Context):
         "excluded_optimizer_kernels_per_step": round(float(np.count_nonzero(in_optimizer)) / n_steps, 1),
         "compiled_kernels_seen": False,
         "fusion_speedup_used": speedup,
-        "kernel_time_on_timeline": round(exposure, 4),
-        "kernels": top_by_time(ew, n_steps),
-        "ops": top_by_time(ew.dropna(subset=["op"]), n_steps, by="op"),
-        "steps": m.steps["step"].tolist(),
     }
-    lines = source_lines(ctx.frames, launching_host_rows(ctx.frames, ew).head(300))
-    if lines:
-        evidence["source"] = lines
+    evidence.update(kernel_evidence(ctx.frames, ew, m.steps, exposure))
     compile_fact = ctx.fact("compile", "used")
     message = (
         f"{100 * ew_ns / total:.0f}% of kernel time ({ew_ms:.1f} ms/step, {per_step:.0f} kernels) is eager elementwise, "

@@ -19,6 +19,8 @@ import pandas as pd
 
 from advisor.metrics.breakdown import _matches, communication_kernels
 from advisor.metrics.intervals import covers, merge
+from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
+from advisor.metrics.source import source_lines
 from advisor.metrics.steps import step_of
 
 
@@ -225,6 +227,33 @@ def launching_host_rows(frames, kernels: pd.DataFrame) -> pd.DataFrame:
     return host[(host["kind"] != "python").to_numpy() & host["external_id"].isin(ext).to_numpy()]
 
 
+def eligible_op_rows(frames, kernels: pd.DataFrame) -> pd.DataFrame:
+    """Host rows of the ops that launched the kernels (by id), else of Tensor-Core-eligible ops by name."""
+    rows = launching_host_rows(frames, kernels)
+    if len(rows):
+        return rows
+    host = frames.host
+    names = set(kernels["op"].dropna().astype(str).unique())
+    return host[host["name"].astype(str).isin(names) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]
+
+
+def kernel_evidence(frames, kernels: pd.DataFrame, steps: pd.DataFrame, exposure: float, by_eligible_op: bool = False) -> dict:
+    """What every kernel rule shows for the kernels it blames: how much of their time is on the
+    timeline, the top kernels and ops, the steps, and the user's lines that launched them."""
+    n_steps = max(len(steps), 1)
+    evidence = {
+        "kernel_time_on_timeline": round(exposure, 4),
+        "kernels": top_by_time(kernels, n_steps),
+        "ops": top_by_time(kernels.dropna(subset=["op"]), n_steps, by="op"),
+        "steps": steps["step"].tolist(),
+    }
+    rows = eligible_op_rows(frames, kernels) if by_eligible_op else launching_host_rows(frames, kernels)
+    lines = source_lines(frames, rows.head(300))
+    if lines:
+        evidence["source"] = lines
+    return evidence
+
+
 __all__ = [
     "ArchSpeedup",
     "ARCH_SPEEDUPS",
@@ -238,6 +267,8 @@ __all__ = [
     "kernel_exposure",
     "launched_inside",
     "short_kernel_name",
+    "eligible_op_rows",
+    "kernel_evidence",
     "top_by_time",
     "launching_host_rows",
 ]

@@ -42,6 +42,16 @@ class MemoryUse:
             return None
         return value / self.device_bytes
 
+    def evidence(self, share: float) -> dict:
+        """The memory figures a finding shows, with the share of the device its rule judged."""
+        return {
+            "peak_allocated_bytes": self.peak_allocated,
+            "peak_reserved_bytes": self.peak_reserved,
+            "device_memory_bytes": self.device_bytes,
+            "memory_share": round(share, 4),
+            "memory_source": self.source,
+        }
+
 
 def _num(v: Any) -> float | None:
     try:

@@ -1,16 +1,19 @@
-"""How much the profiler itself slowed the recorded steps, from the facts file's step clock.
+"""The steps after the profiled window, from the facts file's step clock.
 
-`advisor profile` times every step of the run, profiled or not. When the run goes on after
-the window (`--full`), the steps after it are the same work without the profiler: comparing
-medians says whether the window is representative. Python stack recording can cost more
-than a compiled step, and then every host-side figure of the trace is inflated.
+`advisor profile` times every step of the run, and its wait for the DataLoader, profiled or
+not. When the run goes on after the window (`--full`), the steps after it are the same work
+without the profiler: comparing them with the window says how much the profiler itself
+slowed the recorded steps (Python stack recording can cost more than a compiled step, and
+then every host-side figure of the trace is inflated) and whether the window showed what
+bounds the rest of the run (prefetched batches can hide a slow input pipeline).
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 MIN_UNPROFILED_STEPS = 3
 NOTABLE_SLOWDOWN = 1.25
@@ -52,22 +55,42 @@ class ProfilerOverhead:
         )
 
 
-def profiler_overhead(facts: dict[str, Any] | None) -> ProfilerOverhead | None:
-    """Window vs after-window step times, when the facts hold enough steps after the window.
+@dataclass(frozen=True)
+class UnprofiledSteps:
+    """Per-step times (ms) of the window and of the unprofiled steps after it."""
+
+    window_ms: np.ndarray
+    step_ms: np.ndarray
+    loader_wait_ms: np.ndarray | None  # aligned with step_ms; None in facts that lack it
+
+
+def unprofiled_steps(facts: dict[str, Any] | None) -> UnprofiledSteps | None:
+    """The steps after the window, when the facts hold at least 3 of them.
 
     The first step after the window is left out: the trace is written while it runs.
     """
     times = (facts or {}).get("step_times_ms")
+    waits = (facts or {}).get("loader_wait_ms")
     profiled = (facts or {}).get("profiled_steps")
     if not isinstance(times, list) or not isinstance(profiled, list) or not profiled:
         return None
     if not all(isinstance(i, int) and 0 <= i < len(times) for i in profiled):
         return None
-    window = [float(times[i]) for i in profiled]
-    after = [float(t) for t in times[max(profiled) + 2 :] if isinstance(t, (int, float)) and t > 0]
-    if len(after) < MIN_UNPROFILED_STEPS:
+    first = max(profiled) + 2
+    try:
+        all_ms = np.asarray(times, dtype=np.float64)
+        wait_ms = np.asarray(waits, dtype=np.float64) if isinstance(waits, list) and len(waits) == len(times) else None
+    except (TypeError, ValueError):
         return None
-    unprofiled = statistics.median(after)
-    if unprofiled <= 0:
+    after = all_ms[first:]
+    if len(after) < MIN_UNPROFILED_STEPS or not np.isfinite(after).all() or (after <= 0).any():
         return None
-    return ProfilerOverhead(statistics.median(window), unprofiled, len(after))
+    return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:])
+
+
+def profiler_overhead(facts: dict[str, Any] | None) -> ProfilerOverhead | None:
+    """Window vs after-window median step times (see unprofiled_steps)."""
+    after = unprofiled_steps(facts)
+    if after is None:
+        return None
+    return ProfilerOverhead(float(np.median(after.window_ms)), float(np.median(after.step_ms)), len(after.step_ms))
