@@ -105,7 +105,7 @@ def whole_command(repeats: int) -> dict[str, float]:
         for i in range(repeats):
             plain.append(timed([py, str(SAMPLE), "--cpu-variant", "--steps", "9"], tmp))
             out = tmp / f"run{i}"
-            profiled.append(timed([py, "-m", "advisor.capture", "--out", str(out), str(SAMPLE), "--", "--cpu-variant", "--steps", "100"], tmp))
+            profiled.append(timed([py, "-m", "advisor.cli.profile_main", "--out", str(out), str(SAMPLE), "--", "--cpu-variant", "--steps", "100"], tmp))
             facts = orjson.loads((out / "advisor_facts.json").read_bytes())
             steps.append(statistics.median(facts["step_times_ms"][1:4]))  # steps outside the window
     finally:

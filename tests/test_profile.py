@@ -1,6 +1,6 @@
 """`advisor profile`: real runs of real scripts under the real torch.profiler (no mocks).
 
-Every run goes through a fresh process (`python -m advisor.capture`, the profile command on
+Every run goes through a fresh process (`python -m advisor.cli.profile_main`, the profile command on
 its own; one test through `python -m advisor profile`, the full CLI), because a capture
 changes process-wide state (sys.modules['__main__'], multiprocessing's forkserver) the way a
 real `advisor profile` process does. Windows and step counts are tiny to keep the file fast.
@@ -65,10 +65,10 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.capture", timeout: int = 120) -> subprocess.CompletedProcess:
+def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.cli.profile_main", timeout: int = 120) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", cli, *([] if cli == "advisor.capture" else ["profile"]), *args],
+        [sys.executable, "-m", cli, *([] if cli == "advisor.cli.profile_main" else ["profile"]), *args],
         cwd=cwd, env=full_env, check=False, capture_output=True, text=True, timeout=timeout,
     )
 

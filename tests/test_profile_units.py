@@ -13,7 +13,7 @@ import orjson
 import pytest
 from conftest import REPO
 
-from advisor.capture.command import prepare_out_dir
+from advisor.cli.profile import prepare_out_dir
 from advisor.capture.progress import Window, step_span
 from advisor.capture.runner import Target, _exit_code, check_target
 from advisor.errors import InputError

@@ -2,7 +2,7 @@
 
 One direction of flow:
 
-    command.py   the CLI function (`profile`): checks input, makes the log dir, reports
+    (the CLI function `profile` is advisor/cli/profile.py: checks input, makes the log dir, reports)
       launch.py  --nproc-per-node: torchrun, each rank running the same capture
     session.py   one capture: profiler + step window + stop on purpose + facts file
       hooks.py   finds step ends, records facts; wraps torch, undoes it on exit
@@ -11,5 +11,5 @@ One direction of flow:
       progress.py what is said on stderr while it runs
 
 Only this package imports torch, and only when a capture runs: importing
-`advisor.capture.command` does not load torch, so `advisor report` never does.
+`advisor.cli.profile` does not load torch, so `advisor report` never does.
 """

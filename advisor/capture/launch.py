@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         world_size=world_size,
         progress=rank == 0,
     )
-    from advisor.capture.command import say_lines
+    from advisor.capture.progress import say_lines
     from advisor.capture.session import capture, summary_lines
 
     result = capture(target, options)

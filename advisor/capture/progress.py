@@ -45,6 +45,13 @@ class Window:
         return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "repeat": self.repeat}
 
 
+def say_lines(lines: list[str]) -> None:
+    """Print the advisor's own lines on stderr, each prefixed `advisor: `."""
+    console = Console(stderr=True, highlight=False)
+    for line in lines:
+        console.print(Text("advisor: ", style="bold") + Text(line), soft_wrap=True)
+
+
 def step_span(steps: list[int]) -> str:
     if not steps:
         return "none"

@@ -168,11 +168,11 @@ def explain(
 # Commands whose modules are optional (profile needs torch) or heavy: registered only when the
 # command line may name them, so `advisor report` does not import the gate, capture and diff code.
 OPTIONAL_COMMANDS = {
-    "profile": ("advisor.capture.command", {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}),
-    "gate": ("advisor.gate.command", None),
-    "baseline": ("advisor.gate.command", None),
-    "diff": ("advisor.render.commands", None),
-    "view": ("advisor.render.commands", None),
+    "profile": ("advisor.cli.profile", {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}),
+    "gate": ("advisor.cli.gate", None),
+    "baseline": ("advisor.cli.gate", None),
+    "diff": ("advisor.cli.compare", None),
+    "view": ("advisor.cli.compare", None),
 }
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import typer
 
+from advisor.capture.progress import say_lines
 from advisor.errors import InputError
 
 
@@ -115,15 +116,6 @@ def profile(
         print_report(out_dir, format.value if isinstance(format, Format) else str(format), verbose)
     if exit_code:
         raise SystemExit(exit_code)  # SystemExit: typer.Exit is swallowed by a non-standalone app
-
-
-def say_lines(lines: list[str]) -> None:
-    from rich.console import Console
-    from rich.text import Text
-
-    console = Console(stderr=True, highlight=False)
-    for line in lines:
-        console.print(Text("advisor: ", style="bold") + Text(line), soft_wrap=True)
 
 
 def resolve_device(device: str) -> str:

@@ -1,7 +1,4 @@
-"""`advisor diff` and `advisor view`: the CLI registers these functions (cli._register_optional_commands).
-
-Kept out of advisor/cli.py so that importing them never imports the CLI module back.
-"""
+"""`advisor diff` and `advisor view` (registered by advisor.cli only when named)."""
 
 from __future__ import annotations
 

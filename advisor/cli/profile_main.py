@@ -1,4 +1,4 @@
-"""`python -m advisor.capture SCRIPT [-- ARGS]`: the profile command on its own.
+"""`python -m advisor.cli.profile_main SCRIPT [-- ARGS]`: the profile command on its own.
 
 The same as `advisor profile`, for environments where the `advisor` entry point is not on
 PATH (and for the tests). Bad input: one line on stderr, exit code 2.
@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from advisor.capture.command import profile
+from advisor.cli.profile import profile
 from advisor.errors import EXIT_BAD_INPUT, InputError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
