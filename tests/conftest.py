@@ -9,16 +9,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_TRACES = REPO.parent / "shared" / "traces"
+# Real recordings: the copies vendored into the repository (tests/data/shared, see its NOTICE)
+# first, then the full data set beside the repository (../shared).
+VENDORED = REPO / "tests" / "data" / "shared"
+BESIDE = REPO.parent / "shared"
+SHARED_TRACES = VENDORED / "traces" if (VENDORED / "traces").is_dir() else BESIDE / "traces"
 SAMPLE_RUNS = REPO / "sample_runs"
 
 
+def shared(rel: str) -> Path:
+    """A file or folder of the real data set (`traces/...`, `kernels/h100/...`, `whatif/h100_vit/...`):
+    the vendored copy when the repository has one, else ../shared; skips the test, saying why, when neither has it."""
+    for root in (VENDORED, BESIDE):
+        p = root / rel
+        if p.exists():
+            return p
+    pytest.skip(f"real recording not available: {rel} is neither in {VENDORED} nor in {BESIDE}")
+
+
 def shared_trace(rel: str) -> Path:
-    """A trace under ../shared/traces; skips the test (with the reason) when it is absent."""
-    p = SHARED_TRACES / rel
-    if not p.exists():
-        pytest.skip(f"real GPU traces not available: {p} is absent (../shared/traces sits beside the repository)")
-    return p
+    """A trace under traces/ of the real data set (see `shared`)."""
+    return shared(f"traces/{rel}")
 
 
 def single_file(directory: Path) -> Path:
