@@ -47,7 +47,7 @@ from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 from advisor.metrics.summary import DeviceInfo, FramesHeader, Metrics
 
 META_FILE = "analysis.json"
-CACHE_FORMAT = 2  # 2: kernel precision
+CACHE_FORMAT = 1
 # Analyses faster than this are not worth an entry beside the run.
 MIN_ANALYSIS_SECONDS = 0.5
 KERNEL_COLUMNS = ["name", "dur", "tensor_core", "precision"]  # what top_kernels reads

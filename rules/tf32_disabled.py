@@ -105,7 +105,9 @@ def check(ctx: Context):
     precision = k["precision"].astype(str).to_numpy()
     switch_of = np.array([SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
     fp32 = (precision == "fp32-fma") & (switch_of != "")
-    tf32 = precision == "tf32"
+    # TF32 kernels that show a switch is on: PyTorch's fp32 memory-efficient attention runs
+    # TF32 whatever the switch says, so attention is no evidence of it.
+    tf32 = (precision == "tf32") & (family != "attention")
     dur = k["dur"].to_numpy(np.float64)
     recorded = Tf32Switches.from_facts(ctx.facts)
     switches = {"matmul": recorded.matmul, "cudnn": recorded.cudnn}
