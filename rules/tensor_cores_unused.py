@@ -90,9 +90,9 @@ from advisor.metrics.compute import (
     kernel_exposure,
     step_kernels,
 )
-from advisor.metrics.precision import FROM_OP, precision_page, precision_speedup, ratio_table
+from advisor.metrics.precision import FROM_OP, precision_speedup, ratio_table, with_precision_page
 
-__doc__ = f"{__doc__.rstrip()}\n\n{precision_page()}"
+__doc__ = with_precision_page(__doc__)
 
 ID = "tensor-cores-unused"
 TITLE = "Matrix work runs in fp32, not on fp16/bf16 Tensor Cores"

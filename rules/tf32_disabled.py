@@ -71,9 +71,9 @@ from advisor.metrics.compute import (
     kernel_exposure,
     step_kernels,
 )
-from advisor.metrics.precision import FROM_OP, Tf32Switches, precision_page, precision_speedup, ratio_table
+from advisor.metrics.precision import FROM_OP, Tf32Switches, precision_speedup, ratio_table, with_precision_page
 
-__doc__ = f"{__doc__.rstrip()}\n\n{precision_page()}"
+__doc__ = with_precision_page(__doc__)
 
 ID = "tf32-disabled"
 TITLE = "fp32 matmuls/convolutions run without TF32"

@@ -140,7 +140,7 @@ FMA_NAME = re.compile(
     r"pointwise_mult_and_sum_complex|implicit_convolve|explicit_convolve"
 )
 # Matrix kernels whose name leaves the unit open (precision from the op's dtype, else switches).
-MATRIX_NAME = re.compile(r"gemm|Gemm|lstm|LSTM|gru_|persistRNN|triton_tem_|triton_\w*mm|conv|Conv|fprop|dgrad|wgrad|attention|Attention|sdpa|fmha|flash")
+MATRIX_NAME = re.compile(r"(?<!fb)gemm|Gemm|lstm|LSTM|gru_|persistRNN|triton_tem_|triton_\w*mm|conv|Conv|fprop|dgrad|wgrad|attention|Attention|sdpa|fmha|flash")
 FAMILY_NAME = {
     "conv": re.compile(r"conv|Conv|fprop|dgrad|wgrad|scudnn|winograd|fft2d|flip_filter|pointwise_mult_and_sum_complex|implicit_gemm|nchwkcrs|nhwckrsc"),
     "attention": re.compile(r"fmha|flash|sdpa|[Aa]ttention|_mha"),
@@ -169,9 +169,25 @@ class NameReading:
     family: str
 
 
+def function_part(name: str) -> str:
+    """A demangled kernel name without its parameter list: `void ns::k<T, U>(int, fbgemm::X)`
+    gives `void ns::k<T, U>`, so the types a kernel takes do not read as what it is."""
+    name = name.replace("(anonymous namespace)", "anonymous")
+    depth = 0
+    for i, c in enumerate(name):
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth = max(depth - 1, 0)
+        elif c == "(" and depth == 0 and i > 0 and not name.startswith("operator", max(i - 8, 0)):
+            return name[:i]
+    return name
+
+
 @lru_cache(maxsize=65536)
-def read_kernel_name(name: str) -> NameReading:
+def read_kernel_name(full_name: str) -> NameReading:
     """The unit, precision and family a kernel name spells (cached per distinct name)."""
+    name = function_part(full_name)
     family = next((f for f, p in FAMILY_NAME.items() if p.search(name)), "gemm")
     if HELPER_KERNEL.search(name):
         return NameReading("helper", None, "")
@@ -476,6 +492,7 @@ __all__ = [
     "Tf32Switches",
     "NameReading",
     "read_kernel_name",
+    "function_part",
     "op_family",
     "op_dtype",
     "classify_kernel",
@@ -489,10 +506,20 @@ __all__ = [
     "ratio_table",
     "precision_speedup",
     "precision_page",
+    "with_precision_page",
 ]
 
 
 # --- the page section the precision rules share ------------------------------------------------
+def with_precision_page(doc: str) -> str:
+    """A rule page with the precision section added before its closing reference line."""
+    section = precision_page()
+    if "\nReference: " in doc:
+        head, _, tail = doc.rpartition("\nReference: ")
+        return f"{head.rstrip()}\n\n{section}\nReference: {tail}"
+    return f"{doc.rstrip()}\n\n{section}"
+
+
 def precision_page() -> str:
     """Markdown for `advisor explain`: how a kernel's precision is decided, and the measured
     speed-up table (rendered from MEASURED_RATIOS, so the page cannot drift from the code)."""
@@ -520,7 +547,7 @@ def precision_page() -> str:
         "split-K, copy and pointwise kernels that matrix ops launch are not matrix work;\n"
         "3. the compute capability: no Tensor Cores before 7.0, TF32 and bf16 only from 8.0, fp8 from 8.9.\n\n"
         "Checked against Nsight Compute's tensor-pipe counters on an H100 kernel corpus (fp32, TF32, bf16, "
-        "fp16, defaults): no kernel cycle misclassified. Where the trace has no input types "
+        "fp16, defaults): 0.0% of kernel cycles misclassified (`tests/test_precision.py`). Where the trace has no input types "
         "(`record_shapes=False`) and there is no facts file, the kernel names decide alone and the finding "
         "says so, at lower confidence.\n\n"
         "Speed-ups measured on an H100 (same cases in each precision; kernel time of each family's cases, "
