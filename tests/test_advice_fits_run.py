@@ -137,3 +137,31 @@ def test_step_marker_longer_than_the_trace_is_clipped_with_a_note():
     assert float(m.step_ms.max()) * 1e6 <= last - first
     assert m.breakdown["other"].iloc[0] < 0.9 * m.steps["duration"].iloc[0]
     assert any("ProfilerStep#1" in n and "clipped" in n for n in a.notes())
+
+
+# --- item 3: compiled regions are recognised ------------------------------------------------
+def compiled_run_without_triton_names(tmp_path: Path) -> Path:
+    """The compiled sample run (torch.compile, H100) with its generated kernels named as a
+    backend other than Inductor's Triton would name them: only the host spans of the compiled
+    regions (CompiledFunction, CompiledFunctionBackward, Torch-Compiled Region) say it was compiled."""
+    from trace_edit import load_events, rename_events, write_trace
+
+    src = next((CPU_RUNS / "gpu_compiled").glob("*.pt.trace.json.gz"))
+    doc = load_events(src)
+    renamed = rename_events(doc, lambda e: e.get("cat") == "kernel" and str(e.get("name", "")).startswith("triton"), lambda e: "generated_" + e["name"][7:])
+    assert renamed > 100
+    return write_trace(doc, tmp_path / "compiled" / "trace.json")
+
+
+def test_unfused_elementwise_recognises_compiled_regions(tmp_path):
+    path = compiled_run_without_triton_names(tmp_path)
+    config = Config(rule_options={"unfused-elementwise": {"min_kernel_share": 0.0, "min_share": 0.0}})
+    a = analyze(path, select=["unfused-elementwise"], config=config)
+    assert a.findings == []
+    names = a.primary.frames.host["name"].astype(str)
+    assert names.isin(["CompiledFunction", "CompiledFunctionBackward"]).sum() == 2 * len(a.primary.steps)
+
+
+def test_unfused_elementwise_still_fires_on_eager_runs():
+    a = analyze(shared_trace("misc/v100_ns_resolution.pt.trace.json.gz"), select=["unfused-elementwise"])
+    assert a.findings and "torch.compile" in a.findings[0].message
