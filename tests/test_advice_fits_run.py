@@ -165,3 +165,19 @@ def test_unfused_elementwise_recognises_compiled_regions(tmp_path):
 def test_unfused_elementwise_still_fires_on_eager_runs():
     a = analyze(shared_trace("misc/v100_ns_resolution.pt.trace.json.gz"), select=["unfused-elementwise"])
     assert a.findings and "torch.compile" in a.findings[0].message
+
+
+# --- item 8: a CUPTI range-profiler trace ---------------------------------------------------
+RANGE_PROFILED = Path(__file__).parent / "data" / "range_profiler" / "benchmark_result_924719_1679055439_trace.json.gz"
+
+
+def test_range_profiler_trace_is_flagged_as_distorted(cli):
+    code, out, err = cli(["report", str(RANGE_PROFILED)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0
+    text = " ".join((out + err).split())
+    assert "range profiler" in text and "cannot be trusted" in text
+    assert "average 67.1 ms" in text  # cudaLaunchKernel waits for the counter replays
+
+
+def test_ordinary_traces_carry_no_distortion_warning(nw0):
+    assert not any("range profiler" in w for w in analyze(nw0).warnings)

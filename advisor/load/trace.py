@@ -64,6 +64,9 @@ DEVICE_CATS = {
 MTIA_NOT_WORK = ("event_wait", "event_record", "synchronize")
 MTIA_DEVICE_CAT = "mtia_ccp_events"
 SYNC_CATS = {"cuda_sync"}
+# Kernels replayed by CUPTI's range profiler to read hardware counters: the trace then has
+# these instead of kernel events, and every launch call lasts as long as the replays.
+RANGE_PROFILER_CAT = "cuda_profiler_range"
 SCHEMA_2021_CATS = ("Operator", "Kernel", "Runtime")
 MEMORY_EVENT = "[memory]"
 
@@ -106,6 +109,12 @@ class TraceFrames:
     @property
     def has_device(self) -> bool:
         return len(self.device) > 0
+
+    @property
+    def range_profiled(self) -> bool:
+        """Recorded with CUPTI's range profiler: kernels were replayed for counters, so the
+        trace's times (launch calls, steps) are not those of the run."""
+        return bool(self.metadata.get("range_profiler"))
 
 
 # --- columns from sequences of decoded values -----------------------------------------------
@@ -625,7 +634,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             device_properties=_device_properties(decoded.device_properties),
             distributed=dist if isinstance(dist, dict) else {},
             window=window,
-            metadata=decoded.metadata,
+            metadata={**decoded.metadata, "range_profiler": True} if RANGE_PROFILER_CAT in {str(c).lower() for c in cats} else decoded.metadata,
             syncs=syncs,
         )
 
