@@ -274,7 +274,7 @@ def check(ctx: Context):
     marked = len(ctx.frames.steps) > 0
     top = during_rows[:3]
     during = f": meanwhile the host {main} {100 * main_share:.0f}% of that time" + (f", in {_where(top)}" if top else "")
-    message = f"The GPU is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. {ADVICE[main]}"
+    message = f"The {m.device.kind} is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. {ADVICE[main]}"
     if not marked:
         message += " The trace has no ProfilerStep markers, so the whole window counts as one step (setup included)."
     # The idle time is what keeping the device fed could win at most; when the host only

@@ -576,6 +576,17 @@ def _device_properties(props: Any) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["id", "name", "total_memory_bytes", "compute_capability", "num_sms"])
 
 
+def _marked_metadata(metadata: dict[str, Any], cats: set[str]) -> dict[str, Any]:
+    """The trace's metadata, plus what its event categories alone tell: a range-profiler
+    trace (`range_profiler`), an MTIA device (`device_api`)."""
+    out = dict(metadata)
+    if RANGE_PROFILER_CAT in cats:
+        out["range_profiler"] = True
+    if any(c.startswith("mtia_") for c in cats):
+        out["device_api"] = "mtia"
+    return out
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic GC: building millions of objects would trigger it again and again,
@@ -634,7 +645,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             device_properties=_device_properties(decoded.device_properties),
             distributed=dist if isinstance(dist, dict) else {},
             window=window,
-            metadata={**decoded.metadata, "range_profiler": True} if RANGE_PROFILER_CAT in {str(c).lower() for c in cats} else decoded.metadata,
+            metadata=_marked_metadata(decoded.metadata, {str(c).lower() for c in cats}),
             syncs=syncs,
         )
 
