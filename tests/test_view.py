@@ -27,9 +27,9 @@ def test_tensorboard_lists_the_run_in_its_profiler_plugin():
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} not installed (pip install 'torch-advisor[view]')")
     run = trace_path("v100_resnet50_nw0")
-    server = start_tensorboard(run, host="127.0.0.1", port=6123)
+    server = start_tensorboard(run, host="127.0.0.1", port=0)  # any free port: tests may run in parallel
     try:
-        assert server.url.endswith("/#pytorch_profiler")
+        assert server.url.endswith("/#pytorch_profiler") and ":0/" not in server.url
         base = server.url.split("/#")[0]
         runs: list[str] = []
         deadline = time.monotonic() + 60

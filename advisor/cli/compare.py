@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -9,6 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from advisor.render.console import UNWRAPPED_WIDTH, output_console
 from advisor.render.output import write_output
 
 
@@ -22,8 +24,8 @@ class DiffFormat(str, Enum):
 def diff(
     before: Path = typer.Argument(..., help="The run before the change: a log dir or trace file."),
     after: Path = typer.Argument(..., help="The run after the change: a log dir or trace file."),
-    format: DiffFormat = typer.Option(DiffFormat.text, "--format", "-f", help="text, json, markdown or html."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (html: advisor_diff.html)."),
+    format: Optional[DiffFormat] = typer.Option(None, "--format", "-f", help="text, json, markdown or html (default: from the -o suffix, else text)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format; html: advisor_diff.html)."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
@@ -32,13 +34,16 @@ def diff(
     from advisor.config import load_config
     from advisor.render.diff import compare, render_diff
 
+    from advisor.cli import format_for
+
     cfg = load_config(config)
+    format = DiffFormat(format_for(format.value if format else None, output))
     comparison = compare(analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True))
     if format is DiffFormat.text and output is None:
-        render_diff(comparison, "text", Console(highlight=False, soft_wrap=False))
+        render_diff(comparison, "text", output_console())
         return
     if format is DiffFormat.text:
-        console = Console(record=True, width=120, file=open("/dev/null", "w"), color_system=None)
+        console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
         render_diff(comparison, "text", console)
         write_output(console.export_text(), output)
         return

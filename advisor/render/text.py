@@ -144,7 +144,7 @@ def _findings(a: Analysis, verbose: bool) -> list:
                 (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
             )
         )
-        out.append(Padding(Text(f.message), (0, 0, 0, 4)))
+        out.append(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
     if verbose:
         for i, f in enumerate(a.findings, 1):
             body: list = [Text(f.message)]
@@ -159,10 +159,13 @@ def _findings(a: Analysis, verbose: bool) -> list:
                 body.append(Text("fix: ", style="bold") + Text(f.fix.text))
             if f.fix.snippet:
                 body.append(Syntax(f.fix.snippet.strip("\n"), "python", theme="ansi_dark", background_color="default"))
-            body.append(Text(f"confidence: {f.confidence}; `advisor explain {f.rule}` for the method", style="bright_black"))
-            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left"))
+            body.append(Text(f"confidence: {f.confidence}; the method: advisor explain {f.rule}", style="bright_black"))
+            # sized to its content: a wide (unwrapped) console must not stretch the frame
+            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left", expand=False))
     else:
-        out.append(Text("  -v shows the evidence and the code to change; `advisor explain RULE` the method", style="bright_black"))
+        # two short lines: each fits an 80-column terminal, so neither breaks mid-phrase
+        out.append(Text("  -v: the evidence and the code to change", style="bright_black"))
+        out.append(Text("  advisor explain RULE: how a rule decides and estimates its saving", style="bright_black"))
     return out
 
 
