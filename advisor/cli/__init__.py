@@ -199,8 +199,19 @@ def explain(
     if r.docs_url and r.docs_url not in page:
         page += f"\n\nReference: {r.docs_url}"
     if r.defaults:
-        page += "\n\n## Options\n\n" + "\n".join(f"- `{k}` = `{v!r}`" for k, v in r.defaults.items())
-    stdout_console().print(Markdown(f"# {r.id}\n\n{page}"))
+        from advisor.config import rule_options_help
+
+        page += (
+            f"\n\n## Options\n\nSet in `[tool.advisor.rules.{r.id}]` of pyproject.toml (or `[rules.{r.id}]` of advisor.toml).\n\n"
+            + "\n".join(f"- `{name}` ({tp}, default `{default!r}`)" for name, tp, default in rule_options_help(r.defaults))
+        )
+    else:
+        page += "\n\n## Options\n\nNone."
+    page = f"# {r.id}\n\n{page}\n"
+    if not sys.stdout.isatty():  # a pipe or file: the page's Markdown as it is, unwrapped
+        sys.stdout.write(page)
+        return
+    stdout_console().print(Markdown(page))
 
 
 # Commands whose modules are optional (profile needs torch) or heavy: registered only when the
