@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -54,10 +55,32 @@ def diff(
 
 def view(
     path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file."),
-    port: int = typer.Option(6006, "--port", help="Port to serve on (the next free one if taken)."),
-    host: str = typer.Option("localhost", "--host", help="Interface to listen on."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the HTML report here (default: a file in the temporary folder, one per run)."),
+    browser: bool = typer.Option(True, "--browser/--no-browser", help="Open the report in the browser, or only print its path."),
+    run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
+    tensorboard: bool = typer.Option(
+        False, "--tensorboard", help="Open TensorBoard's profiler view instead (the view extra; unmaintained upstream: trace files named *.pt.trace.json only, needs the network)."
+    ),
+    port: int = typer.Option(6006, "--port", help="--tensorboard: port to serve on (the next free one if taken)."),
+    host: str = typer.Option("localhost", "--host", help="--tensorboard: interface to listen on."),
 ) -> None:
-    """Open the run in TensorBoard's PyTorch profiler view and print its URL."""
-    from advisor.render.tensorboard import launch_tensorboard
+    """Open the run's HTML report in the browser (its path is printed when there is no browser)."""
+    if tensorboard:
+        from advisor.render.tensorboard import launch_tensorboard
 
-    launch_tensorboard(path, host=host, port=port)
+        launch_tensorboard(path, host=host, port=port)
+        return
+    from advisor.cli import analyze_with_progress
+    from advisor.config import load_config
+    from advisor.render.html import to_html
+    from advisor.render.view import open_in_browser, view_file
+
+    analysis = analyze_with_progress(path, run=run, config=load_config(config), rules_dir=rules_dir, cache=False)
+    target = output or view_file(analysis.run)
+    write_output(to_html(analysis), target)
+    if browser and open_in_browser(target):
+        return
+    # no browser to hand the file to: its path, on stdout, for the user (or a script) to open
+    sys.stdout.write(f"{target.resolve()}\n")

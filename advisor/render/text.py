@@ -17,6 +17,7 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
+from advisor.render.demangle import demangle
 from advisor.render.fmt import batch_size, fmt_bytes, pct, short_value
 
 COLOURS = {
@@ -121,7 +122,7 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("TC", justify="center", no_wrap=True)
     for r in k.itertuples():
-        name = str(r.name)
+        name = demangle(str(r.name))  # display only: _ZN... symbols as C++
         if len(name) > name_width:
             name = name[: name_width - 1] + "…"
         t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
