@@ -110,6 +110,11 @@ def load_config(path: str | Path | None = None, start: Path | None = None) -> Co
         typed = msgspec.convert(table, AdvisorTable)
     except msgspec.ValidationError as exc:
         raise InputError(where, _problem(exc, shell.table_name(), _fields(AdvisorTable), table)) from None
+    if typed.gate:
+        # the gate's budgets are checked key by key (sizes, fractions, severities) where they are defined
+        from advisor.gate.budgets import parse_gate_table
+
+        parse_gate_table(typed.gate, where, where.parent, shell.table_name("gate") or "[gate]")
     return Config(select=typed.select, ignore=typed.ignore, rule_options=typed.rules, gate=typed.gate, path=where)
 
 

@@ -30,6 +30,8 @@ CPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"  # one findin
         ('[tool.advisor]\nignore = ["channels-last", 3]\n', "[tool.advisor] ignore", "expected a string (str) in each item"),
         ("[tool.advisor.rules]\ndataloader-stall = 0.1\n", "[tool.advisor.rules] dataloader-stall", "expected a table of the rule's options"),
         ("[tool.advisor]\ngate = 120\n", "[tool.advisor] gate", "expected a table (object)"),
+        ("[tool.advisor.gate]\nmax_step_tme_ms = 120\n", "[tool.advisor.gate]", "max_step_tme_ms is not a gate setting"),
+        ('[tool.advisor.gate]\ntolerance = "5%"\n', "[tool.advisor.gate]", "tolerance must be a fraction"),
     ],
 )
 def test_mistakes_are_one_line_naming_file_key_and_expectation(cli, tmp_path, pyproject, key, expected):
