@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cdp import Chromium, find_chromium
-from conftest import REPO
+from conftest import REPO, shared_trace
 from trace_edit import (
     by_cat,
     events,
@@ -210,28 +210,22 @@ LAYOUT = """(() => {
 
 
 @pytest.mark.parametrize("width", [1400, 800])
-def test_report_fits_wide_and_narrow_windows(browser, tmp_path, width):
+@pytest.mark.parametrize("key", ["gpu", "ranks"])
+def test_report_fits_wide_and_narrow_windows(browser, tmp_path, key, width):
     # The H100 sample (finding cards with code, charts, the timeline, mangled cutlass kernels)
-    # and, when present, a two-rank trace (the ranks table).
-    runs = {"gpu": REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline"}
-    two_ranks = REPO.parent / "shared" / "traces" / "a100_two_ranks"
-    vendored = REPO / "tests" / "data" / "shared" / "traces" / "a100_two_ranks"
-    for candidate in (vendored, two_ranks):
-        if candidate.is_dir():
-            runs["ranks"] = candidate
-            break
-    for key, run in runs.items():
-        path = tmp_path / f"{key}.html"
-        path.write_text(to_html(analyze(run)), encoding="utf-8")
-        page = browser.open(path, width=width)
-        got = page.evaluate(LAYOUT)
-        assert got["scroll"] <= got["W"], (key, got)  # nothing pushes the page wider than the window
-        assert got["cards"] == 0 and got["tables"] == 0, (key, got)
-        assert got["smallest_chart_text"] >= 10, (key, got)  # readable: ~7 px before
-        assert got["last_tick_overhang"] <= 0.5, (key, got)
-        assert not any(name.startswith("_Z") for name in got["kernels"]), got["kernels"]
-        if key == "gpu":
-            assert any(name.startswith("cutlass__5x_cudnn::Kernel<") for name in got["kernels"]), got["kernels"]
-        assert page.errors() == []
-        shot = page.screenshot(ARTIFACTS / f"report-{key}-{width}.png")
-        assert shot.stat().st_size > 20_000
+    # and a two-rank trace (the ranks table).
+    run = REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline" if key == "gpu" else shared_trace("a100_two_ranks")
+    path = tmp_path / f"{key}.html"
+    path.write_text(to_html(analyze(run)), encoding="utf-8")
+    page = browser.open(path, width=width)
+    got = page.evaluate(LAYOUT)
+    assert got["scroll"] <= got["W"], (key, got)  # nothing pushes the page wider than the window
+    assert got["cards"] == 0 and got["tables"] == 0, (key, got)
+    assert got["smallest_chart_text"] >= 10, (key, got)  # readable: ~7 px before
+    assert got["last_tick_overhang"] <= 0.5, (key, got)
+    assert not any(name.startswith("_Z") for name in got["kernels"]), got["kernels"]
+    if key == "gpu":
+        assert any(name.startswith("cutlass__5x_cudnn::Kernel<") for name in got["kernels"]), got["kernels"]
+    assert page.errors() == []
+    shot = page.screenshot(ARTIFACTS / f"report-{key}-{width}.png")
+    assert shot.stat().st_size > 20_000
