@@ -6,6 +6,7 @@ them. A figure the trace cannot give is None, never a made-up 0.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +41,12 @@ class DeviceInfo:
 
     @property
     def capability(self) -> float | None:
+        """The compute capability as a number; None where absent or not a plausible one (a damaged trace)."""
         try:
-            return float(self.compute_capability) if self.compute_capability else None
-        except ValueError:
+            value = float(self.compute_capability) if self.compute_capability else None
+        except (TypeError, ValueError):
             return None
+        return value if value is not None and math.isfinite(value) and 0 < value < 100 else None
 
     @property
     def kind(self) -> str:
