@@ -8,6 +8,7 @@ linters find theirs (from the current directory upwards).
     min_share = 0.10                                     # a rule's thresholds
     [tool.advisor.gate]
     max_step_time_ms = 120                               # budgets for `advisor gate`
+    scheduler = "tcp://10.0.0.5:8786"   # (top level) analyse ranks on this Dask cluster
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Config:
     rule_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     gate: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    # A Dask scheduler (tcp://HOST:PORT) to analyse the ranks on; None: a local process pool.
+    scheduler: str | None = None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -86,4 +89,7 @@ def load_config(path: str | Path | None = None, start: Path | None = None) -> Co
     gate = table.get("gate", {})
     if not isinstance(gate, dict):
         raise InputError(where, "[tool.advisor.gate] must be a table")
-    return Config(select=str_list("select"), ignore=str_list("ignore"), rule_options=rules, gate=gate, path=where)
+    scheduler = table.get("scheduler")
+    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler.strip()):
+        raise InputError(where, "scheduler must be a scheduler address such as \"tcp://HOST:8786\"")
+    return Config(select=str_list("select"), ignore=str_list("ignore"), rule_options=rules, gate=gate, path=where, scheduler=scheduler)

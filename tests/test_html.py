@@ -65,7 +65,7 @@ class Elements(HTMLParser):
 
 @pytest.fixture(scope="module")
 def nw0_analysis():
-    return analyze(trace_path("v100_resnet50_nw0"))
+    return analyze(trace_path("v100_resnet50_nw0")).with_primary_frames()  # the timeline test reads its frames
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
 
 
 def analyze_with_progress(path: Path, **kwargs):
-    """analyze() with a progress bar on stderr when there is more than one file to load."""
+    """analyze() with a progress bar on stderr when there is more than one rank to analyse."""
     from advisor.analysis import analyze
     from advisor.load.discover import find_run
 
@@ -98,7 +98,7 @@ def analyze_with_progress(path: Path, **kwargs):
         return analyze(path, **kwargs)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("loading traces"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=stderr_console(), transient=True) as bar:
+    with Progress(TextColumn("analysing ranks"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=stderr_console(), transient=True) as bar:
         task = bar.add_task("load", total=len(files))
         return analyze(path, progress=lambda _p: bar.advance(task), **kwargs)
 
@@ -115,13 +115,26 @@ def report(
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; needs torch-advisor[cluster])."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
+    from contextlib import nullcontext
+
     from advisor.config import load_config
 
     cfg = load_config(config)
-    # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
-    analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir, select=select, ignore=ignore, cache=format is not Format.html)
+    address = scheduler or cfg.scheduler
+    if address:
+        from advisor.load.cluster import cluster_executor
+
+        engine = cluster_executor(address)
+    else:
+        engine = nullcontext(None)
+    with engine as executor:
+        # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
+        analysis = analyze_with_progress(
+            path, run=run, config=cfg, rules_dir=rules_dir, select=select, ignore=ignore, cache=format is not Format.html, executor=executor
+        )
     emit_report(analysis, format, output, verbose)
     if tensorboard:
         from advisor.render.tensorboard import launch_tensorboard

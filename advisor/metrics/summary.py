@@ -15,10 +15,12 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import CATEGORIES, step_breakdown
+from advisor.metrics.collectives import RankComm, rank_comm
 from advisor.metrics.copies import copies, copy_summary
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.kernels import (
     kernel_table,
+    kernel_totals,
     tensor_core_shares,
     top_kernels,
     top_ops,
@@ -58,8 +60,9 @@ class FramesHeader:
 class Metrics:
     """Everything measured on one rank's trace.
 
-    From the analysis cache (advisor.analysis_cache) `frames` is a FramesHeader and `kernels`
-    keeps only what top_kernels reads (name, dur, tensor_core); rules never see such a rank.
+    Sent back by a worker (`without_frames`) or read from the analysis cache, `frames` is a
+    FramesHeader and `kernels` holds totals per kernel name (what top_kernels reads); rank
+    rules never see such a rank.
     """
 
     rank: int
@@ -75,6 +78,8 @@ class Metrics:
     d2h: dict[str, Any]
     peak_memory: dict[int, dict[str, float | None]]
     notes: list[str] = field(default_factory=list)
+    # Collectives and compute kernels per step, for comparing ranks (None: not measured).
+    comm: RankComm | None = None
     # Intermediate results several rules share (op tree, idle timeline), built once per rank.
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -182,6 +187,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
     busy = overlap_with(ms, me, steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))
     util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
     kernels = kernel_table(frames)
+    comm = rank_comm(frames, steps)
     # Restrict kernel shares to the steps (warm-up kernels outside them would skew them).
     in_steps = _inside(kernels, steps)
     tc, eligible = tensor_core_shares(kernels[in_steps]) if in_steps.any() else tensor_core_shares(kernels)
@@ -202,7 +208,31 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
         d2h=copy_summary(d2h[_inside(d2h, steps)], n),
         peak_memory=peak_memory(frames),
         notes=notes,
+        comm=comm,
     )
 
 
-__all__ = ["Metrics", "DeviceInfo", "FramesHeader", "compute_metrics", "top_kernels", "top_ops", "NS_PER_MS"]
+def without_frames(m: Metrics) -> Metrics:
+    """What the reports and the cross-rank analysis read of a rank, without its frames: a
+    FramesHeader, kernel totals per name instead of every kernel, no shared intermediates.
+    A few kB: what a worker sends back."""
+    header = m.frames if isinstance(m.frames, FramesHeader) else FramesHeader(m.frames.path, m.frames.metadata, m.frames.distributed, m.frames.has_device)
+    return Metrics(
+        rank=m.rank,
+        frames=header,
+        steps=m.steps,
+        breakdown=m.breakdown,
+        utilization=m.utilization,
+        kernels=kernel_totals(m.kernels),
+        device=m.device,
+        tensor_core_kernel_share=m.tensor_core_kernel_share,
+        tensor_core_eligible_share=m.tensor_core_eligible_share,
+        h2d=m.h2d,
+        d2h=m.d2h,
+        peak_memory=m.peak_memory,
+        notes=m.notes,
+        comm=m.comm,
+    )
+
+
+__all__ = ["Metrics", "DeviceInfo", "FramesHeader", "compute_metrics", "without_frames", "top_kernels", "top_ops", "NS_PER_MS"]

@@ -410,10 +410,12 @@ def _ranks(a: Analysis) -> str:
     out.append("".join(bars))
     used = [c for c in CATEGORIES if any(m.breakdown_mean_ms[c] > 0 for m in a.ranks)]
     out.append(svg.legend(used))
-    cols = [Column("rank", True), Column("steps", True), Column("mean ms", True), Column("median ms", True), Column("GPU util", True), Column("DataLoader ms", True), Column("communication ms", True), Column("peak memory", True), Column("file", name=True)]
+    cols = [Column("rank", True), Column("steps", True), Column("mean ms", True), Column("median ms", True), Column("GPU util", True), Column("DataLoader ms", True), Column("communication ms", True), Column("collective overlap", True), Column("collective wait ms", True), Column("peak memory", True), Column("file", name=True)]
     rows = []
     for m in a.ranks:
         s = m.summary()
+        c = a.communication(m) or {}
+        wait = c.get("wait_ms_per_step")
         st = s["step_time_ms"]
         peak = s["peak_memory_bytes"]
         rows.append(
@@ -425,12 +427,55 @@ def _ranks(a: Analysis) -> str:
                 (pct(s["gpu_utilization"]), s["gpu_utilization"]),
                 (f"{s['breakdown_ms']['dataloader']:.2f}", s["breakdown_ms"]["dataloader"]),
                 (f"{s['breakdown_ms']['communication']:.2f}", s["breakdown_ms"]["communication"]),
+                (pct(c.get("overlap_share")), c.get("overlap_share")),
+                ("—" if wait is None else f"{wait:.2f}", wait),
                 (fmt_bytes(peak), peak),
                 (m.frames.path.name, None),
             ]
         )
     out.append(sortable_table(cols, rows))
+    out.append(_rank_heatmap(a))
     return "".join(out)
+
+
+def _rank_heatmap(a: Analysis) -> str:
+    """Ranks x steps: each rank's wait in its collectives per step (or, without collectives,
+    its step time). The rank the others wait for is the pale row, marked."""
+    w = a.waits
+    stragglers = next((f.evidence.get("straggler_ranks", []) for f in a.findings if f.rule == "straggler"), [])
+    if w is not None:
+        ranks, steps = w.ranks, w.steps
+        values = w.wait / 1e6
+        collective = w.collective / 1e6
+        caused = w.caused / 1e6
+        what = "wait in collectives"
+
+        def tip(i: int, j: int) -> str:
+            return (
+                f"rank {ranks[i]}, step {steps[j]}: waits {values[i, j]:.2f} ms of {collective[i, j]:.2f} ms in collectives"
+                + (f"; the others wait {caused[i, j]:.2f} ms for it" if caused[i, j] > 0 else "")
+            )
+
+        caption = (
+            "Each cell: how long the rank waits inside its collectives in that step for a later rank (darker: longer). "
+            "The rank that arrives last waits least: its row is pale."
+            + (f" Marked: the straggler ({', '.join(f'rank {r}' for r in stragglers)})." if stragglers else "")
+        )
+    else:
+        common = sorted(set.intersection(*(set(m.steps["step"].tolist()) for m in a.ranks)))
+        if not common:
+            return ""
+        ranks, steps = [m.rank for m in a.ranks], np.asarray(common)
+        values = np.vstack([m.steps.set_index("step").loc[common, "duration"].to_numpy(np.float64) / 1e6 for m in a.ranks])
+        what = "step time"
+
+        def tip(i: int, j: int) -> str:
+            return f"rank {ranks[i]}, step {steps[j]}: {values[i, j]:.2f} ms"
+
+        caption = "Each cell: the rank's step time (darker: slower). No collectives in these traces, so waits cannot be told apart."
+    marked = [i for i, r in enumerate(ranks) if r in stragglers]
+    chart = svg.heatmap([f"rank {r}" for r in ranks], [str(s) for s in steps], values, tip, marked, label=f"ranks by steps: {what}")
+    return f'<h3>Ranks × steps: {esc(what)}</h3><figure>{chart}<figcaption>{esc(caption)}</figcaption></figure>'
 
 
 def _notes(a: Analysis) -> str:
@@ -444,6 +489,7 @@ def _notes(a: Analysis) -> str:
 
 
 def to_html(analysis: Analysis) -> str:
+    analysis = analysis.with_primary_frames()  # the timeline, memory and ops of the slowest rank
     body = "".join(
         [
             _header(analysis),
