@@ -8,7 +8,8 @@ the wait it costs the job per step, and what the rank does differently from the 
 more kernel time (more work, or the same kernels running slower: a slower or throttled
 device), more host time between kernels (CPU work, host stalls), more time waiting for the
 DataLoader, more copies. It fires when the wait the named ranks cause is at least
-`min_share` of the job's step (2% by default).
+`min_share` (a float, 0.02) of the job's step. It needs two ranks or more, each with
+collective kernels in its trace.
 
 ## Why it is slow
 A collective ends only when every rank has joined it, so a synchronous job runs at the pace of
@@ -45,8 +46,8 @@ temperature and power limit, and its PCIe/NVLink placement, or exclude the node.
 Per step, the job loses to its last rank the difference between the least and the
 second-least collective time: had the last rank arrived with the next-to-last, every
 collective would have ended that much sooner. The saving is that loss, averaged over the steps
-every rank recorded, summed over the named ranks (each named rank causes at least
-`min_rank_share` of the top one's loss). Comparing step totals (not single collectives)
+every rank recorded, summed over the named ranks: the top one, and any other whose loss is at
+least `min_rank_share` (a float, 0.5) of the top one's. Comparing step totals (not single collectives)
 keeps pipeline send/recv, which pairs ranks rather than syncing them all, from being counted
 as waits. Confidence is medium: a rank that arrives last through no fault of its own (its
 input arrived late from a previous pipeline stage) is named too.
