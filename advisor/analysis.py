@@ -225,6 +225,21 @@ def _complete_steps_only(frames: TraceFrames, facts: dict[str, Any] | None, warn
     return replace(frames, steps=frames.steps[keep].reset_index(drop=True))
 
 
+def distorted_timing_warning(frames: TraceFrames) -> str | None:
+    """A trace whose times are not the run's: CUPTI's range profiler replays each kernel to
+    read its counters, and the launch calls wait for the replays."""
+    if not frames.range_profiled:
+        return None
+    rt = frames.runtime
+    launch = rt[rt["name"].astype(str).str.contains("LaunchKernel", regex=False)]
+    mean = f", kernel launch calls average {launch['dur'].mean() / 1e6:,.1f} ms" if len(launch) else ""
+    return (
+        f"{frames.path.name}: recorded with CUPTI's range profiler (kernels appear only as cuda_profiler_range counter "
+        f"ranges{mean}): kernels were replayed to read counters, so these timings are distorted and cannot be trusted; "
+        "profile again without counter collection to measure time"
+    )
+
+
 # --- the map: one rank, where its trace is ---------------------------------------------------
 @dataclass
 class RankTask:
@@ -259,6 +274,7 @@ class RankResult:
     metrics: Metrics | None = None
     findings: RankFindings = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    timing_warning: str | None = None  # the trace's times cannot be trusted (distorted_timing_warning)
     error_path: str | None = None
     problem: str | None = None
 
@@ -318,6 +334,7 @@ def analyze_rank(task: RankTask) -> RankResult:
         metrics=without_frames(metrics),
         findings=found,
         warnings=warnings,
+        timing_warning=distorted_timing_warning(frames),
     )
 
 
@@ -422,6 +439,7 @@ def analyze(
         results = [redone.get(r.index, r) for r in results]
     for r in results:
         warnings += r.warnings
+    warnings += [r.timing_warning for r in results if r.timing_warning]
     per_rank = sorted(((r.metrics, r.findings) for r in results), key=lambda x: x[0].rank)
     metrics = [m for m, _ in per_rank]
     waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None
