@@ -1,10 +1,11 @@
-"""Load the ranks of a run in parallel processes, or summarise each rank where its file is.
+"""Spread the ranks of a run over worker processes: analyse each rank where its file is read,
+or load every rank's frames.
 
 Two ways to spread the ranks of a job over workers:
 
-* `load_frames(paths)` returns every rank's frames to the caller (what `advisor report`
-  needs: rules read frames). Workers are processes (the decode holds the GIL); each worker
-  parses its file, or reads the cached frames, and sends the frames back.
+* `load_frames(paths)` returns every rank's frames to the caller, for a caller that needs
+  them all in one process (memory grows with the rank count). Workers are processes (the
+  decode holds the GIL); each parses its file, or reads the cached frames, and sends them back.
 * `map_ranks(fn, items)` runs `fn(item)` for each rank on the workers and yields only what
   `fn` returns, as ranks finish, so the caller holds one small result per rank and memory is
   bounded by the number of workers, not ranks. `advisor.analysis.analyze_rank` is that
