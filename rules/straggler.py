@@ -66,9 +66,11 @@ TITLE = "A slow rank makes the others wait in their collectives"
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 SCOPE = "job"
 DEFAULTS = {"min_share": 0.02, "min_rank_share": 0.5}
-FIX = "Give every rank the same work per step and the same input speed; find why this rank is slower (see the evidence) and fix that rank, not the collectives."
-AFTER = """sampler = DistributedSampler(dataset, drop_last=True)
-loader = DataLoader(dataset, batch_size=64, sampler=sampler, num_workers=8,
+FIX = "Give every rank the same work per step; find why this rank is slower (see the evidence) and fix that rank, not the collectives."
+AFTER = """sampler = DistributedSampler(dataset, drop_last=True)   # equal shards: the same work on every rank
+"""
+INPUT_FIX = "Feed this rank as fast as the others: more DataLoader workers, pinned memory, input files on local storage."
+INPUT_AFTER = """loader = DataLoader(dataset, batch_size=64, sampler=sampler, num_workers=8,
                     pin_memory=True, persistent_workers=True)
 """
 # What a rank can do differently, as (label, breakdown categories).
@@ -146,7 +148,7 @@ def check(ctx: JobContext):
     elif main_ms > 0:
         why = f"; it spends {main_ms:.1f} ms more per step than the median rank {main_label}"
         if main_label.startswith("waiting for the DataLoader"):
-            fix = "Feed this rank as fast as the others: more DataLoader workers, pinned memory, input files on local storage."
+            fix, snippet = INPUT_FIX, INPUT_AFTER
 
     waits = w.mean_wait_ms()
     other_rows = [i for i in range(len(w.ranks)) if i not in named]
