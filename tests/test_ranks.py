@@ -18,6 +18,12 @@ from advisor.load import parallel
 DELAY_MS = 20.0
 
 
+@pytest.fixture(autouse=True)
+def no_cache_entries(monkeypatch):
+    """Nothing is written beside the (vendored) recordings."""
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+
+
 def nccl_ms_per_step(trace: Path) -> dict[int, float]:
     """Collective kernel time per ProfilerStep straight from the trace JSON (a kernel belongs to
     the last step that started before it), independently of the advisor's metrics."""
