@@ -18,7 +18,7 @@ import orjson
 
 from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
-from advisor.config import Config, load_config
+from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
 from advisor.load.cache import cache_enabled
@@ -149,7 +149,7 @@ class Analysis:
                         "compute_capability": m.device.compute_capability,
                     },
                     "summary": m.summary(),
-                    **({"communication": self.communication(m)} if len(self.ranks) > 1 else {}),
+                    "communication": self.communication(m),
                 }
                 for m in self.ranks
             ],
@@ -403,6 +403,8 @@ def analyze(
     cache. Either way the ranks carry a FramesHeader, not frames; `Analysis.with_primary_frames`
     loads the one rank the HTML report draws."""
     config = config if config is not None else load_config()
+    if config.rule_options:  # checked before the cache: a mistake in them is reported every time
+        config = check_rule_options(config, all_rules(rules_dir))
     warnings: list[str] = []
     run_files = find_run(path, run)
     select = select or config.select
