@@ -413,12 +413,10 @@ def _ranks(a: Analysis) -> str:
     out.append("".join(bars))
     used = [c for c in CATEGORIES if any(m.breakdown_mean_ms[c] > 0 for m in a.ranks)]
     out.append(svg.legend(used))
-    cols = [Column("rank", True), Column("steps", True), Column("mean ms", True), Column("median ms", True), Column("GPU util", True), Column("DataLoader ms", True), Column("communication ms", True), Column("collective overlap", True), Column("collective wait ms", True), Column("peak memory", True), Column("file", name=True)]
+    cols = [Column("rank", True), Column("steps", True), Column("mean ms", True), Column("median ms", True), Column("GPU util", True), Column("DataLoader ms", True), Column("communication ms", True), Column("peak memory", True), Column("file", name=True)]
     rows = []
     for m in a.ranks:
         s = m.summary()
-        c = a.communication(m) or {}
-        wait = c.get("wait_ms_per_step")
         st = s["step_time_ms"]
         peak = s["peak_memory_bytes"]
         rows.append(
@@ -430,15 +428,41 @@ def _ranks(a: Analysis) -> str:
                 (pct(s["gpu_utilization"]), s["gpu_utilization"]),
                 (f"{s['breakdown_ms']['dataloader']:.2f}", s["breakdown_ms"]["dataloader"]),
                 (f"{s['breakdown_ms']['communication']:.2f}", s["breakdown_ms"]["communication"]),
-                (pct(c.get("overlap_share")), c.get("overlap_share")),
-                ("—" if wait is None else f"{wait:.2f}", wait),
                 (fmt_bytes(peak), peak),
                 (m.frames.path.name, None),
             ]
         )
     out.append(sortable_table(cols, rows))
+    out.append(_collectives_table(a))
     out.append(_rank_heatmap(a))
     return "".join(out)
+
+
+def _collectives_table(a: Analysis) -> str:
+    """Per rank: collective time, the share compute overlaps, the wait for later ranks and the
+    wait it causes the others (ms per step)."""
+    comms = [(m.rank, a.communication(m)) for m in a.ranks]
+    if not any(c for _, c in comms):
+        return ""
+
+    def cell(v: float | None, shown: str) -> tuple[str, float | None]:
+        return ("—", None) if v is None else (shown, v)
+
+    cols = [Column("rank", True), Column("collectives ms", True), Column("overlapped by compute", True), Column("waits ms", True), Column("makes others wait ms", True)]
+    rows = []
+    for rank, c in comms:
+        c = c or {}
+        col, ov, wait, caused = (c.get(k) for k in ("collective_ms_per_step", "overlap_share", "wait_ms_per_step", "caused_wait_ms_per_step"))
+        rows.append(
+            [
+                (str(rank), rank),
+                cell(col, f"{col:.2f}" if col is not None else ""),
+                cell(ov, pct(ov)),
+                cell(wait, f"{wait:.2f}" if wait is not None else ""),
+                cell(caused, f"{caused:.2f}" if caused is not None else ""),
+            ]
+        )
+    return "<h3>Collectives per step</h3>" + sortable_table(cols, rows, "collectives")
 
 
 def _rank_heatmap(a: Analysis) -> str:
