@@ -100,8 +100,9 @@ class Analysis:
             return self
         from advisor.load.cache import load_cached
 
-        frames = _complete_steps_only(load_cached(m.frames.path), self.run_facts(m.rank), [])
-        full = compute_metrics(frames, m.rank)
+        facts = self.run_facts(m.rank)
+        frames = _complete_steps_only(load_cached(m.frames.path), facts, [])
+        full = compute_metrics(frames, m.rank, facts)
         ranks = [full if r is m else r for r in self.ranks]
         out = replace(self, ranks=ranks)
         out._derived = dict(self._derived)
@@ -212,6 +213,69 @@ def worker_key(frames: TraceFrames) -> str:
     return m.group(1) if m else frames.path.name
 
 
+# --- traces of one job ----------------------------------------------------------------------
+# Two traces farther apart than this (and not windows of one worker) are not one job's ranks.
+JOB_TIME_GAP_US = 10 * 60 * 1e6
+JOB_SPLIT_NOTE = "do not belong to one job"
+
+
+def _job_signature(frames: TraceFrames) -> tuple:
+    props = frames.device_properties
+    device = str(props["name"].iloc[0]) if len(props) else None
+    return (frames.has_device, device, frames.distributed.get("world_size"))
+
+
+def _time_span_us(frames: TraceFrames) -> tuple[float, float]:
+    return frames.base_us + frames.window[0] / 1e3, frames.base_us + frames.window[1] / 1e3
+
+
+def _same_job(a: RankResult, b: RankResult) -> str | None:
+    """None when two traces can be ranks (or windows) of one job, else why not."""
+    sa, sb = a.signature, b.signature
+    if sa[:2] != sb[:2]:
+        return "different devices"
+    if sa[2] != sb[2]:
+        return "different distributed settings"
+    if a.worker != b.worker:
+        (a0, a1), (b0, b1) = a.span_us, b.span_us
+        if max(a0, b0) - min(a1, b1) > JOB_TIME_GAP_US:
+            return "recorded at different times"
+    return None
+
+
+def group_jobs(results: list[RankResult]) -> tuple[list[list[RankResult]], set[str]]:
+    """Traces grouped into jobs: a trace joins the first group whose first trace it agrees
+    with (device, distributed settings, time), and the reasons the groups differ."""
+    groups: list[list[RankResult]] = []
+    reasons: set[str] = set()
+    for f in results:
+        for g in groups:
+            why = _same_job(g[0], f)
+            if why is None:
+                g.append(f)
+                break
+            reasons.add(why)
+        else:
+            groups.append([f])
+    return groups, (reasons if len(groups) > 1 else set())
+
+
+def _one_job(results: list[RankResult], directory: Path, warnings: list[str]) -> list[RankResult]:
+    """The traces of one job: all of them when they agree; else the largest group (then the
+    one with the newest file), with a warning that names the others."""
+    groups, reasons = group_jobs(results)
+    if len(groups) == 1:
+        return results
+    chosen = max(groups, key=lambda g: (len(g), max(f.mtime for f in g), max(f.path.name for f in g)))
+    others = [f.path.name for g in groups if g is not chosen for f in g]
+    listed = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
+    warnings.append(
+        f"the {len(results)} traces in {directory} {JOB_SPLIT_NOTE} ({', '.join(sorted(reasons))}): reporting "
+        f"{', '.join(f.path.name for f in chosen)} as one run; the others are separate runs, each with --run FILE: {listed}"
+    )
+    return chosen
+
+
 def _complete_steps_only(frames: TraceFrames, facts: dict[str, Any] | None, warnings: list[str]) -> TraceFrames:
     """An interrupted capture ends with a partly recorded step; the facts list the complete ones."""
     done = (facts or {}).get("profiled_steps")
@@ -275,6 +339,8 @@ class RankResult:
     findings: RankFindings = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timing_warning: str | None = None  # the trace's times cannot be trusted (distorted_timing_warning)
+    signature: tuple = ()  # device and distributed settings (_job_signature): which job it is
+    span_us: tuple[float, float] = (0.0, 0.0)  # when it was recorded (_time_span_us)
     error_path: str | None = None
     problem: str | None = None
 
@@ -315,7 +381,7 @@ def analyze_rank(task: RankTask) -> RankResult:
     warnings: list[str] = []
     window_steps = len(frames.steps)
     frames = _complete_steps_only(frames, facts, warnings)
-    metrics = compute_metrics(frames, rank)
+    metrics = compute_metrics(frames, rank, facts)
     rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
     found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size)
     try:
@@ -335,6 +401,8 @@ def analyze_rank(task: RankTask) -> RankResult:
         findings=found,
         warnings=warnings,
         timing_warning=distorted_timing_warning(frames),
+        signature=_job_signature(frames),
+        span_us=_time_span_us(frames),
     )
 
 
@@ -364,7 +432,7 @@ def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> li
             kept.append(r)
     if not kept:
         raise errors[0]
-    return _one_window_per_worker(kept, warnings)
+    return _one_window_per_worker(_one_job(kept, run.directory, warnings), warnings)
 
 
 def _one_window_per_worker(results: list[RankResult], warnings: list[str]) -> list[RankResult]:
@@ -414,6 +482,9 @@ def analyze(
         hit = read_analysis(run_files, key)
         if hit is not None:
             facts = _read_facts(run_files.directory, [])  # its warnings are among the stored ones
+            if any(JOB_SPLIT_NOTE in w for w in hit.warnings):
+                chosen = {m.frames.path for m in hit.ranks}
+                run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
             return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings)
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)  # bad ids fail here, once
     started = time.perf_counter()
@@ -432,6 +503,9 @@ def analyze(
     )
     tasks = [replace(base, path=p, index=i) for i, p in enumerate(run_files.files)]
     results = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)
+    if any(JOB_SPLIT_NOTE in w for w in warnings):
+        chosen = {r.path for r in results}
+        run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
     warnings += fact_warnings
     ranks = _assign_ranks([r.distributed_rank for r in results], [r.path.name for r in results])
     # A rank that guessed its number (or the world size) wrong is analysed again as what it is.
