@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from advisor.render.output import write_output
+from advisor.render.output import run_input_files, write_output
 
 
 class DiffFormat(str, Enum):
@@ -33,18 +33,20 @@ def diff(
     from advisor.render.diff import compare, render_diff
 
     cfg = load_config(config)
-    comparison = compare(analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True))
+    first, second = analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True)
+    comparison = compare(first, second)
+    inputs = run_input_files(first) + run_input_files(second)
     if format is DiffFormat.text and output is None:
         render_diff(comparison, "text", Console(highlight=False, soft_wrap=False))
         return
     if format is DiffFormat.text:
         console = Console(record=True, width=120, file=open("/dev/null", "w"), color_system=None)
         render_diff(comparison, "text", console)
-        write_output(console.export_text(), output)
+        write_output(console.export_text(), output, inputs)
         return
     text = render_diff(comparison, format.value)
     assert text is not None
-    write_output(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None))
+    write_output(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None), inputs)
 
 
 def view(

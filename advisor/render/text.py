@@ -1,7 +1,9 @@
 """The terminal report: the step-time picture first, then the ranked fixes.
 
 rich handles terminal width, NO_COLOR and pipes (no colour codes when not a terminal).
-Every string from a trace is printed as text, never as console markup.
+Every string from a trace or a facts file is printed as text, never as console markup, and
+through `one_line` (`multi_line` for code): no escape sequence, control character, line break
+or bidirectional control of theirs reaches the terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.fmt import batch_size, fmt_bytes, pct, short_value
+from advisor.terminal_text import multi_line, one_line
 
 COLOURS = {
     "kernel": "green",
@@ -52,11 +55,11 @@ def _overview(a: Analysis, console: Console) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("Run", Text(f"{a.run.name}  ({len(a.run.files)} trace file{'s' if len(a.run.files) != 1 else ''})"))
+    head.add_row("Run", Text(f"{one_line(a.run.name)}  ({len(a.run.files)} trace file{'s' if len(a.run.files) != 1 else ''})"))
     dev = m.device
     if dev.name:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
-        head.add_row("Device", Text(f"{dev.name}{cc}, {fmt_bytes(dev.total_memory_bytes)}"))
+        head.add_row("Device", Text(one_line(f"{dev.name}{cc}, {fmt_bytes(dev.total_memory_bytes)}")))
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
@@ -121,7 +124,7 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("TC", justify="center", no_wrap=True)
     for r in k.itertuples():
-        name = str(r.name)
+        name = one_line(r.name)
         if len(name) > name_width:
             name = name[: name_width - 1] + "…"
         t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
@@ -138,29 +141,29 @@ def _findings(a: Analysis, verbose: bool) -> list:
         out.append(
             Text.assemble(
                 (f"{i:>2}. ", "bold"),
-                (f.rule, SEVERITY_STYLE.get(f.severity, "")),
+                (one_line(f.rule), SEVERITY_STYLE.get(f.severity, "")),
                 "  ",
                 (saving, "bold"),
                 (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
             )
         )
-        out.append(Padding(Text(f.message), (0, 0, 0, 4)))
+        out.append(Padding(Text(one_line(f.message)), (0, 0, 0, 4)))
     if verbose:
         for i, f in enumerate(a.findings, 1):
-            body: list = [Text(f.message)]
+            body: list = [Text(one_line(f.message))]
             if f.causes:
-                body.append(Text(f"explained by: {', '.join(f.causes)}", style="italic"))
+                body.append(Text(one_line(f"explained by: {', '.join(f.causes)}"), style="italic"))
             ev = {k: v for k, v in f.evidence.items()}
             if ev:
                 body.append(Text("evidence:", style="bold"))
                 for k, v in ev.items():
-                    body.append(Text(f"  {k}: {short_value(v)}"))
+                    body.append(Text(one_line(f"  {k}: {short_value(v)}")))
             if f.fix.text:
-                body.append(Text("fix: ", style="bold") + Text(f.fix.text))
+                body.append(Text("fix: ", style="bold") + Text(one_line(f.fix.text)))
             if f.fix.snippet:
-                body.append(Syntax(f.fix.snippet.strip("\n"), "python", theme="ansi_dark", background_color="default"))
-            body.append(Text(f"confidence: {f.confidence}; `advisor explain {f.rule}` for the method", style="bright_black"))
-            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left"))
+                body.append(Syntax(multi_line(f.fix.snippet).strip("\n"), "python", theme="ansi_dark", background_color="default"))
+            body.append(Text(one_line(f"confidence: {f.confidence}; `advisor explain {f.rule}` for the method"), style="bright_black"))
+            out.append(Panel(Group(*body), title=escape(one_line(f"{i}. {f.rule} — {f.title}")), title_align="left"))
     else:
         out.append(Text("  -v shows the evidence and the code to change; `advisor explain RULE` the method", style="bright_black"))
     return out
@@ -193,6 +196,6 @@ def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
     if notes or a.warnings:
         console.print()
         for n in notes:
-            console.print(Text(f"note: {n}", style="bright_black"))
+            console.print(Text(one_line(f"note: {n}"), style="bright_black"))
         for w in a.warnings:
-            console.print(Text(f"warning: {w}", style="yellow"))
+            console.print(Text(one_line(f"warning: {w}"), style="yellow"))
