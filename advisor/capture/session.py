@@ -21,7 +21,7 @@ the file is complete.
 What torch's native code prints on fd 2 while the profiler starts, steps and stops (Kineto's
 `USDT: ... profiler_start/stop` lines, the allocator's warning about memory allocated before
 the profiler started, which the first free of such a block triggers) goes to
-`advisor_profiler.log` in the log dir instead of the user's terminal. Only those calls of
+`advisor_profiler.log` (`advisor_profiler.rank<R>.log`) in the log dir instead of the user's terminal. Only those calls of
 ours are redirected; the script's own stdout and stderr are never touched. (The allocator
 warns again every 1000 such frees; the 1001st in one window reaches the terminal.)
 
@@ -46,7 +46,8 @@ from advisor.capture.facts import FactsRecorder, facts_file_name, write_facts
 from advisor.capture.progress import Progress, Window, step_span
 from advisor.capture.runner import Outcome, Target, Terminated, run
 
-PROFILER_LOG = "advisor_profiler.log"
+def profiler_log_name(rank: int, world_size: int) -> str:
+    return f"advisor_profiler.rank{rank}.log" if world_size > 1 else "advisor_profiler.log"
 
 
 class StopRun(BaseException):
@@ -116,6 +117,7 @@ class _Session:
         options.out_dir = Path(os.path.abspath(options.out_dir))
         self.o = options
         self.pid = os.getpid()  # the process that captures; a fork of the script is not it
+        self._log_path = options.out_dir / profiler_log_name(options.rank, options.world_size)
         self._in_profiler = 0
         self._pending_terminate = False
         self._allocator_warned = False
@@ -239,7 +241,7 @@ class _Session:
         Kineto prints `USDT: ... profiler_start/stop` on fd 2 while it starts and stops, and
         the CPU allocator warns (on fd 2, the first time and then every 1000th time) when a
         block allocated before recording started is freed during it. fd 2 points at
-        PROFILER_LOG for the duration of the call, and one such block is freed inside it, so
+        the log dir's profiler log for the duration of the call, and one such block is freed inside it, so
         the allocator's first warning is spent here rather than in the middle of the
         script's output.
         """
@@ -252,7 +254,7 @@ class _Session:
         except Exception:  # a closed or odd stderr: the redirect is only cosmetic
             pass
         try:
-            log_fd = os.open(self.o.out_dir / PROFILER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            log_fd = os.open(self._log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         except OSError:
             log_fd = None
         try:
@@ -362,7 +364,7 @@ class _Session:
         return result
 
     def _drop_empty_log(self) -> None:
-        log = self.o.out_dir / PROFILER_LOG
+        log = self._log_path
         try:
             if log.stat().st_size == 0:
                 log.unlink()
