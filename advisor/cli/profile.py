@@ -54,7 +54,7 @@ def profile(
     ctx: typer.Context,
     script: str | None = typer.Argument(
         None, metavar="SCRIPT [-- ARGS...]", show_default=False,
-        help="The training script, run as `python SCRIPT ARGS` would run it. Put `--` before the script's own options.",
+        help="The training script, run as `python SCRIPT ARGS` would run it. Put `--` before the script's own options; the advisor's options may stand before SCRIPT or between SCRIPT and `--`.",
     ),
     module: str | None = typer.Option(None, "-m", "--module", help="Run a module instead, like `python -m MODULE ARGS`."),
     wait: int = typer.Option(1, "--wait", min=0, help="Steps to skip before the profiler warms up (the first step holds start-up)."),
