@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -187,3 +188,18 @@ def test_without_torch_profile_says_how_to_install_it(tmp_path: Path):
         [line] = r.stderr.strip().splitlines()
         assert "advisor profile needs PyTorch" in line and "pip install torch" in line and sys.executable in line
     assert not (tmp_path / "advisor_runs").exists()
+
+
+def test_a_script_and_arguments_named_with_bytes_that_are_not_utf8(tmp_path: Path):
+    script = write(tmp_path / "tr\udcffain.py", TRAIN)  # the file name's byte 0xff, as Python holds it
+    out = tmp_path / "run\udcfe"
+    r = subprocess.run(
+        [sys.executable, "-m", "advisor", "profile", "--out", os.fsencode(out), *QUICK, os.fsencode(script), "--", b"--tag=\xfd"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode("utf-8")  # everything the advisor says is valid UTF-8
+    assert f"profiling {tmp_path}/tr\\xffain.py on cpu" in err and f"→ {tmp_path}/run\\xfe" in err
+    f = facts(out)
+    assert f["script"] == f"{tmp_path}/tr\\xffain.py" and f["argv"][1:] == ["--tag=\\xfd"]
+    assert len(traces(out)) == 1 and "Findings, ranked" in r.stdout.decode("utf-8")
