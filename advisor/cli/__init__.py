@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from advisor.errors import EXIT_BAD_INPUT, InputError
-from advisor.render.output import write_output
+from advisor.render.output import run_input_files, write_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -91,23 +91,26 @@ def say(console: Console, line: str) -> None:
     """Print one plain line (no markup, no highlighting)."""
     from rich.text import Text
 
-    console.print(Text(line), soft_wrap=True)
+    from advisor.terminal_text import one_line
+
+    console.print(Text(one_line(line)), soft_wrap=True)
 
 
 def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) -> None:
-    """Render an analysis in the chosen format to stdout or a file."""
+    """Render an analysis in the chosen format to stdout or a file (never over one it read)."""
+    inputs = run_input_files(analysis)
     if fmt is Format.json:
         from advisor.render.json_report import to_json
 
-        write_output(to_json(analysis), output)
+        write_output(to_json(analysis), output, inputs)
     elif fmt is Format.markdown:
         from advisor.render.markdown import to_markdown
 
-        write_output(to_markdown(analysis, verbose=verbose), output)
+        write_output(to_markdown(analysis, verbose=verbose), output, inputs)
     elif fmt is Format.html:
         from advisor.render.html import to_html
 
-        write_output(to_html(analysis), output or Path("advisor_report.html"))
+        write_output(to_html(analysis), output or Path("advisor_report.html"), inputs)
     else:
         from advisor.render.text import render_text
 
@@ -120,7 +123,7 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
 
             console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
             render_text(analysis, console, verbose=verbose)
-            write_output(console.export_text(), output)
+            write_output(console.export_text(), output, inputs)
 
 
 def analyze_with_progress(path: Path, **kwargs):

@@ -106,8 +106,9 @@ def _header(a: Analysis) -> str:
         device = "device not named in the trace"
     ranks = f" · {len(a.ranks)} ranks (figures of rank {m.rank}, the slowest; each finding names its rank)" if len(a.ranks) > 1 else ""
     out = [
-        f"<h1>Why is <span class=\"mono\">{esc(a.run.name)}</span> slow?</h1>",
-        f'<p class="sub">{esc(device)}{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · {esc(a.source)}</p>',
+        # <bdi>: a name in a right-to-left script stays inside its own box and cannot reorder the header
+        f"<h1>Why is <bdi class=\"mono\">{esc(a.run.name)}</bdi> slow?</h1>",
+        f'<p class="sub"><bdi>{esc(device)}</bdi>{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · <bdi>{esc(a.source)}</bdi></p>',
     ]
     tiles = []
     if st["mean"] is not None:
