@@ -94,3 +94,36 @@ def test_d2d_copies_named_by_their_cause_on_a_ddp_trace():
 @pytest.mark.parametrize("name", ["v100_resnet50_nw0", "misc/a100_nccl.json.gz"])
 def test_d2d_copies_silent_without_device_copies(name):
     assert finding(run(shared_trace(name), select=["d2d-copy-volume"]), "d2d-copy-volume") is None
+
+
+# --- epoch-end ----------------------------------------------------------------------------
+SAMPLE_RUNS = REPO / "sample_runs" / "resnet18_cifar" / "runs"
+
+
+def test_epoch_ends_found_in_the_h100_walk_facts():
+    """gpu_walk_final: batch 512 of 10,000 samples (20 batches, the last of 272), 15 workers
+    that are not persistent, 48 steps: epochs begin at steps 20 and 40."""
+    import orjson
+
+    facts = orjson.loads((SAMPLE_RUNS / "gpu_walk_final" / "advisor_facts.json").read_bytes())
+    wait = facts["loader_wait_ms"]
+    f = finding(run(SAMPLE_RUNS / "gpu_walk_final"), "epoch-end")
+    assert f is not None and f.evidence["epoch_starts"] == [20, 40]
+    # The first step of each new epoch waits for freshly started workers: most of a second.
+    for start, extra in zip([20, 40], f.evidence["worker_restart_ms"]):
+        assert wait[start] - 1 <= extra <= wait[start] + wait[start + 1]
+        assert extra > 500
+    assert f.evidence["short_last_batch"] == 10000 % 512
+    assert "persistent_workers=True" in f.fix.snippet and "drop_last=True" in f.fix.snippet
+    # What the workers cost per step of the run is more than half an average step.
+    assert 0.5 < f.saving_pct < 0.7
+
+
+@pytest.mark.parametrize("name", ["gpu_workers", "gpu_cudagraphs", "cpu_workers"])
+def test_epoch_end_silent_when_the_run_crossed_no_epoch_end(name):
+    """Batch 32 and 128 of 10,000 samples in 48 steps (8 on the CPU): no epoch ended."""
+    assert finding(run(SAMPLE_RUNS / name), "epoch-end") is None
+
+
+def test_epoch_end_silent_without_facts():
+    assert finding(run(shared_trace("v100_resnet50_nw4")), "epoch-end") is None

@@ -325,7 +325,7 @@ class Hooks:
 
     # -- DataLoader batches -----------------------------------------------------------------
     def _loader_iterated(self, loader: Any, it: Any) -> None:
-        self.facts.saw_dataloader(loader)
+        self.facts.saw_dataloader(loader, self.steps)
         try:
             self._iter_loader[it] = id(loader)
         except TypeError:  # pragma: no cover - iterator without weakref support
