@@ -8,7 +8,12 @@ Its docstring is its documentation page (what `advisor explain RULE` prints) and
     DOCS = "https://pytorch.org/docs/..."   # the PyTorch page that backs the advice
     DEFAULTS = {"min_share": 0.05}     # thresholds, overridable in [tool.advisor.rules.<ID>]
     CAUSES = ()                         # for symptom rules: ids of rules that explain them
+    TRAINING_ONLY = False               # True: silent on inference and evaluation runs
     def check(ctx: Context) -> Finding | Iterable[Finding] | None
+
+A run is inference when its facts file says so (`mode`, from `advisor profile`: steps found
+with no backward pass and no optimizer step), or, with no facts, when its trace holds no
+backward op and no optimizer span.
 
 Findings are ranked by saving. A symptom rule (CAUSES non-empty) is not counted twice with
 its causes: when a cause fired, the symptom keeps only the part of its saving the causes do
@@ -21,6 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +34,19 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from advisor.errors import InputError
+from advisor.metrics.breakdown import _matches
 from advisor.metrics.summary import Metrics
+
+# Host ops only a training step has: autograd's backward nodes and the optimizer's spans.
+TRAINING_OPS = re.compile(r"(Backward\d*$|^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|## backward ##)")
+
+
+def is_training(m: Metrics, facts: dict[str, Any] | None) -> bool:
+    """Whether a rank's run trains: the facts' `mode` when recorded, else the trace's own ops."""
+    mode = (facts or {}).get("mode")
+    if mode in ("training", "inference"):
+        return mode == "training"
+    return m.shared("engine.is_training", lambda: bool(_matches(m.frames.host["name"], TRAINING_OPS).any()))
 
 
 
@@ -66,6 +84,7 @@ class Rule:
     causes: tuple[str, ...]
     module: ModuleType
     source: str  # "builtin" or the user's folder
+    training_only: bool = False
 
     def check(self, ctx: "Context") -> list[Finding]:
         out = self.module.check(ctx)
@@ -151,6 +170,7 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
         causes=tuple(getattr(mod, "CAUSES", ())),
         module=mod,
         source=source,
+        training_only=bool(getattr(mod, "TRAINING_ONLY", False)),
     )
 
 
@@ -235,6 +255,8 @@ def run_rules(
         opts = {**rule.defaults, **options.get(rule.id, {})}
         for m in ranks:
             f_ = facts.get(m.rank) or facts.get(-1)
+            if rule.training_only and not is_training(m, f_):
+                continue
             ctx = Context(metrics=m, facts=f_, options=opts, rule=rule, world_size=len(ranks))
             for finding in rule.check(ctx):
                 if finding.saving_ms is not None and not finding.saving_ms > 0:

@@ -76,6 +76,7 @@ ID = "unbucketed-allreduce"
 TITLE = "Gradients are all-reduced one tensor at a time"
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 DEFAULTS = {"min_calls": 16, "bucket_cap_mb": 25.0, "min_share": 0.02}
+TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs
 FIX = "All-reduce gradients in buckets: wrap the model in DistributedDataParallel (bucket_cap_mb=25) instead of a per-parameter all_reduce loop."
 AFTER = """model = DDP(model, device_ids=[rank], bucket_cap_mb=25)   # buckets, overlapped with backward
 loss.backward()                                            # gradients arrive averaged

@@ -127,3 +127,39 @@ def test_epoch_end_silent_when_the_run_crossed_no_epoch_end(name):
 
 def test_epoch_end_silent_without_facts():
     assert finding(run(shared_trace("v100_resnet50_nw4")), "epoch-end") is None
+
+
+# --- training-only rules on inference runs ------------------------------------------------
+def test_training_only_rules_stay_silent_when_the_facts_say_inference(tmp_path):
+    """The per-parameter all-reduce recording, its facts' `mode` changed in one named way."""
+    import shutil
+
+    import orjson
+
+    for mode, fires in (("training", True), ("inference", False)):
+        run_dir = tmp_path / mode
+        shutil.copytree(GLOO / "manual", run_dir, ignore=shutil.ignore_patterns(".advisor-cache"))
+        for p in run_dir.glob("advisor_facts.rank*.json"):
+            doc = orjson.loads(p.read_bytes())
+            doc["mode"] = mode
+            p.write_bytes(orjson.dumps(doc))
+        a = analyze(run_dir, config=Config(), select=["unbucketed-allreduce", "communication-exposed", "step-time-variance"])
+        assert (finding(a, "unbucketed-allreduce") is not None) is fires
+        assert finding(a, "step-time-variance") is not None  # a rule for any run still runs
+
+
+@pytest.mark.parametrize(
+    "name,training",
+    [
+        ("misc/mtia_inference.json.gz", False),
+        ("misc/old_schema_inference.json.gz", False),
+        ("v100_resnet50_nw0", True),
+        ("misc/a100_nccl.json.gz", True),
+        ("misc/amd_mi250_minitoy.json.gz", True),
+    ],
+)
+def test_inference_is_told_from_the_trace_without_facts(name, training):
+    from advisor.engine import is_training
+
+    a = run(shared_trace(name), select=["step-time-variance"])
+    assert is_training(a.primary, None) is training

@@ -160,6 +160,8 @@ def explain(
     page = r.doc or r.title
     if r.docs_url and r.docs_url not in page:
         page += f"\n\nReference: {r.docs_url}"
+    if r.training_only:
+        page += "\n\nTraining runs only: silent on inference and evaluation runs (no backward pass, no optimizer step)."
     if r.defaults:
         page += "\n\n## Options\n\n" + "\n".join(f"- `{k}` = `{v!r}`" for k, v in r.defaults.items())
     stdout_console().print(Markdown(f"# {r.id}\n\n{page}"))
