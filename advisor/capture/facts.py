@@ -18,11 +18,16 @@ Fields (all always present; unknown values are null):
     step_times_ms, profiled_steps, step_source, wall_time_s
 
 and, beyond v1's list, `torch_threads` {intra_op, inter_op, omp_num_threads_env},
-`outcome` (finished | stopped | exit | error | interrupted), `exit_code`,
+`outcome` (finished | stopped | exit | error | interrupted), `exit_code`, `mode` (training
+once a backward pass or an optimizer step ran, inference when steps were found without
+either, else null; training-only rules stay silent on inference runs),
 `own_profiler` {used, traces} and `notes` (lines for the reader).
 
 `epoch_starts` lists, per DataLoader, the step index at which each iteration over it began
-(each epoch): the step then running takes the epoch's first batch. `step_times_ms[k]` is the wall time of step k (ProfilerStep#k in the trace); step 0 also
+(each epoch): the step then running takes the epoch's first batch; `batches_per_epoch` is
+`len(loader)` (null for an iterable dataset without a length).
+
+`step_times_ms[k]` is the wall time of step k (ProfilerStep#k in the trace); step 0 also
 holds the script's start-up (imports, building the model and data) because a step starts
 where the previous one ended. Flags that can change while the script runs (cudnn.benchmark,
 TF32) are sampled at every step end up to the end of the profiled window, so they say what
