@@ -220,4 +220,6 @@ def check(ctx: Context):
         snippet = AFTER_DDP
     else:
         fix, snippet = FIX, AFTER
+    if not m.has_device:  # CPU ranks (gloo): DDP takes no device ids
+        snippet = snippet.replace("device_ids=[rank], ", "")
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, fix=fix, snippet=snippet)

@@ -50,7 +50,8 @@ def test_per_parameter_allreduce_loop_is_found_on_both_ranks():
         calls = [e for e in events(doc, lambda e: e.get("name") == "c10d::allreduce_") if any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
         assert len(calls) / len(steps) == 50
     assert f.evidence["allreduce_calls_per_step"] == 50 and not f.evidence["ddp"]
-    assert "DistributedDataParallel" in f.fix.text and "DDP(" in f.fix.snippet
+    assert "DistributedDataParallel" in f.fix.text and "DDP(model, bucket_cap_mb=25)" in f.fix.snippet
+    assert "device_ids" not in f.fix.snippet  # CPU ranks: no device to name
 
 
 def test_allreduce_saving_is_what_ddp_measured_on_the_same_script():
