@@ -312,6 +312,39 @@ def test_inference_loop_with_no_optimizer_and_no_dataloader_is_profiled(tmp_path
     assert any("recorded as inference" in line for line in advisor_lines(r.stderr))
 
 
+def test_modules_called_in_forked_workers_do_not_count_steps(tmp_path: Path):
+    """A dataset that calls a module per sample, in fork workers (a copy of the hooks): the
+    workers must not count steps of their own; the loop's batches are the steps."""
+    script = write(tmp_path / "infer_workers.py", """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Normalised(Dataset):
+            def __init__(self):
+                self.norm = torch.nn.LayerNorm(16)
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                return self.norm(torch.randn(16))
+
+        def main():
+            model = torch.nn.Linear(16, 4).eval()
+            loader = DataLoader(Normalised(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+            with torch.no_grad():
+                print("batches", sum(1 for x in loader if model(x) is not None))
+
+        if __name__ == "__main__":
+            main()
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--full", *QUICK, str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "batches 16" in r.stdout
+    f = facts(out)
+    # Every request for a batch after the first ends a step, the one that ends the epoch included.
+    assert f["step_source"] == "dataloader" and f["mode"] == "inference" and len(f["step_times_ms"]) == 16
+
+
 def test_a_training_loop_is_not_cut_at_its_model_calls(tmp_path: Path):
     """Gradient accumulation: two forward/backward per optimizer step; steps stay optimizer steps."""
     script = write(tmp_path / "accum.py", """

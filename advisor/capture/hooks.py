@@ -160,6 +160,7 @@ class Hooks:
         self._module_hooks: list[Any] = []
         self._driver_module_hook = None
         self._driver_site: tuple[Any, int] | None = None
+        self._pid = os.getpid()
 
     # -- install / uninstall ----------------------------------------------------------------
     def install(self) -> None:
@@ -278,6 +279,7 @@ class Hooks:
         p.wrap(torch.autograd, "grad", backward)
 
         # Model calls, for loops with neither an optimizer nor a DataLoader (see the module doc).
+        self._pid = os.getpid()
         warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING)
         self._module_hooks = [
             register_module_forward_pre_hook(self._module_pre_hook),
@@ -419,7 +421,11 @@ class Hooks:
 
     # -- model calls ------------------------------------------------------------------------
     def _forward_counts(self) -> bool:
-        return self._patches.active and self.source in (None, "forward") and not self.backward_seen and not self._in_fetch
+        # Not in a forked DataLoader worker: its transforms may call modules, and it has a copy of these hooks.
+        return (
+            self._patches.active and self.source in (None, "forward") and not self.backward_seen
+            and not self._in_fetch and os.getpid() == self._pid
+        )
 
     @_no_dynamo
     def _module_pre_hook(self, module: Any, args: Any) -> None:
