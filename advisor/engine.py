@@ -8,8 +8,13 @@ Its docstring is its documentation page (what `advisor explain RULE` prints) and
     DOCS = "https://pytorch.org/docs/..."   # the PyTorch page that backs the advice
     DEFAULTS = {"min_share": 0.05}     # thresholds, overridable in [tool.advisor.rules.<ID>]
     CAUSES = ()                         # for symptom rules: ids of rules that explain them
+    TRAINING_ONLY = False               # True: silent on inference and evaluation runs
     SCOPE = "rank"                      # or "job": the rule compares the ranks (JobContext)
     def check(ctx: Context) -> Finding | Iterable[Finding] | None
+
+A run is inference when its facts file says so (`mode`, from `advisor profile`: steps found
+with no backward pass and no optimizer step), or, with no facts, when its trace holds no
+backward op and no optimizer span.
 
 A rank rule runs where its rank is loaded (`rank_findings`, on a worker next to the trace),
 so only its findings travel; a job rule runs once on the reduce side over every rank's
@@ -26,6 +31,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,8 +39,21 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from advisor.errors import InputError
+from advisor.metrics.breakdown import _matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.summary import Metrics
+
+# Host ops only a training step has: autograd's backward nodes and the optimizer's spans.
+TRAINING_OPS = re.compile(r"(Backward\d*$|^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|## backward ##)")
+
+
+def is_training(m: Metrics, facts: dict[str, Any] | None) -> bool:
+    """Whether a rank's run trains: the facts' `mode` when recorded, else the trace's own ops."""
+    mode = (facts or {}).get("mode")
+    if mode in ("training", "inference"):
+        return mode == "training"
+    return m.shared("engine.is_training", lambda: bool(_matches(m.frames.host["name"], TRAINING_OPS).any()))
+
 
 SCOPES = ("rank", "job")
 
@@ -73,6 +92,7 @@ class Rule:
     causes: tuple[str, ...]
     module: ModuleType
     source: str  # "builtin" or the user's folder
+    training_only: bool = False
     scope: str = "rank"  # "rank": one rank's metrics and frames; "job": every rank, no frames
 
     def check(self, ctx: "Context") -> list[Finding]:
@@ -204,6 +224,7 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
         causes=tuple(getattr(mod, "CAUSES", ())),
         module=mod,
         source=source,
+        training_only=bool(getattr(mod, "TRAINING_ONLY", False)),
         scope=scope,
     )
 
@@ -289,6 +310,8 @@ def rank_findings(
     out: RankFindings = []
     for rule in rules:
         if rule.scope != "rank":
+            continue
+        if rule.training_only and not is_training(metrics, facts):
             continue
         opts = {**rule.defaults, **options.get(rule.id, {})}
         ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size)

@@ -69,6 +69,7 @@ ID = "communication-exposed"
 TITLE = "Communication is not overlapped with computation"
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 DEFAULTS = {"min_share": 0.05}
+TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs
 CAUSES = ("straggler",)
 FIX = "Overlap communication with backward: DDP with smaller buckets (bucket_cap_mb), no_sync() for all but the last micro-batch, no manual all-reduce after backward; FSDP with backward_prefetch."
 AFTER = """model = DDP(model, device_ids=[rank], bucket_cap_mb=25, gradient_as_bucket_view=True)

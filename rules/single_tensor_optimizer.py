@@ -62,6 +62,7 @@ ID = "single-tensor-optimizer"
 TITLE = "The optimizer launches kernels one parameter at a time"
 DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
 DEFAULTS = {"min_share": 0.003, "min_launches": MIN_OPTIMIZER_LAUNCHES}
+TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs
 KERNEL_FIXED_COST_NS = 2_000
 FIX = "Use the multi-tensor implementation: foreach=True, or fused=True where the optimizer has it (Adam, AdamW, SGD, ...)."
 AFTER = """optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)   # or foreach=True

@@ -58,6 +58,7 @@ ID = "zero-grad-memset"
 TITLE = "zero_grad() zeroes every gradient instead of dropping it"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-parameter-grad-none-instead-of-model-zero-grad-or-optimizer-zero-grad"
 DEFAULTS = {"min_share": 0.005}
+TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs
 FIX = "Call optimizer.zero_grad(set_to_none=True) (the default from PyTorch 2.0)."
 AFTER = """optimizer.zero_grad(set_to_none=True)
 """

@@ -76,9 +76,11 @@ def test_cuda_graphs_keep_the_launch_bound_promise(runs):
     assert finding(graphs, "launch-bound") is None and graphs.primary.gpu_utilization > 0.9
 
 
-def test_the_end_of_the_walk_has_nothing_of_high_severity(runs):
+def test_the_end_of_the_walk_has_only_its_epoch_ends_left(runs):
     final = runs["gpu_walk_final"]
-    assert not [f.rule for f in final.findings if f.severity == "high"]
+    # Batch 512 of 10,000 samples: an epoch is 20 steps, and each epoch end restarts the 15
+    # workers (see test_rules_expert.py); nothing else of high severity is left.
+    assert [f.rule for f in final.findings if f.severity == "high"] == ["epoch-end"]
     f = facts("gpu_walk_final")
     assert f["dataloaders"][0]["batch_size"] == 512 and f["autocast"]["dtypes"] == ["bfloat16"]
     assert final.primary.tensor_core_kernel_share > 0.3  # bf16 convolutions on Tensor Cores
@@ -125,7 +127,9 @@ def test_diff_from_the_baseline_to_the_end_of_the_walk():
     doc = orjson.loads(r.stdout)
     resolved = {f["rule"] for f in doc["findings"]["resolved"]}
     assert {"dataloader-stall", "spare-gpu-memory", "h2d-pageable-copy", "launch-bound"} <= resolved
-    assert doc["findings"]["new"] == [] and doc["findings"]["remaining"] == []
+    # Batch 32 took 313 steps per epoch: the baseline's 48 steps never reached an epoch end;
+    # batch 512 crossed two, and their cost is what the walk leaves.
+    assert [f["rule"] for f in doc["findings"]["new"]] == ["epoch-end"] and doc["findings"]["remaining"] == []
 
 
 def test_a_stall_the_window_hid_is_found_in_the_steps_after_it(runs):

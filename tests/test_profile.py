@@ -13,6 +13,7 @@ import importlib.util
 import json
 import statistics
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -107,6 +108,7 @@ def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
     assert f["dataloaders"] == [{
         "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
         "dataset_len": 10000, "dataset_class": "FakeCIFAR10", "multiprocessing_context": None, "drop_last": False,
+        "batches_per_epoch": 313, "epoch_starts": [0],  # ceil(10,000 / 32); the one epoch began at step 0
     }]
     assert f["cpu_count"] == len(os.sched_getaffinity(0))
     assert f["device"]["type"] == "cpu" and f["versions"]["torch"]
@@ -270,6 +272,95 @@ def test_dataloader_batches_are_steps_when_there_is_no_optimizer(tmp_path: Path)
     assert r.returncode == 0, r.stderr
     f = facts(out)
     assert f["step_source"] == "dataloader" and f["stopped_early"] and len(traces(out)) == 1
+    assert f["mode"] == "inference"
+
+
+INFER = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).eval()
+batches = [torch.randn(8, 16) for _ in range(12)]
+model(torch.randn(1, 16))                     # a warm-up call, from another line
+flip = torch.nn.Identity()
+with torch.no_grad():
+    for x in batches:
+        y = model(x) + model(flip(-x))        # test-time augmentation: two calls per iteration
+        print("batch", int(y.argmax(1).sum()))
+"""
+
+
+def test_inference_loop_with_no_optimizer_and_no_dataloader_is_profiled(tmp_path: Path):
+    """A torch.no_grad() loop over a list of tensors: each iteration is a step, the run is
+    inference, the window is recorded and `advisor profile` reports it."""
+    script = write(tmp_path / "infer.py", INFER)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--full", "--wait", "1", "--warmup", "1", "--active", "3", "--no-stack", str(script)], tmp_path, cli="advisor")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("batch ") == 12  # the script ran all its iterations, unchanged
+    f = facts(out)
+    assert f["step_source"] == "forward" and f["mode"] == "inference" and f["optimizers"] == []
+    # A step ends where the next iteration calls the model: 12 iterations, 11 step ends.
+    assert len(f["step_times_ms"]) == 11 and f["profiled_steps"] == [2, 3, 4]
+    [trace] = traces(out)
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    steps = sorted(e["name"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    # Each recorded step holds exactly one iteration: two model calls (four Linear layers).
+    linears = [e for e in doc["traceEvents"] if e.get("name") == "aten::linear"]
+    assert len(linears) == 3 * 4
+    assert "Step time" in r.stdout and re.search(r"over\s+3\s+steps", r.stdout)
+    assert any("recorded as inference" in line for line in advisor_lines(r.stderr))
+
+
+def test_modules_called_in_forked_workers_do_not_count_steps(tmp_path: Path):
+    """A dataset that calls a module per sample, in fork workers (a copy of the hooks): the
+    workers must not count steps of their own; the loop's batches are the steps."""
+    script = write(tmp_path / "infer_workers.py", """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Normalised(Dataset):
+            def __init__(self):
+                self.norm = torch.nn.LayerNorm(16)
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                return self.norm(torch.randn(16))
+
+        def main():
+            model = torch.nn.Linear(16, 4).eval()
+            loader = DataLoader(Normalised(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+            with torch.no_grad():
+                print("batches", sum(1 for x in loader if model(x) is not None))
+
+        if __name__ == "__main__":
+            main()
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--full", *QUICK, str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "batches 16" in r.stdout
+    f = facts(out)
+    # Every request for a batch after the first ends a step, the one that ends the epoch included.
+    assert f["step_source"] == "dataloader" and f["mode"] == "inference" and len(f["step_times_ms"]) == 16
+
+
+def test_a_training_loop_is_not_cut_at_its_model_calls(tmp_path: Path):
+    """Gradient accumulation: two forward/backward per optimizer step; steps stay optimizer steps."""
+    script = write(tmp_path / "accum.py", """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(16):
+            model(torch.randn(8, 4)).sum().backward()
+            if i % 2 == 1:
+                opt.step(); opt.zero_grad()
+    """)
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--full", *QUICK, str(script)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    f = facts(out)
+    assert f["step_source"] == "optimizer" and f["mode"] == "training" and len(f["step_times_ms"]) == 8
 
 
 @needs_torch
@@ -278,7 +369,7 @@ def test_no_steps_found_is_said_and_facts_are_kept(tmp_path: Path):
     out = tmp_path / "run"
     r = profile(["--out", str(out), str(script)], tmp_path)
     assert r.returncode == 0 and "sum 3.0" in r.stdout
-    assert any("no training steps found" in line for line in advisor_lines(r.stderr))
+    assert any("no steps found" in line for line in advisor_lines(r.stderr))
     assert facts(out)["step_times_ms"] == [] and traces(out) == []
 
 

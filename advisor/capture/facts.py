@@ -9,7 +9,8 @@ Fields (all always present; unknown values are null):
             max_memory_allocated_bytes, max_memory_reserved_bytes},
     versions {torch, cuda, cudnn, python}, cpu_count,
     dataloaders [{batch_size, num_workers, pin_memory, persistent_workers, prefetch_factor,
-                  dataset_len, dataset_class, multiprocessing_context, drop_last}],
+                  dataset_len, dataset_class, multiprocessing_context, drop_last,
+                  batches_per_epoch, epoch_starts}],
     autocast {used, dtypes}, grad_scaler, compile {used, modes}, cudnn_benchmark,
     tf32 {matmul, cudnn, float32_matmul_precision}, parallel {data_parallel, ddp},
     optimizers [{class, foreach, fused}], zero_grad_set_to_none,
@@ -17,8 +18,14 @@ Fields (all always present; unknown values are null):
     step_times_ms, profiled_steps, step_source, wall_time_s
 
 and, beyond v1's list, `torch_threads` {intra_op, inter_op, omp_num_threads_env},
-`outcome` (finished | stopped | exit | error | interrupted), `exit_code`,
+`outcome` (finished | stopped | exit | error | interrupted), `exit_code`, `mode` (training
+once a backward pass or an optimizer step ran, inference when steps were found without
+either, else null; training-only rules stay silent on inference runs),
 `own_profiler` {used, traces} and `notes` (lines for the reader).
+
+`epoch_starts` lists, per DataLoader, the step index at which each iteration over it began
+(each epoch): the step then running takes the epoch's first batch; `batches_per_epoch` is
+`len(loader)` (null for an iterable dataset without a length).
 
 `step_times_ms[k]` is the wall time of step k (ProfilerStep#k in the trace); step 0 also
 holds the script's start-up (imports, building the model and data) because a step starts
@@ -56,6 +63,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def _batches(loader: Any) -> int | None:
+    """len(loader): batches per epoch on this rank (None for an iterable dataset without __len__)."""
+    try:
+        return int(len(loader))
+    except Exception:
+        return None
+
+
 def _physical_memory() -> int | None:
     try:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
@@ -88,9 +103,12 @@ class FactsRecorder:
         self.zero_grad_set_to_none: bool | None = None
 
     # -- seen while running -----------------------------------------------------------------
-    def saw_dataloader(self, loader: Any) -> None:
+    def saw_dataloader(self, loader: Any, step: int | None = None) -> None:
+        """A DataLoader's iteration begins (an epoch): its settings once, and the step it began at."""
         key = id(loader)
         if key in self.dataloaders:
+            if step is not None:
+                self.dataloaders[key]["epoch_starts"].append(step)
             return
         dataset = getattr(loader, "dataset", None)
         try:
@@ -126,6 +144,8 @@ class FactsRecorder:
             "dataset_class": name,
             "multiprocessing_context": start_method,
             "drop_last": bool(getattr(loader, "drop_last", False)),
+            "batches_per_epoch": _batches(loader),
+            "epoch_starts": [] if step is None else [step],
         }
 
     def saw_autocast(self, dtype: str | None, device: Any = None) -> None:

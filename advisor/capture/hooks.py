@@ -18,6 +18,13 @@ Where a step ends:
 * **dataloader** (fallback, for scripts without an optimizer): when the script asks its
   DataLoader for the next batch after having had one, i.e. when it is done with the batch.
   Only the first DataLoader to do so counts. An optimizer step seen later takes over.
+* **forward** (fallback, for inference and evaluation loops with no optimizer and no
+  DataLoader): when the model is called again from the line of the script that called it
+  before (the same call in the same line), i.e. at the start of the loop's next iteration. Global module hooks find the first
+  outermost module call made twice from the same line (not inside a DataLoader fetch); they
+  are then removed, and a hook on that one module counts the steps. No step is counted this
+  way once a backward pass, an optimizer step or a DataLoader batch has been seen (that is a
+  training loop, or a loop the other sources describe better).
 
 What is recorded (see facts.py): DataLoaders iterated, autocast entered, GradScaler used,
 torch.compile calls, DataParallel / DistributedDataParallel built, optimizers stepped,
@@ -30,12 +37,16 @@ stands aside.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -48,6 +59,21 @@ try:  # keep dynamo out of our step bookkeeping when a script compiles a functio
 except AttributeError:  # pragma: no cover - older torch
     def _no_dynamo(fn):
         return fn
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_ADVISOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# torch warns that global module hooks fire once more for a torch.compile wrapper: ours expect it.
+_COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+
+
+def _call_site() -> tuple[Any, int] | None:
+    """Where the script made the current module call: the first frame outside torch and
+    advisor, as (code, instruction offset), so two calls on one line are two sites."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith((_TORCH_DIR, _ADVISOR_DIR)):
+        f = f.f_back
+    return (f.f_code, f.f_lasti) if f is not None else None
 
 
 class Patches:
@@ -116,6 +142,7 @@ class Hooks:
         self.on_trace_export = on_trace_export or (lambda prof, path: None)
         self.source: str | None = None  # "optimizer" | "dataloader"
         self.switched_source = False
+        self.switched_from: str | None = None  # the source used before the switch
         self.steps = 0
         self._patches = Patches()
         self._post_handle = None
@@ -126,6 +153,14 @@ class Hooks:
         self._driver_loader: int | None = None
         self._exporting = 0
         self._loader_wait_ns = 0
+        self.backward_seen = False
+        self._in_fetch = 0  # inside DataLoader.__next__ (transforms may call modules)
+        self._module_depth = 0
+        self._module_calls: dict[tuple[int, Any], int] = {}
+        self._module_hooks: list[Any] = []
+        self._driver_module_hook = None
+        self._driver_site: tuple[Any, int] | None = None
+        self._pid = os.getpid()
 
     # -- install / uninstall ----------------------------------------------------------------
     def install(self) -> None:
@@ -175,9 +210,11 @@ class Hooks:
                 if hooks.source != "optimizer" and getattr(it, "_num_yielded", 1) > 0:
                     hooks._batch_requested(it)
                 started = time.perf_counter_ns()
+                hooks._in_fetch += 1
                 try:
                     return original(it, *args, **kwargs)
                 finally:
+                    hooks._in_fetch -= 1
                     hooks._loader_wait_ns += time.perf_counter_ns() - started
 
             return __next__
@@ -230,6 +267,25 @@ class Hooks:
         p.wrap(Optimizer, "zero_grad", zero_grad)
         p.wrap(torch.nn.Module, "zero_grad", zero_grad)
 
+        def backward(original):
+            def backward(*args, **kwargs):
+                if p.active and not hooks.backward_seen:
+                    hooks._backward_seen()
+                return original(*args, **kwargs)
+
+            return backward
+
+        p.wrap(torch.autograd, "backward", backward)
+        p.wrap(torch.autograd, "grad", backward)
+
+        # Model calls, for loops with neither an optimizer nor a DataLoader (see the module doc).
+        self._pid = os.getpid()
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING)
+        self._module_hooks = [
+            register_module_forward_pre_hook(self._module_pre_hook),
+            register_module_forward_hook(self._module_post_hook, always_call=True),
+        ]
+
         # The script's own profiler: notice it starting, and the traces it writes.
         import torch.autograd.profiler as autograd_profiler
         from torch.profiler import profiler as tp
@@ -265,7 +321,20 @@ class Hooks:
         if self._post_handle is not None:
             self._post_handle.remove()
             self._post_handle = None
+        self._drop_module_hooks()
+        if self._driver_module_hook is not None:
+            self._driver_module_hook.remove()
+            self._driver_module_hook = None
+        warnings.filters[:] = [f for f in warnings.filters if not (f[1] is not None and f[1].pattern == _COMPILE_HOOK_WARNING)]
         self._patches.undo()
+
+    @property
+    def mode(self) -> str | None:
+        """"training" once a backward pass or an optimizer step ran, "inference" if steps were
+        found without either, None when no step was found."""
+        if self.backward_seen or self.facts.optimizers:
+            return "training"
+        return "inference" if self.steps else None
 
     # -- optimizer steps --------------------------------------------------------------------
     def _wrap_optimizer_class(self, cls: type) -> None:
@@ -308,8 +377,10 @@ class Hooks:
 
     def _optimizer_stepped(self, opt: Any) -> None:
         self.facts.saw_optimizer(opt)
+        self._drop_module_hooks()
         if self.source != "optimizer":
-            self.switched_source = self.source == "dataloader"
+            self.switched_source = self.source in ("dataloader", "forward")
+            self.switched_from = self.source if self.switched_source else None
             self.source = "optimizer"
         key = id(opt)
         if self._driver is None:
@@ -325,7 +396,7 @@ class Hooks:
 
     # -- DataLoader batches -----------------------------------------------------------------
     def _loader_iterated(self, loader: Any, it: Any) -> None:
-        self.facts.saw_dataloader(loader)
+        self.facts.saw_dataloader(loader, self.steps)
         try:
             self._iter_loader[it] = id(loader)
         except TypeError:  # pragma: no cover - iterator without weakref support
@@ -337,6 +408,9 @@ class Hooks:
             self._driver_loader = loader
         elif loader != self._driver_loader:
             return
+        self._drop_module_hooks()
+        if self.source == "forward":
+            self.switched_source, self.switched_from = True, "forward"
         self.source = "dataloader"
         self._step()
 
@@ -344,6 +418,53 @@ class Hooks:
         """DataLoader waiting since the last call (the step that just ended)."""
         waited, self._loader_wait_ns = self._loader_wait_ns, 0
         return waited / 1e6
+
+    # -- model calls ------------------------------------------------------------------------
+    def _forward_counts(self) -> bool:
+        # Not in a forked DataLoader worker: its transforms may call modules, and it has a copy of these hooks.
+        return (
+            self._patches.active and self.source in (None, "forward") and not self.backward_seen
+            and not self._in_fetch and os.getpid() == self._pid
+        )
+
+    @_no_dynamo
+    def _module_pre_hook(self, module: Any, args: Any) -> None:
+        depth = self._module_depth
+        self._module_depth += 1
+        if depth or not self._forward_counts():
+            return
+        site = _call_site()
+        key = (id(module), site)
+        calls = self._module_calls[key] = self._module_calls.get(key, 0) + 1
+        if calls < 2:
+            return
+        # Called again from the same line: this is the loop's model call. Count on it alone.
+        self._drop_module_hooks()
+        self._driver_site = site
+        self._driver_module_hook = module.register_forward_pre_hook(self._driver_pre_hook)
+        self._forward_step()
+
+    @_no_dynamo
+    def _module_post_hook(self, module: Any, args: Any, output: Any) -> None:
+        self._module_depth = max(self._module_depth - 1, 0)
+
+    @_no_dynamo
+    def _driver_pre_hook(self, module: Any, args: Any) -> None:
+        if self._forward_counts() and _call_site() == self._driver_site:
+            self._forward_step()
+
+    def _forward_step(self) -> None:
+        self.source = "forward"
+        self._step()
+
+    def _drop_module_hooks(self) -> None:
+        for handle in self._module_hooks:
+            handle.remove()
+        self._module_hooks = []
+
+    def _backward_seen(self) -> None:
+        self.backward_seen = True
+        self._drop_module_hooks()
 
     def _step(self) -> None:
         self.steps += 1

@@ -358,7 +358,17 @@ class _Session:
             notes=self.notes,
         )
         if self.hooks.switched_source:
-            self.notes.append("steps were counted from DataLoader batches until the first optimizer step, then from optimizer steps")
+            what = {"forward": "model calls", "dataloader": "DataLoader batches", "optimizer": "optimizer steps"}
+            first = {"dataloader": "DataLoader batch", "optimizer": "optimizer step"}
+            self.notes.append(
+                f"steps were counted from {what[self.hooks.switched_from or 'dataloader']} until the first "
+                f"{first[self.hooks.source]}, then from {what[self.hooks.source]}"
+            )
+        if self.hooks.source == "forward":
+            self.notes.append(
+                "no optimizer and no DataLoader: each step is one iteration of the loop that calls the model "
+                "(from one call of the model to the next); the run is recorded as inference"
+            )
         result.traces = self._bring_in_own_traces(result) if self.own_profiler else self._our_traces()
         result.facts_path = self._write_facts(result)
         return result
@@ -417,6 +427,7 @@ class _Session:
             "loader_wait_ms": [round(t, 3) for t in self.loader_wait_ms],
             "profiled_steps": result.recorded_steps,
             "step_source": result.step_source,
+            "mode": self.hooks.mode,
             "wall_time_s": round(result.wall_time_s, 3),
             "outcome": result.outcome.how,
             "exit_code": result.outcome.exit_code,
@@ -449,8 +460,8 @@ def summary_lines(result: CaptureResult) -> list[str]:
             lines.append(f"{t} ran its own profiler but wrote no trace file; only the facts were recorded in {out}")
     elif result.steps == 0 and how in ("finished", "exit") and result.exit_code == 0:
         lines.append(
-            f"no training steps found: {t} never called optimizer.step() and never took a second batch "
-            f"from a DataLoader, so nothing was profiled; the facts are in {out}"
+            f"no steps found: {t} never called optimizer.step(), never took a second batch from a DataLoader "
+            f"and never called a model twice from the same line, so nothing was profiled; the facts are in {out}"
         )
     elif how == "stopped":
         lines.append(

@@ -212,6 +212,8 @@ def explain(
     page = r.doc or r.title
     if r.docs_url and r.docs_url not in page:
         page += f"\n\nReference: {r.docs_url}"
+    if r.training_only:
+        page += "\n\nTraining runs only: silent on inference and evaluation runs (no backward pass, no optimizer step)."
     if r.defaults:
         from advisor.config import rule_options_help
 

@@ -1,0 +1,253 @@
+"""Every epoch end restarts the DataLoader workers, and runs a short last batch.
+
+## What it detects
+From the facts file of `advisor profile` (every step's time and wait for its batch, the
+DataLoader's settings and the step at which each epoch began), the epoch boundaries that the
+run crossed after its first step, and what each cost beyond a typical step:
+- **worker restarts**: with `num_workers > 0` and `persistent_workers=False`, each new epoch
+  shuts the worker processes down and starts new ones, which must import, build the dataset
+  and fill the prefetch queue before the first batch arrives. Measured as the wait for the
+  first batches of the epoch above the run's typical wait.
+- **a short last batch**: with `drop_last=False` and a dataset that the batch size does not
+  divide, the last step of each epoch has a different shape, which makes a compiled model
+  recompile (the first time) and cuDNN autotune again. Measured as that step's time above a
+  typical step.
+
+It fires when the cost, spread over all the steps the run made, is at least `min_share` (2%)
+of the window's step. Traces alone cannot show this (a profiling window rarely holds an epoch
+end): without a facts file the rule is silent.
+
+## Why it is slow
+Worker start-up is paid once per epoch by every rank, and the device waits through all of
+it: hundreds of milliseconds to seconds with a large dataset object, heavy imports, or
+`spawn`. A recompilation of a compiled model costs seconds. On short epochs (small datasets,
+large batches, many ranks) these stalls add up to a large share of the run.
+
+## Evidence used
+- `step_times_ms` and `loader_wait_ms` of every step (inside the window and out);
+- each DataLoader's `num_workers`, `persistent_workers`, `drop_last`, `batch_size`,
+  `dataset_len` and `epoch_starts` (or `batches_per_epoch` / the dataset length over the batch
+  size for facts recorded before `epoch_starts` existed);
+- the typical step and wait: medians over the steps after the first, leaving out the profiled
+  window and the step after it (the trace is written then).
+
+## Example
+Before:
+```python
+loader = DataLoader(train_set, batch_size=512, shuffle=True, num_workers=8)
+```
+After:
+```python
+loader = DataLoader(train_set, batch_size=512, shuffle=True, num_workers=8,
+                    persistent_workers=True,   # workers live across epochs
+                    drop_last=True)            # every batch has the same shape
+```
+
+## How the saving is estimated
+Per epoch: (a) the mean extra wait of each epoch's first steps, until the wait is back to
+typical (at most `max_restart_steps`, 5), when workers are restarted, plus (b) the extra time
+of the epoch's last step when that batch is short. A recompilation on the first short batch
+happens once per run: it is reported, not counted, when later epochs show the steady cost or
+when it is the only one seen. The first epoch's start is left out (workers start once anyway).
+Divided by the steps per epoch, that is the cost each step carries on average; its share of
+such an average step (typical step plus that cost) is applied to the window's step, as for
+every other saving (on the H100 sample walk, `gpu_walk_final`: 947 ms per epoch of 20 steps
+of 33 ms, 59% of an average step). Confidence is high when the facts file says which step each
+epoch began at, medium when the boundaries are computed from the dataset length.
+
+Reference: https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from advisor.engine import Context
+
+ID = "epoch-end"
+TITLE = "Epoch ends restart the DataLoader workers and run a short batch"
+DOCS = "https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"
+DEFAULTS = {"min_share": 0.02, "max_restart_steps": 5}
+AFTER = """loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                    persistent_workers=True,   # workers live across epochs
+                    drop_last=True)            # every batch has the same shape
+"""
+
+
+@dataclass
+class EpochEnds:
+    """What the run's epoch boundaries cost, in ms over the whole run (detection, no saving)."""
+
+    loader: dict
+    starts: list[int]  # step index of each epoch's first step, after the first epoch
+    boundaries_recorded: bool  # from the facts' epoch_starts, not computed
+    typical_step_ms: float
+    typical_wait_ms: float
+    restart_ms: list[float] = field(default_factory=list)  # per boundary, when workers restart
+    short_batch_ms: list[float] = field(default_factory=list)  # per boundary, when the last batch is short
+    short_batch_size: int | None = None
+    run_steps: int = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        gaps = np.diff(self.starts)
+        return int(np.median(gaps)) if len(gaps) else self.starts[0]
+
+    @property
+    def steady_short_batch_ms(self) -> float:
+        """What a short last batch costs every epoch. The first one may recompile a compiled
+        model: that happens once per run, so it is left out when later epochs show the
+        steady cost, or when it is a recompilation (over 10 typical steps) seen only once."""
+        if not self.short_batch_ms:
+            return 0.0
+        if len(self.short_batch_ms) > 1:
+            return float(np.median(self.short_batch_ms[1:]))
+        first = self.short_batch_ms[0]
+        return 0.0 if first > 10 * self.typical_step_ms else first
+
+    @property
+    def one_time_ms(self) -> float:
+        return float(sum(self.short_batch_ms)) - self.steady_short_batch_ms * len(self.short_batch_ms)
+
+    @property
+    def per_epoch_ms(self) -> float:
+        restart = float(np.mean(self.restart_ms)) if self.restart_ms else 0.0
+        return restart + self.steady_short_batch_ms
+
+    @property
+    def per_step_ms(self) -> float:
+        return self.per_epoch_ms / max(self.steps_per_epoch, 1)
+
+
+def _driver_loader(loaders: list) -> dict | None:
+    """The DataLoader the loop iterates (the one with the most epochs begun, else the first)."""
+    loaders = [d for d in loaders if isinstance(d, dict)]
+    if not loaders:
+        return None
+    return max(loaders, key=lambda d: len(d.get("epoch_starts") or []))
+
+
+def _epoch_starts(loader: dict, n_steps: int) -> tuple[list[int], bool] | None:
+    recorded = loader.get("epoch_starts")
+    if isinstance(recorded, list) and recorded and all(isinstance(s, int) for s in recorded):
+        return [s for s in recorded if 0 < s < n_steps], True
+    per_epoch = loader.get("batches_per_epoch")
+    if not isinstance(per_epoch, int):
+        size, bs = loader.get("dataset_len"), loader.get("batch_size")
+        if not isinstance(size, int) or not isinstance(bs, int) or bs <= 0:
+            return None
+        per_epoch = size // bs if loader.get("drop_last") else math.ceil(size / bs)
+    if per_epoch <= 0:
+        return None
+    return list(range(per_epoch, n_steps, per_epoch)), False
+
+
+def epoch_ends(facts: dict | None, max_restart_steps: int = 5) -> EpochEnds | None:
+    """The epoch boundaries the run crossed and each one's extra cost (None when not measurable)."""
+    if not facts:
+        return None
+    times, waits = facts.get("step_times_ms"), facts.get("loader_wait_ms")
+    loader = _driver_loader(facts.get("dataloaders") or [])
+    if loader is None or not isinstance(times, list) or len(times) < 3:
+        return None
+    step_ms = np.asarray(times, dtype=np.float64)
+    wait_ms = np.asarray(waits, dtype=np.float64) if isinstance(waits, list) and len(waits) == len(times) else None
+    found = _epoch_starts(loader, len(step_ms))
+    if found is None or not found[0]:
+        return None
+    starts, recorded = found
+    ordinary = np.ones(len(step_ms), dtype=bool)
+    ordinary[0] = False
+    profiled = [i for i in facts.get("profiled_steps") or [] if isinstance(i, int) and 0 <= i < len(step_ms)]
+    if profiled:
+        ordinary[profiled] = False
+        ordinary[min(max(profiled) + 1, len(step_ms) - 1)] = False
+    for s in starts:  # the boundaries themselves are what is measured
+        ordinary[max(s - 1, 0): s + max_restart_steps] = False
+    if ordinary.sum() < 3:
+        return None
+    ends = EpochEnds(
+        loader=loader,
+        starts=starts,
+        boundaries_recorded=recorded,
+        typical_step_ms=float(np.median(step_ms[ordinary])),
+        typical_wait_ms=float(np.median(wait_ms[ordinary])) if wait_ms is not None else 0.0,
+        run_steps=len(step_ms) - 1,
+    )
+    workers = int(loader.get("num_workers") or 0)
+    if workers > 0 and not loader.get("persistent_workers") and wait_ms is not None:
+        tolerance = 2 * ends.typical_wait_ms + 1.0
+        for s in starts:
+            extra = 0.0
+            for i in range(s, min(s + max_restart_steps, len(wait_ms))):
+                if i > s and wait_ms[i] <= tolerance:
+                    break
+                extra += max(wait_ms[i] - ends.typical_wait_ms, 0.0)
+            ends.restart_ms.append(extra)
+    size, bs = loader.get("dataset_len"), loader.get("batch_size")
+    if not loader.get("drop_last") and isinstance(size, int) and isinstance(bs, int) and bs > 0 and size % bs:
+        ends.short_batch_size = size % bs
+        ends.short_batch_ms = [max(float(step_ms[s - 1]) - ends.typical_step_ms, 0.0) for s in starts]
+    return ends
+
+
+def saving_ms(ends: EpochEnds, window_step_ms: float) -> float:
+    """The share of an average step (typical step plus its part of the epoch-end cost) that
+    the epoch ends take, applied to the window's step like every other saving."""
+    share = ends.per_step_ms / (ends.typical_step_ms + ends.per_step_ms)
+    return share * window_step_ms
+
+
+def check(ctx: Context):
+    ends = epoch_ends(ctx.facts, int(ctx.options["max_restart_steps"]))
+    if ends is None or ctx.step_ms <= 0 or ends.per_epoch_ms <= 0:
+        return None
+    saving = saving_ms(ends, ctx.step_ms)
+    if saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+    d = ends.loader
+    evidence = {
+        "epoch_starts": ends.starts,
+        "boundaries": "recorded" if ends.boundaries_recorded else "computed from dataset_len / batch_size",
+        "typical_step_ms": round(ends.typical_step_ms, 3),
+        "typical_wait_ms": round(ends.typical_wait_ms, 3),
+        "worker_restart_ms": [round(x, 1) for x in ends.restart_ms],
+        "short_last_batch": ends.short_batch_size,
+        "short_batch_extra_ms": [round(x, 1) for x in ends.short_batch_ms],
+        "steps_per_epoch": ends.steps_per_epoch,
+        "per_epoch_ms": round(ends.per_epoch_ms, 1),
+        "per_step_ms": round(ends.per_step_ms, 2),
+        "one_time_ms": round(ends.one_time_ms, 1),
+        "num_workers": d.get("num_workers"),
+        "persistent_workers": d.get("persistent_workers"),
+        "drop_last": d.get("drop_last"),
+        "batch_size": d.get("batch_size"),
+        "dataset_len": d.get("dataset_len"),
+    }
+    parts, fixes = [], []
+    if sum(ends.restart_ms) > 0:
+        parts.append(f"restarting {d.get('num_workers')} DataLoader workers cost {np.mean(ends.restart_ms):.0f} ms per epoch start")
+        fixes.append("persistent_workers=True keeps the workers alive between epochs")
+    if sum(ends.short_batch_ms) > 0:
+        parts.append(f"the short last batch ({ends.short_batch_size} of {d.get('batch_size')}) took {ends.short_batch_ms[-1]:.0f} ms over a typical step")
+        fixes.append("drop_last=True gives every batch the same shape")
+    if not parts:
+        return None
+    n = len(ends.starts)
+    once = f" (and {ends.one_time_ms / 1e3:.1f} s once: the first short batch recompiled)" if ends.one_time_ms > 0 else ""
+    message = (
+        f"{n} epoch end{'s' if n != 1 else ''} in {ends.run_steps + 1} steps: " + "; ".join(parts) +
+        f". {ends.per_epoch_ms:.0f} ms per epoch of {ends.steps_per_epoch} steps{once}: {ends.per_step_ms:.1f} ms per step "
+        f"on top of a typical {ends.typical_step_ms:.1f} ms step, ~{saving:.1f} ms of the window's step."
+    )
+    fix = "; ".join(fixes) + "."
+    snippet = AFTER.replace("BATCH", str(d.get("batch_size"))).replace("WORKERS", str(d.get("num_workers") or 8))
+    if sum(ends.short_batch_ms) <= 0:
+        snippet = snippet.replace(",   # workers live across epochs\n                    drop_last=True)            # every batch has the same shape", ")   # workers live across epochs")
+    elif sum(ends.restart_ms) <= 0:
+        snippet = snippet.replace("persistent_workers=True,   # workers live across epochs\n                    ", "")
+    confidence = "high" if ends.boundaries_recorded else "medium"
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)
