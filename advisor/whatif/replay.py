@@ -1,0 +1,237 @@
+"""Replay a rank's step graph, as measured or with fixes applied.
+
+The replay walks the host nodes in issue order once. Each node starts its measured gap after
+the node it follows (scaled, or shortened by the host time a fix removes); a launch starts
+its device ops no earlier than the launch latency after it and no earlier than the end of
+their stream's previous op; a wait call ends no earlier than the replayed end of the device
+work it waited for. Steps are then re-spanned exactly as `metrics.steps` spans them.
+With no change the replay reproduces the measured steps (tested on every recorded trace).
+
+A fix is a `Change`: what it does to the graph, named by frame rows so rules can declare it
+from what they detect. Changes compose (`Change.merge`), so all fixes replay together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from advisor.metrics.intervals import merge, overlap_with
+from advisor.whatif.graph import MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
+
+
+@dataclass
+class Change:
+    """What a fix changes in a rank's step. Rows are rows of that rank's frames.
+
+    - `host_remove`: (start, end) ns windows of host time that the fix takes off the host's
+      path (a DataLoader wait, a Python loop); gaps between calls shrink by their overlap.
+    - `host_scale`: every host gap and call is this much shorter (profiler overhead, a faster
+      host path); 1.0 leaves them.
+    - `call_scale`: runtime row -> factor on that call's duration (0 removes the call).
+    - `unwait`: runtime rows whose wait on the device the fix removes (asynchronous copy,
+      sync gone); the call keeps `call_scale` of its own cost.
+    - `device_scale`: device row -> factor on that op's duration (0 removes the op).
+    - `tight_launch`: device rows that a fix issues back to back (CUDA graph, compiled
+      region): their stream gaps close and their launch latency is the stream's.
+    - `per_sample`: the step processes this many times the samples (a larger batch); the
+      saving is reported per current step, so the replayed step is divided by it.
+    """
+
+    host_remove: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    host_scale: float = 1.0
+    call_scale: dict[int, float] = field(default_factory=dict)
+    unwait: set[int] = field(default_factory=set)
+    device_scale: dict[int, float] = field(default_factory=dict)
+    tight_launch: set[int] = field(default_factory=set)
+    per_sample: float = 1.0
+    device_scale_all: float = 1.0  # a factor on every device op (a larger batch's device work)
+
+    @classmethod
+    def merge(cls, changes: list["Change"]) -> "Change":
+        out = cls()
+        for c in changes:
+            out.host_remove += c.host_remove
+            out.host_scale *= c.host_scale
+            for k, v in c.call_scale.items():
+                out.call_scale[k] = min(out.call_scale.get(k, 1.0), v)
+            out.unwait |= c.unwait
+            for k, v in c.device_scale.items():
+                out.device_scale[k] = min(out.device_scale.get(k, 1.0), v)
+            out.tight_launch |= c.tight_launch
+            out.per_sample *= c.per_sample
+            out.device_scale_all *= c.device_scale_all
+        return out
+
+    def with_host_scale(self, scale: float) -> "Change":
+        out = Change.merge([self])
+        out.host_scale = self.host_scale * scale
+        return out
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Replayed step times (ns per current step), small and picklable."""
+
+    step_ns: np.ndarray
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.step_ns)) / 1e6 if len(self.step_ns) else 0.0
+
+    @property
+    def mean_ms(self) -> float:
+        return float(np.mean(self.step_ns)) / 1e6 if len(self.step_ns) else 0.0
+
+
+def _effective(g: StepGraph, change: Change):
+    """The change as per-node arrays: host gaps, call durations, waits, device durations."""
+    scale = change.host_scale
+    gap = g.h_gap.astype(np.float64) * scale
+    if change.host_remove:
+        s = np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_remove])
+        e = np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_remove])
+        # Fractions: windows of the same fraction merge; the largest fraction wins where they overlap.
+        removed = np.zeros(len(gap))
+        for frac in sorted({f for _, _, f in change.host_remove}):
+            sel = np.concatenate([np.full(len(a), f == frac) for a, _, f in change.host_remove])
+            ms, me = merge(s[sel], e[sel])
+            ov = overlap_with(ms, me, g.h_gap_lo, g.h_ts).astype(np.float64)
+            removed = np.maximum(removed, ov * frac)
+        gap = np.maximum(gap - removed * scale, 0.0)
+    dur = g.h_dur.astype(np.float64) * scale
+    unwait = np.zeros(len(g.h_ts), dtype=bool)
+    rows = g.runtime_row
+    if change.call_scale or change.unwait:
+        node_of = {int(r): i for i, r in enumerate(rows) if r >= 0}
+        for r, f in change.call_scale.items():
+            i = node_of.get(int(r))
+            if i is not None:
+                dur[i] *= f
+        for r in change.unwait:
+            i = node_of.get(int(r))
+            if i is not None:
+                unwait[i] = True
+    tail = g.wait_tail.astype(np.float64)
+    base = np.minimum(g.h_dur, np.maximum(g.wait_tail, 0) + WAIT_CALL_BASE_NS).astype(np.float64) * scale
+    # An unwaited call keeps only its own cost (the scaled base), never the wait.
+    dur = np.where(unwait, np.minimum(dur, base), dur)
+    d_dur = g.d_dur.astype(np.float64) * change.device_scale_all
+    delay = g.d_delay.astype(np.float64)
+    d_gap = g.d_gap.astype(np.float64)
+    if change.device_scale or change.tight_launch:
+        pos_of = np.full(int(g.device_row.max()) + 1 if len(g.device_row) else 0, -1, dtype=np.int64)
+        pos_of[g.device_row] = np.arange(len(g.device_row))
+        if change.device_scale:
+            r = np.fromiter(change.device_scale.keys(), dtype=np.int64, count=len(change.device_scale))
+            f = np.fromiter(change.device_scale.values(), dtype=np.float64, count=len(change.device_scale))
+            okr = (r >= 0) & (r < len(pos_of))
+            d_dur[pos_of[r[okr]]] *= f[okr]
+        if change.tight_launch:
+            r = np.fromiter(change.tight_launch, dtype=np.int64, count=len(change.tight_launch))
+            p = pos_of[r[(r >= 0) & (r < len(pos_of))]]
+            d_gap[p] = np.minimum(d_gap[p], 0)
+            delay[p] = np.minimum(delay[p], g.d_latency[p])
+    return gap, dur, unwait, tail, base, d_dur, delay, d_gap
+
+
+def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
+    """Replayed step times of the graph with `change` applied (measured when None)."""
+    change = change or Change()
+    gap, dur, unwait, tail, base, d_dur, delay, d_gap = _effective(g, change)
+    n_h, n_d = len(g.h_ts), len(g.d_dur)
+    anchor = g.h_anchor.tolist()
+    serial = g.h_serial.tolist()
+    gap_l, dur_l, unwait_l, tail_l, base_l = gap.tolist(), dur.tolist(), unwait.tolist(), tail.tolist(), base.tolist()
+    wptr, wops = g.wait_ptr.tolist(), g.wait_ops.tolist()
+    d_launch, d_stream = g.d_launch.tolist(), g.d_stream.tolist()
+    d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
+    start = [0.0] * n_h
+    end = [0.0] * n_h
+    d_start = [0.0] * n_d
+    d_end = [0.0] * n_d
+    last = [float("-inf")] * max(g.n_streams, 1)
+    k = 0
+    t0 = float(g.h_ts[0]) if n_h else 0.0
+    for i in range(n_h):
+        a = anchor[i]
+        if a < 0:
+            s = t0
+        else:
+            s = (end[a] if serial[i] else start[a]) + gap_l[i]
+        start[i] = s
+        while k < n_d and d_launch[k] == i:
+            st = d_stream[k]
+            b = s + delay_l[k]
+            q = last[st] + d_gap_l[k]
+            if q > b:
+                b = q
+            d_start[k] = b
+            last[st] = d_end[k] = b + d_dur_l[k]
+            k += 1
+        p0, p1 = wptr[i], wptr[i + 1]
+        if p1 > p0 and not unwait_l[i]:
+            w = max(d_end[wops[p]] for p in range(p0, p1)) + tail_l[i]
+            own = s + min(dur_l[i], base_l[i])
+            end[i] = w if w > own else own
+        else:
+            end[i] = s + dur_l[i]
+    while k < n_d:  # ops after the last host node (none in practice)
+        st = d_stream[k]
+        b = max(last[st] + d_gap_l[k], d_start[k - 1] if k else t0)
+        d_start[k] = b
+        last[st] = d_end[k] = b + d_dur_l[k]
+        k += 1
+    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_end)) / change.per_sample)
+
+
+def _respan(g: StepGraph, start: np.ndarray, d_end: np.ndarray) -> np.ndarray:
+    """Step durations from replayed host marks and device ends, as metrics.steps spans them."""
+    n = len(g.step_ids)
+    if n == 0:
+        return np.zeros(0)
+    hs = np.zeros(n)
+    he = np.zeros(n)
+    kind = g.h_kind
+    sm, em = kind == MARK_START, kind == MARK_END
+    hs[g.h_step[sm]] = start[sm]
+    he[g.h_step[em]] = start[em]
+    dev_max = np.full(n, -np.inf)
+    own = g.d_step >= 0
+    if own.any():
+        np.maximum.at(dev_max, g.d_step[own], d_end[own])
+    out = np.zeros(n)
+    prev = hs[0] + float(g.step_start[0] - g.step_host_start[0])
+    for i in range(n):
+        s = max(prev, hs[i]) if i else prev
+        e = max(he[i], dev_max[i], s)
+        out[i] = e - s
+        prev = e
+    return out
+
+
+def calibrate(g: StepGraph, target_median_ms: float, change: Change | None = None) -> float:
+    """Host scale at which the replayed median step matches an unprofiled median (bisection).
+
+    The profiler slows the host (Python stacks, per-call bookkeeping), not the device: when
+    the steps after the window ran faster, host time is scaled down until the replay agrees.
+    Returns 1.0 when the window was not slower; the lowest scale tried when even that is
+    not enough (the device then bounds the step).
+    """
+    change = change or Change()
+    if replay(g, change).median_ms <= target_median_ms:
+        return 1.0
+    lo, hi = 0.05, 1.0
+    floor = replay(g, change.with_host_scale(lo)).median_ms
+    if floor >= target_median_ms:
+        # The device bounds the step before the host reaches the target: shrink the host
+        # only as far as it still shortens the step.
+        target_median_ms = floor * 1.005
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        if replay(g, change.with_host_scale(mid)).median_ms > target_median_ms:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
