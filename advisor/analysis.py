@@ -24,6 +24,7 @@ from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
 from advisor.metrics.summary import Metrics, _stats, compute_metrics
+from advisor.whatif.savings import RankWhatIf
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
@@ -39,6 +40,14 @@ class Analysis:
     facts: dict[int, dict[str, Any]]
     findings: list[Finding]
     warnings: list[str] = field(default_factory=list)
+    whatif: list[RankWhatIf] = field(default_factory=list)  # replayed step per rank (advisor.whatif)
+
+    def headline(self) -> RankWhatIf | None:
+        """The slowest rank's replay: its measured step and the step with every fix replayed."""
+        if not self.whatif:
+            return None
+        primary = self.primary.rank
+        return next((w for w in self.whatif if w.rank == primary), self.whatif[0])
 
     @property
     def primary(self) -> Metrics:
@@ -108,6 +117,7 @@ class Analysis:
                 }
                 for m in self.ranks
             ],
+            "whatif": head.to_dict() if (head := self.headline()) else None,
             "findings": [f.to_dict() for f in self.findings],
             "notes": self.notes(),
             "warnings": self.warnings,
@@ -226,7 +236,7 @@ def analyze(
         hit = read_analysis(run_files, key)
         if hit is not None:
             facts = _read_facts(run_files.directory, [])  # its warnings are among the stored ones
-            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings)
+            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif)
     started = time.perf_counter()
     frames = load_ranks(run_files, warnings, progress)
     facts = _read_facts(run_files.directory, warnings)
@@ -235,12 +245,13 @@ def analyze(
     metrics = [compute_metrics(f, rank) for f, rank in zip(frames, ranks)]
     metrics.sort(key=lambda m: m.rank)
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)
-    findings = run_rules(rules, metrics, facts, config.rule_options)
+    whatif: list[RankWhatIf] = []
+    findings = run_rules(rules, metrics, facts, config.rule_options, warnings=warnings, whatif=whatif)
     if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:
         # Stored only if nothing changed while it ran (a trace still being written, say).
         if _cache_key(run_files, config, select, ignore, rules_dir) == key:
-            write_analysis(run_files, key, metrics, findings, warnings)
-    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings)
+            write_analysis(run_files, key, metrics, findings, warnings, whatif)
+    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif)
 
 
 def _cache_key(run: RunFiles, config: Config, select: list[str], ignore: list[str], rules_dir: str | Path | None) -> AnalysisKey | None:

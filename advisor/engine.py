@@ -7,13 +7,15 @@ Its docstring is its documentation page (what `advisor explain RULE` prints) and
     TITLE = "The input pipeline starves the device"
     DOCS = "https://pytorch.org/docs/..."   # the PyTorch page that backs the advice
     DEFAULTS = {"min_share": 0.05}     # thresholds, overridable in [tool.advisor.rules.<ID>]
-    CAUSES = ()                         # for symptom rules: ids of rules that explain them
     def check(ctx: Context) -> Finding | Iterable[Finding] | None
 
-Findings are ranked by saving. A symptom rule (CAUSES non-empty) is not counted twice with
-its causes: when a cause fired, the symptom keeps only the part of its saving the causes do
-not already claim, and points at them. Savings of one run never add up to more than its
-step time.
+A finding declares what its fix changes in the step (`ctx.finding(..., change=Change(...))`,
+see `advisor.whatif`). The engine replays each rank's step graph with each change alone (the
+finding's saving) and with all of them together (the run's headline), so savings come from
+one simulation of the run, not from per-rule arithmetic, and no two findings count the same
+time twice by construction. A finding with no change keeps its own estimate, capped at the
+replayed step. A symptom rule (`SYMPTOM = True`, e.g. gpu-idle) is saved only what the other
+findings' fixes leave: its change replayed on top of all of theirs. A rule that raises is reported as a warning naming it; the report goes on.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import Any, Iterable
 
 from advisor.errors import InputError
 from advisor.metrics.summary import Metrics
-
+from advisor.whatif.replay import Change
+from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
 
 
 @dataclass
@@ -51,9 +54,25 @@ class Finding:
     fix: Fix = field(default_factory=lambda: Fix(""))
     causes: list[str] = field(default_factory=list)
     rank: int | None = None
+    # What the fix changes in the step (advisor.whatif.Change); replayed by the engine, not reported.
+    change: Change | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def symptom(self) -> bool:
+        """A symptom rule's finding (SYMPTOM = True in its module): its saving is what the other findings' fixes leave."""
+        from advisor.engine import find_loaded_rule
+
+        rule = find_loaded_rule(self.rule)
+        return bool(rule is not None and getattr(rule.module, "SYMPTOM", False))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        change, self.change = self.change, None
+        try:
+            d = asdict(self)
+        finally:
+            self.change = change
+        d.pop("change", None)
+        return d
 
 
 @dataclass
@@ -63,7 +82,6 @@ class Rule:
     doc: str
     docs_url: str
     defaults: dict[str, Any]
-    causes: tuple[str, ...]
     module: ModuleType
     source: str  # "builtin" or the user's folder
 
@@ -94,6 +112,18 @@ class Context:
     def step_ms(self) -> float:
         return self.metrics.mean_step_ns / 1e6
 
+    @property
+    def replay(self) -> RankReplay:
+        """This rank's step replay (built once per rank), for rules that test their fix's saving."""
+        return rank_replay(self.metrics, self.facts)
+
+    def replayed_saving(self, change: Change) -> float | None:
+        """ms per step the change saves on this rank's replayed step; None where it cannot replay."""
+        r = self.replay
+        if not r.available:
+            return None
+        return r.saving_ms(change)
+
     def fact(self, *keys: str, default: Any = None) -> Any:
         """A nested value from the facts file, or default when absent (no facts recorded)."""
         node: Any = self.facts
@@ -117,6 +147,7 @@ class Context:
         snippet: str | None = None,
         severity: str | None = None,
         title: str | None = None,
+        change: Change | None = None,
     ) -> Finding:
         step = self.step_ms
         pct = (saving_ms / step) if (saving_ms is not None and step > 0) else None
@@ -134,24 +165,34 @@ class Context:
             evidence=evidence or {},
             fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
             rank=self.metrics.rank,
+            change=change,
         )
 
 
 # --- discovery ----------------------------------------------------------------------------
+_LOADED: dict[str, "Rule"] = {}
+
+
+def find_loaded_rule(rule_id: str) -> "Rule | None":
+    """A rule already discovered in this process (None for findings read back from a cache)."""
+    return _LOADED.get(rule_id)
+
+
 def _rule_from_module(mod: ModuleType, source: str) -> Rule:
     missing = [a for a in ("ID", "TITLE", "check") if not hasattr(mod, a)]
     if missing:
         raise InputError(getattr(mod, "__file__", mod.__name__), f"not a rule: missing {', '.join(missing)}")
-    return Rule(
+    rule = Rule(
         id=mod.ID,
         title=mod.TITLE,
         doc=(mod.__doc__ or "").strip(),
         docs_url=getattr(mod, "DOCS", ""),
         defaults=dict(getattr(mod, "DEFAULTS", {})),
-        causes=tuple(getattr(mod, "CAUSES", ())),
         module=mod,
         source=source,
     )
+    _LOADED[rule.id] = rule
+    return rule
 
 
 def builtin_rules() -> list[Rule]:
@@ -225,77 +266,109 @@ def run_rules(
     ranks: list[Metrics],
     facts: dict[int, dict[str, Any]] | None = None,
     options: dict[str, dict[str, Any]] | None = None,
+    warnings: list[str] | None = None,
+    whatif: list[RankWhatIf] | None = None,
 ) -> list[Finding]:
-    """Run every rule on every rank; keep each rule's worst rank; rank by saving."""
+    """Run every rule on every rank, replay the findings' fixes, keep each rule's worst rank,
+    rank by replayed saving. Per-rank replay summaries are appended to `whatif`."""
     facts = facts or {}
     options = options or {}
-    by_rule: dict[str, Finding] = {}
-    ranks_hit: dict[str, list[int]] = {}
+    per_rank: dict[int, list[Finding]] = {}
     for rule in rules:
         opts = {**rule.defaults, **options.get(rule.id, {})}
         for m in ranks:
             f_ = facts.get(m.rank) or facts.get(-1)
             ctx = Context(metrics=m, facts=f_, options=opts, rule=rule, world_size=len(ranks))
-            for finding in rule.check(ctx):
-                if finding.saving_ms is not None and not finding.saving_ms > 0:
-                    continue  # a finding must buy time, or be a risk with no time figure
-                ranks_hit.setdefault(rule.id, []).append(m.rank)
-                best = by_rule.get(rule.id)
-                if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):
-                    by_rule[rule.id] = finding
+            try:
+                found = rule.check(ctx)
+            except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the report
+                if warnings is None:
+                    raise
+                warnings.append(f"rule {rule.id} failed on rank {m.rank} and was skipped: {type(exc).__name__}: {exc}")
+                continue
+            per_rank.setdefault(m.rank, []).extend(found)
+    by_rule: dict[str, Finding] = {}
+    ranks_hit: dict[str, list[int]] = {}
+    for m in ranks:
+        f_ = facts.get(m.rank) or facts.get(-1)
+        found = settle_by_replay(m, f_, per_rank.get(m.rank, []), whatif)
+        for finding in found:
+            if finding.saving_ms is not None and not finding.saving_ms > 0 and finding.change is None:
+                continue  # a finding must buy time, or be a risk with no time figure, or be a replayed fix
+            ranks_hit.setdefault(finding.rule, []).append(m.rank)
+            best = by_rule.get(finding.rule)
+            if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):
+                by_rule[finding.rule] = finding
     findings = list(by_rule.values())
     for f in findings:
         if len(ranks) > 1:
             f.evidence["ranks"] = sorted(set(ranks_hit[f.rule]))
-    step_ms = max((m.mean_step_ns / 1e6 for m in ranks), default=0.0)
-    return _settle(findings, rules, step_ms)
+    findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
+    return findings
 
 
-def _settle(findings: list[Finding], rules: list[Rule], step_ms: float) -> list[Finding]:
-    """Symptoms defer to their causes; the total saving is capped at the step time."""
-    causes = {r.id: r.causes for r in rules}
-    fired = {f.rule: f for f in findings}
-    raw = {f.rule: f.saving_ms for f in findings}
-    settled: dict[str, float | None] = {}
-    dropped: set[str] = set()
+def _restate(message: str, old: float, new: float) -> str:
+    """The rule's promise in its message, replaced by the replayed one."""
+    for fmt in (".2f", ".1f", ".0f"):
+        before = f"~{old:{fmt}} ms"
+        if before in message:
+            return message.replace(before, f"~{new:{fmt}} ms")
+    return message.rstrip() + f" Replayed on this run: ~{new:.2f} ms/step."
 
-    def settle(rule_id: str, seen: frozenset = frozenset()) -> float | None:
-        # A cause is settled before the symptom that lists it, so nothing is subtracted twice;
-        # a symptom fully explained by its causes is dropped and claims nothing.
-        if rule_id in settled:
-            return settled[rule_id]
-        saving = raw[rule_id]
-        explained = [c for c in causes.get(rule_id, ()) if c in fired and c not in seen]
-        if saving is not None and explained:
-            saving -= sum(settle(c, seen | {rule_id}) or 0 for c in explained)
-            if saving <= 0.01 * step_ms:
-                dropped.add(rule_id)
-                saving = 0.0
-        settled[rule_id] = saving
-        return saving
 
-    kept = []
+def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Finding], whatif: list[RankWhatIf] | None = None) -> list[Finding]:
+    """Savings of one rank's findings from its replay: each change alone, then all together."""
+    replay = rank_replay(m, facts)
+    if not replay.available or not findings:
+        if whatif is not None and replay.available:
+            whatif.append(replay.summary())
+        return findings
+    base = replay.baseline_ms
+    summary = replay.summary()
+    changes = []
+    symptoms = {f.rule for f in findings if f.symptom}
+    fixes = [f for f in findings if f.change is not None and f.rule not in symptoms and f.saving_ms is not None]
+    others = Change.merge([f.change for f in fixes]) if fixes else None
+    dropped = set()
     for f in findings:
-        f.saving_ms = settle(f.rule)
-        if f.rule in dropped:
-            continue  # fully explained by its causes: they carry the saving
-        f.causes = [c for c in causes.get(f.rule, ()) if c in fired]
-        if f.causes and f.saving_ms is not None:
-            f.saving_pct = f.saving_ms / step_ms if step_ms else None
-        kept.append(f)
-    for f in kept:
-        f.causes = [c for c in f.causes if c not in dropped]
-    kept.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
-    remaining = step_ms
-    out = []
-    for f in kept:
-        if f.saving_ms is not None:
-            if remaining <= 0:
-                continue
-            if f.saving_ms > remaining:
-                f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms: earlier findings already claim the rest of the step"
-                f.saving_ms = remaining
-                f.saving_pct = remaining / step_ms if step_ms else None
-            remaining -= f.saving_ms
-        out.append(f)
-    return out
+        if f.saving_ms is None:
+            continue
+        if f.change is not None and f.symptom and others is not None:
+            # A symptom (the device idles) is what its causes' fixes leave: its saving is
+            # the replayed step with every other fix minus that step with its change too.
+            with_others = replay.replayed_ms(others)
+            saving = max(with_others - replay.replayed_ms(Change.merge([others, f.change])), 0.0)
+            f.causes = [c.rule for c in fixes]
+            f.evidence["estimate_ms"] = round(f.saving_ms, 3)
+            if saving <= 0.01 * base:
+                dropped.add(f.rule)  # explained by the other findings: they carry the saving
+            changes.append(f.change)
+            summary.fixes.append(f.rule)
+        elif f.change is not None:
+            saving = replay.saving_ms(f.change)
+            changes.append(f.change)
+            summary.fixes.append(f.rule)
+            f.evidence["estimate_ms"] = round(f.saving_ms, 3)
+        else:
+            # Not modelled: its own estimate, as the same share of the replayed step (which is
+            # the unprofiled step where the facts have one), and never more than that step.
+            window = m.mean_step_ns / 1e6
+            saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
+            if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
+                f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
+        if abs(saving - f.saving_ms) >= 0.005:
+            f.message = _restate(f.message, f.saving_ms, saving)
+            if f.change is not None and saving < 0.005 and f.rule not in dropped:
+                f.message += " The replay finds other work bounding the step, so this fix alone gains nothing on this run now."
+        f.saving_ms = saving
+        f.saving_pct = saving / base if base > 0 else None
+        if f.change is not None:
+            f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
+            if saving < 0.005:
+                f.saving_ms = 0.0  # still found; the report says the replay gives it nothing now
+        summary.savings[f.rule] = round(saving, 3)
+    if changes:
+        summary.all_fixes_ms = replay.replayed_ms(Change.merge(changes))
+    if whatif is not None:
+        whatif.append(summary)
+    return [f for f in findings if f.rule not in dropped]

@@ -3,10 +3,10 @@
 ## What it detects
 The share of each step with no kernel, copy or memset running on the device is above
 `1 - max_utilization` (GPU utilisation below 60% by default). This is a symptom: it says the
-device waits, not why. When a rule that explains the wait fires (the DataLoader, pageable or
-oversized copies, host synchronisation, launch overhead, `zero_grad` memsets, a batch too
-small for the device),
-this finding keeps only the idle time those rules do not already claim, and points at them.
+device waits, not why; the rules that explain the wait (the DataLoader, pageable or oversized
+copies, host synchronisation, launch overhead, `zero_grad` memsets, a batch too small for the
+device) name the fix. When they fire, this finding keeps only what their fixes, replayed
+together, leave (and is dropped when that is under 1% of the step), and points at them.
 
 ## Why it is slow
 Whatever the GPU does not do while it is idle has to be done later: idle time is step time
@@ -19,7 +19,6 @@ between steps — running while nothing is queued on the device.
   intervals they leave inside each step;
 - the host ops and annotations that were running during the idle time (by overlap), and the
   longest idle gaps;
-- which cause rules fired (the engine subtracts what they claim).
 
 ## Example
 Before:
@@ -39,14 +38,18 @@ for x, y in DataLoader(ds, batch_size=32, num_workers=8, pin_memory=True, persis
 ```
 
 ## How the saving is estimated
-The mean idle time per step: step duration minus the time with any device activity. It is
-the most the step can shrink by keeping the device fed; the causes' savings are subtracted
-from it when they fire.
+Replayed: the host time spent while the device was idle is taken off the host's path and
+the step graph is replayed on top of every other finding's fix; the saving is how much
+shorter that makes the replayed step. The rule's
+own estimate (evidence `estimate_ms`) is the mean idle time per step, step duration minus the
+time with any device activity: the most the step can shrink by keeping the device fed.
 
 Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
 """
 
 from __future__ import annotations
+
+from advisor.whatif import Change
 
 import numpy as np
 import pandas as pd
@@ -60,20 +63,7 @@ ID = "gpu-idle"
 TITLE = "The GPU is idle for much of each step"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 DEFAULTS = {"max_utilization": 0.60, "min_kernels_per_step": 10}
-CAUSES = (
-    "dataloader-stall",
-    "h2d-pageable-copy",
-    "host-sync",
-    "launch-bound",
-    "h2d-copy-volume",
-    "zero-grad-memset",
-    "spare-gpu-memory",
-    "cpu-tensor-then-copy",
-    "single-tensor-optimizer",
-    "data-parallel",
-    "empty-cache",
-    "allocator-churn",
-)
+SYMPTOM = True  # its saving is what the other findings' fixes leave (see the engine)
 FIX = "Keep work queued on the device: load data in workers, copy from pinned memory with non_blocking=True, avoid per-step syncs, fuse small kernels."
 AFTER = """loader = DataLoader(ds, batch_size=32, num_workers=8, pin_memory=True, persistent_workers=True)
 for x, y in loader:
@@ -149,4 +139,8 @@ def check(ctx: Context):
     )
     if not marked:
         message += " The trace has no ProfilerStep markers, so the whole window counts as one step (setup included)."
-    return ctx.finding(message, idle_ms, confidence="high" if marked else "low", evidence=evidence)
+    # The fix, replayed: the host work that ran while the device idled is taken off the host's
+    # path (done in workers, overlapped, or issued ahead), so the device is fed as soon as it
+    # can be; what the device itself waits for (its own dependencies) stays.
+    change = Change(host_remove=[(s, e, 1.0)])
+    return ctx.finding(message, idle_ms, confidence="high" if marked else "low", evidence=evidence, change=change)

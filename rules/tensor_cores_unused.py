@@ -75,6 +75,9 @@ Reference: https://pytorch.org/docs/stable/amp.html
 
 from __future__ import annotations
 
+from advisor.whatif import Change
+from advisor.whatif.changes import scale_device
+
 import numpy as np
 
 from advisor.engine import Context
@@ -190,4 +193,7 @@ def check(ctx: Context):
         f"Tensor Cores, yet {state} on {gpu}. {how}: ~{saving_ms:.1f} ms/step ({method})."
     )
     confidence = "high" if cap.source in ("trace", "facts") else "medium"
-    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16)
+    # The fix, replayed: these kernels run at the half-precision rate.
+    fp32_factor = 1 / (speedup * (arch.tf32_over_fp32 or 1.0)) if arch.tf32_over_fp32 is not None else 1 / speedup
+    change = Change.merge([scale_device(k.index.to_numpy()[fp32_mask], fp32_factor), scale_device(k.index.to_numpy()[tf32_mask], 1 / speedup)])
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16, change=change)

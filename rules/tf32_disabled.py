@@ -55,6 +55,8 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-o
 
 from __future__ import annotations
 
+from advisor.whatif.changes import scale_device
+
 import re
 
 import numpy as np
@@ -168,4 +170,5 @@ def check(ctx: Context):
     }
     evidence.update(kernel_evidence(ctx.frames, candidates, m.steps, exposure, by_eligible_op=True))
     confidence = "high" if recorded and cap.source != "kernel names" else "medium"
-    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER)
+    change = scale_device(k.index.to_numpy()[chosen], 1 / speedup)  # the fix, replayed: these kernels at the TF32 rate
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER, change=change)

@@ -8,13 +8,15 @@ boundaries as zero-length marks between them, and the device's kernels, copies a
   host's own work between calls (Python, operators, DataLoader); when two threads overlap, a
   node follows the start of the one it overlaps instead of its end.
 - launch: a device op starts no earlier than its launch call plus the launch latency
-  (correlation id); where the op sat in its stream's queue the latency is the stream's
-  typical one, where the stream was idle it is the measured one.
+  (correlation id); where the op was launched before its stream's previous op ended (it
+  sat in the queue) the latency is the stream's typical one, otherwise the measured one.
 - stream order: a device op starts after the previous op of its stream (plus the measured
   gap when it was queued).
 - waits: a synchronize call, and a copy call that returned only after its copy finished
   (pageable or device-to-host), ends no earlier than the device work it waited for, plus the
-  measured time the call took after that work finished.
+  measured time the call took after that work finished. So does any other call that took
+  long and returned just as a device op finished (a launch into a full queue, an allocator
+  call that synchronizes): it waited for that op.
 
 Everything is NumPy arrays built with vectorised joins; only the replay walks the nodes in
 order. Indices into the rank's frames (`runtime_row`, `device_row`) let a fix name the calls
@@ -33,10 +35,13 @@ from advisor.load.trace import TraceFrames
 
 WAIT_CALL = re.compile(r"^(cuda|hip)((Stream|Device|Event|Ctx)Synchronize|Memcpy\w*|Free)$")
 MARK_START, MARK_END, CALL = 1, 2, 0
-# A device op that started within this long of its stream's previous op was queued behind it.
+# An op that started more than this after its stream went idle measures the launch latency.
 QUEUED_NS = 3_000
 # Launch latency used when a stream has no launch-bound op to measure it on.
 DEFAULT_LATENCY_NS = 5_000
+# A call longer than this that returned within RELEASE_NS of a device op's end waited for it.
+BLOCKED_NS = 20_000
+RELEASE_NS = 5_000
 # What a wait call costs the host besides the wait itself (the part a fix cannot remove).
 WAIT_CALL_BASE_NS = 2_000
 
@@ -209,7 +214,9 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         if sel.any():
             latency[s] = int(np.median(raw_delay[sel]))
     lat = latency[stream] if len(ts) else np.zeros(0, dtype=np.int64)
-    queued = has_prev & (since_prev <= QUEUED_NS) & (raw_delay > lat)
+    # Queued: launched before the stream's previous op ended, so the stream, not the launch,
+    # set its start (plus the measured bubble after its predecessor).
+    queued = has_prev & (launch_ts < np.where(has_prev, prev_end, 0))
     d_delay = np.where(queued, np.minimum(lat, raw_delay), raw_delay)
     d_gap = np.where(queued, np.maximum(since_prev, 0), np.minimum(np.where(has_prev, since_prev, 0), 0))
 
@@ -248,6 +255,20 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         waited = okw & (end[op] > w_s) & (end[op] <= w_e + 1_000)
         pairs_node.append(wait_nodes[waited])
         pairs_op.append(op[waited])
+    # Back-pressure: any other call that lasted long and returned just as a device op finished
+    # (a launch into a full queue, an allocator call that synchronizes) waited for that op.
+    other = np.nonzero((runtime_row >= 0) & (h_dur > BLOCKED_NS))[0]
+    other = other[~np.isin(other, wait_nodes)] if len(wait_nodes) else other
+    if len(other) and len(end):
+        by_end = np.argsort(end, kind="stable")
+        ends_sorted = end[by_end]
+        w_e = h_ts[other] + h_dur[other]
+        j = np.searchsorted(ends_sorted, w_e + 1_000, side="right") - 1
+        okb = j >= 0
+        op = by_end[np.clip(j, 0, None)]
+        released = okb & (end[op] >= np.maximum(h_ts[other], w_e - RELEASE_NS)) & (launch[op] < other)
+        pairs_node.append(other[released])
+        pairs_op.append(op[released])
     n_h = len(h_ts)
     wait_ptr = np.zeros(n_h + 1, dtype=np.int64)
     wait_tail = np.zeros(n_h, dtype=np.int64)

@@ -25,8 +25,9 @@ from advisor.whatif.graph import MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGr
 class Change:
     """What a fix changes in a rank's step. Rows are rows of that rank's frames.
 
-    - `host_remove`: (start, end) ns windows of host time that the fix takes off the host's
-      path (a DataLoader wait, a Python loop); gaps between calls shrink by their overlap.
+    - `host_remove`: (start, end, fraction) ns windows of host time that the fix takes off
+      the host's path (a DataLoader wait, a Python loop); gaps between calls shrink by that
+      fraction of their overlap. A negative fraction adds host time (a larger batch to load).
     - `host_scale`: every host gap and call is this much shorter (profiler overhead, a faster
       host path); 1.0 leaves them.
     - `call_scale`: runtime row -> factor on that call's duration (0 removes the call).
@@ -55,10 +56,10 @@ class Change:
             out.host_remove += c.host_remove
             out.host_scale *= c.host_scale
             for k, v in c.call_scale.items():
-                out.call_scale[k] = min(out.call_scale.get(k, 1.0), v)
+                out.call_scale[k] = _combine(out.call_scale.get(k, 1.0), v)
             out.unwait |= c.unwait
             for k, v in c.device_scale.items():
-                out.device_scale[k] = min(out.device_scale.get(k, 1.0), v)
+                out.device_scale[k] = _combine(out.device_scale.get(k, 1.0), v)
             out.tight_launch |= c.tight_launch
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
@@ -68,6 +69,14 @@ class Change:
         out = Change.merge([self])
         out.host_scale = self.host_scale * scale
         return out
+
+
+def _combine(a: float, b: float) -> float:
+    """Two fixes on the same node: speed-ups do not stack (the better one wins), growth does
+    (a larger batch of a faster kernel is both)."""
+    if a > 1 or b > 1:
+        return a * b
+    return min(a, b)
 
 
 @dataclass(frozen=True)
@@ -94,11 +103,18 @@ def _effective(g: StepGraph, change: Change):
         e = np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_remove])
         # Fractions: windows of the same fraction merge; the largest fraction wins where they overlap.
         removed = np.zeros(len(gap))
+        added = np.zeros(len(gap))
+        kept = np.ones(len(gap))  # share of added time that a removal in the same gap leaves
         for frac in sorted({f for _, _, f in change.host_remove}):
             sel = np.concatenate([np.full(len(a), f == frac) for a, _, f in change.host_remove])
             ms, me = merge(s[sel], e[sel])
             ov = overlap_with(ms, me, g.h_gap_lo, g.h_ts).astype(np.float64)
-            removed = np.maximum(removed, ov * frac)
+            if frac >= 0:
+                removed = np.maximum(removed, ov * frac)  # the largest removal wins where fixes overlap
+                kept = np.where(ov > 0, np.minimum(kept, 1.0 - frac), kept)
+            else:
+                added -= ov * frac  # a negative fraction adds host time (more samples per step)
+        removed -= added * kept  # time a fix removes is not added back by a larger batch
         gap = np.maximum(gap - removed * scale, 0.0)
     dur = g.h_dur.astype(np.float64) * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
@@ -220,8 +236,9 @@ def calibrate(g: StepGraph, target_median_ms: float, change: Change | None = Non
     not enough (the device then bounds the step).
     """
     change = change or Change()
-    if replay(g, change).median_ms <= target_median_ms:
+    if replay(g, change.with_host_scale(1.0 / change.host_scale)).median_ms <= target_median_ms:
         return 1.0
+    change = change.with_host_scale(1.0 / change.host_scale)  # scale from 1
     lo, hi = 0.05, 1.0
     floor = replay(g, change.with_host_scale(lo)).median_ms
     if floor >= target_median_ms:
