@@ -338,7 +338,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # the replayed step with every other fix minus that step with its change too.
             with_others = replay.replayed_ms(others)
             saving = max(with_others - replay.replayed_ms(Change.merge([others, f.change])), 0.0)
-            f.causes = [c.rule for c in fixes]
+            f.causes = [c.rule for c in fixes if replay.saving_ms(c.change) > 0.005]
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
             if saving <= 0.01 * base:
                 dropped.add(f.rule)  # explained by the other findings: they carry the saving

@@ -440,8 +440,11 @@ def test_symptom_keeps_only_what_the_other_fixes_leave(name):
     assert others, "some cause fires on this trace"
     if "gpu-idle" in found:
         f = found["gpu-idle"]
-        assert set(f.causes) <= {o.rule for o in others} and f.causes
-        assert f.saving_ms < alone  # the other fixes already took part of the idle time
+        assert set(f.causes) <= {o.rule for o in others}
+        if f.causes:
+            assert f.saving_ms < alone  # the other fixes already took part of the idle time
+        else:  # no other finding replays a fix: the symptom keeps its own replayed saving
+            assert f.saving_ms == pytest.approx(alone)
     head = a.headline()
     # every fix replayed together never saves more than the step, nor less than the best one alone
     assert head.all_fixes_ms >= 0
@@ -474,7 +477,8 @@ ALL_TRACES = [
 def test_rules_run_on_every_trace_with_sane_findings(name):
     found = report(name)
     for f in found.values():
-        assert f.saving_ms is None or f.saving_ms > 0
+        # a saving, a risk (None), or a replayed fix that gains nothing on this run now, which says so
+        assert f.saving_ms is None or f.saving_ms > 0 or "gains nothing on this run now" in f.message
         assert f.severity in ("high", "medium", "low") and f.confidence in ("high", "medium", "low")
     rendered = orjson.loads(to_json(cached(name)))  # evidence survives the JSON report
     assert {f["rule"] for f in rendered["findings"]} == set(found)
