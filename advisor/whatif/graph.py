@@ -15,8 +15,8 @@ boundaries as zero-length marks between them, and the device's kernels, copies a
 - waits: a synchronize call, and a copy call that returned only after its copy finished
   (pageable or device-to-host), ends no earlier than the device work it waited for, plus the
   measured time the call took after that work finished. So does any other call that took
-  long and returned just as a device op finished (a launch into a full queue, an allocator
-  call that synchronizes): it waited for that op.
+  long and returned just as a device op finished while hundreds of launches were still
+  outstanding (a launch into a full queue): it waited for that op.
 
 Everything is NumPy arrays built with vectorised joins; only the replay walks the nodes in
 order. Indices into the rank's frames (`runtime_row`, `device_row`) let a fix name the calls
@@ -42,6 +42,9 @@ DEFAULT_LATENCY_NS = 5_000
 # A call longer than this that returned within RELEASE_NS of a device op's end waited for it.
 BLOCKED_NS = 20_000
 RELEASE_NS = 5_000
+# Launches outstanding on the device before a call counts as back-pressure (CUDA's launch
+# queue holds about a thousand).
+QUEUE_DEPTH = 768
 # What a wait call costs the host besides the wait itself (the part a fix cannot remove).
 WAIT_CALL_BASE_NS = 2_000
 
@@ -266,7 +269,11 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         j = np.searchsorted(ends_sorted, w_e + 1_000, side="right") - 1
         okb = j >= 0
         op = by_end[np.clip(j, 0, None)]
-        released = okb & (end[op] >= np.maximum(h_ts[other], w_e - RELEASE_NS)) & (launch[op] < other)
+        # Only with a deep queue: on a busy device some op ends within microseconds of any call.
+        ends_before = np.searchsorted(ends_sorted, h_ts[other], side="right")
+        launched_before = np.searchsorted(np.sort(launch), other, side="left")
+        deep = (launched_before - ends_before) >= QUEUE_DEPTH
+        released = okb & deep & (end[op] >= np.maximum(h_ts[other], w_e - RELEASE_NS)) & (launch[op] < other)
         pairs_node.append(other[released])
         pairs_op.append(op[released])
     n_h = len(h_ts)
