@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from advisor.metrics.intervals import merge, overlap_with
+from advisor.metrics.steps import own_device_end
 from advisor.whatif.graph import MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
 
 
@@ -199,29 +200,34 @@ def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
         d_start[k] = b
         last[st] = d_end[k] = b + d_dur_l[k]
         k += 1
-    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_end)) / change.per_sample)
+    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
 
 
-def _respan(g: StepGraph, start: np.ndarray, d_end: np.ndarray) -> np.ndarray:
-    """Step durations from replayed host marks and device ends, as metrics.steps spans them."""
+def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> np.ndarray:
+    """Step durations from replayed host marks and device ops, as metrics.steps spans them."""
     n = len(g.step_ids)
     if n == 0:
         return np.zeros(0)
-    hs = np.zeros(n)
-    he = np.zeros(n)
+    hs = np.zeros(n, dtype=np.int64)
+    he = np.zeros(n, dtype=np.int64)
     kind = g.h_kind
     sm, em = kind == MARK_START, kind == MARK_END
-    hs[g.h_step[sm]] = start[sm]
-    he[g.h_step[em]] = start[em]
-    dev_max = np.full(n, -np.inf)
+    hs[g.h_step[sm]] = np.round(start[sm]).astype(np.int64)
+    he[g.h_step[em]] = np.round(start[em]).astype(np.int64)
+    dev_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    dev_max = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    count = np.zeros(n, dtype=np.int64)
     own = g.d_step >= 0
     if own.any():
-        np.maximum.at(dev_max, g.d_step[own], d_end[own])
+        np.minimum.at(dev_min, g.d_step[own], np.round(d_start[own]).astype(np.int64))
+        np.maximum.at(dev_max, g.d_step[own], np.round(d_end[own]).astype(np.int64))
+        np.add.at(count, g.d_step[own], 1)
+    own_end = own_device_end(hs, he, dev_min, dev_max, count)
     out = np.zeros(n)
-    prev = hs[0] + float(g.step_start[0] - g.step_host_start[0])
+    prev = hs[0] + int(g.step_start[0] - g.step_host_start[0])
     for i in range(n):
         s = max(prev, hs[i]) if i else prev
-        e = max(he[i], dev_max[i], s)
+        e = max(he[i], s) if count[i] == 0 else max(he[i], own_end[i], s)
         out[i] = e - s
         prev = e
     return out
