@@ -301,8 +301,8 @@ def run_rules(
         f_ = facts.get(m.rank) or facts.get(-1)
         found = settle_by_replay(m, f_, per_rank.get(m.rank, []), whatif)
         for finding in found:
-            if finding.saving_ms is not None and not finding.saving_ms > 0 and finding.change is None:
-                continue  # a finding must buy time, or be a risk with no time figure, or be a replayed fix
+            if finding.saving_ms is not None and not finding.saving_ms > 0 and not finding.evidence.get("estimate_ms", 0) > 0:
+                continue  # a finding must buy time, be a risk with no time figure, or be a fix the rule saw time in
             ranks_hit.setdefault(finding.rule, []).append(m.rank)
             best = by_rule.get(finding.rule)
             if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):

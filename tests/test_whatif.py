@@ -23,7 +23,7 @@ def _graph(directory):
 
 @pytest.mark.parametrize(
     "where",
-    ["traces/v100_resnet50_nw0", "traces/misc/a100_80gb_train.json.gz", "traces/misc/a100_nccl.json.gz", "whatif/h100_vit/pin_memory", "whatif/h100_vit/foreach"],
+    ["traces/v100_resnet50_nw0", "traces/misc/a100_80gb_train.json.gz", "traces/misc/a100_nccl.json.gz", "whatif/h100_vit/tf32", "whatif/h100_vit/compile"],
 )
 def test_unchanged_replay_reproduces_the_measured_steps(where):
     _, m, g = _graph(shared(where))
@@ -62,3 +62,79 @@ def test_host_scale_matches_the_unprofiled_steps_and_never_touches_the_device():
     # host time alone scaled to nothing: the step is the device's work, never less
     busy = m.utilization.mul(m.steps["duration"].to_numpy()).median() / 1e6
     assert replay(g, Change(host_scale=0.05)).median_ms >= busy * 0.97
+
+
+def _facts_after_median(run) -> float:
+    import json
+
+    facts = json.loads((run / "advisor_facts.json").read_text())
+    return float(np.median(facts["step_times_ms"][max(facts["profiled_steps"]) + 2 :]))
+
+
+def test_a_profiler_slowed_bf16_run_promises_nothing_beyond_its_unprofiled_step():
+    # bf16 ViT on an H100: 76.7 ms steps in the window, 44.5 ms without the profiler (1.7x).
+    from advisor.analysis import analyze
+    from advisor.config import Config
+
+    run = shared("whatif/h100_vit/bf16")
+    a = analyze(run, config=Config())
+    head = a.headline()
+    after = _facts_after_median(run)
+    assert head.measured_ms / after > 1.6
+    assert head.baseline_ms == pytest.approx(after, rel=0.03)
+    timed = [f for f in a.findings if f.saving_ms is not None]
+    assert timed and all(f.saving_ms <= head.baseline_ms for f in timed)
+    # the rules' own figures, taken from the inflated window, added up past the step
+    assert sum(f.evidence.get("estimate_ms", 0) for f in timed) > head.baseline_ms
+    # all fixes together: less than the step, and at least what the best fix saves alone
+    assert 0 < head.all_fixes_ms < head.baseline_ms - max(f.saving_ms for f in timed) + 0.01
+
+
+def test_reports_show_the_replayed_headline_never_a_sum(cli, tmp_path):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+    code, text, err = cli(["report", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    flat = " ".join(text.split())
+    assert "Replayed step" in flat and "replayed fixes together" in flat
+    code, md, _ = cli(["report", "-f", "markdown", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0 and "with the fixes replayed together" in md and "to gain" not in md
+    out = tmp_path / "r.html"
+    code, _, err = cli(["report", "-f", "html", "-o", str(out), str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    html = out.read_text()
+    assert "With all fixes (replayed)" in html and "Could save" not in html
+
+
+def test_whatif_replays_chosen_fixes_together_and_alone(cli):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+    code, out, err = cli(["whatif", str(run), "--apply", "dataloader-stall,h2d-pageable-copy"], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "median of the unprofiled steps" in " ".join(out.split())
+    together = float(out.split("With the fixes")[1].split("ms per step")[0])
+    alone = {r: float(lines[r].split("alone:")[1].split("ms")[0]) for r in ("dataloader-stall", "h2d-pageable-copy")}
+    baseline = float(out.split("Replayed step")[1].split("ms")[0])
+    # together they save at least the larger of the two and no more than both
+    assert baseline - together >= max(alone.values()) - 0.02
+    assert baseline - together <= sum(alone.values()) + 0.02
+
+
+def test_whatif_refuses_unknown_rules_and_rules_without_a_finding(cli):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+    code, _, err = cli(["whatif", str(run), "--apply", "no-such-rule"], env={"ADVISOR_CACHE": "off"})
+    assert code == 2 and "unknown rule 'no-such-rule'" in err and "Traceback" not in err
+    code, _, err = cli(["whatif", str(run), "--apply", "tf32-disabled"], env={"ADVISOR_CACHE": "off"})
+    assert code == 2 and "no finding of 'tf32-disabled'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_rule_that_raises_is_a_warning_naming_it(cli, tmp_path):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "broken.py").write_text('"""A rule that fails."""\nID = "broken-rule"\nTITLE = "Broken"\n\ndef check(ctx):\n    raise ValueError("boom")\n')
+    run = shared("traces/misc/a100_triton.json.gz")
+    code, out, err = cli(["report", "--rules", str(rules), "-f", "json", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    import json
+
+    warnings = json.loads(out)["warnings"]
+    assert any("broken-rule" in w and "ValueError: boom" in w for w in warnings)
