@@ -5,8 +5,9 @@
 For every trace under ../shared/traces, ../shared/whatif/h100_vit/* and
 sample_runs/*/runs/*: load each rank, build its step graph, replay it with no change and
 compare the median replayed step with the median measured step (target: within 3%). Where
-the run's facts hold unprofiled step times (`advisor profile --full`), it also prints the
-host scale at which the replay matches them (the profiler's own cost, taken out of savings).
+the run's facts hold unprofiled step times (`advisor profile --full`), it also prints how
+the replay takes the profiler's own cost out (advisor.whatif.savings.RankReplay.base): the
+host scale, the DataLoader's scale to the unprofiled wait, and the fixed remainder per step.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from advisor.load.discover import find_run  # noqa: E402
 from advisor.metrics.summary import compute_metrics  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
 from advisor.whatif.graph import build_graph  # noqa: E402
-from advisor.whatif.replay import calibrate, replay  # noqa: E402
+from advisor.whatif.replay import replay  # noqa: E402
+from advisor.whatif.savings import RankReplay  # noqa: E402
 
 
 def runs() -> list[Path]:
@@ -47,7 +49,7 @@ def main() -> int:
     args = ap.parse_args()
     lines = [
         "replay of the unmodified step graph against the measured steps (median step, ms)",
-        f"{'run':<44} {'rank':>4} {'steps':>5} {'measured':>9} {'replayed':>9} {'error':>7} {'build s':>7} {'replay s':>8} {'unprof.':>8} {'host x':>6}",
+        f"{'run':<44} {'rank':>4} {'steps':>5} {'measured':>9} {'replayed':>9} {'error':>7} {'build s':>7} {'replay s':>8} {'unprof.':>8} {'host x':>6} {'loader x':>8} {'rest ms':>7}",
     ]
     worst = 0.0
     for path in runs():
@@ -68,14 +70,16 @@ def main() -> int:
             worst = max(worst, abs(err))
             f = facts.get(rank) or facts.get(-1)
             after = unprofiled_steps(f)
-            unprof, scale = "", ""
+            unprof, scale, loader, rest = "", "", "", ""
             if after is not None:
-                target = float(np.median(after.step_ms))
-                unprof = f"{target:.2f}"
-                scale = f"{calibrate(g, target):.2f}"
+                rr = RankReplay(m, f)
+                rr._graph = g
+                rr.base  # calibrates
+                unprof = f"{rr._unprofiled:.2f}"
+                scale, loader, rest = f"{rr.host_scale:.2f}", f"{rr.loader_scale:.2f}", f"{rr.remainder_ms:.2f}"
             name = str(path.relative_to(ROOT.parent) if path.is_relative_to(ROOT.parent) else path)
             lines.append(
-                f"{name[-44:]:<44} {rank:>4} {len(m.steps):>5} {measured:>9.2f} {r.median_ms:>9.2f} {err:>+7.2%} {t1 - t0:>7.3f} {t2 - t1:>8.3f} {unprof:>8} {scale:>6}"
+                f"{name[-44:]:<44} {rank:>4} {len(m.steps):>5} {measured:>9.2f} {r.median_ms:>9.2f} {err:>+7.2%} {t1 - t0:>7.3f} {t2 - t1:>8.3f} {unprof:>8} {scale:>6} {loader:>8} {rest:>7}"
             )
             print(lines[-1], flush=True)
     lines.append(f"worst error: {worst:.2%} (target: within 3%)")

@@ -10,7 +10,7 @@ from advisor.load.trace import load_trace
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.summary import compute_metrics
 from advisor.whatif.graph import build_graph
-from advisor.whatif.replay import Change, calibrate, replay
+from advisor.whatif.replay import Change, replay
 from tests.conftest import SAMPLE_RUNS, shared
 
 
@@ -49,16 +49,25 @@ def test_removing_the_dataloader_wait_replays_close_to_the_run_with_workers():
     assert without == pytest.approx(with_workers, rel=0.10)
 
 
-def test_host_scale_matches_the_unprofiled_steps_and_never_touches_the_device():
+def test_the_profiler_cost_comes_out_of_the_host_and_never_the_device():
     import json
 
+    from advisor.whatif.savings import RankReplay
+
     run = shared("whatif/h100_vit/bf16")
-    _, m, g = _graph(run)
+    frames, m, g = _graph(run)
     facts = json.loads((run / "advisor_facts.json").read_text())
-    after = float(np.median(facts["step_times_ms"][max(facts["profiled_steps"]) + 2 :]))
-    scale = calibrate(g, after)
-    assert 0.2 < scale < 0.9  # the window ran 1.7x slower than the steps after it
-    assert replay(g, Change(host_scale=scale)).median_ms == pytest.approx(after, rel=0.03)
+    first = max(facts["profiled_steps"]) + 2
+    after = float(np.median(facts["step_times_ms"][first:]))
+    r = RankReplay(m, facts)
+    # the window ran 1.7x slower than the steps after it; the replayed baseline is theirs
+    assert np.median(m.steps["duration"]) / 1e6 > 1.6 * after
+    assert r.baseline_ms == pytest.approx(after, rel=0.01)
+    assert 0.05 <= r.host_scale < 1.0 and 0 <= r.remainder_ms < 0.5 * after
+    # the DataLoader keeps the unprofiled steps' own wait for their batch
+    dl = frames.host[_matches(frames.host["name"], DATALOADER_NAME)]
+    window_wait = float((dl["end"] - dl["ts"]).sum()) / len(m.steps) / 1e6
+    assert r.loader_scale == pytest.approx(min(np.median(facts["loader_wait_ms"][first:]) / window_wait, 1.0), rel=0.05)
     # host time alone scaled to nothing: the step is the device's work, never less
     busy = m.utilization.mul(m.steps["duration"].to_numpy()).median() / 1e6
     assert replay(g, Change(host_scale=0.05)).median_ms >= busy * 0.97

@@ -57,6 +57,11 @@ class RankWhatIf:
         return out
 
 
+# Largest share of the unprofiled step left unexplained (a fixed remainder) before the
+# calibration lets the host explain the step instead.
+MAX_REMAINDER_SHARE = 0.5
+
+
 class RankReplay:
     """One rank's graph and calibrated baseline, built on first use (shared by the rules)."""
 
@@ -69,6 +74,7 @@ class RankReplay:
         self._unprofiled: float | None = None
         self._base: Change | None = None
         self.loader_scale: float = 1.0
+        self.remainder_ms: float = 0.0
 
     @property
     def available(self) -> bool:
@@ -83,8 +89,10 @@ class RankReplay:
 
     @property
     def base(self) -> Change:
-        """The profiler's cost taken out: DataLoader spans scaled to the unprofiled steps' wait
-        for their batch, then every host gap scaled so the median step matches theirs."""
+        """The profiler's cost taken out: the DataLoader spans at the unprofiled steps' own
+        wait for their batch, every other host gap and call scaled by one factor (see
+        `calibrate`); what still separates that replay from the unprofiled median step is
+        kept as a fixed remainder per step. The device is never scaled."""
         if self._base is None:
             after = unprofiled_steps(self.facts)
             base = Change()
@@ -94,9 +102,24 @@ class RankReplay:
                 window_wait = float((dl_e - dl_s).sum()) / max(len(self.metrics.steps), 1) / 1e6
                 if after.loader_wait_ms is not None and window_wait > 0:
                     self.loader_scale = min(float(np.median(after.loader_wait_ms)) / window_wait, 1.0)
-                    if self.loader_scale < 1.0:
-                        base.host_remove.append((dl_s, dl_e, 1.0 - self.loader_scale))
-                base.host_scale = calibrate(self.graph, self._unprofiled, base)
+
+                def build(scale: float) -> Change:
+                    c = Change(host_scale=scale)
+                    if len(dl_s) and abs(self.loader_scale - scale) > 1e-9:
+                        # DataLoader time ends at loader_scale of its window figure, whatever the host scale
+                        c.host_remove.append((dl_s, dl_e, 1.0 - self.loader_scale / scale))
+                    return c
+
+                base = build(calibrate(self.graph, self._unprofiled, build))
+                # What the scaled host and the device do not explain (the replay of the
+                # fastest host still short of the unprofiled step) stays as it is per step,
+                # unless that is a large part of the step: then the host is the likelier
+                # cause (autocast's casts, a compiled graph's guards), scaled to explain it all.
+                rest = self._unprofiled - replay(self.graph, base).median_ms
+                if rest > MAX_REMAINDER_SHARE * self._unprofiled:
+                    base = build(calibrate(self.graph, self._unprofiled, build, fastest=False))
+                    rest = self._unprofiled - replay(self.graph, base).median_ms
+                self.remainder_ms = max(rest, 0.0)
             self._base = base
         return self._base
 
@@ -107,11 +130,11 @@ class RankReplay:
     @property
     def baseline_ms(self) -> float:
         if self._baseline is None:
-            self._baseline = replay(self.graph, self.base).median_ms
+            self._baseline = replay(self.graph, self.base).median_ms + self.remainder_ms
         return self._baseline
 
     def replayed_ms(self, change: Change) -> float:
-        return replay(self.graph, Change.merge([self.base, change])).median_ms
+        return replay(self.graph, Change.merge([self.base, change])).median_ms + self.remainder_ms / change.per_sample
 
     def saving_ms(self, change: Change) -> float:
         """Baseline minus the replay with `change` (never below 0)."""
