@@ -185,7 +185,7 @@ def test_ordinary_traces_carry_no_distortion_warning(nw0):
 
 # --- item 9: the device's own vocabulary ----------------------------------------------------
 def test_mtia_run_speaks_of_its_accelerator(cli):
-    code, out, _ = cli(["report", str(shared_trace("misc/mtia_inference.json.gz"))])
+    code, out, _ = cli(["report", str(shared_trace("misc/mtia_inference.json.gz"))], env={"ADVISOR_CACHE": "off"})
     assert code == 0
     assert "MTIA utilisation" in out and "(MTIA accelerator)" in out
     assert "GPU" not in out and "Tensor Core" not in out and "n/a" not in out.split("Step time")[0]
@@ -195,16 +195,16 @@ def test_mtia_run_speaks_of_its_accelerator(cli):
 
 def test_amd_run_has_no_cuda_compute_capability(cli):
     path = shared_trace("misc/amd_mi250_minitoy.json.gz")
-    code, out, _ = cli(["report", str(path)])
+    code, out, _ = cli(["report", str(path)], env={"ADVISOR_CACHE": "off"})
     assert code == 0
     assert "AMD Radeon Graphics" in out and "compute capability" not in out and "Tensor Core" not in out
     assert "GPU utilisation" in out
     a = analyze(path)
     assert a.primary.device.vendor == "amd" and a.to_dict()["ranks"][0]["device"]["compute_capability"] is None
-    _, md, _ = cli(["report", str(path), "--format", "markdown"])
+    _, md, _ = cli(["report", str(path), "--format", "markdown"], env={"ADVISOR_CACHE": "off"})
     assert "Tensor Cores" not in md and "GPU busy" in md
 
 
 def test_nvidia_runs_keep_compute_capability_and_tensor_cores(cli, nw0):
-    code, out, _ = cli(["report", str(nw0)])
+    code, out, _ = cli(["report", str(nw0)], env={"ADVISOR_CACHE": "off"})
     assert "compute capability 7.0" in out and "Tensor Cores" in out and "GPU utilisation" in out

@@ -56,7 +56,7 @@ def loads(monkeypatch):
 
 def copy_run(name: str, tmp_path: Path) -> Path:
     run = tmp_path / name
-    # The trace alone: a cache another test left beside the vendored copy is not part of the run.
+    # The traces alone: a vendored folder may hold cache entries of earlier reports.
     shutil.copytree(shared_trace(name), run, copy_function=shutil.copyfile, ignore=shutil.ignore_patterns(".advisor-cache"))
     run.chmod(0o755)  # the shared folder is read-only; the copy must not be
     return run
