@@ -17,7 +17,7 @@ import orjson
 
 from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
-from advisor.config import Config, load_config
+from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, all_rules, run_rules, select_rules
 from advisor.load.cache import cache_enabled
 from advisor.load.discover import RunFiles, find_run
@@ -242,6 +242,8 @@ def analyze(
     back from the analysis cache: its ranks then carry a FramesHeader, not frames, which is
     all the text, JSON and Markdown reports, gate and diff read (the HTML report needs frames)."""
     config = config if config is not None else load_config()
+    if config.rule_options:  # checked before the cache: a mistake in them is reported every time
+        config = check_rule_options(config, all_rules(rules_dir))
     warnings: list[str] = []
     run_files = find_run(path, run)
     select = select or config.select

@@ -30,6 +30,7 @@ from advisor.gate.outputs import (
 )
 from advisor.gate.record import RunRecord, read_record_file, record_from_analysis
 from advisor.gate.verdict import GateResult
+from advisor.render.console import output_console
 
 DEFAULT_BASELINE = Path("perf/baseline.json")
 
@@ -102,7 +103,7 @@ def evaluate_gate(
     if settings.baseline is None and not settings.budgets.any():
         raise InputError(
             None,
-            "nothing to gate on: give --baseline FILE, or budgets in [tool.advisor.gate], a --budget FILE or flags such as --max-step-time-ms",
+            f"nothing to gate on: no {DEFAULT_BASELINE} (write one with `advisor baseline PATH`); give --baseline FILE, or budgets in [tool.advisor.gate], a --budget FILE or flags such as --max-step-time-ms",
         )
     _check_rule_ids(settings, rules_dir)
     base_record, notes = (None, [])
@@ -116,7 +117,7 @@ def evaluate_gate(
 def gate(
     path: Path = typer.Argument(..., help="The run to judge: a torch.profiler log dir or trace file."),
     baseline: Optional[Path] = typer.Option(
-        None, "--baseline", "-b", help="Baseline JSON from `advisor baseline`, a report JSON, or a log dir / trace to compare with."
+        None, "--baseline", "-b", help="Baseline JSON from `advisor baseline`, a report JSON, or a log dir / trace to compare with (default: perf/baseline.json when it exists)."
     ),
     budget: Optional[Path] = typer.Option(None, "--budget", help="TOML or JSON file of budgets; overrides [tool.advisor.gate]."),
     tolerance: Optional[float] = typer.Option(None, "--tolerance", help="Step-time slowdown allowed against the baseline (0.05 = 5%, the default)."),
@@ -163,6 +164,11 @@ def gate(
     }
     layers.append(_flag_layer(flags))
     settings = build_settings(layers)
+    if settings.baseline is None and DEFAULT_BASELINE.is_file():
+        # where `advisor baseline` writes by default: a plain `advisor gate PATH` compares with it
+        settings.baseline = DEFAULT_BASELINE
+        settings.sources.append(f"{DEFAULT_BASELINE} (default baseline)")
+        _stderr().print(Text(f"advisor gate: comparing with {DEFAULT_BASELINE}, the baseline `advisor baseline` wrote"))
     result = evaluate_gate(path, settings, cfg, rules_dir=rules_dir, run=run)
 
     # Files first: CI reads them whatever the verdict.
@@ -170,7 +176,7 @@ def gate(
         write_file(json_out, to_json(result))
     if junit is not None:
         write_file(junit, to_junit(result))
-    render_terminal(result, Console(highlight=False, soft_wrap=False))
+    render_terminal(result, output_console())
     emit_github(result, sys.stdout)
     sys.stdout.flush()
     if result.exit_code:

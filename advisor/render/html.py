@@ -24,6 +24,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_ops
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
+from advisor.render.demangle import demangle
 from advisor.render.fmt import esc, fmt_bytes, ms, pct, short_value, throughput
 from advisor.render.timeline import step_timeline
 
@@ -85,7 +86,8 @@ def sortable_table(columns: list[Column], rows: list[list[tuple[str, float | str
                 klass = ' class="nw"' if c.nowrap else ""
                 cells.append(f"<td{klass}{attr}>{esc(shown)}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
-    return f'<table class="sortable {esc(cls)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    # in a box that scrolls sideways when a narrow window cannot hold every column
+    return f'<div class="tablewrap"><table class="sortable {esc(cls)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
 # --- sections ---------------------------------------------------------------------------
@@ -376,7 +378,7 @@ def _kernels(a: Analysis) -> str:
     cols = [Column("kernel", name=True), Column("launched by", name=True), Column("calls", True), Column("total ms", True), Column("mean µs", True), Column("share", True), Column("Tensor Cores")]
     rows = [
         [
-            (r.name, None),
+            (demangle(r.name), None),  # display only: _ZN... symbols as C++
             (r.op or "—", None),
             (f"{r.count:,}", r.count),
             (f"{r.total_ns / 1e6:.2f}", r.total_ns),

@@ -17,6 +17,7 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
+from advisor.render.demangle import demangle
 from advisor.render.fmt import batch_size, fmt_bytes, pct, short_value
 
 COLOURS = {
@@ -127,7 +128,7 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("TC", justify="center", no_wrap=True)
     for r in k.itertuples():
-        name = str(r.name)
+        name = demangle(str(r.name))  # display only: _ZN... symbols as C++
         if len(name) > name_width:
             name = name[: name_width - 1] + "…"
         t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
@@ -150,7 +151,7 @@ def _findings(a: Analysis, verbose: bool) -> list:
                 (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
             )
         )
-        out.append(Padding(Text(f.message), (0, 0, 0, 4)))
+        out.append(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
     if verbose:
         for i, f in enumerate(a.findings, 1):
             body: list = [Text(f.message)]
@@ -165,10 +166,13 @@ def _findings(a: Analysis, verbose: bool) -> list:
                 body.append(Text("fix: ", style="bold") + Text(f.fix.text))
             if f.fix.snippet:
                 body.append(Syntax(f.fix.snippet.strip("\n"), "python", theme="ansi_dark", background_color="default"))
-            body.append(Text(f"confidence: {f.confidence}; `advisor explain {f.rule}` for the method", style="bright_black"))
-            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left"))
+            body.append(Text(f"confidence: {f.confidence}; the method: advisor explain {f.rule}", style="bright_black"))
+            # sized to its content: a wide (unwrapped) console must not stretch the frame
+            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left", expand=False))
     else:
-        out.append(Text("  -v shows the evidence and the code to change; `advisor explain RULE` the method", style="bright_black"))
+        # two short lines: each fits an 80-column terminal, so neither breaks mid-phrase
+        out.append(Text("  -v: the evidence and the code to change", style="bright_black"))
+        out.append(Text("  advisor explain RULE: how a rule decides and estimates its saving", style="bright_black"))
     return out
 
 
