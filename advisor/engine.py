@@ -54,8 +54,9 @@ class Finding:
     fix: Fix = field(default_factory=lambda: Fix(""))
     causes: list[str] = field(default_factory=list)
     rank: int | None = None
-    # What the fix changes in the step (advisor.whatif.Change); replayed by the engine, not reported.
-    change: Change | None = field(default=None, repr=False, compare=False)
+    # What the fix changes in the step (advisor.whatif.Change): set by Context.finding, replayed
+    # by the engine, never reported (a plain attribute, not a field of the report's schema).
+    change = None
 
     @property
     def symptom(self) -> bool:
@@ -66,13 +67,7 @@ class Finding:
         return bool(rule is not None and getattr(rule.module, "SYMPTOM", False))
 
     def to_dict(self) -> dict[str, Any]:
-        change, self.change = self.change, None
-        try:
-            d = asdict(self)
-        finally:
-            self.change = change
-        d.pop("change", None)
-        return d
+        return asdict(self)
 
 
 @dataclass
@@ -162,7 +157,7 @@ class Context:
         if severity is None:
             severity = "low" if pct is None else ("high" if pct >= 0.10 else "medium" if pct >= 0.03 else "low")
         mod = self.rule.module
-        return Finding(
+        f = Finding(
             rule=self.rule.id,
             severity=severity,
             title=title or self.rule.title,
@@ -173,8 +168,9 @@ class Context:
             evidence=evidence or {},
             fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
             rank=self.metrics.rank,
-            change=change,
         )
+        f.change = change
+        return f
 
 
 # --- discovery ----------------------------------------------------------------------------

@@ -96,6 +96,21 @@ class RankReport(_Out):
     summary: Summary
 
 
+class WhatIf(_Out):
+    """The slowest rank's step replayed (advisor.whatif): medians, ms per step."""
+
+    rank: int
+    measured_ms: float
+    baseline_ms: float
+    host_scale: float
+    loader_scale: float
+    remainder_ms: float
+    unprofiled_ms: Optional[float]
+    all_fixes_ms: Optional[float]
+    fixes: list[str]
+    savings: dict[str, float]
+
+
 class Report(_Out):
     """`advisor report --format json`."""
 
@@ -107,6 +122,7 @@ class Report(_Out):
     summary: Summary
     profiler_overhead: Optional[ProfilerOverhead]
     ranks: list[RankReport]
+    whatif: Optional[WhatIf]
     findings: list[Finding]
     notes: list[str]
     warnings: list[str]

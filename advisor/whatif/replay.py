@@ -55,6 +55,9 @@ class Change:
     tight_launch: set[int] = field(default_factory=set)
     per_sample: float = 1.0
     device_scale_all: float = 1.0  # a factor on every device op (a larger batch's device work)
+    # (start, end, factor) windows of host time measured on their own (the DataLoader's wait
+    # against the unprofiled steps'): scaled by their factor instead of host_scale.
+    host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -70,6 +73,7 @@ class Change:
             out.tight_launch |= c.tight_launch
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
+            out.host_own += c.host_own
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
@@ -105,6 +109,27 @@ def _effective(g: StepGraph, change: Change):
     """The change as per-node arrays: host gaps, call durations, waits, device durations."""
     scale = change.host_scale
     gap = g.h_gap.astype(np.float64) * scale
+    own_s = own_e = None
+    own_f = 1.0
+    if change.host_own:
+        own_s, own_e = merge(
+            np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_own]),
+            np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_own]),
+        )
+        own_f = float(change.host_own[0][2])
+        gap += overlap_with(own_s, own_e, g.h_gap_lo, g.h_ts) * (own_f - scale)
+
+    def host_time(ms: np.ndarray, me: np.ndarray) -> np.ndarray:
+        """Replayed host time of each gap inside the windows (own windows at their own factor)."""
+        ov = overlap_with(ms, me, g.h_gap_lo, g.h_ts).astype(np.float64)
+        if own_s is None or len(ms) == 0:
+            return ov * scale
+        from advisor.metrics.intervals import intersect
+
+        i_s, i_e = intersect(ms, me, own_s, own_e)
+        ov_own = overlap_with(i_s, i_e, g.h_gap_lo, g.h_ts).astype(np.float64)
+        return (ov - ov_own) * scale + ov_own * own_f
+
     if change.host_remove:
         s = np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_remove])
         e = np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_remove])
@@ -115,14 +140,14 @@ def _effective(g: StepGraph, change: Change):
         for frac in sorted({f for _, _, f in change.host_remove}):
             sel = np.concatenate([np.full(len(a), f == frac) for a, _, f in change.host_remove])
             ms, me = merge(s[sel], e[sel])
-            ov = overlap_with(ms, me, g.h_gap_lo, g.h_ts).astype(np.float64)
+            ov = host_time(ms, me)
             if frac >= 0:
                 removed = np.maximum(removed, ov * frac)  # the largest removal wins where fixes overlap
                 kept = np.where(ov > 0, np.minimum(kept, 1.0 - frac), kept)
             else:
                 added -= ov * frac  # a negative fraction adds host time (more samples per step)
         removed -= added * kept  # time a fix removes is not added back by a larger batch
-        gap = np.maximum(gap - removed * scale, 0.0)
+        gap = np.maximum(gap - removed, 0.0)
     dur = g.h_dur.astype(np.float64) * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row

@@ -29,7 +29,9 @@ class RankWhatIf:
     rank: int
     measured_ms: float  # the window's median step
     baseline_ms: float  # the replayed median step everything is measured from
-    host_scale: float  # 1.0, or the host scale that matches the unprofiled steps
+    host_scale: float  # 1.0, or the host scale that takes the profiler's cost out
+    loader_scale: float  # the DataLoader's scale to the unprofiled steps' wait for their batch
+    remainder_ms: float  # what neither the scaled host nor the device explains, kept per step
     unprofiled_ms: float | None  # median of the unprofiled steps after the window, if recorded
     all_fixes_ms: float | None = None  # replayed with every modelled fix together
     fixes: list[str] = field(default_factory=list)  # rules whose fixes the headline replays
@@ -47,6 +49,8 @@ class RankWhatIf:
         out = f"measured {self.measured_ms:.2f} ms (window median)"
         if self.unprofiled_ms is not None and abs(self.baseline_ms - self.measured_ms) > 0.005 * self.measured_ms:
             out += f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f} to match the unprofiled steps ({self.unprofiled_ms:.2f} ms)"
+            if self.remainder_ms > 0.005:
+                out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
         saved = self.all_fixes_saving_ms
         if saved is not None:
             n = len(self.fixes)
@@ -105,9 +109,8 @@ class RankReplay:
 
                 def build(scale: float) -> Change:
                     c = Change(host_scale=scale)
-                    if len(dl_s) and abs(self.loader_scale - scale) > 1e-9:
-                        # DataLoader time ends at loader_scale of its window figure, whatever the host scale
-                        c.host_remove.append((dl_s, dl_e, 1.0 - self.loader_scale / scale))
+                    if len(dl_s):  # DataLoader time at loader_scale of its window figure, whatever the host scale
+                        c.host_own.append((dl_s, dl_e, self.loader_scale))
                     return c
 
                 base = build(calibrate(self.graph, self._unprofiled, build))
@@ -143,7 +146,7 @@ class RankReplay:
     def summary(self) -> RankWhatIf:
         measured = float(np.median(self.metrics.steps["duration"].to_numpy(np.float64))) / 1e6
         scale = self.host_scale
-        return RankWhatIf(self.metrics.rank, measured, self.baseline_ms, scale, self._unprofiled)
+        return RankWhatIf(self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self._unprofiled)
 
 
 def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
