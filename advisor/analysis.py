@@ -259,7 +259,7 @@ def analyze(
     facts = _read_facts(run_files.directory, warnings)
     ranks = _assign_ranks(frames)
     frames = [_complete_steps_only(f, facts.get(r) or facts.get(-1), warnings) for f, r in zip(frames, ranks)]
-    metrics = [compute_metrics(f, rank) for f, rank in zip(frames, ranks)]
+    metrics = [compute_metrics(f, rank, facts.get(rank) or facts.get(-1)) for f, rank in zip(frames, ranks)]
     metrics.sort(key=lambda m: m.rank)
     warnings += [w for f in frames if (w := distorted_timing_warning(f))]
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)

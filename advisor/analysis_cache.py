@@ -51,7 +51,7 @@ META_FILE = "analysis.json"
 CACHE_FORMAT = 1
 # Analyses faster than this are not worth an entry beside the run.
 MIN_ANALYSIS_SECONDS = 0.5
-KERNEL_COLUMNS = ["name", "dur", "tensor_core"]  # what top_kernels reads
+KERNEL_COLUMNS = ["name", "dur", "tensor_core", "precision"]  # what top_kernels reads
 TAG = "$t"
 
 
@@ -206,6 +206,7 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "device": to_plain(asdict(m.device)),
         "tensor_core_kernel_share": to_plain(m.tensor_core_kernel_share),
         "tensor_core_eligible_share": to_plain(m.tensor_core_eligible_share),
+        "kernel_time_by_precision_ms": to_plain(m.kernel_time_by_precision_ms),
         "h2d": to_plain(m.h2d),
         "d2h": to_plain(m.d2h),
         "peak_memory": to_plain(m.peak_memory),
@@ -310,6 +311,7 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                     device=DeviceInfo(**from_plain(r["device"])),
                     tensor_core_kernel_share=from_plain(r["tensor_core_kernel_share"]),
                     tensor_core_eligible_share=from_plain(r["tensor_core_eligible_share"]),
+                    kernel_time_by_precision_ms=from_plain(r["kernel_time_by_precision_ms"]),
                     h2d=from_plain(r["h2d"]),
                     d2h=from_plain(r["d2h"]),
                     peak_memory=from_plain(r["peak_memory"]),

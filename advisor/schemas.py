@@ -70,6 +70,8 @@ class Summary(_Out):
     gpu_utilization: Optional[float]
     tensor_core_kernel_share: Optional[float]
     tensor_core_eligible_share: Optional[float]
+    # Matrix kernel time per step (ms) by precision: fp32-fma, tf32, bf16, fp16, fp8, int8, fp64, unknown.
+    kernel_time_by_precision_ms: Optional[dict[str, float]]
     peak_memory_bytes: Optional[float]
     peak_reserved_bytes: Optional[float]
     device_memory_bytes: Optional[float]

@@ -129,3 +129,12 @@ def test_the_report_hint_lines_fit_80_columns(tmp_path):
     verbose = advisor(["report", str(GPU_RUN), "-v"], cwd=tmp_path)
     snippet_line = "for x, y in loader:"
     assert any(snippet_line in line for line in verbose.stdout.splitlines())
+
+
+def test_gate_forbid_takes_a_comma_separated_list(cli, tmp_path):
+    code, out, err = cli(["report", str(GPU_RUN), "--format", "json"], cwd=tmp_path)
+    fired = [f["rule"] for f in json.loads(out)["findings"]][:2]
+    code, _, err = cli(["gate", str(GPU_RUN), "--forbid", ",".join(fired), "--json", str(tmp_path / "g.json")], cwd=tmp_path)
+    assert code == 1, err  # both rules fire on this run, so the budget fails
+    settings = json.loads((tmp_path / "g.json").read_text())["settings"]["budgets"]["forbid_rules"]
+    assert settings == fired

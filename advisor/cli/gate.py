@@ -128,7 +128,7 @@ def gate(
     max_share: List[str] = typer.Option([], "--max-share", metavar="CATEGORY=FRACTION", help="Budget: CATEGORY=FRACTION of the step time, e.g. dataloader=0.05 (repeatable)."),
     max_peak_memory: Optional[str] = typer.Option(None, "--max-peak-memory", metavar="SIZE", help="Budget: peak device memory, e.g. '20 GiB' or bytes."),
     max_severity: Optional[str] = typer.Option(None, "--max-severity", metavar="LEVEL", help="Budget: worst finding severity allowed (none, low, medium, high)."),
-    forbid: List[str] = typer.Option([], "--forbid", metavar="RULE", help="Budget: a rule that must not fire (repeatable)."),
+    forbid: List[str] = typer.Option([], "--forbid", metavar="RULE", help="Budget: a rule that must not fire (repeatable, or comma-separated: a,b)."),
     min_samples_per_s: Optional[float] = typer.Option(None, "--min-samples-per-s", help="Budget: throughput; needs the batch size."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size per rank, when no facts file records it."),
     fail_on_new_findings: Optional[bool] = typer.Option(
@@ -141,6 +141,7 @@ def gate(
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
     """Fail when a run is slower than its baseline or breaks a budget (exit 0 pass, 1 fail, 2 bad input)."""
+    from advisor.cli import rule_ids
     from advisor.config import load_config
 
     cfg = load_config(config)
@@ -157,7 +158,7 @@ def gate(
         "max_share": _share_flags(max_share),
         "max_peak_memory": max_peak_memory,
         "max_severity": max_severity,
-        "forbid_rules": list(forbid),
+        "forbid_rules": rule_ids(forbid),
         "min_samples_per_s": min_samples_per_s,
         "batch_size": batch_size,
         "fail_on_new_findings": fail_on_new_findings,

@@ -2,7 +2,8 @@
 
 Layout: `<trace dir>/.advisor-cache/<trace file name>/` holds one Parquet file per frame and
 `advisor_cache.json` (written last, so it marks a complete entry) with the key (trace file
-size, mtime in ns, advisor version, cache format) and the scalar fields of TraceFrames.
+size, mtime in ns, advisor version, cache format, digest of the trace fields the loader
+reads) and the scalar fields of TraceFrames.
 Parquet keeps categoricals as dictionaries and int64 ns as int64; `input_dims` (nested
 lists) is stored as its JSON text. Nothing is pickled.
 
@@ -27,6 +28,7 @@ import orjson
 import pandas as pd
 
 from advisor import __version__
+from advisor.load.decode import EventArgs, MemoryArgs
 from advisor.load.discover import CACHE_DIR_NAME
 from advisor.load.trace import DEVICE_KINDS, HOST_KINDS, TraceFrames, load_trace
 
@@ -35,6 +37,8 @@ CACHE_FORMAT = 2  # 2: metadata marks range-profiler traces and MTIA devices
 TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
 JSON_COLUMNS = {"host": ("input_dims",)}
 FIXED_CATEGORIES = {("host", "kind"): HOST_KINDS, ("device", "kind"): DEVICE_KINDS}
+# The trace fields the loader reads: a loader that reads one more (or one less) makes new entries.
+FIELDS = hashlib.sha256(repr((EventArgs.__struct_encode_fields__, MemoryArgs.__struct_encode_fields__)).encode()).hexdigest()[:12]
 # Traces that parse faster than this (about 100 MB of JSON) are not worth files beside them.
 MIN_PARSE_SECONDS = 0.5
 
@@ -47,6 +51,7 @@ class CacheKey:
     mtime_ns: int
     advisor_version: str = __version__
     format: int = CACHE_FORMAT
+    fields: str = FIELDS
 
     @classmethod
     def of(cls, path: Path) -> CacheKey:
@@ -54,7 +59,7 @@ class CacheKey:
         return cls(size=st.st_size, mtime_ns=st.st_mtime_ns)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "mtime_ns": self.mtime_ns, "advisor_version": self.advisor_version, "format": self.format}
+        return {"size": self.size, "mtime_ns": self.mtime_ns, "advisor_version": self.advisor_version, "format": self.format, "fields": self.fields}
 
 
 def cache_setting() -> str:

@@ -109,7 +109,7 @@ def _kernels(a: Analysis, n: int = 5) -> list[str]:
     for r in k.itertuples():
         name = str(r.name)
         name = name if len(name) <= 120 else name[:119] + "…"
-        out.append(f"| {md(name)} | {r.count} | {r.total_ns / 1e6:.2f} | {100 * r.share:.1f}% | {'yes' if r.tensor_core else 'no'} |")
+        out.append(f"| {md(name)} | {r.count} | {r.total_ns / 1e6:.2f} | {100 * r.share:.1f}% | {'yes' if r.tensor_core else 'no'}{f' ({r.precision})' if r.precision else ''} |")
     return out + [""]
 
 

@@ -82,6 +82,9 @@ def _overview(a: Analysis, console: Console) -> Group:
                 "Tensor Cores",
                 Text(f"{pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
             )
+            if s.get("kernel_time_by_precision_ms"):
+                by = ", ".join(f"{p} {v:.2f} ms" for p, v in s["kernel_time_by_precision_ms"].items())
+                head.add_row("Precision", Text(f"matrix kernels per step: {by}"))
         mem = s["peak_memory_bytes"]
         if mem is not None:
             tot = s["device_memory_bytes"]
@@ -121,17 +124,18 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     t = Table(title="Top kernels", title_justify="left", expand=False, show_edge=False)
     # The figures keep their width (about 38 columns with the rules between them); the
     # kernel name gets what is left of the terminal and is cut with "…".
-    name_width = max(16, min(70, width - 38))
+    name_width = max(16, min(70, width - 46))
     t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=name_width)
     t.add_column("calls", justify="right", no_wrap=True)
     t.add_column("total ms", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("TC", justify="center", no_wrap=True)
+    t.add_column("precision", no_wrap=True)
     for r in k.itertuples():
         name = demangle(str(r.name))  # display only: _ZN... symbols as C++
         if len(name) > name_width:
             name = name[: name_width - 1] + "…"
-        t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
+        t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "", r.precision or "")
     return t
 
 
