@@ -18,7 +18,7 @@ from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.demangle import demangle
-from advisor.render.fmt import batch_size, fmt_bytes, pct, short_value
+from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, short_value
 
 COLOURS = {
     "kernel": "green",
@@ -63,7 +63,7 @@ def _overview(a: Analysis, console: Console) -> Group:
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
-        head.add_row("Ranks", Text(f"{len(a.ranks)} (step time per step is the slowest rank's; primary rank {m.rank})"))
+        head.add_row("Ranks", Text(ranks_line(a)))
     if st["mean"] is not None:
         head.add_row(
             "Step time",
@@ -153,6 +153,7 @@ def _findings(a: Analysis, verbose: bool) -> list:
                 "  ",
                 (saving, "bold"),
                 (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
+                (f"  {where}" if (where := finding_rank(a, f)) else "", "bold"),
             )
         )
         out.append(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
@@ -171,8 +172,10 @@ def _findings(a: Analysis, verbose: bool) -> list:
             if f.fix.snippet:
                 body.append(Syntax(f.fix.snippet.strip("\n"), "python", theme="ansi_dark", background_color="default"))
             body.append(Text(f"confidence: {f.confidence}; the method: advisor explain {f.rule}", style="bright_black"))
+            where = finding_rank(a, f)
+            title = f"{i}. {f.rule} — {f.title}" + (f" ({where})" if where else "")
             # sized to its content: a wide (unwrapped) console must not stretch the frame
-            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left", expand=False))
+            out.append(Panel(Group(*body), title=escape(title), title_align="left", expand=False))
     else:
         # two short lines: each fits an 80-column terminal, so neither breaks mid-phrase
         out.append(Text("  -v: the evidence and the code to change", style="bright_black"))
