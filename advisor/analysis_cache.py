@@ -3,8 +3,8 @@
 The frames cache (advisor.load.cache) saves the parse; metrics and rules on a big trace cost
 several times more. An entry here holds what the text, JSON and Markdown reports, `gate`,
 `baseline` and `diff` read of an Analysis: per rank the small scalar figures and the per-step
-tables, the columns of the kernel table that top_kernels reads, a FramesHeader instead of the
-frames; and the findings and warnings of the run. The HTML report reads the frames (top ops,
+tables (steps, breakdown, utilisation, kernel totals per name, collectives and compute kernels
+per step), a FramesHeader instead of the frames; and the findings and warnings of the run. The HTML report reads the frames (top ops,
 the timeline) and always takes the full path.
 
 Layout: `<run dir>/.advisor-cache/analysis-<digest of the run's files>/` with one Parquet file
@@ -44,14 +44,17 @@ from advisor import __version__
 from advisor.engine import Finding, Fix
 from advisor.load.cache import cache_dir_setting, cache_enabled, may_write_under, user_cache_root
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
+from advisor.metrics.collectives import RankComm
+from advisor.metrics.kernels import kernel_totals
 from advisor.metrics.summary import DeviceInfo, FramesHeader, Metrics
 from advisor.whatif.savings import RankWhatIf
 
 META_FILE = "analysis.json"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 # Analyses faster than this are not worth an entry beside the run.
 MIN_ANALYSIS_SECONDS = 0.5
-KERNEL_COLUMNS = ["name", "dur", "tensor_core", "precision"]  # what top_kernels reads
+TABLES = ("steps", "breakdown", "utilization", "kernels")
+COMM_TABLES = ("collectives", "compute")  # a rank's RankComm, when it was measured
 TAG = "$t"
 
 
@@ -211,16 +214,20 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "d2h": to_plain(m.d2h),
         "peak_memory": to_plain(m.peak_memory),
         "notes": to_plain(m.notes),
+        "comm": m.comm is not None,
     }
 
 
 def _tables(m: Metrics) -> dict[str, pd.DataFrame]:
-    return {
+    tables = {
         "steps": m.steps,
         "breakdown": m.breakdown,
         "utilization": m.utilization.to_frame("utilization"),
-        "kernels": m.kernels[KERNEL_COLUMNS],
+        "kernels": kernel_totals(m.kernels),
     }
+    if m.comm is not None:
+        tables.update(collectives=m.comm.collectives, compute=m.comm.compute)
+    return tables
 
 
 def write_analysis(
@@ -294,7 +301,8 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
 
         ranks = []
         for i, r in enumerate(meta["ranks"]):
-            t = {name: pq.read_table(entry / f"{i}.{name}.parquet").to_pandas() for name in ("steps", "breakdown", "utilization", "kernels")}
+            names = TABLES + (COMM_TABLES if r["comm"] else ())
+            t = {name: pq.read_table(entry / f"{i}.{name}.parquet").to_pandas() for name in names}
             ranks.append(
                 Metrics(
                     rank=int(r["rank"]),
@@ -316,6 +324,7 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                     d2h=from_plain(r["d2h"]),
                     peak_memory=from_plain(r["peak_memory"]),
                     notes=from_plain(r["notes"]),
+                    comm=RankComm(t["collectives"], t["compute"]) if r["comm"] else None,
                 )
             )
         findings = []

@@ -7,6 +7,8 @@ Its docstring is its documentation page (what `advisor explain RULE` prints) and
     TITLE = "The input pipeline starves the device"
     DOCS = "https://pytorch.org/docs/..."   # the PyTorch page that backs the advice
     DEFAULTS = {"min_share": 0.05}     # thresholds, overridable in [tool.advisor.rules.<ID>]
+    SYMPTOM = False                     # True: saved only what the other findings' fixes leave
+    SCOPE = "rank"                      # or "job": the rule compares the ranks (JobContext)
     def check(ctx: Context) -> Finding | Iterable[Finding] | None
 
 A finding declares what its fix changes in the step (`ctx.finding(..., change=Change(...))`,
@@ -16,6 +18,13 @@ one simulation of the run, not from per-rule arithmetic, and no two findings cou
 time twice by construction. A finding with no change keeps its own estimate, capped at the
 replayed step. A symptom rule (`SYMPTOM = True`, e.g. gpu-idle) is saved only what the other
 findings' fixes leave: its change replayed on top of all of theirs. A rule that raises is reported as a warning naming it; the report goes on.
+
+A rank rule runs where its rank is loaded (`rank_findings`, on a worker next to the trace),
+with its replay, so only its findings and replay summary travel; a job rule runs once on the
+reduce side over every rank's metrics without frames (`job_findings`). `combine_findings`
+keeps each rule's worst rank. The replay sees one rank, not the waits between ranks: a rank
+rule that lists a job rule in `CAUSES` (communication-exposed: straggler) gives up the wait
+that job rule's finding claims.
 """
 
 from __future__ import annotations
@@ -30,9 +39,12 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from advisor.errors import InputError
+from advisor.metrics.collectives import JobWaits
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
+
+SCOPES = ("rank", "job")
 
 
 @dataclass
@@ -79,6 +91,7 @@ class Rule:
     defaults: dict[str, Any]
     module: ModuleType
     source: str  # "builtin" or the user's folder
+    scope: str = "rank"  # "rank": one rank's metrics and frames; "job": every rank, no frames
 
     def check(self, ctx: "Context") -> list[Finding]:
         out = self.module.check(ctx)
@@ -139,38 +152,72 @@ class Context:
                 return default
         return node
 
-    def finding(
-        self,
-        message: str,
-        saving_ms: float | None,
-        *,
-        confidence: str = "high",
-        evidence: dict[str, Any] | None = None,
-        fix: str | None = None,
-        snippet: str | None = None,
-        severity: str | None = None,
-        title: str | None = None,
-        change: Change | None = None,
-    ) -> Finding:
-        step = self.step_ms
-        pct = (saving_ms / step) if (saving_ms is not None and step > 0) else None
-        if severity is None:
-            severity = "low" if pct is None else ("high" if pct >= 0.10 else "medium" if pct >= 0.03 else "low")
-        mod = self.rule.module
-        f = Finding(
-            rule=self.rule.id,
-            severity=severity,
-            title=title or self.rule.title,
-            message=message,
-            saving_ms=saving_ms,
-            saving_pct=pct,
-            confidence=confidence,
-            evidence=evidence or {},
-            fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
-            rank=self.metrics.rank,
-        )
-        f.change = change
-        return f
+    def finding(self, message: str, saving_ms: float | None, **kwargs: Any) -> Finding:
+        return build_finding(self.rule, self.step_ms, self.metrics.rank, message, saving_ms, **kwargs)
+
+
+@dataclass
+class JobContext:
+    """What a job rule sees: every rank's metrics (FramesHeader, not frames: the frames stay
+    where each rank was loaded), the collective waits between ranks, the facts and its options."""
+
+    ranks: list[Metrics]
+    waits: JobWaits | None
+    facts: dict[int, dict[str, Any]]
+    options: dict[str, Any]
+    rule: Rule
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def step_ms(self) -> float:
+        """The job's mean step: the slowest rank's."""
+        return max((m.mean_step_ns / 1e6 for m in self.ranks), default=0.0)
+
+    def metrics_of(self, rank: int) -> Metrics:
+        return next(m for m in self.ranks if m.rank == rank)
+
+    def finding(self, message: str, saving_ms: float | None, *, rank: int | None = None, **kwargs: Any) -> Finding:
+        return build_finding(self.rule, self.step_ms, rank, message, saving_ms, **kwargs)
+
+
+def build_finding(
+    rule: Rule,
+    step_ms: float,
+    rank: int | None,
+    message: str,
+    saving_ms: float | None,
+    *,
+    confidence: str = "high",
+    evidence: dict[str, Any] | None = None,
+    fix: str | None = None,
+    snippet: str | None = None,
+    severity: str | None = None,
+    title: str | None = None,
+    change: Change | None = None,
+) -> Finding:
+    """A finding of `rule`: its share of the step, a severity from that share, the module's FIX
+    and AFTER unless given, and what its fix changes in the step (replayed by the engine)."""
+    pct = (saving_ms / step_ms) if (saving_ms is not None and step_ms > 0) else None
+    if severity is None:
+        severity = "low" if pct is None else ("high" if pct >= 0.10 else "medium" if pct >= 0.03 else "low")
+    mod = rule.module
+    f = Finding(
+        rule=rule.id,
+        severity=severity,
+        title=title or rule.title,
+        message=message,
+        saving_ms=saving_ms,
+        saving_pct=pct,
+        confidence=confidence,
+        evidence=evidence or {},
+        fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
+        rank=rank,
+    )
+    f.change = change
+    return f
 
 
 # --- discovery ----------------------------------------------------------------------------
@@ -186,6 +233,9 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
     missing = [a for a in ("ID", "TITLE", "check") if not hasattr(mod, a)]
     if missing:
         raise InputError(getattr(mod, "__file__", mod.__name__), f"not a rule: missing {', '.join(missing)}")
+    scope = getattr(mod, "SCOPE", "rank")
+    if scope not in SCOPES:
+        raise InputError(getattr(mod, "__file__", mod.__name__), f"SCOPE must be one of {', '.join(SCOPES)}, not {scope!r}")
     rule = Rule(
         id=mod.ID,
         title=mod.TITLE,
@@ -194,6 +244,7 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
         defaults=dict(getattr(mod, "DEFAULTS", {})),
         module=mod,
         source=source,
+        scope=scope,
     )
     _LOADED[rule.id] = rule
     return rule
@@ -265,6 +316,105 @@ def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable
 
 
 # --- running ------------------------------------------------------------------------------
+RankFindings = list[tuple[str, Finding]]  # (rule id, finding) of one rank, in rule order
+
+
+def rank_findings(
+    rules: list[Rule],
+    metrics: Metrics,
+    facts: dict[str, Any] | None,
+    options: dict[str, dict[str, Any]] | None = None,
+    world_size: int = 1,
+    warnings: list[str] | None = None,
+    whatif: list[RankWhatIf] | None = None,
+) -> RankFindings:
+    """Every rank rule on one rank, their savings replayed on this rank's step graph: the
+    findings that buy time, name a risk with no time figure, or are a fix the rule saw time in.
+    The rank's replay summary is appended to `whatif`; a rule that raises becomes a warning."""
+    options = options or {}
+    found: list[Finding] = []
+    for rule in rules:
+        if rule.scope != "rank":
+            continue
+        opts = {**rule.defaults, **options.get(rule.id, {})}
+        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size)
+        try:
+            found.extend(rule.check(ctx))
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the report
+            if warnings is None:
+                raise
+            warnings.append(f"rule {rule.id} failed on rank {metrics.rank} and was skipped: {type(exc).__name__}: {exc}")
+    out: RankFindings = []
+    for finding in settle_by_replay(metrics, facts, found, whatif):
+        if finding.saving_ms is not None and not finding.saving_ms > 0 and not finding.evidence.get("estimate_ms", 0) > 0:
+            continue
+        finding.change = None  # replayed: only the finding travels back to the reduce
+        out.append((finding.rule, finding))
+    return out
+
+
+def job_findings(
+    rules: list[Rule],
+    ranks: list[Metrics],
+    waits: JobWaits | None,
+    facts: dict[int, dict[str, Any]] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> RankFindings:
+    """Every job rule, once, over all ranks (they need at least two)."""
+    options = options or {}
+    out: RankFindings = []
+    if len(ranks) < 2:
+        return out
+    for rule in rules:
+        if rule.scope != "job":
+            continue
+        opts = {**rule.defaults, **options.get(rule.id, {})}
+        ctx = JobContext(ranks=ranks, waits=waits, facts=facts or {}, options=opts, rule=rule)
+        for finding in rule.check(ctx):
+            if finding.saving_ms is not None and not finding.saving_ms > 0:
+                continue
+            out.append((rule.id, finding))
+    return out
+
+
+def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]], job: RankFindings = ()) -> list[Finding]:
+    """The reduce: each rank rule's worst rank (ranks in rank order, the first of equals), then
+    the job rules' findings; ranked by (replayed) saving."""
+    by_rule: dict[str, Finding] = {}
+    ranks_hit: dict[str, list[int]] = {}
+    per_rule: dict[str, list[tuple[int, Finding]]] = {}
+    for m, found in ranks:
+        for rule_id, finding in found:
+            per_rule.setdefault(rule_id, []).append((m.rank, finding))
+    for rule in rules:
+        for rank, finding in per_rule.get(rule.id, ()):
+            ranks_hit.setdefault(rule.id, []).append(rank)
+            best = by_rule.get(rule.id)
+            if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):
+                by_rule[rule.id] = finding
+    findings = list(by_rule.values())
+    for f in findings:
+        if len(ranks) > 1:
+            f.evidence["ranks"] = sorted(set(ranks_hit[f.rule]))
+    best_of_job: dict[str, Finding] = {}
+    for rule_id, finding in job:
+        best = best_of_job.get(rule_id)
+        if rule_id not in by_rule and (best is None or (finding.saving_ms or 0) > (best.saving_ms or 0)):
+            best_of_job[rule_id] = finding
+    findings += best_of_job.values()
+    # The per-rank replay cannot see waits for other ranks: a rank finding whose rule lists a
+    # job rule in CAUSES (communication-exposed: straggler) gives up the wait that one claims.
+    rule_of = {r.id: r for r in rules}
+    for f in findings:
+        claimed = [best_of_job[c] for c in getattr(rule_of[f.rule].module, "CAUSES", ()) if f.rule in rule_of and c in best_of_job]
+        if claimed and f.saving_ms is not None:
+            f.saving_ms = max(f.saving_ms - sum(c.saving_ms or 0 for c in claimed), 0.0)
+            f.causes = [c.rule for c in claimed]
+    findings = [f for f in findings if f.saving_ms is None or f.saving_ms > 0 or f.evidence.get("estimate_ms", 0) > 0]
+    findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
+    return findings
+
+
 def run_rules(
     rules: list[Rule],
     ranks: list[Metrics],
@@ -273,42 +423,15 @@ def run_rules(
     warnings: list[str] | None = None,
     whatif: list[RankWhatIf] | None = None,
 ) -> list[Finding]:
-    """Run every rule on every rank, replay the findings' fixes, keep each rule's worst rank,
-    rank by replayed saving. Per-rank replay summaries are appended to `whatif`."""
+    """Every rule on ranks held in one process (frames and all): rank rules (and their replay)
+    on each, job rules on all, then the reduce. `advisor.analysis` runs the same steps with the
+    ranks spread over workers."""
+    from advisor.metrics.collectives import job_waits
+
     facts = facts or {}
-    options = options or {}
-    per_rank: dict[int, list[Finding]] = {}
-    for rule in rules:
-        opts = {**rule.defaults, **options.get(rule.id, {})}
-        for m in ranks:
-            f_ = facts.get(m.rank) or facts.get(-1)
-            ctx = Context(metrics=m, facts=f_, options=opts, rule=rule, world_size=len(ranks))
-            try:
-                found = rule.check(ctx)
-            except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the report
-                if warnings is None:
-                    raise
-                warnings.append(f"rule {rule.id} failed on rank {m.rank} and was skipped: {type(exc).__name__}: {exc}")
-                continue
-            per_rank.setdefault(m.rank, []).extend(found)
-    by_rule: dict[str, Finding] = {}
-    ranks_hit: dict[str, list[int]] = {}
-    for m in ranks:
-        f_ = facts.get(m.rank) or facts.get(-1)
-        found = settle_by_replay(m, f_, per_rank.get(m.rank, []), whatif)
-        for finding in found:
-            if finding.saving_ms is not None and not finding.saving_ms > 0 and not finding.evidence.get("estimate_ms", 0) > 0:
-                continue  # a finding must buy time, be a risk with no time figure, or be a fix the rule saw time in
-            ranks_hit.setdefault(finding.rule, []).append(m.rank)
-            best = by_rule.get(finding.rule)
-            if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):
-                by_rule[finding.rule] = finding
-    findings = list(by_rule.values())
-    for f in findings:
-        if len(ranks) > 1:
-            f.evidence["ranks"] = sorted(set(ranks_hit[f.rule]))
-    findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
-    return findings
+    per_rank = [(m, rank_findings(rules, m, facts.get(m.rank) or facts.get(-1), options, len(ranks), warnings, whatif)) for m in ranks]
+    waits = job_waits([(m.rank, m.comm) for m in ranks]) if len(ranks) > 1 else None
+    return combine_findings(rules, per_rank, job_findings(rules, ranks, waits, facts, options))
 
 
 def _restate(message: str, old: float, new: float) -> str:
