@@ -319,18 +319,16 @@ def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable
 RankFindings = list[tuple[str, Finding]]  # (rule id, finding) of one rank, in rule order
 
 
-def rank_findings(
+def check_rank_rules(
     rules: list[Rule],
     metrics: Metrics,
     facts: dict[str, Any] | None,
     options: dict[str, dict[str, Any]] | None = None,
     world_size: int = 1,
     warnings: list[str] | None = None,
-    whatif: list[RankWhatIf] | None = None,
-) -> RankFindings:
-    """Every rank rule on one rank, their savings replayed on this rank's step graph: the
-    findings that buy time, name a risk with no time figure, or are a fix the rule saw time in.
-    The rank's replay summary is appended to `whatif`; a rule that raises becomes a warning."""
+) -> list[Finding]:
+    """Every rank rule's findings on one rank, as the rules state them (each with the change its
+    fix makes), before the replay. A rule that raises becomes a warning when `warnings` is given."""
     options = options or {}
     found: list[Finding] = []
     for rule in rules:
@@ -344,6 +342,22 @@ def rank_findings(
             if warnings is None:
                 raise
             warnings.append(f"rule {rule.id} failed on rank {metrics.rank} and was skipped: {type(exc).__name__}: {exc}")
+    return found
+
+
+def rank_findings(
+    rules: list[Rule],
+    metrics: Metrics,
+    facts: dict[str, Any] | None,
+    options: dict[str, dict[str, Any]] | None = None,
+    world_size: int = 1,
+    warnings: list[str] | None = None,
+    whatif: list[RankWhatIf] | None = None,
+) -> RankFindings:
+    """Every rank rule on one rank, their savings replayed on this rank's step graph: the
+    findings that buy time, name a risk with no time figure, or are a fix the rule saw time in.
+    The rank's replay summary is appended to `whatif`."""
+    found = check_rank_rules(rules, metrics, facts, options, world_size, warnings)
     out: RankFindings = []
     for finding in settle_by_replay(metrics, facts, found, whatif):
         if finding.saving_ms is not None and not finding.saving_ms > 0 and not finding.evidence.get("estimate_ms", 0) > 0:

@@ -25,13 +25,16 @@ def whatif(
     from advisor.analysis import analyze
     from advisor.cli import say, stdout_console
     from advisor.config import load_config
-    from advisor.engine import all_rules
+    from advisor.engine import all_rules, check_rank_rules
     from advisor.whatif.replay import Change
     from advisor.whatif.savings import rank_replay
 
-    analysis = analyze(path, run=run, config=load_config(config))
+    cfg = load_config(config)
+    analysis = analyze(path, run=run, config=cfg).with_primary_frames()
     primary = analysis.primary
-    modelled = {f.rule: f for f in analysis.findings if f.change is not None and f.rank == primary.rank}
+    # The findings travel without their changes; the slowest rank's rules state them again here.
+    stated = check_rank_rules(all_rules(), primary, analysis.run_facts(), cfg.rule_options, len(analysis.ranks), [])
+    modelled = {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
     if apply is None:
         wanted = list(modelled)
     else:
