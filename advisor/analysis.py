@@ -27,6 +27,7 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
+from advisor.whatif.savings import RankWhatIf
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
@@ -42,6 +43,14 @@ class Analysis:
     facts: dict[int, dict[str, Any]]
     findings: list[Finding]
     warnings: list[str] = field(default_factory=list)
+    whatif: list[RankWhatIf] = field(default_factory=list)  # replayed step per rank (advisor.whatif)
+
+    def headline(self) -> RankWhatIf | None:
+        """The slowest rank's replay: its measured step and the step with every fix replayed."""
+        if not self.whatif:
+            return None
+        primary = self.primary.rank
+        return next((w for w in self.whatif if w.rank == primary), self.whatif[0])
     _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -154,6 +163,7 @@ class Analysis:
                 }
                 for m in self.ranks
             ],
+            "whatif": head.to_dict() if (head := self.headline()) else None,
             "findings": [f.to_dict() for f in self.findings],
             "notes": self.notes(),
             "warnings": self.warnings,
@@ -339,6 +349,7 @@ class RankResult:
     findings: RankFindings = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timing_warning: str | None = None  # the trace's times cannot be trusted (distorted_timing_warning)
+    whatif: RankWhatIf | None = None  # this rank's replay: measured step, each fix, all fixes (advisor.whatif)
     signature: tuple = ()  # device and distributed settings (_job_signature): which job it is
     span_us: tuple[float, float] = (0.0, 0.0)  # when it was recorded (_time_span_us)
     error_path: str | None = None
@@ -383,7 +394,8 @@ def analyze_rank(task: RankTask) -> RankResult:
     frames = _complete_steps_only(frames, facts, warnings)
     metrics = compute_metrics(frames, rank, facts)
     rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
-    found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size)
+    replayed: list[RankWhatIf] = []
+    found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed)
     try:
         mtime = task.path.stat().st_mtime
     except OSError:
@@ -401,6 +413,7 @@ def analyze_rank(task: RankTask) -> RankResult:
         findings=found,
         warnings=warnings,
         timing_warning=distorted_timing_warning(frames),
+        whatif=replayed[0] if replayed else None,
         signature=_job_signature(frames),
         span_us=_time_span_us(frames),
     )
@@ -485,7 +498,7 @@ def analyze(
             if any(JOB_SPLIT_NOTE in w for w in hit.warnings):
                 chosen = {m.frames.path for m in hit.ranks}
                 run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
-            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings)
+            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif)
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)  # bad ids fail here, once
     started = time.perf_counter()
     fact_warnings: list[str] = []
@@ -519,12 +532,13 @@ def analyze(
     per_rank = sorted(((r.metrics, r.findings) for r in results), key=lambda x: x[0].rank)
     metrics = [m for m, _ in per_rank]
     waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None
+    whatif = [r.whatif for r in sorted(results, key=lambda r: r.rank) if r.whatif is not None]
     findings = combine_findings(rules, per_rank, job_findings(rules, metrics, waits, facts, config.rule_options))
     if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:
         # Stored only if nothing changed while it ran (a trace still being written, say).
         if _cache_key(run_files, config, select, ignore, rules_dir) == key:
-            write_analysis(run_files, key, metrics, findings, warnings)
-    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings)
+            write_analysis(run_files, key, metrics, findings, warnings, whatif)
+    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif)
 
 
 def _cache_key(run: RunFiles, config: Config, select: list[str], ignore: list[str], rules_dir: str | Path | None) -> AnalysisKey | None:

@@ -47,6 +47,7 @@ from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 from advisor.metrics.collectives import RankComm
 from advisor.metrics.kernels import kernel_totals
 from advisor.metrics.summary import DeviceInfo, FramesHeader, Metrics
+from advisor.whatif.savings import RankWhatIf
 
 META_FILE = "analysis.json"
 CACHE_FORMAT = 2
@@ -194,6 +195,7 @@ class CachedRun:
     ranks: list[Metrics]
     findings: list[Finding]
     warnings: list[str]
+    whatif: list[RankWhatIf]
 
 
 def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
@@ -228,7 +230,9 @@ def _tables(m: Metrics) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def write_analysis(run: RunFiles, key: AnalysisKey, ranks: list[Metrics], findings: list[Finding], warnings: list[str]) -> Path | None:
+def write_analysis(
+    run: RunFiles, key: AnalysisKey, ranks: list[Metrics], findings: list[Finding], warnings: list[str], whatif: list[RankWhatIf] | None = None
+) -> Path | None:
     """Store a finished analysis; the entry's folder, or None where it could not be stored."""
     if not cache_enabled():
         return None
@@ -240,6 +244,7 @@ def write_analysis(run: RunFiles, key: AnalysisKey, ranks: list[Metrics], findin
             "ranks": [_rank_meta(m, run) for m in ranks],
             "findings": [to_plain(f.to_dict()) for f in findings],
             "warnings": to_plain(list(warnings)),
+            "whatif": [to_plain(w.to_dict()) for w in whatif or []],
         }
         meta_bytes = orjson.dumps(meta, default=str)
     except Exception:  # noqa: BLE001 - an odd value in a finding: this run is not cached
@@ -326,6 +331,7 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
         for d in meta["findings"]:
             d = from_plain(d)
             findings.append(Finding(**{**d, "fix": Fix(**d["fix"])}))
-        return CachedRun(ranks=ranks, findings=findings, warnings=[str(w) for w in from_plain(meta["warnings"])])
+        whatif = [RankWhatIf(**from_plain(w)) for w in meta.get("whatif", [])]
+        return CachedRun(ranks=ranks, findings=findings, warnings=[str(w) for w in from_plain(meta["warnings"])], whatif=whatif)
     except Exception:  # noqa: BLE001 - a damaged or foreign entry is a miss, never a failed report
         return None

@@ -7,23 +7,29 @@ Its docstring is its documentation page (what `advisor explain RULE` prints) and
     TITLE = "The input pipeline starves the device"
     DOCS = "https://pytorch.org/docs/..."   # the PyTorch page that backs the advice
     DEFAULTS = {"min_share": 0.05}     # thresholds, overridable in [tool.advisor.rules.<ID>]
-    CAUSES = ()                         # for symptom rules: ids of rules that explain them
     TRAINING_ONLY = False               # True: silent on inference and evaluation runs
+    SYMPTOM = False                     # True: saved only what the other findings' fixes leave
     SCOPE = "rank"                      # or "job": the rule compares the ranks (JobContext)
     def check(ctx: Context) -> Finding | Iterable[Finding] | None
+
+A finding declares what its fix changes in the step (`ctx.finding(..., change=Change(...))`,
+see `advisor.whatif`). The engine replays each rank's step graph with each change alone (the
+finding's saving) and with all of them together (the run's headline), so savings come from
+one simulation of the run, not from per-rule arithmetic, and no two findings count the same
+time twice by construction. A finding with no change keeps its own estimate, capped at the
+replayed step. A symptom rule (`SYMPTOM = True`, e.g. gpu-idle) is saved only what the other
+findings' fixes leave: its change replayed on top of all of theirs. A rule that raises is reported as a warning naming it; the report goes on.
 
 A run is inference when its facts file says so (`mode`, from `advisor profile`: steps found
 with no backward pass and no optimizer step), or, with no facts, when its trace holds no
 backward op and no optimizer span.
 
 A rank rule runs where its rank is loaded (`rank_findings`, on a worker next to the trace),
-so only its findings travel; a job rule runs once on the reduce side over every rank's
-metrics without frames (`job_findings`). `combine_findings` keeps each rule's worst rank.
-
-Findings are ranked by saving. A symptom rule (CAUSES non-empty) is not counted twice with
-its causes: when a cause fired, the symptom keeps only the part of its saving the causes do
-not already claim, and points at them. Savings of one run never add up to more than its
-step time.
+with its replay, so only its findings and replay summary travel; a job rule runs once on the
+reduce side over every rank's metrics without frames (`job_findings`). `combine_findings`
+keeps each rule's worst rank. The replay sees one rank, not the waits between ranks: a rank
+rule that lists a job rule in `CAUSES` (communication-exposed: straggler) gives up the wait
+that job rule's finding claims.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from advisor.errors import InputError
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.summary import Metrics
+from advisor.whatif.replay import Change
+from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
 
 # Host ops only a training step has: autograd's backward nodes and the optimizer's spans.
 TRAINING_OPS = re.compile(r"(Backward\d*$|^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|## backward ##)")
@@ -77,6 +85,17 @@ class Finding:
     fix: Fix = field(default_factory=lambda: Fix(""))
     causes: list[str] = field(default_factory=list)
     rank: int | None = None
+    # What the fix changes in the step (advisor.whatif.Change): set by Context.finding, replayed
+    # by the engine, never reported (a plain attribute, not a field of the report's schema).
+    change = None
+
+    @property
+    def symptom(self) -> bool:
+        """A symptom rule's finding (SYMPTOM = True in its module): its saving is what the other findings' fixes leave."""
+        from advisor.engine import find_loaded_rule
+
+        rule = find_loaded_rule(self.rule)
+        return bool(rule is not None and getattr(rule.module, "SYMPTOM", False))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,7 +108,6 @@ class Rule:
     doc: str
     docs_url: str
     defaults: dict[str, Any]
-    causes: tuple[str, ...]
     module: ModuleType
     source: str  # "builtin" or the user's folder
     training_only: bool = False
@@ -121,6 +139,18 @@ class Context:
     @property
     def step_ms(self) -> float:
         return self.metrics.mean_step_ns / 1e6
+
+    @property
+    def replay(self) -> RankReplay:
+        """This rank's step replay (built once per rank), for rules that test their fix's saving."""
+        return rank_replay(self.metrics, self.facts)
+
+    def replayed_saving(self, change: Change) -> float | None:
+        """ms per step the change saves on this rank's replayed step; None where it cannot replay."""
+        r = self.replay
+        if not r.available:
+            return None
+        return r.saving_ms(change)
 
     @property
     def uses_dataloader(self) -> bool:
@@ -186,14 +216,15 @@ def build_finding(
     snippet: str | None = None,
     severity: str | None = None,
     title: str | None = None,
+    change: Change | None = None,
 ) -> Finding:
     """A finding of `rule`: its share of the step, a severity from that share, the module's FIX
-    and AFTER unless given."""
+    and AFTER unless given, and what its fix changes in the step (replayed by the engine)."""
     pct = (saving_ms / step_ms) if (saving_ms is not None and step_ms > 0) else None
     if severity is None:
         severity = "low" if pct is None else ("high" if pct >= 0.10 else "medium" if pct >= 0.03 else "low")
     mod = rule.module
-    return Finding(
+    f = Finding(
         rule=rule.id,
         severity=severity,
         title=title or rule.title,
@@ -205,9 +236,19 @@ def build_finding(
         fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
         rank=rank,
     )
+    f.change = change
+    return f
 
 
 # --- discovery ----------------------------------------------------------------------------
+_LOADED: dict[str, "Rule"] = {}
+
+
+def find_loaded_rule(rule_id: str) -> "Rule | None":
+    """A rule already discovered in this process (None for findings read back from a cache)."""
+    return _LOADED.get(rule_id)
+
+
 def _rule_from_module(mod: ModuleType, source: str) -> Rule:
     missing = [a for a in ("ID", "TITLE", "check") if not hasattr(mod, a)]
     if missing:
@@ -215,18 +256,19 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
     scope = getattr(mod, "SCOPE", "rank")
     if scope not in SCOPES:
         raise InputError(getattr(mod, "__file__", mod.__name__), f"SCOPE must be one of {', '.join(SCOPES)}, not {scope!r}")
-    return Rule(
+    rule = Rule(
         id=mod.ID,
         title=mod.TITLE,
         doc=(mod.__doc__ or "").strip(),
         docs_url=getattr(mod, "DOCS", ""),
         defaults=dict(getattr(mod, "DEFAULTS", {})),
-        causes=tuple(getattr(mod, "CAUSES", ())),
         module=mod,
         source=source,
         training_only=bool(getattr(mod, "TRAINING_ONLY", False)),
         scope=scope,
     )
+    _LOADED[rule.id] = rule
+    return rule
 
 
 def builtin_rules() -> list[Rule]:
@@ -298,27 +340,51 @@ def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable
 RankFindings = list[tuple[str, Finding]]  # (rule id, finding) of one rank, in rule order
 
 
+def check_rank_rules(
+    rules: list[Rule],
+    metrics: Metrics,
+    facts: dict[str, Any] | None,
+    options: dict[str, dict[str, Any]] | None = None,
+    world_size: int = 1,
+    warnings: list[str] | None = None,
+) -> list[Finding]:
+    """Every rank rule's findings on one rank, as the rules state them (each with the change its
+    fix makes), before the replay. A rule that raises becomes a warning when `warnings` is given."""
+    options = options or {}
+    found: list[Finding] = []
+    for rule in rules:
+        if rule.scope != "rank" or (rule.training_only and not is_training(metrics, facts)):
+            continue
+        opts = {**rule.defaults, **options.get(rule.id, {})}
+        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size)
+        try:
+            found.extend(rule.check(ctx))
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the report
+            if warnings is None:
+                raise
+            warnings.append(f"rule {rule.id} failed on rank {metrics.rank} and was skipped: {type(exc).__name__}: {exc}")
+    return found
+
+
 def rank_findings(
     rules: list[Rule],
     metrics: Metrics,
     facts: dict[str, Any] | None,
     options: dict[str, dict[str, Any]] | None = None,
     world_size: int = 1,
+    warnings: list[str] | None = None,
+    whatif: list[RankWhatIf] | None = None,
 ) -> RankFindings:
-    """Every rank rule on one rank: the findings that buy time, or name a risk with no time figure."""
-    options = options or {}
+    """Every rank rule on one rank, their savings replayed on this rank's step graph: the
+    findings that buy time, name a risk with no time figure, or are a fix the rule saw time in.
+    The rank's replay summary is appended to `whatif`."""
+    found = check_rank_rules(rules, metrics, facts, options, world_size, warnings)
     out: RankFindings = []
-    for rule in rules:
-        if rule.scope != "rank":
+    for finding in settle_by_replay(metrics, facts, found, whatif):
+        if finding.saving_ms is not None and not finding.saving_ms > 0 and not finding.evidence.get("estimate_ms", 0) > 0:
             continue
-        if rule.training_only and not is_training(metrics, facts):
-            continue
-        opts = {**rule.defaults, **options.get(rule.id, {})}
-        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size)
-        for finding in rule.check(ctx):
-            if finding.saving_ms is not None and not finding.saving_ms > 0:
-                continue  # a finding must buy time, or be a risk with no time figure
-            out.append((rule.id, finding))
+        finding.change = None  # replayed: only the finding travels back to the reduce
+        out.append((finding.rule, finding))
     return out
 
 
@@ -347,8 +413,8 @@ def job_findings(
 
 
 def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]], job: RankFindings = ()) -> list[Finding]:
-    """The reduce: each rank rule's worst rank (ranks in rank order, the first of equals),
-    then the job rules' findings; ranked by saving, symptoms deferring to their causes."""
+    """The reduce: each rank rule's worst rank (ranks in rank order, the first of equals), then
+    the job rules' findings; ranked by (replayed) saving."""
     by_rule: dict[str, Finding] = {}
     ranks_hit: dict[str, list[int]] = {}
     per_rule: dict[str, list[tuple[int, Finding]]] = {}
@@ -371,8 +437,17 @@ def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]
         if rule_id not in by_rule and (best is None or (finding.saving_ms or 0) > (best.saving_ms or 0)):
             best_of_job[rule_id] = finding
     findings += best_of_job.values()
-    step_ms = max((m.mean_step_ns / 1e6 for m, _ in ranks), default=0.0)
-    return _settle(findings, rules, step_ms)
+    # The per-rank replay cannot see waits for other ranks: a rank finding whose rule lists a
+    # job rule in CAUSES (communication-exposed: straggler) gives up the wait that one claims.
+    rule_of = {r.id: r for r in rules}
+    for f in findings:
+        claimed = [best_of_job[c] for c in getattr(rule_of[f.rule].module, "CAUSES", ()) if f.rule in rule_of and c in best_of_job]
+        if claimed and f.saving_ms is not None:
+            f.saving_ms = max(f.saving_ms - sum(c.saving_ms or 0 for c in claimed), 0.0)
+            f.causes = [c.rule for c in claimed]
+    findings = [f for f in findings if f.saving_ms is None or f.saving_ms > 0 or f.evidence.get("estimate_ms", 0) > 0]
+    findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
+    return findings
 
 
 def run_rules(
@@ -380,62 +455,82 @@ def run_rules(
     ranks: list[Metrics],
     facts: dict[int, dict[str, Any]] | None = None,
     options: dict[str, dict[str, Any]] | None = None,
+    warnings: list[str] | None = None,
+    whatif: list[RankWhatIf] | None = None,
 ) -> list[Finding]:
-    """Every rule on ranks held in one process (frames and all): rank rules on each, job rules
-    on all, then the reduce. `advisor.analysis` runs the same steps with the ranks spread over workers."""
+    """Every rule on ranks held in one process (frames and all): rank rules (and their replay)
+    on each, job rules on all, then the reduce. `advisor.analysis` runs the same steps with the
+    ranks spread over workers."""
     from advisor.metrics.collectives import job_waits
 
     facts = facts or {}
-    per_rank = [(m, rank_findings(rules, m, facts.get(m.rank) or facts.get(-1), options, len(ranks))) for m in ranks]
+    per_rank = [(m, rank_findings(rules, m, facts.get(m.rank) or facts.get(-1), options, len(ranks), warnings, whatif)) for m in ranks]
     waits = job_waits([(m.rank, m.comm) for m in ranks]) if len(ranks) > 1 else None
     return combine_findings(rules, per_rank, job_findings(rules, ranks, waits, facts, options))
 
 
-def _settle(findings: list[Finding], rules: list[Rule], step_ms: float) -> list[Finding]:
-    """Symptoms defer to their causes; the total saving is capped at the step time."""
-    causes = {r.id: r.causes for r in rules}
-    fired = {f.rule: f for f in findings}
-    raw = {f.rule: f.saving_ms for f in findings}
-    settled: dict[str, float | None] = {}
-    dropped: set[str] = set()
+def _restate(message: str, old: float, new: float) -> str:
+    """The rule's promise in its message, replaced by the replayed one."""
+    for fmt in (".2f", ".1f", ".0f"):
+        before = f"~{old:{fmt}} ms"
+        if before in message:
+            return message.replace(before, f"~{new:{fmt}} ms")
+    return message.rstrip() + f" Replayed on this run: ~{new:.2f} ms/step."
 
-    def settle(rule_id: str, seen: frozenset = frozenset()) -> float | None:
-        # A cause is settled before the symptom that lists it, so nothing is subtracted twice;
-        # a symptom fully explained by its causes is dropped and claims nothing.
-        if rule_id in settled:
-            return settled[rule_id]
-        saving = raw[rule_id]
-        explained = [c for c in causes.get(rule_id, ()) if c in fired and c not in seen]
-        if saving is not None and explained:
-            saving -= sum(settle(c, seen | {rule_id}) or 0 for c in explained)
-            if saving <= 0.01 * step_ms:
-                dropped.add(rule_id)
-                saving = 0.0
-        settled[rule_id] = saving
-        return saving
 
-    kept = []
+def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Finding], whatif: list[RankWhatIf] | None = None) -> list[Finding]:
+    """Savings of one rank's findings from its replay: each change alone, then all together."""
+    replay = rank_replay(m, facts)
+    if not replay.available or not findings:
+        if whatif is not None and replay.available:
+            whatif.append(replay.summary())
+        return findings
+    base = replay.baseline_ms
+    summary = replay.summary()
+    changes = []
+    symptoms = {f.rule for f in findings if f.symptom}
+    fixes = [f for f in findings if f.change is not None and f.rule not in symptoms and f.saving_ms is not None]
+    others = Change.merge([f.change for f in fixes]) if fixes else None
+    dropped = set()
     for f in findings:
-        f.saving_ms = settle(f.rule)
-        if f.rule in dropped:
-            continue  # fully explained by its causes: they carry the saving
-        f.causes = [c for c in causes.get(f.rule, ()) if c in fired]
-        if f.causes and f.saving_ms is not None:
-            f.saving_pct = f.saving_ms / step_ms if step_ms else None
-        kept.append(f)
-    for f in kept:
-        f.causes = [c for c in f.causes if c not in dropped]
-    kept.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
-    remaining = step_ms
-    out = []
-    for f in kept:
-        if f.saving_ms is not None:
-            if remaining <= 0:
-                continue
-            if f.saving_ms > remaining:
-                f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms: earlier findings already claim the rest of the step"
-                f.saving_ms = remaining
-                f.saving_pct = remaining / step_ms if step_ms else None
-            remaining -= f.saving_ms
-        out.append(f)
-    return out
+        if f.saving_ms is None:
+            continue
+        if f.change is not None and f.symptom and others is not None:
+            # A symptom (the device idles) is what its causes' fixes leave: its saving is
+            # the replayed step with every other fix minus that step with its change too.
+            with_others = replay.replayed_ms(others)
+            saving = max(with_others - replay.replayed_ms(Change.merge([others, f.change])), 0.0)
+            f.causes = [c.rule for c in fixes if replay.saving_ms(c.change) > 0.005]
+            f.evidence["estimate_ms"] = round(f.saving_ms, 3)
+            if saving <= 0.01 * base:
+                dropped.add(f.rule)  # explained by the other findings: they carry the saving
+            changes.append(f.change)
+            summary.fixes.append(f.rule)
+        elif f.change is not None:
+            saving = replay.saving_ms(f.change)
+            changes.append(f.change)
+            summary.fixes.append(f.rule)
+            f.evidence["estimate_ms"] = round(f.saving_ms, 3)
+        else:
+            # Not modelled: its own estimate, as the same share of the replayed step (which is
+            # the unprofiled step where the facts have one), and never more than that step.
+            window = m.mean_step_ns / 1e6
+            saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
+            if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
+                f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
+        if abs(saving - f.saving_ms) >= 0.005:
+            f.message = _restate(f.message, f.saving_ms, saving)
+            if f.change is not None and saving < 0.005 and f.rule not in dropped:
+                f.message += " The replay finds other work bounding the step, so this fix alone gains nothing on this run now."
+        f.saving_ms = saving
+        f.saving_pct = saving / base if base > 0 else None
+        if f.change is not None:
+            f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
+            if saving < 0.005:
+                f.saving_ms = 0.0  # still found; the report says the replay gives it nothing now
+        summary.savings[f.rule] = round(saving, 3)
+    if changes:
+        summary.all_fixes_ms = replay.replayed_ms(Change.merge(changes))
+    if whatif is not None:
+        whatif.append(summary)
+    return [f for f in findings if f.rule not in dropped]

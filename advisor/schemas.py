@@ -109,6 +109,21 @@ class RankReport(_Out):
     communication: Optional[Communication]
 
 
+class WhatIf(_Out):
+    """The slowest rank's step replayed (advisor.whatif): medians, ms per step."""
+
+    rank: int
+    measured_ms: float
+    baseline_ms: float
+    host_scale: float
+    loader_scale: float
+    remainder_ms: float
+    unprofiled_ms: Optional[float]
+    all_fixes_ms: Optional[float]
+    fixes: list[str]
+    savings: dict[str, float]
+
+
 class Report(_Out):
     """`advisor report --format json`."""
 
@@ -120,6 +135,7 @@ class Report(_Out):
     summary: Summary
     profiler_overhead: Optional[ProfilerOverhead]
     ranks: list[RankReport]
+    whatif: Optional[WhatIf]
     findings: list[Finding]
     notes: list[str]
     warnings: list[str]

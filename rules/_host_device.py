@@ -31,7 +31,7 @@ from advisor.metrics.breakdown import (
     communication_kernels,
 )
 from advisor.metrics.hierarchy import OpTree, op_tree
-from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
+from advisor.metrics.intervals import covers, intersect, merge, overlap_with, sorted_unique, subtract  # noqa: F401 (rules import them from here)
 from advisor.metrics.summary import Metrics
 
 SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
@@ -169,26 +169,6 @@ def _in_windows(ts: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
     ok = idx >= 0
     ok[ok] &= ts[ok] < e[idx[ok]]
     return ok
-
-
-def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merged intervals A minus merged intervals B, as merged intervals."""
-    if len(a_s) == 0 or len(b_s) == 0:
-        return a_s, a_e
-    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
-    lo, hi = bounds[:-1], bounds[1:]
-    keep = covers(a_s, a_e, lo) & ~covers(b_s, b_e, lo)
-    return merge(lo[keep], hi[keep])
-
-
-def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merged intervals A ∩ B, as merged intervals."""
-    if len(a_s) == 0 or len(b_s) == 0:
-        return a_s[:0], a_e[:0]
-    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
-    lo, hi = bounds[:-1], bounds[1:]
-    keep = covers(a_s, a_e, lo) & covers(b_s, b_e, lo)
-    return merge(lo[keep], hi[keep])
 
 
 def _loader_claimed(m: Metrics) -> bool:

@@ -44,9 +44,12 @@ On a CPU-only run there is no device to move it to, and the workers share the co
 the training: the advice is to make the per-sample work cheaper (prepare the data once).
 
 ## How the saving is estimated
-The exposed DataLoader time per step: the mean `dataloader` slice of the breakdown. With
-enough workers the batch is ready when asked for, so nearly all of it goes; what remains is
-the hand-over itself, well under a millisecond per batch. For a stall the window hid or
+The fix is replayed: with enough workers the batch is ready when asked for, so the
+DataLoader spans leave the host's path (the hand-over itself is well under a millisecond per
+batch), and the step graph is replayed without them. The saving is how much shorter the
+replayed step is: less than the DataLoader time where the device was still busy with the
+previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
+the exposed DataLoader time per step, the mean `dataloader` slice of the breakdown. For a stall the window hid or
 understated, the
 share of the step the unprofiled steps after the window spent waiting (their mean wait over
 their mean step time; at least 3 of them, the first after the window left out, as the trace
@@ -65,6 +68,8 @@ from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.source import source_lines
 from advisor.metrics.unprofiled import UnprofiledSteps, unprofiled_steps
+from advisor.whatif import Change
+from advisor.whatif.savings import dataloader_spans
 
 ID = "dataloader-stall"
 TITLE = "The input pipeline starves the device"
@@ -142,7 +147,7 @@ def check(ctx: Context):
 
     host = ctx.frames.host
     spans = host[_matches(host["name"], DATALOADER_NAME)]
-    dl_s, dl_e = merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
+    dl_s, dl_e = dataloader_spans(ctx.frames)
     idle_share = None
     if m.has_device and len(dl_s):
         dev = ctx.frames.device
@@ -208,4 +213,6 @@ def check(ctx: Context):
             f"batches hid it; {fix}"
         )
         saving = wait_ms / unprofiled_step_ms * step_ms  # the same share of the window's step, like every other finding
-    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)
+    # The fix: batches are ready when asked for, so the DataLoader spans leave the host's path.
+    change = None if hidden else Change(host_remove=[(dl_s, dl_e, 1.0)])
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)

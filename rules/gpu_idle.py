@@ -3,10 +3,10 @@
 ## What it detects
 The share of each step with no kernel, copy or memset running on the device is above
 `1 - max_utilization` (GPU utilisation below 60% by default). This is a symptom: it says the
-device waits, not why. When a rule that explains the wait fires (the DataLoader, pageable or
-oversized copies, host synchronisation, launch overhead, `zero_grad` memsets, a batch too
-small for the device),
-this finding keeps only the idle time those rules do not already claim, and points at them.
+device waits, not why; the rules that explain the wait (the DataLoader, pageable or oversized
+copies, host synchronisation, launch overhead, `zero_grad` memsets, a batch too small for the
+device) name the fix. When they fire, this finding keeps only what their fixes, replayed
+together, leave (and is dropped when that is under 1% of the step), and points at them.
 
 ## Why it is slow
 Whatever the GPU does not do while it is idle has to be done later: idle time is step time
@@ -23,7 +23,6 @@ between steps — running while nothing is queued on the device.
   with no DataLoader spans is never told to change its DataLoader;
 - the op the step's thread was in at each idle instant (the innermost one, counted once,
   with the outermost annotation around it), and the longest idle gaps;
-- which cause rules fired (the engine subtracts what they claim).
 
 ## Example
 When the host is in the DataLoader during the idle time:
@@ -49,9 +48,11 @@ memory with `non_blocking=True` and read the value later, or overlap the wait wi
 previous batch's work.
 
 ## How the saving is estimated
-The mean idle time per step: step duration minus the time with any device activity. It is
-the most the step can shrink by keeping the device fed; the causes' savings are subtracted
-from it when they fire. Confidence is low when the host mostly waits for the device (both
+Replayed: the host time spent while the device was idle is taken off the host's path and
+the step graph is replayed on top of every other finding's fix; the saving is how much
+shorter that makes the replayed step. The rule's
+own estimate (evidence `estimate_ms`) is the mean idle time per step, step duration minus the
+time with any device activity: the most the step can shrink by keeping the device fed. Confidence is low when the host mostly waits for the device (both
 then wait on something else, which removing the wait may not speed up) or the trace has no
 step markers, high when one activity explains at least half of the idle time.
 
@@ -59,6 +60,8 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
 """
 
 from __future__ import annotations
+
+from advisor.whatif import Change
 
 import numpy as np
 import pandas as pd
@@ -82,20 +85,7 @@ ID = "gpu-idle"
 TITLE = "The GPU is idle for much of each step"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 DEFAULTS = {"max_utilization": 0.60, "min_kernels_per_step": 10}
-CAUSES = (
-    "dataloader-stall",
-    "h2d-pageable-copy",
-    "host-sync",
-    "launch-bound",
-    "h2d-copy-volume",
-    "zero-grad-memset",
-    "spare-gpu-memory",
-    "cpu-tensor-then-copy",
-    "single-tensor-optimizer",
-    "data-parallel",
-    "empty-cache",
-    "allocator-churn",
-)
+SYMPTOM = True  # its saving is what the other findings' fixes leave (see the engine)
 FIX = "Keep work queued on the device: load data in workers, copy from pinned memory with non_blocking=True, avoid per-step syncs, fuse small kernels."
 AFTER = """loader = DataLoader(ds, batch_size=32, num_workers=8, pin_memory=True, persistent_workers=True)
 for x, y in loader:
@@ -277,7 +267,11 @@ def check(ctx: Context):
     message = f"The {m.device.kind} is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. {ADVICE[main]}"
     if not marked:
         message += " The trace has no ProfilerStep markers, so the whole window counts as one step (setup included)."
-    # The idle time is what keeping the device fed could win at most; when the host only
-    # waits for the device, what both wait for is elsewhere and removing the wait may win little.
+    # The fix, replayed: the host work that ran while the device idled is taken off the host's
+    # path (done in workers, overlapped, or issued ahead), so the device is fed as soon as it
+    # can be; what the device itself waits for (its own dependencies) stays.
+    change = Change(host_remove=[(s, e, 1.0)])
+    # When the host only waits for the device, what both wait for is elsewhere and removing
+    # the wait may win little.
     confidence = "low" if not marked or main == "waits for the device" else ("high" if main_share >= 0.5 else "medium")
-    return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=SNIPPETS[main])
+    return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=SNIPPETS[main], change=change)

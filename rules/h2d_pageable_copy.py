@@ -59,6 +59,9 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buf
 from __future__ import annotations
 
 import numpy as np
+
+from advisor.whatif import Change
+from advisor.whatif.changes import device_rows_of, scale_device, unwait
 from advisor.rules._host_device import (
     BANDWIDTH_BOUND_BYTES,
     device_exposed_fraction,
@@ -174,5 +177,14 @@ def check(ctx: Context):
     worst = max(evidence["saving_by_step_ms"].items(), key=lambda kv: kv[1], default=None)
     if worst is not None and len(per_step_ns) > 2 and worst[1] > 3 * saving:
         message += f" (Step {worst[0]} alone lost {worst[1]:.1f} ms in these copies; the figure is the median step's.)"
+    # The fix: each copy runs at pinned bandwidth and the host no longer waits for it.
+    rows = device_rows_of(ctx.frames, pageable["correlation"].to_numpy(np.int64))
+    d = ctx.frames.device
+    ratio = np.where(
+        d["bytes"].iloc[rows].fillna(0).to_numpy() >= BANDWIDTH_BOUND_BYTES,
+        np.clip(d["bytes"].iloc[rows].fillna(0).to_numpy() / pinned_gbps / np.maximum(d["dur"].iloc[rows].to_numpy(np.float64), 1), 0, 1),
+        1.0,
+    )
+    change = Change.merge([scale_device(rows, ratio), unwait(ctx.frames, pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64))])
     snippet = AFTER if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
-    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)

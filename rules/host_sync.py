@@ -46,7 +46,12 @@ for step, (x, y) in enumerate(loader):
 ```
 
 ## How the saving is estimated
-For each wait: the part of the idle gap after it that the host could have filled while the
+The fix is replayed: the step graph is simulated with the host no longer waiting in these
+calls, and the saving is how much shorter the replayed step is. That is what removing a
+sync buys only when the host was on the critical path: a GPU-bound loop gains nothing, and a
+loop whose host work (the next batch, logging) ran after the wait gains that work's overlap
+with the device. The finding needs the replayed saving to reach `min_share`. The rule's own
+estimate, kept in the evidence as `estimate_ms`, is, for each wait: the part of the idle gap after it that the host could have filled while the
 GPU was still busy during the wait, i.e. `min(device busy time during the wait, device idle
 gap after it)`, summed per step. Idle time *during* a wait is not counted: if the device
 idles while the host waits, both are waiting for something else (another stream, another
@@ -57,6 +62,8 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid
 """
 
 from __future__ import annotations
+
+from advisor.whatif.changes import unwait
 
 import numpy as np
 import pandas as pd
@@ -104,7 +111,11 @@ def check(ctx: Context):
     calls = pd.concat([calls, cost], axis=1)
     calls["wait"] = calls["end"] - calls["ts"]
     saving = per_step(calls["cost"].sum(), tl)
-    if saving / ctx.step_ms < ctx.options["min_share"]:
+    # The fix: the host no longer waits in these calls. Whether that buys time depends on
+    # whether the host was on the step's critical path, which only the replay sees.
+    change = unwait(ctx.frames, calls["ts"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64))
+    replayed = ctx.replayed_saving(change)
+    if (replayed if replayed is not None else saving) / ctx.step_ms < ctx.options["min_share"]:
         return None
 
     by = calls.groupby("cause").agg(count=("wait", "size"), wait=("wait", "sum"), cost=("cost", "sum")).sort_values("cost", ascending=False)
@@ -139,4 +150,6 @@ def check(ctx: Context):
         f"{top['what']}{where}; the GPU then idles until the host catches up: ~{saving:.2f} ms/step."
     )
     fix = "; ".join(f"{c['cause']}: {ADVICE[c['cause']]}" for c in causes[:3])
-    return ctx.finding(message, saving, confidence="high" if top["cause"] != "other" else "medium", evidence=evidence, fix=fix[0].upper() + fix[1:] + ".")
+    return ctx.finding(
+        message, saving, confidence="high" if top["cause"] != "other" else "medium", evidence=evidence, fix=fix[0].upper() + fix[1:] + ".", change=change
+    )

@@ -38,21 +38,25 @@ scaling with a few epochs of warm-up is the usual start) and check that the run 
 converges to the same accuracy; fewer steps per epoch is the point, not a side effect.
 
 ## How the saving is estimated
-Batch factor k = min(4, ⌊80% of device memory / peak⌋) (2 with only a lower bound), and the
-saving per current step = fixed per-step time × (1 − 1/k): the fixed cost is paid once per k
-times the samples. The fixed time is the step's runtime, CPU-work, other, memset and
-communication slices plus the optimizer's kernel time, less the host time of the batch's own
-copies. The better kernel efficiency of larger batches is not counted, so the figure is
-conservative. `zero_grad` memsets, per-parameter optimizer kernels and host syncs are part of
-that fixed time; when their own rules fire, the engine takes what they claim off this saving
-(they are listed as its causes). Launch gaps are not taken off: a larger batch is one of
-`launch-bound`'s own two fixes, so each finding promises them for its fix applied alone (on
-an H100, batch 32 → 128 measured 2× what the saving promised when the gaps were taken off).
+Batch factor k = min(4, ⌊80% of device memory / peak⌋) (2 with only a lower bound). The fix
+is replayed: in the step graph the work that grows with the batch grows k× (the kernels other
+than the optimizer's, the batch's host→device copies, the DataLoader's time on the host),
+while launches, syncs, the optimizer and the rest of the host's work stay as they are; the
+replayed step divided by k is the time per current step's samples, and the saving is the
+measured step minus that. Kernels are taken to grow linearly with the batch (larger batches
+use the GPU better, which is not counted), so the figure is conservative. The rule's own
+estimate, kept in the evidence as `estimate_ms`, is the fixed per-step time × (1 − 1/k): the
+runtime, CPU-work, other, memset and communication slices plus the optimizer's kernel time,
+less the host time of the batch's own copies.
 
 Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
 """
 
 from __future__ import annotations
+
+from advisor.whatif import Change
+from advisor.whatif.changes import scale_device
+from advisor.whatif.savings import dataloader_spans
 
 import math
 import re
@@ -70,7 +74,6 @@ TITLE = "GPU memory is mostly unused: the batch could be larger"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 DEFAULTS = {"max_share": 0.25, "max_utilization": 0.80, "max_batch_factor": 4, "usable_share": 0.80, "min_share": 0.03}
 # Per-step overhead that these fixes remove is no longer there for a larger batch to spread.
-CAUSES = ("zero-grad-memset", "single-tensor-optimizer", "host-sync")
 FIX = "Raise the batch size (memory allows it) and scale the learning rate with it; check convergence."
 AFTER = """loader = DataLoader(train_set, batch_size=4 * batch_size, num_workers=8)
 optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * 4)   # linear scaling, with warm-up
@@ -172,5 +175,12 @@ def check(ctx: Context):
     }
     confidence = "low" if bound_only else ("high" if mem.source == FACTS else "medium")
     snippet = AFTER.replace("4 * batch_size", str(batch * factor) if batch else f"{factor} * batch_size").replace("base_lr * 4", f"base_lr * {factor}")
-    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)
+    # The fix, replayed: the batch's work grows with it (kernels other than the optimizer's,
+    # the batch's copies, the DataLoader's time); launches, syncs and other host work do not.
+    # The replayed step is then divided by the factor: the saving is per current step.
+    grows = k.index.to_numpy()[~opt_mask]
+    copies = ctx.frames.device.index.to_numpy()[(ctx.frames.device["kind"] == "memcpy").to_numpy() & (ctx.frames.device["copy_kind"] == "HtoD").to_numpy()]
+    dl_s, dl_e = dataloader_spans(ctx.frames)
+    change = Change.merge([scale_device(np.concatenate([grows, copies]), float(factor)), Change(host_remove=[(dl_s, dl_e, 1.0 - factor)], per_sample=float(factor))])
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)
 

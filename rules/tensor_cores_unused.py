@@ -81,6 +81,9 @@ Reference: https://pytorch.org/docs/stable/amp.html
 
 from __future__ import annotations
 
+from advisor.whatif import Change
+from advisor.whatif.changes import scale_device
+
 import numpy as np
 
 from advisor.engine import Context
@@ -212,7 +215,11 @@ def check(ctx: Context):
     confidence = "high" if cap.source in ("trace", "facts") else "medium"
     if names_only and cap.value >= 8.0:
         confidence = "medium" if confidence == "high" else "low"  # TF32 or fp32 is then a guess from names
-    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16)
+    # The fix, replayed: these kernels lose what this rule claims of them (all of fp32 -> half
+    # without TF32; with it, the TF32 -> half part, tf32-disabled's fix holding the rest).
+    kept = to_half if arch.tf32_over_fp32 is None else 1.0 - np.maximum(to_tf32 - to_half, 0.0)
+    change = scale_device(k.index.to_numpy()[candidates_mask], kept[candidates_mask])
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16, change=change)
 
 
 def _method(k, mask, dur, table) -> str:

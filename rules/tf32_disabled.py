@@ -62,6 +62,8 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-o
 
 from __future__ import annotations
 
+from advisor.whatif.changes import scale_device
+
 import numpy as np
 
 from advisor.engine import Context
@@ -180,7 +182,8 @@ def check(ctx: Context):
         confidence = "low"
     else:
         confidence = "high" if switches_known and cap.source != "kernel names" else "medium"
-    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER)
+    change = scale_device(k.index.to_numpy()[chosen], scale[chosen])  # the fix, replayed: these kernels at the TF32 rate
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER, change=change)
 
 
 FAMILIES_IN_ORDER = ("gemm", "attention", "conv", "rnn")

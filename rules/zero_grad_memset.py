@@ -43,6 +43,8 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-p
 
 from __future__ import annotations
 
+from advisor.whatif.changes import remove_launches
+
 import numpy as np
 from advisor.rules._host_device import (
     candidates,
@@ -102,4 +104,8 @@ def check(ctx: Context):
     if torch_version:
         message += f" (PyTorch {torch_version}.)"
     confidence = "high" if set_to_none is False or set_to_none is None else "medium"
-    return ctx.finding(message, saving, confidence=confidence, evidence=evidence)
+    # The fix, replayed: the zeroing kernels and their launches go, and so does the host time
+    # zero_grad spent issuing them.
+    change = remove_launches(ctx.frames, lk["correlation"].to_numpy(np.int64) if len(lk) else [])
+    change.host_remove.append((spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64), 1.0))
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, change=change)

@@ -50,25 +50,33 @@ def test_the_logs_are_real_h100_runs(runs):
         assert len(f["loader_wait_ms"]) == len(f["step_times_ms"]) == 48, name
 
 
+def after_median_ms(name: str) -> float:
+    """Median unprofiled step after the window (the first one after it left out)."""
+    f = facts(name)
+    return statistics.median(f["step_times_ms"][max(f["profiled_steps"]) + 2 :])
+
+
 def test_baseline_starves_on_its_input_and_the_workers_keep_the_promise(runs):
     base, workers = runs["gpu_baseline"], runs["gpu_workers"]
     top = base.findings[0]
     assert top.rule == "dataloader-stall" and top.severity == "high"
-    assert top.saving_ms == pytest.approx(base.primary.breakdown_mean_ms["dataloader"], rel=1e-6)
-    assert top.saving_ms / base.primary.mean_step_ns * 1e6 > 0.5  # most of the step
+    assert top.evidence["estimate_ms"] == pytest.approx(base.primary.breakdown_mean_ms["dataloader"], abs=1e-3)
+    assert top.saving_pct > 0.5  # most of the (replayed, unprofiled) step
     assert facts("gpu_baseline")["dataloaders"][0]["num_workers"] == 0
     assert "num_workers=15" in top.fix.snippet and "batch_size=32" in top.fix.snippet
-    # The next round only raised num_workers; the window's median step fell by about the promise.
+    # The next round only raised num_workers. The promise is replayed on the step without the
+    # profiler (the facts' steps after the window); the unprofiled median fell by about that.
     assert facts("gpu_workers")["dataloaders"][0]["num_workers"] == 15
-    measured = median_step_ms(base) - median_step_ms(workers)
-    assert 0.5 <= measured / top.saving_ms <= 1.5
+    measured = after_median_ms("gpu_baseline") - after_median_ms("gpu_workers")
+    assert 0.75 <= measured / top.saving_ms <= 1.25
     assert finding(workers, "dataloader-stall") is None
 
 
 def test_cuda_graphs_keep_the_launch_bound_promise(runs):
     compiled, graphs = runs["gpu_compiled"], runs["gpu_cudagraphs"]
     launch = finding(compiled, "launch-bound")
-    assert compiled.findings[0] is launch and "reduce-overhead" in launch.fix.text
+    # first or second: a 4x batch (spare-gpu-memory) replays to about the same saving here
+    assert launch in compiled.findings[:2] and "reduce-overhead" in launch.fix.text
     assert "set_to_none=True" in launch.fix.text  # CUDA graphs own the gradients
     assert facts("gpu_cudagraphs")["compile"]["modes"] == ["reduce-overhead"]
     measured = median_step_ms(compiled) - median_step_ms(graphs)

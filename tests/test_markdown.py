@@ -73,8 +73,11 @@ def test_findings_table_leads_and_fits_a_comment(nw0):
     assert {t for t, _ in doc.tags} <= ALLOWED_TAGS
     findings = [r for r in doc.rows if len(r) == 4 and r[0].isdigit()]
     assert len(findings) == len(nw0.findings)
-    # MANIFEST.md: DataLoader is 33.4% of the nw0 step (TensorBoard plugin), the largest fix.
-    assert findings[0][1] == "dataloader-stall" and "(33.4%)" in findings[0][2]
+    # MANIFEST.md: DataLoader is 33.4% of the nw0 step (TensorBoard plugin), the largest fix;
+    # replayed without it the step is shorter by nearly all of that (a little overlapped).
+    assert findings[0][1] == "dataloader-stall"
+    pct = float(findings[0][2].split("(")[1].split("%")[0])
+    assert 31.0 <= pct <= 33.4
     # ANCHORS.md: plugin mean step 177.59 ms; its breakdown leads with kernel then DataLoader.
     head = text.splitlines()[0]
     assert "177.6 ms/step" in head

@@ -48,8 +48,7 @@ MINE = [
     "cudnn-benchmark",
     "gpu-idle",
 ]
-# gpu-idle and spare-gpu-memory defer to these when they fire: they run too, so the engine can settle them.
-CAUSES = sorted({*find_rule("gpu-idle").causes, *find_rule("spare-gpu-memory").causes} - set(MINE))
+CAUSES: list[str] = []
 
 # Figures the TensorBoard plugin computes on the ResNet-50 traces (../shared/ANCHORS.md).
 NW0_KERNEL_MS = 98.59
@@ -159,8 +158,11 @@ def test_tensor_cores_saving_is_the_eligible_time_at_the_volta_speedup():
     # independent figures: the plugin's kernel time per step and eligible share, 2.0x on Volta
     f = report("v100_resnet50_nw0")["tensor-cores-unused"]
     expected = NW0_KERNEL_MS * NW0_ELIGIBLE_SHARE * (1 - 1 / 2.0)
-    assert f.saving_ms == pytest.approx(expected, rel=0.03)
-    assert f.saving_pct == pytest.approx(expected / NW0_STEP_MS, rel=0.03)
+    assert f.evidence["estimate_ms"] == pytest.approx(expected, rel=0.03)
+    # Replayed, faster kernels buy far less: in this window the host issues the step's work no
+    # faster than the V100 runs it (halving every kernel shortens the replayed step by ~1%).
+    assert 0 <= f.saving_ms < 0.2 * expected
+    assert f.saving_pct == pytest.approx(f.saving_ms / NW0_STEP_MS, rel=0.03)
 
 
 def test_tensor_cores_saving_is_plausible_against_the_autocast_scenario():
@@ -196,7 +198,7 @@ def test_tensor_cores_unused_on_tf32_a100_claims_only_the_tf32_to_bf16_part():
     assert f.evidence["half_precision_share_of_eligible"] == 0.0
     assert f.evidence["tf32_eligible_ms_per_step"] > 10 * f.evidence["fp32_eligible_ms_per_step"]
     assert "TF32" in f.message and "bfloat16" in f.fix.text and "GradScaler" not in f.fix.snippet
-    assert 0 < f.saving_pct < 0.05
+    assert 0 <= f.saving_pct < 0.05
 
 
 def test_tensor_cores_unused_names_autocast_when_facts_say_it_was_on(tmp_path):
@@ -224,11 +226,12 @@ def test_tf32_disabled_fires_on_fp32_kernels_of_an_ampere_device_and_adds_up_wit
     assert {v["switch"] for v in tf32.evidence["families"].values()} == {"cudnn", "matmul"}
     assert "set_float32_matmul_precision" in tf32.fix.text and "cudnn.allow_tf32" in tf32.fix.text
     fp32_ms = sum(v["fp32_ms_per_step"] for v in tf32.evidence["families"].values())
-    assert tf32.saving_ms == pytest.approx(fp32_ms * (1 - 1 / 2.0), rel=0.02)
+    assert tf32.evidence["estimate_ms"] == pytest.approx(fp32_ms * (1 - 1 / 2.0), rel=0.02)
     # tensor-cores-unused claims only TF32 -> bf16 of the same kernels: together fp32 -> bf16 (3x)
     tc = found["tensor-cores-unused"]
     eligible_ms = tc.evidence["fp32_eligible_ms_per_step"]
-    assert tf32.saving_ms + tc.saving_ms <= eligible_ms * (1 - 1 / 3.0) * 1.01
+    assert tf32.evidence["estimate_ms"] + tc.evidence["estimate_ms"] <= eligible_ms * (1 - 1 / 3.0) * 1.01
+    assert tf32.saving_ms <= tf32.evidence["estimate_ms"] * 1.01  # the replay never gains more than the kernels lose
 
     # With the switches recorded as on, the fp32 kernels are the library's choice: silent.
     (run_dir / "advisor_facts.json").write_bytes(
@@ -421,29 +424,32 @@ def test_cudnn_benchmark_silent_without_fallback_kernels():
 # --- gpu-idle -----------------------------------------------------------------------------
 def test_gpu_idle_measures_the_idle_time_of_each_step():
     f = run(trace_path("v100_resnet50_nw0"), rules=["gpu-idle"])["gpu-idle"]
-    # idle = step minus the device-busy slices of the plugin's breakdown
-    assert f.saving_ms == pytest.approx(NW0_STEP_MS - NW0_DEVICE_BUSY_MS, rel=0.02)
+    # its own estimate: step minus the device-busy slices of the plugin's breakdown
+    assert f.evidence["estimate_ms"] == pytest.approx(NW0_STEP_MS - NW0_DEVICE_BUSY_MS, rel=0.02)
     assert f.evidence["gpu_utilization"] == pytest.approx(NW0_DEVICE_BUSY_MS / NW0_STEP_MS, abs=0.01)
     assert f.evidence["host_during_idle"][0]["name"].startswith("enumerate(DataLoader)")
+    # replayed alone: the host work during the idle time leaves the path, never more than the idle time
+    assert 0.5 * f.evidence["estimate_ms"] < f.saving_ms <= f.evidence["estimate_ms"] * 1.01
 
 
-@pytest.mark.parametrize(
-    "rule_id, name",
-    [("gpu-idle", "v100_resnet50_nw0"), ("gpu-idle", "a100_nccl"), ("spare-gpu-memory", "v100_resnet50_nw0"), ("spare-gpu-memory", "v100_resnet50_nw4")],
-)
-def test_symptom_keeps_only_what_its_causes_do_not_claim(rule_id, name):
-    alone = run(trace_path(name), rules=[rule_id])[rule_id].saving_ms
-    found = report(name)
-    causes = [c for c in find_rule(rule_id).causes if c in found]
-    assert causes, "some cause fires on this trace"
-    claimed = sum(found[c].saving_ms for c in causes)
-    step_ms = found[causes[0]].saving_ms / found[causes[0]].saving_pct
-    if rule_id in found:
-        f = found[rule_id]
-        assert f.causes == causes
-        assert f.saving_ms == pytest.approx(alone - claimed, abs=0.01)
-    else:  # fully explained: the causes carry the whole saving
-        assert claimed >= alone - 0.01 * step_ms
+@pytest.mark.parametrize("name", ["v100_resnet50_nw0", "a100_nccl"])
+def test_symptom_keeps_only_what_the_other_fixes_leave(name):
+    alone = run(trace_path(name), rules=["gpu-idle"])["gpu-idle"].saving_ms
+    a = cached(name)
+    found = {f.rule: f for f in a.findings}
+    others = [f for f in a.findings if f.rule != "gpu-idle" and f.saving_ms]
+    assert others, "some cause fires on this trace"
+    if "gpu-idle" in found:
+        f = found["gpu-idle"]
+        assert set(f.causes) <= {o.rule for o in others}
+        if f.causes:
+            assert f.saving_ms < alone  # the other fixes already took part of the idle time
+        else:  # no other finding replays a fix: the symptom keeps its own replayed saving
+            assert f.saving_ms == pytest.approx(alone)
+    head = a.headline()
+    # every fix replayed together never saves more than the step, nor less than the best one alone
+    assert head.all_fixes_ms >= 0
+    assert head.baseline_ms - head.all_fixes_ms >= max(o.saving_ms for o in others) - 0.01
 
 
 def test_gpu_idle_silent_on_busy_runs():
@@ -472,7 +478,8 @@ ALL_TRACES = [
 def test_rules_run_on_every_trace_with_sane_findings(name):
     found = report(name)
     for f in found.values():
-        assert f.saving_ms is None or f.saving_ms > 0
+        # a saving, a risk (None), or a replayed fix that gains nothing on this run now, which says so
+        assert f.saving_ms is None or f.saving_ms > 0 or "gains nothing on this run now" in f.message
         assert f.severity in ("high", "medium", "low") and f.confidence in ("high", "medium", "low")
     rendered = orjson.loads(to_json(cached(name)))  # evidence survives the JSON report
     assert {f["rule"] for f in rendered["findings"]} == set(found)

@@ -238,6 +238,7 @@ OPTIONAL_COMMANDS = {
     "baseline": ("advisor.cli.gate", None),
     "diff": ("advisor.cli.compare", None),
     "view": ("advisor.cli.compare", None),
+    "whatif": ("advisor.cli.whatif", None),
 }
 
 
@@ -293,7 +294,7 @@ def main() -> None:
 # collecting while they appear costs 30-40 ms of a short command, while a whole analysis
 # leaves only a few thousand objects in reference cycles. (`profile` runs the user's own
 # script, which gets the usual collector.)
-WITHOUT_COLLECTOR = {"report", "gate", "baseline", "diff"}
+WITHOUT_COLLECTOR = {"report", "gate", "baseline", "diff", "whatif"}
 
 
 def program() -> None:

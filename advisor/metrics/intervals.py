@@ -74,3 +74,23 @@ def overlap_with(m_starts: np.ndarray, m_ends: np.ndarray, lo: np.ndarray, hi: n
         return full - excess
 
     return covered_before(np.asarray(hi)) - covered_before(np.asarray(lo))
+
+
+def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged intervals A minus merged intervals B, as merged intervals."""
+    if len(a_s) == 0 or len(b_s) == 0:
+        return a_s, a_e
+    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    lo, hi = bounds[:-1], bounds[1:]
+    keep = covers(a_s, a_e, lo) & ~covers(b_s, b_e, lo)
+    return merge(lo[keep], hi[keep])
+
+
+def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged intervals A ∩ B, as merged intervals."""
+    if len(a_s) == 0 or len(b_s) == 0:
+        return a_s[:0], a_e[:0]
+    bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    lo, hi = bounds[:-1], bounds[1:]
+    keep = covers(a_s, a_e, lo) & covers(b_s, b_e, lo)
+    return merge(lo[keep], hi[keep])

@@ -127,9 +127,16 @@ def _header(a: Analysis) -> str:
         if h["count"]:
             bw = f", {h['bandwidth_gbps']:.1f} GB/s" if h["bandwidth_gbps"] else ""
             tiles.append(tile("Host→device copies", fmt_bytes(h["bytes"]), f"{h['count']} copies, {h['pageable_count']} from pageable memory{bw}"))
-    saving = sum(f.saving_ms or 0 for f in a.findings)
-    if st["mean"]:
-        tiles.append(tile("Could save", ms(saving), f"per step ({pct(saving / st['mean'])}) across {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}"))
+    replayed = a.headline()
+    if replayed is not None and replayed.all_fixes_ms is not None:
+        saved = replayed.all_fixes_saving_ms or 0.0
+        tiles.append(
+            tile(
+                "With all fixes (replayed)",
+                ms(replayed.all_fixes_ms),
+                f"per step, from {replayed.baseline_ms:.2f} ms replayed ({pct(saved / replayed.baseline_ms)} less); {len(replayed.fixes)} fixes replayed together",
+            )
+        )
     out.append(f'<div class="tiles">{"".join(tiles)}</div>')
     links = [("breakdown", "Step-time breakdown"), ("findings", "Findings"), ("timeline", "Timeline"), ("memory", "Memory"), ("kernels", "Top kernels"), ("ops", "Top ops")]
     if len(a.ranks) > 1:

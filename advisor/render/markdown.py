@@ -33,10 +33,14 @@ def _headline(a: Analysis) -> list[str]:
     st = s["step_time_ms"]
     m = a.primary
     step = f"{st['mean']:.1f} ms/step" if st["mean"] is not None else "no steps"
-    saving = sum(f.saving_ms or 0 for f in a.findings)
+    replayed = a.headline()
     could = ""
-    if a.findings and st["mean"]:
-        could = f" — {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}, up to {saving:.1f} ms/step ({pct(saving / st['mean'], 0)}) to gain"
+    if a.findings and replayed is not None and replayed.all_fixes_ms is not None:
+        saved = replayed.all_fixes_saving_ms or 0.0
+        could = (
+            f" — {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}; with the fixes replayed together "
+            f"{replayed.all_fixes_ms:.1f} ms/step ({pct(saved / replayed.baseline_ms, 0)} less)"
+        )
     out = [f"### advisor: {md(a.run.name)} — {step}{could}", ""]
     facts = []
     if m.device.name:

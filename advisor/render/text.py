@@ -72,6 +72,9 @@ def _overview(a: Analysis, console: Console) -> Group:
             "Step time",
             Text(f"{st['mean']:.2f} ms mean, {st['median']:.2f} median, p90 {st['p90']:.2f}, min {st['min']:.2f}, max {st['max']:.2f}  over {s['steps']} steps"),
         )
+    replayed = a.headline()
+    if replayed is not None:
+        head.add_row("Replayed step", Text(replayed.headline()))
     bs = batch_size(a)
     if bs and st["mean"]:
         head.add_row("Throughput", Text(f"{bs / st['mean'] * 1000:,.0f} samples/s (batch {bs})"))

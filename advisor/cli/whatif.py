@@ -1,0 +1,72 @@
+"""`advisor whatif PATH --apply RULE[,RULE]`: the replayed step for any set of fixes.
+
+Each finding of the run declares what its fix changes in the step; this command replays the
+slowest rank's step graph with the chosen fixes applied together (all of them by default)
+and prints the measured step, the replayed baseline and the replayed step with the fixes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from advisor.errors import InputError
+
+
+def whatif(
+    path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file (.json, .json.gz)."),
+    apply: Optional[str] = typer.Option(None, "--apply", help="Comma-separated rule ids whose fixes to replay together (default: every finding's)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
+    config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
+) -> None:
+    """Replay the run's step with the fixes of the named rules applied."""
+    from advisor.analysis import analyze
+    from advisor.cli import say, stdout_console
+    from advisor.config import load_config
+    from advisor.engine import all_rules, check_rank_rules
+    from advisor.whatif.replay import Change
+    from advisor.whatif.savings import rank_replay
+
+    cfg = load_config(config)
+    analysis = analyze(path, run=run, config=cfg).with_primary_frames()
+    primary = analysis.primary
+    # The findings travel without their changes; the slowest rank's rules state them again here.
+    stated = check_rank_rules(all_rules(), primary, analysis.run_facts(), cfg.rule_options, len(analysis.ranks), [])
+    modelled = {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
+    if apply is None:
+        wanted = list(modelled)
+    else:
+        wanted = [r.strip() for r in apply.split(",") if r.strip()]
+        known = {r.id for r in all_rules()}
+        for rule in wanted:
+            if rule not in known:
+                raise InputError(None, f"unknown rule {rule!r} in --apply; run `advisor rules` to list them")
+            if rule not in modelled:
+                found = ", ".join(modelled) or "none"
+                raise InputError(path, f"no finding of {rule!r} with a fix to replay on this run (replayable here: {found})")
+    replay = rank_replay(primary, analysis.run_facts())
+    if not replay.available:
+        raise InputError(path, "this run has no steps to replay")
+    out = stdout_console()
+    head = replay.summary()
+    say(out, f"Run              {analysis.run.name}" + (f" (rank {primary.rank})" if len(analysis.ranks) > 1 else ""))
+    say(out, f"Measured step    {head.measured_ms:.2f} ms (median of the profiled window)")
+    if head.unprofiled_ms is not None and head.host_scale < 1.0:
+        say(
+            out,
+            f"Replayed step    {head.baseline_ms:.2f} ms: host time scaled ×{head.host_scale:.2f} (DataLoader ×{replay.loader_scale:.2f}) to match "
+            f"the {head.unprofiled_ms:.2f} ms median of the unprofiled steps, so the profiler's own cost is not counted",
+        )
+    else:
+        say(out, f"Replayed step    {head.baseline_ms:.2f} ms (the step graph as measured)")
+    if not wanted:
+        say(out, "No finding of this run has a fix to replay.")
+        return
+    alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
+    together = replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted]))
+    saved = head.baseline_ms - together
+    say(out, f"With the fixes   {together:.2f} ms per step ({saved:+.2f} ms saved, {100 * saved / head.baseline_ms:.0f}% of the step): " + ", ".join(wanted))
+    for rule in wanted:
+        say(out, f"  {rule:<26} alone: {alone[rule]:6.2f} ms/step")

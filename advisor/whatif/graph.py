@@ -1,0 +1,323 @@
+"""One rank's steps as a dependency graph that a replay can re-time.
+
+Nodes are the host's runtime calls (in issue order, all threads merged) with the step
+boundaries as zero-length marks between them, and the device's kernels, copies and memsets
+(in order per stream). Edges, all measured from the trace:
+
+- host order: each host node starts a measured gap after the node it follows. The gap is the
+  host's own work between calls (Python, operators, DataLoader); when two threads overlap, a
+  node follows the start of the one it overlaps instead of its end.
+- launch: a device op starts no earlier than its launch call plus the launch latency
+  (correlation id); where the op was launched before its stream's previous op ended (it
+  sat in the queue) the latency is the stream's typical one, otherwise the measured one.
+- stream order: a device op starts after the previous op of its stream (plus the measured
+  gap when it was queued).
+- waits: a synchronize call, and a copy call that returned only after its copy finished
+  (pageable or device-to-host), ends no earlier than the device work it waited for, plus the
+  measured time the call took after that work finished. So does any other call that took
+  long and returned just as a device op finished while hundreds of launches were still
+  outstanding (a launch into a full queue): it waited for that op.
+
+Everything is NumPy arrays built with vectorised joins; only the replay walks the nodes in
+order. Indices into the rank's frames (`runtime_row`, `device_row`) let a fix name the calls
+and device ops it changes. The graph holds no frames and pickles small.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from advisor.load.trace import TraceFrames
+
+WAIT_CALL = re.compile(r"^(cuda|hip)((Stream|Device|Event|Ctx)Synchronize|Memcpy\w*|Free)$")
+MARK_START, MARK_END, CALL = 1, 2, 0
+# An op that started more than this after its stream went idle measures the launch latency.
+QUEUED_NS = 3_000
+# Launch latency used when a stream has no launch-bound op to measure it on.
+DEFAULT_LATENCY_NS = 5_000
+# A call longer than this that returned within RELEASE_NS of a device op's end waited for it.
+BLOCKED_NS = 20_000
+RELEASE_NS = 5_000
+# Launches outstanding on the device before a call counts as back-pressure (CUDA's launch
+# queue holds about a thousand).
+QUEUE_DEPTH = 768
+# What a wait call costs the host besides the wait itself (the part a fix cannot remove).
+WAIT_CALL_BASE_NS = 2_000
+
+
+@dataclass
+class StepGraph:
+    """A rank's replayable graph (see the module docstring). Times are int64 ns."""
+
+    # host nodes, in issue order
+    h_ts: np.ndarray
+    h_dur: np.ndarray
+    h_kind: np.ndarray  # CALL, MARK_START, MARK_END
+    h_step: np.ndarray  # step index for marks, -1 for calls
+    h_anchor: np.ndarray  # node this one follows (-1: none)
+    h_serial: np.ndarray  # follows the anchor's end (True) or its start (False: another thread)
+    h_gap: np.ndarray  # measured time from the anchor's end (or start) to this node's start
+    h_gap_lo: np.ndarray  # measured time where the gap begins (for host-time removal)
+    runtime_row: np.ndarray  # row in frames.runtime, -1 for marks
+    # waits: CSR from host node to the device ops it waited for
+    wait_ptr: np.ndarray
+    wait_ops: np.ndarray
+    wait_tail: np.ndarray  # per host node: measured time from the waited work's end to the call's end
+    # device ops, in replay order (by launch node, then start)
+    d_launch: np.ndarray  # host node that launched (or precedes) the op
+    d_stream: np.ndarray  # stream code (0..n_streams-1)
+    d_dur: np.ndarray
+    d_delay: np.ndarray  # from the launch node's start to the op's start, when not held by its stream
+    d_gap: np.ndarray  # after the previous op of the stream ends
+    d_latency: np.ndarray  # the stream's typical launch latency (what a queued op's delay is bounded by)
+    d_step: np.ndarray  # step that launched it (-1: none)
+    device_row: np.ndarray  # row in frames.device
+    # steps
+    step_ids: np.ndarray
+    step_start: np.ndarray  # measured spans (as metrics.steps)
+    step_end: np.ndarray
+    step_host_start: np.ndarray
+    n_streams: int
+
+    @property
+    def measured_step_ns(self) -> np.ndarray:
+        return self.step_end - self.step_start
+
+
+def _host_nodes(frames: TraceFrames, steps: pd.DataFrame) -> pd.DataFrame:
+    rt = frames.runtime
+    calls = pd.DataFrame(
+        {
+            "ts": rt["ts"].to_numpy(np.int64),
+            "dur": np.maximum(rt["end"].to_numpy(np.int64) - rt["ts"].to_numpy(np.int64), 0),
+            "kind": CALL,
+            "step": -1,
+            "runtime_row": np.arange(len(rt), dtype=np.int64),
+        }
+    )
+    n = len(steps)
+    hs = steps["host_start"].to_numpy(np.int64)
+    he = np.maximum(steps["host_end"].to_numpy(np.int64), hs)
+    marks = pd.DataFrame(
+        {
+            "ts": np.concatenate([hs, he]),
+            "dur": 0,
+            "kind": np.concatenate([np.full(n, MARK_START), np.full(n, MARK_END)]),
+            "step": np.concatenate([np.arange(n), np.arange(n)]),
+            "runtime_row": -1,
+        }
+    )
+    nodes = pd.concat([calls, marks], ignore_index=True)
+    # Marks of a step's end come before calls at the same instant, a step's start after them.
+    order_key = np.where(nodes["kind"].to_numpy() == MARK_END, 0, np.where(nodes["kind"].to_numpy() == CALL, 1, 2))
+    order = np.lexsort((order_key, nodes["ts"].to_numpy()))
+    return nodes.iloc[order].reset_index(drop=True)
+
+
+def _anchors(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For each node, the earlier node that ended last: follow its end, or its start if it overlaps."""
+    n = len(ts)
+    idx = np.arange(n)
+    cummax = np.maximum.accumulate(end) if n else end
+    at_max = np.where(end == cummax, idx, -1)
+    holder = np.maximum.accumulate(at_max) if n else at_max
+    anchor = np.full(n, -1, dtype=np.int64)
+    anchor[1:] = holder[:-1]
+    serial = np.ones(n, dtype=bool)
+    gap = np.zeros(n, dtype=np.int64)
+    lo = ts.copy()
+    has = anchor >= 0
+    a = anchor[has]
+    a_end, a_ts = end[a], ts[a]
+    ser = a_end <= ts[has]
+    serial[has] = ser
+    gap[has] = np.where(ser, ts[has] - a_end, ts[has] - a_ts)
+    lo[has] = np.where(ser, a_end, ts[has])  # an overlapping node removes no host time of its own
+    return anchor, serial, gap, lo
+
+
+def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
+    """The replayable graph of a rank, for the steps of `metrics.steps` (see module docstring)."""
+    nodes = _host_nodes(frames, steps)
+    h_ts = nodes["ts"].to_numpy(np.int64)
+    h_dur = nodes["dur"].to_numpy(np.int64)
+    h_end = h_ts + h_dur
+    anchor, serial, gap, gap_lo = _anchors(h_ts, h_end)
+    runtime_row = nodes["runtime_row"].to_numpy(np.int64)
+    node_of_row = np.full(len(frames.runtime), -1, dtype=np.int64)
+    is_call = runtime_row >= 0
+    node_of_row[runtime_row[is_call]] = np.nonzero(is_call)[0]
+
+    # --- device ops and their launch nodes ---------------------------------------------------
+    dev = frames.device
+    d_ts = dev["ts"].to_numpy(np.int64)
+    d_end = np.maximum(dev["end"].to_numpy(np.int64), d_ts)
+    rt = frames.runtime
+    corr_rt = rt["correlation"].to_numpy(np.int64)
+    ok = corr_rt >= 0
+    first = pd.Series(np.arange(len(rt))[ok], index=corr_rt[ok])
+    first = first[~first.index.duplicated(keep="first")]
+    corr_dev = dev["correlation"].to_numpy(np.int64)
+    rt_row = first.reindex(corr_dev).to_numpy()
+    launched = ~np.isnan(rt_row) & (corr_dev >= 0)
+    launch = np.full(len(dev), -1, dtype=np.int64)
+    launch[launched] = node_of_row[rt_row[launched].astype(np.int64)]
+    # Ops with no launch call in the trace follow the last host node before them.
+    orphan = launch < 0
+    if orphan.any():
+        launch[orphan] = np.maximum(np.searchsorted(h_ts, d_ts[orphan], side="right") - 1, 0) if len(h_ts) else 0
+    stream_codes, _ = pd.factorize(dev["stream"].to_numpy(np.int64))
+    stream_codes = stream_codes.astype(np.int64)
+    if orphan.any() and (~orphan).any():
+        # An orphan (work in flight when the window opened) must replay before the launched
+        # ops its stream ran after it: no later than the launch of the next launched op.
+        by = np.lexsort((d_ts, stream_codes))
+        big = np.iinfo(np.int64).max
+        nxt = np.where(orphan[by], big, launch[by])
+        # reverse running minimum within each stream
+        s_by = stream_codes[by]
+        rev = nxt[::-1].copy()
+        s_rev = s_by[::-1]
+        for s in np.unique(s_rev):
+            sel = s_rev == s
+            rev[sel] = np.minimum.accumulate(rev[sel])
+        bound = rev[::-1]
+        cap = np.full(len(dev), big, dtype=np.int64)
+        cap[by] = bound
+        launch[orphan] = np.minimum(launch[orphan], cap[orphan])
+    n_streams = int(stream_codes.max()) + 1 if len(dev) else 0
+    order = np.lexsort((d_ts, launch)) if len(dev) else np.zeros(0, dtype=np.int64)
+    launch, stream, ts, end = launch[order], stream_codes[order], d_ts[order], d_end[order]
+    dur = end - ts
+    launch_ts = h_ts[launch] if len(h_ts) else np.zeros(len(ts), dtype=np.int64)
+
+    # previous op of the same stream in replay order
+    prev_end = np.full(len(ts), np.iinfo(np.int64).min, dtype=np.int64)
+    if len(ts):
+        by_stream = np.lexsort((np.arange(len(ts)), stream))
+        s_sorted = stream[by_stream]
+        same = np.zeros(len(ts), dtype=bool)
+        same[1:] = s_sorted[1:] == s_sorted[:-1]
+        pe = np.full(len(ts), np.iinfo(np.int64).min, dtype=np.int64)
+        pe[1:] = end[by_stream][:-1]
+        pe[~same] = np.iinfo(np.int64).min
+        prev_end[by_stream] = pe
+    has_prev = prev_end > np.iinfo(np.int64).min
+    since_prev = np.where(has_prev, ts - np.where(has_prev, prev_end, 0), np.iinfo(np.int64).max)
+    raw_delay = ts - launch_ts  # negative only for ops from before the first host node
+    # The stream's launch latency, measured on ops that found their stream idle.
+    idle_found = (since_prev > QUEUED_NS) & ~orphan[order]
+    latency = np.full(max(n_streams, 1), DEFAULT_LATENCY_NS, dtype=np.int64)
+    for s in range(n_streams):
+        sel = idle_found & (stream == s)
+        if sel.any():
+            latency[s] = int(np.median(raw_delay[sel]))
+    lat = latency[stream] if len(ts) else np.zeros(0, dtype=np.int64)
+    # Queued: launched before the stream's previous op ended, so the stream, not the launch,
+    # set its start (plus the measured bubble after its predecessor).
+    queued = has_prev & (launch_ts < np.where(has_prev, prev_end, 0))
+    d_delay = np.where(queued, np.minimum(lat, raw_delay), raw_delay)
+    d_gap = np.where(queued, np.maximum(since_prev, 0), np.minimum(np.where(has_prev, since_prev, 0), 0))
+
+    # --- steps -------------------------------------------------------------------------------
+    hs = steps["host_start"].to_numpy(np.int64)
+    he = steps["host_end"].to_numpy(np.int64)
+    call_end = h_end[launch] if len(h_ts) else launch_ts
+    d_step = np.full(len(ts), -1, dtype=np.int64)
+    if len(hs) and len(ts):
+        idx = np.searchsorted(hs, launch_ts, side="right") - 1
+        okk = (idx >= 0) & ~orphan[order]
+        inside = np.zeros(len(ts), dtype=bool)
+        inside[okk] = call_end[okk] <= he[idx[okk]]
+        d_step = np.where(inside, idx, -1)
+
+    # --- waits -------------------------------------------------------------------------------
+    names = rt["name"]
+    cats = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
+    if cats is not None:
+        hit = np.fromiter((bool(WAIT_CALL.match(str(c))) for c in cats), dtype=bool, count=len(cats))
+        codes = names.cat.codes.to_numpy()
+        is_wait_row = np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
+    else:
+        is_wait_row = names.astype(str).str.match(WAIT_CALL).to_numpy()
+    wait_nodes = node_of_row[np.nonzero(is_wait_row)[0]]
+    wait_nodes = np.sort(wait_nodes[wait_nodes >= 0])
+    pairs_node, pairs_op = [], []
+    for s in range(n_streams):
+        pos = np.nonzero(stream == s)[0]  # replay order, so launch nodes ascend
+        if len(pos) == 0 or len(wait_nodes) == 0:
+            continue
+        last = np.searchsorted(launch[pos], wait_nodes, side="right") - 1
+        okw = last >= 0
+        op = pos[np.clip(last, 0, None)]
+        w_s, w_e = h_ts[wait_nodes], h_end[wait_nodes]
+        waited = okw & (end[op] > w_s) & (end[op] <= w_e + 1_000)
+        pairs_node.append(wait_nodes[waited])
+        pairs_op.append(op[waited])
+    # Back-pressure: any other call that lasted long and returned just as a device op finished
+    # (a launch into a full queue, an allocator call that synchronizes) waited for that op.
+    other = np.nonzero((runtime_row >= 0) & (h_dur > BLOCKED_NS))[0]
+    other = other[~np.isin(other, wait_nodes)] if len(wait_nodes) else other
+    if len(other) and len(end):
+        by_end = np.argsort(end, kind="stable")
+        ends_sorted = end[by_end]
+        w_e = h_ts[other] + h_dur[other]
+        j = np.searchsorted(ends_sorted, w_e + 1_000, side="right") - 1
+        okb = j >= 0
+        op = by_end[np.clip(j, 0, None)]
+        # Only with a deep queue: on a busy device some op ends within microseconds of any call.
+        ends_before = np.searchsorted(ends_sorted, h_ts[other], side="right")
+        launched_before = np.searchsorted(np.sort(launch), other, side="left")
+        deep = (launched_before - ends_before) >= QUEUE_DEPTH
+        released = okb & deep & (end[op] >= np.maximum(h_ts[other], w_e - RELEASE_NS)) & (launch[op] < other)
+        pairs_node.append(other[released])
+        pairs_op.append(op[released])
+    n_h = len(h_ts)
+    wait_ptr = np.zeros(n_h + 1, dtype=np.int64)
+    wait_tail = np.zeros(n_h, dtype=np.int64)
+    if pairs_node:
+        pn = np.concatenate(pairs_node)
+        po = np.concatenate(pairs_op)
+        o = np.lexsort((po, pn))
+        pn, po = pn[o], po[o]
+        np.add.at(wait_ptr, pn + 1, 1)
+        wait_ptr = np.cumsum(wait_ptr)
+        last_end = np.full(n_h, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(last_end, pn, end[po])
+        has_w = last_end > np.iinfo(np.int64).min
+        wait_tail[has_w] = h_end[has_w] - last_end[has_w]
+        wait_ops = po
+    else:
+        wait_ops = np.zeros(0, dtype=np.int64)
+
+    return StepGraph(
+        h_ts=h_ts,
+        h_dur=h_dur,
+        h_kind=nodes["kind"].to_numpy(np.int64),
+        h_step=nodes["step"].to_numpy(np.int64),
+        h_anchor=anchor,
+        h_serial=serial,
+        h_gap=gap,
+        h_gap_lo=gap_lo,
+        runtime_row=runtime_row,
+        wait_ptr=wait_ptr,
+        wait_ops=wait_ops,
+        wait_tail=wait_tail,
+        d_launch=launch,
+        d_stream=stream,
+        d_dur=dur,
+        d_delay=d_delay,
+        d_gap=d_gap,
+        d_latency=lat,
+        d_step=d_step,
+        device_row=order.astype(np.int64),
+        step_ids=steps["step"].to_numpy(np.int64),
+        step_start=steps["start"].to_numpy(np.int64),
+        step_end=steps["end"].to_numpy(np.int64),
+        step_host_start=hs,
+        n_streams=n_streams,
+    )

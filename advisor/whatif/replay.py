@@ -1,0 +1,297 @@
+"""Replay a rank's step graph, as measured or with fixes applied.
+
+The replay walks the host nodes in issue order once. Each node starts its measured gap after
+the node it follows (scaled, or shortened by the host time a fix removes); a launch starts
+its device ops no earlier than the launch latency after it and no earlier than the end of
+their stream's previous op; a wait call ends no earlier than the replayed end of the device
+work it waited for. Steps are then re-spanned exactly as `metrics.steps` spans them.
+With no change the replay reproduces the measured steps (tested on every recorded trace).
+
+A fix is a `Change`: what it does to the graph, named by frame rows so rules can declare it
+from what they detect. Changes compose (`Change.merge`), so all fixes replay together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from advisor.metrics.intervals import merge, overlap_with
+from advisor.metrics.steps import own_device_end
+from advisor.whatif.graph import MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
+
+
+# The fastest host the calibration tries (a share of its window figure), and how close to that
+# host's replayed step a slower host may come while still counting as off the critical path.
+HOST_SCALE_FLOOR = 0.05
+HOST_OFF_PATH = 0.003
+
+
+@dataclass
+class Change:
+    """What a fix changes in a rank's step. Rows are rows of that rank's frames.
+
+    - `host_remove`: (start, end, fraction) ns windows of host time that the fix takes off
+      the host's path (a DataLoader wait, a Python loop); gaps between calls shrink by that
+      fraction of their overlap. A negative fraction adds host time (a larger batch to load).
+    - `host_scale`: every host gap and call is this much shorter (profiler overhead, a faster
+      host path); 1.0 leaves them.
+    - `call_scale`: runtime row -> factor on that call's duration (0 removes the call).
+    - `unwait`: runtime rows whose wait on the device the fix removes (asynchronous copy,
+      sync gone); the call keeps `call_scale` of its own cost.
+    - `device_scale`: device row -> factor on that op's duration (0 removes the op).
+    - `tight_launch`: device rows that a fix issues back to back (CUDA graph, compiled
+      region): their stream gaps close and their launch latency is the stream's.
+    - `per_sample`: the step processes this many times the samples (a larger batch); the
+      saving is reported per current step, so the replayed step is divided by it.
+    """
+
+    host_remove: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    host_scale: float = 1.0
+    call_scale: dict[int, float] = field(default_factory=dict)
+    unwait: set[int] = field(default_factory=set)
+    device_scale: dict[int, float] = field(default_factory=dict)
+    tight_launch: set[int] = field(default_factory=set)
+    per_sample: float = 1.0
+    device_scale_all: float = 1.0  # a factor on every device op (a larger batch's device work)
+    # (start, end, factor) windows of host time measured on their own (the DataLoader's wait
+    # against the unprofiled steps'): scaled by their factor instead of host_scale.
+    host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+
+    @classmethod
+    def merge(cls, changes: list["Change"]) -> "Change":
+        out = cls()
+        for c in changes:
+            out.host_remove += c.host_remove
+            out.host_scale *= c.host_scale
+            for k, v in c.call_scale.items():
+                out.call_scale[k] = _combine(out.call_scale.get(k, 1.0), v)
+            out.unwait |= c.unwait
+            for k, v in c.device_scale.items():
+                out.device_scale[k] = _combine(out.device_scale.get(k, 1.0), v)
+            out.tight_launch |= c.tight_launch
+            out.per_sample *= c.per_sample
+            out.device_scale_all *= c.device_scale_all
+            out.host_own += c.host_own
+        return out
+
+    def with_host_scale(self, scale: float) -> "Change":
+        out = Change.merge([self])
+        out.host_scale = self.host_scale * scale
+        return out
+
+
+def _combine(a: float, b: float) -> float:
+    """Two fixes on the same node: speed-ups do not stack (the better one wins), growth does
+    (a larger batch of a faster kernel is both)."""
+    if a > 1 or b > 1:
+        return a * b
+    return min(a, b)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Replayed step times (ns per current step), small and picklable."""
+
+    step_ns: np.ndarray
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.step_ns)) / 1e6 if len(self.step_ns) else 0.0
+
+    @property
+    def mean_ms(self) -> float:
+        return float(np.mean(self.step_ns)) / 1e6 if len(self.step_ns) else 0.0
+
+
+def _effective(g: StepGraph, change: Change):
+    """The change as per-node arrays: host gaps, call durations, waits, device durations."""
+    scale = change.host_scale
+    gap = g.h_gap.astype(np.float64) * scale
+    own_s = own_e = None
+    own_f = 1.0
+    if change.host_own:
+        own_s, own_e = merge(
+            np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_own]),
+            np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_own]),
+        )
+        own_f = float(change.host_own[0][2])
+        gap += overlap_with(own_s, own_e, g.h_gap_lo, g.h_ts) * (own_f - scale)
+
+    def host_time(ms: np.ndarray, me: np.ndarray) -> np.ndarray:
+        """Replayed host time of each gap inside the windows (own windows at their own factor)."""
+        ov = overlap_with(ms, me, g.h_gap_lo, g.h_ts).astype(np.float64)
+        if own_s is None or len(ms) == 0:
+            return ov * scale
+        from advisor.metrics.intervals import intersect
+
+        i_s, i_e = intersect(ms, me, own_s, own_e)
+        ov_own = overlap_with(i_s, i_e, g.h_gap_lo, g.h_ts).astype(np.float64)
+        return (ov - ov_own) * scale + ov_own * own_f
+
+    if change.host_remove:
+        s = np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_remove])
+        e = np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_remove])
+        # Fractions: windows of the same fraction merge; the largest fraction wins where they overlap.
+        removed = np.zeros(len(gap))
+        added = np.zeros(len(gap))
+        kept = np.ones(len(gap))  # share of added time that a removal in the same gap leaves
+        for frac in sorted({f for _, _, f in change.host_remove}):
+            sel = np.concatenate([np.full(len(a), f == frac) for a, _, f in change.host_remove])
+            ms, me = merge(s[sel], e[sel])
+            ov = host_time(ms, me)
+            if frac >= 0:
+                removed = np.maximum(removed, ov * frac)  # the largest removal wins where fixes overlap
+                kept = np.where(ov > 0, np.minimum(kept, 1.0 - frac), kept)
+            else:
+                added -= ov * frac  # a negative fraction adds host time (more samples per step)
+        removed -= added * kept  # time a fix removes is not added back by a larger batch
+        gap = np.maximum(gap - removed, 0.0)
+    dur = g.h_dur.astype(np.float64) * scale
+    unwait = np.zeros(len(g.h_ts), dtype=bool)
+    rows = g.runtime_row
+    if change.call_scale or change.unwait:
+        node_of = {int(r): i for i, r in enumerate(rows) if r >= 0}
+        for r, f in change.call_scale.items():
+            i = node_of.get(int(r))
+            if i is not None:
+                dur[i] *= f
+        for r in change.unwait:
+            i = node_of.get(int(r))
+            if i is not None:
+                unwait[i] = True
+    tail = g.wait_tail.astype(np.float64)
+    base = np.minimum(g.h_dur, np.maximum(g.wait_tail, 0) + WAIT_CALL_BASE_NS).astype(np.float64) * scale
+    # An unwaited call keeps only its own cost (the scaled base), never the wait.
+    dur = np.where(unwait, np.minimum(dur, base), dur)
+    d_dur = g.d_dur.astype(np.float64) * change.device_scale_all
+    delay = g.d_delay.astype(np.float64)
+    d_gap = g.d_gap.astype(np.float64)
+    if change.device_scale or change.tight_launch:
+        pos_of = np.full(int(g.device_row.max()) + 1 if len(g.device_row) else 0, -1, dtype=np.int64)
+        pos_of[g.device_row] = np.arange(len(g.device_row))
+        if change.device_scale:
+            r = np.fromiter(change.device_scale.keys(), dtype=np.int64, count=len(change.device_scale))
+            f = np.fromiter(change.device_scale.values(), dtype=np.float64, count=len(change.device_scale))
+            okr = (r >= 0) & (r < len(pos_of))
+            d_dur[pos_of[r[okr]]] *= f[okr]
+        if change.tight_launch:
+            r = np.fromiter(change.tight_launch, dtype=np.int64, count=len(change.tight_launch))
+            p = pos_of[r[(r >= 0) & (r < len(pos_of))]]
+            d_gap[p] = np.minimum(d_gap[p], 0)
+            delay[p] = np.minimum(delay[p], g.d_latency[p])
+    return gap, dur, unwait, tail, base, d_dur, delay, d_gap
+
+
+def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
+    """Replayed step times of the graph with `change` applied (measured when None)."""
+    change = change or Change()
+    gap, dur, unwait, tail, base, d_dur, delay, d_gap = _effective(g, change)
+    n_h, n_d = len(g.h_ts), len(g.d_dur)
+    anchor = g.h_anchor.tolist()
+    serial = g.h_serial.tolist()
+    gap_l, dur_l, unwait_l, tail_l, base_l = gap.tolist(), dur.tolist(), unwait.tolist(), tail.tolist(), base.tolist()
+    wptr, wops = g.wait_ptr.tolist(), g.wait_ops.tolist()
+    d_launch, d_stream = g.d_launch.tolist(), g.d_stream.tolist()
+    d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
+    start = [0.0] * n_h
+    end = [0.0] * n_h
+    d_start = [0.0] * n_d
+    d_end = [0.0] * n_d
+    last = [float("-inf")] * max(g.n_streams, 1)
+    k = 0
+    t0 = float(g.h_ts[0]) if n_h else 0.0
+    for i in range(n_h):
+        a = anchor[i]
+        if a < 0:
+            s = t0
+        else:
+            s = (end[a] if serial[i] else start[a]) + gap_l[i]
+        start[i] = s
+        while k < n_d and d_launch[k] == i:
+            st = d_stream[k]
+            b = s + delay_l[k]
+            q = last[st] + d_gap_l[k]
+            if q > b:
+                b = q
+            d_start[k] = b
+            last[st] = d_end[k] = b + d_dur_l[k]
+            k += 1
+        p0, p1 = wptr[i], wptr[i + 1]
+        if p1 > p0 and not unwait_l[i]:
+            w = max(d_end[wops[p]] for p in range(p0, p1)) + tail_l[i]
+            own = s + min(dur_l[i], base_l[i])
+            end[i] = w if w > own else own
+        else:
+            end[i] = s + dur_l[i]
+    while k < n_d:  # ops after the last host node (none in practice)
+        st = d_stream[k]
+        b = max(last[st] + d_gap_l[k], d_start[k - 1] if k else t0)
+        d_start[k] = b
+        last[st] = d_end[k] = b + d_dur_l[k]
+        k += 1
+    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
+
+
+def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> np.ndarray:
+    """Step durations from replayed host marks and device ops, as metrics.steps spans them."""
+    n = len(g.step_ids)
+    if n == 0:
+        return np.zeros(0)
+    hs = np.zeros(n, dtype=np.int64)
+    he = np.zeros(n, dtype=np.int64)
+    kind = g.h_kind
+    sm, em = kind == MARK_START, kind == MARK_END
+    hs[g.h_step[sm]] = np.round(start[sm]).astype(np.int64)
+    he[g.h_step[em]] = np.round(start[em]).astype(np.int64)
+    dev_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    dev_max = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    count = np.zeros(n, dtype=np.int64)
+    own = g.d_step >= 0
+    if own.any():
+        np.minimum.at(dev_min, g.d_step[own], np.round(d_start[own]).astype(np.int64))
+        np.maximum.at(dev_max, g.d_step[own], np.round(d_end[own]).astype(np.int64))
+        np.add.at(count, g.d_step[own], 1)
+    own_end = own_device_end(hs, he, dev_min, dev_max, count)
+    out = np.zeros(n)
+    prev = hs[0] + int(g.step_start[0] - g.step_host_start[0])
+    for i in range(n):
+        s = max(prev, hs[i]) if i else prev
+        e = max(he[i], s) if count[i] == 0 else max(he[i], own_end[i], s)
+        out[i] = e - s
+        prev = e
+    return out
+
+
+def calibrate(g: StepGraph, target_median_ms: float, build=None, fastest: bool = True) -> float:
+    """Host scale for a run whose steps after the window ran faster than the window (bisection).
+
+    The profiler slows the host (Python stacks, per-call bookkeeping), not the device, but a
+    median step alone cannot tell a slow host from a stall the graph does not show: many
+    scales reproduce it. The one chosen is the largest whose replayed step is within 0.3% of
+    the replay with the fastest host (5% of its window figure): the host keeps as much of its
+    time as it can without lengthening the step, and whatever still separates the replay from
+    the unprofiled step is not the host's (`RankReplay` keeps it as a fixed remainder). On the
+    recorded H100 runs this reading predicts the TF32 run's step, where a host slow enough to
+    fill the step predicted almost no gain. `build(scale)` gives the change to replay at a scale
+    (default: the scale alone), so parts of the host measured on their own (the DataLoader's
+    wait) keep their own figure. With `fastest=False`, the scale at which the replay meets the
+    target instead (the host explains all of it). Returns 1.0 when the window was not slower.
+    """
+    build = build or (lambda scale: Change(host_scale=scale))
+    if replay(g, build(1.0)).median_ms <= target_median_ms:
+        return 1.0
+    lo, hi = HOST_SCALE_FLOOR, 1.0
+    floor = replay(g, build(lo)).median_ms
+    if floor >= target_median_ms:
+        target_median_ms = floor * 1.005  # the device bounds the step before the host reaches the target
+    elif fastest:
+        target_median_ms = floor * (1 + HOST_OFF_PATH)
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        if replay(g, build(mid)).median_ms > target_median_ms:
+            hi = mid
+        else:
+            lo = mid
+    return lo

@@ -1,0 +1,161 @@
+"""Savings by replay: each finding's fix replayed alone, and all of them together.
+
+Per rank: the step graph is built once, the host is scaled to the unprofiled step times when
+the facts file has them (`calibrate`: the profiler's own cost must not become advice), and
+that replay is the baseline every saving is measured from. A finding's saving is the
+baseline minus the replay with its change; the headline is the replay with every change at
+once, so savings never add up past what the run could reach. The result is a few numbers per
+rank (`RankWhatIf`), small and picklable for per-rank workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.intervals import merge
+from advisor.metrics.unprofiled import unprofiled_steps
+from advisor.whatif.graph import StepGraph, build_graph
+from advisor.whatif.replay import Change, calibrate, replay
+
+
+@dataclass
+class RankWhatIf:
+    """A rank's replayed figures (ms per step, medians)."""
+
+    rank: int
+    measured_ms: float  # the window's median step
+    baseline_ms: float  # the replayed median step everything is measured from
+    host_scale: float  # 1.0, or the host scale that takes the profiler's cost out
+    loader_scale: float  # the DataLoader's scale to the unprofiled steps' wait for their batch
+    remainder_ms: float  # what neither the scaled host nor the device explains, kept per step
+    unprofiled_ms: float | None  # median of the unprofiled steps after the window, if recorded
+    all_fixes_ms: float | None = None  # replayed with every modelled fix together
+    fixes: list[str] = field(default_factory=list)  # rules whose fixes the headline replays
+    savings: dict[str, float] = field(default_factory=dict)  # rule -> replayed saving alone
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def all_fixes_saving_ms(self) -> float | None:
+        return None if self.all_fixes_ms is None else max(self.baseline_ms - self.all_fixes_ms, 0.0)
+
+    def headline(self) -> str:
+        """One line for the reports: measured step, replayed step, the step with every fix replayed."""
+        out = f"measured {self.measured_ms:.2f} ms (window median)"
+        if self.unprofiled_ms is not None and abs(self.baseline_ms - self.measured_ms) > 0.005 * self.measured_ms:
+            out += f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f} to match the unprofiled steps ({self.unprofiled_ms:.2f} ms)"
+            if self.remainder_ms > 0.005:
+                out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
+        saved = self.all_fixes_saving_ms
+        if saved is not None:
+            n = len(self.fixes)
+            out += (
+                f"; with the {n} replayed fix{'es' if n != 1 else ''} together: {self.all_fixes_ms:.2f} ms "
+                f"(−{saved:.2f} ms, {100 * saved / self.baseline_ms:.0f}%)"
+            )
+        return out
+
+
+# Largest share of the unprofiled step left unexplained (a fixed remainder) before the
+# calibration lets the host explain the step instead.
+MAX_REMAINDER_SHARE = 0.5
+
+
+class RankReplay:
+    """One rank's graph and calibrated baseline, built on first use (shared by the rules)."""
+
+    def __init__(self, metrics, facts: dict[str, Any] | None):
+        self.metrics = metrics
+        self.facts = facts
+        self._graph: StepGraph | None = None
+        self._scale: float | None = None
+        self._baseline: float | None = None
+        self._unprofiled: float | None = None
+        self._base: Change | None = None
+        self.loader_scale: float = 1.0
+        self.remainder_ms: float = 0.0
+
+    @property
+    def available(self) -> bool:
+        m = self.metrics
+        return hasattr(m.frames, "runtime") and len(m.steps) > 0
+
+    @property
+    def graph(self) -> StepGraph:
+        if self._graph is None:
+            self._graph = build_graph(self.metrics.frames, self.metrics.steps)
+        return self._graph
+
+    @property
+    def base(self) -> Change:
+        """The profiler's cost taken out: the DataLoader spans at the unprofiled steps' own
+        wait for their batch, every other host gap and call scaled by one factor (see
+        `calibrate`); what still separates that replay from the unprofiled median step is
+        kept as a fixed remainder per step. The device is never scaled."""
+        if self._base is None:
+            after = unprofiled_steps(self.facts)
+            base = Change()
+            if after is not None:
+                self._unprofiled = float(np.median(after.step_ms))
+                dl_s, dl_e = dataloader_spans(self.metrics.frames)
+                window_wait = float((dl_e - dl_s).sum()) / max(len(self.metrics.steps), 1) / 1e6
+                if after.loader_wait_ms is not None and window_wait > 0:
+                    self.loader_scale = min(float(np.median(after.loader_wait_ms)) / window_wait, 1.0)
+
+                def build(scale: float) -> Change:
+                    c = Change(host_scale=scale)
+                    if len(dl_s):  # DataLoader time at loader_scale of its window figure, whatever the host scale
+                        c.host_own.append((dl_s, dl_e, self.loader_scale))
+                    return c
+
+                base = build(calibrate(self.graph, self._unprofiled, build))
+                # What the scaled host and the device do not explain (the replay of the
+                # fastest host still short of the unprofiled step) stays as it is per step,
+                # unless that is a large part of the step: then the host is the likelier
+                # cause (autocast's casts, a compiled graph's guards), scaled to explain it all.
+                rest = self._unprofiled - replay(self.graph, base).median_ms
+                if rest > MAX_REMAINDER_SHARE * self._unprofiled:
+                    base = build(calibrate(self.graph, self._unprofiled, build, fastest=False))
+                    rest = self._unprofiled - replay(self.graph, base).median_ms
+                self.remainder_ms = max(rest, 0.0)
+            self._base = base
+        return self._base
+
+    @property
+    def host_scale(self) -> float:
+        return self.base.host_scale
+
+    @property
+    def baseline_ms(self) -> float:
+        if self._baseline is None:
+            self._baseline = replay(self.graph, self.base).median_ms + self.remainder_ms
+        return self._baseline
+
+    def replayed_ms(self, change: Change) -> float:
+        return replay(self.graph, Change.merge([self.base, change])).median_ms + self.remainder_ms / change.per_sample
+
+    def saving_ms(self, change: Change) -> float:
+        """Baseline minus the replay with `change` (never below 0)."""
+        return max(self.baseline_ms - self.replayed_ms(change), 0.0)
+
+    def summary(self) -> RankWhatIf:
+        measured = float(np.median(self.metrics.steps["duration"].to_numpy(np.float64))) / 1e6
+        scale = self.host_scale
+        return RankWhatIf(self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self._unprofiled)
+
+
+def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
+    """Merged DataLoader spans of a rank's host (where the loop waits for its batch)."""
+    host = frames.host
+    spans = host[_matches(host["name"], DATALOADER_NAME)]
+    return merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
+
+
+def rank_replay(metrics, facts: dict[str, Any] | None) -> RankReplay:
+    """The rank's replay, built once per rank (Metrics.shared)."""
+    return metrics.shared("whatif.replay", lambda: RankReplay(metrics, facts))

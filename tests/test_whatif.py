@@ -1,0 +1,149 @@
+"""The what-if replay: the step graph of a real trace replays to its measured steps, and a
+fix replayed as a transformation moves the step the way the recorded fixed run moved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from advisor.load.trace import load_trace
+from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.summary import compute_metrics
+from advisor.whatif.graph import build_graph
+from advisor.whatif.replay import Change, replay
+from tests.conftest import SAMPLE_RUNS, shared
+
+
+def _graph(directory):
+    trace = next(p for p in sorted(directory.iterdir()) if ".pt.trace." in p.name or p.name.startswith("worker")) if directory.is_dir() else directory
+    frames = load_trace(trace)
+    m = compute_metrics(frames)
+    return frames, m, build_graph(frames, m.steps)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["traces/v100_resnet50_nw0", "traces/misc/a100_80gb_train.json.gz", "traces/misc/a100_nccl.json.gz", "whatif/h100_vit/tf32", "whatif/h100_vit/compile"],
+)
+def test_unchanged_replay_reproduces_the_measured_steps(where):
+    _, m, g = _graph(shared(where))
+    measured = m.steps["duration"].to_numpy(np.float64)
+    replayed = replay(g).step_ns
+    assert len(replayed) == len(measured)
+    assert abs(np.median(replayed) - np.median(measured)) <= 0.03 * np.median(measured)
+
+
+def test_sample_gpu_run_replays_to_its_steps():
+    _, m, g = _graph(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline")
+    assert replay(g).median_ms == pytest.approx(float(np.median(m.steps["duration"])) / 1e6, rel=0.03)
+
+
+def test_removing_the_dataloader_wait_replays_close_to_the_run_with_workers():
+    # nw0 and nw4 are the same ResNet-50 training with num_workers=0 and 4.
+    frames, _, g = _graph(shared("traces/v100_resnet50_nw0"))
+    dl = frames.host[_matches(frames.host["name"], DATALOADER_NAME)]
+    without = replay(g, Change(host_remove=[(dl["ts"].to_numpy(), dl["end"].to_numpy(), 1.0)])).median_ms
+    _, m4, _ = _graph(shared("traces/v100_resnet50_nw4"))
+    with_workers = float(np.median(m4.steps["duration"])) / 1e6
+    assert replay(g).median_ms - without > 40  # the wait was a third of a 177 ms step
+    assert without == pytest.approx(with_workers, rel=0.10)
+
+
+def test_the_profiler_cost_comes_out_of_the_host_and_never_the_device():
+    import json
+
+    from advisor.whatif.savings import RankReplay
+
+    run = shared("whatif/h100_vit/bf16")
+    frames, m, g = _graph(run)
+    facts = json.loads((run / "advisor_facts.json").read_text())
+    first = max(facts["profiled_steps"]) + 2
+    after = float(np.median(facts["step_times_ms"][first:]))
+    r = RankReplay(m, facts)
+    # the window ran 1.7x slower than the steps after it; the replayed baseline is theirs
+    assert np.median(m.steps["duration"]) / 1e6 > 1.6 * after
+    assert r.baseline_ms == pytest.approx(after, rel=0.01)
+    assert 0.05 <= r.host_scale < 1.0 and 0 <= r.remainder_ms < 0.5 * after
+    # the DataLoader keeps the unprofiled steps' own wait for their batch
+    dl = frames.host[_matches(frames.host["name"], DATALOADER_NAME)]
+    window_wait = float((dl["end"] - dl["ts"]).sum()) / len(m.steps) / 1e6
+    assert r.loader_scale == pytest.approx(min(np.median(facts["loader_wait_ms"][first:]) / window_wait, 1.0), rel=0.05)
+    # host time alone scaled to nothing: the step is the device's work, never less
+    busy = m.utilization.mul(m.steps["duration"].to_numpy()).median() / 1e6
+    assert replay(g, Change(host_scale=0.05)).median_ms >= busy * 0.97
+
+
+def _facts_after_median(run) -> float:
+    import json
+
+    facts = json.loads((run / "advisor_facts.json").read_text())
+    return float(np.median(facts["step_times_ms"][max(facts["profiled_steps"]) + 2 :]))
+
+
+def test_a_profiler_slowed_bf16_run_promises_nothing_beyond_its_unprofiled_step():
+    # bf16 ViT on an H100: 76.7 ms steps in the window, 44.5 ms without the profiler (1.7x).
+    from advisor.analysis import analyze
+    from advisor.config import Config
+
+    run = shared("whatif/h100_vit/bf16")
+    a = analyze(run, config=Config())
+    head = a.headline()
+    after = _facts_after_median(run)
+    assert head.measured_ms / after > 1.6
+    assert head.baseline_ms == pytest.approx(after, rel=0.03)
+    timed = [f for f in a.findings if f.saving_ms is not None]
+    assert timed and all(f.saving_ms <= head.baseline_ms for f in timed)
+    # the rules' own figures, taken from the inflated window, added up past the step
+    assert sum(f.evidence.get("estimate_ms", 0) for f in timed) > head.baseline_ms
+    # all fixes together: less than the step, and at least what the best fix saves alone
+    assert 0 < head.all_fixes_ms < head.baseline_ms - max(f.saving_ms for f in timed) + 0.01
+
+
+def test_reports_show_the_replayed_headline_never_a_sum(cli, tmp_path):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+    code, text, err = cli(["report", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    flat = " ".join(text.split())
+    assert "Replayed step" in flat and "replayed fixes together" in flat
+    code, md, _ = cli(["report", "-f", "markdown", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0 and "with the fixes replayed together" in md and "to gain" not in md
+    out = tmp_path / "r.html"
+    code, _, err = cli(["report", "-f", "html", "-o", str(out), str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    html = out.read_text()
+    assert "With all fixes (replayed)" in html and "Could save" not in html
+
+
+def test_whatif_replays_chosen_fixes_together_and_alone(cli):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+    code, out, err = cli(["whatif", str(run), "--apply", "dataloader-stall,h2d-pageable-copy"], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "median of the unprofiled steps" in " ".join(out.split())
+    together = float(out.split("With the fixes")[1].split("ms per step")[0])
+    alone = {r: float(lines[r].split("alone:")[1].split("ms")[0]) for r in ("dataloader-stall", "h2d-pageable-copy")}
+    baseline = float(out.split("Replayed step")[1].split("ms")[0])
+    # together they save at least the larger of the two and no more than both
+    assert baseline - together >= max(alone.values()) - 0.02
+    assert baseline - together <= sum(alone.values()) + 0.02
+
+
+def test_whatif_refuses_unknown_rules_and_rules_without_a_finding(cli):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+    code, _, err = cli(["whatif", str(run), "--apply", "no-such-rule"], env={"ADVISOR_CACHE": "off"})
+    assert code == 2 and "unknown rule 'no-such-rule'" in err and "Traceback" not in err
+    code, _, err = cli(["whatif", str(run), "--apply", "tf32-disabled"], env={"ADVISOR_CACHE": "off"})
+    assert code == 2 and "no finding of 'tf32-disabled'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_rule_that_raises_is_a_warning_naming_it(cli, tmp_path):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "broken.py").write_text('"""A rule that fails."""\nID = "broken-rule"\nTITLE = "Broken"\n\ndef check(ctx):\n    raise ValueError("boom")\n')
+    run = shared("traces/misc/a100_triton.json.gz")
+    code, out, err = cli(["report", "--rules", str(rules), "-f", "json", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    import json
+
+    warnings = json.loads(out)["warnings"]
+    assert any("broken-rule" in w and "ValueError: boom" in w for w in warnings)
