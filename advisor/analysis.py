@@ -237,8 +237,8 @@ def analyze(
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)
     findings = run_rules(rules, metrics, facts, config.rule_options)
     if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:
-        # Stored only if nothing changed while it ran (a trace still being written, say).
-        if _cache_key(run_files, config, select, ignore, rules_dir) == key:
+        # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
+        if key.parsed_as_keyed(frames):
             write_analysis(run_files, key, metrics, findings, warnings)
     return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings)
 

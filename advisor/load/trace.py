@@ -17,6 +17,7 @@ again and again. Times become int64 nanoseconds relative to the trace's first ev
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -95,6 +96,7 @@ class TraceFrames:
     window: tuple[int, int]  # first and last timestamp of any event (ns)
     metadata: dict[str, Any] = field(default_factory=dict)
     syncs: pd.DataFrame | None = None  # cuda_sync events, where the trace has them
+    content_sha256: str | None = None  # of the file's bytes as read (the caches' key)
 
     @property
     def rank(self) -> int | None:
@@ -633,11 +635,14 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
 def load_trace(path: str | Path) -> TraceFrames:
     """Read, decode and frame one trace file. Bad input raises InputError naming the file."""
     path = Path(path)
+    digest = hashlib.sha256()
     try:
         # No local name for the bytes: the decoder may free them before the frames are built.
-        return frames_from_bytes(path, read_trace_bytes(path))
+        frames = frames_from_bytes(path, read_trace_bytes(path, digest=digest))
     except InputError:
         raise
     except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
         raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
+    frames.content_sha256 = digest.hexdigest()
+    return frames
 
