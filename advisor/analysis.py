@@ -159,6 +159,7 @@ def load_ranks(run: RunFiles, warnings: list[str], progress: Callable[[Path], No
             warnings.append(f"skipped {loaded.error.line()}")
         else:
             frames.append(loaded.frames)
+            warnings += [f"{loaded.frames.path.name}: {w}" for w in loaded.frames.load_warnings]
     if not frames:
         raise errors[0]
     return _one_window_per_worker(frames, warnings)

@@ -267,9 +267,11 @@ def _read_entry(entry: Path, key: CacheKey, path: Path) -> TraceFrames | None:
             raise BadEntry("header")
         if not (isinstance(window, list) and len(window) == 2 and all(type(w) is int for w in window) and window[0] <= window[1]):
             raise BadEntry("window")
-        distributed = meta.get("distributed")
+        distributed, load_warnings = meta.get("distributed"), meta.get("load_warnings")
         if not isinstance(distributed, dict):
             raise BadEntry("distributed")
+        if not (isinstance(load_warnings, list) and all(isinstance(w, str) for w in load_warnings)):
+            raise BadEntry("load_warnings")
         return TraceFrames(
             path=path,
             schema=schema,
@@ -285,6 +287,7 @@ def _read_entry(entry: Path, key: CacheKey, path: Path) -> TraceFrames | None:
             metadata=_json_scalars(meta.get("metadata")),
             syncs=tables["syncs"],
             content_sha256=key.sha256,
+            load_warnings=load_warnings,
         )
     except Exception:  # noqa: BLE001 - a damaged, foreign or forged entry is a miss, never a failed report
         return None
@@ -333,6 +336,7 @@ def _write_entry(entry: Path, key: CacheKey, frames: TraceFrames) -> bool:
             "distributed": frames.distributed,
             "metadata": frames.metadata,
             "has_syncs": frames.syncs is not None,
+            "load_warnings": frames.load_warnings,
         }
         (tmp / META_FILE).write_bytes(orjson.dumps(meta, option=orjson.OPT_SERIALIZE_NUMPY))
         if entry.exists():
