@@ -17,6 +17,7 @@ import orjson
 
 from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
+from advisor.capture.facts import validate_facts
 from advisor.config import Config, load_config
 from advisor.engine import Finding, all_rules, run_rules, select_rules
 from advisor.load.cache import cache_enabled
@@ -123,12 +124,11 @@ def _read_facts(directory: Path, warnings: list[str]) -> dict[int, dict[str, Any
         if not m:
             continue
         try:
-            data = orjson.loads(p.read_bytes())
-            if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("advisor/facts/"):
-                raise ValueError("not an advisor facts file")
+            data, problems = validate_facts(orjson.loads(p.read_bytes()))
         except (OSError, ValueError) as exc:
             warnings.append(f"{p}: ignored facts file ({exc})")
             continue
+        warnings += [f"{p}: {problem}: read as unknown" for problem in problems]
         rank = int(m.group(1)) if m.group(1) else data.get("rank", -1)
         facts[rank if isinstance(rank, int) else -1] = data
     return facts

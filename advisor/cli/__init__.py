@@ -195,10 +195,24 @@ def _named_command(args: list[str]) -> str | None:
     return next((a for a in args if not a.startswith("-")), None)
 
 
+def _paths_checked_by_the_stages() -> None:
+    """Path arguments are not checked for read permission by the parser: an unreadable file
+    is reported by the stage that opens it, as one line and exit 2, not a usage error."""
+    import inspect
+
+    from typer.models import ParameterInfo
+
+    for command in app.registered_commands:
+        for param in inspect.signature(command.callback).parameters.values():
+            if isinstance(param.default, ParameterInfo):
+                param.default.readable = False
+
+
 def main() -> None:
     core = {c.name or c.callback.__name__ for c in app.registered_commands}
     if _named_command(sys.argv[1:]) not in core:
         _register_optional_commands()
+    _paths_checked_by_the_stages()
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:

@@ -45,6 +45,7 @@ BATCH_BYTES = 32 * 2**20
 # The lenient retry holds a text copy and Python objects for the whole input: only below this.
 LENIENT_LIMIT_BYTES = 512 * 2**20
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UTF8_BOM = b"\xef\xbb\xbf"
 GZIP_READ_BYTES = 256 * 2**10
 GZIP_PIECE_BYTES = 4 * 2**20
 
@@ -308,6 +309,11 @@ def decode_trace(
 ) -> DecodedTrace:
     """Decode a trace document; events come as batches of about batch_bytes of JSON once the
     document is larger than batch_threshold (one batch below it)."""
+    if data[:3] == UTF8_BOM:  # some editors and Windows tools write one; JSON does not allow it
+        if isinstance(data, bytearray):
+            del data[:3]  # cheap: a bytearray drops leading bytes without moving the rest
+        else:
+            data = bytes(data[3:])
     if len(data) == 0 or data.isspace():
         raise InputError(path, "file is empty")
     if len(data) <= batch_threshold:
@@ -404,9 +410,24 @@ def _lenient_json(path: Path, data: bytes | bytearray | memoryview, first: Excep
     except RecursionError:
         raise InputError(path, "invalid JSON: nested too deeply") from None
     except ValueError as exc:
+        if isinstance(first, msgspec.ValidationError):
+            # The typed decode stopped at a value of an odd type (which the lenient path
+            # accepts); the JSON itself is broken somewhere else: name that place instead.
+            raise InputError(path, _syntax_problem(data) or f"invalid JSON: {exc}") from None
         if isinstance(first, msgspec.DecodeError):
             raise InputError(path, _json_problem(first)) from None
         raise InputError(path, f"invalid JSON: {exc}") from None
+
+
+def _syntax_problem(data: bytes | bytearray | memoryview) -> str | None:
+    """What is wrong with the JSON as JSON (no types): trailing characters at byte N, ..."""
+    try:
+        msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        return _json_problem(exc)
+    except UnicodeDecodeError as exc:
+        return _json_problem(exc)
+    return None
 
 
 def _lenient_doc(path: Path, data: bytes | bytearray | memoryview, first: Exception) -> Any:
