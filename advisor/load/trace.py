@@ -541,17 +541,48 @@ def _step_number(name: str) -> float:
     return float(m.group(1)) if m else math.nan
 
 
-def _steps_frame(host: pd.DataFrame) -> pd.DataFrame:
-    """ProfilerStep#N spans on the host (never the GPU-side annotation of the same name)."""
+def _sequential(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which step spans (sorted by start) to keep so that none overlaps another: a span that
+    starts before the last kept one ends (nested in it, or overlapping it with another step
+    number) is left out; steps are consecutive, and each instant belongs to one step."""
+    keep = np.zeros(len(starts), dtype=bool)
+    if len(starts) == 0:
+        return keep
+    running_end = np.maximum.accumulate(ends)
+    keep[0] = True
+    keep[1:] = starts[1:] >= running_end[:-1]
+    if keep.all():
+        return keep
+    # A left-out span's end must not shadow the spans after it: walk only the conflicts.
+    last_end = ends[0]
+    for i in range(1, len(starts)):
+        keep[i] = starts[i] >= last_end
+        if keep[i]:
+            last_end = ends[i]
+    return keep
+
+
+def _step_numbers(host: pd.DataFrame) -> np.ndarray:
+    """N of each host row that is a ProfilerStep#N span (never a Python function of that
+    name, nor a number too large for int64), else NaN."""
     names = host["name"].array
     per_cat = np.array([_step_number(c) for c in names.categories] + [math.nan], dtype=np.float64)
     step_no = per_cat[names.codes]
     with np.errstate(invalid="ignore"):
         is_step = np.isfinite(step_no) & (step_no < 2**62) & (host["kind"].array.codes != HOST_KINDS.index("python"))
+    return np.where(is_step, step_no, np.nan)
+
+
+def _steps_frame(host: pd.DataFrame) -> pd.DataFrame:
+    """ProfilerStep#N spans on the host (never the GPU-side annotation of the same name)."""
+    names = host["name"].array
+    step_no = _step_numbers(host)
+    is_step = np.isfinite(step_no)
     rows = np.flatnonzero(is_step)  # host rows are sorted by start already
     numbers = step_no[rows].astype(np.int64)
     _, first = np.unique(numbers, return_index=True)  # a step seen twice keeps its first span
     rows = rows[np.sort(first)]
+    rows = rows[_sequential(host["ts"].to_numpy()[rows], host["end"].to_numpy()[rows])]
     return pd.DataFrame(
         {
             "step": step_no[rows].astype(np.int64),
@@ -664,6 +695,10 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
         syncs = _frame([b.sync for b in batches], base_us, "ts")[["name", "tid", "ts", "dur", "end"]] if any(len(b.sync.ts) for b in batches) else None
         if not (len(host) or len(runtime) or len(device) or len(memory)):
             raise InputError(path, "trace has no events with a usable time (every ts/dur is missing, negative or not a number)")
+        steps = _steps_frame(host)
+        overlapping = int(np.isfinite(_step_numbers(host)).sum()) - len(steps)
+        if overlapping > 0:
+            load_warnings.append(f"left out {overlapping} ProfilerStep span(s) repeated, nested in or overlapping another step: each instant counts in one step")
         starts = [f["ts"].min() for f in (host, runtime, device) if len(f)]
         ends = [f["end"].max() for f in (host, runtime, device) if len(f)]
         window = (int(min(starts)), int(max(ends))) if starts else (0, 0)
@@ -676,7 +711,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             runtime=runtime,
             device=device,
             memory=memory,
-            steps=_steps_frame(host),
+            steps=steps,
             device_properties=_device_properties(decoded.device_properties),
             distributed=dist if isinstance(dist, dict) else {},
             window=window,
