@@ -112,7 +112,7 @@ def report(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
     select: List[str] = typer.Option([], "--select", help="Only these rules (repeatable)."),
     ignore: List[str] = typer.Option([], "--ignore", help="Skip these rules (repeatable)."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
 ) -> None:
@@ -130,7 +130,7 @@ def report(
 
 
 @app.command("rules")
-def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also list rule files from this folder.")) -> None:
+def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust).")) -> None:
     """List the rules the advisor checks."""
     from rich.table import Table
     from rich.text import Text
@@ -149,7 +149,7 @@ def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="A
 @app.command()
 def explain(
     rule: str = typer.Argument(..., help="A rule id, e.g. dataloader-stall."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also look in this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
 ) -> None:
     """Print one rule's page: what it detects, why it is slow, the fix, how the saving is estimated."""
     from rich.markdown import Markdown

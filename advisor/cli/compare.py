@@ -24,7 +24,7 @@ def diff(
     after: Path = typer.Argument(..., help="The run after the change: a log dir or trace file."),
     format: DiffFormat = typer.Option(DiffFormat.text, "--format", "-f", help="text, json, markdown or html."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (html: advisor_diff.html)."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
     """Compare two runs: step time, throughput, breakdown, and which findings were resolved or are new."""
