@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import functools
 import gzip
+import inspect
 import io
 import json
 import os
@@ -604,5 +605,71 @@ def _atheris_main() -> None:  # pragma: no cover - run by hand
     atheris.Fuzz()
 
 
+# --- the long run: every harness, for as long as asked ---------------------------------------
+LONG_RUN_HARNESSES = [
+    "test_pipeline_survives_mutated_real_traces",
+    "test_loader_survives_mutated_real_traces",
+    "test_pipeline_survives_mutated_facts_of_a_recorded_run",
+    "test_reports_survive_mutated_cache_entries",
+    "test_gate_survives_mutated_baselines",
+]
+
+
+def _counted(inner: Callable, count: list[int], work: Path) -> Callable:
+    """The harness body with its fixtures made here (a temp folder, a MonkeyPatch), counted."""
+    params = set(inspect.signature(inner).parameters)
+
+    def counted(data):
+        count[0] += 1
+        kwargs: dict[str, Any] = {"data": data}
+        mp = pytest.MonkeyPatch()
+        if "fuzz_dir" in params:
+            kwargs["fuzz_dir"] = Path(tempfile.mkdtemp(dir=work))
+        if "monkeypatch" in params:
+            kwargs["monkeypatch"] = mp
+        try:
+            inner(**kwargs)
+        finally:
+            mp.undo()
+
+    return counted
+
+
+def long_run(minutes: float, batch: int = 25) -> int:  # pragma: no cover - run by hand
+    """Run every harness in turn, `batch` random examples at a time (no shrinking, no
+    database), until `minutes` have passed; print examples and failures per harness.
+    Exit status 1 when any example failed (a crash, or a report that does not add up)."""
+    import time
+    import traceback
+
+    os.environ.setdefault("ADVISOR_CACHE", "off")
+    counts = {name: [0, 0] for name in LONG_RUN_HARNESSES}
+    failures: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-long-"))
+    deadline = time.monotonic() + minutes * 60
+    rounds = 0
+    while time.monotonic() < deadline:
+        rounds += 1
+        for name in LONG_RUN_HARNESSES:
+            counted = _counted(globals()[name].hypothesis.inner_test, counts[name], work)
+            test = settings(max_examples=batch, deadline=None, database=None, phases=[Phase.generate],
+                            suppress_health_check=list(HealthCheck))(given(data=st.data())(counted))
+            try:
+                test()
+            except Exception:  # noqa: BLE001 - recorded and reported, the run goes on
+                counts[name][1] += 1
+                failures.append(f"{name}: {traceback.format_exc(limit=-3)}")
+            if time.monotonic() >= deadline:
+                break
+        print(f"round {rounds}: " + ", ".join(f"{n.removeprefix('test_')} {c[0]} examples/{c[1]} failed" for n, c in counts.items()), flush=True)
+    total, failed = sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())
+    print(f"{minutes:g} min: {total} examples over {len(counts)} harnesses, {failed} failing batch(es)")
+    for f in failures:
+        print(f)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":  # pragma: no cover
+    if len(sys.argv) >= 3 and sys.argv[1] == "--minutes":
+        sys.exit(long_run(float(sys.argv[2])))
     _atheris_main()
