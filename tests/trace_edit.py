@@ -23,8 +23,7 @@ from typing import Any, Callable, Iterable
 import orjson
 import pytest
 
-TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-TRACES = TRACES.resolve()
+from conftest import SHARED_TRACES as TRACES  # the vendored copy, else ../shared/traces
 
 Event = dict[str, Any]
 Predicate = Callable[[Event], bool]
@@ -49,7 +48,7 @@ KNOWN = {
 def traces_dir() -> Path:
     """The shared traces folder; skips the calling test (with the reason) when it is absent."""
     if not TRACES.is_dir():
-        pytest.skip(f"real traces not found at {TRACES} (../shared/traces relative to the repository root)")
+        pytest.skip(f"real traces not found at {TRACES} (tests/data/shared/traces, or ../shared/traces beside the repository)")
     return TRACES
 
 
