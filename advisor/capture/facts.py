@@ -268,7 +268,7 @@ def write_facts(path: Path, document: dict[str, Any]) -> None:
 # warning naming the file and the field, so no rule ever sees it.
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
-Bytes = Annotated[int, msgspec.Meta(ge=0, lt=2**53)]
+Bytes = Annotated[float, msgspec.Meta(ge=0, lt=2**53)]  # a count, written as an int or a float
 Milliseconds = Annotated[float, msgspec.Meta(ge=0, lt=1e12)]
 Capability = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
 
