@@ -204,6 +204,21 @@ def _complete_steps_only(frames: TraceFrames, facts: dict[str, Any] | None, warn
     return replace(frames, steps=frames.steps[keep].reset_index(drop=True))
 
 
+def distorted_timing_warning(frames: TraceFrames) -> str | None:
+    """A trace whose times are not the run's: CUPTI's range profiler replays each kernel to
+    read its counters, and the launch calls wait for the replays."""
+    if not frames.range_profiled:
+        return None
+    rt = frames.runtime
+    launch = rt[rt["name"].astype(str).str.contains("LaunchKernel", regex=False)]
+    mean = f", kernel launch calls average {launch['dur'].mean() / 1e6:,.1f} ms" if len(launch) else ""
+    return (
+        f"{frames.path.name}: recorded with CUPTI's range profiler (kernels appear only as cuda_profiler_range counter "
+        f"ranges{mean}): kernels were replayed to read counters, so these timings are distorted and cannot be trusted; "
+        "profile again without counter collection to measure time"
+    )
+
+
 def analyze(
     path: str | Path,
     run: str | None = None,
@@ -235,6 +250,7 @@ def analyze(
     frames = [_complete_steps_only(f, facts.get(r) or facts.get(-1), warnings) for f, r in zip(frames, ranks)]
     metrics = [compute_metrics(f, rank) for f, rank in zip(frames, ranks)]
     metrics.sort(key=lambda m: m.rank)
+    warnings += [w for f in frames if (w := distorted_timing_warning(f))]
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)
     findings = run_rules(rules, metrics, facts, config.rule_options)
     if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:

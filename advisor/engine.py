@@ -94,6 +94,14 @@ class Context:
     def step_ms(self) -> float:
         return self.metrics.mean_step_ns / 1e6
 
+    @property
+    def uses_dataloader(self) -> bool:
+        """Whether the run loads batches through a DataLoader: its spans in the trace, or its
+        settings in the facts file. Advice about DataLoader settings needs one."""
+        from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+
+        return bool(self.fact("dataloaders")) or bool(_matches(self.frames.host["name"], DATALOADER_NAME).any())
+
     def fact(self, *keys: str, default: Any = None) -> Any:
         """A nested value from the facts file, or default when absent (no facts recorded)."""
         node: Any = self.facts

@@ -40,6 +40,8 @@ loader = DataLoader(train_set, batch_size=32, shuffle=True,
 ```
 If workers are already many and the stall stays, the per-sample work is the bottleneck:
 move augmentation to the GPU (decode/resize once offline, augment batches on the device).
+On a CPU-only run there is no device to move it to, and the workers share the cores with
+the training: the advice is to make the per-sample work cheaper (prepare the data once).
 
 ## How the saving is estimated
 The exposed DataLoader time per step: the mean `dataloader` slice of the breakdown. With
@@ -78,6 +80,28 @@ mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
 std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
 for x, y in loader:
     x = x.to(device, non_blocking=True).float().sub_(mean).div_(std)  # convert on the GPU
+"""
+
+
+def less_host_work_fix(num_workers: int, where: str, has_device: bool) -> str:
+    """More workers cannot help: the work per sample must shrink. Moving it to the device is
+    advice only for a run that has one; a CPU-only run's loader and model share the cores."""
+    if has_device:
+        return (
+            f"num_workers={num_workers} already uses the cores{where}: the per-sample work is the bottleneck; send uint8 images and "
+            "convert/normalise them on the GPU, move augmentation to the GPU, or preprocess offline."
+        )
+    return (
+        f"num_workers={num_workers} already uses the cores{where}, and on a CPU-only run the workers and the training share them: "
+        "make the per-sample work cheaper (decode, resize and convert once offline and load the prepared tensors, lighter "
+        "augmentation)."
+    )
+
+# A CPU-only run: the same work, done once before training instead of per sample and epoch.
+PREPROCESS_ONCE = """prepared = torch.stack([to_tensor(resize(img)) for img, _ in raw_set])  # once, offline
+torch.save((prepared, labels), "train_prepared.pt")
+train_set = TensorDataset(*torch.load("train_prepared.pt"))
+loader = DataLoader(train_set, batch_size=32, shuffle=True, num_workers=1)
 """
 
 
@@ -155,17 +179,14 @@ def check(ctx: Context):
             fix = f"num_workers={nw}{where}: raise it towards {workers}, with persistent_workers=True and prefetch_factor=2-4."
         else:
             cores_used = True
-            fix = (
-                f"num_workers={nw} already uses the cores{where}: the per-sample work is the bottleneck; send uint8 images and "
-                "convert/normalise them on the GPU, move augmentation to the GPU, or preprocess offline."
-            )
+            fix = less_host_work_fix(nw, where, m.has_device)
         message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
         confidence = "high"
         snippet = AFTER.replace("num_workers=8", f"num_workers={max(workers or 4, (nw or 0))}")
         if isinstance(dl.get("batch_size"), int):
             snippet = snippet.replace("batch_size=32", f"batch_size={dl['batch_size']}")
         if cores_used:
-            snippet = LESS_HOST_WORK
+            snippet = LESS_HOST_WORK if m.has_device else PREPROCESS_ONCE
     else:
         fix = (
             f"raise num_workers (about {workers} here)" if workers else "set num_workers to about (CPU cores / ranks) - 1"

@@ -17,11 +17,17 @@ between steps — running while nothing is queued on the device.
 ## Evidence used
 - the device's busy intervals (kernels, copies, memsets, merged over streams) and the idle
   intervals they leave inside each step;
-- the host ops and annotations that were running during the idle time (by overlap), and the
-  longest idle gaps;
+- what the host was doing during that idle time, which picks the fix: waiting for the device
+  (a synchronize, or a blocking copy to the host), inside a DataLoader span, launching
+  host→device copies, launching kernels, or running its own code. The largest wins: a run
+  with no DataLoader spans is never told to change its DataLoader;
+- the op the step's thread was in at each idle instant (the innermost one, counted once,
+  with the outermost annotation around it), and the longest idle gaps;
 - which cause rules fired (the engine subtracts what they claim).
 
 ## Example
+When the host is in the DataLoader during the idle time:
+
 Before:
 ```python
 for x, y in DataLoader(ds, batch_size=32):          # loads in the training process
@@ -37,11 +43,17 @@ for x, y in DataLoader(ds, batch_size=32, num_workers=8, pin_memory=True, persis
     if step % 100 == 0:
         print(loss.item())
 ```
+When it waits for the device instead (a blocking `.cpu()` of a small tensor whose producer
+waits on a collective), the fix is to take the wait off the step's path: copy into pinned
+memory with `non_blocking=True` and read the value later, or overlap the wait with the
+previous batch's work.
 
 ## How the saving is estimated
 The mean idle time per step: step duration minus the time with any device activity. It is
 the most the step can shrink by keeping the device fed; the causes' savings are subtracted
-from it when they fire.
+from it when they fire. Confidence is low when the host mostly waits for the device (both
+then wait on something else, which removing the wait may not speed up) or the trace has no
+step markers, high when one activity explains at least half of the idle time.
 
 Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
 """
@@ -52,9 +64,19 @@ import numpy as np
 import pandas as pd
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import STEP_NAME, _matches
+from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.compute import step_kernels
-from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
+from advisor.metrics.hierarchy import OpTree, op_tree
+from advisor.metrics.intervals import covers, merge, sorted_unique
+from advisor.rules._host_device import (
+    COPY_CALL,
+    LAUNCH_CALL,
+    intersect,
+    op_tree_of,
+    subtract,
+    sync_calls,
+    timeline,
+)
 
 ID = "gpu-idle"
 TITLE = "The GPU is idle for much of each step"
@@ -98,19 +120,123 @@ def idle_intervals(frames, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     return s, e, step_idx
 
 
-def host_during(frames, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int = 5) -> list[dict]:
-    """Host ops and annotations that ran during the given intervals, by overlapping time."""
-    host = frames.host
-    rows = host[(host["kind"] != "python").to_numpy() & ~_matches(host["name"], STEP_NAME)]
-    if len(rows) == 0 or len(s) == 0:
+def host_during(frames, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int = 5, tree: OpTree | None = None) -> list[dict]:
+    """What the step's thread was doing during the given intervals: per innermost open op, the
+    overlapping time, with the outermost annotation around it (`within`). Each instant is
+    counted once, in the op the host was actually in, not again in every op that encloses it."""
+    if len(s) == 0 or len(frames.steps) == 0 and len(frames.host) == 0:
         return []
-    ov = overlap_with(s, e, rows["ts"].to_numpy(np.int64), rows["end"].to_numpy(np.int64))
-    hit = ov > 0
+    tree = tree if tree is not None else op_tree(frames)
+    ops = tree.ops
+    tid = str(frames.steps["tid"].iloc[0]) if len(frames.steps) else _busiest_thread(ops)
+    on_thread = tree.thread == tid
+    if not on_thread.any():
+        return []
+    b = sorted_unique(np.concatenate([s, e, ops["ts"].to_numpy(np.int64)[on_thread], ops["end"].to_numpy(np.int64)[on_thread]]))
+    lo, hi = b[:-1], b[1:]
+    keep = covers(s, e, lo)
+    lo, hi = lo[keep], hi[keep]
+    inner = tree.innermost(lo, np.full(len(lo), tid))
+    hit = inner >= 0
     if not hit.any():
         return []
-    g = pd.Series(ov[hit], index=rows["name"].astype(str).to_numpy()[hit]).groupby(level=0).sum()
-    g = g.sort_values(ascending=False).head(limit)
-    return [{"name": str(n)[:110], "idle_ms_per_step": round(float(v) / 1e6 / max(n_steps, 1), 3)} for n, v in g.items()]
+    outer = tree.nearest_ancestor(inner[hit], np.ones(len(ops), dtype=bool), outermost=True)
+    names = ops["name"].astype(str).to_numpy()
+    g = pd.DataFrame({"name": names[inner[hit]], "within": names[outer], "ns": hi[hit] - lo[hit]})
+    g = g.groupby(["name", "within"], sort=False)["ns"].sum().sort_values(ascending=False).head(limit)
+    out = []
+    for (name, within), ns in g.items():
+        row = {"name": str(name)[:110], "idle_ms_per_step": round(float(ns) / 1e6 / max(n_steps, 1), 3)}
+        if within != name:
+            row["within"] = str(within)[:110]
+        out.append(row)
+    return out
+
+
+def _busiest_thread(ops: pd.DataFrame) -> str:
+    return str(ops.groupby("tid")["dur"].sum().idxmax()) if len(ops) else ""
+
+
+# What the host does while the device idles, in the order a fix is chosen (the largest wins).
+ACTIVITIES = ("waits for the device", "loads data", "copies to the device", "launches kernels", "runs host code")
+
+
+def idle_by_activity(ctx: Context, s: np.ndarray, e: np.ndarray) -> dict[str, float]:
+    """Device idle ns inside the steps, by what the host was doing: waiting in a sync or a
+    blocking copy, in a DataLoader span, launching a host→device copy, launching kernels;
+    the rest of the time the host ran its own code (or nothing the profiler recorded)."""
+    frames = ctx.frames
+    m = ctx.metrics
+    rt = frames.runtime
+    rt_name = rt["name"]
+    calls = {
+        "waits for the device": _wait_windows(m),
+        "loads data": _span_windows(frames.host, DATALOADER_NAME),
+        "copies to the device": _call_windows(rt, _matches(rt_name, COPY_CALL) & _h2d_calls(frames)),
+        "launches kernels": _call_windows(rt, _matches(rt_name, LAUNCH_CALL)),
+    }
+    out: dict[str, float] = {}
+    rest_s, rest_e = s, e
+    for what, (ws, we) in calls.items():
+        a_s, a_e = intersect(rest_s, rest_e, ws, we)
+        out[what] = float((a_e - a_s).sum())
+        rest_s, rest_e = subtract(rest_s, rest_e, ws, we)
+    out["runs host code"] = float((rest_e - rest_s).sum())
+    return out
+
+
+def _span_windows(rows: pd.DataFrame, pattern) -> tuple[np.ndarray, np.ndarray]:
+    r = rows[_matches(rows["name"], pattern)]
+    return merge(r["ts"].to_numpy(np.int64), r["end"].to_numpy(np.int64))
+
+
+def _call_windows(rows: pd.DataFrame, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return merge(rows["ts"].to_numpy(np.int64)[mask], rows["end"].to_numpy(np.int64)[mask])
+
+
+def _h2d_calls(frames) -> np.ndarray:
+    """Runtime calls that launched a host→device copy (by correlation id)."""
+    dev = frames.device
+    h2d = dev[(dev["kind"] == "memcpy") & (dev["copy_kind"] == "HtoD")]["correlation"]
+    return frames.runtime["correlation"].isin(h2d[h2d >= 0]).to_numpy()
+
+
+def _wait_windows(m) -> tuple[np.ndarray, np.ndarray]:
+    """Where the host waits for the device: syncs and blocking device→host copies."""
+    calls = sync_calls(timeline(m), op_tree_of(m))
+    return merge(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
+
+
+def _where(rows: list[dict]) -> str:
+    return ", ".join(f"{h['name']}" + (f" in {h['within']}" if h.get("within") else "") + f" ({h['idle_ms_per_step']:.1f} ms)" for h in rows)
+
+
+ADVICE = {
+    "waits for the device": (
+        "The host is blocked waiting for the device (a synchronize, or a copy to the host such as .cpu()/.item()/.tolist()) "
+        "while the device itself has nothing queued: both wait on something else (another stream, a collective, another "
+        "rank). Take the wait off the step's path: copy with non_blocking=True into pinned memory and read the value a step "
+        "later, or overlap it with the previous batch's work (a pipelined input distribution)."
+    ),
+    "loads data": "The host is inside the DataLoader: load batches in worker processes (num_workers, persistent_workers) so they are ready when asked for.",
+    "copies to the device": "The host is launching host→device copies: pin the source tensors and copy with non_blocking=True so the host can queue work behind them.",
+    "launches kernels": "The host is launching many small kernels one by one: fewer, larger kernels (torch.compile, CUDA graphs, fused or multi-tensor ops) keep the device ahead.",
+    "runs host code": "The host runs its own code while nothing is queued on the device: move that work out of the step, overlap it with device work, or make it cheaper.",
+}
+SNIPPETS = {
+    "waits for the device": """pinned = torch.empty(shape, dtype=dtype, pin_memory=True)
+pinned.copy_(t, non_blocking=True)           # no wait here
+done = torch.cuda.Event(); done.record()
+...                                          # queue the next work first
+done.synchronize(); value = pinned.tolist()  # read it when it is needed
+""",
+    "loads data": AFTER,
+    "copies to the device": """x = x.pin_memory().to(device, non_blocking=True)
+""",
+    "launches kernels": """model = torch.compile(model)                  # fuses small kernels
+""",
+    "runs host code": "",
+}
 
 
 def check(ctx: Context):
@@ -130,23 +256,28 @@ def check(ctx: Context):
     if idle_ms <= 0:
         return None
     gaps = np.argsort(s - e)[:3]  # longest first
+    by_activity = idle_by_activity(ctx, s, e)
+    main = max(ACTIVITIES, key=lambda a: by_activity[a])
+    main_share = by_activity[main] / max(float((e - s).sum()), 1.0)
+    during_rows = host_during(ctx.frames, s, e, n, tree=op_tree_of(m))
     evidence = {
         "gpu_utilization": round(util, 4),
         "idle_ms_per_step": round(idle_ms, 3),
         "per_step_utilization": [round(float(v), 4) for v in m.utilization.to_numpy()],
-        "host_during_idle": host_during(ctx.frames, s, e, n),
+        "idle_ms_per_step_while_host": {a: round(by_activity[a] / 1e6 / n, 3) for a in ACTIVITIES},
+        "host_during_idle": during_rows,
         "longest_idle_gaps": [
             {"step": int(steps["step"].iloc[step_idx[i]]), "ms": round(float(e[i] - s[i]) / 1e6, 3)} for i in gaps if step_idx[i] >= 0
         ],
         "steps": steps["step"].tolist(),
     }
     marked = len(ctx.frames.steps) > 0
-    top = evidence["host_during_idle"][:3]
-    during = ": meanwhile the host is in " + ", ".join(f"{h['name']} ({h['idle_ms_per_step']:.1f} ms)" for h in top) if top else ""
-    message = (
-        f"The GPU is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. "
-        "Overlap that host work with device work (DataLoader workers, pinned non_blocking copies, no per-step syncs, fewer and larger kernels)."
-    )
+    top = during_rows[:3]
+    during = f": meanwhile the host {main} {100 * main_share:.0f}% of that time" + (f", in {_where(top)}" if top else "")
+    message = f"The {m.device.kind} is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. {ADVICE[main]}"
     if not marked:
         message += " The trace has no ProfilerStep markers, so the whole window counts as one step (setup included)."
-    return ctx.finding(message, idle_ms, confidence="high" if marked else "low", evidence=evidence)
+    # The idle time is what keeping the device fed could win at most; when the host only
+    # waits for the device, what both wait for is elsewhere and removing the wait may win little.
+    confidence = "low" if not marked or main == "waits for the device" else ("high" if main_share >= 0.5 else "medium")
+    return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=SNIPPETS[main])

@@ -20,7 +20,9 @@ until the host has launched the forward pass.
   how long the host was stuck, and the device idle time during and right after it;
 - the trace's own large pinned copies (for the pinned bandwidth of this machine), else the
   GPU generation from the trace's device properties;
-- from the facts file, when present: the DataLoader's `pin_memory` setting.
+- from the facts file, when present: the DataLoader's `pin_memory` setting; whether the run
+  has a DataLoader at all (its spans in the trace, or its settings in the facts): without
+  one, the fix pins the tensors the loop copies itself, with no DataLoader in the snippet.
 Copies of tensors the step makes on the CPU with a factory (`torch.zeros(...)` then `.to()`)
 are left to `cpu-tensor-then-copy`, whose fix removes the copy altogether.
 
@@ -79,6 +81,13 @@ AFTER = """loader = DataLoader(train_set, batch_size=64, num_workers=8, pin_memo
 for x, y in loader:
     x = x.to(device, non_blocking=True)
     y = y.to(device, non_blocking=True)
+"""
+
+# A run that loads no batches through a DataLoader: pin the tensors it copies itself.
+PIN_WITHOUT_LOADER = "Pin the host tensors that are copied each step (allocate them once with pin_memory=True, or t.pin_memory()) and copy them with .to(device, non_blocking=True)."
+PIN_WITHOUT_LOADER_SNIPPET = """staging = torch.empty(shape, dtype=dtype, pin_memory=True)   # once, outside the loop
+staging.copy_(host_tensor)
+x = staging.to(device, non_blocking=True)
 """
 
 
@@ -153,8 +162,10 @@ def check(ctx: Context):
             confidence = "medium"
         else:
             fix = "Set pin_memory=True in the DataLoader and copy with .to(device, non_blocking=True)."
-    else:
+    elif ctx.uses_dataloader:
         fix = FIX
+    else:
+        fix = PIN_WITHOUT_LOADER
     message = (
         f"{evidence['pageable_copies_per_step']:g} copies/step ({bytes_per_step / 1e6:.1f} MB) go host→device from pageable "
         f"memory at {measured:.1f} GB/s, and the host waits {evidence['host_blocked_ms_per_step']:.2f} ms/step for them; "
@@ -163,4 +174,5 @@ def check(ctx: Context):
     worst = max(evidence["saving_by_step_ms"].items(), key=lambda kv: kv[1], default=None)
     if worst is not None and len(per_step_ns) > 2 and worst[1] > 3 * saving:
         message += f" (Step {worst[0]} alone lost {worst[1]:.1f} ms in these copies; the figure is the median step's.)"
-    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix)
+    snippet = AFTER if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)

@@ -4,8 +4,10 @@
 At least `min_kernel_share` (20%) of the kernel time inside the steps is spent in eager
 PyTorch elementwise, reduction, normalisation, softmax and dropout kernels
 (`at::native::vectorized_elementwise_kernel`, `reduce_kernel`, cuDNN batch-norm kernels, ...)
-outside the optimizer, and no compiled region ran: no Triton kernel in the trace, and
-`compile.used` is not true in the facts file.
+outside the optimizer, and no compiled region ran: no Triton kernel in the trace, no host
+span of a compiled region (`CompiledFunction`, `CompiledFunctionBackward`,
+`Torch-Compiled Region`, Inductor's `## Call CompiledFxGraph ##`), whatever the backend
+named its kernels, and `compile.used` is not true in the facts file.
 
 ## Why it is slow
 Each eager op reads its inputs from GPU memory and writes its output back; a chain like
@@ -19,7 +21,8 @@ fewer kernels.
   `Optimizer.step`/`Optimizer.zero_grad` (compiling the model does not touch them);
 - their share of kernel time and their number per step, the ops that launched them, the
   user's line where the trace has stacks;
-- Triton kernels (`triton_*`) in the trace, and `compile.used` from the facts file;
+- Triton kernels (`triton_*`) and compiled-region spans in the trace, and `compile.used`
+  from the facts file;
 - the share of kernel time on the timeline.
 
 ## Example
@@ -69,7 +72,24 @@ ELEMENTWISE_KERNEL = re.compile(
     r"batch_norm|BatchNorm|welford|Welford)|cunn_\w*SoftMax|cudnn::bn_(fw|bw)|bn_fw_|bn_bw_"
 )
 COMPILED_KERNEL = re.compile(r"^triton_|^triton__|^Torch-Compiled|^CompiledFunction")
+# Host spans of compiled regions: the compiled graph's autograd function (forward and
+# backward), Dynamo's region marker, Inductor's call of its generated graph.
+COMPILED_REGION = re.compile(
+    r"^(CompiledFunction|CompiledFunctionBackward|autograd::engine::evaluate_function: CompiledFunctionBackward|"
+    r"Torch-Compiled Region|torch-compiled region|## Call CompiledFxGraph)",
+    re.IGNORECASE,
+)
 OPTIMIZER_SPAN = re.compile(r"^Optimizer\.(step|zero_grad)#")
+
+
+def compiled_regions_ran(ctx: Context) -> bool:
+    """Whether the trace shows compiled code: Triton kernels, or the host spans of compiled
+    regions (whatever kernels the backend generated, and named)."""
+    m = ctx.metrics
+    if len(m.kernels) and _matches(m.kernels["name"], COMPILED_KERNEL).any():
+        return True
+    host = ctx.frames.host
+    return bool(len(host)) and bool(_matches(host["name"], COMPILED_REGION).any())
 
 
 def check(ctx: Context):
@@ -78,8 +98,8 @@ def check(ctx: Context):
     step_ms = ctx.step_ms
     if ctx.fact("compile", "used") is True or step_ms <= 0:
         return None
-    if len(m.kernels) and _matches(m.kernels["name"], COMPILED_KERNEL).any():
-        return None  # compiled regions ran: Inductor already fuses what it can
+    if compiled_regions_ran(ctx):
+        return None  # compiled regions ran: the compiler already fuses what it can
     k = step_kernels(m)
     total = float(k["dur"].sum())
     if total <= 0:
@@ -110,7 +130,7 @@ def check(ctx: Context):
     compile_fact = ctx.fact("compile", "used")
     message = (
         f"{100 * ew_ns / total:.0f}% of kernel time ({ew_ms:.1f} ms/step, {per_step:.0f} kernels) is eager elementwise, "
-        "reduction and normalisation work and no compiled (Triton) kernel ran. torch.compile(model) fuses these chains: "
+        "reduction and normalisation work, and no compiled region ran (no Triton kernel, no CompiledFunction span). torch.compile(model) fuses these chains: "
         f"~{saving_ms:.1f} ms/step ({speedup:g}× on those kernels)."
     )
     evidence["compile"] = compile_fact if compile_fact is not None else "not recorded (no facts file); judged from the kernel names"

@@ -387,13 +387,13 @@ def test_step_time_variance_fires_on_uneven_windows():
     f = report("v100_resnet50_nw4")["step-time-variance"]  # 182, 126, 127, 123, 163, 124 ms
     assert [s["step"] for s in f.evidence["slow_steps"]] == [5, 9]
     assert "warm-up" in f.fix.text
-    f = report("a100_80gb_train")["step-time-variance"]  # first step 368 ms, the rest ~215
-    assert f.evidence["slowest_over_median_pct"] > 60
 
 
 def test_step_time_variance_silent_on_even_steps():
     assert "step-time-variance" not in report("v100_resnet50_nw0")
     assert "step-time-variance" not in report("v100_ns_resolution")
+    # Every step ~215 ms once the first is not stretched over the device's backlog (it was 368 ms).
+    assert "step-time-variance" not in report("a100_80gb_train")
 
 
 # --- cudnn-benchmark ----------------------------------------------------------------------

@@ -65,6 +65,9 @@ DEVICE_CATS = {
 MTIA_NOT_WORK = ("event_wait", "event_record", "synchronize")
 MTIA_DEVICE_CAT = "mtia_ccp_events"
 SYNC_CATS = {"cuda_sync"}
+# Kernels replayed by CUPTI's range profiler to read hardware counters: the trace then has
+# these instead of kernel events, and every launch call lasts as long as the replays.
+RANGE_PROFILER_CAT = "cuda_profiler_range"
 SCHEMA_2021_CATS = ("Operator", "Kernel", "Runtime")
 MEMORY_EVENT = "[memory]"
 
@@ -114,6 +117,12 @@ class TraceFrames:
     @property
     def has_device(self) -> bool:
         return len(self.device) > 0
+
+    @property
+    def range_profiled(self) -> bool:
+        """Recorded with CUPTI's range profiler: kernels were replayed for counters, so the
+        trace's times (launch calls, steps) are not those of the run."""
+        return bool(self.metadata.get("range_profiler"))
 
 
 # --- columns from sequences of decoded values -----------------------------------------------
@@ -649,6 +658,17 @@ def _impossible_values(props: Any, bad_bytes: int) -> list[str]:
     return out
 
 
+def _marked_metadata(metadata: dict[str, Any], cats: set[str]) -> dict[str, Any]:
+    """The trace's metadata, plus what its event categories alone tell: a range-profiler
+    trace (`range_profiler`), an MTIA device (`device_api`)."""
+    out = dict(metadata)
+    if RANGE_PROFILER_CAT in cats:
+        out["range_profiler"] = True
+    if any(c.startswith("mtia_") for c in cats):
+        out["device_api"] = "mtia"
+    return out
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic GC: building millions of objects would trigger it again and again,
@@ -715,7 +735,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             device_properties=_device_properties(decoded.device_properties),
             distributed=dist if isinstance(dist, dict) else {},
             window=window,
-            metadata=decoded.metadata,
+            metadata=_marked_metadata(decoded.metadata, {str(c).lower() for c in cats}),
             syncs=syncs,
             load_warnings=load_warnings + _impossible_values(decoded.device_properties, bad_bytes),
         )

@@ -5,6 +5,14 @@ the step's kernels after the host has moved on. As in the TensorBoard profiler p
 step's end is stretched to the end of the last device activity launched from inside it, and
 its start is pushed past the previous step's end, so steps never overlap and the device
 time of a step is charged to that step.
+
+When the host runs ahead of the device (the next step's device work starts before this
+step's has ended), the end of a step's last kernel is not that step's own time: the kernel
+waited in a queue of work launched earlier. Such a step ends where the next step's device
+work begins, and the last step of the window ends as far behind its host end as it started
+behind its host start, not when the queue drains (the profiler's closing synchronisation).
+A `ProfilerStep` range that runs past the end of the trace (a marker left open) is clipped
+to the last recorded event, with a note.
 """
 
 from __future__ import annotations
@@ -39,6 +47,61 @@ def step_of(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray, te: np.ndarray
     return np.where(inside, idx, -1)
 
 
+def trace_end(frames: TraceFrames) -> int | None:
+    """The end of the last recorded event other than the step markers themselves."""
+    host = frames.host
+    ends = [int(t["end"].max()) for t in (frames.runtime, frames.device) if len(t)]
+    if len(host):
+        not_step = ~host["name"].astype(str).str.startswith("ProfilerStep#").to_numpy()
+        if not_step.any():
+            ends.append(int(host["end"].to_numpy(np.int64)[not_step].max()))
+    return max(ends) if ends else None
+
+
+def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str]) -> np.ndarray:
+    """Host step ends, each at most the trace's last event: a marker left open (a step that
+    never closed, or closed long after the profiler stopped) would count time nothing recorded."""
+    h_end = host_steps["end"].to_numpy(np.int64)
+    last = trace_end(frames)
+    if last is None:
+        return h_end
+    h_start = host_steps["start"].to_numpy(np.int64)
+    over = h_end > np.maximum(last, h_start)
+    if not over.any():
+        return h_end
+    clipped = np.where(over, np.maximum(last, h_start), h_end)
+    for i in np.nonzero(over)[0][:3]:
+        notes.append(
+            f"{host_steps['name'].iloc[i]} lasts {(h_end[i] - h_start[i]) / 1e6:,.1f} ms but the trace records events for only "
+            f"{(last - h_start[i]) / 1e6:,.1f} ms of it: clipped to the last recorded event (the rest of the marker is time nothing recorded)"
+        )
+    return clipped
+
+
+def own_device_end(h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, dev_max: np.ndarray, dev_count: np.ndarray) -> np.ndarray:
+    """Per step, where its own device work ends: the end of its last device activity, unless
+    the device runs behind the host, where that end is a queue of earlier work draining.
+
+    The device runs behind when some step's device work starts before the previous step's
+    has ended. Then a step ends where the next step's device work starts, and the last step
+    ends as far behind its host end as its device work started behind its host start.
+    """
+    has = dev_count > 0
+    out = np.where(has, dev_max, h_end)
+    idx = np.nonzero(has)[0]
+    if len(idx) < 2:
+        return out
+    nxt_min = dev_min[idx[1:]]
+    behind = dev_max[idx[:-1]] > nxt_min
+    if not behind.any():
+        return out
+    out[idx[:-1]] = np.minimum(dev_max[idx[:-1]], nxt_min)
+    last = idx[-1]
+    lag = max(int(dev_min[last]) - int(h_start[last]), 0)
+    out[last] = min(int(dev_max[last]), max(int(h_end[last]) + lag, int(dev_min[last])))
+    return out
+
+
 def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     """One row per step: step, name, host_start, host_end, start, end, duration (ns), device_ops.
 
@@ -55,7 +118,7 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
         notes.append("no ProfilerStep markers: the whole trace window is treated as one step")
         host_steps = pd.DataFrame({"step": [0], "name": ["(whole trace)"], "start": [start], "end": [end]})
     h_start = host_steps["start"].to_numpy(np.int64)
-    h_end = host_steps["end"].to_numpy(np.int64)
+    h_end = clip_to_trace(frames, host_steps, notes)
     n = len(host_steps)
 
     dev_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
@@ -86,10 +149,11 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     start = h_start.copy()
     end = h_end.copy()
     if use_device:
+        own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count)
         for i in range(n):  # a step's start depends on the previous step's stretched end
             s = max(prev_end, int(h_start[i]))
             e = int(h_end[i])
-            e = max(e, s) if dev_count[i] == 0 else max(e, int(dev_max[i]))
+            e = max(e, s) if dev_count[i] == 0 else max(e, int(own_end[i]))
             if e < s:
                 e = s
             start[i], end[i] = s, e

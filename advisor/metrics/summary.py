@@ -6,6 +6,7 @@ them. A figure the trace cannot give is None, never a made-up 0.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import CATEGORIES, step_breakdown
+from advisor.metrics.breakdown import CATEGORIES, _matches, step_breakdown
 from advisor.metrics.copies import copies, copy_summary
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.kernels import (
@@ -34,6 +35,7 @@ class DeviceInfo:
     name: str | None = None
     total_memory_bytes: float | None = None
     compute_capability: str | None = None
+    vendor: str | None = None  # "nvidia", "amd", "mtia"; None without device activity
 
     @property
     def capability(self) -> float | None:
@@ -41,6 +43,20 @@ class DeviceInfo:
             return float(self.compute_capability) if self.compute_capability else None
         except ValueError:
             return None
+
+    @property
+    def kind(self) -> str:
+        """What to call the device in a sentence: the run's own vocabulary."""
+        return "MTIA accelerator" if self.vendor == "mtia" else "GPU"
+
+    @property
+    def short_kind(self) -> str:
+        return "MTIA" if self.vendor == "mtia" else "GPU"
+
+    @property
+    def has_tensor_cores(self) -> bool:
+        """Tensor Cores (and CUDA compute capabilities) are NVIDIA's: not shown for other devices."""
+        return self.vendor == "nvidia"
 
 
 @dataclass(frozen=True)
@@ -150,7 +166,32 @@ def _stats(ms: np.ndarray) -> dict[str, float | None]:
     }
 
 
+NOT_NVIDIA_NAME = re.compile(r"AMD|Radeon|Instinct|\bMI\d{3}", re.I)
+HIP_CALL = re.compile(r"^hip")
+
+
+def device_vendor(frames: TraceFrames, name: str | None) -> str | None:
+    """Whose device ran the work: MTIA (its event categories), AMD (HIP runtime calls, or the
+    device's name), else NVIDIA; None when the trace has no device activity."""
+    if frames.metadata.get("device_api") == "mtia":
+        return "mtia"
+    if not frames.has_device:
+        return None
+    rt = frames.runtime
+    if (len(rt) and _matches(rt["name"], HIP_CALL).any()) or NOT_NVIDIA_NAME.search(name or ""):
+        return "amd"
+    return "nvidia"
+
+
 def _device_info(frames: TraceFrames) -> DeviceInfo:
+    info = _device_properties(frames)
+    info.vendor = device_vendor(frames, info.name)
+    if info.vendor != "nvidia":
+        info.compute_capability = None  # ROCm fills CUDA's fields with its own numbers (gfx90a reads as "9.0")
+    return info
+
+
+def _device_properties(frames: TraceFrames) -> DeviceInfo:
     props = frames.device_properties
     if len(props) == 0:
         return DeviceInfo()
@@ -188,6 +229,9 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
     n = len(steps)
     h2d = copies(frames, "HtoD")
     d2h = copies(frames, "DtoH")
+    device = _device_info(frames)
+    if not device.has_tensor_cores:
+        tc = eligible = None  # NVIDIA's Tensor Core kernel names say nothing about other devices
     return Metrics(
         rank=rank,
         frames=frames,
@@ -195,7 +239,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
         breakdown=breakdown,
         utilization=util,
         kernels=kernels,
-        device=_device_info(frames),
+        device=device,
         tensor_core_kernel_share=tc,
         tensor_core_eligible_share=eligible,
         h2d=copy_summary(h2d[_inside(h2d, steps)], n),

@@ -50,8 +50,9 @@ def _headline(a: Analysis) -> list[str]:
     if tp:
         facts.append(f"{tp[0]:,.1f} {tp[1]}")
     if m.has_device:
-        facts.append(f"GPU busy {pct(s['gpu_utilization'])}")
-        facts.append(f"Tensor Cores {pct(s['tensor_core_kernel_share'])} of kernel time")
+        facts.append(f"{m.device.short_kind} busy {pct(s['gpu_utilization'])}")
+        if m.device.has_tensor_cores:
+            facts.append(f"Tensor Cores {pct(s['tensor_core_kernel_share'])} of kernel time")
         if s["peak_memory_bytes"] is not None:
             facts.append(f"peak memory {fmt_bytes(s['peak_memory_bytes'])}")
     out += [" · ".join(facts), ""]

@@ -56,7 +56,9 @@ def _overview(a: Analysis, console: Console) -> Group:
     dev = m.device
     if dev.name:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
-        head.add_row("Device", Text(f"{dev.name}{cc}, {fmt_bytes(dev.total_memory_bytes)}"))
+        cc += " (MTIA accelerator)" if dev.vendor == "mtia" else ""
+        mem = f", {fmt_bytes(dev.total_memory_bytes)}" if dev.total_memory_bytes else ""
+        head.add_row("Device", Text(f"{dev.name}{cc}{mem}"))
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
@@ -70,11 +72,12 @@ def _overview(a: Analysis, console: Console) -> Group:
     if bs and st["mean"]:
         head.add_row("Throughput", Text(f"{bs / st['mean'] * 1000:,.0f} samples/s (batch {bs})"))
     if m.has_device:
-        head.add_row("GPU utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
-        head.add_row(
-            "Tensor Cores",
-            Text(f"{pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
-        )
+        head.add_row(f"{dev.short_kind} utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
+        if dev.has_tensor_cores:
+            head.add_row(
+                "Tensor Cores",
+                Text(f"{pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
+            )
         mem = s["peak_memory_bytes"]
         if mem is not None:
             tot = s["device_memory_bytes"]
