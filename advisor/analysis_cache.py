@@ -252,7 +252,8 @@ def write_analysis(run: RunFiles, key: AnalysisKey, ranks: list[Metrics], findin
         }
         meta_bytes = orjson.dumps(meta, default=str)
         # What the reader would refuse is not written: the same types, the same tables.
-        msgspec.convert(from_plain(orjson.loads(meta_bytes)), EntryMeta)
+        for r in msgspec.convert(from_plain(orjson.loads(meta_bytes)), EntryMeta).ranks:
+            _device(r.device)
         for m in ranks:
             check_tables(_tables(m))
     except Exception:  # noqa: BLE001 - an odd value in a finding: this run is not cached
@@ -325,19 +326,13 @@ class FindingEntry(_Entry):
     rank: int | None
 
 
-class DeviceEntry(_Entry):
-    name: str | None = None
-    total_memory_bytes: NonNegative | None = None
-    compute_capability: str | None = None
-
-
 class RankEntry(_Entry):
     rank: int
     file_index: Annotated[int, msgspec.Meta(ge=0)]
     metadata: dict[str, str | int | float | bool]
     distributed: dict[str, Any]
     has_device: bool
-    device: DeviceEntry
+    device: dict[str, Any]  # DeviceInfo's fields, converted to it (with their types) on read
     tensor_core_kernel_share: Share | None
     tensor_core_eligible_share: Share | None
     h2d: dict[str, Any]
@@ -386,6 +381,14 @@ def check_tables(t: dict[str, pd.DataFrame]) -> None:
         raise BadEntry("kernel times")
 
 
+def _device(fields: dict[str, Any]) -> DeviceInfo:
+    """DeviceInfo from an entry: its own field types (strict), and no negative memory."""
+    device = msgspec.convert(fields, DeviceInfo, strict=True)
+    if device.total_memory_bytes is not None and not (math.isfinite(device.total_memory_bytes) and device.total_memory_bytes >= 0):
+        raise BadEntry("device memory")
+    return device
+
+
 def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | None:
     try:
         raw = orjson.loads((entry / META_FILE).read_bytes())
@@ -409,7 +412,7 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                     breakdown=t["breakdown"],
                     utilization=t["utilization"]["utilization"].rename(None),
                     kernels=t["kernels"],
-                    device=DeviceInfo(**msgspec.structs.asdict(r.device)),
+                    device=_device(r.device),
                     tensor_core_kernel_share=r.tensor_core_kernel_share,
                     tensor_core_eligible_share=r.tensor_core_eligible_share,
                     h2d=r.h2d,
