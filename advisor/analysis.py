@@ -18,7 +18,7 @@ import orjson
 from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
 from advisor.capture.facts import validate_facts
-from advisor.config import Config, load_config
+from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, all_rules, run_rules, select_rules
 from advisor.load.cache import cache_enabled
 from advisor.load.discover import RunFiles, find_run
@@ -162,7 +162,7 @@ def load_ranks(run: RunFiles, warnings: list[str], progress: Callable[[Path], No
             warnings += [f"{loaded.frames.path.name}: {w}" for w in loaded.frames.load_warnings]
     if not frames:
         raise errors[0]
-    return _one_window_per_worker(frames, warnings)
+    return _one_window_per_worker(_one_job(frames, run.directory, warnings), warnings)
 
 
 def worker_key(frames: TraceFrames) -> str:
@@ -189,6 +189,69 @@ def _one_window_per_worker(frames: list[TraceFrames], warnings: list[str]) -> li
         if len(windows) > 1:
             warnings.append(f"{len(windows)} profiling windows from worker {key}: using {best.path.name} ({len(best.steps)} steps)")
     return [f for f in frames if any(f is k for k in kept)]
+
+
+# --- traces of one job ----------------------------------------------------------------------
+# Two traces farther apart than this (and not windows of one worker) are not one job's ranks.
+JOB_TIME_GAP_US = 10 * 60 * 1e6
+JOB_SPLIT_NOTE = "do not belong to one job"
+
+
+def _job_signature(frames: TraceFrames) -> tuple:
+    props = frames.device_properties
+    device = str(props["name"].iloc[0]) if len(props) else None
+    return (frames.has_device, device, frames.distributed.get("world_size"))
+
+
+def _time_span_us(frames: TraceFrames) -> tuple[float, float]:
+    return frames.base_us + frames.window[0] / 1e3, frames.base_us + frames.window[1] / 1e3
+
+
+def _same_job(a: TraceFrames, b: TraceFrames) -> str | None:
+    """None when two traces can be ranks (or windows) of one job, else why not."""
+    sa, sb = _job_signature(a), _job_signature(b)
+    if sa[:2] != sb[:2]:
+        return "different devices"
+    if sa[2] != sb[2]:
+        return "different distributed settings"
+    if worker_key(a) != worker_key(b):
+        (a0, a1), (b0, b1) = _time_span_us(a), _time_span_us(b)
+        if max(a0, b0) - min(a1, b1) > JOB_TIME_GAP_US:
+            return "recorded at different times"
+    return None
+
+
+def group_jobs(frames: list[TraceFrames]) -> tuple[list[list[TraceFrames]], set[str]]:
+    """Traces grouped into jobs: a trace joins the first group whose first trace it agrees
+    with (device, distributed settings, time), and the reasons the groups differ."""
+    groups: list[list[TraceFrames]] = []
+    reasons: set[str] = set()
+    for f in frames:
+        for g in groups:
+            why = _same_job(g[0], f)
+            if why is None:
+                g.append(f)
+                break
+            reasons.add(why)
+        else:
+            groups.append([f])
+    return groups, (reasons if len(groups) > 1 else set())
+
+
+def _one_job(frames: list[TraceFrames], directory: Path, warnings: list[str]) -> list[TraceFrames]:
+    """The traces of one job: all of them when they agree; else the largest group (then the
+    one with the newest file), with a warning that names the others."""
+    groups, reasons = group_jobs(frames)
+    if len(groups) == 1:
+        return frames
+    chosen = max(groups, key=lambda g: (len(g), max(f.path.stat().st_mtime for f in g), max(f.path.name for f in g)))
+    others = [f.path.name for g in groups if g is not chosen for f in g]
+    listed = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
+    warnings.append(
+        f"the {len(frames)} traces in {directory} {JOB_SPLIT_NOTE} ({', '.join(sorted(reasons))}): reporting "
+        f"{', '.join(f.path.name for f in chosen)} as one run; the others are separate runs, each with --run FILE: {listed}"
+    )
+    return chosen
 
 
 def _complete_steps_only(frames: TraceFrames, facts: dict[str, Any] | None, warnings: list[str]) -> TraceFrames:
@@ -233,6 +296,8 @@ def analyze(
     back from the analysis cache: its ranks then carry a FramesHeader, not frames, which is
     all the text, JSON and Markdown reports, gate and diff read (the HTML report needs frames)."""
     config = config if config is not None else load_config()
+    if config.rule_options:  # checked before the cache: a mistake in them is reported every time
+        config = check_rule_options(config, all_rules(rules_dir))
     warnings: list[str] = []
     run_files = find_run(path, run)
     select = select or config.select
@@ -242,13 +307,19 @@ def analyze(
         hit = read_analysis(run_files, key)
         if hit is not None:
             facts = _read_facts(run_files.directory, [])  # its warnings are among the stored ones
+            if any(JOB_SPLIT_NOTE in w for w in hit.warnings):
+                chosen = {m.frames.path for m in hit.ranks}
+                run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
             return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings)
     started = time.perf_counter()
     frames = load_ranks(run_files, warnings, progress)
+    if any(JOB_SPLIT_NOTE in w for w in warnings):
+        chosen = {f.path for f in frames}
+        run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
     facts = _read_facts(run_files.directory, warnings)
     ranks = _assign_ranks(frames)
     frames = [_complete_steps_only(f, facts.get(r) or facts.get(-1), warnings) for f, r in zip(frames, ranks)]
-    metrics = [compute_metrics(f, rank) for f, rank in zip(frames, ranks)]
+    metrics = [compute_metrics(f, rank, facts.get(rank) or facts.get(-1)) for f, rank in zip(frames, ranks)]
     metrics.sort(key=lambda m: m.rank)
     warnings += [w for f in frames if (w := distorted_timing_warning(f))]
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)

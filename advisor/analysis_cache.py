@@ -52,10 +52,10 @@ from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 from advisor.metrics.summary import DeviceInfo, FramesHeader, Metrics
 
 META_FILE = "analysis.json"
-CACHE_FORMAT = 2
+CACHE_FORMAT = 2  # 2: keyed on the traces' SHA-256, typed entries, per-precision kernel time
 # Analyses faster than this are not worth an entry beside the run.
 MIN_ANALYSIS_SECONDS = 0.5
-KERNEL_COLUMNS = ["name", "dur", "tensor_core"]  # what top_kernels reads
+KERNEL_COLUMNS = ["name", "dur", "tensor_core", "precision"]  # what top_kernels reads
 TAG = "$t"
 
 
@@ -221,6 +221,7 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "device": to_plain(asdict(m.device)),
         "tensor_core_kernel_share": to_plain(m.tensor_core_kernel_share),
         "tensor_core_eligible_share": to_plain(m.tensor_core_eligible_share),
+        "kernel_time_by_precision_ms": to_plain(m.kernel_time_by_precision_ms),
         "h2d": to_plain(m.h2d),
         "d2h": to_plain(m.d2h),
         "peak_memory": to_plain(m.peak_memory),
@@ -335,6 +336,7 @@ class RankEntry(_Entry):
     device: dict[str, Any]  # DeviceInfo's fields, converted to it (with their types) on read
     tensor_core_kernel_share: Share | None
     tensor_core_eligible_share: Share | None
+    kernel_time_by_precision_ms: dict[str, NonNegative]
     h2d: dict[str, Any]
     d2h: dict[str, Any]
     peak_memory: dict[int, dict[str, NonNegative | None]]
@@ -415,6 +417,7 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                     device=_device(r.device),
                     tensor_core_kernel_share=r.tensor_core_kernel_share,
                     tensor_core_eligible_share=r.tensor_core_eligible_share,
+                    kernel_time_by_precision_ms=r.kernel_time_by_precision_ms,
                     h2d=r.h2d,
                     d2h=r.d2h,
                     peak_memory=r.peak_memory,

@@ -8,21 +8,43 @@ linters find theirs (from the current directory upwards).
     min_share = 0.10                                     # a rule's thresholds
     [tool.advisor.gate]
     max_step_time_ms = 120                               # budgets for `advisor gate`
+
+The table and every rule's options are typed structures that refuse what they do not know: a
+misspelt key, an option a rule does not have, a rule that does not exist or a value of the
+wrong type ends in one line naming the file, the key and what was expected (exit code 2),
+never in a silently ignored setting. A rule's options are derived from its `DEFAULTS`: each
+option's type is its default value's type.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, get_args, get_origin
+
+import msgspec
 
 from advisor.errors import InputError
+
+if TYPE_CHECKING:
+    from advisor.engine import Rule
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+
+class AdvisorTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`[tool.advisor]` (or the top of an advisor.toml)."""
+
+    select: list[str] = []  # only these rules
+    ignore: list[str] = []  # never these
+    rules: dict[str, dict[str, Any]] = {}  # [tool.advisor.rules.<id>]: that rule's options
+    gate: dict[str, Any] = {}  # [tool.advisor.gate]: checked key by key by advisor.gate.budgets
 
 
 @dataclass
@@ -33,7 +55,13 @@ class Config:
     gate: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
+    def table_name(self, sub: str = "") -> str:
+        """How the user wrote a table, for messages: [tool.advisor.rules.x] or [rules.x]."""
+        inner = ".".join(p for p in ("tool.advisor" if self.path is None or self.path.name != "advisor.toml" else "", sub) if p)
+        return f"[{inner}]" if inner else ""
 
+
+# --- reading ------------------------------------------------------------------------------
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
@@ -79,19 +107,137 @@ def load_config(path: str | Path | None = None, start: Path | None = None) -> Co
     if found is None:
         return Config()
     where, table = found
+    shell = Config(path=where)
     if not isinstance(table, dict):
-        raise InputError(where, "[tool.advisor] must be a table")
+        raise InputError(where, f"{shell.table_name()} must be a table")
+    rules = table.get("rules")
+    for rule_id, options in (rules.items() if isinstance(rules, dict) else ()):
+        if not isinstance(options, dict):
+            raise InputError(where, f"{shell.table_name('rules')} {rule_id}: expected a table of the rule's options, got {_WORDS.get(_kind(options), _kind(options))}")
+    try:
+        typed = msgspec.convert(table, AdvisorTable)
+    except msgspec.ValidationError as exc:
+        raise InputError(where, _problem(exc, shell.table_name(), _fields(AdvisorTable), table)) from None
+    if typed.gate:
+        # the gate's budgets are checked key by key (sizes, fractions, severities) where they are defined
+        from advisor.gate.budgets import parse_gate_table
 
-    def str_list(key: str) -> list[str]:
-        v = table.get(key, [])
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise InputError(where, f"{key} must be a list of rule ids")
-        return v
+        parse_gate_table(typed.gate, where, where.parent, shell.table_name("gate") or "[gate]")
+    return Config(select=typed.select, ignore=typed.ignore, rule_options=typed.rules, gate=typed.gate, path=where)
 
-    rules = table.get("rules", {})
-    if not isinstance(rules, dict) or not all(isinstance(v, dict) for v in rules.values()):
-        raise InputError(where, "[tool.advisor.rules.<id>] entries must be tables of thresholds")
-    gate = table.get("gate", {})
-    if not isinstance(gate, dict):
-        raise InputError(where, "[tool.advisor.gate] must be a table")
-    return Config(select=str_list("select"), ignore=str_list("ignore"), rule_options=rules, gate=gate, path=where)
+
+# --- rule options -------------------------------------------------------------------------
+_STRUCTS: dict[tuple[str, tuple], type[msgspec.Struct]] = {}
+
+
+def option_type(default: Any) -> Any:
+    """The type an option takes, from its default value (an int default takes whole numbers)."""
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, (int, float, str)):
+        return type(default)
+    if isinstance(default, (list, tuple)):
+        inner = {option_type(v) for v in default}
+        return list[inner.pop()] if len(inner) == 1 else list[Any]
+    return Any
+
+
+def type_name(tp: Any) -> str:
+    """A type as a user reads it in `advisor explain` and in error messages."""
+    simple = {bool: "bool", int: "int", float: "float", str: "str"}
+    if tp in simple:
+        return simple[tp]
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is list:
+        return f"list of {type_name(args[0])}" if args and args[0] is not Any else "list"
+    if origin is dict:
+        return "table"
+    return "any" if tp is Any else getattr(tp, "__name__", str(tp))
+
+
+def options_struct(rule_id: str, defaults: dict[str, Any]) -> type[msgspec.Struct]:
+    """The typed structure of one rule's options, built from its DEFAULTS (names, types, defaults)."""
+    key = (rule_id, tuple((k, repr(v)) for k, v in defaults.items()))
+    struct = _STRUCTS.get(key)
+    if struct is None:
+        name = "".join(p.capitalize() for p in re.split(r"[^A-Za-z0-9]+", rule_id) if p) + "Options"
+        fields = [(k, option_type(v), v) for k, v in defaults.items()]
+        struct = msgspec.defstruct(name, fields, forbid_unknown_fields=True, kw_only=True)
+        _STRUCTS[key] = struct
+    return struct
+
+
+def rule_options_help(defaults: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(name, type, default) for each of a rule's options, as `advisor explain` lists them."""
+    return [(k, type_name(option_type(v)), v) for k, v in defaults.items()]
+
+
+def check_rule_options(config: Config, rules: Iterable[Rule]) -> Config:
+    """The config with each [rules.<id>] table checked against that rule's options and typed
+    (an int written for a float option becomes a float); InputError on the first mistake."""
+    if not config.rule_options:
+        return config
+    by_id = {r.id: r for r in rules}
+    typed: dict[str, dict[str, Any]] = {}
+    for rule_id, options in config.rule_options.items():
+        rule = by_id.get(rule_id)
+        if rule is None:
+            hint = _did_you_mean(rule_id, by_id)
+            raise InputError(
+                config.path,
+                f"{config.table_name('rules.' + rule_id)}: unknown rule {rule_id!r}{hint}; run `advisor rules` to list them",
+            )
+        table = config.table_name(f"rules.{rule_id}")
+        if not rule.defaults and options:
+            raise InputError(config.path, f"{table}: rule {rule_id} has no options")
+        struct = options_struct(rule.id, rule.defaults)
+        try:
+            value = msgspec.convert(options, struct)
+        except msgspec.ValidationError as exc:
+            raise InputError(config.path, _problem(exc, table, rule_options_help(rule.defaults), options)) from None
+        typed[rule_id] = {k: getattr(value, k) for k in options}
+    return replace(config, rule_options=typed)
+
+
+# --- messages -----------------------------------------------------------------------------
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`(?: - at `\$(?P<at>[^`]*)`)?$")
+_EXPECTED = re.compile(r"^Expected `(?P<want>[^`]*)`, got `(?P<got>[^`]*)`(?: - at `\$(?P<at>[^`]*)`)?$")
+_WORDS = {"float": "a number", "int": "a whole number", "str": "a string", "bool": "true or false", "array": "a list", "object": "a table"}
+
+
+def _fields(struct: type[msgspec.Struct]) -> list[tuple[str, str, Any]]:
+    return [(f.name, type_name(f.type), f.default) for f in msgspec.structs.fields(struct)]
+
+
+def _kind(value: Any) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "str", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _problem(exc: msgspec.ValidationError, table: str, known: list[tuple[str, str, Any]], given: dict[str, Any]) -> str:
+    """One line from msgspec's error: the table, the key, and what was expected."""
+    text = str(exc)
+    listing = ", ".join(f"{name} ({tp})" for name, tp, _ in known) or "none"
+    m = _UNKNOWN.match(text)
+    if m:
+        key = ((m["at"] or "").lstrip(".") + "." + m["key"]).lstrip(".")
+        return f"{_at(table, key)}: unknown key{_did_you_mean(m['key'], [n for n, _, _ in known])}; expected one of: {listing}"
+    m = _EXPECTED.match(text)
+    if m:
+        at = (m["at"] or "").lstrip(".")
+        key = re.sub(r"\[\d+\]$", "", at)
+        want = _WORDS.get(m["want"], m["want"])
+        got_value = given.get(key, None) if isinstance(given, dict) else None
+        shown = f" {got_value!r}" if got_value is not None and not isinstance(got_value, (dict, list)) else ""
+        what = f"expected {want} ({m['want']})" + (" in each item" if at != key else "")
+        return f"{_at(table, key)}: {what}, got {_WORDS.get(m['got'], m['got'])}{shown}"
+    return f"{_at(table, '')}: {text}"
+
+
+def _at(table: str, key: str) -> str:
+    """Where a mistake is: "[tool.advisor.rules.x] min_share", or the bare key at the top of advisor.toml."""
+    return " ".join(p for p in (table, key) if p) or "the top table"

@@ -50,7 +50,8 @@ def describe(path: Path) -> list[str]:
     s = a.summary()
     step = s.get("step_time_ms") or {}
     mean = step.get("mean")
-    head = f"{label}  [{a.primary.device.name or 'no device'}; {s.get('steps', 0)} steps; mean {mean:.1f} ms]" if mean else f"{label}  [{a.primary.device.name or 'no device'}; no steps]"
+    device = a.primary.device.name or ("device not named in the trace" if a.primary.has_device else "CPU only")
+    head = f"{label}  [{device}; {s.get('steps', 0)} steps; mean {mean:.1f} ms]" if mean else f"{label}  [{device}; no steps]"
     lines = [head]
     for i, f in enumerate(a.findings[:3], 1):
         saving = f"{f.saving_ms:.1f} ms" if f.saving_ms is not None else "risk"

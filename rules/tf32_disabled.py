@@ -1,26 +1,29 @@
 """fp32 matmuls and convolutions run without TF32 on an Ampere-or-newer GPU.
 
 ## What it detects
-On compute capability 8.0 or newer, GEMM and convolution kernels that run in plain fp32
-(`sgemm`, `scudnn`, `implicit_convolve_sgemm`, ... — no Tensor Cores) hold at least
-`min_share` (3%) of the step once their TF32 speed-up is applied. Matmuls and convolutions are
-judged apart, because PyTorch has one switch for each:
-`torch.backends.cuda.matmul.allow_tf32` (off by default since PyTorch 1.12) and
-`torch.backends.cudnn.allow_tf32` (on by default).
+On compute capability 8.0 or newer, GEMM, convolution, attention and RNN kernels that run
+in fp32 on the FMA units (precision `fp32-fma`, see "How the precision is decided" below)
+hold at least `min_share` (3%) of the step once their TF32 speed-up is applied. Matmuls
+and cuDNN work are judged apart, because PyTorch has one switch for each:
+`torch.backends.cuda.matmul.allow_tf32` (off by default since PyTorch 1.12; also set by
+`torch.set_float32_matmul_precision("high")`) for GEMMs and attention, and
+`torch.backends.cudnn.allow_tf32` (on by default) for convolutions and cuDNN RNNs.
 
 ## Why it is slow
 TF32 runs fp32 matmuls on the Tensor Cores with a 10-bit mantissa and fp32 range (A100: 156
-TFLOPS against 19.5 for fp32). Most training is insensitive to the lost mantissa bits, and
-the switch is one line; without it every fp32 matmul uses the slow fp32 units.
+TFLOPS against 19.5 for fp32; H100: 494 against 67). Most training is insensitive to the
+lost mantissa bits, and the switch is one line; without it every fp32 matmul uses the slow
+FMA units. On an H100 a ViT's fp32 step went from 60.4 to 32.2 ms with it.
 
 ## Evidence used
-- the fp32 GEMM/convolution kernels inside the steps (plain fp32 by name, or launched by a
-  conv/matmul op and not a Tensor Core kernel), and their launching ops;
+- each kernel inside the steps with its family, precision and launching op (metrics.precision);
 - the compute capability (trace, else facts, else library kernel names);
-- TF32 kernels of the same family in the trace (they show the switch is already on, and the
+- TF32 kernels of the same switch in the trace (they show the switch is already on, and the
   fp32 ones are the library's own choice for those shapes: not reported);
 - from the facts file: `tf32.matmul`, `tf32.cudnn`, `tf32.float32_matmul_precision`; without
-  it the rule says it could not check the switches and lowers its confidence.
+  it the rule says it could not check the switches and lowers its confidence;
+- where the precision came from (op input types, kernel names, switches): a trace without
+  input types and without a facts file is judged on kernel names alone, at low confidence.
 
 ## Example
 Before:
@@ -35,9 +38,11 @@ model = build_model().cuda()
 ```
 
 ## How the saving is estimated
-Per step: the fp32 GEMM/convolution kernel time of the families whose switch is off, times
-(1 − 1/speed-up), times the share of kernel time on the timeline. fp32 → TF32 speed-ups
-(conservative; the datasheet ratios are 2-8×):
+Per step: each fp32-fma kernel's time of the families whose switch is off, times
+(1 − 1/speed-up of its family), times the share of kernel time on the timeline (kernels
+hidden under other streams do not shorten the step). The speed-ups are the ratios measured
+on an H100 (table below: GEMMs 4.63×, convolutions 2.46×, RNNs 1.14×) on Hopper, and this
+conservative table elsewhere (the datasheet ratios are 2-8×):
 
 | architecture | compute capability | fp32 → TF32 |
 | --- | --- | --- |
@@ -47,29 +52,28 @@ Per step: the fp32 GEMM/convolution kernel time of the families whose switch is 
 | Blackwell | 10.0 | 2.0× |
 | Blackwell RTX 50 | 12.0 | 1.2× |
 
-The further TF32 → bf16 step belongs to `tensor-cores-unused`, which counts only that part of
-the same kernels, so the two never count the same time twice.
+Kernel time is not inflated by the profiler, so the saving is not scaled to the unprofiled
+steps. The further TF32 → bf16 step belongs to `tensor-cores-unused`, which counts only
+that part of the same kernels, so the two never count the same time twice. Both go through
+`metrics.precision.precision_speedup`, the per-kernel duration scale factor.
 
 Reference: https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices
 """
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
 from advisor.metrics.compute import (
-    arch_speedup,
     device_capability,
-    is_conv,
     kernel_evidence,
     kernel_exposure,
-    kernel_precision,
     step_kernels,
 )
+from advisor.metrics.precision import FROM_OP, Tf32Switches, precision_speedup, ratio_table, with_precision_page
+
+__doc__ = with_precision_page(__doc__)
 
 ID = "tf32-disabled"
 TITLE = "fp32 matmuls/convolutions run without TF32"
@@ -79,20 +83,9 @@ FIX = 'Allow TF32: torch.set_float32_matmul_precision("high") for matmuls, torch
 AFTER = """torch.set_float32_matmul_precision("high")   # same as torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True       # convolutions (PyTorch's default)
 """
-# Kernels that only move data for a convolution; TF32 does not change them.
-LAYOUT_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|transpose|Transpose")
-
-
-def _switch(ctx: Context, family: str) -> bool | None:
-    """The TF32 switch of a family from the facts file: True, False, or None when not recorded."""
-    if family == "conv":
-        v = ctx.fact("tf32", "cudnn")
-        return None if v is None else bool(v)
-    v = ctx.fact("tf32", "matmul")
-    precision = ctx.fact("tf32", "float32_matmul_precision")
-    if precision in ("high", "medium"):
-        return True
-    return None if v is None else bool(v)
+# Which switch governs each kernel family.
+SWITCH_OF_FAMILY = {"gemm": "matmul", "attention": "matmul", "conv": "cudnn", "rnn": "cudnn"}
+WHAT = {"gemm": "matmuls", "attention": "attention", "conv": "convolutions", "rnn": "RNNs"}
 
 
 def check(ctx: Context):
@@ -101,71 +94,93 @@ def check(ctx: Context):
     cap = device_capability(m, ctx.fact("device", "compute_capability"))
     if not cap.nvidia or cap.value is None or cap.value < opts["min_capability"]:
         return None
-    arch = arch_speedup(cap.value)
-    if arch is None or arch.tf32_over_fp32 is None:
+    table = ratio_table(cap.value)
+    if table.arch is None or table.arch.tf32_over_fp32 is None:
         return None
     k = step_kernels(m)
     step_ms = ctx.step_ms
     if len(k) == 0 or step_ms <= 0:
         return None
-    precision = kernel_precision(k, cap.value)
-    gemm_like = (k["eligible"].to_numpy(bool) | k["fp32_gemm"].to_numpy(bool)) & ~_matches(k["name"], LAYOUT_KERNEL)
-    fp32 = gemm_like & (precision == "fp32")
-    tf32 = gemm_like & (precision == "tf32")
-    conv = is_conv(k)
+    family = k["family"].astype(str).to_numpy()
+    precision = k["precision"].astype(str).to_numpy()
+    switch_of = np.array([SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
+    fp32 = (precision == "fp32-fma") & (switch_of != "")
+    # TF32 kernels that show a switch is on: PyTorch's fp32 memory-efficient attention runs
+    # TF32 whatever the switch says, so attention is no evidence of it.
+    tf32 = (precision == "tf32") & (family != "attention")
     dur = k["dur"].to_numpy(np.float64)
-    n_steps = max(len(m.steps), 1)
+    recorded = Tf32Switches.from_facts(ctx.facts)
+    switches = {"matmul": recorded.matmul, "cudnn": recorded.cudnn}
 
-    families = {}
-    for family, mask in (("matmul", ~conv), ("conv", conv)):
-        fp32_ns = dur[fp32 & mask].sum()
-        if fp32_ns <= 0:
+    off = {}
+    for name, switch in switches.items():
+        mine = switch_of == name
+        if dur[fp32 & mine].sum() <= 0:
             continue
-        switch = _switch(ctx, family)
-        has_tf32 = bool((tf32 & mask).any())
+        has_tf32 = bool((tf32 & mine).any())
         if switch is True or (switch is None and has_tf32):
             continue  # TF32 is allowed; the library chose fp32 kernels for these shapes
-        families[family] = {"fp32_ns": fp32_ns, "switch": switch, "tf32_kernels_seen": has_tf32}
-    if not families:
+        off[name] = has_tf32
+    if not off:
         return None
-
-    chosen = np.zeros(len(k), dtype=bool)
-    for family in families:
-        chosen |= fp32 & (conv if family == "conv" else ~conv)
-    fp32_ns = dur[chosen].sum()
+    chosen = fp32 & np.isin(switch_of, list(off))
+    scale = precision_speedup(k, "tf32", cap.value).to_numpy()
     exposure = kernel_exposure(m, k)
-    speedup = arch.tf32_over_fp32
-    saving_ms = fp32_ns * (1 - 1 / speedup) * exposure / n_steps / 1e6
+    n_steps = max(len(m.steps), 1)
+    fp32_ns = dur[chosen].sum()
+    saving_ms = float((dur * (1 - scale))[chosen].sum()) * exposure / n_steps / 1e6
     if saving_ms / step_ms < opts["min_share"]:
         return None
 
-    recorded = all(f["switch"] is not None for f in families.values())
-    names = {"matmul": "matmuls", "conv": "convolutions"}
-    what = " and ".join(names[f] for f in families)
+    families = {}
+    for f in FAMILIES_IN_ORDER:
+        mask = chosen & (family == f)
+        if not mask.any():
+            continue
+        ratio, source = table.ratio(f, "fp32-fma", "tf32")
+        families[f] = {
+            "fp32_ms_per_step": round(dur[mask].sum() / n_steps / 1e6, 3),
+            "switch": SWITCH_OF_FAMILY[f],
+            "tf32_switch": switches[SWITCH_OF_FAMILY[f]],
+            "tf32_kernels_seen": off[SWITCH_OF_FAMILY[f]],
+            "speedup": ratio,
+            "speedup_source": f"measured on an {table.measured_on}" if source == "measured" else f"conservative, {table.arch.name}",
+        }
+    from_op = float(dur[chosen & (k["precision_source"].astype(str).to_numpy() == FROM_OP)].sum() / fp32_ns)
+    names_only = from_op == 0 and ctx.facts is None
+    switches_known = all(switches[s] is not None for s in off)
+    what = " and ".join(WHAT[f] for f in families)
     fixes = []
-    if "matmul" in families:
+    if "matmul" in off:
         fixes.append('torch.set_float32_matmul_precision("high") (or torch.backends.cuda.matmul.allow_tf32 = True)')
-    if "conv" in families:
+    if "cudnn" in off:
         fixes.append("torch.backends.cudnn.allow_tf32 = True")
     fix = "Set " + " and ".join(fixes) + " before building the model."
-    gpu = f"{m.device.name or arch.name + ' GPU'} (cc {cap.value:.1f})"
+    gpu = f"{m.device.name or table.arch.name + ' GPU'} (cc {cap.value:.1f})"
+    speedups = ", ".join(f"{WHAT[f]} {v['speedup']:g}×" for f, v in families.items())
+    how = f"measured on an {table.measured_on}" if any(v["speedup_source"].startswith("measured") for v in families.values()) else f"conservative, {table.arch.name}"
     message = (
-        f"{fp32_ns / n_steps / 1e6:.1f} ms/step of fp32 {what} run without TF32 on {gpu}. Allowing TF32: "
-        f"~{saving_ms:.1f} ms/step ({speedup:g}× fp32 → TF32, {arch.name})."
+        f"{fp32_ns / n_steps / 1e6:.1f} ms/step of fp32 {what} run on the FMA units, without TF32, on {gpu}. "
+        f"Allowing TF32: ~{saving_ms:.1f} ms/step (fp32 → TF32 {speedups}, {how})."
     )
-    if not recorded:
+    if not switches_known:
         message += " The TF32 switches are not recorded (no facts file); no TF32 kernel of this kind ran, so they look off."
+    if names_only:
+        message += " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
     candidates = k[chosen]
     evidence = {
         "compute_capability": cap.value,
         "compute_capability_source": cap.source,
-        "architecture": arch.name,
-        "families": {
-            f: {"fp32_ms_per_step": round(v["fp32_ns"] / n_steps / 1e6, 3), "tf32_switch": v["switch"], "tf32_kernels_seen": v["tf32_kernels_seen"]}
-            for f, v in families.items()
-        },
-        "speedup_used": speedup,
+        "architecture": table.arch.name,
+        "families": families,
+        "precision_from_op_input_types": round(from_op, 4),
     }
     evidence.update(kernel_evidence(ctx.frames, candidates, m.steps, exposure, by_eligible_op=True))
-    confidence = "high" if recorded and cap.source != "kernel names" else "medium"
+    if names_only:
+        confidence = "low"
+    else:
+        confidence = "high" if switches_known and cap.source != "kernel names" else "medium"
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER)
+
+
+FAMILIES_IN_ORDER = ("gemm", "attention", "conv", "rnn")

@@ -208,3 +208,60 @@ def test_amd_run_has_no_cuda_compute_capability(cli):
 def test_nvidia_runs_keep_compute_capability_and_tensor_cores(cli, nw0):
     code, out, _ = cli(["report", str(nw0)], env={"ADVISOR_CACHE": "off"})
     assert "compute capability 7.0" in out and "Tensor Cores" in out and "GPU utilisation" in out
+
+
+# --- item 6: unrelated traces in one folder are not ranks of one job -------------------------
+def test_traces_of_different_devices_are_separate_runs(tmp_path, cli):
+    """A holdout-style folder: a V100 trace and an A100 trace side by side."""
+    import shutil
+
+    folder = tmp_path / "holdout"
+    folder.mkdir()
+    v100 = shutil.copy(shared_trace("misc/v100_ns_resolution.pt.trace.json.gz"), folder)
+    shutil.copy(shared_trace("misc/a100_80gb_train.json.gz"), folder)
+    a = analyze(folder)
+    assert len(a.ranks) == 1 and len(a.run.files) == 1
+    assert any("do not belong to one job" in w and "different devices" in w for w in a.warnings)
+    assert all(f.rank == a.primary.rank for f in a.findings)
+    # the other trace is reported alone when named
+    other = next(p.name for p in folder.iterdir() if p.name not in {f.name for f in a.run.files})
+    b = analyze(folder, run=other)
+    assert [f.name for f in b.run.files] == [other] and b.primary.device.name != a.primary.device.name
+    code, out, err = cli(["report", str(folder)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0 and "--run FILE" in " ".join((out + err).split())
+    assert Path(v100).name  # copied unchanged
+
+
+def test_misc_folder_is_not_one_job():
+    a = analyze(shared_trace("misc"))
+    assert len(a.ranks) == 1
+    assert any("do not belong to one job" in w for w in a.warnings)
+    assert "rank" not in " ".join(f.message for f in a.findings)
+
+
+def test_ranks_of_one_job_stay_together():
+    a = analyze(shared_trace("a100_two_ranks"))
+    assert [m.rank for m in a.ranks] == [0, 1]
+    assert not any("one job" in w for w in a.warnings)
+
+
+# --- item 7: each multi-rank finding names its rank ----------------------------------------
+def test_multi_rank_findings_name_their_rank(cli):
+    path = shared_trace("a100_two_ranks")
+    a = analyze(path)
+    assert a.primary.rank == 1 and {f.rank for f in a.findings} == {0}  # the findings' figures are rank 0's
+    code, out, _ = cli(["report", str(path)], env={"ADVISOR_CACHE": "off"})
+    flat = " ".join(out.split())
+    assert "other figures above are rank 1's" in flat
+    for i, f in enumerate(a.findings, 1):
+        assert f"{i}. {f.rule}" in flat and f"rank {f.rank} (also on rank 1)" in flat
+    _, md, _ = cli(["report", str(path), "--format", "markdown"], env={"ADVISOR_CACHE": "off"})
+    assert f"{a.findings[0].rule} (rank 0 (also on rank 1))" in md
+    from advisor.render.html import to_html
+
+    assert '<span class="badge">rank 0 (also on rank 1)</span>' in to_html(a)
+
+
+def test_single_rank_findings_carry_no_rank_label(cli, nw0):
+    _, out, _ = cli(["report", str(nw0)], env={"ADVISOR_CACHE": "off"})
+    assert "rank 0" not in out

@@ -104,6 +104,13 @@ def test_cpu_applying_workers_cuts_the_dataloader_share(cpu_walk):
     assert after["num_workers"] >= 1  # the switch reached the DataLoader (from the facts file)
     assert before["dataloader_share"] >= 0.05  # the rule's own threshold
     assert after["dataloader_share"] < before["dataloader_share"] / 2
-    # The measured gain and its ratio to the promise are reported, whatever they are here.
-    assert change["promised_ms"] > 0 and math.isfinite(change["measured_window_ms"]) and change["ratio"] is not None
+    # The promise: the DataLoader wait the step had goes away. Measured as the change in the
+    # step's DataLoader time between the two profiled rounds, it must come within the +-50%
+    # the scenario allows. (The whole step is not held to it here: on a small shared CPU the
+    # worker competes with the model for the same cores. The GPU runs above hold that part.)
+    waited_ms = [r["dataloader_share"] * r["window_mean_ms"] for r in (before, after)]
+    removed_ms = waited_ms[0] - waited_ms[1]
+    assert 0.5 <= removed_ms / change["promised_ms"] <= 1.5, (removed_ms, change["promised_ms"])
+    # and the table reports the measured change and its ratio to the promise, whatever they are
+    assert math.isfinite(change["measured_window_ms"]) and change["ratio"] == pytest.approx(change["measured_window_ms"] / change["promised_ms"])
     assert "--workers 0 -> " in cpu_walk["table"] and "dataloader-stall" in cpu_walk["table"]

@@ -145,10 +145,11 @@ def test_a_stall_the_window_hid_is_found_in_the_steps_after_it(runs):
 
 def test_mangled_cutlass_convolutions_count_as_tensor_core_kernels():
     """cuDNN's runtime-fused cutlass convs appear under their mangled C++ names in CUPTI."""
-    from advisor.metrics.kernels import TENSOR_CORE_KERNEL
+    from advisor.metrics.precision import read_kernel_name
 
     [trace] = (RUNS / "gpu_walk_final").glob("*.pt.trace.json.gz")
     events = orjson.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     mangled = {e["name"] for e in events if e.get("cat") == "kernel" and e["name"].startswith("_ZN17cutlass")}
     convs = {n for n in mangled if "ImplicitGemmConvolution" in n}
-    assert convs and all(TENSOR_CORE_KERNEL.search(n) for n in convs)
+    assert convs and all(read_kernel_name(n).unit == "tensor" for n in convs)
+    assert {read_kernel_name(n).precision for n in convs} <= {"tf32", "bf16"}  # cutlass::tfloat32_t / bfloat16_t operands

@@ -9,6 +9,7 @@ real `advisor profile` process does. Windows and step counts are tiny to keep th
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import statistics
 import os
@@ -22,6 +23,8 @@ import pytest
 from conftest import REPO
 
 SAMPLE = REPO / "sample_runs" / "resnet18_cifar" / "train.py"
+# The scripts these tests profile import torch; the file itself does not (it collects without it).
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install 'torch-advisor[profile]')")
 QUICK = ["--wait", "0", "--warmup", "1", "--active", "1", "--no-stack"]
 
 TRAIN = """
@@ -89,6 +92,7 @@ def advisor_lines(stderr: str) -> list[str]:
 
 # -- the sample, end to end -----------------------------------------------------------------
 
+@needs_torch
 def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
     out = tmp_path / "run"
     r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", str(SAMPLE), "--", "--cpu-variant", "--steps", "50"], tmp_path)
@@ -117,6 +121,7 @@ def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
     assert "step 20" not in r.stdout  # the script's own output: it was stopped at step 4
 
 
+@needs_torch
 def test_full_cli_passes_script_options_after_double_dash(tmp_path: Path):
     pytest.importorskip("advisor.cli")
     script = write(tmp_path / "train.py", TRAIN)
@@ -129,6 +134,7 @@ def test_full_cli_passes_script_options_after_double_dash(tmp_path: Path):
 
 # -- DataLoader workers under every start method, Dataset defined in the script -------------
 
+@needs_torch
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_workers_with_a_dataset_defined_in_the_script(tmp_path: Path, method: str):
     script = write(tmp_path / "train.py", TRAIN)
@@ -143,6 +149,7 @@ def test_workers_with_a_dataset_defined_in_the_script(tmp_path: Path, method: st
     assert len(traces(out)) == 1
 
 
+@needs_torch
 def test_module_mode_with_spawn_workers(tmp_path: Path):
     write(tmp_path / "pkg" / "__init__.py", "")
     write(tmp_path / "pkg" / "train.py", TRAIN)
@@ -155,6 +162,7 @@ def test_module_mode_with_spawn_workers(tmp_path: Path):
 
 # -- the script's own failures come back as they are ----------------------------------------
 
+@needs_torch
 def test_script_traceback_and_exit_code_come_back(tmp_path: Path):
     script = write(tmp_path / "fails.py", """
         import torch
@@ -178,6 +186,7 @@ def test_script_traceback_and_exit_code_come_back(tmp_path: Path):
     assert f["outcome"] == "error" and f["exit_code"] == 1 and len(f["step_times_ms"]) == 3
 
 
+@needs_torch
 def test_sys_exit_code_and_failure_before_the_first_step(tmp_path: Path):
     script = write(tmp_path / "exits.py", "import sys\nprint('bye')\nsys.exit(7)\n")
     r = profile(["--out", str(tmp_path / "a"), str(script)], tmp_path)
@@ -191,6 +200,7 @@ def test_sys_exit_code_and_failure_before_the_first_step(tmp_path: Path):
 
 # -- bad input ------------------------------------------------------------------------------
 
+@needs_torch
 def test_missing_script_is_one_line_and_exit_2(tmp_path: Path):
     r = profile(["--out", str(tmp_path / "run"), "nope.py"], tmp_path)
     assert r.returncode == 2
@@ -200,6 +210,7 @@ def test_missing_script_is_one_line_and_exit_2(tmp_path: Path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no module named" in r.stderr
 
 
+@needs_torch
 def test_never_writes_into_an_existing_run_or_an_unwritable_place(tmp_path: Path):
     script = write(tmp_path / "train.py", TRAIN)
     old = tmp_path / "old_run"
@@ -215,6 +226,7 @@ def test_never_writes_into_an_existing_run_or_an_unwritable_place(tmp_path: Path
     assert blocker.read_text() == "x"
 
 
+@needs_torch
 def test_default_out_dir_is_new_every_time(tmp_path: Path):
     script = write(tmp_path / "nosteps.py", "print('no training here')\n")
     for _ in range(2):
@@ -227,6 +239,7 @@ def test_default_out_dir_is_new_every_time(tmp_path: Path):
 
 # -- steps, window, stopping ----------------------------------------------------------------
 
+@needs_torch
 def test_stops_after_the_window_unless_full(tmp_path: Path):
     script = write(tmp_path / "train.py", TRAIN)
     r = profile(["--out", str(tmp_path / "cut"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", str(script)], tmp_path)
@@ -242,6 +255,7 @@ def test_stops_after_the_window_unless_full(tmp_path: Path):
     assert f["outcome"] == "finished"
 
 
+@needs_torch
 def test_dataloader_batches_are_steps_when_there_is_no_optimizer(tmp_path: Path):
     script = write(tmp_path / "infer.py", """
         import torch
@@ -258,6 +272,7 @@ def test_dataloader_batches_are_steps_when_there_is_no_optimizer(tmp_path: Path)
     assert f["step_source"] == "dataloader" and f["stopped_early"] and len(traces(out)) == 1
 
 
+@needs_torch
 def test_no_steps_found_is_said_and_facts_are_kept(tmp_path: Path):
     script = write(tmp_path / "nosteps.py", "import torch\nprint('sum', torch.ones(3).sum().item())\n")
     out = tmp_path / "run"
@@ -267,6 +282,7 @@ def test_no_steps_found_is_said_and_facts_are_kept(tmp_path: Path):
     assert facts(out)["step_times_ms"] == [] and traces(out) == []
 
 
+@needs_torch
 def test_ctrl_c_during_the_window_keeps_what_was_captured(tmp_path: Path):
     script = write(tmp_path / "train.py", """
         import os, signal, torch
@@ -287,6 +303,7 @@ def test_ctrl_c_during_the_window_keeps_what_was_captured(tmp_path: Path):
     assert len(traces(out)) == 1
 
 
+@needs_torch
 def test_script_with_its_own_profiler_is_not_profiled_twice(tmp_path: Path):
     script = write(tmp_path / "own.py", """
         import torch
@@ -313,6 +330,7 @@ def test_script_with_its_own_profiler_is_not_profiled_twice(tmp_path: Path):
     assert f["own_profiler"]["used"] and f["profiled_steps"] == [] and len(f["step_times_ms"]) == 6
 
 
+@needs_torch
 def test_facts_record_autocast_compile_and_scaler_and_hooks_are_undone(tmp_path: Path):
     script = write(tmp_path / "flags.py", """
         import torch
@@ -361,6 +379,7 @@ def test_facts_record_autocast_compile_and_scaler_and_hooks_are_undone(tmp_path:
 
 # -- several processes ----------------------------------------------------------------------
 
+@needs_torch
 def test_torchrun_two_ranks_gloo(tmp_path: Path):
     script = write(tmp_path / "ddp.py", """
         import torch, torch.distributed as dist
@@ -384,7 +403,17 @@ def test_torchrun_two_ranks_gloo(tmp_path: Path):
         assert f["rank"] == rank and f["world_size"] == 2 and f["parallel"]["ddp"] and f["stopped_early"]
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def _cuda_available() -> bool:
+    """Asked only when the test runs: collecting this file must not need torch."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@needs_torch
+@pytest.mark.skipif("not _cuda_available()", reason="needs torch with a CUDA device")
 def test_cuda_device_is_profiled(tmp_path: Path):
     out = tmp_path / "run"
     r = profile(["--out", str(out), "--device", "cuda", "--wait", "1", "--warmup", "1", "--active", "2", str(SAMPLE), "--", "--steps", "10"], tmp_path)
@@ -395,6 +424,7 @@ def test_cuda_device_is_profiled(tmp_path: Path):
     assert any(e.get("cat") == "kernel" for e in doc["traceEvents"])
 
 
+@needs_torch
 def test_compiled_model_is_recorded_without_stacks_unless_asked(tmp_path: Path):
     """The stack tracer costs more than a compiled step, so a compiled model is recorded without it."""
     script = write(tmp_path / "compiled.py", """
@@ -420,6 +450,7 @@ def test_compiled_model_is_recorded_without_stacks_unless_asked(tmp_path: Path):
         assert steps == ["ProfilerStep#2", "ProfilerStep#3"] and f["profiled_steps"] == [2, 3]
 
 
+@needs_torch
 def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_path: Path):
     """Workers fill their prefetch buffer during a slow first step; the window trains from it,
     and only the unprofiled steps after it show the input pipeline cannot keep up."""

@@ -220,7 +220,8 @@ def test_tf32_disabled_fires_on_fp32_kernels_of_an_ampere_device_and_adds_up_wit
     found = run(run_dir, rules=["tf32-disabled", "tensor-cores-unused"])
     tf32 = found["tf32-disabled"]
     assert tf32.confidence == "medium"  # switches not recorded
-    assert set(tf32.evidence["families"]) == {"conv", "matmul"}
+    assert set(tf32.evidence["families"]) == {"conv", "gemm"}
+    assert {v["switch"] for v in tf32.evidence["families"].values()} == {"cudnn", "matmul"}
     assert "set_float32_matmul_precision" in tf32.fix.text and "cudnn.allow_tf32" in tf32.fix.text
     fp32_ms = sum(v["fp32_ms_per_step"] for v in tf32.evidence["families"].values())
     assert tf32.saving_ms == pytest.approx(fp32_ms * (1 - 1 / 2.0), rel=0.02)

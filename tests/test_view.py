@@ -1,13 +1,19 @@
-"""`advisor view`: TensorBoard's profiler plugin serves the run the user pointed at."""
+"""`advisor view`: the advisor's own HTML report handed to the browser (or its path printed),
+and, as an option, TensorBoard's profiler plugin serving the run the user pointed at."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+from conftest import REPO, SAMPLE_RUNS
 from trace_edit import trace_file, trace_path
 
 from advisor.errors import InputError
@@ -27,9 +33,9 @@ def test_tensorboard_lists_the_run_in_its_profiler_plugin():
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} not installed (pip install 'torch-advisor[view]')")
     run = trace_path("v100_resnet50_nw0")
-    server = start_tensorboard(run, host="127.0.0.1", port=6123)
+    server = start_tensorboard(run, host="127.0.0.1", port=0)  # any free port: tests may run in parallel
     try:
-        assert server.url.endswith("/#pytorch_profiler")
+        assert server.url.endswith("/#pytorch_profiler") and ":0/" not in server.url
         base = server.url.split("/#")[0]
         runs: list[str] = []
         deadline = time.monotonic() + 60
@@ -41,3 +47,46 @@ def test_tensorboard_lists_the_run_in_its_profiler_plugin():
     finally:
         server.stop()
     assert server.process.poll() is not None
+
+
+# --- the advisor's own report in the browser (the default view) ----------------------------
+def _view(args: list[str], tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("BROWSER", "DISPLAY", "WAYLAND_DISPLAY")}
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "advisor", "view", *args], cwd=tmp_path, env={**clean, "TMPDIR": str(tmp_path), **env},
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def test_view_opens_the_html_report_in_the_browser(tmp_path):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"
+    before = sorted(p.name for p in run.iterdir())
+    seen = tmp_path / "browser-was-given.txt"
+    browser = tmp_path / "browser.py"
+    browser.write_text(f"import sys\nopen({str(seen)!r}, 'w').write(sys.argv[1])\n")
+    r = _view([str(run)], tmp_path, {"BROWSER": f"{sys.executable} {browser} %s"})
+    assert r.returncode == 0, r.stderr
+    url = seen.read_text()
+    assert url.startswith("file://")
+    page = Path(urllib.request.url2pathname(url[len("file://"):]))
+    assert page.is_relative_to(tmp_path) and page.suffix == ".html"  # the temporary folder, not beside the traces
+    html = page.read_text(encoding="utf-8")
+    assert html.startswith("<!DOCTYPE html>") and "dataloader-stall" in html and "http://" not in html.split("<body>")[0]
+    assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".advisor-cache")) == [n for n in before if not n.startswith(".advisor-cache")]
+
+
+def test_view_without_a_browser_prints_the_path(tmp_path):
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+    r = _view([str(run), "-o", "mine.html"], tmp_path, {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "mine.html")
+    assert "launch-bound" in (tmp_path / "mine.html").read_text(encoding="utf-8")
+    r = _view([str(run), "--no-browser"], tmp_path, {"BROWSER": "false %s"})
+    path = Path(r.stdout.strip())
+    assert r.returncode == 0 and path.is_file() and path.is_relative_to(tmp_path)
+
+
+def test_view_of_a_missing_run_is_one_line_and_exit_2(tmp_path):
+    r = _view([str(tmp_path / "nothing")], tmp_path, {})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "advisor: error:" in r.stderr

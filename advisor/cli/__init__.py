@@ -27,7 +27,7 @@ app = typer.Typer(
     name="advisor",
     help="Why is my PyTorch training slow, and what should I change first?",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -40,12 +40,45 @@ class Format(str, Enum):
     html = "html"
 
 
+# `-o report.html` without --format writes HTML: the format follows the file's suffix.
+FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "text"}
+
+
+def format_for(given: Optional[str], output: Optional[Path], default: str = "text") -> str:
+    """The format asked for; else the one the output file's suffix names; else `default`."""
+    if given is not None:
+        return given
+    if output is not None:
+        return FORMAT_BY_SUFFIX.get(output.suffix.lower(), default)
+    return default
+
+
+def rule_ids(values: List[str]) -> List[str]:
+    """Rule ids from repeated options and comma-separated lists (`--select a,b --select c`)."""
+    return [part.strip() for v in values for part in v.split(",") if part.strip()]
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from advisor import __version__
+
+        sys.stdout.write(f"advisor {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Why is my PyTorch training slow, and what should I change first?"""
+
+
 # rich is imported where it is used: `report --format json` never needs it, and its import
 # is a noticeable part of a short command's wall time.
 def stdout_console() -> Console:
-    from rich.console import Console
+    from advisor.render.console import output_console
 
-    return Console(highlight=False, soft_wrap=False)
+    return output_console()
 
 
 def stderr_console() -> Console:
@@ -83,7 +116,9 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
         else:
             from rich.console import Console
 
-            console = Console(record=True, width=120, file=open("/dev/null", "w"), color_system=None)
+            from advisor.render.console import UNWRAPPED_WIDTH
+
+            console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
             render_text(analysis, console, verbose=verbose)
             write_output(console.export_text(), output)
 
@@ -106,12 +141,12 @@ def analyze_with_progress(path: Path, **kwargs):
 @app.command()
 def report(
     path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file (.json, .json.gz)."),
-    format: Format = typer.Option(Format.text, "--format", "-f", help="text, json, markdown or html."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    format: Optional[Format] = typer.Option(None, "--format", "-f", help="text, json, markdown or html (default: from the -o suffix, else text)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format)."),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
-    select: List[str] = typer.Option([], "--select", help="Only these rules (repeatable)."),
-    ignore: List[str] = typer.Option([], "--ignore", help="Skip these rules (repeatable)."),
+    select: List[str] = typer.Option([], "--select", help="Only these rules (repeatable, or comma-separated: a,b)."),
+    ignore: List[str] = typer.Option([], "--ignore", help="Skip these rules (repeatable, or comma-separated: a,b)."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
@@ -120,8 +155,11 @@ def report(
     from advisor.config import load_config
 
     cfg = load_config(config)
+    format = Format(format_for(format.value if format else None, output))
     # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
-    analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir, select=select, ignore=ignore, cache=format is not Format.html)
+    analysis = analyze_with_progress(
+        path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=format is not Format.html
+    )
     emit_report(analysis, format, output, verbose)
     if tensorboard:
         from advisor.render.tensorboard import launch_tensorboard
@@ -161,8 +199,19 @@ def explain(
     if r.docs_url and r.docs_url not in page:
         page += f"\n\nReference: {r.docs_url}"
     if r.defaults:
-        page += "\n\n## Options\n\n" + "\n".join(f"- `{k}` = `{v!r}`" for k, v in r.defaults.items())
-    stdout_console().print(Markdown(f"# {r.id}\n\n{page}"))
+        from advisor.config import rule_options_help
+
+        page += (
+            f"\n\n## Options\n\nSet in `[tool.advisor.rules.{r.id}]` of pyproject.toml (or `[rules.{r.id}]` of advisor.toml).\n\n"
+            + "\n".join(f"- `{name}` ({tp}, default `{default!r}`)" for name, tp, default in rule_options_help(r.defaults))
+        )
+    else:
+        page += "\n\n## Options\n\nNone."
+    page = f"# {r.id}\n\n{page}\n"
+    if not sys.stdout.isatty():  # a pipe or file: the page's Markdown as it is, unwrapped
+        sys.stdout.write(page)
+        return
+    stdout_console().print(Markdown(page))
 
 
 # Commands whose modules are optional (profile needs torch) or heavy: registered only when the

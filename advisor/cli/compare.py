@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -9,6 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from advisor.render.console import UNWRAPPED_WIDTH, output_console
 from advisor.render.output import write_output
 
 
@@ -22,8 +25,8 @@ class DiffFormat(str, Enum):
 def diff(
     before: Path = typer.Argument(..., help="The run before the change: a log dir or trace file."),
     after: Path = typer.Argument(..., help="The run after the change: a log dir or trace file."),
-    format: DiffFormat = typer.Option(DiffFormat.text, "--format", "-f", help="text, json, markdown or html."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (html: advisor_diff.html)."),
+    format: Optional[DiffFormat] = typer.Option(None, "--format", "-f", help="text, json, markdown or html (default: from the -o suffix, else text)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format; html: advisor_diff.html)."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
@@ -32,13 +35,16 @@ def diff(
     from advisor.config import load_config
     from advisor.render.diff import compare, render_diff
 
+    from advisor.cli import format_for
+
     cfg = load_config(config)
+    format = DiffFormat(format_for(format.value if format else None, output))
     comparison = compare(analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True))
     if format is DiffFormat.text and output is None:
-        render_diff(comparison, "text", Console(highlight=False, soft_wrap=False))
+        render_diff(comparison, "text", output_console())
         return
     if format is DiffFormat.text:
-        console = Console(record=True, width=120, file=open("/dev/null", "w"), color_system=None)
+        console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
         render_diff(comparison, "text", console)
         write_output(console.export_text(), output)
         return
@@ -49,10 +55,32 @@ def diff(
 
 def view(
     path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file."),
-    port: int = typer.Option(6006, "--port", help="Port to serve on (the next free one if taken)."),
-    host: str = typer.Option("localhost", "--host", help="Interface to listen on."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the HTML report here (default: a file in the temporary folder, one per run)."),
+    browser: bool = typer.Option(True, "--browser/--no-browser", help="Open the report in the browser, or only print its path."),
+    run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
+    tensorboard: bool = typer.Option(
+        False, "--tensorboard", help="Open TensorBoard's profiler view instead (the view extra; unmaintained upstream: trace files named *.pt.trace.json only, needs the network)."
+    ),
+    port: int = typer.Option(6006, "--port", help="--tensorboard: port to serve on (the next free one if taken)."),
+    host: str = typer.Option("localhost", "--host", help="--tensorboard: interface to listen on."),
 ) -> None:
-    """Open the run in TensorBoard's PyTorch profiler view and print its URL."""
-    from advisor.render.tensorboard import launch_tensorboard
+    """Open the run's HTML report in the browser (its path is printed when there is no browser)."""
+    if tensorboard:
+        from advisor.render.tensorboard import launch_tensorboard
 
-    launch_tensorboard(path, host=host, port=port)
+        launch_tensorboard(path, host=host, port=port)
+        return
+    from advisor.cli import analyze_with_progress
+    from advisor.config import load_config
+    from advisor.render.html import to_html
+    from advisor.render.view import open_in_browser, view_file
+
+    analysis = analyze_with_progress(path, run=run, config=load_config(config), rules_dir=rules_dir, cache=False)
+    target = output or view_file(analysis.run)
+    write_output(to_html(analysis), target)
+    if browser and open_in_browser(target):
+        return
+    # no browser to hand the file to: its path, on stdout, for the user (or a script) to open
+    sys.stdout.write(f"{target.resolve()}\n")

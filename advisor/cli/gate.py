@@ -30,6 +30,7 @@ from advisor.gate.outputs import (
 )
 from advisor.gate.record import RunRecord, read_record_file, record_from_analysis
 from advisor.gate.verdict import GateResult
+from advisor.render.console import output_console
 
 DEFAULT_BASELINE = Path("perf/baseline.json")
 
@@ -102,7 +103,7 @@ def evaluate_gate(
     if settings.baseline is None and not settings.budgets.any():
         raise InputError(
             None,
-            "nothing to gate on: give --baseline FILE, or budgets in [tool.advisor.gate], a --budget FILE or flags such as --max-step-time-ms",
+            f"nothing to gate on: no {DEFAULT_BASELINE} (write one with `advisor baseline PATH`); give --baseline FILE, or budgets in [tool.advisor.gate], a --budget FILE or flags such as --max-step-time-ms",
         )
     _check_rule_ids(settings, rules_dir)
     base_record, notes = (None, [])
@@ -116,7 +117,7 @@ def evaluate_gate(
 def gate(
     path: Path = typer.Argument(..., help="The run to judge: a torch.profiler log dir or trace file."),
     baseline: Optional[Path] = typer.Option(
-        None, "--baseline", "-b", help="Baseline JSON from `advisor baseline`, a report JSON, or a log dir / trace to compare with."
+        None, "--baseline", "-b", help="Baseline JSON from `advisor baseline`, a report JSON, or a log dir / trace to compare with (default: perf/baseline.json when it exists)."
     ),
     budget: Optional[Path] = typer.Option(None, "--budget", help="TOML or JSON file of budgets; overrides [tool.advisor.gate]."),
     tolerance: Optional[float] = typer.Option(None, "--tolerance", help="Step-time slowdown allowed against the baseline (0.05 = 5%, the default)."),
@@ -127,7 +128,7 @@ def gate(
     max_share: List[str] = typer.Option([], "--max-share", metavar="CATEGORY=FRACTION", help="Budget: CATEGORY=FRACTION of the step time, e.g. dataloader=0.05 (repeatable)."),
     max_peak_memory: Optional[str] = typer.Option(None, "--max-peak-memory", metavar="SIZE", help="Budget: peak device memory, e.g. '20 GiB' or bytes."),
     max_severity: Optional[str] = typer.Option(None, "--max-severity", metavar="LEVEL", help="Budget: worst finding severity allowed (none, low, medium, high)."),
-    forbid: List[str] = typer.Option([], "--forbid", metavar="RULE", help="Budget: a rule that must not fire (repeatable)."),
+    forbid: List[str] = typer.Option([], "--forbid", metavar="RULE", help="Budget: a rule that must not fire (repeatable, or comma-separated: a,b)."),
     min_samples_per_s: Optional[float] = typer.Option(None, "--min-samples-per-s", help="Budget: throughput; needs the batch size."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size per rank, when no facts file records it."),
     fail_on_new_findings: Optional[bool] = typer.Option(
@@ -140,6 +141,7 @@ def gate(
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
     """Fail when a run is slower than its baseline or breaks a budget (exit 0 pass, 1 fail, 2 bad input)."""
+    from advisor.cli import rule_ids
     from advisor.config import load_config
 
     cfg = load_config(config)
@@ -156,13 +158,18 @@ def gate(
         "max_share": _share_flags(max_share),
         "max_peak_memory": max_peak_memory,
         "max_severity": max_severity,
-        "forbid_rules": list(forbid),
+        "forbid_rules": rule_ids(forbid),
         "min_samples_per_s": min_samples_per_s,
         "batch_size": batch_size,
         "fail_on_new_findings": fail_on_new_findings,
     }
     layers.append(_flag_layer(flags))
     settings = build_settings(layers)
+    if settings.baseline is None and DEFAULT_BASELINE.is_file():
+        # where `advisor baseline` writes by default: a plain `advisor gate PATH` compares with it
+        settings.baseline = DEFAULT_BASELINE
+        settings.sources.append(f"{DEFAULT_BASELINE} (default baseline)")
+        _stderr().print(Text(f"advisor gate: comparing with {DEFAULT_BASELINE}, the baseline `advisor baseline` wrote"))
     result = evaluate_gate(path, settings, cfg, rules_dir=rules_dir, run=run)
 
     # Files first: CI reads them whatever the verdict.
@@ -170,7 +177,7 @@ def gate(
         write_file(json_out, to_json(result))
     if junit is not None:
         write_file(junit, to_junit(result))
-    render_terminal(result, Console(highlight=False, soft_wrap=False))
+    render_terminal(result, output_console())
     emit_github(result, sys.stdout)
     sys.stdout.flush()
     if result.exit_code:

@@ -194,9 +194,8 @@ def print_report(out_dir: Path, fmt: str, verbose: bool) -> None:
         text = to_markdown(analysis, verbose=verbose)
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     else:
-        from rich.console import Console
-
+        from advisor.render.console import output_console
         from advisor.render.text import render_text
 
-        render_text(analysis, Console(highlight=False, soft_wrap=False), verbose=verbose)
+        render_text(analysis, output_console(), verbose=verbose)
     sys.stdout.flush()

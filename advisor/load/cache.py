@@ -36,6 +36,7 @@ import orjson
 import pandas as pd
 
 from advisor import __version__
+from advisor.load.decode import EventArgs, MemoryArgs
 from advisor.load.discover import CACHE_DIR_NAME
 from advisor.load.trace import DEVICE_KINDS, HOST_KINDS, TraceFrames, load_trace
 
@@ -60,6 +61,8 @@ FRAME_DTYPES: dict[str, dict[str, str]] = {
     "syncs": {**_TIMED, "end": "int64"},
 }
 DEVICE_PROPERTY_COLUMNS = ["id", "name", "total_memory_bytes", "compute_capability", "num_sms"]
+# The trace fields the loader reads: a loader that reads one more (or one less) makes new entries.
+FIELDS = hashlib.sha256(repr((EventArgs.__struct_encode_fields__, MemoryArgs.__struct_encode_fields__)).encode()).hexdigest()[:12]
 # Traces that parse faster than this (about 100 MB of JSON) are not worth an entry.
 MIN_PARSE_SECONDS = 0.5
 HASH_READ_BYTES = 1 << 20
@@ -88,13 +91,14 @@ class CacheKey:
     sha256: str
     advisor_version: str = __version__
     format: int = CACHE_FORMAT
+    fields: str = FIELDS
 
     @classmethod
     def of_frames(cls, frames: TraceFrames) -> CacheKey | None:
         return cls(sha256=frames.content_sha256) if frames.content_sha256 is not None else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "advisor_version": self.advisor_version, "format": self.format}
+        return {"sha256": self.sha256, "advisor_version": self.advisor_version, "format": self.format, "fields": self.fields}
 
 
 # --- where entries go -------------------------------------------------------------------------

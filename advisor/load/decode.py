@@ -73,6 +73,7 @@ class EventArgs(msgspec.Struct, gc=False):
     call_stack: str | None = _arg("Call stack", None)
     input_dims: msgspec.Raw = _arg("Input Dims", NULL)
     input_dims_lower: msgspec.Raw = _arg("Input dims", NULL)
+    input_types: msgspec.Raw = _arg("Input type", NULL)  # dtypes of an op's inputs (record_shapes=True)
 
 
 class MemoryArgs(msgspec.Struct, gc=False):

@@ -2,7 +2,9 @@
 
 A directory whose files are traces is one run (its files are ranks or workers); a directory
 whose sub-directories each hold traces is several runs (`log/<run>/...`), of which the newest
-is reported unless one is named.
+is reported unless one is named. Whether a folder's traces really are one job's ranks is
+decided once they are loaded (advisor.analysis groups them by device, distributed settings
+and time); `--run` also takes a trace file's name, to report one of them alone.
 """
 
 from __future__ import annotations
@@ -95,7 +97,12 @@ def find_run(path: str | Path, run: str | None = None) -> RunFiles:
     runs = {(d.relative_to(path).as_posix() or "."): files for d, files in by_dir.items()}
     if run is not None:
         if run not in runs:
-            raise InputError(path, f"no run named {run!r}; runs here: {', '.join(sorted(runs))}")
+            # A trace file's name: one of a folder's traces that are not one job's ranks.
+            named = [p for files in runs.values() for p in files if p.name == run]
+            if len(named) == 1:
+                return RunFiles(name=run, directory=named[0].parent, files=named)
+            names = ", ".join(p.name for files in runs.values() for p in files[:20])
+            raise InputError(path, f"no run named {run!r}; runs here: {', '.join(sorted(runs))}; trace files: {names}")
         chosen = run
     else:
         chosen = max(runs, key=lambda r: (_mtime(runs[r]), r))

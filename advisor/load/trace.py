@@ -242,6 +242,18 @@ def raw_text_categorical(raws: Sequence[Any]) -> pd.Categorical:
     return categorical(np.append(text_codes, -1)[codes], np.asarray(names, dtype=object))
 
 
+def raw_json_categorical(raws: Sequence[Any]) -> pd.Categorical:
+    """Raw JSON values (Input type) as a Categorical of their compact JSON text; JSON null is missing.
+
+    A few dozen distinct dtype lists stand for millions of ops; readers decode the categories."""
+    if len(raws) == 0:
+        return categorical(np.empty(0, dtype=np.int64), np.empty(0, dtype=object))
+    codes, uniques = pd.factorize(_raw_bytes(raws))
+    texts = [orjson.dumps(v).decode() if v is not None else None for v in _decode_each(uniques)]
+    text_codes, names = pd.factorize(np.array(texts, dtype=object))
+    return categorical(np.append(text_codes, -1)[codes], np.asarray(names, dtype=object))
+
+
 # --- one batch of events to column pieces ---------------------------------------------------
 _INSTANT_TYPES = frozenset(INSTANT_TYPES)
 
@@ -371,6 +383,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     stacks = [a.call_stack for a in rows]
     dims = [a.input_dims for a in rows]
     dims_lower = [a.input_dims_lower for a in rows]
+    types = [a.input_types for a in rows]
     if dims_lower.count(NULL) != len(dims_lower):
         dims = [d if d is not NULL else dl for d, dl in zip(dims, dims_lower)]
     host = batch.part(idx, {
@@ -378,8 +391,9 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         "external_id": _ids_pair(ext, ext_lower),
         "call_stack": object_categorical(stacks),
         "input_dims": decoded_raw(dims),
+        "input_types": raw_json_categorical(types),
     })
-    del ext, ext_lower, stacks, dims, dims_lower
+    del ext, ext_lower, stacks, dims, dims_lower, types
 
     # runtime
     idx = np.flatnonzero(group == RUNTIME)

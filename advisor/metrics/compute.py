@@ -1,12 +1,7 @@
 """Compute-side figures the precision and fusion rules share: which architecture ran the
-trace, in which precision each Tensor Core kernel ran, how much of the kernel time inside the
-steps is on the critical path, and the speed-up table the savings are estimated from.
-
-The speed-ups are deliberately below the datasheet ratios: a training step also spends time in
-casts, layout changes and memory-bound work that do not speed up with the matrix units. The
-Volta figure (2.0× on the eligible kernel time) is what reproduces the ~1.5× throughput that
-autocast gave a GPU-bound ResNet-18 on a V100 with about two thirds of its kernel time in
-convolutions; the TF32 → bf16 figures are half the datasheet ratio or less.
+trace, how much of the kernel time inside the steps is on the critical path, and the
+evidence a kernel rule shows. Precision, Tensor Cores and the speed-up tables live in
+metrics.precision.
 """
 
 from __future__ import annotations
@@ -20,50 +15,14 @@ import pandas as pd
 from advisor.metrics.breakdown import _matches, communication_kernels
 from advisor.metrics.intervals import covers, merge
 from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
+from advisor.metrics.precision import ARCH_SPEEDUPS, ArchSpeedup, arch_speedup, capability_from_kernels
 from advisor.metrics.source import source_lines
 from advisor.metrics.steps import step_of
-
-
-@dataclass(frozen=True)
-class ArchSpeedup:
-    """Conservative speed-ups of Tensor-Core-eligible kernel time on one architecture."""
-
-    name: str
-    min_capability: float
-    half_over_fp32: float  # fp16/bf16 Tensor Cores instead of plain fp32
-    tf32_over_fp32: float | None  # TF32 Tensor Cores instead of plain fp32 (None: no TF32)
-    half_over_tf32: float | None  # fp16/bf16 instead of TF32
-
-
-# Datasheet dense peaks (TFLOPS, fp32 / TF32 / fp16-bf16 Tensor Core): V100 15.7 / – / 125;
-# T4 8.1 / – / 65; A100 19.5 / 156 / 312; A10 31.2 / 62.5 / 125; H100 SXM 67 / 494 / 989.
-# Consumer cards (GeForce RTX 30/40/50) run TF32 and fp16-with-fp32-accumulate at or near
-# their fp32 rate, hence the small factors of the 8.6 and 12.0 rows.
-ARCH_SPEEDUPS: list[ArchSpeedup] = [
-    ArchSpeedup("Volta", 7.0, half_over_fp32=2.0, tf32_over_fp32=None, half_over_tf32=None),
-    ArchSpeedup("Turing", 7.5, half_over_fp32=2.0, tf32_over_fp32=None, half_over_tf32=None),
-    ArchSpeedup("Ampere A100/A30", 8.0, half_over_fp32=3.0, tf32_over_fp32=2.0, half_over_tf32=1.5),
-    ArchSpeedup("Ampere/Ada A10, L4, L40, RTX 30/40", 8.6, half_over_fp32=1.56, tf32_over_fp32=1.2, half_over_tf32=1.3),
-    ArchSpeedup("Hopper", 9.0, half_over_fp32=3.0, tf32_over_fp32=2.0, half_over_tf32=1.5),
-    ArchSpeedup("Blackwell", 10.0, half_over_fp32=3.0, tf32_over_fp32=2.0, half_over_tf32=1.5),
-    ArchSpeedup("Blackwell RTX 50", 12.0, half_over_fp32=1.56, tf32_over_fp32=1.2, half_over_tf32=1.3),
-]
-
-
-def arch_speedup(capability: float | None) -> ArchSpeedup | None:
-    """The row for a compute capability (the newest row not above it); None below Volta."""
-    if capability is None:
-        return None
-    rows = [a for a in ARCH_SPEEDUPS if a.min_capability <= capability + 1e-9]
-    return rows[-1] if rows else None
 
 
 # --- which device ------------------------------------------------------------------------
 NOT_NVIDIA_DEVICE = re.compile(r"AMD|Radeon|Instinct|\bMI\d{3}|ARTEMIS|MTIA|Gaudi|Intel", re.I)
 ROCM_KERNEL = re.compile(r"^Cijk_|rocblas|miopen|hipLaunch", re.I)
-ARCH_IN_KERNEL = re.compile(r"(?:^|[^a-z])(volta|turing|ampere|ada|hopper|blackwell)_")
-SM_IN_KERNEL = re.compile(r"(?:^|[^a-z0-9])(?:sm_?|cutlass_)(\d)(\d)_")
-ARCH_NAMES = {"volta": 7.0, "turing": 7.5, "ampere": 8.0, "ada": 8.9, "hopper": 9.0, "blackwell": 10.0}
 
 
 @dataclass(frozen=True)
@@ -71,19 +30,6 @@ class Capability:
     value: float | None
     source: str  # "trace", "facts", "kernel names" or "unknown"
     nvidia: bool
-
-
-def capability_from_kernels(names: pd.Series) -> float | None:
-    """Lower bound of the compute capability from library kernel names (volta_sgemm, sm80_xmma...)."""
-    found: list[float] = []
-    for name in pd.Series(names).astype(str).unique():
-        m = ARCH_IN_KERNEL.search(name)
-        if m:
-            found.append(ARCH_NAMES[m.group(1)])
-        m = SM_IN_KERNEL.search(name)
-        if m:
-            found.append(int(m.group(1)) + int(m.group(2)) / 10)
-    return max(found) if found else None
 
 
 def device_capability(metrics, facts_capability: str | float | None = None) -> Capability:
@@ -110,30 +56,18 @@ def device_capability(metrics, facts_capability: str | float | None = None) -> C
 
 
 # --- precision of each kernel -------------------------------------------------------------
-# fp16/bf16/fp8/int8 Tensor Core kernels (cuBLAS, cuDNN, CUTLASS, cuBLASLt nvjet, flash attention).
-HALF_PRECISION_KERNEL = re.compile(
-    r"h884|h1688|h16816|hmma|i8816|i8832|imma|f16|fp16|bf16|[Hh]alf|BFloat16|e4m3|e5m2|fp8|int8|"
-    r"flash_fwd|flash_bwd|fmha|nvjet_[hbqe]"
-)
-# TF32 Tensor Core kernels on Ampere and newer: named tf32, or fp32-in s1688/s16816 tensor-op GEMMs.
-TF32_KERNEL = re.compile(r"tf32|nvjet_t|s1688|s16816|s161616")
 CONV_KERNEL = re.compile(r"conv|scudnn|winograd|fft2d|fprop|dgrad|wgrad|implicit_gemm|nchwToNhwc|nhwcToNchw", re.I)
 CONV_OP = re.compile(r"conv|Conv")
 
 
-def kernel_precision(kernels: pd.DataFrame, capability: float | None) -> np.ndarray:
-    """Per kernel row: 'half' (fp16/bf16/fp8/int8 Tensor Cores), 'tf32', or 'fp32' (no Tensor Cores).
+def kernel_precision(kernels: pd.DataFrame, capability: float | None = None) -> np.ndarray:
+    """Per kernel row, coarsely: 'half' (fp16/bf16/fp8/int8), 'tf32', or 'fp32' (the rest).
 
-    Volta and Turing Tensor Cores have no TF32 mode, so every Tensor Core kernel there is
-    half precision; on Ampere and newer a tensor-op kernel without a half-precision marker
-    in its name is TF32.
-    """
-    tc = kernels["tensor_core"].to_numpy(bool)
-    out = np.where(tc, "half", "fp32").astype(object)
-    if capability is not None and capability >= 8.0 and tc.any():
-        half = _matches(kernels["name"], HALF_PRECISION_KERNEL)
-        tf32 = _matches(kernels["name"], TF32_KERNEL)
-        out[tc & tf32 & ~half] = "tf32"
+    The precision itself is decided once, in metrics.precision (kernel_table's `precision`)."""
+    precision = kernels["precision"].astype(str).to_numpy()
+    out = np.full(len(precision), "fp32", dtype=object)
+    out[np.isin(precision, ("bf16", "fp16", "fp8", "int8"))] = "half"
+    out[precision == "tf32"] = "tf32"
     return out
 
 

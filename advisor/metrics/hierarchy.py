@@ -27,7 +27,7 @@ class OpTree:
     from the times alone: an op's parent is the innermost op that was open when it started.
     """
 
-    ops: pd.DataFrame  # name (str), tid, ts, end, kind, external_id, call_stack, input_dims
+    ops: pd.DataFrame  # name (str), tid, ts, end, kind, external_id, call_stack, input_dims, input_types
     parent: np.ndarray
     prev_sibling: np.ndarray
     depth: np.ndarray
@@ -79,7 +79,7 @@ class OpTree:
 def op_tree(frames: TraceFrames) -> OpTree:
     host = frames.host
     keep = (host["kind"] != "python").to_numpy() & ~_matches(host["name"], STEP_NAME)
-    ops = host.loc[keep, ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims"]].reset_index(drop=True)
+    ops = host.loc[keep, ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims", "input_types"]].reset_index(drop=True)
     ops["name"] = ops["name"].astype(str).astype("category")
     ops["tid"] = ops["tid"].astype(str)
     n = len(ops)

@@ -1,9 +1,9 @@
-"""Kernels: which ran on Tensor Cores, which ops could have, and where kernel time goes.
+"""Kernels: who launched them, which ran on Tensor Cores and in which precision, which ops
+could have, and where kernel time goes.
 
-The two pattern tables below are the single place that decides "is this a Tensor Core
-kernel" and "could this op use Tensor Cores". They extend the TensorBoard plugin's 18
-substrings with the names Ampere and Hopper libraries use (cutlass tensorop, xmma/sm80/sm90
-implicit GEMM, wgmma, nvjet, flash attention, tf32/bf16/fp16 GEMMs).
+Precision and Tensor Cores are decided by metrics.precision (launching op's input dtypes,
+TF32 switches, kernel name tokens, compute capability). The op table below decides "could
+this op use Tensor Cores", like the TensorBoard plugin's list, with the newer op names.
 """
 
 from __future__ import annotations
@@ -14,28 +14,8 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import _matches
 from advisor.metrics.hierarchy import op_tree
-
-# Kernel names that run on Tensor Cores (substring, case-sensitive as the libraries emit them).
-TENSOR_CORE_KERNEL_PATTERNS: list[str] = [
-    # Volta/Turing cuDNN and cuBLAS HMMA kernels (the plugin's table)
-    "h884", "s884", "h1688", "s1688", "c1688", "i8816", "16816", "hmma", "i8832",
-    "dgrad_1x1_stride_2x2", "first_layer_wgrad_kernel", "conv1x1", "conv2d_c1_k1", "direct_group",
-    "xmma_implicit_gemm", "xmma_sparse_conv", "xmma_warp_specialized_implicit_gemm",
-    "xmma_gemm", "xmma_sparse_gemm", "xmma_fprop", "xmma_dgrad", "xmma_wgrad",
-    # Ampere/Hopper: cutlass tensor-op GEMMs, sm80/sm90 kernels, wgmma, nvjet (cuBLASLt), tf32 paths
-    "tensorop", "wmma", "wgmma", "nvjet", "_tf32", "tf32_", "bf16_s16816", "f16_s16816",
-    "sm80_xmma", "sm86_xmma", "sm89_xmma", "sm90_xmma", "sm100_xmma", "s16816gemm", "h16816gemm",
-    "gemm_bf16", "gemm_f16", "cutlass_80", "cutlass_90", "flash_fwd", "flash_bwd", "fmha",
-    "sm90_gemm", "sm80_gemm", "_tensor16x8x", "_mma_",
-    # cutlass kernels that CUPTI reports by their mangled C++ name (cuDNN's runtime-fused convs)
-    "MmaTensorOp",
-]
-TENSOR_CORE_KERNEL = re.compile("|".join(re.escape(p) for p in TENSOR_CORE_KERNEL_PATTERNS))
-
-# Kernels that are fp32 without Tensor Cores (the ones `tf32-disabled` and `tensor-cores-unused` look for).
-FP32_GEMM_KERNEL = re.compile(r"(sgemm|scudnn|implicit_convolve_sgemm|explicit_convolve_sgemm|gemv2?T?_kernel|gemmSN|fft2d|winograd(?!.*h884))", re.I)
+from advisor.metrics.precision import Tf32Switches, capability_from_kernels, classify_kernels
 
 # Ops whose work can run on Tensor Cores (forward and backward; old and new names).
 TENSOR_CORE_ELIGIBLE_OP = re.compile(
@@ -50,7 +30,13 @@ TENSOR_CORE_ELIGIBLE_OP = re.compile(
 
 
 def launching_ops(frames: TraceFrames) -> pd.Series:
-    """For each device row, the name of the host op that launched it, or NaN.
+    """For each device row, the name of the host op that launched it, or NaN."""
+    return launching_op_table(frames)["op"]
+
+
+def launching_op_table(frames: TraceFrames) -> pd.DataFrame:
+    """For each device row, the host op that launched it: `op` (name) and `op_input_types`
+    (the op's `Input type` JSON text, record_shapes=True traces only), NaN where unknown.
 
     By external id when the trace links runtime calls to ops that way; otherwise by time:
     the innermost op on the launching thread that covers the runtime call.
@@ -58,7 +44,8 @@ def launching_ops(frames: TraceFrames) -> pd.Series:
     host = frames.host
     ops = host[(host["kind"] != "python") & (host["external_id"] >= 0)]
     ops = ops.drop_duplicates("external_id", keep="last")  # innermost op carries the id
-    names = pd.Series(ops["name"].astype(str).to_numpy(), index=ops["external_id"].to_numpy())
+    ext_ids = ops["external_id"].to_numpy()
+    names = pd.Series(ops["name"].astype(str).to_numpy(), index=ext_ids)
     rt = frames.runtime[frames.runtime["correlation"] >= 0].drop_duplicates("correlation")
     rt_ext = pd.Series(rt["external_id"].to_numpy(), index=rt["correlation"].to_numpy())
     ext = frames.device["correlation"].map(rt_ext)
@@ -66,39 +53,66 @@ def launching_ops(frames: TraceFrames) -> pd.Series:
     ext = ext.where(ext.notna() & (ext >= 0), frames.device["external_id"])
     by_id = ext.map(names)
     if by_id.notna().mean() >= 0.5 or len(rt) == 0 or len(host) == 0:
-        return by_id
+        types = ext.map(pd.Series(_input_types(ops), index=ext_ids))
+        return pd.DataFrame({"op": by_id, "op_input_types": types}, index=frames.device.index)
     return _launching_ops_by_time(frames, rt)
 
 
-def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.Series:
+def _input_types(ops: pd.DataFrame) -> np.ndarray:
+    if "input_types" not in ops:  # frames built before the loader read `Input type`
+        return np.full(len(ops), np.nan, dtype=object)
+    return ops["input_types"].astype(object).to_numpy()
+
+
+def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.DataFrame:
     tree = op_tree(frames)
     if len(tree.ops) == 0:  # only step markers on the host: no op can have launched anything
-        return pd.Series(np.nan, index=frames.device.index, dtype=object)
+        return pd.DataFrame({"op": np.nan, "op_input_types": np.nan}, index=frames.device.index, dtype=object)
     pos = tree.innermost(rt["ts"].to_numpy(np.int64), rt["tid"].astype(str).to_numpy())
+    found = pos >= 0
+    at = np.clip(pos, 0, None)
     names = tree.ops["name"].astype(str).to_numpy()
-    op_name = np.where(pos >= 0, names[np.clip(pos, 0, None)], None)
-    return frames.device["correlation"].map(pd.Series(op_name, index=rt["correlation"].to_numpy()))
+    op_name = np.where(found, names[at], None)
+    op_types = np.where(found, _input_types(tree.ops)[at], None)
+    corr = frames.device["correlation"]
+    return pd.DataFrame(
+        {
+            "op": corr.map(pd.Series(op_name, index=rt["correlation"].to_numpy())),
+            "op_input_types": corr.map(pd.Series(op_types, index=rt["correlation"].to_numpy())),
+        },
+        index=frames.device.index,
+    )
 
 
-def kernel_table(frames: TraceFrames) -> pd.DataFrame:
-    """Kernels only, with tensor_core, eligible (launching op) and fp32_gemm flags."""
+def kernel_table(frames: TraceFrames, capability: float | None = None, switches: Tf32Switches | None = None) -> pd.DataFrame:
+    """Kernels only, each with its launching op (`op`, `op_input_types`), its `family`,
+    `precision` and `tensor_core` (ran on Tensor Cores, see metrics.precision), and whether
+    it is Tensor-Core-eligible work. `attrs["compute_capability"]` keeps the capability used."""
     dev = frames.device
     mask = (dev["kind"] == "kernel").to_numpy()
     k = dev.loc[mask, ["name", "ts", "end", "dur", "device", "stream", "external_id", "occupancy", "blocks_per_sm"]].copy()
-    k["tensor_core"] = _matches(k["name"], TENSOR_CORE_KERNEL)
-    k["fp32_gemm"] = _matches(k["name"], FP32_GEMM_KERNEL) & ~k["tensor_core"]
-    op = launching_ops(frames)[mask]
-    k["op"] = op.to_numpy()
-    # A GEMM/conv kernel is eligible whatever launched it (compiled regions hide the op).
-    k["eligible"] = op.astype(object).fillna("").astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP).to_numpy() | k["tensor_core"] | k["fp32_gemm"]
+    launched_by = launching_op_table(frames)[mask]
+    k["op"] = launched_by["op"].to_numpy()
+    k["op_input_types"] = launched_by["op_input_types"].to_numpy()
+    if capability is None:
+        capability = capability_from_kernels(k["name"]) if len(k) else None
+    k[["family", "precision", "tensor_core", "precision_source"]] = classify_kernels(k, capability, switches)
+    k["fp32_gemm"] = (k["precision"] == "fp32-fma").to_numpy()
+    # Matrix work is eligible whatever launched it (compiled regions hide the op).
+    op_eligible = k["op"].astype(object).fillna("").astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP).to_numpy()
+    k["eligible"] = op_eligible | (k["precision"] != "").to_numpy()
+    k.attrs["compute_capability"] = capability
     return k
 
 
 def top_kernels(kernels: pd.DataFrame, n: int = 10) -> pd.DataFrame:
     if len(kernels) == 0:
-        return pd.DataFrame(columns=["name", "count", "total_ns", "mean_ns", "share", "tensor_core"])
+        return pd.DataFrame(columns=["name", "count", "total_ns", "mean_ns", "share", "tensor_core", "precision"])
+    if "precision" not in kernels:  # an analysis cached before kernels had a precision
+        kernels = kernels.assign(precision="")
     g = kernels.groupby("name", observed=True).agg(
-        count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"), tensor_core=("tensor_core", "first")
+        count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"), tensor_core=("tensor_core", "first"),
+        precision=("precision", "first"),
     )
     g["share"] = g["total_ns"] / max(int(kernels["dur"].sum()), 1)
     return g.sort_values("total_ns", ascending=False).head(n).reset_index()
@@ -130,7 +144,6 @@ def fp32_gemm_share(kernels: pd.DataFrame) -> float:
 
 
 __all__ = [
-    "TENSOR_CORE_KERNEL_PATTERNS",
     "TENSOR_CORE_ELIGIBLE_OP",
     "kernel_table",
     "top_kernels",
@@ -138,4 +151,5 @@ __all__ = [
     "tensor_core_shares",
     "fp32_gemm_share",
     "launching_ops",
+    "launching_op_table",
 ]

@@ -11,8 +11,9 @@ step's has ended), the end of a step's last kernel is not that step's own time: 
 waited in a queue of work launched earlier. Such a step ends where the next step's device
 work begins, and the last step of the window ends as far behind its host end as it started
 behind its host start, not when the queue drains (the profiler's closing synchronisation).
-A `ProfilerStep` range that runs past the end of the trace (a marker left open) is clipped
-to the last recorded event, with a note.
+A `ProfilerStep` range that runs past the end of the trace by more than the part the trace
+covers (a marker left open: a 13 s step in a 355 ms trace) is clipped to the last recorded
+event, with a note.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str
     if last is None:
         return h_end
     h_start = host_steps["start"].to_numpy(np.int64)
-    over = h_end > np.maximum(last, h_start)
+    # Past the end by more than the part the trace covers: a marker left open, not a step
+    # whose last few events a sampled or filtered trace dropped.
+    over = (h_end > np.maximum(last, h_start)) & (h_end - last > np.maximum(last - h_start, 0))
     if not over.any():
         return h_end
     clipped = np.where(over, np.maximum(last, h_start), h_end)

@@ -25,6 +25,7 @@ from advisor.metrics.kernels import (
     top_ops,
 )
 from advisor.metrics.memory import peak_memory
+from advisor.metrics.precision import Tf32Switches, precision_time_ms
 from advisor.metrics.steps import launches, step_of, step_spans
 
 NS_PER_MS = 1e6
@@ -91,6 +92,8 @@ class Metrics:
     d2h: dict[str, Any]
     peak_memory: dict[int, dict[str, float | None]]
     notes: list[str] = field(default_factory=list)
+    # Matrix kernel time per step by precision (ms): fp32-fma, tf32, bf16, fp16, fp8, ...
+    kernel_time_by_precision_ms: dict[str, float] = field(default_factory=dict)
     # Intermediate results several rules share (op tree, idle timeline), built once per rank.
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -147,6 +150,7 @@ class Metrics:
             "gpu_utilization": self.gpu_utilization,
             "tensor_core_kernel_share": self.tensor_core_kernel_share,
             "tensor_core_eligible_share": self.tensor_core_eligible_share,
+            "kernel_time_by_precision_ms": self.kernel_time_by_precision_ms if self.has_device else None,
             "peak_memory_bytes": self.peak_allocated,
             "peak_reserved_bytes": self.peak_reserved,
             "device_memory_bytes": self.device.total_memory_bytes,
@@ -215,23 +219,27 @@ def _inside(rows: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     return step_of(s, e, rows["ts"].to_numpy(np.int64)) >= 0
 
 
-def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
+def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | None = None) -> Metrics:
+    """The rank's metrics; `facts` (the run's advisor_facts.json, if any) gives the TF32
+    switches and the compute capability that decide each kernel's precision."""
     steps, notes = step_spans(frames)
     breakdown = step_breakdown(frames, steps)
     dev = frames.device
     ms, me = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     busy = overlap_with(ms, me, steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))
     util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
-    kernels = kernel_table(frames)
+    device = _device_info(frames)
+    kernels = kernel_table(frames, device.capability or _facts_capability(facts), Tf32Switches.from_facts(facts))
     # Restrict kernel shares to the steps (warm-up kernels outside them would skew them).
     in_steps = _inside(kernels, steps)
     tc, eligible = tensor_core_shares(kernels[in_steps]) if in_steps.any() else tensor_core_shares(kernels)
+    by_precision = precision_time_ms(kernels[in_steps], len(steps)) if in_steps.any() else precision_time_ms(kernels, 1)
     n = len(steps)
     h2d = copies(frames, "HtoD")
     d2h = copies(frames, "DtoH")
-    device = _device_info(frames)
     if not device.has_tensor_cores:
         tc = eligible = None  # NVIDIA's Tensor Core kernel names say nothing about other devices
+        by_precision = {}
     return Metrics(
         rank=rank,
         frames=frames,
@@ -246,7 +254,16 @@ def compute_metrics(frames: TraceFrames, rank: int = 0) -> Metrics:
         d2h=copy_summary(d2h[_inside(d2h, steps)], n),
         peak_memory=peak_memory(frames),
         notes=notes,
+        kernel_time_by_precision_ms=by_precision,
     )
+
+
+def _facts_capability(facts: dict[str, Any] | None) -> float | None:
+    device = (facts or {}).get("device")
+    try:
+        return float(device["compute_capability"]) if isinstance(device, dict) and device.get("compute_capability") else None
+    except (TypeError, ValueError):
+        return None
 
 
 __all__ = ["Metrics", "DeviceInfo", "FramesHeader", "compute_metrics", "top_kernels", "top_ops", "NS_PER_MS"]

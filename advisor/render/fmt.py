@@ -90,6 +90,24 @@ def throughput(a: Analysis) -> tuple[float, str] | None:
     return 1000.0 / mean, "steps/s"
 
 
+def finding_rank(a: Analysis, f: Any) -> str:
+    """Which rank a finding's figures were measured on, for a run of several ranks ("" for
+    one): the rank where the finding was largest, and the other ranks where it also fired."""
+    if len(a.ranks) < 2 or f.rank is None:
+        return ""
+    also = [r for r in f.evidence.get("ranks", []) if r != f.rank]
+    more = f" (also on rank{'s' if len(also) > 1 else ''} {', '.join(str(r) for r in also[:8])}{', …' if len(also) > 8 else ''})" if also else ""
+    return f"rank {f.rank}{more}"
+
+
+def ranks_line(a: Analysis) -> str:
+    """What the overview's figures and the findings' figures are, for a run of several ranks."""
+    return (
+        f"{len(a.ranks)}; step times per step are the slowest rank's, the other figures above are rank "
+        f"{a.primary.rank}'s (the slowest on average); each finding names the rank it was measured on"
+    )
+
+
 def short_value(v: Any, limit: int = 300) -> str:
     """An evidence value as one readable line (lists shortened, floats rounded)."""
     if isinstance(v, dict):

@@ -24,7 +24,8 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_ops
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
-from advisor.render.fmt import esc, fmt_bytes, ms, pct, short_value, throughput
+from advisor.render.demangle import demangle
+from advisor.render.fmt import esc, finding_rank, fmt_bytes, ms, pct, short_value, throughput
 from advisor.render.timeline import step_timeline
 
 TOP_KERNELS = 40
@@ -85,7 +86,8 @@ def sortable_table(columns: list[Column], rows: list[list[tuple[str, float | str
                 klass = ' class="nw"' if c.nowrap else ""
                 cells.append(f"<td{klass}{attr}>{esc(shown)}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
-    return f'<table class="sortable {esc(cls)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    # in a box that scrolls sideways when a narrow window cannot hold every column
+    return f'<div class="tablewrap"><table class="sortable {esc(cls)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
 # --- sections ---------------------------------------------------------------------------
@@ -102,7 +104,7 @@ def _header(a: Analysis) -> str:
         device = "CPU only (no device activity in the trace)"
     else:
         device = "device not named in the trace"
-    ranks = f" · {len(a.ranks)} ranks (primary: rank {m.rank}, the slowest)" if len(a.ranks) > 1 else ""
+    ranks = f" · {len(a.ranks)} ranks (figures of rank {m.rank}, the slowest; each finding names its rank)" if len(a.ranks) > 1 else ""
     out = [
         f"<h1>Why is <span class=\"mono\">{esc(a.run.name)}</span> slow?</h1>",
         f'<p class="sub">{esc(device)}{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · {esc(a.source)}</p>',
@@ -144,14 +146,15 @@ def _docs_urls() -> dict[str, str]:
         return {}
 
 
-def finding_card(i: int, f: Finding, docs: dict[str, str]) -> str:
+def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "") -> str:
     saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step"
     share = f" <small>({pct(f.saving_pct)})</small>" if f.saving_pct is not None else ""
     parts = [
         f'<article class="card sev-{esc(f.severity)}" id="finding-{i}">',
         f'<header><span class="rank">#{i}</span><span class="rule"><code>{esc(f.rule)}</code></span><span>{esc(f.title)}</span>'
         f'<span class="badge sev-{esc(f.severity)}">{esc(f.severity)}</span><span class="badge">confidence {esc(f.confidence)}</span>'
-        f'<span class="saving">{esc(saving)}{share}</span></header>',
+        + (f'<span class="badge">{esc(where)}</span>' if where else "")
+        + f'<span class="saving">{esc(saving)}{share}</span></header>',
         f'<p class="msg">{esc(f.message)}</p>',
     ]
     if f.causes:
@@ -182,7 +185,7 @@ def _findings(a: Analysis) -> str:
         out.append("<p>Nothing to fix: no rule fired on this run.</p>")
         return "".join(out)
     docs = _docs_urls()
-    out.append('<div class="cards">' + "".join(finding_card(i, f, docs) for i, f in enumerate(a.findings, 1)) + "</div>")
+    out.append('<div class="cards">' + "".join(finding_card(i, f, docs, finding_rank(a, f)) for i, f in enumerate(a.findings, 1)) + "</div>")
     return "".join(out)
 
 
@@ -369,7 +372,7 @@ def _kernels(a: Analysis) -> str:
     cols = [Column("kernel", name=True), Column("launched by", name=True), Column("calls", True), Column("total ms", True), Column("mean µs", True), Column("share", True), Column("Tensor Cores")]
     rows = [
         [
-            (r.name, None),
+            (demangle(r.name), None),  # display only: _ZN... symbols as C++
             (r.op or "—", None),
             (f"{r.count:,}", r.count),
             (f"{r.total_ns / 1e6:.2f}", r.total_ns),

@@ -14,6 +14,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.fmt import (
     esc,
+    finding_rank,
     fmt_bytes,
     md,
     md_code_block,
@@ -43,7 +44,7 @@ def _headline(a: Analysis) -> list[str]:
     elif not m.has_device:
         facts.append("**CPU only**")
     if len(a.ranks) > 1:
-        facts.append(f"{len(a.ranks)} ranks (slowest: {m.rank})")
+        facts.append(f"{len(a.ranks)} ranks (figures of rank {m.rank}, the slowest; each finding names its rank)")
     if st["mean"] is not None:
         facts.append(f"{s['steps']} steps: mean {st['mean']:.2f} ms, median {st['median']:.2f}, p90 {st['p90']:.2f}")
     tp = throughput(a)
@@ -70,7 +71,8 @@ def _findings(a: Analysis, verbose: bool, details: bool = True) -> list[str]:
     out = ["| # | rule | saving/step | finding |", "|--:|---|--:|---|"]
     for i, f in enumerate(a.findings, 1):
         saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms ({pct(f.saving_pct)})"
-        out.append(f"| {i} | {md(f.rule)} | {saving} | {md(f.message)} |")
+        where = finding_rank(a, f)
+        out.append(f"| {i} | {md(f.rule)}{' (' + md(where) + ')' if where else ''} | {saving} | {md(f.message)} |")
     out.append("")
     if not details:
         return out + ["Fixes: `advisor report -v` or `--format html`.", ""]
@@ -105,7 +107,7 @@ def _kernels(a: Analysis, n: int = 5) -> list[str]:
     for r in k.itertuples():
         name = str(r.name)
         name = name if len(name) <= 120 else name[:119] + "…"
-        out.append(f"| {md(name)} | {r.count} | {r.total_ns / 1e6:.2f} | {100 * r.share:.1f}% | {'yes' if r.tensor_core else 'no'} |")
+        out.append(f"| {md(name)} | {r.count} | {r.total_ns / 1e6:.2f} | {100 * r.share:.1f}% | {'yes' if r.tensor_core else 'no'}{f' ({r.precision})' if r.precision else ''} |")
     return out + [""]
 
 

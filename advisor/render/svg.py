@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from advisor.render.demangle import demangle
 from advisor.render.fmt import esc
 
 CATEGORY_LABELS = {
@@ -52,6 +53,11 @@ def nice_step(span: float, target: int = 5) -> float:
         if raw <= m * mag:
             return m * mag
     return 10 * mag
+
+
+def _tick_anchor(k: int, x_pct: float) -> str:
+    """The first tick's label starts at its line, one near the right edge ends at it (never cut)."""
+    return "start" if k == 0 else "end" if x_pct > 94.0 else "middle"
 
 
 def ticks(hi: float, target: int = 5) -> list[float]:
@@ -259,11 +265,11 @@ def _lane_rects(spans: pd.DataFrame, duration_ns: float, y: int, unit_name: str)
     for x, w, a, b, busy, name, cls, count in zip(xs, ws, s, e, covered, spans["name"], spans["cls"], spans["count"]):
         where = f"at {a / 1e6:.3f} ms"
         if count > 1:
-            tip = f"{count} {unit_name}: {busy / 1e6:.3f} ms within {(b - a) / 1e6:.3f} ms {where}; longest: {name}"
+            tip = f"{count} {unit_name}: {busy / 1e6:.3f} ms within {(b - a) / 1e6:.3f} ms {where}; longest: {demangle(name)}"
         elif cls == "idle":
             tip = f"device idle {(b - a) / 1e6:.3f} ms (from {a / 1e6:.3f} to {b / 1e6:.3f} ms)"
         else:
-            tip = f"{name}\n{SPAN_LABELS.get(cls, cls)}, {(b - a) / 1e6:.3f} ms {where}"
+            tip = f"{demangle(name)}\n{SPAN_LABELS.get(cls, cls)}, {(b - a) / 1e6:.3f} ms {where}"
         out.append(f'<rect class="ev c-{esc(cls)}" x="{x:.4f}%" y="{y}" width="{max(w, 0):.4f}%" height="{LANE_H}">{title(tip)}</rect>')
     return out
 
@@ -288,7 +294,7 @@ def timeline(lanes: Sequence, idle: pd.DataFrame, duration_ns: int, step_label: 
             x = 100.0 * v / dur_ms if dur_ms > 0 else 0
             body.append(
                 f'<g class="tick z{z}"><line class="grid" x1="{x:.4f}%" x2="{x:.4f}%" y1="{AXIS_H - 4}" y2="{height}"/>'
-                f'<text class="axis" x="{x:.4f}%" y="{AXIS_H - 8}" text-anchor="{"start" if k == 0 else "middle"}">{tick_label(v, step)} ms</text></g>'
+                f'<text class="axis" x="{x:.4f}%" y="{AXIS_H - 8}" text-anchor="{_tick_anchor(k, x)}">{tick_label(v, step)} ms</text></g>'
             )
             k += 1
     y = AXIS_H

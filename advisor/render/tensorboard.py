@@ -82,20 +82,39 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str, preferred: int) -> int:
-    if _port_free(host, preferred):
+    """`preferred` when it is free; else (or for 0) one the system hands out."""
+    if preferred and _port_free(host, preferred):
         return preferred
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def _lost_the_port(log: Path) -> bool:
+    """TensorBoard exited because another process took the port between our check and its bind."""
+    text = log.read_text(errors="replace").lower()
+    return "already in use" in text or "could not bind" in text or "address in use" in text
+
+
 def start_tensorboard(path: str | Path, host: str = "localhost", port: int = DEFAULT_PORT, timeout_s: float = 90.0) -> TensorBoardServer:
-    """Start TensorBoard on the run's log dir and return once it answers HTTP."""
+    """Start TensorBoard on the run's log dir and return once it answers HTTP (port 0: any free one)."""
     for module in ("tensorboard", "torch_tb_profiler"):
         if importlib.util.find_spec(module) is None:
             raise InputError(None, INSTALL_HINT)
     logdir = profiler_logdir(path).resolve()
-    port = free_port(host, port)
+    for attempt in range(3):
+        try:
+            return _start_on(logdir, host, free_port(host, port if attempt == 0 else 0), timeout_s)
+        except _PortTaken:
+            continue
+    raise InputError(logdir, f"TensorBoard could not bind a port on {host}")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _start_on(logdir: Path, host: str, port: int, timeout_s: float) -> TensorBoardServer:
     log = Path(tempfile.mkstemp(prefix="advisor-tensorboard-", suffix=".log")[1])
     with log.open("wb") as sink:
         proc = subprocess.Popen(
@@ -109,6 +128,8 @@ def start_tensorboard(path: str | Path, host: str = "localhost", port: int = DEF
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if _lost_the_port(log):
+                raise _PortTaken
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
             raise InputError(logdir, "TensorBoard exited: " + " | ".join(tail))
         try:

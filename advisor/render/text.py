@@ -17,7 +17,8 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
-from advisor.render.fmt import batch_size, fmt_bytes, pct, short_value
+from advisor.render.demangle import demangle
+from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, short_value
 
 COLOURS = {
     "kernel": "green",
@@ -62,7 +63,7 @@ def _overview(a: Analysis, console: Console) -> Group:
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
-        head.add_row("Ranks", Text(f"{len(a.ranks)} (step time per step is the slowest rank's; primary rank {m.rank})"))
+        head.add_row("Ranks", Text(ranks_line(a)))
     if st["mean"] is not None:
         head.add_row(
             "Step time",
@@ -78,6 +79,9 @@ def _overview(a: Analysis, console: Console) -> Group:
                 "Tensor Cores",
                 Text(f"{pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
             )
+            if s.get("kernel_time_by_precision_ms"):
+                by = ", ".join(f"{p} {v:.2f} ms" for p, v in s["kernel_time_by_precision_ms"].items())
+                head.add_row("Precision", Text(f"matrix kernels per step: {by}"))
         mem = s["peak_memory_bytes"]
         if mem is not None:
             tot = s["device_memory_bytes"]
@@ -117,17 +121,18 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     t = Table(title="Top kernels", title_justify="left", expand=False, show_edge=False)
     # The figures keep their width (about 38 columns with the rules between them); the
     # kernel name gets what is left of the terminal and is cut with "…".
-    name_width = max(16, min(70, width - 38))
+    name_width = max(16, min(70, width - 46))
     t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=name_width)
     t.add_column("calls", justify="right", no_wrap=True)
     t.add_column("total ms", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("TC", justify="center", no_wrap=True)
+    t.add_column("precision", no_wrap=True)
     for r in k.itertuples():
-        name = str(r.name)
+        name = demangle(str(r.name))  # display only: _ZN... symbols as C++
         if len(name) > name_width:
             name = name[: name_width - 1] + "…"
-        t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "")
+        t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "", r.precision or "")
     return t
 
 
@@ -145,9 +150,10 @@ def _findings(a: Analysis, verbose: bool) -> list:
                 "  ",
                 (saving, "bold"),
                 (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
+                (f"  {where}" if (where := finding_rank(a, f)) else "", "bold"),
             )
         )
-        out.append(Padding(Text(f.message), (0, 0, 0, 4)))
+        out.append(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
     if verbose:
         for i, f in enumerate(a.findings, 1):
             body: list = [Text(f.message)]
@@ -162,10 +168,15 @@ def _findings(a: Analysis, verbose: bool) -> list:
                 body.append(Text("fix: ", style="bold") + Text(f.fix.text))
             if f.fix.snippet:
                 body.append(Syntax(f.fix.snippet.strip("\n"), "python", theme="ansi_dark", background_color="default"))
-            body.append(Text(f"confidence: {f.confidence}; `advisor explain {f.rule}` for the method", style="bright_black"))
-            out.append(Panel(Group(*body), title=escape(f"{i}. {f.rule} — {f.title}"), title_align="left"))
+            body.append(Text(f"confidence: {f.confidence}; the method: advisor explain {f.rule}", style="bright_black"))
+            where = finding_rank(a, f)
+            title = f"{i}. {f.rule} — {f.title}" + (f" ({where})" if where else "")
+            # sized to its content: a wide (unwrapped) console must not stretch the frame
+            out.append(Panel(Group(*body), title=escape(title), title_align="left", expand=False))
     else:
-        out.append(Text("  -v shows the evidence and the code to change; `advisor explain RULE` the method", style="bright_black"))
+        # two short lines: each fits an 80-column terminal, so neither breaks mid-phrase
+        out.append(Text("  -v: the evidence and the code to change", style="bright_black"))
+        out.append(Text("  advisor explain RULE: how a rule decides and estimates its saving", style="bright_black"))
     return out
 
 

@@ -229,15 +229,16 @@ class Chromium:
         raise ProtocolError(f"no {method} within {timeout} s")
 
     # --- pages --------------------------------------------------------------------------
-    def open(self, path: Path, timeout: float = 30.0) -> Page:
-        """Open a local file in a fresh tab and wait for its load event (scripts have run)."""
+    def open(self, path: Path, timeout: float = 30.0, width: int | None = None) -> Page:
+        """Open a local file in a fresh tab (`width` CSS pixels wide, else the browser's) and
+        wait for its load event (scripts have run)."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
             self.call(f"{domain}.enable", session=session)
         self.call(
             "Emulation.setDeviceMetricsOverride",
-            {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False},
+            {"width": width or self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False},
             session=session,
         )
         self.call("Page.navigate", {"url": Path(path).resolve().as_uri()}, session=session)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cdp import Chromium, find_chromium
-from conftest import REPO
+from conftest import REPO, shared_trace
 from trace_edit import (
     by_cat,
     events,
@@ -186,3 +186,46 @@ def test_hostile_trace_runs_nothing_and_shows_the_text(browser, tmp_path):
         assert_nothing_ran(page)
         assert page.errors() == []  # with the CSP on: no violation, so nothing even tried
     page.screenshot(ARTIFACTS / "hostile.png", full_page=False)
+
+
+# --- narrow and wide windows --------------------------------------------------------------
+LAYOUT = """(() => {
+  const W = document.documentElement.clientWidth;
+  const right = el => el.getBoundingClientRect().right;
+  const cards = Array.from(document.querySelectorAll('.card')).filter(c => right(c) > W + 1).length;
+  const tables = Array.from(document.querySelectorAll('table')).filter(t => right(t) > right(t.parentElement) + 1).length;
+  // chart text as drawn: its font size in chart units times the chart's scale on screen
+  const text = Array.from(document.querySelectorAll('svg.chart')).map(svg => {
+    const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    const t = svg.querySelector('text.axis');
+    return t ? parseFloat(getComputedStyle(t).fontSize) * scale : 99;
+  });
+  // the timeline's last visible tick label inside the timeline's own box
+  const body = document.querySelector('svg.tl-body');
+  const labels = Array.from(document.querySelectorAll('.tl .tick.z1 text'));
+  const last = labels.length ? right(labels[labels.length - 1]) - right(body) : 0;
+  const kernels = Array.from(document.querySelectorAll('table.kernels tbody td.name:first-child')).map(td => td.textContent);
+  return {W, scroll: document.documentElement.scrollWidth, cards, tables, smallest_chart_text: Math.min(...text), last_tick_overhang: last, kernels};
+})()"""
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+@pytest.mark.parametrize("key", ["gpu", "ranks"])
+def test_report_fits_wide_and_narrow_windows(browser, tmp_path, key, width):
+    # The H100 sample (finding cards with code, charts, the timeline, mangled cutlass kernels)
+    # and a two-rank trace (the ranks table).
+    run = REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline" if key == "gpu" else shared_trace("a100_two_ranks")
+    path = tmp_path / f"{key}.html"
+    path.write_text(to_html(analyze(run)), encoding="utf-8")
+    page = browser.open(path, width=width)
+    got = page.evaluate(LAYOUT)
+    assert got["scroll"] <= got["W"], (key, got)  # nothing pushes the page wider than the window
+    assert got["cards"] == 0 and got["tables"] == 0, (key, got)
+    assert got["smallest_chart_text"] >= 10, (key, got)  # readable: ~7 px before
+    assert got["last_tick_overhang"] <= 0.5, (key, got)
+    assert not any(name.startswith("_Z") for name in got["kernels"]), got["kernels"]
+    if key == "gpu":
+        assert any(name.startswith("cutlass__5x_cudnn::Kernel<") for name in got["kernels"]), got["kernels"]
+    assert page.errors() == []
+    shot = page.screenshot(ARTIFACTS / f"report-{key}-{width}.png")
+    assert shot.stat().st_size > 20_000

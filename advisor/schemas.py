@@ -1,0 +1,269 @@
+"""The shapes of the advisor's JSON outputs, as types: the report (`advisor/report/v1`), the
+baseline (`advisor/baseline/v1`) and the gate result (`advisor/gate/v1`).
+
+The JSON Schemas published under docs/schemas/ are generated from these types
+(`python -m advisor.schemas docs/schemas`), and the tests validate real outputs against
+them, so a field added to an output without a schema change fails a test. Parts the code
+already declares as types (a finding, its fix; a baseline's finding records and environment;
+a gate check) are used as they are.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import msgspec
+import orjson
+
+from advisor.engine import Finding
+from advisor.gate.record import Environment, FindingRecord
+
+Severity = Literal["low", "medium", "high"]
+CheckStatus = Literal["pass", "warn", "inconclusive", "fail"]
+
+
+class _Out(msgspec.Struct, forbid_unknown_fields=True):
+    """Every output object: its keys are all present, and no other key is."""
+
+
+# --- advisor/report/v1 ----------------------------------------------------------------------
+class StepTimeStats(_Out):
+    """Step time in ms over the window's steps; all null when no step was found."""
+
+    mean: Optional[float]
+    median: Optional[float]
+    p90: Optional[float]
+    min: Optional[float]
+    max: Optional[float]
+
+
+class Breakdown(_Out):
+    """Mean ms per step in each category; each instant counted once, so they add up to the step."""
+
+    kernel: float
+    memcpy: float
+    memset: float
+    communication: float
+    runtime: float
+    dataloader: float
+    cpu_exec: float
+    other: float
+
+
+class HostToDevice(_Out):
+    """Host-to-device copies in the window; `bytes` is null when the trace does not record sizes."""
+
+    count: int
+    bytes: Optional[float]
+    time_ms: float
+    pageable_count: int
+    pinned_count: int
+    bandwidth_gbps: Optional[float]
+
+
+class Summary(_Out):
+    steps: int
+    step_time_ms: StepTimeStats
+    breakdown_ms: Breakdown
+    gpu_utilization: Optional[float]
+    tensor_core_kernel_share: Optional[float]
+    tensor_core_eligible_share: Optional[float]
+    # Matrix kernel time per step (ms) by precision: fp32-fma, tf32, bf16, fp16, fp8, int8, fp64, unknown.
+    kernel_time_by_precision_ms: Optional[dict[str, float]]
+    peak_memory_bytes: Optional[float]
+    peak_reserved_bytes: Optional[float]
+    device_memory_bytes: Optional[float]
+    h2d: HostToDevice
+
+
+class ProfilerOverhead(_Out):
+    window_median_ms: float
+    unprofiled_median_ms: float
+    unprofiled_steps: int
+    slowdown: float
+
+
+class Device(_Out):
+    name: Optional[str]
+    total_memory_bytes: Optional[float]
+    compute_capability: Optional[str]
+
+
+class RankReport(_Out):
+    rank: int
+    file: str
+    device: Device
+    summary: Summary
+
+
+class Report(_Out):
+    """`advisor report --format json`."""
+
+    schema: Literal["advisor/report/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    files: list[str]
+    summary: Summary
+    profiler_overhead: Optional[ProfilerOverhead]
+    ranks: list[RankReport]
+    findings: list[Finding]
+    notes: list[str]
+    warnings: list[str]
+
+
+# --- advisor/baseline/v1 --------------------------------------------------------------------
+class BaselineMetrics(_Out):
+    steps: int
+    step_time_median_ms: Optional[float]
+    step_time_mean_ms: Optional[float]
+    gpu_utilization: Optional[float]
+    peak_memory_bytes: Optional[float]
+    samples_per_s: Optional[float]
+
+
+class Baseline(_Out):
+    """`advisor baseline`: every step time, so a later gate can weigh the noise."""
+
+    schema: Literal["advisor/baseline/v1"]
+    advisor_version: str
+    created: str
+    source: str
+    run: str
+    step_times_ms: Optional[list[float]]
+    metrics: BaselineMetrics
+    breakdown_ms: dict[str, Optional[float]]
+    breakdown_share: dict[str, float]
+    findings: list[FindingRecord]
+    environment: Environment
+
+
+# --- advisor/gate/v1 ------------------------------------------------------------------------
+class GateCheck(_Out):
+    id: str
+    title: str
+    status: CheckStatus
+    measured: str
+    limit: str
+    message: str
+    details: dict[str, Any]
+    effective_status: CheckStatus
+
+
+class NewFinding(_Out):
+    rule: str
+    severity: Severity
+    title: str
+    saving_ms: Optional[float]
+    message: str
+
+
+class ResolvedFinding(_Out):
+    rule: str
+    severity: Severity
+    title: str
+
+
+class RunEnvironment(_Out):
+    device_name: Optional[str]
+    compute_capability: Optional[str]
+    world_size: Optional[int]
+    batch_size: Optional[int]
+    versions: dict[str, str]
+
+
+class RunSummary(_Out):
+    """A judged run (the candidate) or the baseline it was judged against."""
+
+    source: str
+    run: str
+    kind: Literal["run", "baseline", "report"]
+    steps: int
+    step_time_median_ms: Optional[float]
+    step_time_mean_ms: Optional[float]
+    gpu_utilization: Optional[float]
+    peak_memory_bytes: Optional[float]
+    breakdown_share: dict[str, float]
+    findings: list[str]
+    environment: RunEnvironment
+    advisor_version: str
+
+
+class GateBudgets(_Out):
+    max_step_time_ms: Optional[float]
+    min_gpu_utilization: Optional[float]
+    max_share: dict[str, float]
+    max_peak_memory: Optional[float]
+    max_severity: Optional[Literal["none", "low", "medium", "high"]]
+    forbid_rules: list[str]
+    min_samples_per_s: Optional[float]
+
+
+class GateSettings(_Out):
+    baseline: Optional[str]
+    tolerance: float
+    confidence: float
+    min_steps: int
+    strict: bool
+    fail_on_new_findings: bool
+    batch_size: Optional[int]
+    budgets: GateBudgets
+    sources: list[str]
+
+
+class GateResult(_Out):
+    """`advisor gate --json`."""
+
+    schema: Literal["advisor/gate/v1"]
+    advisor_version: str
+    verdict: Literal["pass", "inconclusive", "fail"]
+    exit_code: int
+    strict: bool
+    headline: str
+    checks: list[GateCheck]
+    new_findings: list[NewFinding]
+    resolved_findings: list[ResolvedFinding]
+    warnings: list[str]
+    candidate: RunSummary
+    baseline: Optional[RunSummary]
+    settings: GateSettings
+
+
+SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult}
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one output, with its id and title."""
+    schema = msgspec.json.schema(SCHEMAS[name])
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"advisor/{name}/v1",
+        "title": f"advisor/{name}/v1",
+        **schema,
+    }
+
+
+def schema_text(name: str) -> str:
+    return orjson.dumps(json_schema(name), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
+
+
+def write_schemas(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in SCHEMAS:
+        path = folder / f"{name}.schema.json"
+        path.write_text(schema_text(name), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def check(name: str, document: Any) -> Any:
+    """The document as the typed output (msgspec.ValidationError when it does not fit)."""
+    return msgspec.convert(document, SCHEMAS[name])
+
+
+if __name__ == "__main__":
+    for p in write_schemas(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas")):
+        print(p)
