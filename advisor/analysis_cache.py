@@ -347,7 +347,7 @@ class EntryMeta(_Entry):
     key: dict[str, Any]
     key_digest: str
     written: float
-    ranks: list[RankEntry]
+    ranks: Annotated[list[RankEntry], msgspec.Meta(min_length=1)]  # an analysis has a rank at least
     findings: list[FindingEntry]
     warnings: list[str]
 
@@ -402,6 +402,8 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
         meta = msgspec.convert(from_plain(raw), EntryMeta)
         import pyarrow.parquet as pq
 
+        if len({r.rank for r in meta.ranks}) != len(meta.ranks) or any(r.file_index >= len(run.files) for r in meta.ranks):
+            return None  # ranks twice, or files the run does not have
         ranks = []
         for i, r in enumerate(meta.ranks):
             t = {name: pq.read_table(entry / f"{i}.{name}.parquet").to_pandas() for name in ("steps", "breakdown", "utilization", "kernels")}
@@ -425,6 +427,10 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                 )
             )
         findings = []
+        step_ms = {m.rank: float(m.steps["duration"].mean()) / 1e6 if len(m.steps) else 0.0 for m in ranks}
+        for rank, mean_ms in step_ms.items():  # savings never add up to more than the step
+            if sum(f.saving_ms or 0.0 for f in meta.findings if f.rank in (rank, None)) > mean_ms * (1 + 1e-6) + 1e-6:
+                return None
         for f in meta.findings:
             if f.saving_ms is not None and not math.isfinite(f.saving_ms):
                 return None

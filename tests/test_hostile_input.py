@@ -497,3 +497,12 @@ def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):
         assert analysis_cache._read_entry(entry, key, files) is None, place
         code, out, err = cli(report, tmp_path)
         assert (code, out) == (0, plain), (place, err)
+    # well typed but impossible (found by the long fuzz run): no rank, a rank twice, savings over the step
+    for change in (lambda d: d.update(ranks=[]), lambda d: d["ranks"].append(d["ranks"][0]),
+                   lambda d: d["findings"][0].update(saving_ms=1e9)):
+        doc = orjson.loads(good)
+        change(doc)
+        (entry / "analysis.json").write_bytes(orjson.dumps(doc))
+        assert analysis_cache._read_entry(entry, key, files) is None
+        code, out, err = cli(report, tmp_path)
+        assert (code, out) == (0, plain), err
