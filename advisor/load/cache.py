@@ -22,6 +22,7 @@ Nothing is pickled.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -45,21 +46,6 @@ CACHE_FORMAT = 3  # 2: metadata marks range-profiler traces and MTIA devices; 3:
 TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
 JSON_COLUMNS = {"host": ("input_dims",)}
 FIXED_CATEGORIES = {("host", "kind"): HOST_KINDS, ("device", "kind"): DEVICE_KINDS}
-# The dtype of every column of the frames load_trace builds: a cache entry must match exactly.
-_TIMED = {"name": "category", "tid": "category", "ts": "int64", "dur": "int64"}
-FRAME_DTYPES: dict[str, dict[str, str]] = {
-    "host": {**_TIMED, "kind": "category", "external_id": "int64", "call_stack": "category", "input_dims": "object", "end": "int64"},
-    "runtime": {**_TIMED, "correlation": "int64", "external_id": "int64", "end": "int64"},
-    "device": {
-        **_TIMED, "kind": "category", "device": "int64", "stream": "int64", "correlation": "int64", "external_id": "int64",
-        "registers": "float32", "shared_memory": "float32", "blocks_per_sm": "float32", "warps_per_sm": "float32",
-        "occupancy": "float32", "grid": "category", "block": "category", "bytes": "float64", "end": "int64",
-        "copy_kind": "category", "copy_src": "category", "copy_dst": "category", "bandwidth_gbps": "float64",
-    },
-    "memory": {"ts": "int64", "device_type": "int64", "device_id": "int64", "bytes": "float64", "total_allocated": "float64", "total_reserved": "float64"},
-    "steps": {"step": "int64", "name": "category", "start": "int64", "end": "int64", "tid": "category"},
-    "syncs": {**_TIMED, "end": "int64"},
-}
 DEVICE_PROPERTY_COLUMNS = ["id", "name", "total_memory_bytes", "compute_capability", "num_sms"]
 # The trace fields the loader reads: a loader that reads one more (or one less) makes new entries.
 FIELDS = hashlib.sha256(repr((EventArgs.__struct_encode_fields__, MemoryArgs.__struct_encode_fields__)).encode()).hexdigest()[:12]
@@ -204,6 +190,28 @@ def read_cached(path: Path) -> TraceFrames | None:
     return None
 
 
+# One event of each kind the loader keeps: the frames built from it give the dtype of every
+# column (so a column the loader gains is expected of entries too, without a list to update).
+_SAMPLE_TRACE = orjson.dumps({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 1, "dur": 9, "tid": 1},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 2, "dur": 2, "tid": 1, "args": {"External id": 1, "Input Dims": [[2, 2]], "Input type": ["float"]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 3, "dur": 1, "tid": 1, "args": {"correlation": 1, "External id": 1}},
+    {"ph": "X", "cat": "kernel", "name": "k", "ts": 4, "dur": 1, "tid": 7, "args": {"correlation": 1, "device": 0, "stream": 7}},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 5, "dur": 1, "tid": 7, "args": {"bytes": 8}},
+    {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "ts": 6, "dur": 1, "tid": 7},
+    {"ph": "i", "name": "[memory]", "ts": 7, "args": {"Bytes": 8, "Total Allocated": 8, "Total Reserved": 8}},
+]})
+
+
+@functools.cache
+def frame_dtypes() -> dict[str, dict[str, str]]:
+    """The dtype of every column of every frame load_trace builds: an entry must match exactly."""
+    from advisor.load.trace import frames_from_bytes
+
+    frames = frames_from_bytes(Path("<dtypes>"), bytearray(_SAMPLE_TRACE))
+    return {name: {c: str(t) for c, t in getattr(frames, name).dtypes.items()} for name in TABLES if name != "device_properties"}
+
+
 def _check_table(name: str, df: pd.DataFrame) -> None:
     """Raise BadEntry unless the table has load_trace's columns, dtypes and time invariants."""
     if name == "device_properties":
@@ -213,7 +221,7 @@ def _check_table(name: str, df: pd.DataFrame) -> None:
         if (mem < 0).any():
             raise BadEntry(name)
         return
-    expected = FRAME_DTYPES[name]
+    expected = frame_dtypes()[name]
     if {c: str(t) for c, t in df.dtypes.items()} != expected:
         raise BadEntry(name)
     for col, kind in expected.items():
