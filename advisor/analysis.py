@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -19,12 +20,14 @@ from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
 from advisor.capture.facts import validate_facts
 from advisor.config import Config, check_rule_options, load_config
-from advisor.engine import Finding, all_rules, run_rules, select_rules
+from advisor.engine import Finding, RankFindings, all_rules, combine_findings, job_findings, rank_findings, select_rules
+from advisor.errors import InputError
 from advisor.load.cache import cache_enabled
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
-from advisor.metrics.summary import Metrics, _stats, compute_metrics
+from advisor.metrics.collectives import JobWaits, job_waits
+from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
@@ -40,6 +43,7 @@ class Analysis:
     facts: dict[int, dict[str, Any]]
     findings: list[Finding]
     warnings: list[str] = field(default_factory=list)
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def primary(self) -> Metrics:
@@ -63,6 +67,47 @@ class Analysis:
             return np.max([s.loc[idx].to_numpy() for s in per_rank], axis=0).astype(np.float64) / 1e6
         n = min(len(s) for s in per_rank)
         return np.max([s.to_numpy()[:n] for s in per_rank], axis=0).astype(np.float64) / 1e6
+
+    @property
+    def waits(self) -> JobWaits | None:
+        """The ranks' collective waits compared step by step (None: one rank, or no collectives)."""
+        if "waits" not in self._derived:
+            self._derived["waits"] = job_waits([(m.rank, m.comm) for m in self.ranks]) if len(self.ranks) > 1 else None
+        return self._derived["waits"]
+
+    def communication(self, m: Metrics) -> dict[str, Any] | None:
+        """One rank's collectives: time per step, how much of it compute hides, and its waits."""
+        if m.comm is None or not m.comm.has_collectives:
+            return None
+        per_step = m.comm.per_step()
+        out: dict[str, Any] = {
+            "collective_ms_per_step": float(per_step["collective_ns"].mean() / 1e6),
+            "overlap_share": m.comm.overlap_share(),
+            "wait_ms_per_step": None,
+            "caused_wait_ms_per_step": None,
+        }
+        w = self.waits
+        if w is not None and m.rank in w.ranks:
+            i = w.ranks.index(m.rank)
+            out["wait_ms_per_step"] = float(w.mean_wait_ms()[i])
+            out["caused_wait_ms_per_step"] = float(w.mean_caused_ms()[i])
+        return out
+
+    def with_primary_frames(self) -> Analysis:
+        """The same analysis with the slowest rank's frames loaded again (the HTML report draws
+        its timeline, memory and ops): one rank's frames, whatever the rank count."""
+        m = self.primary
+        if not isinstance(m.frames, FramesHeader):
+            return self
+        from advisor.load.cache import load_cached
+
+        facts = self.run_facts(m.rank)
+        frames = _complete_steps_only(load_cached(m.frames.path), facts, [])
+        full = compute_metrics(frames, m.rank, facts)
+        ranks = [full if r is m else r for r in self.ranks]
+        out = replace(self, ranks=ranks)
+        out._derived = dict(self._derived)
+        return out
 
     def summary(self) -> dict[str, Any]:
         s = self.primary.summary()
@@ -106,6 +151,7 @@ class Analysis:
                         "compute_capability": m.device.compute_capability,
                     },
                     "summary": m.summary(),
+                    "communication": self.communication(m),
                 }
                 for m in self.ranks
             ],
@@ -115,7 +161,8 @@ class Analysis:
         }
 
 
-def _read_facts(directory: Path, warnings: list[str]) -> dict[int, dict[str, Any]]:
+def _read_facts(directory: Path, warnings: list[str], sources: dict[int, Path] | None = None) -> dict[int, dict[str, Any]]:
+    """The run's facts files by rank (-1: the run's one file); `sources` gets each one's path."""
     facts: dict[int, dict[str, Any]] = {}
     if not directory.is_dir():
         return facts
@@ -124,45 +171,37 @@ def _read_facts(directory: Path, warnings: list[str]) -> dict[int, dict[str, Any
         if not m:
             continue
         try:
-            data, problems = validate_facts(orjson.loads(p.read_bytes()))
+            data, problems = _facts_file(p)
         except (OSError, ValueError) as exc:
             warnings.append(f"{p}: ignored facts file ({exc})")
             continue
         warnings += [f"{p}: {problem}: read as unknown" for problem in problems]
         rank = int(m.group(1)) if m.group(1) else data.get("rank", -1)
-        facts[rank if isinstance(rank, int) else -1] = data
+        key = rank if isinstance(rank, int) else -1
+        facts[key] = data
+        if sources is not None:
+            sources[key] = p
     return facts
 
 
-def _assign_ranks(frames: list[TraceFrames]) -> list[int]:
+def _facts_file(p: Path) -> tuple[dict[str, Any], list[str]]:
+    """A facts file read and checked with its types: wrong values read as null, and what was wrong."""
+    return validate_facts(orjson.loads(p.read_bytes()))
+
+
+def _assign_ranks(distributed: list[int | None], names: list[str]) -> list[int]:
     """distributedInfo.rank when present and distinct, else the file name, else file order."""
-    ranks = [f.rank for f in frames]
-    if all(r is not None for r in ranks) and len(set(ranks)) == len(ranks):
-        return ranks  # type: ignore[return-value]
-    named = [RANK_IN_NAME.search(f.path.name) for f in frames]
-    if all(named) and len({int(m.group(1)) for m in named}) == len(named):  # type: ignore[union-attr]
-        return [int(m.group(1)) for m in named]  # type: ignore[union-attr]
-    return list(range(len(frames)))
+    if all(r is not None for r in distributed) and len(set(distributed)) == len(distributed):
+        return distributed  # type: ignore[return-value]
+    named = [_rank_in_name(n) for n in names]
+    if all(r is not None for r in named) and len(set(named)) == len(named):
+        return named  # type: ignore[return-value]
+    return list(range(len(names)))
 
 
-def load_ranks(run: RunFiles, warnings: list[str], progress: Callable[[Path], None] | None = None) -> list[TraceFrames]:
-    """Every rank's frames: in parallel processes when there is enough to load, through the
-    Parquet cache beside each trace; a broken rank is skipped with a warning (unless alone)."""
-    from advisor.load.parallel import load_frames
-
-    frames, errors = [], []
-    for loaded in load_frames(run.files, progress=progress):
-        if loaded.error is not None:
-            if len(run.files) == 1:
-                raise loaded.error
-            errors.append(loaded.error)
-            warnings.append(f"skipped {loaded.error.line()}")
-        else:
-            frames.append(loaded.frames)
-            warnings += [f"{loaded.frames.path.name}: {w}" for w in loaded.frames.load_warnings]
-    if not frames:
-        raise errors[0]
-    return _one_window_per_worker(_one_job(frames, run.directory, warnings), warnings)
+def _rank_in_name(name: str) -> int | None:
+    m = RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
 
 
 def worker_key(frames: TraceFrames) -> str:
@@ -172,23 +211,6 @@ def worker_key(frames: TraceFrames) -> str:
         return f"rank{frames.rank}"
     m = WINDOW_FILE.match(frames.path.name)
     return m.group(1) if m else frames.path.name
-
-
-def _one_window_per_worker(frames: list[TraceFrames], warnings: list[str]) -> list[TraceFrames]:
-    """Several files from one worker are profiling windows (schedule `repeat`, or a last
-    partial window cut short), not ranks: keep the window with the most steps (then the newest)."""
-    by_worker: dict[str, list[TraceFrames]] = {}
-    for f in frames:
-        by_worker.setdefault(worker_key(f), []).append(f)
-    if all(len(v) == 1 for v in by_worker.values()):
-        return frames
-    kept = []
-    for key, windows in by_worker.items():
-        best = max(windows, key=lambda f: (len(f.steps), f.path.stat().st_mtime))
-        kept.append(best)
-        if len(windows) > 1:
-            warnings.append(f"{len(windows)} profiling windows from worker {key}: using {best.path.name} ({len(best.steps)} steps)")
-    return [f for f in frames if any(f is k for k in kept)]
 
 
 # --- traces of one job ----------------------------------------------------------------------
@@ -207,26 +229,26 @@ def _time_span_us(frames: TraceFrames) -> tuple[float, float]:
     return frames.base_us + frames.window[0] / 1e3, frames.base_us + frames.window[1] / 1e3
 
 
-def _same_job(a: TraceFrames, b: TraceFrames) -> str | None:
+def _same_job(a: RankResult, b: RankResult) -> str | None:
     """None when two traces can be ranks (or windows) of one job, else why not."""
-    sa, sb = _job_signature(a), _job_signature(b)
+    sa, sb = a.signature, b.signature
     if sa[:2] != sb[:2]:
         return "different devices"
     if sa[2] != sb[2]:
         return "different distributed settings"
-    if worker_key(a) != worker_key(b):
-        (a0, a1), (b0, b1) = _time_span_us(a), _time_span_us(b)
+    if a.worker != b.worker:
+        (a0, a1), (b0, b1) = a.span_us, b.span_us
         if max(a0, b0) - min(a1, b1) > JOB_TIME_GAP_US:
             return "recorded at different times"
     return None
 
 
-def group_jobs(frames: list[TraceFrames]) -> tuple[list[list[TraceFrames]], set[str]]:
+def group_jobs(results: list[RankResult]) -> tuple[list[list[RankResult]], set[str]]:
     """Traces grouped into jobs: a trace joins the first group whose first trace it agrees
     with (device, distributed settings, time), and the reasons the groups differ."""
-    groups: list[list[TraceFrames]] = []
+    groups: list[list[RankResult]] = []
     reasons: set[str] = set()
-    for f in frames:
+    for f in results:
         for g in groups:
             why = _same_job(g[0], f)
             if why is None:
@@ -238,17 +260,17 @@ def group_jobs(frames: list[TraceFrames]) -> tuple[list[list[TraceFrames]], set[
     return groups, (reasons if len(groups) > 1 else set())
 
 
-def _one_job(frames: list[TraceFrames], directory: Path, warnings: list[str]) -> list[TraceFrames]:
+def _one_job(results: list[RankResult], directory: Path, warnings: list[str]) -> list[RankResult]:
     """The traces of one job: all of them when they agree; else the largest group (then the
     one with the newest file), with a warning that names the others."""
-    groups, reasons = group_jobs(frames)
+    groups, reasons = group_jobs(results)
     if len(groups) == 1:
-        return frames
-    chosen = max(groups, key=lambda g: (len(g), max(f.path.stat().st_mtime for f in g), max(f.path.name for f in g)))
+        return results
+    chosen = max(groups, key=lambda g: (len(g), max(f.mtime for f in g), max(f.path.name for f in g)))
     others = [f.path.name for g in groups if g is not chosen for f in g]
     listed = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
     warnings.append(
-        f"the {len(frames)} traces in {directory} {JOB_SPLIT_NOTE} ({', '.join(sorted(reasons))}): reporting "
+        f"the {len(results)} traces in {directory} {JOB_SPLIT_NOTE} ({', '.join(sorted(reasons))}): reporting "
         f"{', '.join(f.path.name for f in chosen)} as one run; the others are separate runs, each with --run FILE: {listed}"
     )
     return chosen
@@ -282,6 +304,157 @@ def distorted_timing_warning(frames: TraceFrames) -> str | None:
     )
 
 
+# --- the map: one rank, where its trace is ---------------------------------------------------
+@dataclass
+class RankTask:
+    """What a worker needs to analyse one rank. Small and picklable: it travels to the worker
+    (a local process or a cluster node), which reads the trace and facts files itself."""
+
+    path: Path
+    index: int  # position among the run's files
+    world_size: int
+    facts_files: dict[int, str] = field(default_factory=dict)  # rank (-1: any) -> facts file
+    rules_dir: str | None = None
+    select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    rule_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rank: int | None = None  # the rank to analyse it as; None: its own guess (see provisional_rank)
+
+
+@dataclass
+class RankResult:
+    """What comes back of one rank: its metrics without frames and its rank rules' findings
+    (a few kB), or what is wrong with its file; and what the reduce needs to settle which
+    rank it is and whether it is one of several profiling windows of one worker."""
+
+    path: Path
+    index: int
+    rank: int = 0  # the rank it was analysed as
+    world_size: int = 1
+    distributed_rank: int | None = None
+    worker: str = ""
+    window_steps: int = 0
+    mtime: float = 0.0
+    metrics: Metrics | None = None
+    findings: RankFindings = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    timing_warning: str | None = None  # the trace's times cannot be trusted (distorted_timing_warning)
+    content_sha256: str | None = None  # of the trace's bytes, hashed while they were read
+    signature: tuple = ()  # device and distributed settings (_job_signature): which job it is
+    span_us: tuple[float, float] = (0.0, 0.0)  # when it was recorded (_time_span_us)
+    error_path: str | None = None
+    problem: str | None = None
+
+    @property
+    def error(self) -> InputError | None:
+        return InputError(self.error_path, self.problem) if self.problem is not None else None
+
+
+def provisional_rank(frames: TraceFrames, index: int) -> int:
+    """A rank's own guess at its number, right unless the run's files disagree (see _assign_ranks)."""
+    if frames.rank is not None:
+        return frames.rank
+    named = _rank_in_name(frames.path.name)
+    return named if named is not None else index
+
+
+def _facts_for(task: RankTask, rank: int) -> dict[str, Any] | None:
+    path = task.facts_files.get(rank) or task.facts_files.get(-1)
+    if path is None:
+        return None
+    try:
+        return _facts_file(Path(path))[0]
+    except (OSError, ValueError):
+        return None  # changed since the client read it; the client's copy has the warning
+
+
+def analyze_rank(task: RankTask) -> RankResult:
+    """The one place a rank is analysed: frames -> metrics -> rank rules, where the trace is.
+    Only the result travels back; the frames are dropped here."""
+    from advisor.load.cache import load_cached
+
+    try:
+        frames = load_cached(task.path)
+    except InputError as exc:
+        return RankResult(task.path, task.index, error_path=exc.path, problem=exc.problem)
+    rank = task.rank if task.rank is not None else provisional_rank(frames, task.index)
+    facts = _facts_for(task, rank)
+    warnings: list[str] = []
+    window_steps = len(frames.steps)
+    warnings += [f"{frames.path.name}: {w}" for w in frames.load_warnings]
+    frames = _complete_steps_only(frames, facts, warnings)
+    metrics = compute_metrics(frames, rank, facts)
+    rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
+    found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size)
+    try:
+        mtime = task.path.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return RankResult(
+        path=task.path,
+        index=task.index,
+        rank=rank,
+        world_size=task.world_size,
+        distributed_rank=frames.rank,
+        worker=worker_key(frames),
+        window_steps=window_steps,
+        mtime=mtime,
+        metrics=without_frames(metrics),
+        findings=found,
+        warnings=warnings,
+        timing_warning=distorted_timing_warning(frames),
+        content_sha256=frames.content_sha256,
+        signature=_job_signature(frames),
+        span_us=_time_span_us(frames),
+    )
+
+
+def analyze_ranks(tasks: list[RankTask], progress: Callable[[Path], None] | None = None, executor: Executor | None = None) -> list[RankResult]:
+    """analyze_rank on every task: in the calling process for a few small files, else on a
+    local process pool (one worker per core) or the given executor (a cluster's). In task order."""
+    from advisor.load.parallel import map_ranks
+
+    out: dict[int, RankResult] = {}
+    for task, result in map_ranks(analyze_rank, tasks, progress=progress, executor=executor):
+        out[task.index] = result
+    return [out[t.index] for t in tasks]
+
+
+# --- the reduce: the job, from what the ranks sent back --------------------------------------
+def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> list[RankResult]:
+    """The ranks to report: broken files skipped with a warning (the error itself when the run
+    has one file, or when none loaded), one window per worker."""
+    kept, errors = [], []
+    for r in results:
+        if r.error is not None:
+            if len(run.files) == 1:
+                raise r.error
+            errors.append(r.error)
+            warnings.append(f"skipped {r.error.line()}")
+        else:
+            kept.append(r)
+    if not kept:
+        raise errors[0]
+    return _one_window_per_worker(_one_job(kept, run.directory, warnings), warnings)
+
+
+def _one_window_per_worker(results: list[RankResult], warnings: list[str]) -> list[RankResult]:
+    """Several files from one worker are profiling windows (schedule `repeat`, or a last
+    partial window cut short), not ranks: keep the window with the most steps (then the newest)."""
+    by_worker: dict[str, list[RankResult]] = {}
+    for r in results:
+        by_worker.setdefault(r.worker, []).append(r)
+    if all(len(v) == 1 for v in by_worker.values()):
+        return results
+    kept = []
+    for key, windows in by_worker.items():
+        best = max(windows, key=lambda r: (r.window_steps, r.mtime))
+        kept.append(best)
+        if len(windows) > 1:
+            warnings.append(f"{len(windows)} profiling windows from worker {key}: using {best.path.name} ({best.window_steps} steps)")
+    return [r for r in results if any(r is k for k in kept)]
+
+
 def analyze(
     path: str | Path,
     run: str | None = None,
@@ -291,10 +464,15 @@ def analyze(
     ignore: list[str] | None = None,
     progress: Callable[[Path], None] | None = None,
     cache: bool = False,
+    executor: Executor | None = None,
 ) -> Analysis:
-    """The analysis of a run. With `cache`, an unchanged run analysed the same way before comes
-    back from the analysis cache: its ranks then carry a FramesHeader, not frames, which is
-    all the text, JSON and Markdown reports, gate and diff read (the HTML report needs frames)."""
+    """The analysis of a run: each rank analysed where it is loaded (`analyze_rank`, on a local
+    process pool or `executor`), the job put together from what the ranks send back. The
+    caller holds one rank's frames per worker at most, never every rank's.
+
+    With `cache`, an unchanged run analysed the same way before comes back from the analysis
+    cache. Either way the ranks carry a FramesHeader, not frames; `Analysis.with_primary_frames`
+    loads the one rank the HTML report draws."""
     config = config if config is not None else load_config()
     if config.rule_options:  # checked before the cache: a mistake in them is reported every time
         config = check_rule_options(config, all_rules(rules_dir))
@@ -311,22 +489,43 @@ def analyze(
                 chosen = {m.frames.path for m in hit.ranks}
                 run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
             return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings)
+    rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)  # bad ids fail here, once
     started = time.perf_counter()
-    frames = load_ranks(run_files, warnings, progress)
+    fact_warnings: list[str] = []
+    fact_paths: dict[int, Path] = {}
+    facts = _read_facts(run_files.directory, fact_warnings, fact_paths)
+    base = RankTask(
+        path=Path(),
+        index=0,
+        world_size=len(run_files.files),
+        facts_files={r: str(p) for r, p in fact_paths.items()},
+        rules_dir=None if rules_dir is None else str(rules_dir),
+        select=list(select),
+        ignore=list(ignore),
+        rule_options=config.rule_options,
+    )
+    tasks = [replace(base, path=p, index=i) for i, p in enumerate(run_files.files)]
+    results = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)
     if any(JOB_SPLIT_NOTE in w for w in warnings):
-        chosen = {f.path for f in frames}
+        chosen = {r.path for r in results}
         run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
-    facts = _read_facts(run_files.directory, warnings)
-    ranks = _assign_ranks(frames)
-    frames = [_complete_steps_only(f, facts.get(r) or facts.get(-1), warnings) for f, r in zip(frames, ranks)]
-    metrics = [compute_metrics(f, rank, facts.get(rank) or facts.get(-1)) for f, rank in zip(frames, ranks)]
-    metrics.sort(key=lambda m: m.rank)
-    warnings += [w for f in frames if (w := distorted_timing_warning(f))]
-    rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)
-    findings = run_rules(rules, metrics, facts, config.rule_options)
+    warnings += fact_warnings
+    ranks = _assign_ranks([r.distributed_rank for r in results], [r.path.name for r in results])
+    # A rank that guessed its number (or the world size) wrong is analysed again as what it is.
+    again = [replace(tasks[r.index], rank=rank, world_size=len(results)) for r, rank in zip(results, ranks) if r.rank != rank or r.world_size != len(results)]
+    if again:
+        redone = {x.index: x for x in analyze_ranks(again, None, executor)}
+        results = [redone.get(r.index, r) for r in results]
+    for r in results:
+        warnings += r.warnings
+    warnings += [r.timing_warning for r in results if r.timing_warning]
+    per_rank = sorted(((r.metrics, r.findings) for r in results), key=lambda x: x[0].rank)
+    metrics = [m for m, _ in per_rank]
+    waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None
+    findings = combine_findings(rules, per_rank, job_findings(rules, metrics, waits, facts, config.rule_options))
     if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:
         # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
-        if key.parsed_as_keyed(frames):
+        if key.parsed_as_keyed(results):
             write_analysis(run_files, key, metrics, findings, warnings)
     return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings)
 

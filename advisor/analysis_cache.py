@@ -3,8 +3,8 @@
 The frames cache (advisor.load.cache) saves the parse; metrics and rules on a big trace cost
 several times more. An entry here holds what the text, JSON and Markdown reports, `gate`,
 `baseline` and `diff` read of an Analysis: per rank the small scalar figures and the per-step
-tables, the columns of the kernel table that top_kernels reads, a FramesHeader instead of the
-frames; and the findings and warnings of the run. The HTML report reads the frames (top ops,
+tables (steps, breakdown, utilisation, kernel totals per name, collectives and compute kernels
+per step), a FramesHeader instead of the frames; and the findings and warnings of the run. The HTML report reads the frames (top ops,
 the timeline) and always takes the full path.
 
 Layout: `analysis-<digest of the run's files>/` with one Parquet file per rank and table and
@@ -49,13 +49,16 @@ from advisor import __version__
 from advisor.engine import Finding, Fix
 from advisor.load.cache import cache_beside, cache_dir_setting, cache_enabled, cache_setting, content_digest, may_write_under, path_digest, user_cache_root, ON_WORDS
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
+from advisor.metrics.collectives import RankComm
+from advisor.metrics.kernels import kernel_totals
 from advisor.metrics.summary import DeviceInfo, FramesHeader, Metrics
 
 META_FILE = "analysis.json"
-CACHE_FORMAT = 2  # 2: keyed on the traces' SHA-256, typed entries, per-precision kernel time
+CACHE_FORMAT = 3  # 3: keyed on the traces' SHA-256, typed entries, kernel totals, collectives per step
 # Analyses faster than this are not worth an entry beside the run.
 MIN_ANALYSIS_SECONDS = 0.5
-KERNEL_COLUMNS = ["name", "dur", "tensor_core", "precision"]  # what top_kernels reads
+TABLES = ("steps", "breakdown", "utilization", "kernels")
+COMM_TABLES = ("collectives", "compute")  # a rank's RankComm, when it was measured
 TAG = "$t"
 
 
@@ -226,16 +229,20 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "d2h": to_plain(m.d2h),
         "peak_memory": to_plain(m.peak_memory),
         "notes": to_plain(m.notes),
+        "comm": m.comm is not None,
     }
 
 
 def _tables(m: Metrics) -> dict[str, pd.DataFrame]:
-    return {
+    tables = {
         "steps": m.steps,
         "breakdown": m.breakdown,
         "utilization": m.utilization.to_frame("utilization"),
-        "kernels": m.kernels[KERNEL_COLUMNS],
+        "kernels": kernel_totals(m.kernels),
     }
+    if m.comm is not None:
+        tables.update(collectives=m.comm.collectives, compute=m.comm.compute)
+    return tables
 
 
 def write_analysis(run: RunFiles, key: AnalysisKey, ranks: list[Metrics], findings: list[Finding], warnings: list[str]) -> Path | None:
@@ -341,6 +348,7 @@ class RankEntry(_Entry):
     d2h: dict[str, Any]
     peak_memory: dict[int, dict[str, NonNegative | None]]
     notes: list[str]
+    comm: bool = False  # the rank's collectives and compute tables are stored
 
 
 class EntryMeta(_Entry):
@@ -353,6 +361,7 @@ class EntryMeta(_Entry):
 
 
 BREAKDOWN_COLUMNS = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
+KERNEL_TOTAL_COLUMNS = ["name", "count", "total_ns", "tensor_core", "precision"]  # kernel_totals
 STEP_DTYPES = {"step": "int64", "name": "str", "host_start": "int64", "host_end": "int64", "start": "int64", "end": "int64", "device_ops": "int64", "duration": "int64"}
 
 
@@ -377,9 +386,9 @@ def check_tables(t: dict[str, pd.DataFrame]) -> None:
     u = util["utilization"].to_numpy(np.float64) if list(util.columns) == ["utilization"] else None
     if u is None or len(u) != len(steps) or ((u < 0) | (u > 1)).any():
         raise BadEntry("utilization")
-    if list(kernels.columns) != KERNEL_COLUMNS or str(kernels["dur"].dtype) != "int64" or str(kernels["tensor_core"].dtype) != "bool":
+    if list(kernels.columns) != KERNEL_TOTAL_COLUMNS or any(str(kernels[c].dtype) != "int64" for c in ("count", "total_ns")) or str(kernels["tensor_core"].dtype) != "bool":
         raise BadEntry("kernels")
-    if (kernels["dur"].to_numpy() < 0).any():
+    if (kernels["total_ns"].to_numpy() < 0).any() or (kernels["count"].to_numpy() < 1).any():
         raise BadEntry("kernel times")
 
 
@@ -406,7 +415,8 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
             return None  # ranks twice, or files the run does not have
         ranks = []
         for i, r in enumerate(meta.ranks):
-            t = {name: pq.read_table(entry / f"{i}.{name}.parquet").to_pandas() for name in ("steps", "breakdown", "utilization", "kernels")}
+            names = TABLES + (COMM_TABLES if r.comm else ())
+            t = {name: pq.read_table(entry / f"{i}.{name}.parquet").to_pandas() for name in names}
             check_tables(t)
             ranks.append(
                 Metrics(
@@ -424,6 +434,7 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                     d2h=r.d2h,
                     peak_memory=r.peak_memory,
                     notes=r.notes,
+                    comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,
                 )
             )
         findings = []

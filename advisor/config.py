@@ -4,6 +4,7 @@ linters find theirs (from the current directory upwards).
     [tool.advisor]
     select = ["dataloader-stall", "h2d-pageable-copy"]   # only these rules
     ignore = ["channels-last"]                           # never these
+    scheduler = "tcp://10.0.0.5:8786"                    # analyse the ranks on this Dask cluster
     [tool.advisor.rules.dataloader-stall]
     min_share = 0.10                                     # a rule's thresholds
     [tool.advisor.gate]
@@ -45,6 +46,7 @@ class AdvisorTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ignore: list[str] = []  # never these
     rules: dict[str, dict[str, Any]] = {}  # [tool.advisor.rules.<id>]: that rule's options
     gate: dict[str, Any] = {}  # [tool.advisor.gate]: checked key by key by advisor.gate.budgets
+    scheduler: str | None = None  # a Dask scheduler (tcp://HOST:PORT) to analyse the ranks on
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Config:
     rule_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     gate: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    # A Dask scheduler (tcp://HOST:PORT) to analyse the ranks on; None: a local process pool.
+    scheduler: str | None = None
 
     def table_name(self, sub: str = "") -> str:
         """How the user wrote a table, for messages: [tool.advisor.rules.x] or [rules.x]."""
@@ -123,7 +127,9 @@ def load_config(path: str | Path | None = None, start: Path | None = None) -> Co
         from advisor.gate.budgets import parse_gate_table
 
         parse_gate_table(typed.gate, where, where.parent, shell.table_name("gate") or "[gate]")
-    return Config(select=typed.select, ignore=typed.ignore, rule_options=typed.rules, gate=typed.gate, path=where)
+    if typed.scheduler is not None and not typed.scheduler.strip():
+        raise InputError(where, f"{shell.table_name()} scheduler: expected a scheduler address such as \"tcp://HOST:8786\"")
+    return Config(select=typed.select, ignore=typed.ignore, rule_options=typed.rules, gate=typed.gate, path=where, scheduler=typed.scheduler)
 
 
 # --- rule options -------------------------------------------------------------------------

@@ -8,7 +8,12 @@ Its docstring is its documentation page (what `advisor explain RULE` prints) and
     DOCS = "https://pytorch.org/docs/..."   # the PyTorch page that backs the advice
     DEFAULTS = {"min_share": 0.05}     # thresholds, overridable in [tool.advisor.rules.<ID>]
     CAUSES = ()                         # for symptom rules: ids of rules that explain them
+    SCOPE = "rank"                      # or "job": the rule compares the ranks (JobContext)
     def check(ctx: Context) -> Finding | Iterable[Finding] | None
+
+A rank rule runs where its rank is loaded (`rank_findings`, on a worker next to the trace),
+so only its findings travel; a job rule runs once on the reduce side over every rank's
+metrics without frames (`job_findings`). `combine_findings` keeps each rule's worst rank.
 
 Findings are ranked by saving. A symptom rule (CAUSES non-empty) is not counted twice with
 its causes: when a cause fired, the symptom keeps only the part of its saving the causes do
@@ -28,8 +33,10 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from advisor.errors import InputError
+from advisor.metrics.collectives import JobWaits
 from advisor.metrics.summary import Metrics
 
+SCOPES = ("rank", "job")
 
 
 @dataclass
@@ -66,6 +73,7 @@ class Rule:
     causes: tuple[str, ...]
     module: ModuleType
     source: str  # "builtin" or the user's folder
+    scope: str = "rank"  # "rank": one rank's metrics and frames; "job": every rank, no frames
 
     def check(self, ctx: "Context") -> list[Finding]:
         out = self.module.check(ctx)
@@ -114,35 +122,69 @@ class Context:
                 return default
         return node
 
-    def finding(
-        self,
-        message: str,
-        saving_ms: float | None,
-        *,
-        confidence: str = "high",
-        evidence: dict[str, Any] | None = None,
-        fix: str | None = None,
-        snippet: str | None = None,
-        severity: str | None = None,
-        title: str | None = None,
-    ) -> Finding:
-        step = self.step_ms
-        pct = (saving_ms / step) if (saving_ms is not None and step > 0) else None
-        if severity is None:
-            severity = "low" if pct is None else ("high" if pct >= 0.10 else "medium" if pct >= 0.03 else "low")
-        mod = self.rule.module
-        return Finding(
-            rule=self.rule.id,
-            severity=severity,
-            title=title or self.rule.title,
-            message=message,
-            saving_ms=saving_ms,
-            saving_pct=pct,
-            confidence=confidence,
-            evidence=evidence or {},
-            fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
-            rank=self.metrics.rank,
-        )
+    def finding(self, message: str, saving_ms: float | None, **kwargs: Any) -> Finding:
+        return build_finding(self.rule, self.step_ms, self.metrics.rank, message, saving_ms, **kwargs)
+
+
+@dataclass
+class JobContext:
+    """What a job rule sees: every rank's metrics (FramesHeader, not frames: the frames stay
+    where each rank was loaded), the collective waits between ranks, the facts and its options."""
+
+    ranks: list[Metrics]
+    waits: JobWaits | None
+    facts: dict[int, dict[str, Any]]
+    options: dict[str, Any]
+    rule: Rule
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def step_ms(self) -> float:
+        """The job's mean step: the slowest rank's."""
+        return max((m.mean_step_ns / 1e6 for m in self.ranks), default=0.0)
+
+    def metrics_of(self, rank: int) -> Metrics:
+        return next(m for m in self.ranks if m.rank == rank)
+
+    def finding(self, message: str, saving_ms: float | None, *, rank: int | None = None, **kwargs: Any) -> Finding:
+        return build_finding(self.rule, self.step_ms, rank, message, saving_ms, **kwargs)
+
+
+def build_finding(
+    rule: Rule,
+    step_ms: float,
+    rank: int | None,
+    message: str,
+    saving_ms: float | None,
+    *,
+    confidence: str = "high",
+    evidence: dict[str, Any] | None = None,
+    fix: str | None = None,
+    snippet: str | None = None,
+    severity: str | None = None,
+    title: str | None = None,
+) -> Finding:
+    """A finding of `rule`: its share of the step, a severity from that share, the module's FIX
+    and AFTER unless given."""
+    pct = (saving_ms / step_ms) if (saving_ms is not None and step_ms > 0) else None
+    if severity is None:
+        severity = "low" if pct is None else ("high" if pct >= 0.10 else "medium" if pct >= 0.03 else "low")
+    mod = rule.module
+    return Finding(
+        rule=rule.id,
+        severity=severity,
+        title=title or rule.title,
+        message=message,
+        saving_ms=saving_ms,
+        saving_pct=pct,
+        confidence=confidence,
+        evidence=evidence or {},
+        fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
+        rank=rank,
+    )
 
 
 # --- discovery ----------------------------------------------------------------------------
@@ -150,6 +192,9 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
     missing = [a for a in ("ID", "TITLE", "check") if not hasattr(mod, a)]
     if missing:
         raise InputError(getattr(mod, "__file__", mod.__name__), f"not a rule: missing {', '.join(missing)}")
+    scope = getattr(mod, "SCOPE", "rank")
+    if scope not in SCOPES:
+        raise InputError(getattr(mod, "__file__", mod.__name__), f"SCOPE must be one of {', '.join(SCOPES)}, not {scope!r}")
     return Rule(
         id=mod.ID,
         title=mod.TITLE,
@@ -159,6 +204,7 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
         causes=tuple(getattr(mod, "CAUSES", ())),
         module=mod,
         source=source,
+        scope=scope,
     )
 
 
@@ -228,35 +274,98 @@ def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable
 
 
 # --- running ------------------------------------------------------------------------------
+RankFindings = list[tuple[str, Finding]]  # (rule id, finding) of one rank, in rule order
+
+
+def rank_findings(
+    rules: list[Rule],
+    metrics: Metrics,
+    facts: dict[str, Any] | None,
+    options: dict[str, dict[str, Any]] | None = None,
+    world_size: int = 1,
+) -> RankFindings:
+    """Every rank rule on one rank: the findings that buy time, or name a risk with no time figure."""
+    options = options or {}
+    out: RankFindings = []
+    for rule in rules:
+        if rule.scope != "rank":
+            continue
+        opts = {**rule.defaults, **options.get(rule.id, {})}
+        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size)
+        for finding in rule.check(ctx):
+            if finding.saving_ms is not None and not finding.saving_ms > 0:
+                continue  # a finding must buy time, or be a risk with no time figure
+            out.append((rule.id, finding))
+    return out
+
+
+def job_findings(
+    rules: list[Rule],
+    ranks: list[Metrics],
+    waits: JobWaits | None,
+    facts: dict[int, dict[str, Any]] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> RankFindings:
+    """Every job rule, once, over all ranks (they need at least two)."""
+    options = options or {}
+    out: RankFindings = []
+    if len(ranks) < 2:
+        return out
+    for rule in rules:
+        if rule.scope != "job":
+            continue
+        opts = {**rule.defaults, **options.get(rule.id, {})}
+        ctx = JobContext(ranks=ranks, waits=waits, facts=facts or {}, options=opts, rule=rule)
+        for finding in rule.check(ctx):
+            if finding.saving_ms is not None and not finding.saving_ms > 0:
+                continue
+            out.append((rule.id, finding))
+    return out
+
+
+def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]], job: RankFindings = ()) -> list[Finding]:
+    """The reduce: each rank rule's worst rank (ranks in rank order, the first of equals),
+    then the job rules' findings; ranked by saving, symptoms deferring to their causes."""
+    by_rule: dict[str, Finding] = {}
+    ranks_hit: dict[str, list[int]] = {}
+    per_rule: dict[str, list[tuple[int, Finding]]] = {}
+    for m, found in ranks:
+        for rule_id, finding in found:
+            per_rule.setdefault(rule_id, []).append((m.rank, finding))
+    for rule in rules:
+        for rank, finding in per_rule.get(rule.id, ()):
+            ranks_hit.setdefault(rule.id, []).append(rank)
+            best = by_rule.get(rule.id)
+            if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):
+                by_rule[rule.id] = finding
+    findings = list(by_rule.values())
+    for f in findings:
+        if len(ranks) > 1:
+            f.evidence["ranks"] = sorted(set(ranks_hit[f.rule]))
+    best_of_job: dict[str, Finding] = {}
+    for rule_id, finding in job:
+        best = best_of_job.get(rule_id)
+        if rule_id not in by_rule and (best is None or (finding.saving_ms or 0) > (best.saving_ms or 0)):
+            best_of_job[rule_id] = finding
+    findings += best_of_job.values()
+    step_ms = max((m.mean_step_ns / 1e6 for m, _ in ranks), default=0.0)
+    return _settle(findings, rules, step_ms)
+
+
 def run_rules(
     rules: list[Rule],
     ranks: list[Metrics],
     facts: dict[int, dict[str, Any]] | None = None,
     options: dict[str, dict[str, Any]] | None = None,
 ) -> list[Finding]:
-    """Run every rule on every rank; keep each rule's worst rank; rank by saving."""
+    """Every rule on ranks held in one process (frames and all): rank rules on each, job rules
+    on all, then the reduce. `advisor.analysis` runs the same steps with the ranks spread over workers."""
+    from advisor.metrics.collectives import job_waits
+
     facts = facts or {}
-    options = options or {}
-    by_rule: dict[str, Finding] = {}
-    ranks_hit: dict[str, list[int]] = {}
-    for rule in rules:
-        opts = {**rule.defaults, **options.get(rule.id, {})}
-        for m in ranks:
-            f_ = facts.get(m.rank) or facts.get(-1)
-            ctx = Context(metrics=m, facts=f_, options=opts, rule=rule, world_size=len(ranks))
-            for finding in rule.check(ctx):
-                if finding.saving_ms is not None and not finding.saving_ms > 0:
-                    continue  # a finding must buy time, or be a risk with no time figure
-                ranks_hit.setdefault(rule.id, []).append(m.rank)
-                best = by_rule.get(rule.id)
-                if best is None or (finding.saving_ms or 0) > (best.saving_ms or 0):
-                    by_rule[rule.id] = finding
-    findings = list(by_rule.values())
-    for f in findings:
-        if len(ranks) > 1:
-            f.evidence["ranks"] = sorted(set(ranks_hit[f.rule]))
-    step_ms = max((m.mean_step_ns / 1e6 for m in ranks), default=0.0)
-    return _settle(findings, rules, step_ms)
+    per_rank = [(m, rank_findings(rules, m, facts.get(m.rank) or facts.get(-1), options, len(ranks))) for m in ranks]
+    waits = job_waits([(m.rank, m.comm) for m in ranks]) if len(ranks) > 1 else None
+    return combine_findings(rules, per_rank, job_findings(rules, ranks, waits, facts, options))
 
 
 def _settle(findings: list[Finding], rules: list[Rule], step_ms: float) -> list[Finding]:

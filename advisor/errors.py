@@ -23,4 +23,8 @@ class InputError(Exception):
         return (type(self), (self.path, self.problem))
 
     def line(self) -> str:
-        return f"{self.path}: {self.problem}" if self.path else self.problem
+        """One line whatever the file name holds (newlines, escape sequences, non-UTF-8 bytes)."""
+        from advisor.terminal_text import one_line, path_text
+
+        problem = one_line(self.problem)
+        return f"{path_text(self.path)}: {problem}" if self.path else problem

@@ -91,11 +91,22 @@ class Device(_Out):
     compute_capability: Optional[str]
 
 
+class Communication(_Out):
+    """A rank's collectives: ms per step, the share compute kernels overlap, and (several ranks)
+    its wait in them for later ranks and the wait it causes the others; null without collectives."""
+
+    collective_ms_per_step: float
+    overlap_share: Optional[float]
+    wait_ms_per_step: Optional[float]
+    caused_wait_ms_per_step: Optional[float]
+
+
 class RankReport(_Out):
     rank: int
     file: str
     device: Device
     summary: Summary
+    communication: Optional[Communication]
 
 
 class Report(_Out):

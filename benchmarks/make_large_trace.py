@@ -12,6 +12,10 @@ and the number of copies (so does `traceName`).
     # 64 ranks of ~50 MB each (gzip), from the 26 MB A100 trace
     python benchmarks/make_large_trace.py --source misc/a100_80gb_train.json.gz --size 50MB \\
         --ranks 64 --out /tmp/advisor-bench/ranks64
+    # a job with a straggler: rank 17 of 64 computes 20 ms longer per step, the others wait
+    # for it in their first collective of each step (tests/trace_edit.py delay_first_collective)
+    python benchmarks/make_large_trace.py --source a100_two_ranks/rank-0.json.gz --size 50MB \\
+        --ranks 64 --slow-rank 17 --delay-ms 20 --gzip --out /tmp/advisor-bench/job64
 
 Write them under /tmp, never into the repository.
 """
@@ -180,17 +184,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ranks", type=int, default=0, help="write this many rank files (rank-<r>.pt.trace.json[.gz]) into --out")
     ap.add_argument("--gzip", action="store_true", help="with --ranks: gzip the rank files")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--slow-rank", type=int, default=None, help="with --ranks: this rank arrives late at every step's first collective")
+    ap.add_argument("--delay-ms", type=float, default=20.0, help="with --slow-rank: how much later, per step")
     args = ap.parse_args(argv)
 
     src = source_file(args.source)
     doc, src_bytes = read_doc(src)
+    slow_chunks = None
+    if args.ranks and args.slow_rank is not None:
+        # The documented edit of the tests, applied to the source before it is repeated: the slow
+        # rank's last kernel before each step's first collective runs longer, the others wait
+        # that long in the collective.
+        sys.path.insert(0, str(REPO / "tests"))
+        from trace_edit import delay_first_collective
+
+        slow_doc = orjson.loads(orjson.dumps(doc))
+        delay_first_collective(slow_doc, args.delay_ms * 1000.0, slow=True)
+        delay_first_collective(doc, args.delay_ms * 1000.0, slow=False)
+        slow_scaler = Scaler(slow_doc)
     scaler = Scaler(doc)
     per_copy = len(orjson.dumps(scaler.repeat))  # compact JSON: smaller than the pretty-printed source
     copies = max(1, round(args.size / per_copy))
     if args.ranks:
         chunks = list(event_chunks(scaler, copies))  # shared by every rank: only the header differs
+        if args.slow_rank is not None:
+            slow_chunks = list(event_chunks(slow_scaler, copies))
         suffix = ".pt.trace.json.gz" if args.gzip else ".pt.trace.json"
-        jobs = [(args.out / f"rank-{r}{suffix}", header(doc, src, copies, r, args.ranks), chunks) for r in range(args.ranks)]
+        jobs = [(args.out / f"rank-{r}{suffix}", header(doc, src, copies, r, args.ranks), slow_chunks if r == args.slow_rank else chunks) for r in range(args.ranks)]
         with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
             sizes = list(pool.map(_write_rank, jobs))
         print(f"wrote {args.ranks} ranks of {sizes[0] / 2**20:.1f} MB ({copies} copies of {src.name}) to {args.out}")

@@ -6,14 +6,18 @@
    the same bytes and next to torch-tb-profiler's and HTA's loaders (where they finish).
 2. The second report of the same trace (target < 2 s): from the analysis cache (metrics and
    findings; the frames cache behind it), as JSON and as text, and `advisor gate` on it.
-3. 64 ranks of ~50 MB: per-rank summaries with 1 and 2 worker processes (speed-up), and peak
-   RSS with 16 and 64 ranks (bounded by the worker count, not the rank count).
+3. Whole jobs (issue 17): `advisor report --format json` on 16, 64 and 256 ranks (scaled
+   copies of a real rank, one rank made slower: make_large_trace.py --slow-rank), on the local
+   process pool and on a Dask LocalCluster started here (loopback, the same worker count):
+   wall time, peak RSS of all processes (the report's process tree, plus the cluster's
+   scheduler and workers), whether both give the same JSON, and whether `straggler` names
+   the slowed rank and its wait. Results: benchmarks/results/scale_ranks.{txt,json}.
 
-Big files go to /tmp/advisor-bench (made on first use, reused after). Results:
+Big files go to /tmp/advisor-bench (made on first use, reused after). Results of 1-2:
 benchmarks/results/scale.{txt,json}.
 
-    python benchmarks/scale.py [--size 1GB] [--ranks 64] [--rank-size 50MB] [--skip-tools]
-                               [--skip-1gb | --skip-ranks]
+    python benchmarks/scale.py [--size 1GB] [--skip-tools] --skip-ranks
+    python benchmarks/scale.py --skip-1gb [--jobs 16,64,256] [--rank-size 50MB] [--workers 2]
 """
 
 from __future__ import annotations
@@ -92,13 +96,37 @@ def ensure_trace(size: int) -> Path:
     return path
 
 
-def ensure_ranks(n: int, size: int) -> Path:
-    folder = BENCH / f"ranks{n}_{size // 2**20}MB"
-    if not folder.is_dir() or len(list(folder.glob("rank-*.pt.trace.json.gz"))) != n:
-        shutil.rmtree(folder, ignore_errors=True)
-        subprocess.run([PY, str(REPO / "benchmarks" / "make_large_trace.py"), "--source", "misc/a100_80gb_train.json.gz",
-                        "--size", f"{size // 2**20}MB", "--ranks", str(n), "--gzip", "--out", str(folder)], check=True)
+SLOW_RANK = 5
+DELAY_MS = 20.0
+JOB_SOURCE = "a100_two_ranks/rank-0.json.gz"  # a real rank with NCCL collectives
+
+
+def ensure_job(n: int, size: int) -> Path:
+    """n ranks of ~size bytes (gzip) with rank SLOW_RANK made slower; smaller jobs reuse the
+    first ranks of a larger one through links."""
+    folder = BENCH / f"job{n}_{size // 2**20}MB"
+    if folder.is_dir() and len(list(folder.glob("rank-*.pt.trace.json.gz"))) == n:
+        return folder
+    bigger = sorted((p for p in BENCH.glob(f"job*_{size // 2**20}MB") if int(p.name[3:].split("_")[0]) > n and len(list(p.glob("rank-*.pt.trace.json.gz"))) == int(p.name[3:].split("_")[0])), key=lambda p: p.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    if bigger:
+        folder.mkdir(parents=True)
+        for r in range(n):
+            os.link(bigger[0] / f"rank-{r}.pt.trace.json.gz", folder / f"rank-{r}.pt.trace.json.gz")
+        return folder
+    subprocess.run([PY, str(REPO / "benchmarks" / "make_large_trace.py"), "--source", JOB_SOURCE, "--size", f"{size // 2**20}MB", "--ranks", str(n),
+                    "--slow-rank", str(SLOW_RANK), "--delay-ms", str(DELAY_MS), "--gzip", "--workers", "1", "--out", str(folder)], check=True)
     return folder
+
+
+CLUSTER = """
+import sys
+from distributed import LocalCluster
+cluster = LocalCluster(n_workers=int(sys.argv[1]), threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
+print(cluster.scheduler_address, flush=True)
+sys.stdin.read()  # until the benchmark closes our stdin
+cluster.close()
+"""
 
 
 LOAD_PROBE = {
@@ -107,16 +135,6 @@ LOAD_PROBE = {
     "tb": "import sys, time\nfrom torch_tb_profiler.profiler.data import RunProfileData\nt = time.perf_counter(); RunProfileData.parse('worker0', 0, sys.argv[1], None); print(time.perf_counter() - t)",
     "hta": "import sys, os, time, logging\nlogging.disable(logging.CRITICAL)\nfrom hta.trace_analysis import TraceAnalysis\nt = time.perf_counter(); TraceAnalysis(trace_dir=os.path.dirname(sys.argv[1])); print(time.perf_counter() - t)",
 }
-
-SUMMARY_PROBE = """
-import os, sys, time, json
-from pathlib import Path
-from advisor.load.parallel import map_ranks, rank_summary
-paths = sorted(Path(sys.argv[1]).glob("rank-*.pt.trace.json.gz"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))[: int(sys.argv[3])]
-t = time.perf_counter()
-out = [s for _, s in map_ranks(rank_summary, paths, workers=int(sys.argv[2]))]
-print(json.dumps({"s": time.perf_counter() - t, "ranks": len(out), "errors": sum(1 for s in out if s.error), "steps": sum(s.steps for s in out)}))
-"""
 
 
 def one_gb(size: int, tools: bool, tool_timeout: float) -> tuple[list[str], dict]:
@@ -183,44 +201,84 @@ def one_gb(size: int, tools: bool, tool_timeout: float) -> tuple[list[str], dict
     return lines, data
 
 
-def many_ranks(n: int, size: int) -> tuple[list[str], dict]:
-    folder = ensure_ranks(n, size)
-    files = sorted(folder.glob("rank-*.pt.trace.json.gz"))
-    raw_mb = json.loads(subprocess.run([PY, "-c", "import sys, json\nfrom advisor.load.decode import read_trace_bytes\nprint(len(read_trace_bytes(sys.argv[1])) / 2**20)", str(files[0])],
-                                       check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
-    lines = [f"\n3. {n} ranks of {raw_mb:.0f} MB each (gzip, scaled copies of a real trace): per-rank summaries via map_ranks"]
-    env = {**os.environ, "ADVISOR_CACHE": "off", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
-    data: dict = {"ranks": n, "rank_mb": raw_mb, "runs": []}
-    for ranks, workers in ((n, 1), (n, 2), (max(2, n // 4), 2)):
-        r = run_measured([PY, "-c", SUMMARY_PROBE, str(folder), str(workers), str(ranks)], env)
-        if r["rc"] != 0:
-            lines.append(f"  {ranks} ranks, {workers} workers: FAILED {r['stderr'][-300:]}")
-            continue
-        out = json.loads(r["stdout"].strip().splitlines()[-1])
-        run = {"ranks": ranks, "workers": workers, "wall_s": r["wall_s"], "map_s": out["s"], "peak_rss_mb": r["peak_rss_mb"], "errors": out["errors"]}
+def measure_job(cmd: list[str], env: dict, others: list[int], timeout: float = 3600) -> dict:
+    """run_measured, with the RSS of other process trees (a cluster) added to every sample."""
+    peak = [0.0]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_rss_mb(proc.pid) + sum(tree_rss_mb(p) for p in others))
+            time.sleep(0.05)
+
+    threading.Thread(target=sample, daemon=True).start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        code = "timeout"
+    done.set()
+    return {"wall_s": time.perf_counter() - start, "peak_rss_mb": peak[0], "rc": code, "stdout": out, "stderr": err[-1500:]}
+
+
+def whole_jobs(sizes: list[int], size: int, workers: int) -> tuple[list[str], dict]:
+    env = {**os.environ, "ADVISOR_CACHE": "off", "ADVISOR_WORKERS": str(workers), "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
+    folders = {n: ensure_job(n, size) for n in sorted(sizes, reverse=True)}
+    first = next(iter(folders.values())) / "rank-0.pt.trace.json.gz"
+    raw_mb = json.loads(subprocess.run([PY, "-c", "import sys\nfrom advisor.load.decode import read_trace_bytes\nprint(len(read_trace_bytes(sys.argv[1])) / 2**20)", str(first)],
+                                       check=False, capture_output=True, text=True, env=env).stdout)
+    gz_mb = first.stat().st_size / 2**20
+    lines = [f"\n3. whole jobs: advisor report --format json, {workers} workers, ranks of {raw_mb:.1f} MB of JSON ({gz_mb:.1f} MB gzip),"
+             f" scaled copies of {JOB_SOURCE} with rank {SLOW_RANK} {DELAY_MS:.0f} ms slower per step"]
+    data: dict = {"rank_mb": raw_mb, "rank_gzip_mb": gz_mb, "workers": workers, "slow_rank": SLOW_RANK, "delay_ms": DELAY_MS, "runs": []}
+    nice = ["nice", "-n", "5"]
+    for n in sorted(sizes):
+        report = [*nice, PY, "-m", "advisor", "report", str(folders[n]), "--format", "json"]
+        pool = measure_job(report, env, [])
+        cluster = subprocess.Popen([*nice, PY, "-c", CLUSTER, str(workers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        address = cluster.stdout.readline().strip()
+        dask = measure_job([*report, "--scheduler", address], env, [cluster.pid])
+        cluster.stdin.close()
+        cluster.wait(timeout=120)
+        run = {"ranks": n, "pool": {k: pool[k] for k in ("wall_s", "peak_rss_mb", "rc")}, "cluster": {k: dask[k] for k in ("wall_s", "peak_rss_mb", "rc")}}
+        run["identical_json"] = pool["rc"] == 0 and pool["stdout"] == dask["stdout"]
+        straggler = None
+        if pool["rc"] == 0:
+            report_json = json.loads(pool["stdout"])
+            straggler = next((f for f in report_json["findings"] if f["rule"] == "straggler"), None)
+            run["ranks_reported"] = len(report_json["ranks"])
+        run["straggler"] = None if straggler is None else {"rank": straggler["rank"], "saving_ms": straggler["saving_ms"]}
         data["runs"].append(run)
-        lines.append(f"  {ranks:3d} ranks, {workers} worker(s): {out['s']:6.1f} s ({ranks * raw_mb / out['s']:5.0f} MB/s)  peak RSS of all processes {r['peak_rss_mb']:6.0f} MB  errors {out['errors']}")
-    one = next((x for x in data["runs"] if x["ranks"] == n and x["workers"] == 1), None)
-    two = next((x for x in data["runs"] if x["ranks"] == n and x["workers"] == 2), None)
-    few = next((x for x in data["runs"] if x["ranks"] != n), None)
-    if one and two:
-        data["speedup_1_to_2"] = one["map_s"] / two["map_s"]
-        lines.append(f"  speed-up from 1 to 2 processes: {data['speedup_1_to_2']:.2f}x (2 cores)")
-    if two and few:
-        data["rss_ratio_all_vs_quarter"] = two["peak_rss_mb"] / few["peak_rss_mb"]
-        lines.append(f"  peak RSS with {n} ranks vs {few['ranks']} ranks (2 workers): {two['peak_rss_mb']:.0f} vs {few['peak_rss_mb']:.0f} MB"
-                     f" -> bounded by workers: {'PASS' if data['rss_ratio_all_vs_quarter'] < 1.25 else 'FAIL'}")
+        for label, r in (("local pool", pool), ("Dask cluster", dask)):
+            if r["rc"] != 0:
+                lines.append(f"  {n:3d} ranks, {label}: FAILED rc={r['rc']} {r['stderr'][-300:]}")
+            else:
+                lines.append(f"  {n:3d} ranks, {label:12s}: {r['wall_s']:6.1f} s ({n * raw_mb / r['wall_s']:5.1f} MB/s)  peak RSS of all processes {r['peak_rss_mb']:6.0f} MB")
+        found = run["straggler"]
+        named = "none" if found is None else f"rank {found['rank']}, {found['saving_ms']:.2f} ms/step"
+        lines.append(f"       same JSON from both: {'yes' if run['identical_json'] else 'NO'}; straggler: {named} (made: rank {SLOW_RANK}, {DELAY_MS:.2f} ms/step)")
+    by_n = {r["ranks"]: r for r in data["runs"]}
+    if 64 in by_n and 256 in by_n:
+        for kind in ("pool", "cluster"):
+            a, b = by_n[64][kind]["peak_rss_mb"], by_n[256][kind]["peak_rss_mb"]
+            data[f"rss_256_vs_64_{kind}"] = b / a if a else None
+            lines.append(f"  peak RSS, 256 vs 64 ranks ({kind}): {b:.0f} vs {a:.0f} MB = {b / a:.3f}x -> within 10%: {'PASS' if a and abs(b / a - 1) <= 0.10 else 'FAIL'}")
     return lines, data
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=parse_size, default=parse_size("1GB"))
-    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--jobs", default="16,64,256", help="rank counts of section 3")
     ap.add_argument("--rank-size", type=parse_size, default=parse_size("50MB"))
+    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-tools", action="store_true", help="do not run torch-tb-profiler and HTA on the big trace")
     ap.add_argument("--skip-1gb", action="store_true", help="skip sections 1-2 (the single-rank trace)")
-    ap.add_argument("--skip-ranks", action="store_true", help="skip section 3 (many ranks); with --skip-tools, only the reports and loaders of 1-2 run")
+    ap.add_argument("--skip-ranks", action="store_true", help="skip section 3 (whole jobs); with --skip-tools, only the reports and loaders of 1-2 run")
     ap.add_argument("--tool-timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=RESULTS / "scale")
     args = ap.parse_args()
@@ -231,14 +289,19 @@ def main() -> None:
     if not args.skip_1gb:
         more, result["single_rank"] = one_gb(args.size, not args.skip_tools, args.tool_timeout)
         lines += more
+    if not args.skip_1gb:
+        write_results(args.out, lines, result)
     if not args.skip_ranks:
-        more, result["many_ranks"] = many_ranks(args.ranks, args.rank_size)
-        lines += more
+        more, jobs = whole_jobs([int(x) for x in args.jobs.split(",")], args.rank_size, args.workers)
+        write_results(RESULTS / "scale_ranks", [lines[0], *more], {"machine": info, "whole_jobs": jobs})
+
+
+def write_results(out: Path, lines: list[str], result: dict) -> None:
     text = "\n".join(lines)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".txt").write_text(text + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".txt").write_text(text + "\n")
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ for i, (x, y) in enumerate(loader):
 Exposed collective time per step (collective kernels minus the time compute kernels run
 alongside them), minus the exposed part of the step's last collective: that one follows the
 last gradient and can never overlap. The collective time includes waiting for slower ranks;
-overlap does not remove that, so the confidence is medium, and low when most of the exposed
+overlap does not remove that: when `straggler` names the rank the others wait for, its wait
+is taken off this saving (it is claimed there). The confidence is medium, and low when most of the exposed
 time is point-to-point (send/recv, all-to-all) traffic of model-parallel layers, which
 bucketing does not touch.
 
@@ -68,6 +69,7 @@ ID = "communication-exposed"
 TITLE = "Communication is not overlapped with computation"
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 DEFAULTS = {"min_share": 0.05}
+CAUSES = ("straggler",)
 FIX = "Overlap communication with backward: DDP with smaller buckets (bucket_cap_mb), no_sync() for all but the last micro-batch, no manual all-reduce after backward; FSDP with backward_prefetch."
 AFTER = """model = DDP(model, device_ids=[rank], bucket_cap_mb=25, gradient_as_bucket_view=True)
 for i, (x, y) in enumerate(loader):

@@ -132,7 +132,7 @@ def check(ctx: Context):
     eligible = k["eligible"].to_numpy(bool)
     dur = k["dur"].to_numpy(np.float64)
     eligible_ns = dur[eligible].sum()
-    if eligible_ns / total < opts["min_eligible_share"]:
+    if eligible_ns <= 0 or eligible_ns / total < opts["min_eligible_share"]:
         return None
     half_ns = dur[eligible & np.isin(precision, HALF)].sum()
     if half_ns / eligible_ns > opts["max_half_share"]:

@@ -43,14 +43,14 @@ def loads(monkeypatch):
             self.forbidden = on
 
     counter = Counter()
-    real = analysis.load_ranks
+    real = analysis.analyze_ranks
 
     def counted(*args, **kwargs):
         assert not counter.forbidden, "frames loaded: the analysis cache was missed"
         counter.n += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(analysis, "load_ranks", counted)
+    monkeypatch.setattr(analysis, "analyze_ranks", counted)
     return counter
 
 

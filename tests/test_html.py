@@ -65,7 +65,7 @@ class Elements(HTMLParser):
 
 @pytest.fixture(scope="module")
 def nw0_analysis():
-    return analyze(trace_path("v100_resnet50_nw0"))
+    return analyze(trace_path("v100_resnet50_nw0")).with_primary_frames()  # the timeline test reads its frames
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +269,7 @@ def test_mangled_kernel_names_are_shown_as_cpp():
     from advisor.render.html import kernel_summary
 
     run = Path(__file__).resolve().parent.parent / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline"
-    a = analyze(run)
+    a = analyze(run).with_primary_frames()  # kernel_summary reads the full kernel table
     mangled = [n for n in kernel_summary(a.primary.kernels)["name"] if n.startswith("_ZN")]
     assert mangled, "the H100 sample launches mangled cutlass kernels"
     # this one is beyond the C++ runtime's demangler: its qualified name is read from the symbol

@@ -396,6 +396,9 @@ def test_torchrun_two_ranks_gloo(tmp_path: Path):
     r = profile(["--out", str(out), "--nproc-per-node", "2", *QUICK, str(script)], tmp_path)
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in out.iterdir())
+    logs = [n for n in names if n.endswith(".log")]  # what torch printed while it profiled, per rank
+    assert set(logs) <= {"advisor_profiler.rank0.log", "advisor_profiler.rank1.log"}
+    names = [n for n in names if n not in logs]
     assert names[:2] == ["advisor_facts.rank0.json", "advisor_facts.rank1.json"]
     assert [n.split(".")[0] for n in names[2:]] == ["rank0", "rank1"]
     for rank in (0, 1):

@@ -71,7 +71,8 @@ def test_out_dir_is_always_new(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     a = prepare_out_dir(None, "train")
     b = prepare_out_dir(None, "train")
-    assert a != b and a.parent == b.parent == Path("advisor_runs") and a.name.startswith("train-")
+    # absolute, resolved once: the script may os.chdir() before the trace is written
+    assert a != b and a.parent == b.parent == tmp_path / "advisor_runs" and a.name.startswith("train-")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert prepare_out_dir(empty, "x") == empty

@@ -454,7 +454,7 @@ def test_empty_cache_fires_when_the_loop_frees_the_cache(tmp_path):
 
 def test_empty_cache_and_churn_silent_without_step_markers():
     a = run(trace_path("a100_alexnet"))
-    assert len(a.primary.frames.steps) == 0
+    assert len(a.with_primary_frames().primary.frames.steps) == 0
     assert finding(a, "empty-cache") is None and finding(a, "allocator-churn") is None
 
 

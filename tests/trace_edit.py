@@ -185,7 +185,78 @@ def ts_within(start_us: float, end_us: float) -> Predicate:
     return lambda e: isinstance(e.get("ts"), (int, float)) and start_us <= e["ts"] < end_us
 
 
+def insert_time(doc: dict[str, Any], at_us: float, delta_us: float) -> None:
+    """Make the run `delta_us` longer at `at_us`: events that start at or after it start later,
+    events running across it last longer (a kernel that takes longer, the step around it)."""
+    for e in events(doc, lambda e: isinstance(e.get("ts"), (int, float))):
+        if e["ts"] >= at_us:
+            e["ts"] += delta_us
+        elif isinstance(e.get("dur"), (int, float)) and e["ts"] + e["dur"] > at_us:
+            e["dur"] += delta_us
+
+
+COLLECTIVE = ("nccl", "rccl")
+
+
+def _is_collective(e: Event) -> bool:
+    return isinstance(e.get("cat"), str) and e["cat"].lower() == "kernel" and any(p in str(e.get("name", "")).lower() for p in COLLECTIVE)
+
+
+def _is_compute_kernel(e: Event) -> bool:
+    return isinstance(e.get("cat"), str) and e["cat"].lower() == "kernel" and not _is_collective(e)
+
+
+def delay_first_collective(doc: dict[str, Any], delay_us: float, slow: bool) -> list[float]:
+    """One rank of a job made slower by `delay_us` in every step, documented edit:
+
+    - slow=True (the straggler): the last compute kernel that ends before each step's first
+      collective runs `delay_us` longer, and everything after it starts that much later;
+    - slow=False (every other rank): that first collective lasts `delay_us` longer (the rank
+      waits in it for the straggler), and everything after it starts that much later.
+
+    Both make every step `delay_us` longer, as the whole job would be. Returns the insertion
+    points (raw trace µs)."""
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events(doc, lambda e: str(e.get("name", "")).startswith("ProfilerStep#") and isinstance(e.get("dur"), (int, float))))
+    kernels = events(doc, lambda e: isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float)))
+    points = []
+    for i, (start, _end) in enumerate(steps):
+        nxt = steps[i + 1][0] if i + 1 < len(steps) else float("inf")
+        firsts = sorted(e["ts"] for e in kernels if _is_collective(e) and start <= e["ts"] < nxt)
+        if not firsts:
+            continue
+        c = firsts[0]
+        if slow:
+            before = [e for e in kernels if _is_compute_kernel(e) and e["ts"] + e["dur"] <= c and e["dur"] > 0]
+            if not before:
+                continue
+            k = max(before, key=lambda e: e["ts"] + e["dur"])
+            points.append(k["ts"] + k["dur"] - min(0.5, k["dur"] / 2))  # inside that kernel: it runs longer
+        else:
+            first = min((e for e in kernels if _is_collective(e) and e["ts"] == c), key=lambda e: e["dur"])
+            points.append(c + min(0.5, first["dur"] / 2))  # inside the collective: it lasts longer
+    for at in sorted(points, reverse=True):  # the latest first: earlier points do not move
+        insert_time(doc, at, delay_us)
+    return points
+
+
+def straggler_job(source: str | Path, out: str | Path, ranks: int, slow_rank: int, delay_ms: float) -> list[Path]:
+    """A job of `ranks` copies of one real rank's trace (`rank-<r>.json.gz` in `out`, each with
+    its distributedInfo rank), `slow_rank` made slower by `delay_ms` per step and the others
+    waiting for it (see delay_first_collective)."""
+    out = Path(out)
+    paths = []
+    for r in range(ranks):
+        doc = load_events(source)
+        delay_first_collective(doc, delay_ms * 1000.0, slow=r == slow_rank)
+        doc["distributedInfo"] = {**(doc.get("distributedInfo") or {}), "rank": r, "world_size": ranks}
+        paths.append(write_trace(doc, out / f"rank-{r}.json.gz"))
+    return paths
+
+
 __all__ = [
+    "insert_time",
+    "delay_first_collective",
+    "straggler_job",
     "TRACES",
     "KNOWN",
     "traces_dir",

@@ -39,6 +39,8 @@ from typing import Annotated, Any
 import msgspec
 import orjson
 
+from advisor.terminal_text import clean_strings
+
 SCHEMA = "advisor/facts/v1"
 
 
@@ -256,9 +258,12 @@ def version_facts() -> dict[str, Any]:
 
 
 def write_facts(path: Path, document: dict[str, Any]) -> None:
-    """Write the file in one go (temp file + rename), so a reader never sees half of it."""
+    """Write the file in one go (temp file + rename), so a reader never sees half of it.
+
+    Strings that are not valid Unicode (a script or argument named with bytes that are not
+    UTF-8) are written with those bytes as `\\xNN`."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str))
+    tmp.write_bytes(orjson.dumps(clean_strings(document), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str))
     os.replace(tmp, path)
 
 

@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> None:
         prefix = f"rank {rank}: " if world_size > 1 else ""
         say_lines([prefix + line for line in summary_lines(result)])
     sys.stdout.flush()
+    if result.outcome.how == "terminated":  # torchrun passed on a SIGTERM: end by it, as asked
+        from advisor.capture.runner import end_by_sigterm
+
+        end_by_sigterm()
     sys.exit(result.exit_code)
 
 

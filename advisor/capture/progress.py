@@ -1,6 +1,7 @@
 """What `advisor profile` says while the script runs: on stderr, never on the script's stdout.
 
-One line when each phase of the window starts (warm-up, recording, saved), and on a terminal
+Each line is one line of plain text (file names and error messages in it may come from the
+script: see advisor.terminal_text). One line when each phase of the window starts (warm-up, recording, saved), and on a terminal
 a bar that advances with the steps. The bar is redrawn only at step ends (no refresh thread,
 so nothing of ours runs while a step is being recorded).
 """
@@ -11,6 +12,8 @@ import sys
 
 from rich.console import Console
 from rich.text import Text
+
+from advisor.terminal_text import one_line
 
 
 class Window:
@@ -49,7 +52,7 @@ def say_lines(lines: list[str]) -> None:
     """Print the advisor's own lines on stderr, each prefixed `advisor: `."""
     console = Console(stderr=True, highlight=False)
     for line in lines:
-        console.print(Text("advisor: ", style="bold") + Text(line), soft_wrap=True)
+        console.print(Text("advisor: ", style="bold") + Text(one_line(line)), soft_wrap=True)
 
 
 def step_span(steps: list[int]) -> str:
@@ -76,7 +79,7 @@ class Progress:
     def say(self, message: str) -> None:
         if not self.enabled:
             return
-        line = Text("advisor: ", style="bold") + Text(message)
+        line = Text("advisor: ", style="bold") + Text(one_line(message))
         if self._bar is not None:
             self._bar.console.print(line, soft_wrap=True)
         else:

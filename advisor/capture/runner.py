@@ -8,7 +8,10 @@ defined in it unpickle there (cProfile leaves `__main__` pointing at itself, whi
 them). Its stdout and stderr are not touched. Everything changed here is put back afterwards.
 
 When the script fails, its own traceback is printed through `sys.excepthook` with our frames
-taken out, and the exit code Python would have given comes back. This module knows nothing
+taken out, and the exit code Python would have given comes back. A process the script forks
+(os.fork) that ends the script (sys.exit, an exception, running off its end) leaves right
+there with that exit code, as it would under plain Python: only the process that started
+the run goes back to the caller (see `_leave_forked_process`). This module knows nothing
 about torch; the capture session passes in the exceptions it raises on purpose.
 """
 
@@ -54,9 +57,20 @@ class Target:
         return [self.name, *self.args]
 
 
+class Terminated(BaseException):
+    """Raised by the capture's SIGTERM handler: ends the script the way Ctrl-C does.
+
+    A BaseException, so that the script's `except Exception:` does not swallow it.
+    """
+
+
+SIGTERM_EXIT = 128 + 15  # what a shell shows for a process ended by SIGTERM
+
+
 @dataclass
 class Outcome:
-    """How the run ended: `finished`, `exit` (sys.exit), `error`, `interrupted`, or `stopped`."""
+    """How the run ended: `finished`, `exit` (sys.exit), `error`, `interrupted` (Ctrl-C),
+    `terminated` (SIGTERM), or `stopped`."""
 
     how: str
     exit_code: int
@@ -110,11 +124,13 @@ def _put_first_on_path(folder: str) -> bool:
     return True
 
 
-def run(target: Target, on_purpose: tuple[type[BaseException], ...] = ()) -> Outcome:
+def run(target: Target, on_purpose: tuple[type[BaseException], ...] = (), owner_pid: int | None = None) -> Outcome:
     """Run TARGET as `__main__` and say how it ended.
 
     Exceptions of the types in ON_PURPOSE (raised by our own hooks) end the run quietly with
     `how="stopped"`; sys.argv, sys.path and sys.modules["__main__"] are put back either way.
+    In a process other than OWNER_PID (a fork of the script), the end of the script ends
+    that process with the exit code instead of returning.
     """
     saved_argv = sys.argv
     saved_path = list(sys.path)
@@ -136,9 +152,13 @@ def run(target: Target, on_purpose: tuple[type[BaseException], ...] = ()) -> Out
             outcome = Outcome("exit", _exit_code(exc.code))
         except KeyboardInterrupt:
             outcome = Outcome("interrupted", 130)
+        except Terminated:
+            outcome = Outcome("terminated", SIGTERM_EXIT)
         except BaseException as exc:  # the script's own failure: its traceback, Python's code
             _print_user_traceback(exc)
             outcome = Outcome("error", 1)
+        if owner_pid is not None and os.getpid() != owner_pid:
+            _leave_forked_process(outcome.exit_code)
         return outcome
     finally:
         sys.argv = saved_argv
@@ -164,6 +184,47 @@ def _run_script(path: str) -> None:
     )
     sys.modules["__main__"] = module
     exec(code, module.__dict__)
+
+
+def _leave_forked_process(code: int) -> None:
+    """End a process the script forked, as Python would end it, minus native destructors.
+
+    Plain Python would wait for the process's threads, run the atexit handlers, flush the
+    streams and exit. The same is done here, except that the process leaves by `os._exit`:
+    the fork inherited a running torch.profiler whose native threads do not exist in it,
+    and the profiler's C++ destructors would wait for them forever at a normal exit.
+    """
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads, as at exit
+    except Exception:
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    _flush_streams()
+    os._exit(code)
+
+
+def end_by_sigterm() -> None:
+    """Leave the way a process that SIGTERM killed leaves (the status a scheduler expects)."""
+    import signal
+
+    _flush_streams()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise SystemExit(SIGTERM_EXIT)  # not reached where the signal is delivered at once
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 def _exit_code(code: object) -> int:

@@ -8,8 +8,22 @@ The profiler is started before the script's first line and advanced at every ste
 the hooks find. Its schedule is `wait / warmup / active / repeat`; when the last active step
 ends, torch writes the trace (tensorboard_trace_handler, gzip) and, unless `full`, the run is
 stopped on purpose by raising `StopRun` from the step hook. Whatever way the script ends
-(finished, sys.exit, its own exception, Ctrl-C) the profiler is stopped, which saves a
-partly recorded window, the hooks are undone and the facts file is written.
+(finished, sys.exit, its own exception, Ctrl-C, SIGTERM) the profiler is stopped, which saves
+a partly recorded window, the hooks are undone and the facts file is written.
+
+Only the process that started the capture does any of this: a process the script forks runs
+the script's code as it would under plain Python (its steps are not counted, and when it
+ends, by sys.exit or by running off the end, it exits with Python's exit code; see
+runner.run). SIGTERM (a job scheduler's pre-emption) ends the script like Ctrl-C does, so the
+recorded steps are kept; one that arrives while torch.profiler writes the trace waits until
+the file is complete.
+
+What torch's native code prints on fd 2 while the profiler starts, steps and stops (Kineto's
+`USDT: ... profiler_start/stop` lines, the allocator's warning about memory allocated before
+the profiler started, which the first free of such a block triggers) goes to
+`advisor_profiler.log` (`advisor_profiler.rank<R>.log`) in the log dir instead of the user's terminal. Only those calls of
+ours are redirected; the script's own stdout and stderr are never touched. (The allocator
+warns again every 1000 such frees; the 1001st in one window reaches the terminal.)
 
 If the script runs its own torch.profiler, ours is stopped without saving when theirs
 starts, their trace files are linked (or copied) into the log dir, and the run is not cut.
@@ -20,15 +34,20 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from advisor.capture.facts import FactsRecorder, facts_file_name, write_facts
 from advisor.capture.progress import Progress, Window, step_span
-from advisor.capture.runner import Outcome, Target, run
+from advisor.capture.runner import Outcome, Target, Terminated, run
+
+def profiler_log_name(rank: int, world_size: int) -> str:
+    return f"advisor_profiler.rank{rank}.log" if world_size > 1 else "advisor_profiler.log"
 
 
 class StopRun(BaseException):
@@ -94,7 +113,14 @@ class _Session:
 
         self.torch = torch
         self.target = target
+        # Every output path is absolute from here on: the script may os.chdir().
+        options.out_dir = Path(os.path.abspath(options.out_dir))
         self.o = options
+        self.pid = os.getpid()  # the process that captures; a fork of the script is not it
+        self._log_path = options.out_dir / profiler_log_name(options.rank, options.world_size)
+        self._in_profiler = 0
+        self._pending_terminate = False
+        self._allocator_warned = False
         self.window = options.window
         self.facts = FactsRecorder(target.display if target.kind == "module" else target.name, target.argv, options.rank, options.world_size)
         self.hooks = Hooks(self.facts, self.on_step, self.on_profiler_start, self.on_trace_export)
@@ -133,6 +159,8 @@ class _Session:
 
     # -- hooks' callbacks -------------------------------------------------------------------
     def on_step(self) -> None:
+        if os.getpid() != self.pid:  # a process the script forked: it trains on its own
+            return
         now = time.perf_counter()
         self.step_times_ms.append((now - self._last_end) * 1e3)
         self.loader_wait_ms.append(self.hooks.take_loader_wait_ms())
@@ -143,9 +171,13 @@ class _Session:
             self._start_late()
         elif self.profiling:
             try:
-                self.prof.step()  # at the window's end this writes the trace
+                with self._profiler_call():
+                    self.prof.step()  # at the window's end this writes the trace
             except Exception as exc:  # ours, not the script's: say it, do not break the run
                 self._profiler_failed(exc)
+            if self._pending_terminate:
+                self._pending_terminate = False
+                raise Terminated()
             if done >= self.window.length:
                 self.window_complete = True
                 if self.o.full:  # nothing more to record: keep only the step clock running
@@ -175,13 +207,14 @@ class _Session:
         self.prof.step_num = self.window.wait
         self.prof.current_action = self.prof.schedule(self.prof.step_num)
         try:
-            self.prof.start()
+            with self._profiler_call():
+                self.prof.start()
             self.profiling = True
         except Exception as exc:
             self._profiler_failed(exc)
 
     def on_profiler_start(self, prof: Any) -> None:
-        if prof is self.prof or self.own_profiler:
+        if prof is self.prof or self.own_profiler or os.getpid() != self.pid:
             return
         if self.window_complete:  # ours is saved already: keep it, leave theirs alone
             self.notes.append("the script started its own profiler after advisor's window; advisor kept its own trace")
@@ -195,23 +228,79 @@ class _Session:
         self.progress.enabled = False
 
     def on_trace_export(self, prof: Any, path: str) -> None:
-        (self.our_traces if prof is self.prof else self.own_traces).append(path)
+        if os.getpid() != self.pid:
+            return
+        # Absolute now: the script may change its directory before the run ends.
+        (self.our_traces if prof is self.prof else self.own_traces).append(os.path.abspath(path))
+
+    # -- what torch prints while our profiler works, and SIGTERM ---------------------------
+    @contextmanager
+    def _profiler_call(self):
+        """Around our own calls into torch.profiler: native output to the log, SIGTERM deferred.
+
+        Kineto prints `USDT: ... profiler_start/stop` on fd 2 while it starts and stops, and
+        the CPU allocator warns (on fd 2, the first time and then every 1000th time) when a
+        block allocated before recording started is freed during it. fd 2 points at
+        the log dir's profiler log for the duration of the call, and one such block is freed inside it, so
+        the allocator's first warning is spent here rather than in the middle of the
+        script's output.
+        """
+        self._in_profiler += 1
+        enabled = self.torch.autograd._profiler_enabled
+        spare = self.torch.empty(4) if self.o.profile_memory and not self._allocator_warned and not enabled() else None
+        saved_fd = None
+        try:
+            sys.stderr.flush()
+        except Exception:  # a closed or odd stderr: the redirect is only cosmetic
+            pass
+        try:
+            log_fd = os.open(self._log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        except OSError:
+            log_fd = None
+        try:
+            if log_fd is not None:
+                saved_fd = os.dup(2)
+                os.dup2(log_fd, 2)
+            yield
+            if spare is not None and enabled():  # recording started: this free is "of unknown size"
+                del spare
+                self._allocator_warned = True
+        finally:
+            if saved_fd is not None:
+                os.dup2(saved_fd, 2)
+                os.close(saved_fd)
+            if log_fd is not None:
+                os.close(log_fd)
+            self._in_profiler -= 1
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM ends the script like Ctrl-C, so that the window recorded so far is kept."""
+        if os.getpid() != self.pid:  # a forked process of the script: die as it would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if self._in_profiler:  # torch is writing the trace: end once it is complete
+            self._pending_terminate = True
+            return
+        raise Terminated()
 
     # -- the run ----------------------------------------------------------------------------
     def _stop_profiler(self) -> None:
         if not self.profiling:
             return
         self.profiling = False
-        restore = None
+        restore = {}
         if threading.current_thread() is threading.main_thread():
-            restore = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a 2nd Ctrl-C must not lose the trace
+            # A 2nd Ctrl-C (or a SIGTERM) while the trace is written must not lose it.
+            restore = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.prof.stop()
+            with self._profiler_call():
+                self.prof.stop()
         except Exception as exc:
             self._profiler_failed(exc)
         finally:
-            if restore is not None:
-                signal.signal(signal.SIGINT, restore)
+            for s, handler in restore.items():
+                signal.signal(s, handler)
 
     def _profiler_failed(self, exc: Exception) -> None:
         self.profiling = False
@@ -233,18 +322,25 @@ class _Session:
         self.progress.begin(what)
         started = time.perf_counter()
         self.hooks.install()
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        saved_sigterm = signal.signal(signal.SIGTERM, self.on_sigterm) if on_main_thread else None
         try:
             if not self.own_profiler and self.prof is not None:
-                self.prof.start()
+                with self._profiler_call():
+                    self.prof.start()
                 self.profiling = True
             self._last_end = time.perf_counter()
-            outcome = run(self.target, on_purpose=(StopRun,))
+            outcome = run(self.target, on_purpose=(StopRun,), owner_pid=self.pid)
         finally:
-            self.progress.close()
-            try:
-                self._stop_profiler()
-            finally:
-                self.hooks.uninstall()
+            if os.getpid() == self.pid:  # (a forked process of the script leaves by SystemExit)
+                self.progress.close()
+                try:
+                    self._stop_profiler()
+                finally:
+                    self.hooks.uninstall()
+                    if on_main_thread:
+                        signal.signal(signal.SIGTERM, saved_sigterm if saved_sigterm is not None else signal.SIG_DFL)
+        self._drop_empty_log()
         if outcome.how == "stopped":
             self._release_process_group()
         wall = time.perf_counter() - started
@@ -266,6 +362,14 @@ class _Session:
         result.traces = self._bring_in_own_traces(result) if self.own_profiler else self._our_traces()
         result.facts_path = self._write_facts(result)
         return result
+
+    def _drop_empty_log(self) -> None:
+        log = self._log_path
+        try:
+            if log.stat().st_size == 0:
+                log.unlink()
+        except OSError:
+            pass
 
     def _release_process_group(self) -> None:
         """We cut the run short: close the script's process group as it would have."""
@@ -353,9 +457,10 @@ def summary_lines(result: CaptureResult) -> list[str]:
             f"stopped {t} on purpose after step {result.steps - 1}: the window is recorded ({recorded}); "
             f"use --full to let it run to the end"
         )
-    elif how == "interrupted":
+    elif how in ("interrupted", "terminated"):
         kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded yet"
-        lines.append(f"interrupted during step {result.steps}; {kept} in {out}")
+        by = "terminated (SIGTERM)" if how == "terminated" else "interrupted"
+        lines.append(f"{by} during step {result.steps}; {kept} in {out}")
     elif how == "error" or (how == "exit" and result.exit_code != 0):
         kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded"
         lines.append(f"{t} failed with exit code {result.exit_code} after {result.steps} step{'s' if result.steps != 1 else ''}; {kept} in {out}")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from advisor.errors import EXIT_BAD_INPUT, InputError
-from advisor.render.output import write_output
+from advisor.render.output import run_input_files, write_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -91,23 +91,26 @@ def say(console: Console, line: str) -> None:
     """Print one plain line (no markup, no highlighting)."""
     from rich.text import Text
 
-    console.print(Text(line), soft_wrap=True)
+    from advisor.terminal_text import one_line
+
+    console.print(Text(one_line(line)), soft_wrap=True)
 
 
 def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) -> None:
-    """Render an analysis in the chosen format to stdout or a file."""
+    """Render an analysis in the chosen format to stdout or a file (never over one it read)."""
+    inputs = run_input_files(analysis)
     if fmt is Format.json:
         from advisor.render.json_report import to_json
 
-        write_output(to_json(analysis), output)
+        write_output(to_json(analysis), output, inputs)
     elif fmt is Format.markdown:
         from advisor.render.markdown import to_markdown
 
-        write_output(to_markdown(analysis, verbose=verbose), output)
+        write_output(to_markdown(analysis, verbose=verbose), output, inputs)
     elif fmt is Format.html:
         from advisor.render.html import to_html
 
-        write_output(to_html(analysis), output or Path("advisor_report.html"))
+        write_output(to_html(analysis), output or Path("advisor_report.html"), inputs)
     else:
         from advisor.render.text import render_text
 
@@ -120,11 +123,11 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
 
             console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
             render_text(analysis, console, verbose=verbose)
-            write_output(console.export_text(), output)
+            write_output(console.export_text(), output, inputs)
 
 
 def analyze_with_progress(path: Path, **kwargs):
-    """analyze() with a progress bar on stderr when there is more than one file to load."""
+    """analyze() with a progress bar on stderr when there is more than one rank to analyse."""
     from advisor.analysis import analyze
     from advisor.load.discover import find_run
 
@@ -133,7 +136,7 @@ def analyze_with_progress(path: Path, **kwargs):
         return analyze(path, **kwargs)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("loading traces"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=stderr_console(), transient=True) as bar:
+    with Progress(TextColumn("analysing ranks"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=stderr_console(), transient=True) as bar:
         task = bar.add_task("load", total=len(files))
         return analyze(path, progress=lambda _p: bar.advance(task), **kwargs)
 
@@ -150,16 +153,27 @@ def report(
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; needs torch-advisor[cluster])."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
+    from contextlib import nullcontext
+
     from advisor.config import load_config
 
     cfg = load_config(config)
     format = Format(format_for(format.value if format else None, output))
-    # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
-    analysis = analyze_with_progress(
-        path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=format is not Format.html
-    )
+    address = scheduler or cfg.scheduler
+    if address:
+        from advisor.load.cluster import cluster_executor
+
+        engine = cluster_executor(address)
+    else:
+        engine = nullcontext(None)
+    with engine as executor:
+        # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
+        analysis = analyze_with_progress(
+            path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=format is not Format.html, executor=executor
+        )
     emit_report(analysis, format, output, verbose)
     if tensorboard:
         from advisor.render.tensorboard import launch_tensorboard

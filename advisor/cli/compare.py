@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 
 from advisor.render.console import UNWRAPPED_WIDTH, output_console
-from advisor.render.output import write_output
+from advisor.render.output import run_input_files, write_output
+from advisor.terminal_text import path_text
 
 
 class DiffFormat(str, Enum):
@@ -39,18 +40,20 @@ def diff(
 
     cfg = load_config(config)
     format = DiffFormat(format_for(format.value if format else None, output))
-    comparison = compare(analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True))
+    first, second = analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True)
+    comparison = compare(first, second)
+    inputs = run_input_files(first) + run_input_files(second)
     if format is DiffFormat.text and output is None:
         render_diff(comparison, "text", output_console())
         return
     if format is DiffFormat.text:
         console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
         render_diff(comparison, "text", console)
-        write_output(console.export_text(), output)
+        write_output(console.export_text(), output, inputs)
         return
     text = render_diff(comparison, format.value)
     assert text is not None
-    write_output(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None))
+    write_output(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None), inputs)
 
 
 def view(
@@ -79,8 +82,8 @@ def view(
 
     analysis = analyze_with_progress(path, run=run, config=load_config(config), rules_dir=rules_dir, cache=False)
     target = output or view_file(analysis.run)
-    write_output(to_html(analysis), target)
+    write_output(to_html(analysis), target, run_input_files(analysis))
     if browser and open_in_browser(target):
         return
     # no browser to hand the file to: its path, on stdout, for the user (or a script) to open
-    sys.stdout.write(f"{target.resolve()}\n")
+    sys.stdout.write(f"{path_text(target.resolve())}\n")

@@ -31,6 +31,8 @@ from advisor.gate.outputs import (
 from advisor.gate.record import RunRecord, read_record_file, record_from_analysis
 from advisor.gate.verdict import GateResult
 from advisor.render.console import output_console
+from advisor.render.output import run_input_files
+from advisor.terminal_text import one_line, path_text
 
 DEFAULT_BASELINE = Path("perf/baseline.json")
 
@@ -73,6 +75,16 @@ def _check_rule_ids(settings: GateSettings, rules_dir: Optional[Path]) -> None:
     for rid in settings.budgets.forbid_rules:
         if rid not in known:
             raise InputError(None, f"unknown rule {rid!r} in forbid_rules; run `advisor rules` to list them")
+
+
+def _input_files(path: Path, run: Optional[str], baseline: Optional[Path]) -> list[Path]:
+    """What the gate reads: the candidate's trace and facts files, and the baseline file."""
+    from advisor.load.discover import find_run
+
+    files = list(find_run(path, run).files)
+    directory = path if path.is_dir() else path.parent
+    files += sorted(directory.glob("advisor_facts*.json"))
+    return files + ([baseline] if baseline is not None else [])
 
 
 def load_baseline(path: Path, config: Any, rules_dir: Optional[Path], run: Optional[str] = None) -> tuple[RunRecord, list[str]]:
@@ -173,10 +185,11 @@ def gate(
     result = evaluate_gate(path, settings, cfg, rules_dir=rules_dir, run=run)
 
     # Files first: CI reads them whatever the verdict.
+    inputs = _input_files(path, run, baseline)
     if json_out is not None:
-        write_file(json_out, to_json(result))
+        write_file(json_out, to_json(result), inputs)
     if junit is not None:
-        write_file(junit, to_junit(result))
+        write_file(junit, to_junit(result), inputs)
     render_terminal(result, output_console())
     emit_github(result, sys.stdout)
     sys.stdout.flush()
@@ -204,15 +217,16 @@ def baseline(
     record = record_from_analysis(analysis)
     import orjson
 
-    write_file(target, orjson.dumps(record.to_baseline(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    write_file(target, orjson.dumps(record.to_baseline(), option=orjson.OPT_INDENT_2).decode() + "\n", run_input_files(analysis))
     err = _stderr()
     env = record.environment
     med = record.median_step_ms
     where = f" on {env.device_name}" if env.device_name else ""
     findings = ", ".join(f.rule for f in record.findings) or "none"
-    err.print(Text(f"wrote {target}: {record.steps} steps, median {med:.1f} ms{where}; findings: {findings}" if med else f"wrote {target}"))
+    shown = path_text(target)
+    err.print(Text(one_line(f"wrote {shown}: {record.steps} steps, median {med:.1f} ms{where}; findings: {findings}") if med else f"wrote {shown}"))
     for w in analysis.warnings:
-        err.print(Text(f"warning: {w}", style="yellow"))
+        err.print(Text(one_line(f"warning: {w}"), style="yellow"))
     if record.steps < settings.min_steps:
         err.print(
             Text(

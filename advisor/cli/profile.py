@@ -4,6 +4,12 @@
     advisor profile -m package.module -- ARGS
     advisor profile --nproc-per-node 2 train.py -- ARGS      (through torchrun)
 
+Options of the advisor go before the script, or between the script and `--`, the way
+`cargo run` reads them (`advisor profile train.py --out d -- --lr 1`): with a `--`, every
+word between the script and it must be one of the options below (anything else is refused
+with one line, exit 2); without one, everything after the script is the script's, as with
+`python train.py ARGS`.
+
 The script runs like `python train.py ARGS` would run it (see runner.py). Its steps are found
 without changing it (hooks.py); after `--wait` skipped and `--warmup` warm-up steps, `--active`
 steps are recorded, the run is stopped on purpose (`--full` lets it finish), and the report
@@ -24,7 +30,9 @@ from pathlib import Path
 import typer
 
 from advisor.capture.progress import say_lines
+from advisor.capture.runner import SIGTERM_EXIT, end_by_sigterm
 from advisor.errors import InputError
+from advisor.terminal_text import path_text
 
 
 class Device(str, Enum):
@@ -46,7 +54,7 @@ def profile(
     ctx: typer.Context,
     script: str | None = typer.Argument(
         None, metavar="SCRIPT [-- ARGS...]", show_default=False,
-        help="The training script, run as `python SCRIPT ARGS` would run it. Put `--` before the script's own options.",
+        help="The training script, run as `python SCRIPT ARGS` would run it. Put `--` before the script's own options; the advisor's options may stand before SCRIPT or between SCRIPT and `--`.",
     ),
     module: str | None = typer.Option(None, "-m", "--module", help="Run a module instead, like `python -m MODULE ARGS`."),
     wait: int = typer.Option(1, "--wait", min=0, help="Steps to skip before the profiler warms up (the first step holds start-up)."),
@@ -67,12 +75,26 @@ def profile(
     format: Format = typer.Option(Format.text, "--format", "-f", help="Report format: text, json or markdown."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
 ) -> None:
-    """Run a training script under torch.profiler and report why it is slow."""
-    from advisor.capture.runner import Target, check_target
+    """Run a training script under torch.profiler and report why it is slow.
 
+    Options go before SCRIPT, or between SCRIPT and `--` (advisor profile train.py --out d
+    -- --lr 1); everything after `--` is the script's. Without `--`, everything after
+    SCRIPT is the script's, as with `python SCRIPT ARGS`.
+    """
     extra = list(ctx.args) if ctx is not None else []
     if extra[:1] == ["--"]:  # kept by click when options stop at the script (allow_interspersed_args=False)
         extra = extra[1:]
+    elif "--" in extra and ctx is not None:  # options between the script and `--`: the advisor's
+        options, extra = _options_before_double_dash(ctx, ([script] if module else []) + extra[: extra.index("--")]), extra[extra.index("--") + 1 :]
+        if module:
+            script = None
+        values = {**ctx.params, **options, "script": script}
+        wait, warmup, active, repeat, full = values["wait"], values["warmup"], values["active"], values["repeat"], values["full"]
+        device, out, stack, no_shapes, no_memory = values["device"], values["out"], values["stack"], values["no_shapes"], values["no_memory"]
+        nproc_per_node, format, verbose, module = values["nproc_per_node"], values["format"], values["verbose"], values["module"]
+    require_torch()
+    from advisor.capture.runner import Target, check_target
+
     if module:
         target = Target("module", module, ([script] if script else []) + extra)
     elif script:
@@ -83,7 +105,7 @@ def profile(
     if out is not None:
         check_out_dir(out)  # before importing torch: a wrong --out is said at once
     resolved = resolve_device(device.value if isinstance(device, Device) else str(device))
-    out_dir = prepare_out_dir(out, target.stem)
+    out_dir = prepare_out_dir(Path(out) if out is not None else None, target.stem)
 
     from advisor.capture.session import CaptureOptions
 
@@ -103,19 +125,63 @@ def profile(
         from advisor.capture.launch import launch
 
         exit_code = launch(target, options, nproc_per_node)
-        report_wanted = True
+        terminated = exit_code == SIGTERM_EXIT
+        report_wanted = not terminated
     else:
         from advisor.capture.session import capture, summary_lines
 
         result = capture(target, options)
         say_lines(summary_lines(result))
         exit_code = result.exit_code
-        report_wanted = bool(result.recorded_steps or result.own_traces)
+        terminated = result.outcome.how == "terminated"
+        report_wanted = bool(result.recorded_steps or result.own_traces) and not terminated
     sys.stdout.flush()
+    if terminated:  # pre-empted: keep the grace period for saving, report later
+        say_lines([f"analyse the run with: advisor report {path_text(out_dir)}"])
+        end_by_sigterm()
     if report_wanted and has_traces(out_dir):
         print_report(out_dir, format.value if isinstance(format, Format) else str(format), verbose)
     if exit_code:
         raise SystemExit(exit_code)  # SystemExit: typer.Exit is swallowed by a non-standalone app
+
+
+def _options_before_double_dash(ctx: typer.Context, words: list[str]) -> dict:
+    """The advisor's options given between the script and `--`, parsed as if given before it."""
+    from typer._click.core import ParameterSource
+
+    if not words:
+        return {}
+    sub = ctx.command.make_context(ctx.info_name, list(words), parent=ctx.parent, resilient_parsing=False)
+    stray = ([sub.params["script"]] if sub.params.get("script") else []) + [w for w in sub.args if w != "--"]
+    if stray:
+        raise InputError(
+            None,
+            f"{stray[0]!r} stands between the script and `--`, where only advisor profile's own options go; "
+            "put the script's arguments after `--` (advisor profile train.py --out DIR -- --lr 0.1)",
+        )
+    given = {}
+    for name, value in sub.params.items():
+        if sub.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+                raise InputError(None, f"the option for {name!r} is given both before and after the script; give it once")
+            given[name] = value
+    return given
+
+
+def require_torch() -> None:
+    """`advisor profile` runs the script under torch.profiler: say how to get torch, in one line."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise InputError(
+            None,
+            f"advisor profile needs PyTorch, which this Python ({sys.executable}) cannot import; "
+            "install it with: pip install torch (or pip install 'torch-advisor[profile]')",
+        )
 
 
 def resolve_device(device: str) -> str:
@@ -141,14 +207,14 @@ def prepare_out_dir(out: Path | None, stem: str) -> Path:
                 continue
             except OSError as exc:
                 raise InputError(candidate, f"cannot create the log directory: {exc.strerror or exc}") from None
-            return _writable(candidate)
+            return _writable(candidate).absolute()
         raise InputError(base, "too many runs with this name in the same second")
     check_out_dir(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(out, f"cannot create the log directory: {exc.strerror or exc}") from None
-    return _writable(out)
+    return _writable(out).absolute()  # resolved once: the script may os.chdir()
 
 
 def check_out_dir(out: Path) -> None:

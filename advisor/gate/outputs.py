@@ -16,19 +16,19 @@ import socket
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterable
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from advisor.errors import InputError
 from advisor.gate.verdict import Check, GateResult
-from advisor.render.output import to_json_text
+from advisor.render.output import refuse_overwriting_inputs, to_json_text, write_atomically
+from advisor.terminal_text import one_line, valid_unicode
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "inconclusive": "yellow", "fail": "bold red"}
 STATUS_ICON = {"pass": "✅", "warn": "⚠️", "inconclusive": "❔", "fail": "❌"}
-CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 XML_INVALID = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
@@ -44,14 +44,16 @@ def render_terminal(result: GateResult, console: Console) -> None:
         status = c.effective_status(result.strict)
         t.add_row(_term(c.title), Text(status.upper(), style=STATUS_STYLE[status]), _term(c.measured), _term(c.limit), _term(c.message))
     console.print(t)
+    # Whole lines (soft_wrap): a wrap could start a line with a trace's `::error::`.
     for w in result.warnings:
-        console.print(_term(f"warning: {w}", style="yellow"))
-    console.print(_term(f"advisor gate: {result.headline()}", style=STATUS_STYLE[result.verdict]))
+        console.print(_term(f"warning: {w}", style="yellow"), soft_wrap=True)
+    console.print(_term(f"advisor gate: {result.headline()}", style=STATUS_STYLE[result.verdict]), soft_wrap=True)
 
 
 def _term(s: str, style: str = "") -> Text:
-    """Terminal text from any string: no markup, no escape sequences."""
-    return Text(CONTROL.sub("", s), style=style)
+    """Terminal text from any string: no markup, no escape sequences, and one line (a CI log
+    runs a line that starts `::` or `##[` as a command)."""
+    return Text(one_line(s), style=style)
 
 
 # --- JSON -----------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ def to_junit(result: GateResult, suite_name: str = "advisor gate", timestamp: da
 
 # --- GitHub Actions -------------------------------------------------------------------------
 def _gh_data(s: str) -> str:
-    return CONTROL.sub("", s).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return CONTROL.sub("", valid_unicode(s)).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _gh_property(s: str) -> str:
@@ -145,7 +147,7 @@ def github_annotations(result: GateResult) -> list[str]:
 
 def _md(s: str) -> str:
     """A Markdown table cell from any string: escaped HTML, no pipes, links or line breaks."""
-    s = html.escape(CONTROL.sub("", s), quote=False).replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
+    s = html.escape(one_line(s), quote=False).replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
     s = s.replace("`", "\\`").replace("*", "\\*").replace("_", "\\_")
     return " ".join(s.split())
 
@@ -187,12 +189,10 @@ def emit_github(result: GateResult, stream: IO[str], environ: dict[str, str] | N
 
 
 # --- files ----------------------------------------------------------------------------------
-def write_file(path: Path, text: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(path, f"cannot write output: {exc.strerror or exc}") from None
+def write_file(path: Path, text: str, inputs: Iterable[Path] = ()) -> None:
+    """A gate output file, atomically, never over one of the INPUTS it was computed from."""
+    refuse_overwriting_inputs(path, inputs)
+    write_atomically(path, text)
 
 
 __all__ = ["render_terminal", "to_json", "to_junit", "github_annotations", "github_summary", "emit_github", "write_file", "Check"]

@@ -1,18 +1,20 @@
-"""Load the ranks of a run in parallel processes, or summarise each rank where its file is.
+"""Spread the ranks of a run over worker processes: analyse each rank where its file is read,
+or load every rank's frames.
 
 Two ways to spread the ranks of a job over workers:
 
-* `load_frames(paths)` returns every rank's frames to the caller (what `advisor report`
-  needs: rules read frames). Workers are processes (the decode holds the GIL); each worker
-  parses its file, or reads the cached frames, and sends the frames back.
-* `map_ranks(fn, paths)` runs `fn(path)` for each rank on the workers and yields only what
-  `fn` returns, as ranks finish, so the caller holds one small summary per rank and memory is
-  bounded by the number of workers, not ranks. `rank_summary` is such a function.
+* `load_frames(paths)` returns every rank's frames to the caller, for a caller that needs
+  them all in one process (memory grows with the rank count). Workers are processes (the
+  decode holds the GIL); each parses its file, or reads the cached frames, and sends them back.
+* `map_ranks(fn, items)` runs `fn(item)` for each rank on the workers and yields only what
+  `fn` returns, as ranks finish, so the caller holds one small result per rank and memory is
+  bounded by the number of workers, not ranks. `advisor.analysis.analyze_rank` is that
+  function for every report: frames -> metrics -> rank rules, where the trace is read.
 
 Both take any `concurrent.futures.Executor`. The default is a local process pool; a cluster
 executor runs the same (module-level, picklable) functions where the files are, e.g. Dask's
-`distributed.Client.get_executor()`, or for Ray an Executor whose `submit` starts a
-`ray.remote` task and returns its `ObjectRef.future()`. We ship no distribution layer.
+`distributed.Client.get_executor()` (see `advisor.load.cluster`). We ship no distribution
+layer of our own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,7 +60,7 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["advisor.load.parallel"])
+        ctx.set_forkserver_preload(["advisor.load.parallel", "advisor.analysis"])
     return ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
 
 
@@ -120,27 +122,54 @@ def load_frames(
 
 
 def map_ranks(
-    fn: Callable[[Path], T],
-    paths: Iterable[str | Path],
+    fn: Callable[[Any], T],
+    items: Iterable[Any],
     workers: int | None = None,
     progress: Progress | None = None,
     executor: Executor | None = None,
-) -> Iterator[tuple[Path, T]]:
-    """(path, fn(path)) for each rank, as ranks finish; fn runs on the executor's workers.
+) -> Iterator[tuple[Any, T]]:
+    """(item, fn(item)) for each rank, as ranks finish; fn runs on the executor's workers.
 
-    Only fn's result crosses back, so a job whose traces do not fit in one machine's memory
-    can be summarised rank by rank.
+    An item is a trace path or a task with a `path` (what progress is told). Only fn's result
+    crosses back, so a job whose traces do not fit in one machine's memory can be analysed
+    rank by rank. Without an executor: a local process pool, or the calling process when
+    workers=None and the files are few and small (process start-up would cost more).
     """
-    paths = [Path(p) for p in paths]
-    n = default_workers(len(paths)) if workers is None else max(1, min(workers, len(paths)))
-    if executor is None and n == 1:
-        for p in paths:
-            result = fn(p)
+    items = list(items)
+    paths = [_path_of(i) for i in items]
+    n = default_workers(len(items)) if workers is None else max(1, min(workers, len(items)))
+    small = workers is None and _total_bytes(paths) < PARALLEL_MIN_BYTES
+    if executor is None and (n == 1 or small):
+        for item, p in zip(items, paths):
+            result = fn(item)
             if progress:
                 progress(p)
-            yield p, result
+            yield item, result
         return
-    yield from _run(fn, paths, n, progress, executor)
+    yield from _run_items(fn, items, n, progress, executor)
+
+
+def _path_of(item: Any) -> Path:
+    return Path(getattr(item, "path", item))
+
+
+def _run_items(fn: Callable[[Any], T], items: list[Any], workers: int, progress: Progress | None, executor: Executor | None) -> Iterator[tuple[Any, T]]:
+    """Submit every item, yield results as they finish; a finished future is let go at once
+    (a cluster frees its copy of the result)."""
+    own = executor is None
+    pool = process_pool(workers) if own else executor
+    try:
+        futures: dict[Future, Any] = {pool.submit(fn, item): item for item in items}
+        for fut in as_completed(list(futures)):
+            item = futures.pop(fut)
+            result = fut.result()
+            del fut
+            if progress:
+                progress(_path_of(item))
+            yield item, result
+    finally:
+        if own:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run(fn: Callable[..., T], paths: list[Path], workers: int, progress: Progress | None, executor: Executor | None, *args: Any) -> Iterator[tuple[Path, T]]:
@@ -157,36 +186,3 @@ def _run(fn: Callable[..., T], paths: list[Path], workers: int, progress: Progre
     finally:
         if own:
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-# --- per-rank summaries (what a cluster worker sends back) ----------------------------------
-@dataclass
-class RankSummary:
-    """What the report needs of one rank, without its frames: a few kB instead of MBs."""
-
-    path: str
-    rank: int | None
-    steps: int = 0
-    step_ns: list[int] = field(default_factory=list)
-    breakdown_ms: dict[str, float] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-
-def rank_summary(path: Path) -> RankSummary:
-    """Load one rank (through the cache) and measure it; the frames stay on the worker."""
-    from advisor.metrics.summary import compute_metrics
-
-    try:
-        frames = load_cached(path)
-    except InputError as exc:
-        return RankSummary(path=str(path), rank=None, error=exc.line())
-    metrics = compute_metrics(frames, frames.rank if frames.rank is not None else 0)
-    return RankSummary(
-        path=str(path),
-        rank=frames.rank,
-        steps=len(metrics.steps),
-        step_ns=[int(d) for d in metrics.steps["duration"].to_numpy()],
-        breakdown_ms=metrics.breakdown_mean_ms,
-        summary=metrics.summary(),
-    )

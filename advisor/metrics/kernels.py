@@ -105,16 +105,34 @@ def kernel_table(frames: TraceFrames, capability: float | None = None, switches:
     return k
 
 
-def top_kernels(kernels: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+KERNEL_TOTALS_COLUMNS = ["name", "count", "total_ns", "tensor_core"]
+
+
+def kernel_totals(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel name: calls, total ns, Tensor Core or not (what top_kernels reads, a few kB
+    instead of one row per kernel). A table that is already totals comes back as it is."""
+    if "total_ns" in kernels.columns:
+        return kernels
     if len(kernels) == 0:
-        return pd.DataFrame(columns=["name", "count", "total_ns", "mean_ns", "share", "tensor_core", "precision"])
+        return pd.DataFrame({"name": pd.Series([], dtype=object), "count": np.zeros(0, np.int64), "total_ns": np.zeros(0, np.int64), "tensor_core": np.zeros(0, bool), "precision": pd.Series([], dtype=object)})
     if "precision" not in kernels:  # an analysis cached before kernels had a precision
         kernels = kernels.assign(precision="")
     g = kernels.groupby("name", observed=True).agg(
-        count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"), tensor_core=("tensor_core", "first"),
-        precision=("precision", "first"),
+        count=("dur", "size"), total_ns=("dur", "sum"), tensor_core=("tensor_core", "first"), precision=("precision", "first")
     )
-    g["share"] = g["total_ns"] / max(int(kernels["dur"].sum()), 1)
+    return g.reset_index()
+
+
+def top_kernels(kernels: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """The kernels with the most total time; from the kernel table or its totals."""
+    t = kernel_totals(kernels)
+    if len(t) == 0:
+        return pd.DataFrame(columns=["name", "count", "total_ns", "mean_ns", "share", "tensor_core", "precision"])
+    g = t.set_index("name")[["count", "total_ns"]].copy()
+    g["mean_ns"] = g["total_ns"] / g["count"]
+    g["tensor_core"] = t["tensor_core"].to_numpy()
+    g["precision"] = t["precision"].to_numpy()
+    g["share"] = g["total_ns"] / max(int(t["total_ns"].sum()), 1)
     return g.sort_values("total_ns", ascending=False).head(n).reset_index()
 
 

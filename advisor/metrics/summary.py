@@ -6,6 +6,7 @@ them. A figure the trace cannot give is None, never a made-up 0.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +17,12 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import CATEGORIES, _matches, step_breakdown
+from advisor.metrics.collectives import RankComm, rank_comm
 from advisor.metrics.copies import copies, copy_summary
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.kernels import (
     kernel_table,
+    kernel_totals,
     tensor_core_shares,
     top_kernels,
     top_ops,
@@ -40,10 +43,12 @@ class DeviceInfo:
 
     @property
     def capability(self) -> float | None:
+        """The compute capability as a number; None where absent or not a plausible one (a damaged trace)."""
         try:
-            return float(self.compute_capability) if self.compute_capability else None
-        except ValueError:
+            value = float(self.compute_capability) if self.compute_capability else None
+        except (TypeError, ValueError):
             return None
+        return value if value is not None and math.isfinite(value) and 0 < value < 100 else None
 
     @property
     def kind(self) -> str:
@@ -75,8 +80,9 @@ class FramesHeader:
 class Metrics:
     """Everything measured on one rank's trace.
 
-    From the analysis cache (advisor.analysis_cache) `frames` is a FramesHeader and `kernels`
-    keeps only what top_kernels reads (name, dur, tensor_core); rules never see such a rank.
+    Sent back by a worker (`without_frames`) or read from the analysis cache, `frames` is a
+    FramesHeader and `kernels` holds totals per kernel name (what top_kernels reads); rank
+    rules never see such a rank.
     """
 
     rank: int
@@ -94,6 +100,8 @@ class Metrics:
     notes: list[str] = field(default_factory=list)
     # Matrix kernel time per step by precision (ms): fp32-fma, tf32, bf16, fp16, fp8, ...
     kernel_time_by_precision_ms: dict[str, float] = field(default_factory=dict)
+    # Collectives and compute kernels per step, for comparing ranks (None: not measured).
+    comm: RankComm | None = None
     # Intermediate results several rules share (op tree, idle timeline), built once per rank.
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -230,6 +238,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
     device = _device_info(frames)
     kernels = kernel_table(frames, device.capability or _facts_capability(facts), Tf32Switches.from_facts(facts))
+    comm = rank_comm(frames, steps)
     # Restrict kernel shares to the steps (warm-up kernels outside them would skew them).
     in_steps = _inside(kernels, steps)
     tc, eligible = tensor_core_shares(kernels[in_steps]) if in_steps.any() else tensor_core_shares(kernels)
@@ -255,6 +264,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
         peak_memory=peak_memory(frames),
         notes=notes,
         kernel_time_by_precision_ms=by_precision,
+        comm=comm,
     )
 
 
@@ -266,4 +276,28 @@ def _facts_capability(facts: dict[str, Any] | None) -> float | None:
         return None
 
 
-__all__ = ["Metrics", "DeviceInfo", "FramesHeader", "compute_metrics", "top_kernels", "top_ops", "NS_PER_MS"]
+def without_frames(m: Metrics) -> Metrics:
+    """What the reports and the cross-rank analysis read of a rank, without its frames: a
+    FramesHeader, kernel totals per name instead of every kernel, no shared intermediates.
+    A few kB: what a worker sends back."""
+    header = m.frames if isinstance(m.frames, FramesHeader) else FramesHeader(m.frames.path, m.frames.metadata, m.frames.distributed, m.frames.has_device)
+    return Metrics(
+        rank=m.rank,
+        frames=header,
+        steps=m.steps,
+        breakdown=m.breakdown,
+        utilization=m.utilization,
+        kernels=kernel_totals(m.kernels),
+        device=m.device,
+        tensor_core_kernel_share=m.tensor_core_kernel_share,
+        tensor_core_eligible_share=m.tensor_core_eligible_share,
+        h2d=m.h2d,
+        d2h=m.d2h,
+        peak_memory=m.peak_memory,
+        notes=m.notes,
+        kernel_time_by_precision_ms=m.kernel_time_by_precision_ms,
+        comm=m.comm,
+    )
+
+
+__all__ = ["Metrics", "DeviceInfo", "FramesHeader", "compute_metrics", "without_frames", "top_kernels", "top_ops", "NS_PER_MS"]

@@ -24,6 +24,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.render import svg
 from advisor.render.fmt import batch_size, esc, fmt_bytes, md, pct, signed
 from advisor.render.output import to_json_text
+from advisor.terminal_text import one_line
 
 DIFF_SCHEMA = "advisor/diff/v1"
 STATUSES = ("resolved", "new", "remaining")
@@ -301,8 +302,8 @@ def render_diff_text(c: Comparison, console: Console) -> None:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("Before", Text(f"{b.name}  ({b.source})"))
-    head.add_row("After", Text(f"{a.name}  ({a.source})"))
+    head.add_row("Before", Text(one_line(f"{b.name}  ({b.source})")))
+    head.add_row("After", Text(one_line(f"{a.name}  ({a.source})")))
     d = c.step_change_ms
     style = "green" if d is not None and d < 0 else "red" if d is not None and d > 0 else ""
     head.add_row("Step time", Text.assemble(f"{_num(b.mean_ms)} ms → {_num(a.mean_ms)} ms mean  ", (c.verdict(), style)))
@@ -328,7 +329,7 @@ def render_diff_text(c: Comparison, console: Console) -> None:
         ft.add_column(col, justify="right" if "saving" in col else "left")
     styles = {"resolved": "green", "new": "red", "remaining": "yellow"}
     for f in c.findings:
-        ft.add_row(Text(f.status, style=styles[f.status]), Text(f.rule), _saving(f.before_ms, f.before_pct), _saving(f.after_ms, f.after_pct))
+        ft.add_row(Text(f.status, style=styles[f.status]), Text(one_line(f.rule)), _saving(f.before_ms, f.before_pct), _saving(f.after_ms, f.after_pct))
     if c.findings:
         console.print(ft)
     else:
@@ -336,9 +337,9 @@ def render_diff_text(c: Comparison, console: Console) -> None:
     sentence = promise_sentence(c)
     if sentence:
         console.print()
-        console.print(Text(sentence, style="bold"))
+        console.print(Text(one_line(sentence), style="bold"))
     for w in c.warnings:
-        console.print(Text(f"warning: {w}", style="yellow"))
+        console.print(Text(one_line(f"warning: {w}"), style="yellow"))
 
 
 # --- Markdown -----------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Number formatting and escaping shared by the HTML, Markdown and diff renderers.
 
 Every string that comes from a trace (op and kernel names, file names, rule messages that
-quote them) goes through `esc` (HTML) or `md` (Markdown) before it reaches the output.
+quote them) goes through `esc` (HTML) or `md` (Markdown) before it reaches the output. Both
+also take out what would act on a terminal or reorder the text around it (escape sequences,
+control characters, bidirectional controls such as U+202E; see advisor.terminal_text), and
+bytes of a file name that are not UTF-8 (shown as `\\xNN`).
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import re
 from typing import Any
 
 from advisor.analysis import Analysis
+from advisor.terminal_text import BIDI_CONTROLS, multi_line, one_line, valid_unicode
 
 NS_PER_MS = 1e6
 
 
 def esc(value: Any) -> str:
-    """HTML-escape a value for text or a quoted attribute (`<`, `>`, `&`, `"`, `'`)."""
-    return html.escape(str(value), quote=True)
+    """HTML-escape a value for text or a quoted attribute (`<`, `>`, `&`, `"`, `'`), without
+    bidirectional controls (they would reorder the page's text around the value)."""
+    s = valid_unicode(value if isinstance(value, str) else str(value))
+    return html.escape(BIDI_CONTROLS.sub("", s), quote=True)
 
 
 # CommonMark lets any ASCII punctuation be backslash-escaped. These are the characters that
@@ -30,12 +36,13 @@ _MD_PUNCT = re.compile(r"([\\`*\[\]<>|~&#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
 
 def md(value: Any) -> str:
     """Markdown-escape a value for running text or a table cell (one line)."""
-    s = re.sub(r"\s+", " ", str(value)).strip()
+    s = re.sub(r"\s+", " ", one_line(value)).strip()
     return _MD_PUNCT.sub(lambda m: "\\" + m.group(0), s)
 
 
 def md_code_block(code: str, lang: str = "") -> str:
     """A fenced code block whose fence is longer than any backtick run inside it."""
+    code = multi_line(code)
     longest = max((len(m) for m in re.findall(r"`+", code)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}{lang}\n{code.rstrip()}\n{fence}"

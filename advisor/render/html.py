@@ -106,8 +106,9 @@ def _header(a: Analysis) -> str:
         device = "device not named in the trace"
     ranks = f" · {len(a.ranks)} ranks (figures of rank {m.rank}, the slowest; each finding names its rank)" if len(a.ranks) > 1 else ""
     out = [
-        f"<h1>Why is <span class=\"mono\">{esc(a.run.name)}</span> slow?</h1>",
-        f'<p class="sub">{esc(device)}{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · {esc(a.source)}</p>',
+        # <bdi>: a name in a right-to-left script stays inside its own box and cannot reorder the header
+        f"<h1>Why is <bdi class=\"mono\">{esc(a.run.name)}</bdi> slow?</h1>",
+        f'<p class="sub"><bdi>{esc(device)}</bdi>{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · <bdi>{esc(a.source)}</bdi></p>',
     ]
     tiles = []
     if st["mean"] is not None:
@@ -434,7 +435,76 @@ def _ranks(a: Analysis) -> str:
             ]
         )
     out.append(sortable_table(cols, rows))
+    out.append(_collectives_table(a))
+    out.append(_rank_heatmap(a))
     return "".join(out)
+
+
+def _collectives_table(a: Analysis) -> str:
+    """Per rank: collective time, the share compute overlaps, the wait for later ranks and the
+    wait it causes the others (ms per step)."""
+    comms = [(m.rank, a.communication(m)) for m in a.ranks]
+    if not any(c for _, c in comms):
+        return ""
+
+    def cell(v: float | None, shown: str) -> tuple[str, float | None]:
+        return ("—", None) if v is None else (shown, v)
+
+    cols = [Column("rank", True), Column("collectives ms", True), Column("overlapped by compute", True), Column("waits ms", True), Column("makes others wait ms", True)]
+    rows = []
+    for rank, c in comms:
+        c = c or {}
+        col, ov, wait, caused = (c.get(k) for k in ("collective_ms_per_step", "overlap_share", "wait_ms_per_step", "caused_wait_ms_per_step"))
+        rows.append(
+            [
+                (str(rank), rank),
+                cell(col, f"{col:.2f}" if col is not None else ""),
+                cell(ov, pct(ov)),
+                cell(wait, f"{wait:.2f}" if wait is not None else ""),
+                cell(caused, f"{caused:.2f}" if caused is not None else ""),
+            ]
+        )
+    return "<h3>Collectives per step</h3>" + sortable_table(cols, rows, "collectives")
+
+
+def _rank_heatmap(a: Analysis) -> str:
+    """Ranks x steps: each rank's wait in its collectives per step (or, without collectives,
+    its step time). The rank the others wait for is the pale row, marked."""
+    w = a.waits
+    stragglers = next((f.evidence.get("straggler_ranks", []) for f in a.findings if f.rule == "straggler"), [])
+    if w is not None:
+        ranks, steps = w.ranks, w.steps
+        values = w.wait / 1e6
+        collective = w.collective / 1e6
+        caused = w.caused / 1e6
+        what = "wait in collectives"
+
+        def tip(i: int, j: int) -> str:
+            return (
+                f"rank {ranks[i]}, step {steps[j]}: waits {values[i, j]:.2f} ms of {collective[i, j]:.2f} ms in collectives"
+                + (f"; the others wait {caused[i, j]:.2f} ms for it" if caused[i, j] > 0 else "")
+            )
+
+        caption = (
+            "Each cell: how long the rank waits inside its collectives in that step for a later rank (darker: longer). "
+            "The rank that arrives last waits least: its row is pale."
+            + (f" Marked: the straggler ({', '.join(f'rank {r}' for r in stragglers)})." if stragglers else "")
+        )
+    else:
+        common = sorted(set.intersection(*(set(m.steps["step"].tolist()) for m in a.ranks)))
+        if not common:
+            return ""
+        ranks, steps = [m.rank for m in a.ranks], np.asarray(common)
+        values = np.vstack([m.steps.set_index("step").loc[common, "duration"].to_numpy(np.float64) / 1e6 for m in a.ranks])
+        what = "step time"
+
+        def tip(i: int, j: int) -> str:
+            return f"rank {ranks[i]}, step {steps[j]}: {values[i, j]:.2f} ms"
+
+        caption = "Each cell: the rank's step time (darker: slower). No collectives in these traces, so waits cannot be told apart."
+    marked = [i for i, r in enumerate(ranks) if r in stragglers]
+    chart = svg.heatmap([f"rank {r}" for r in ranks], [str(s) for s in steps], values, tip, marked, label=f"ranks by steps: {what}")
+    return f'<h3>Ranks × steps: {esc(what)}</h3><figure>{chart}<figcaption>{esc(caption)}</figcaption></figure>'
 
 
 def _notes(a: Analysis) -> str:
@@ -448,6 +518,7 @@ def _notes(a: Analysis) -> str:
 
 
 def to_html(analysis: Analysis) -> str:
+    analysis = analysis.with_primary_frames()  # the timeline, memory and ops of the slowest rank
     body = "".join(
         [
             _header(analysis),

@@ -338,3 +338,50 @@ def legend(keys: Sequence[str], values: dict[str, str] | None = None) -> str:
         v = f" <span class=\"lv\">{esc(values[k])}</span>" if values and k in values else ""
         items.append(f'<li><span class="sw c-{esc(k)}"></span>{esc(SPAN_LABELS.get(k, k))}{v}</li>')
     return f'<ul class="legend">{"".join(items)}</ul>'
+
+
+# --- heat map ---------------------------------------------------------------------------
+def heatmap(
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    values: np.ndarray,
+    tooltips: Callable[[int, int], str],
+    marked: Sequence[int] = (),
+    label: str = "",
+    width: int = 1000,
+) -> str:
+    """A rows x columns grid of cells whose opacity follows the value (darker: larger); rows in
+    `marked` get a marker. Scales to hundreds of rows: rows shrink to 3 px, labels thin out."""
+    n_rows, n_cols = values.shape
+    if n_rows == 0 or n_cols == 0:
+        return ""
+    left, right, top, bottom = 84, 12, 8, 30
+    row_h = max(3.0, min(18.0, 560.0 / n_rows))
+    pw = width - left - right
+    cell_w = pw / n_cols
+    height = int(top + row_h * n_rows + bottom)
+    finite = values[np.isfinite(values)]
+    hi = float(finite.max()) if len(finite) else 0.0
+    out = [f'<svg class="chart heat" role="img" aria-label="{esc(label)}" viewBox="0 0 {width} {height}" width="100%">']
+    label_every = max(1, math.ceil(12 / row_h))  # labels at least 12 px apart
+    marked_set = set(marked)
+    for i in range(n_rows):
+        y = top + i * row_h
+        if i % label_every == 0 or i in marked_set:
+            cls = "axis marked" if i in marked_set else "axis"
+            text = row_labels[i] + (" ◀" if i in marked_set else "")
+            out.append(f'<text class="{cls}" x="{left - 6}" y="{num(y + row_h / 2 + 4)}" text-anchor="end">{esc(text)}</text>')
+        cells = []
+        for j in range(n_cols):
+            v = values[i, j]
+            opacity = 0.06 + 0.94 * (v / hi) if hi > 0 and np.isfinite(v) else 0.06
+            cells.append(
+                f'<rect class="cell" x="{num(left + j * cell_w)}" y="{num(y)}" width="{num(max(cell_w - 0.5, 0.5))}" height="{num(max(row_h - 0.5, 0.5))}"'
+                f' fill-opacity="{num(opacity)}">{title(tooltips(i, j))}</rect>'
+            )
+        out.append(f'<g class="heat-row">{"".join(cells)}</g>')
+    col_every = max(1, math.ceil(n_cols / 20))
+    for j in range(0, n_cols, col_every):
+        out.append(f'<text class="axis" x="{num(left + (j + 0.5) * cell_w)}" y="{height - bottom + 16}" text-anchor="middle">{esc(col_labels[j])}</text>')
+    out.append("</svg>")
+    return "".join(out)

@@ -1,7 +1,9 @@
 """The terminal report: the step-time picture first, then the ranked fixes.
 
 rich handles terminal width, NO_COLOR and pipes (no colour codes when not a terminal).
-Every string from a trace is printed as text, never as console markup.
+Every string from a trace or a facts file is printed as text, never as console markup, and
+through `one_line` (`multi_line` for code): no escape sequence, control character, line break
+or bidirectional control of theirs reaches the terminal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.demangle import demangle
 from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, short_value
+from advisor.terminal_text import multi_line, one_line
 
 COLOURS = {
     "kernel": "green",
@@ -53,13 +56,13 @@ def _overview(a: Analysis, console: Console) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("Run", Text(f"{a.run.name}  ({len(a.run.files)} trace file{'s' if len(a.run.files) != 1 else ''})"))
+    head.add_row("Run", Text(f"{one_line(a.run.name)}  ({len(a.run.files)} trace file{'s' if len(a.run.files) != 1 else ''})"))
     dev = m.device
     if dev.name:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
         cc += " (MTIA accelerator)" if dev.vendor == "mtia" else ""
         mem = f", {fmt_bytes(dev.total_memory_bytes)}" if dev.total_memory_bytes else ""
-        head.add_row("Device", Text(f"{dev.name}{cc}{mem}"))
+        head.add_row("Device", Text(one_line(f"{dev.name}{cc}{mem}")))
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
@@ -129,7 +132,7 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     t.add_column("TC", justify="center", no_wrap=True)
     t.add_column("precision", no_wrap=True)
     for r in k.itertuples():
-        name = demangle(str(r.name))  # display only: _ZN... symbols as C++
+        name = one_line(demangle(str(r.name)))  # display only: _ZN... symbols as C++
         if len(name) > name_width:
             name = name[: name_width - 1] + "…"
         t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "", r.precision or "")
@@ -146,33 +149,33 @@ def _findings(a: Analysis, verbose: bool) -> list:
         out.append(
             Text.assemble(
                 (f"{i:>2}. ", "bold"),
-                (f.rule, SEVERITY_STYLE.get(f.severity, "")),
+                (one_line(f.rule), SEVERITY_STYLE.get(f.severity, "")),
                 "  ",
                 (saving, "bold"),
                 (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
                 (f"  {where}" if (where := finding_rank(a, f)) else "", "bold"),
             )
         )
-        out.append(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
+        out.append(Padding(Text(one_line(f.message)), (0, 0, 0, 4), expand=False))
     if verbose:
         for i, f in enumerate(a.findings, 1):
-            body: list = [Text(f.message)]
+            body: list = [Text(one_line(f.message))]
             if f.causes:
-                body.append(Text(f"explained by: {', '.join(f.causes)}", style="italic"))
+                body.append(Text(one_line(f"explained by: {', '.join(f.causes)}"), style="italic"))
             ev = {k: v for k, v in f.evidence.items()}
             if ev:
                 body.append(Text("evidence:", style="bold"))
                 for k, v in ev.items():
-                    body.append(Text(f"  {k}: {short_value(v)}"))
+                    body.append(Text(one_line(f"  {k}: {short_value(v)}")))
             if f.fix.text:
-                body.append(Text("fix: ", style="bold") + Text(f.fix.text))
+                body.append(Text("fix: ", style="bold") + Text(one_line(f.fix.text)))
             if f.fix.snippet:
-                body.append(Syntax(f.fix.snippet.strip("\n"), "python", theme="ansi_dark", background_color="default"))
-            body.append(Text(f"confidence: {f.confidence}; the method: advisor explain {f.rule}", style="bright_black"))
+                body.append(Syntax(multi_line(f.fix.snippet).strip("\n"), "python", theme="ansi_dark", background_color="default"))
+            body.append(Text(one_line(f"confidence: {f.confidence}; the method: advisor explain {f.rule}"), style="bright_black"))
             where = finding_rank(a, f)
             title = f"{i}. {f.rule} — {f.title}" + (f" ({where})" if where else "")
             # sized to its content: a wide (unwrapped) console must not stretch the frame
-            out.append(Panel(Group(*body), title=escape(title), title_align="left", expand=False))
+            out.append(Panel(Group(*body), title=escape(one_line(title)), title_align="left", expand=False))
     else:
         # two short lines: each fits an 80-column terminal, so neither breaks mid-phrase
         out.append(Text("  -v: the evidence and the code to change", style="bright_black"))
@@ -207,6 +210,6 @@ def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
     if notes or a.warnings:
         console.print()
         for n in notes:
-            console.print(Text(f"note: {n}", style="bright_black"))
+            console.print(Text(one_line(f"note: {n}"), style="bright_black"))
         for w in a.warnings:
-            console.print(Text(f"warning: {w}", style="yellow"))
+            console.print(Text(one_line(f"warning: {w}"), style="yellow"))

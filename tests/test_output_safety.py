@@ -1,0 +1,189 @@
+"""What the advisor prints and writes, when the trace, the facts or the file names are hostile.
+
+Built from the recorded H100 run in sample_runs/ (a real trace and its facts file), with only
+the strings named here changed: a kernel name carrying an OSC 8 hyperlink, a clear-screen
+sequence and a newline followed by GitHub Actions' `::set-output`; a device name with a
+window-title sequence, a newline, `::error::` and U+202E. Nothing of theirs may act on a
+terminal or a CI log: no escape character, no line that starts with a workflow command, no
+bidirectional control; errors stay one line whatever the file name; outputs never replace
+an input and are written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import REPO, SAMPLE_RUNS
+
+GPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+CPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"
+KERNEL = "\x1b]8;;https://evil.example\x07click\x1b]8;;\x07\x1b[2J\n::set-output name=x::y\r##[error]kernel"
+DEVICE = "H100\x1b]0;pwned\x07\n::error::forged device\u202e"
+RLO = "\u202e"
+
+
+def hostile_run(dest: Path) -> Path:
+    """The recorded H100 run, with its busiest kernel and its device renamed."""
+    dest.mkdir(parents=True)
+    [trace] = GPU_RUN.glob("*.pt.trace.json.gz")
+    doc = orjson.loads(gzip.decompress(trace.read_bytes()))
+    renamed = 0
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e.get("name", "").startswith("void cudnn::engines_precompiled::nchwToNh"):
+            e["name"] = KERNEL
+            renamed += 1
+    for d in doc["deviceProperties"]:
+        d["name"] = DEVICE
+    assert renamed > 100  # the kernel the report lists first
+    (dest / trace.name).write_bytes(gzip.compress(orjson.dumps(doc)))
+    shutil.copy(GPU_RUN / "advisor_facts.json", dest)
+    return dest
+
+
+def assert_inert(text: str) -> None:
+    """Nothing in TEXT acts on a terminal or a CI runner (our own annotations aside)."""
+    assert "\x1b" not in text and "\x07" not in text and "\r" not in text and RLO not in text
+    for line in text.splitlines():
+        if line.startswith(("::error title=advisor gate", "::warning title=advisor gate")):
+            continue
+        assert not line.lstrip().startswith(("::", "##[")), line
+
+
+def test_text_and_markdown_reports_keep_trace_strings_inert(cli, tmp_path: Path):
+    run = hostile_run(tmp_path / "run")
+    for args in ([], ["-v"], ["--format", "markdown"], ["--format", "markdown", "-v"]):
+        code, out, err = cli(["report", str(run), *args])
+        assert code == 0, err
+        assert_inert(out)
+        assert_inert(err)
+        assert "forged device" in out  # shown, as data
+    code, out, _ = cli(["report", str(run)])
+    assert "click ::set-output name=x::y ##[error]" in out  # the kernel's name, on its table row
+
+
+def test_gate_terminal_and_annotations_keep_trace_strings_inert(cli, tmp_path: Path):
+    run = hostile_run(tmp_path / "run")
+    code, _, err = cli(["baseline", str(GPU_RUN), "-o", str(tmp_path / "base.json")])
+    assert code == 0, err
+    summary = tmp_path / "summary.md"
+    code, out, err = cli(
+        ["gate", str(run), "-b", str(tmp_path / "base.json"), "--max-share", "dataloader=0.05"],
+        env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)},
+    )
+    assert code == 1, err
+    assert_inert(out)
+    assert_inert(err)
+    assert any("device differs" in line and "forged device" in line for line in out.splitlines())  # the warning, whole
+    assert "::error title=advisor gate%3A dataloader share of step::" in out
+    assert_inert(summary.read_text())
+
+
+def test_html_header_holds_no_bidi_control_and_isolates_names(cli, tmp_path: Path):
+    run = hostile_run(tmp_path / f"exe.{RLO}lmth.run")
+    out = tmp_path / "report.html"
+    code, _, err = cli(["report", str(run), "--format", "html", "-o", str(out)])
+    assert code == 0, err
+    page = out.read_text(encoding="utf-8")
+    assert not re.search("[\u202a-\u202e\u2066-\u2069\u200e\u200f]", page)
+    header = page[page.index("<h1>") : page.index("</p>", page.index("<h1>"))]
+    assert '<bdi class="mono">exe.lmth.run</bdi>' in header
+    assert "<bdi>H100" in header and "forged device" in header
+
+
+def test_one_line_errors_whatever_the_file_name(cli, tmp_path: Path):
+    for name in ("a\n::error::forged.json", "b\x1b]0;title\x07.json", f"c{RLO}nosj.json"):
+        code, out, err = cli(["report", str(tmp_path / name)])
+        assert code == 2
+        [line] = err.strip().splitlines()
+        assert line.startswith("advisor: error: ") and line.endswith(": no such file or directory")
+        assert "\x1b" not in line and RLO not in line
+    assert "a\\n::error::forged.json" in cli(["report", str(tmp_path / "a\n::error::forged.json")])[2]
+
+
+def run_advisor(args: list[str], cwd: Path, limits: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ADVISOR_CACHE": "off", "COLUMNS": "200"}
+    cmd = [*(["prlimit", *limits, "--"] if limits else []), sys.executable, "-m", "advisor", *args]
+    return subprocess.run([os.fsencode(a) if isinstance(a, bytes) else a for a in cmd], cwd=cwd, env=env, capture_output=True, timeout=300)
+
+
+def test_every_writer_takes_a_file_name_that_is_not_utf8(tmp_path: Path):
+    base = os.fsencode(tmp_path)
+    run = base + b"/run\xff\xfe"
+    shutil.copytree(os.fsencode(CPU_RUN), run)
+    shown = "run\\xff\\xfe"
+    r = run_advisor([b"report", run], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert shown.encode() in r.stdout
+    for fmt, name in (("json", b"r\xff.json"), ("markdown", b"r\xff.md"), ("html", b"r\xff.html"), ("text", b"r\xff.txt")):
+        r = run_advisor([b"report", run, b"--format", fmt.encode(), b"-o", base + b"/" + name], tmp_path)
+        assert r.returncode == 0, r.stderr
+        suffix = name.decode("ascii", "ignore")  # ".json", ...
+        assert r.stderr.decode().strip().splitlines()[-1] == f"wrote {tmp_path}/r\\xff{suffix[1:]}"
+        with open(base + b"/" + name, "rb") as fh:
+            data = fh.read().decode("utf-8")  # valid UTF-8 throughout
+        if fmt == "json":
+            assert orjson.loads(data)["source"].endswith(shown)
+        else:  # Markdown escapes the backslashes (they render as one)
+            assert (shown.replace("\\", "\\\\") if fmt == "markdown" else shown) in data
+    r = run_advisor([b"baseline", run, b"-o", base + b"/b\xff.json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run_advisor([b"gate", run, b"-b", base + b"/b\xff.json", b"--json", base + b"/g\xff.json", b"--junit", base + b"/g\xff.xml"], tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    assert orjson.loads(open(base + b"/g\xff.json", "rb").read())["candidate"]["source"].endswith(shown)
+    r = run_advisor([b"report", base + b"/missing\xff.json"], tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.decode() == f"advisor: error: {tmp_path}/missing\\xff.json: no such file or directory\n"
+
+
+def test_an_input_is_never_overwritten(cli, tmp_path: Path):
+    [trace] = CPU_RUN.glob("*.pt.trace.json.gz")
+    mine = tmp_path / "t.pt.trace.json.gz"
+    shutil.copy(trace, mine)
+    before = mine.read_bytes()
+    for args in (
+        ["report", str(mine), "-o", str(mine)],
+        ["report", str(mine), "--format", "json", "-o", str(tmp_path / "." / mine.name)],
+        ["gate", str(mine), "--max-step-time-ms", "1e6", "--json", str(mine)],
+        ["gate", str(mine), "--max-step-time-ms", "1e6", "--junit", str(tmp_path / "t.pt.trace.json.gz")],
+        ["baseline", str(mine), "-o", str(mine)],
+    ):
+        code, _, err = cli(args)
+        assert code == 2, (args, err)
+        [line] = err.strip().splitlines()
+        assert "is one of the files this command reads" in line
+        assert mine.read_bytes() == before
+    os.link(mine, tmp_path / "hardlink.json.gz")  # the same file under another name
+    code, _, err = cli(["report", str(mine), "-o", str(tmp_path / "hardlink.json.gz")])
+    assert code == 2 and mine.read_bytes() == before
+    run = tmp_path / "run"
+    shutil.copytree(CPU_RUN, run)
+    code, _, err = cli(["report", str(run), "--format", "json", "-o", str(run / "advisor_facts.json")])
+    assert code == 2 and (run / "advisor_facts.json").read_bytes() == (CPU_RUN / "advisor_facts.json").read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is needed to cap the file size")
+def test_a_write_that_fails_leaves_the_earlier_report_whole(tmp_path: Path):
+    report = tmp_path / "report.json"
+    r = run_advisor(["report", str(CPU_RUN), "--format", "json", "-o", str(report)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    good = report.read_bytes()
+    report.chmod(0o640)
+    # the HTML report (with its styles and script, well over 8 KiB) with files capped at 8 KiB:
+    # the write fails half-way (EFBIG, as a full disk would)
+    r = run_advisor(["report", str(CPU_RUN), "--format", "html", "-o", str(report)], tmp_path, limits=["--fsize=8192"])
+    assert r.returncode == 2
+    [line] = r.stderr.decode().strip().splitlines()
+    assert line.startswith(f"advisor: error: {report}: cannot write output")
+    assert report.read_bytes() == good  # the earlier report, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]  # no temp file left
+    r = run_advisor(["report", str(CPU_RUN), "--format", "markdown", "-o", str(report)], tmp_path)
+    assert r.returncode == 0 and report.read_text().startswith("#")
+    assert report.stat().st_mode & 0o777 == 0o640  # a replaced file keeps its permissions
