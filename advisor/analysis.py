@@ -18,6 +18,7 @@ import orjson
 
 from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
+from advisor.capture.facts import validate_facts
 from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
@@ -180,10 +181,11 @@ def _read_facts(directory: Path, warnings: list[str], sources: dict[int, Path] |
         if not m:
             continue
         try:
-            data = _facts_file(p)
+            data, problems = _facts_file(p)
         except (OSError, ValueError) as exc:
             warnings.append(f"{p}: ignored facts file ({exc})")
             continue
+        warnings += [f"{p}: {problem}: read as unknown" for problem in problems]
         rank = int(m.group(1)) if m.group(1) else data.get("rank", -1)
         key = rank if isinstance(rank, int) else -1
         facts[key] = data
@@ -192,11 +194,9 @@ def _read_facts(directory: Path, warnings: list[str], sources: dict[int, Path] |
     return facts
 
 
-def _facts_file(p: Path) -> dict[str, Any]:
-    data = orjson.loads(p.read_bytes())
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("advisor/facts/"):
-        raise ValueError("not an advisor facts file")
-    return data
+def _facts_file(p: Path) -> tuple[dict[str, Any], list[str]]:
+    """A facts file read and checked with its types: wrong values read as null, and what was wrong."""
+    return validate_facts(orjson.loads(p.read_bytes()))
 
 
 def _assign_ranks(distributed: list[int | None], names: list[str]) -> list[int]:
@@ -350,6 +350,7 @@ class RankResult:
     warnings: list[str] = field(default_factory=list)
     timing_warning: str | None = None  # the trace's times cannot be trusted (distorted_timing_warning)
     whatif: RankWhatIf | None = None  # this rank's replay: measured step, each fix, all fixes (advisor.whatif)
+    content_sha256: str | None = None  # of the trace's bytes, hashed while they were read
     signature: tuple = ()  # device and distributed settings (_job_signature): which job it is
     span_us: tuple[float, float] = (0.0, 0.0)  # when it was recorded (_time_span_us)
     error_path: str | None = None
@@ -373,7 +374,7 @@ def _facts_for(task: RankTask, rank: int) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        return _facts_file(Path(path))
+        return _facts_file(Path(path))[0]
     except (OSError, ValueError):
         return None  # changed since the client read it; the client's copy has the warning
 
@@ -391,6 +392,7 @@ def analyze_rank(task: RankTask) -> RankResult:
     facts = _facts_for(task, rank)
     warnings: list[str] = []
     window_steps = len(frames.steps)
+    warnings += [f"{frames.path.name}: {w}" for w in frames.load_warnings]
     frames = _complete_steps_only(frames, facts, warnings)
     metrics = compute_metrics(frames, rank, facts)
     rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
@@ -414,6 +416,7 @@ def analyze_rank(task: RankTask) -> RankResult:
         warnings=warnings,
         timing_warning=distorted_timing_warning(frames),
         whatif=replayed[0] if replayed else None,
+        content_sha256=frames.content_sha256,
         signature=_job_signature(frames),
         span_us=_time_span_us(frames),
     )
@@ -535,8 +538,8 @@ def analyze(
     whatif = [r.whatif for r in sorted(results, key=lambda r: r.rank) if r.whatif is not None]
     findings = combine_findings(rules, per_rank, job_findings(rules, metrics, waits, facts, config.rule_options))
     if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:
-        # Stored only if nothing changed while it ran (a trace still being written, say).
-        if _cache_key(run_files, config, select, ignore, rules_dir) == key:
+        # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
+        if key.parsed_as_keyed(results):
             write_analysis(run_files, key, metrics, findings, warnings, whatif)
     return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif)
 

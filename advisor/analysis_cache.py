@@ -7,20 +7,24 @@ tables (steps, breakdown, utilisation, kernel totals per name, collectives and c
 per step), a FramesHeader instead of the frames; and the findings and warnings of the run. The HTML report reads the frames (top ops,
 the timeline) and always takes the full path.
 
-Layout: `<run dir>/.advisor-cache/analysis-<digest of the run's files>/` with one Parquet file
-per rank and table and `analysis.json` (the key, the scalars, the findings), written into a
-temporary folder renamed into place, so a reader sees a whole entry or none. One entry per
-run: an analysis with other options replaces it. Where the run's folder is not writable the
-entry goes to `$XDG_CACHE_HOME/torch-advisor/analysis/`; `ADVISOR_CACHE=<dir>` puts it under
-<dir>, `ADVISOR_CACHE=off` disables it.
+Layout: `analysis-<digest of the run's files>/` with one Parquet file per rank and table and
+`analysis.json` (the key, the scalars, the findings), written into a temporary folder renamed
+into place, so a reader sees a whole entry or none. One entry per run: an analysis with other
+options replaces it. Entries live where the frames cache puts its own (advisor.load.cache):
+the user cache folder `$XDG_CACHE_HOME/torch-advisor/analysis/` by default, `.advisor-cache/`
+beside the run only with `ADVISOR_CACHE=beside`, under <dir> with `ADVISOR_CACHE=<dir>`,
+nowhere with `ADVISOR_CACHE=off` or without a usable home folder.
 
-The key (AnalysisKey) is everything that changes the answer: each trace file's path, size and
-mtime, the facts files' bytes, the effective select/ignore lists and rule options, the bytes
-of the user's `--rules DIR` files, and the advisor's own code (version and the stat of its
-source files). Values are stored as JSON (orjson) with tags for what JSON would change
-(non-finite floats, tuples, dicts with int keys); a value of any other type makes the run
-unstorable and it is simply not cached. Nothing is pickled. Every error reads as a miss or a
-skipped write, never as a failed report.
+The key (AnalysisKey) is everything that changes the answer: each trace file's path and the
+SHA-256 of its bytes (the stored answer is checked against the hashes computed while the
+frames were read), the facts files' bytes, the effective select/ignore lists and rule
+options, the bytes of the user's `--rules DIR` files, and the advisor's own code (version and
+the stat of its source files). Values are stored as JSON (orjson) with tags for what JSON
+would change (non-finite floats, tuples, dicts with int keys); a value of any other type
+makes the run unstorable and it is simply not cached. Nothing is pickled. On read every
+value is validated with its type (typed msgspec structures for the JSON, dtypes and
+invariants for the tables: times non-negative, each step's breakdown adding up to the step);
+anything odd, and every error, reads as a miss, never as a failed report.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
@@ -42,7 +47,7 @@ import pandas as pd
 import advisor
 from advisor import __version__
 from advisor.engine import Finding, Fix
-from advisor.load.cache import cache_dir_setting, cache_enabled, may_write_under, user_cache_root
+from advisor.load.cache import cache_beside, cache_dir_setting, cache_enabled, cache_setting, content_digest, may_write_under, path_digest, user_cache_root, ON_WORDS
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 from advisor.metrics.collectives import RankComm
 from advisor.metrics.kernels import kernel_totals
@@ -50,7 +55,7 @@ from advisor.metrics.summary import DeviceInfo, FramesHeader, Metrics
 from advisor.whatif.savings import RankWhatIf
 
 META_FILE = "analysis.json"
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: keyed on the traces' SHA-256, typed entries, kernel totals, collectives per step
 # Analyses faster than this are not worth an entry beside the run.
 MIN_ANALYSIS_SECONDS = 0.5
 TABLES = ("steps", "breakdown", "utilization", "kernels")
@@ -110,10 +115,7 @@ class AnalysisKey:
         from advisor.analysis import FACTS_FILE
 
         try:
-            files = []
-            for p in run.files:
-                st = p.stat()
-                files.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+            files = [[str(p.resolve()), content_digest(p)] for p in run.files]
             user_rules = None
             if rules_dir is not None:
                 folder = Path(rules_dir).resolve()
@@ -131,17 +133,32 @@ class AnalysisKey:
                     "user_rules": user_rules,
                 }
             )
-        except (OSError, ValueError):
+        except (OSError, ValueError, RuntimeError):
             return None
+
+    def parsed_as_keyed(self, frames: list[Any]) -> bool:
+        """True when every trace the analysis read had the bytes this key hashed (the hashes
+        computed while the frames were read): an answer is never stored under other bytes."""
+        keyed = {path: sha for path, sha in self.fields["files"]}
+        try:
+            return all(f.content_sha256 is not None and keyed.get(str(Path(f.path).resolve())) == f.content_sha256 for f in frames)
+        except (OSError, RuntimeError):
+            return False
 
 
 def entry_dirs(run: RunFiles) -> list[Path]:
     """Where the entry of this run may live, in order of preference."""
-    name = "analysis-" + _sha("\n".join(str(p.resolve()) for p in run.files).encode("utf-8", "surrogateescape"))[:16]
-    chosen = cache_dir_setting()
-    if chosen is not None:
-        return [chosen / name]
-    return [run.directory / CACHE_DIR_NAME / name, user_cache_root("analysis") / name]
+    if not cache_enabled():
+        return []
+    name = "analysis-" + _sha("\n".join(path_digest(p) for p in run.files).encode())[:16]
+    if cache_setting().lower() not in ON_WORDS and not cache_beside():
+        chosen = cache_dir_setting()
+        return [chosen / name] if chosen is not None else []
+    user = user_cache_root("analysis")
+    dirs = [user / name] if user is not None else []
+    if cache_beside():
+        dirs.insert(0, run.directory / CACHE_DIR_NAME / name)
+    return dirs
 
 
 # --- values as JSON, exactly ------------------------------------------------------------------
@@ -247,6 +264,11 @@ def write_analysis(
             "whatif": [to_plain(w.to_dict()) for w in whatif or []],
         }
         meta_bytes = orjson.dumps(meta, default=str)
+        # What the reader would refuse is not written: the same types, the same tables.
+        for r in msgspec.convert(from_plain(orjson.loads(meta_bytes)), EntryMeta).ranks:
+            _device(r.device)
+        for m in ranks:
+            check_tables(_tables(m))
     except Exception:  # noqa: BLE001 - an odd value in a finding: this run is not cached
         return None
     for entry in entry_dirs(run):
@@ -289,49 +311,145 @@ def read_analysis(run: RunFiles, key: AnalysisKey) -> CachedRun | None:
     return None
 
 
+# What analysis.json holds, as types: an entry whose values do not fit is a miss.
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class _Entry(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class FixEntry(_Entry):
+    text: str
+    snippet: str = ""
+
+
+class FindingEntry(_Entry):
+    rule: str
+    severity: Literal["low", "medium", "high"]
+    title: str
+    message: str
+    saving_ms: NonNegative | None
+    saving_pct: NonNegative | None
+    confidence: str
+    evidence: dict[str, Any]
+    fix: FixEntry
+    causes: list[str]
+    rank: int | None
+
+
+class RankEntry(_Entry):
+    rank: int
+    file_index: Annotated[int, msgspec.Meta(ge=0)]
+    metadata: dict[str, str | int | float | bool]
+    distributed: dict[str, Any]
+    has_device: bool
+    device: dict[str, Any]  # DeviceInfo's fields, converted to it (with their types) on read
+    tensor_core_kernel_share: Share | None
+    tensor_core_eligible_share: Share | None
+    kernel_time_by_precision_ms: dict[str, NonNegative]
+    h2d: dict[str, Any]
+    d2h: dict[str, Any]
+    peak_memory: dict[int, dict[str, NonNegative | None]]
+    notes: list[str]
+    comm: bool = False  # the rank's collectives and compute tables are stored
+
+
+class EntryMeta(_Entry):
+    key: dict[str, Any]
+    key_digest: str
+    written: float
+    ranks: Annotated[list[RankEntry], msgspec.Meta(min_length=1)]  # an analysis has a rank at least
+    findings: list[FindingEntry]
+    warnings: list[str]
+    whatif: list[dict[str, Any]] = []  # each rank's replay summary (RankWhatIf's fields)
+
+
+BREAKDOWN_COLUMNS = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
+KERNEL_TOTAL_COLUMNS = ["name", "count", "total_ns", "tensor_core", "precision"]  # kernel_totals
+STEP_DTYPES = {"step": "int64", "name": "str", "host_start": "int64", "host_end": "int64", "start": "int64", "end": "int64", "device_ops": "int64", "duration": "int64"}
+
+
+class BadEntry(Exception):
+    """Tables that are not what compute_metrics builds."""
+
+
+def check_tables(t: dict[str, pd.DataFrame]) -> None:
+    """Raise BadEntry unless the rank's tables have their dtypes and add up: durations are
+    end - start and non-negative, and each step's breakdown sums to its duration."""
+    steps, bd, util, kernels = t["steps"], t["breakdown"], t["utilization"], t["kernels"]
+    if {c: str(d) for c, d in steps.dtypes.items()} != STEP_DTYPES:
+        raise BadEntry("steps")
+    duration = steps["duration"].to_numpy(np.int64)
+    if (duration < 0).any() or not np.array_equal(steps["end"].to_numpy(np.int64) - steps["start"].to_numpy(np.int64), duration):
+        raise BadEntry("step times")
+    if list(bd.columns) != BREAKDOWN_COLUMNS or any(str(d) != "int64" for d in bd.dtypes) or len(bd) != len(steps):
+        raise BadEntry("breakdown")
+    values = bd.to_numpy(np.int64)
+    if (values < 0).any() or not np.array_equal(values.sum(axis=1), duration):
+        raise BadEntry("breakdown does not add up")
+    u = util["utilization"].to_numpy(np.float64) if list(util.columns) == ["utilization"] else None
+    if u is None or len(u) != len(steps) or ((u < 0) | (u > 1)).any():
+        raise BadEntry("utilization")
+    if list(kernels.columns) != KERNEL_TOTAL_COLUMNS or any(str(kernels[c].dtype) != "int64" for c in ("count", "total_ns")) or str(kernels["tensor_core"].dtype) != "bool":
+        raise BadEntry("kernels")
+    if (kernels["total_ns"].to_numpy() < 0).any() or (kernels["count"].to_numpy() < 1).any():
+        raise BadEntry("kernel times")
+
+
+def _device(fields: dict[str, Any]) -> DeviceInfo:
+    """DeviceInfo from an entry: its own field types (strict), and no negative memory."""
+    device = msgspec.convert(fields, DeviceInfo, strict=True)
+    if device.total_memory_bytes is not None and not (math.isfinite(device.total_memory_bytes) and device.total_memory_bytes >= 0):
+        raise BadEntry("device memory")
+    return device
+
+
 def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | None:
     try:
-        meta = orjson.loads((entry / META_FILE).read_bytes())
+        raw = orjson.loads((entry / META_FILE).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
     try:
-        if meta.get("key_digest") != key.digest:
+        if not isinstance(raw, dict) or raw.get("key_digest") != key.digest:
             return None
+        meta = msgspec.convert(from_plain(raw), EntryMeta)
         import pyarrow.parquet as pq
 
+        if len({r.rank for r in meta.ranks}) != len(meta.ranks) or any(r.file_index >= len(run.files) for r in meta.ranks):
+            return None  # ranks twice, or files the run does not have
         ranks = []
-        for i, r in enumerate(meta["ranks"]):
-            names = TABLES + (COMM_TABLES if r["comm"] else ())
+        for i, r in enumerate(meta.ranks):
+            names = TABLES + (COMM_TABLES if r.comm else ())
             t = {name: pq.read_table(entry / f"{i}.{name}.parquet").to_pandas() for name in names}
+            check_tables(t)
             ranks.append(
                 Metrics(
-                    rank=int(r["rank"]),
-                    frames=FramesHeader(
-                        path=run.files[r["file_index"]],
-                        metadata=from_plain(r["metadata"]),
-                        distributed=from_plain(r["distributed"]),
-                        has_device=bool(r["has_device"]),
-                    ),
+                    rank=r.rank,
+                    frames=FramesHeader(path=run.files[r.file_index], metadata=r.metadata, distributed=r.distributed, has_device=r.has_device),
                     steps=t["steps"],
                     breakdown=t["breakdown"],
                     utilization=t["utilization"]["utilization"].rename(None),
                     kernels=t["kernels"],
-                    device=DeviceInfo(**from_plain(r["device"])),
-                    tensor_core_kernel_share=from_plain(r["tensor_core_kernel_share"]),
-                    tensor_core_eligible_share=from_plain(r["tensor_core_eligible_share"]),
-                    kernel_time_by_precision_ms=from_plain(r["kernel_time_by_precision_ms"]),
-                    h2d=from_plain(r["h2d"]),
-                    d2h=from_plain(r["d2h"]),
-                    peak_memory=from_plain(r["peak_memory"]),
-                    notes=from_plain(r["notes"]),
-                    comm=RankComm(t["collectives"], t["compute"]) if r["comm"] else None,
+                    device=_device(r.device),
+                    tensor_core_kernel_share=r.tensor_core_kernel_share,
+                    tensor_core_eligible_share=r.tensor_core_eligible_share,
+                    kernel_time_by_precision_ms=r.kernel_time_by_precision_ms,
+                    h2d=r.h2d,
+                    d2h=r.d2h,
+                    peak_memory=r.peak_memory,
+                    notes=r.notes,
+                    comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,
                 )
             )
         findings = []
-        for d in meta["findings"]:
-            d = from_plain(d)
-            findings.append(Finding(**{**d, "fix": Fix(**d["fix"])}))
-        whatif = [RankWhatIf(**from_plain(w)) for w in meta.get("whatif", [])]
-        return CachedRun(ranks=ranks, findings=findings, warnings=[str(w) for w in from_plain(meta["warnings"])], whatif=whatif)
-    except Exception:  # noqa: BLE001 - a damaged or foreign entry is a miss, never a failed report
+        for f in meta.findings:  # a saving is a finite, non-negative time
+            if f.saving_ms is not None and not (math.isfinite(f.saving_ms) and f.saving_ms >= 0):
+                return None
+            d = msgspec.structs.asdict(f)
+            findings.append(Finding(**{**d, "fix": Fix(**msgspec.structs.asdict(f.fix))}))
+        whatif = [RankWhatIf(**from_plain(w)) for w in meta.whatif]
+        return CachedRun(ranks=ranks, findings=findings, warnings=meta.warnings, whatif=whatif)
+    except Exception:  # noqa: BLE001 - a damaged, foreign or forged entry is a miss, never a failed report
         return None

@@ -75,14 +75,22 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise InputError(path, f"invalid TOML: {exc}") from None
 
 
+def _is_file(path: Path) -> bool:
+    """is_file, and False where a folder on the way cannot be searched (no x permission)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def find_config_file(start: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
     start = (start or Path.cwd()).resolve()
     for d in [start, *start.parents]:
         own = d / "advisor.toml"
-        if own.is_file():
+        if _is_file(own):
             return own, _read_toml(own)
         py = d / "pyproject.toml"
-        if py.is_file():
+        if _is_file(py):
             table = _read_toml(py).get("tool", {}).get("advisor")
             if table is not None:
                 return py, table

@@ -310,10 +310,14 @@ def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     c["call_end"] = call_end
     c["block_end"] = block_end
     c["numel"] = _numel(tree, copy_op)
-    prev = np.where(copy_op >= 0, tree.prev_sibling[np.clip(copy_op, 0, None)], -1)
-    is_factory = tree.mask(FACTORY_OP)
-    launched = _launched_device_work(tree, frames)
-    cpu_made = (prev >= 0) & is_factory[np.clip(prev, 0, None)] & ~launched[np.clip(prev, 0, None)]
+    if len(tree.ops) == 0:  # device work but no host ops recorded: no op made any tensor
+        prev = np.full(len(c), -1, dtype=np.int64)
+        cpu_made = np.zeros(len(c), dtype=bool)
+    else:
+        prev = np.where(copy_op >= 0, tree.prev_sibling[np.clip(copy_op, 0, None)], -1)
+        is_factory = tree.mask(FACTORY_OP)
+        launched = _launched_device_work(tree, frames)
+        cpu_made = (prev >= 0) & is_factory[np.clip(prev, 0, None)] & ~launched[np.clip(prev, 0, None)]
     c["cpu_made"] = cpu_made
     names = tree.ops["name"].astype(str).to_numpy()
     c["factory_op"] = np.where(cpu_made, names[np.clip(prev, 0, None)] if len(names) else None, None)
@@ -374,7 +378,7 @@ def pinned_bandwidth(m: Metrics, copies: pd.DataFrame) -> tuple[float, str]:
     if len(big_pinned):
         bw = float((big_pinned["bytes"] / big_pinned["dur"]).median())
         how = f"measured on this trace's {len(big_pinned)} large pinned copies"
-    elif m.device.capability is not None:
+    elif m.device.capability is not None and m.device.capability > 0:
         bw = next(b for cc, b in PINNED_GBPS_BY_ARCH if m.device.capability >= cc)
         link = {50.0: "PCIe 5", 24.0: "PCIe 4", 12.0: "PCIe 3"}[bw]
         how = f"typical pinned bandwidth of a {link} link (compute capability {m.device.compute_capability})"

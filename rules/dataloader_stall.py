@@ -172,7 +172,7 @@ def check(ctx: Context):
         evidence["source"] = lines
 
     cores_used = False
-    if loaders:
+    if loaders and loaders[0].get("num_workers") is not None:  # null: the setting is unknown
         dl = loaders[0]
         nw = dl.get("num_workers")
         evidence["dataloader_settings"] = {k: dl.get(k) for k in ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}

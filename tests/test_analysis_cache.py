@@ -63,7 +63,8 @@ def copy_run(name: str, tmp_path: Path) -> Path:
 
 
 def entries(run: Path) -> list[Path]:
-    return sorted((run / ".advisor-cache").glob("analysis-*"))
+    """The analysis entries in the (temporary) user cache folder, where they go by default."""
+    return sorted((Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "analysis").glob("analysis-*"))
 
 
 @pytest.mark.parametrize("name", ["v100_resnet50_nw0", "a100_two_ranks"])
@@ -78,7 +79,7 @@ def test_second_report_from_the_cache_is_byte_identical(name, tmp_path, cli, loa
         off = cli(["report", *args, str(run)], tmp_path, {"ADVISOR_CACHE": "off"})
         assert first[0] == second[0] == off[0] == 0, (first[2], second[2], off[2])
         assert second[1] == off[1] and first[1] == off[1], args
-    assert len(entries(run)) == 1
+    assert len(entries(run)) == 1 and not (run / ".advisor-cache").exists(), "nothing beside the user's traces"
     assert not list(entries(run)[0].glob("*.pkl")) and not list(entries(run)[0].glob("*.pickle"))
     # gate reads the same entry; its verdict is the full path's
     gate = ["gate", str(run), "--max-step-time-ms", "1", "--max-severity", "low"]
@@ -113,10 +114,19 @@ def test_changes_that_change_the_answer_miss_the_cache(tmp_path, cli, loads):
     assert not any(f["rule"] == "dataloader-stall" for f in tuned["findings"])
     (work / "advisor.toml").unlink()
     assert orjson.loads(fresh_report()) == base
-    # the trace touched (same bytes, new mtime)
+    # the trace touched (same bytes, new mtime): the key is the bytes, so still a hit
     trace = next(run.glob("*.json.gz"))
     st = trace.stat()
     os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    loads.forbid()
+    assert orjson.loads(cli(report, work)[1]) == base
+    loads.forbid(False)
+    # the same events, other bytes (gzip level 9), with the old size and mtime put back: a miss
+    import gzip
+
+    data = gzip.decompress(trace.read_bytes())
+    trace.write_bytes(gzip.compress(data, compresslevel=9))
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert orjson.loads(fresh_report()) == base
     # a facts file appears
     (run / "advisor_facts.json").write_bytes(orjson.dumps({"schema": "advisor/facts/v1", "dataloaders": [{"batch_size": 32}]}))
@@ -144,15 +154,19 @@ def test_a_damaged_entry_falls_back_to_the_full_path(tmp_path, cli, loads):
 def test_cache_off_and_read_only_runs_write_nothing_beside_them(tmp_path, cli, loads):
     run = copy_run("v100_resnet50_nw0", tmp_path)
     assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "off"})[0] == 0
-    assert not (run / ".advisor-cache").exists()
+    assert not (run / ".advisor-cache").exists() and not entries(run)
+    # beside only when asked
+    assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "beside"})[0] == 0
+    assert len(list((run / ".advisor-cache").glob("analysis-*"))) == 1 and not entries(run)
+    shutil.rmtree(run / ".advisor-cache")
     run.chmod(0o555)
     try:
-        assert cli(["report", "-f", "json", str(run)], tmp_path)[0] == 0
+        assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "beside"})[0] == 0
         assert not (run / ".advisor-cache").exists()
         user = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "analysis"
         assert len(list(user.glob("analysis-*"))) == 1
         loads.forbid()
-        assert cli(["report", "-f", "json", str(run)], tmp_path)[0] == 0
+        assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "beside"})[0] == 0
     finally:
         run.chmod(0o755)
 

@@ -1,15 +1,25 @@
-"""Fuzzing the whole pipeline with mutated real traces.
+"""Fuzzing the whole pipeline with mutated real inputs: traces, facts files, cache entries, baselines.
 
 Real traces from ../shared/traces are mutated the ways broken or odd profiler output looks:
 cut short, keys dropped, values of the wrong type, NaN/Infinity literals, huge integers,
-negative durations, shuffled events, duplicated ids, non-UTF-8 bytes, odd top-level shapes.
-`advisor.analysis.analyze` and the JSON and text renderers must either work or raise
-InputError with one line that names the file; any other exception fails the test.
+negative durations, shuffled events, duplicated ids, non-UTF-8 bytes, odd top-level shapes,
+step spans that nest or overlap. `advisor.analysis.analyze` and the JSON and text renderers
+must either work or raise InputError with one line that names the file; any other exception
+fails the test, and so does a report whose numbers do not add up (check_report: every step's
+breakdown sums to its duration, the summary's breakdown to the mean step, no negative time,
+findings' savings within the step).
+
+The same holds for the other files a report reads: a recorded run's `advisor_facts.json`
+with values of the wrong type, cache entries (frames and analysis) with any value replaced,
+and a baseline written by `advisor baseline` with any value replaced (`advisor gate` then
+ends in a verdict or one line, exit 0, 1 or 2, never 3).
 
 Bounded for CI: a few hundred hypothesis examples on small traces (deterministic when CI is
-set). For longer local runs with coverage guidance (atheris, if installed):
+set). A long run, any number of minutes over every harness, counting examples and failures:
 
-    python tests/test_fuzz.py -max_total_time=600
+    python tests/test_fuzz.py --minutes 25
+
+and, with coverage guidance (atheris, if installed): python tests/test_fuzz.py -max_total_time=600
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import copy
 import functools
 import gzip
+import inspect
 import io
 import json
 import os
@@ -33,7 +44,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import SHARED_TRACES
+from conftest import SAMPLE_RUNS, SHARED_TRACES
 
 from advisor.errors import InputError
 
@@ -188,8 +199,38 @@ def odd_top_level(doc, draw):
         doc[what] = draw(json_values | st.just([{"id": "x", "totalGlobalMem": -1, "computeMajor": 1e300}]) | st.just({"rank": 1e300}))
 
 
+def overlapping_steps(doc, draw):
+    """Copies of ProfilerStep spans with other numbers, nested in or overlapping real steps."""
+    evs = _events(doc)
+    steps = [e for e in evs if isinstance(e, dict) and str(e.get("name", "")).startswith("ProfilerStep#") and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    for _ in range(draw(st.integers(1, 4)) if steps else 0):
+        e = draw(st.sampled_from(steps))
+        shift = draw(st.floats(-1.0, 1.5)) * e["dur"]
+        evs.append({**copy.deepcopy(e), "name": f"ProfilerStep#{draw(st.integers(0, 10**6))}", "ts": e["ts"] + shift, "dur": e["dur"] * draw(st.floats(0.0, 2.0))})
+
+
+def far_timestamps(doc, draw):
+    """A few events at times no profiling window has (int64-ns overflow territory and beyond)."""
+    for e in _pick_many(draw, _events(doc))[:20]:
+        e["ts"] = draw(st.sampled_from([9.2e15, 9.3e15, 5e16, 9.9e16, -9.3e15, 1e13]))
+
+
+def impossible_sizes(doc, draw):
+    """Copy sizes, memory totals and device memory no machine has."""
+    value = draw(st.sampled_from([-1, -(2**40), 2**53, 2**64, 2**64 + 5, 1e308]))
+    for e in _pick_many(draw, _events(doc)):
+        if isinstance(e.get("args"), dict):
+            for key in ("bytes", "Bytes", "Total Allocated", "Total Reserved"):
+                if key in e["args"]:
+                    e["args"][key] = value
+    if isinstance(doc, dict) and isinstance(doc.get("deviceProperties"), list):
+        for p in doc["deviceProperties"]:
+            if isinstance(p, dict):
+                p[draw(st.sampled_from(["totalGlobalMem", "computeMajor", "numSms"]))] = draw(st.sampled_from([-1, -5.5, 0, 2**64, 1e308]))
+
+
 MUTATIONS = [drop_keys, wrong_types, nan_and_infinity, huge_integers, negative_durations, shuffle_events,
-             duplicate_ids, drop_event_kinds, odd_names, odd_top_level]
+             duplicate_ids, drop_event_kinds, odd_names, odd_top_level, overlapping_steps, far_timestamps, impossible_sizes]
 
 
 def serialize(doc: Any, draw: Callable) -> bytes:
@@ -210,6 +251,29 @@ def serialize(doc: Any, draw: Callable) -> bytes:
     return data
 
 
+def check_report(analysis: Any, report: dict[str, Any]) -> None:
+    """The numbers of a finished report add up: each step's breakdown is its duration, the
+    summary's breakdown is the mean step, no time is negative, savings fit in the step."""
+    import numpy as np
+
+    for m in analysis.ranks:
+        bd = m.breakdown.to_numpy(np.int64)
+        duration = m.steps["duration"].to_numpy(np.int64)
+        assert (duration >= 0).all() and (bd >= 0).all(), "negative time in a step"
+        assert np.array_equal(bd.sum(axis=1), duration), "a step's breakdown does not add up to the step"
+        assert (m.steps["end"] >= m.steps["start"]).all()
+    for summary in [report["summary"], *(r["summary"] for r in report["ranks"])]:
+        if summary["steps"]:
+            mean = summary["step_time_ms"]["mean"]
+            total = sum(summary["breakdown_ms"].values())
+            assert abs(total - mean) <= 1e-6 * max(mean, 1.0), f"breakdown {total} ms against a mean step of {mean} ms"
+    for rank in report["ranks"]:
+        savings = sum(f["saving_ms"] or 0.0 for f in report["findings"] if f["rank"] in (rank["rank"], None))
+        assert savings <= rank["summary"]["step_time_ms"]["mean"] * (1 + 1e-6) + 1e-6 if rank["summary"]["steps"] else True
+    for f in report["findings"]:
+        assert f["saving_ms"] is None or f["saving_ms"] >= 0
+
+
 def check_pipeline(path: Path) -> None:
     """analyze + both renderers must work, or fail with a one-line InputError naming the file."""
     from rich.console import Console
@@ -222,11 +286,13 @@ def check_pipeline(path: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             analysis = analyze(path)
-            json.loads(to_json(analysis))
+            report = json.loads(to_json(analysis))
             render_text(analysis, Console(file=io.StringIO(), width=120), verbose=True)
     except InputError as exc:
         line = exc.line()
         assert "\n" not in line and str(path) in line, line
+        return
+    check_report(analysis, report)
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +339,191 @@ def test_loader_survives_mutated_real_traces(data, fuzz_dir):
     for name in ("host", "runtime", "device"):
         df = getattr(frames, name)
         assert (df["dur"] >= 0).all() and (df["end"] >= df["ts"]).all()
+
+
+# --- the other files a report reads: facts, cache entries, baselines --------------------------
+RECORDED_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"  # a real `advisor profile` run
+have_recorded_run = RECORDED_RUN.is_dir()
+needs_recorded_run = pytest.mark.skipif(not have_recorded_run, reason=f"recorded run not found at {RECORDED_RUN}")
+
+
+def json_paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every place in a JSON document (keys of objects, indexes of lists), the root excluded."""
+    out = []
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        out.append((*prefix, k))
+        out += json_paths(v, (*prefix, k))
+    return out
+
+
+def mutate_json(doc: Any, draw: Callable) -> Any:
+    """Replace, drop or wrap the values at 1 to 4 places of a JSON document (in place)."""
+    for _ in range(draw(st.integers(1, 4))):
+        paths = json_paths(doc)
+        if not paths:
+            return doc
+        path = draw(st.sampled_from(paths))
+        parent = functools.reduce(lambda d, k: d[k], path[:-1], doc)
+        how = draw(st.sampled_from(["replace", "replace", "drop", "wrap", "negate"]))
+        if how == "drop":
+            del parent[path[-1]]
+        elif how == "wrap":
+            parent[path[-1]] = [parent[path[-1]]]
+        elif how == "negate" and isinstance(parent[path[-1]], (int, float)) and not isinstance(parent[path[-1]], bool):
+            parent[path[-1]] = -parent[path[-1]] - 1
+        else:
+            parent[path[-1]] = draw(json_values | st.sampled_from([1e308, -1, 2**64, "", [], {}, [[]]]))
+    return doc
+
+
+def run_cli(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """`advisor ARGS` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+
+    from advisor.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old = {k: os.environ.get(k) for k in [*env, "COLUMNS"]}
+    os.environ.update({"COLUMNS": "200", **env})
+    argv, sys.argv = sys.argv, ["advisor", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(code: int, err: str) -> None:
+    assert code != 3 and "internal error" not in err, err
+    if code == 2:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("advisor: error: "), err
+
+
+@needs_recorded_run
+@FUZZ
+@given(data=st.data())
+def test_pipeline_survives_mutated_facts_of_a_recorded_run(data, fuzz_dir, monkeypatch):
+    """A recorded run's advisor_facts.json with values of the wrong type or impossible ones."""
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    folder = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    trace = next(RECORDED_RUN.glob("*.pt.trace.json.gz"))
+    os.symlink(trace, folder / trace.name)
+    facts = json.loads((RECORDED_RUN / "advisor_facts.json").read_text())
+    mutate_json(facts, data.draw)
+    (folder / "advisor_facts.json").write_text(json.dumps(facts, allow_nan=True))
+    check_pipeline(folder)
+
+
+@functools.cache
+def _cache_source(kind: str) -> tuple[bytes, ...]:
+    """(entry file name, bytes)... of the entry the advisor writes for the recorded run."""
+    import shutil
+
+    from advisor import analysis_cache
+    from advisor.load import cache as frame_cache
+
+    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-cache-"))
+    old = os.environ.get("ADVISOR_CACHE")
+    os.environ["ADVISOR_CACHE"] = str(work / "cache")
+    try:
+        run = work / "run"
+        shutil.copytree(RECORDED_RUN, run)
+        if kind == "frames":
+            frame_cache.load_cached(next(run.glob("*.json.gz")), min_parse_seconds=0)
+        else:
+            saved, analysis_cache.MIN_ANALYSIS_SECONDS = analysis_cache.MIN_ANALYSIS_SECONDS, 0.0
+            try:
+                assert run_cli(["report", "-f", "json", str(run)], {})[0] == 0
+            finally:
+                analysis_cache.MIN_ANALYSIS_SECONDS = saved
+        entry = next(p for p in (work / "cache").iterdir() if (p.name.startswith("analysis-") == (kind == "analysis")))
+        return (str(run), str(entry), *[p.name for p in sorted(entry.iterdir())])
+    finally:
+        if old is None:
+            os.environ.pop("ADVISOR_CACHE", None)
+        else:
+            os.environ["ADVISOR_CACHE"] = old
+
+
+@needs_recorded_run
+@FUZZ
+@given(data=st.data())
+def test_reports_survive_mutated_cache_entries(data):
+    """A frames or analysis entry of the recorded run with values replaced (its JSON, or a
+    Parquet table's column): the report is still made, and its numbers add up."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = data.draw(st.sampled_from(["frames", "analysis"]))
+    run, entry, *names = _cache_source(kind)
+    entry = Path(entry)
+    backup = {n: (entry / n).read_bytes() for n in names}
+    try:
+        name = data.draw(st.sampled_from(names))
+        if name.endswith(".json"):
+            doc = json.loads(backup[name])
+            (entry / name).write_text(json.dumps(mutate_json(doc, data.draw), allow_nan=True))
+        else:
+            df = pq.read_table(entry / name).to_pandas()
+            if len(df.columns):
+                col = data.draw(st.sampled_from(list(df.columns)))
+                value = data.draw(st.sampled_from([-1, 0, 2**62, -(2**62), 1e308, float("nan"), "x", None, True]))
+                try:
+                    df[col] = [value] * len(df)
+                    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), entry / name)
+                except (pa.ArrowException, TypeError, ValueError):
+                    (entry / name).write_bytes(b"PAR1 not parquet")
+        code, out, err = run_cli(["report", "-f", "json", run], {"ADVISOR_CACHE": str(entry.parent)})
+        assert code == 0, err
+        from advisor.analysis import analyze
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.environ["ADVISOR_CACHE"] = str(entry.parent)
+            try:
+                analysis = analyze(run, cache=True)
+            finally:
+                os.environ.pop("ADVISOR_CACHE", None)
+        check_report(analysis, json.loads(out))
+    finally:
+        for n, b in backup.items():
+            (entry / n).write_bytes(b)
+
+
+@functools.cache
+def _baseline_source() -> str:
+    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-baseline-"))
+    target = work / "baseline.json"
+    code, _, err = run_cli(["baseline", str(RECORDED_RUN), "-o", str(target)], {"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    return target.read_text()
+
+
+@needs_recorded_run
+@FUZZ
+@given(data=st.data())
+def test_gate_survives_mutated_baselines(data, fuzz_dir):
+    """A baseline `advisor baseline` wrote, with values replaced: the gate gives a verdict
+    (exit 0 or 1) or one line (exit 2), never an internal error."""
+    doc = mutate_json(json.loads(_baseline_source()), data.draw)
+    path = Path(tempfile.mkdtemp(dir=fuzz_dir)) / "baseline.json"
+    path.write_text(json.dumps(doc, allow_nan=True))
+    code, _, err = run_cli(["gate", str(RECORDED_RUN), "--baseline", str(path)], {"ADVISOR_CACHE": "off"})
+    assert code in (0, 1, 2), (code, err)
+    assert_one_line_error(code, err)
 
 
 # --- one fixed case per failure class (regressions, no randomness) ---------------------------
@@ -354,5 +605,71 @@ def _atheris_main() -> None:  # pragma: no cover - run by hand
     atheris.Fuzz()
 
 
+# --- the long run: every harness, for as long as asked ---------------------------------------
+LONG_RUN_HARNESSES = [
+    "test_pipeline_survives_mutated_real_traces",
+    "test_loader_survives_mutated_real_traces",
+    "test_pipeline_survives_mutated_facts_of_a_recorded_run",
+    "test_reports_survive_mutated_cache_entries",
+    "test_gate_survives_mutated_baselines",
+]
+
+
+def _counted(inner: Callable, count: list[int], work: Path) -> Callable:
+    """The harness body with its fixtures made here (a temp folder, a MonkeyPatch), counted."""
+    params = set(inspect.signature(inner).parameters)
+
+    def counted(data):
+        count[0] += 1
+        kwargs: dict[str, Any] = {"data": data}
+        mp = pytest.MonkeyPatch()
+        if "fuzz_dir" in params:
+            kwargs["fuzz_dir"] = Path(tempfile.mkdtemp(dir=work))
+        if "monkeypatch" in params:
+            kwargs["monkeypatch"] = mp
+        try:
+            inner(**kwargs)
+        finally:
+            mp.undo()
+
+    return counted
+
+
+def long_run(minutes: float, batch: int = 25) -> int:  # pragma: no cover - run by hand
+    """Run every harness in turn, `batch` random examples at a time (no shrinking, no
+    database), until `minutes` have passed; print examples and failures per harness.
+    Exit status 1 when any example failed (a crash, or a report that does not add up)."""
+    import time
+    import traceback
+
+    os.environ.setdefault("ADVISOR_CACHE", "off")
+    counts = {name: [0, 0] for name in LONG_RUN_HARNESSES}
+    failures: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-long-"))
+    deadline = time.monotonic() + minutes * 60
+    rounds = 0
+    while time.monotonic() < deadline:
+        rounds += 1
+        for name in LONG_RUN_HARNESSES:
+            counted = _counted(globals()[name].hypothesis.inner_test, counts[name], work)
+            test = settings(max_examples=batch, deadline=None, database=None, phases=[Phase.generate],
+                            suppress_health_check=list(HealthCheck))(given(data=st.data())(counted))
+            try:
+                test()
+            except Exception:  # noqa: BLE001 - recorded and reported, the run goes on
+                counts[name][1] += 1
+                failures.append(f"{name}: {traceback.format_exc(limit=-3)}")
+            if time.monotonic() >= deadline:
+                break
+        print(f"round {rounds}: " + ", ".join(f"{n.removeprefix('test_')} {c[0]} examples/{c[1]} failed" for n, c in counts.items()), flush=True)
+    total, failed = sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())
+    print(f"{minutes:g} min: {total} examples over {len(counts)} harnesses, {failed} failing batch(es)")
+    for f in failures:
+        print(f)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":  # pragma: no cover
+    if len(sys.argv) >= 3 and sys.argv[1] == "--minutes":
+        sys.exit(long_run(float(sys.argv[2])))
     _atheris_main()

@@ -307,7 +307,8 @@ def test_report_never_imports_torch(tmp_path):
 
 # --- cache ----------------------------------------------------------------------------------
 @needs_traces
-def test_cache_beside_the_trace_round_trips_and_follows_the_file(tmp_path):
+def test_cache_beside_the_trace_round_trips_and_follows_the_bytes(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "beside")
     trace = tmp_path / "run" / "worker0.pt.trace.json.gz"
     trace.parent.mkdir()
     shutil.copyfile(single_file(shared_trace("v100_resnet50_nw0")), trace)
@@ -322,10 +323,17 @@ def test_cache_beside_the_trace_round_trips_and_follows_the_file(tmp_path):
     assert cached.host["input_dims"].tolist() == fresh.host["input_dims"].tolist()
     # the cache folder is not a run and holds no traces
     assert find_run(trace.parent).files == [trace]
-    # a rewritten trace (new mtime) is parsed again
+    # a touched trace (same bytes, new mtime) is still the same trace
     st = trace.stat()
     os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert frame_cache.read_cached(trace) is not None
+    # other bytes with the old size and mtime put back (what `cp -a` of another run does) miss
+    data = bytearray(trace.read_bytes())
+    data[-8:-4] = bytes(4)  # the gzip CRC: still the same size
+    trace.write_bytes(bytes(data))
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert frame_cache.read_cached(trace) is None
+    shutil.copyfile(single_file(shared_trace("v100_resnet50_nw0")), trace)
     # a damaged entry is a miss, not an error
     frame_cache.load_cached(trace, min_parse_seconds=0)
     (entry / "device.parquet").write_bytes(b"PAR1 broken")
@@ -334,7 +342,29 @@ def test_cache_beside_the_trace_round_trips_and_follows_the_file(tmp_path):
 
 
 @needs_traces
+def test_cache_goes_to_the_user_cache_folder_by_default(tmp_path, monkeypatch):
+    trace = tmp_path / "run" / "a100.json.gz"
+    trace.parent.mkdir()
+    shutil.copyfile(shared_trace("misc/a100_alexnet.json.gz"), trace)
+    frame_cache.load_cached(trace, min_parse_seconds=0)
+    assert sorted(p.name for p in trace.parent.iterdir()) == ["a100.json.gz"], "nothing beside the user's traces"
+    user_root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "frames"
+    assert len(list(user_root.iterdir())) == 1 and frame_cache.read_cached(trace) is not None
+    # without XDG_CACHE_HOME: ~/.cache/torch-advisor; a relative XDG_CACHE_HOME is ignored (XDG spec)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert frame_cache.user_cache_root() == tmp_path / "home" / ".cache" / "torch-advisor" / "frames"
+    # ADVISOR_CACHE='~/x' is the home's x, never a literal '~' folder
+    monkeypatch.setenv("ADVISOR_CACHE", "~/advisor-cache")
+    monkeypatch.chdir(tmp_path)
+    assert frame_cache.load_cached(trace, min_parse_seconds=0) is not None
+    assert len(list((tmp_path / "home" / "advisor-cache").iterdir())) == 1
+    assert not (tmp_path / "~").exists()
+
+
+@needs_traces
 def test_cache_falls_back_to_the_user_cache_then_to_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "beside")
     folder = tmp_path / "readonly"
     folder.mkdir()
     trace = folder / "a100.json.gz"

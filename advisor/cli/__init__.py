@@ -150,7 +150,7 @@ def report(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
     select: List[str] = typer.Option([], "--select", help="Only these rules (repeatable, or comma-separated: a,b)."),
     ignore: List[str] = typer.Option([], "--ignore", help="Skip these rules (repeatable, or comma-separated: a,b)."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; needs torch-advisor[cluster])."),
@@ -182,7 +182,7 @@ def report(
 
 
 @app.command("rules")
-def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also list rule files from this folder.")) -> None:
+def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust).")) -> None:
     """List the rules the advisor checks."""
     from rich.table import Table
     from rich.text import Text
@@ -201,7 +201,7 @@ def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="A
 @app.command()
 def explain(
     rule: str = typer.Argument(..., help="A rule id, e.g. dataloader-stall."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also look in this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
 ) -> None:
     """Print one rule's page: what it detects, why it is slow, the fix, how the saving is estimated."""
     from rich.markdown import Markdown
@@ -261,10 +261,24 @@ def _named_command(args: list[str]) -> str | None:
     return next((a for a in args if not a.startswith("-")), None)
 
 
+def _paths_checked_by_the_stages() -> None:
+    """Path arguments are not checked for read permission by the parser: an unreadable file
+    is reported by the stage that opens it, as one line and exit 2, not a usage error."""
+    import inspect
+
+    from typer.models import ParameterInfo
+
+    for command in app.registered_commands:
+        for param in inspect.signature(command.callback).parameters.values():
+            if isinstance(param.default, ParameterInfo):
+                param.default.readable = False
+
+
 def main() -> None:
     core = {c.name or c.callback.__name__ for c in app.registered_commands}
     if _named_command(sys.argv[1:]) not in core:
         _register_optional_commands()
+    _paths_checked_by_the_stages()
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:

@@ -28,7 +28,7 @@ def diff(
     after: Path = typer.Argument(..., help="The run after the change: a log dir or trace file."),
     format: Optional[DiffFormat] = typer.Option(None, "--format", "-f", help="text, json, markdown or html (default: from the -o suffix, else text)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format; html: advisor_diff.html)."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
     """Compare two runs: step time, throughput, breakdown, and which findings were resolved or are new."""
@@ -61,7 +61,7 @@ def view(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the HTML report here (default: a file in the temporary folder, one per run)."),
     browser: bool = typer.Option(True, "--browser/--no-browser", help="Open the report in the browser, or only print its path."),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     tensorboard: bool = typer.Option(
         False, "--tensorboard", help="Open TensorBoard's profiler view instead (the view extra; unmaintained upstream: trace files named *.pt.trace.json only, needs the network)."

@@ -149,7 +149,7 @@ def gate(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON (schema advisor/gate/v1)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML: one test case per check."),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
     """Fail when a run is slower than its baseline or breaks a budget (exit 0 pass, 1 fail, 2 bad input)."""
@@ -203,7 +203,7 @@ def baseline(
         None, "--output", "-o", help="Where to write it (default: `baseline` of [tool.advisor.gate], else perf/baseline.json)."
     ),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
-    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also load rule files from this folder."),
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
     """Record a run as the baseline a later `advisor gate` compares with (schema advisor/baseline/v1)."""

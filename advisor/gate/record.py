@@ -216,6 +216,26 @@ def _need(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Pa
     return value
 
 
+# What a baseline may hold: more step times than this make the gate's bootstrap slow (about
+# 7 s at 10,000) and no profiled window has them; a step time of 11.6 days or more (the
+# loader's limit on one trace's span) is not a step.
+MAX_BASELINE_STEPS = 10_000
+MAX_STEP_MS = 1e9
+
+
+def _number(value: Any, what: str, path: Path, *, upper: float = math.inf, share: bool = False) -> float | None:
+    """A figure from a baseline or report file: None, or a finite number in [0, upper)
+    ([0, 1] for a share); anything else is one line naming the file and the key."""
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (0 <= value <= 1 if share else 0 <= value < upper)
+    if not ok:
+        expected = "a share between 0 and 1" if share else "a non-negative number" + (f" below {upper:g}" if math.isfinite(upper) else "")
+        raise InputError(path, f"not a valid baseline: {what} is {str(value)[:40]!r}, expected {expected}")
+    return float(value)
+
+
 def _findings(raw: Any, path: Path) -> list[FindingRecord]:
     if not isinstance(raw, list):
         raise InputError(path, "not a valid baseline: 'findings' must be a list")
@@ -228,32 +248,59 @@ def _findings(raw: Any, path: Path) -> list[FindingRecord]:
                 rule=f["rule"],
                 severity=str(f.get("severity") or "low"),
                 title=str(f.get("title") or f["rule"]),
-                saving_ms=f.get("saving_ms"),
-                saving_pct=f.get("saving_pct"),
+                saving_ms=_number(f.get("saving_ms"), "a finding's 'saving_ms'", path, upper=MAX_STEP_MS),
+                saving_pct=_number(f.get("saving_pct"), "a finding's 'saving_pct'", path, upper=MAX_STEP_MS),
                 message=str(f.get("message") or ""),
             )
         )
     return out
 
 
-def record_from_baseline(doc: dict[str, Any], path: Path) -> RunRecord:
-    steps = _need(doc, "step_times_ms", list, path)
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
-        raise InputError(path, "not a valid baseline: 'step_times_ms' must be a list of numbers")
-    metrics = _need(doc, "metrics", dict, path)
-    breakdown = _need(doc, "breakdown_ms", dict, path)
-    env_raw = _need(doc, "environment", dict, path)
-    known = set(Environment.__dataclass_fields__)
-    env = Environment(**{k: v for k, v in env_raw.items() if k in known})
+def _environment(raw: dict[str, Any], path: Path) -> Environment:
+    known = {k: v for k, v in raw.items() if k in Environment.__dataclass_fields__}
+    env = Environment(**known)
+    for key in ("device_name", "compute_capability"):
+        if getattr(env, key) is not None and not isinstance(getattr(env, key), str):
+            raise InputError(path, f"not a valid baseline: 'environment.{key}' must be a string")
+    for key in ("world_size", "batch_size"):
+        v = getattr(env, key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise InputError(path, f"not a valid baseline: 'environment.{key}' is {str(v)[:40]!r}, expected a positive integer")
+    env.device_memory_bytes = _number(env.device_memory_bytes, "'environment.device_memory_bytes'", path)
     if not isinstance(env.versions, dict):
         raise InputError(path, "not a valid baseline: 'environment.versions' must be a table")
+    env.versions = {str(k): str(v) for k, v in env.versions.items()}
+    return env
+
+
+def _step_times(steps: list[Any], path: Path) -> list[float]:
+    if len(steps) > MAX_BASELINE_STEPS:
+        raise InputError(path, f"not a valid baseline: {len(steps)} step times, more than the {MAX_BASELINE_STEPS} a baseline may hold (a profiled window has tens)")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
+        raise InputError(path, "not a valid baseline: 'step_times_ms' must be a list of numbers")
+    values = [float(x) for x in steps]
+    bad = next((v for v in values if not (math.isfinite(v) and 0 <= v < MAX_STEP_MS)), None)
+    if bad is not None:
+        raise InputError(path, f"not a valid baseline: 'step_times_ms' holds {bad!r}, not a possible step time (0 to {MAX_STEP_MS:g} ms)")
+    return values
+
+
+def _breakdown(raw: dict[str, Any], path: Path) -> dict[str, float]:
+    return {str(k): _number(v, f"'breakdown_ms.{k}'", path, upper=MAX_STEP_MS) or 0.0 for k, v in raw.items()}
+
+
+def record_from_baseline(doc: dict[str, Any], path: Path) -> RunRecord:
+    steps = _step_times(_need(doc, "step_times_ms", list, path), path)
+    metrics = _need(doc, "metrics", dict, path)
+    breakdown = _need(doc, "breakdown_ms", dict, path)
+    env = _environment(_need(doc, "environment", dict, path), path)
     return RunRecord(
         source=str(doc.get("source", path)),
         run=str(doc.get("run", "")),
-        step_times_ms=[float(x) for x in steps],
-        breakdown_ms={str(k): float(v or 0.0) for k, v in breakdown.items()},
-        gpu_utilization=metrics.get("gpu_utilization"),
-        peak_memory_bytes=metrics.get("peak_memory_bytes"),
+        step_times_ms=steps,
+        breakdown_ms=_breakdown(breakdown, path),
+        gpu_utilization=_number(metrics.get("gpu_utilization"), "'metrics.gpu_utilization'", path, share=True),
+        peak_memory_bytes=_number(metrics.get("peak_memory_bytes"), "'metrics.peak_memory_bytes'", path),
         findings=_findings(_need(doc, "findings", list, path), path),
         environment=env,
         advisor_version=str(doc.get("advisor_version", "")),
@@ -266,21 +313,35 @@ def record_from_report(doc: dict[str, Any], path: Path) -> RunRecord:
     """A report JSON as a baseline: its summary and findings, but no per-step times."""
     summary = _need(doc, "summary", dict, path)
     ranks = doc.get("ranks") or []
+    if not isinstance(ranks, list):
+        raise InputError(path, "not a valid baseline: 'ranks' must be a list")
     dev = ranks[0].get("device", {}) if ranks and isinstance(ranks[0], dict) else {}
+    if not isinstance(dev, dict):
+        raise InputError(path, "not a valid baseline: a rank's 'device' must be a table")
     stats = summary.get("step_time_ms") if isinstance(summary.get("step_time_ms"), dict) else {}
+    stats = {str(k): _number(v, f"'summary.step_time_ms.{k}'", path, upper=MAX_STEP_MS) for k, v in stats.items()}
+    breakdown = summary.get("breakdown_ms") or {}
+    if not isinstance(breakdown, dict):
+        raise InputError(path, "not a valid baseline: 'summary.breakdown_ms' must be a table")
+    steps = summary.get("steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
+        raise InputError(path, f"not a valid baseline: 'summary.steps' is {str(steps)[:40]!r}, expected a step count")
     return RunRecord(
         source=str(doc.get("source", path)),
         run=str(doc.get("run", "")),
         step_times_ms=None,
-        breakdown_ms={str(k): float(v or 0.0) for k, v in (summary.get("breakdown_ms") or {}).items()},
-        gpu_utilization=summary.get("gpu_utilization"),
-        peak_memory_bytes=summary.get("peak_memory_bytes"),
+        breakdown_ms=_breakdown(breakdown, path),
+        gpu_utilization=_number(summary.get("gpu_utilization"), "'summary.gpu_utilization'", path, share=True),
+        peak_memory_bytes=_number(summary.get("peak_memory_bytes"), "'summary.peak_memory_bytes'", path),
         findings=_findings(doc.get("findings", []), path),
-        environment=Environment(
-            device_name=dev.get("name"),
-            compute_capability=dev.get("compute_capability"),
-            device_memory_bytes=dev.get("total_memory_bytes"),
-            world_size=len(ranks) or None,
+        environment=_environment(
+            {
+                "device_name": dev.get("name"),
+                "compute_capability": dev.get("compute_capability"),
+                "device_memory_bytes": dev.get("total_memory_bytes"),
+                "world_size": len(ranks) or None,
+            },
+            path,
         ),
         advisor_version=str(doc.get("advisor_version", "")),
         kind="report",

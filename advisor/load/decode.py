@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,6 +45,7 @@ BATCH_BYTES = 32 * 2**20
 # The lenient retry holds a text copy and Python objects for the whole input: only below this.
 LENIENT_LIMIT_BYTES = 512 * 2**20
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UTF8_BOM = b"\xef\xbb\xbf"
 GZIP_READ_BYTES = 256 * 2**10
 GZIP_PIECE_BYTES = 4 * 2**20
 
@@ -191,26 +192,61 @@ class DecodedTrace:
 
 
 # --- bytes ------------------------------------------------------------------------------------
-def read_trace_bytes(path: Path) -> bytes | bytearray:
+MAX_TRACE_ENV = "ADVISOR_MAX_TRACE_BYTES"
+DEFAULT_MAX_TRACE_BYTES = 16 * 2**30
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def max_trace_bytes() -> int:
+    """The ceiling on a trace's decompressed size: `ADVISOR_MAX_TRACE_BYTES` (bytes, or 500M,
+    8G, ...), else 16 GiB. A gzip bomb or a lying gzip trailer stops at this many bytes."""
+    setting = os.environ.get(MAX_TRACE_ENV, "").strip()
+    if not setting:
+        return DEFAULT_MAX_TRACE_BYTES
+    m = _SIZE.match(setting)
+    if not m or float(m.group(1)) <= 0:
+        raise InputError(None, f"{MAX_TRACE_ENV}={setting!r}: expected a size in bytes such as 500M or 8G")
+    return int(float(m.group(1)) * _UNIT[m.group(2).lower()])
+
+
+def _size_text(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def _too_large(path: Path, limit: int, what: str) -> InputError:
+    return InputError(path, f"{what} more than {_size_text(limit)} of JSON (the limit; set {MAX_TRACE_ENV} to raise it)")
+
+
+def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -> bytes | bytearray:
     """The decompressed bytes of a trace file (gzip is recognised by its magic number).
 
-    gzip is inflated into one buffer sized from the gzip trailer, so a 1 GB trace costs 1 GB,
-    not the 2 GB that `gzip.decompress` (chunks, then a joined copy) briefly needs.
+    Memory follows the data actually read: gzip output grows one buffer piece by piece (a
+    large bytearray grows in place, without the 2x peak of `gzip.decompress`'s join), and
+    nothing is sized from the gzip trailer, whose size field a truncated or forged file can
+    set to anything. More than `limit` bytes (max_trace_bytes()) is refused. `digest` (a
+    hashlib object) is fed the file's bytes as they are read: the cache's key is the hash of
+    exactly the bytes that were parsed.
     """
+    limit = max_trace_bytes() if limit is None else limit
     try:
         with open(path, "rb", buffering=0) as f:
             if f.read(2) != b"\x1f\x8b":
-                return _read_plain(f)
-            return _gunzip(path, f)
+                return _read_plain(path, f, limit, digest)
+            return _gunzip(path, f, limit, digest)
     except IsADirectoryError:
         raise InputError(path, "is a directory, expected a trace file") from None
+    except MemoryError:
+        raise InputError(path, f"not enough memory to read the trace (set {MAX_TRACE_ENV} to refuse traces this large sooner)") from None
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-def _read_plain(f: Any) -> bytearray:
+def _read_plain(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
     """The whole file into one buffer sized up front (f.read() grows and copies: 2x peak)."""
     size = os.fstat(f.fileno()).st_size
+    if size > limit:
+        raise _too_large(path, limit, "the file holds")
     out = bytearray(size)
     view = memoryview(out)
     f.seek(0)
@@ -224,23 +260,19 @@ def _read_plain(f: Any) -> bytearray:
     if pos < size:  # the file shrank while we read it
         del out[pos:]
     else:  # or grew: take the rest too
-        rest = f.read()
+        rest = f.read(limit - size + 1)
+        if len(out) + len(rest) > limit:
+            raise _too_large(path, limit, "the file holds")
         if rest:
             out += rest
+    if digest is not None:
+        digest.update(out)
     return out
 
 
-def _gunzip(path: Path, f: Any) -> bytearray:
-    f.seek(0, 2)
-    size = f.tell()
-    if size >= 18:
-        f.seek(-4, 2)
-        expected = struct.unpack("<I", f.read(4))[0]  # uncompressed size mod 2**32
-    else:
-        expected = 0
+def _gunzip(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
     f.seek(0)
-    out = bytearray(expected)
-    pos = 0
+    out = bytearray()
     inflate = zlib.decompressobj(wbits=31)
     pending = b""
     try:
@@ -249,6 +281,8 @@ def _gunzip(path: Path, f: Any) -> bytearray:
                 pending = f.read(GZIP_READ_BYTES)
                 if not pending:
                     break
+                if digest is not None:
+                    digest.update(pending)
             if inflate.eof:  # another gzip member follows (or zero padding)
                 if not pending.strip(b"\x00"):
                     pending = b""
@@ -257,13 +291,13 @@ def _gunzip(path: Path, f: Any) -> bytearray:
             # Bounded pieces: the output buffer is the only large allocation.
             piece = inflate.decompress(pending, GZIP_PIECE_BYTES)
             pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
-            out[pos : pos + len(piece)] = piece
-            pos += len(piece)
+            if len(out) + len(piece) > limit:
+                raise _too_large(path, limit, "gzip inflates to")
+            out += piece
     except zlib.error as exc:
         raise InputError(path, f"corrupt gzip ({exc})") from None
     if not inflate.eof:
         raise InputError(path, "truncated gzip (file cut short while being written?)")
-    del out[pos:]
     return out
 
 
@@ -276,6 +310,11 @@ def decode_trace(
 ) -> DecodedTrace:
     """Decode a trace document; events come as batches of about batch_bytes of JSON once the
     document is larger than batch_threshold (one batch below it)."""
+    if data[:3] == UTF8_BOM:  # some editors and Windows tools write one; JSON does not allow it
+        if isinstance(data, bytearray):
+            del data[:3]  # cheap: a bytearray drops leading bytes without moving the rest
+        else:
+            data = bytes(data[3:])
     if len(data) == 0 or data.isspace():
         raise InputError(path, "file is empty")
     if len(data) <= batch_threshold:
@@ -372,9 +411,24 @@ def _lenient_json(path: Path, data: bytes | bytearray | memoryview, first: Excep
     except RecursionError:
         raise InputError(path, "invalid JSON: nested too deeply") from None
     except ValueError as exc:
+        if isinstance(first, msgspec.ValidationError):
+            # The typed decode stopped at a value of an odd type (which the lenient path
+            # accepts); the JSON itself is broken somewhere else: name that place instead.
+            raise InputError(path, _syntax_problem(data) or f"invalid JSON: {exc}") from None
         if isinstance(first, msgspec.DecodeError):
             raise InputError(path, _json_problem(first)) from None
         raise InputError(path, f"invalid JSON: {exc}") from None
+
+
+def _syntax_problem(data: bytes | bytearray | memoryview) -> str | None:
+    """What is wrong with the JSON as JSON (no types): trailing characters at byte N, ..."""
+    try:
+        msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        return _json_problem(exc)
+    except UnicodeDecodeError as exc:
+        return _json_problem(exc)
+    return None
 
 
 def _lenient_doc(path: Path, data: bytes | bytearray | memoryview, first: Exception) -> Any:

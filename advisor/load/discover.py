@@ -68,8 +68,12 @@ def _mtime(paths: list[Path]) -> float:
 def find_run(path: str | Path, run: str | None = None) -> RunFiles:
     """Resolve PATH (file or directory) to the trace files of one run."""
     path = Path(path)
-    if not path.exists():
-        raise InputError(path, "no such file or directory")
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise InputError(path, "no such file or directory") from None
+    except OSError as exc:  # a folder on the way that cannot be searched, a loop of links, ...
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     if path.is_file():
         return RunFiles(name=path.name, directory=path.parent, files=[path])
     if not path.is_dir():
@@ -82,7 +86,11 @@ def find_run(path: str | Path, run: str | None = None) -> RunFiles:
     except OSError as exc:
         raise InputError(path, f"cannot read directory: {exc.strerror or exc}") from None
     if not by_dir:
-        if not any(path.iterdir()):
+        try:
+            empty = not any(path.iterdir())
+        except OSError as exc:
+            raise InputError(path, f"cannot read directory: {exc.strerror or exc}") from None
+        if empty:
             raise InputError(path, "directory is empty")
         raise InputError(path, "no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this directory")
 

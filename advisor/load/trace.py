@@ -17,6 +17,7 @@ again and again. Times become int64 nanoseconds relative to the trace's first ev
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,11 @@ MEMORY_EVENT = "[memory]"
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 COPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 
+# Times further apart than this (µs; 11.6 days) are not one profiling window; in int64 ns they
+# and their sums stay far from overflowing. Byte counts from 2**53 up are not real sizes.
+MAX_SPAN_US = 1e12
+MAX_BYTES = float(2**53)
+
 HOST_KINDS = ["op", "annotation", "python"]
 DEVICE_KINDS = ["kernel", "memcpy", "memset"]
 # event groups, by category
@@ -98,6 +104,8 @@ class TraceFrames:
     window: tuple[int, int]  # first and last timestamp of any event (ns)
     metadata: dict[str, Any] = field(default_factory=dict)
     syncs: pd.DataFrame | None = None  # cuda_sync events, where the trace has them
+    content_sha256: str | None = None  # of the file's bytes as read (the caches' key)
+    load_warnings: list[str] = field(default_factory=list)  # impossible values left out, for the report
 
     @property
     def rank(self) -> int | None:
@@ -326,7 +334,7 @@ class _Batch:
     cats: set[str]
     durational: bool
     events: int
-    min_ts: float
+    profiler_ts: np.ndarray  # start (µs) of every span of a profiler category, for the base time
 
 
 def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
@@ -454,7 +462,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         cats={c for c in cat_uniques if isinstance(c, str)},
         durational=bool(in_profiler_cat.any()),
         events=n,
-        min_ts=float(dts.min()) if len(dts) else math.inf,
+        profiler_ts=dts,
     )
 
 
@@ -477,9 +485,11 @@ def _concat(pieces: list[Any]) -> Any:
 
 
 def _times(ts: np.ndarray, dur: np.ndarray, base_us: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ts, dur, keep): ns relative to base; keep drops events without a usable time."""
+    """(ts, dur, keep): ns relative to base; keep drops events without a usable time (not a
+    number, a negative duration, or further than MAX_SPAN_US from the base: int64 ns and
+    their sums cannot overflow)."""
     with np.errstate(invalid="ignore"):
-        keep = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 1e17) & (dur < 1e15)
+        keep = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts - base_us) <= MAX_SPAN_US) & (dur <= MAX_SPAN_US)
     ts_ns = np.zeros(len(ts), dtype=np.int64)
     dur_ns = np.zeros(len(ts), dtype=np.int64)
     ts_ns[keep] = np.rint((ts[keep] - base_us) * 1000.0).astype(np.int64)
@@ -515,7 +525,8 @@ def _copy_parts(name: str) -> tuple[str | None, str | None, str | None]:
     return (m.group(1), m.group(2), m.group(3)) if m else (None, None, None)
 
 
-def _device_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
+def _device_frame(parts: list[_Part], base_us: float) -> tuple[pd.DataFrame, int]:
+    """The device frame, and how many rows had a byte count no copy can have (made NaN)."""
     cols = _frame_columns(parts, base_us, "ts")
     # Copy direction and memory kinds come from the name: "Memcpy HtoD (Pageable -> Device)".
     names = cols["name"]
@@ -523,17 +534,26 @@ def _device_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
     for i, col in enumerate(("copy_kind", "copy_src", "copy_dst")):
         codes, uniques = pd.factorize(copy[:, i])
         cols[col] = categorical(codes[names.codes], uniques)
+    with np.errstate(invalid="ignore"):
+        impossible = ~np.isnan(cols["bytes"]) & ~((cols["bytes"] >= 0) & (cols["bytes"] < MAX_BYTES))
+    cols["bytes"] = np.where(impossible, np.nan, cols["bytes"])
     with np.errstate(divide="ignore", invalid="ignore"):
         cols["bandwidth_gbps"] = np.where(cols["dur"] > 0, cols["bytes"] / cols["dur"], np.nan)  # bytes/ns == GB/s
-    return pd.DataFrame(cols, copy=False)
+    frame = pd.DataFrame(cols, copy=False)
+    return frame, int(impossible.sum())
 
 
 def _memory_frame(parts: list[_Part], base_us: float) -> pd.DataFrame:
     ts = _concat([p.ts for p in parts])
-    keep = np.isfinite(ts) & (np.abs(ts) < 1e17)
+    with np.errstate(invalid="ignore"):
+        keep = np.isfinite(ts) & (np.abs(ts - base_us) <= MAX_SPAN_US)
     cols = {"ts": np.rint((np.where(keep, ts, base_us) - base_us) * 1000.0).astype(np.int64)}
     for key in parts[0].cols:
         cols[key] = _concat([p.cols[key] for p in parts])
+    for key in ("total_allocated", "total_reserved"):  # totals are never negative
+        cols[key] = np.where(cols[key] >= 0, cols[key], np.nan)
+    for key in ("bytes", "total_allocated", "total_reserved"):
+        cols[key] = np.where(np.abs(cols[key]) < MAX_BYTES, cols[key], np.nan)
     sort = np.argsort(cols["ts"], kind="stable")
     sort = sort[keep[sort]]
     return pd.DataFrame({k: v[sort] for k, v in cols.items()})
@@ -544,17 +564,48 @@ def _step_number(name: str) -> float:
     return float(m.group(1)) if m else math.nan
 
 
-def _steps_frame(host: pd.DataFrame) -> pd.DataFrame:
-    """ProfilerStep#N spans on the host (never the GPU-side annotation of the same name)."""
+def _sequential(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which step spans (sorted by start) to keep so that none overlaps another: a span that
+    starts before the last kept one ends (nested in it, or overlapping it with another step
+    number) is left out; steps are consecutive, and each instant belongs to one step."""
+    keep = np.zeros(len(starts), dtype=bool)
+    if len(starts) == 0:
+        return keep
+    running_end = np.maximum.accumulate(ends)
+    keep[0] = True
+    keep[1:] = starts[1:] >= running_end[:-1]
+    if keep.all():
+        return keep
+    # A left-out span's end must not shadow the spans after it: walk only the conflicts.
+    last_end = ends[0]
+    for i in range(1, len(starts)):
+        keep[i] = starts[i] >= last_end
+        if keep[i]:
+            last_end = ends[i]
+    return keep
+
+
+def _step_numbers(host: pd.DataFrame) -> np.ndarray:
+    """N of each host row that is a ProfilerStep#N span (never a Python function of that
+    name, nor a number too large for int64), else NaN."""
     names = host["name"].array
     per_cat = np.array([_step_number(c) for c in names.categories] + [math.nan], dtype=np.float64)
     step_no = per_cat[names.codes]
     with np.errstate(invalid="ignore"):
         is_step = np.isfinite(step_no) & (step_no < 2**62) & (host["kind"].array.codes != HOST_KINDS.index("python"))
+    return np.where(is_step, step_no, np.nan)
+
+
+def _steps_frame(host: pd.DataFrame) -> pd.DataFrame:
+    """ProfilerStep#N spans on the host (never the GPU-side annotation of the same name)."""
+    names = host["name"].array
+    step_no = _step_numbers(host)
+    is_step = np.isfinite(step_no)
     rows = np.flatnonzero(is_step)  # host rows are sorted by start already
     numbers = step_no[rows].astype(np.int64)
     _, first = np.unique(numbers, return_index=True)  # a step seen twice keeps its first span
     rows = rows[np.sort(first)]
+    rows = rows[_sequential(host["ts"].to_numpy()[rows], host["end"].to_numpy()[rows])]
     return pd.DataFrame(
         {
             "step": step_no[rows].astype(np.int64),
@@ -571,6 +622,12 @@ def _property_number(v: Any) -> int | float:
     return v if type(v) is int and abs(v) < 2**63 else _num(v)
 
 
+def _count_or_nan(v: Any) -> int | float:
+    """A device's byte or unit count: NaN unless a number in [0, 2**53) (negative memory is impossible)."""
+    n = _property_number(v)
+    return n if 0 <= n < MAX_BYTES else math.nan
+
+
 def _device_properties(props: Any) -> pd.DataFrame:
     rows = []
     if isinstance(props, list):
@@ -580,14 +637,39 @@ def _device_properties(props: Any) -> pd.DataFrame:
             major, minor = _num(p.get("computeMajor")), _num(p.get("computeMinor"))
             rows.append(
                 {
-                    "id": int(p["id"]) if type(p.get("id")) is int else len(rows),
+                    "id": int(p["id"]) if type(p.get("id")) is int and abs(p["id"]) < 2**63 else len(rows),
                     "name": str(p.get("name", "")),
-                    "total_memory_bytes": _property_number(p.get("totalGlobalMem")),
-                    "compute_capability": f"{int(major)}.{int(minor)}" if math.isfinite(major) and math.isfinite(minor) else None,
-                    "num_sms": _property_number(p.get("numSms")),
+                    "total_memory_bytes": _count_or_nan(p.get("totalGlobalMem")),
+                    "compute_capability": f"{int(major)}.{int(minor)}" if 0 < major < 100 and 0 <= minor < 100 else None,
+                    "num_sms": _count_or_nan(p.get("numSms")),
                 }
             )
     return pd.DataFrame(rows, columns=["id", "name", "total_memory_bytes", "compute_capability", "num_sms"])
+
+
+def _base_time(profiler_ts: np.ndarray) -> tuple[float, int]:
+    """The trace's base time (µs): the first start of a profiler span, among the spans within
+    MAX_SPAN_US of their median; and how many spans lie beyond (left out of every frame)."""
+    if len(profiler_ts) == 0:
+        return 0.0, 0
+    center = float(np.median(profiler_ts))
+    plausible = np.abs(profiler_ts - center) <= MAX_SPAN_US / 2
+    return float(math.floor(profiler_ts[plausible].min())), int((~plausible).sum())
+
+
+def _impossible_values(props: Any, bad_bytes: int) -> list[str]:
+    """Warnings for values the loader refused (read as unknown): negative or huge sizes."""
+    out = []
+    if isinstance(props, list):
+        bad = [p.get("id") for p in props if isinstance(p, dict) and "totalGlobalMem" in p and not 0 <= _num(p.get("totalGlobalMem")) < MAX_BYTES]
+        if bad:
+            out.append(f"device memory (totalGlobalMem) of device(s) {bad} is not a possible size: read as unknown")
+        bad = [p.get("id") for p in props if isinstance(p, dict) and "computeMajor" in p and not 0 < _num(p.get("computeMajor")) < 100]
+        if bad:
+            out.append(f"compute capability of device(s) {bad} is not a possible version: read as unknown")
+    if bad_bytes:
+        out.append(f"{bad_bytes} device event(s) have a byte count no copy can have (negative, or 2**53 and more): read as unknown")
+    return out
 
 
 def _marked_metadata(metadata: dict[str, Any], cats: set[str]) -> dict[str, Any]:
@@ -631,18 +713,26 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             if total == 0:
                 raise InputError(path, "trace has no events")
             raise InputError(path, "trace has no profiler events (no ops, kernels or runtime calls)")
-        min_ts = min(b.min_ts for b in batches)
-        base_us = 0.0 if not math.isfinite(min_ts) else float(math.floor(min_ts))
+        base_us, outliers = _base_time(np.concatenate([b.profiler_ts for b in batches]))
+        load_warnings = []
+        if outliers:
+            load_warnings.append(
+                f"left out {outliers} event(s) timed more than {MAX_SPAN_US / 86400e6:.1f} days away from the rest of the trace (impossible timestamps)"
+            )
         cats = set().union(*(b.cats for b in batches))
         schema = "2021" if any(c in cats for c in SCHEMA_2021_CATS) else "current"
 
         host = _frame([b.host for b in batches], base_us, "ts_dur")
         runtime = _frame([b.runtime for b in batches], base_us, "ts")
-        device = _device_frame([b.device for b in batches], base_us)
+        device, bad_bytes = _device_frame([b.device for b in batches], base_us)
         memory = _memory_frame([b.memory for b in batches], base_us)
         syncs = _frame([b.sync for b in batches], base_us, "ts")[["name", "tid", "ts", "dur", "end"]] if any(len(b.sync.ts) for b in batches) else None
         if not (len(host) or len(runtime) or len(device) or len(memory)):
             raise InputError(path, "trace has no events with a usable time (every ts/dur is missing, negative or not a number)")
+        steps = _steps_frame(host)
+        overlapping = int(np.isfinite(_step_numbers(host)).sum()) - len(steps)
+        if overlapping > 0:
+            load_warnings.append(f"left out {overlapping} ProfilerStep span(s) repeated, nested in or overlapping another step: each instant counts in one step")
         starts = [f["ts"].min() for f in (host, runtime, device) if len(f)]
         ends = [f["end"].max() for f in (host, runtime, device) if len(f)]
         window = (int(min(starts)), int(max(ends))) if starts else (0, 0)
@@ -655,23 +745,27 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             runtime=runtime,
             device=device,
             memory=memory,
-            steps=_steps_frame(host),
+            steps=steps,
             device_properties=_device_properties(decoded.device_properties),
             distributed=dist if isinstance(dist, dict) else {},
             window=window,
             metadata=_marked_metadata(decoded.metadata, {str(c).lower() for c in cats}),
             syncs=syncs,
+            load_warnings=load_warnings + _impossible_values(decoded.device_properties, bad_bytes),
         )
 
 
 def load_trace(path: str | Path) -> TraceFrames:
     """Read, decode and frame one trace file. Bad input raises InputError naming the file."""
     path = Path(path)
+    digest = hashlib.sha256()
     try:
         # No local name for the bytes: the decoder may free them before the frames are built.
-        return frames_from_bytes(path, read_trace_bytes(path))
+        frames = frames_from_bytes(path, read_trace_bytes(path, digest=digest))
     except InputError:
         raise
     except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
         raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
+    frames.content_sha256 = digest.hexdigest()
+    return frames
 
