@@ -444,12 +444,14 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                 )
             )
         findings = []
-        for f in meta.findings:  # a saving is a finite, non-negative time
-            if f.saving_ms is not None and not (math.isfinite(f.saving_ms) and f.saving_ms >= 0):
+        whatif = [RankWhatIf(**from_plain(w)) for w in meta.whatif]
+        # A saving is a finite, non-negative time no longer than the longest step, measured or replayed.
+        longest_ms = max([float(m.steps["duration"].max()) / 1e6 for m in ranks if len(m.steps)] + [w.baseline_ms for w in whatif] + [0.0])
+        for f in meta.findings:
+            if f.saving_ms is not None and not (math.isfinite(f.saving_ms) and 0 <= f.saving_ms <= longest_ms * (1 + 1e-6) + 1e-6):
                 return None
             d = msgspec.structs.asdict(f)
             findings.append(Finding(**{**d, "fix": Fix(**msgspec.structs.asdict(f.fix))}))
-        whatif = [RankWhatIf(**from_plain(w)) for w in meta.whatif]
         return CachedRun(ranks=ranks, findings=findings, warnings=meta.warnings, whatif=whatif)
     except Exception:  # noqa: BLE001 - a damaged, foreign or forged entry is a miss, never a failed report
         return None
