@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.analysis import analyze  # noqa: E402
 from advisor.config import Config  # noqa: E402
+from advisor.engine import all_rules, check_rank_rules  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
 from advisor.whatif.replay import Change  # noqa: E402
 from advisor.whatif.savings import rank_replay  # noqa: E402
@@ -67,10 +68,12 @@ class Before:
     """A "before" run's analysis and replay."""
 
     def __init__(self, run: Path):
-        self.analysis = analyze(run, config=Config())
+        self.analysis = analyze(run, config=Config()).with_primary_frames()
         self.primary = self.analysis.primary
         self.replay = rank_replay(self.primary, self.analysis.run_facts())
-        self.by_rule = {f.rule: f for f in self.analysis.findings if f.change is not None and f.rank == self.primary.rank}
+        # findings travel from the per-rank map without their changes: state them again here
+        stated = check_rank_rules(all_rules(), self.primary, self.analysis.run_facts(), {}, len(self.analysis.ranks), [])
+        self.by_rule = {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
 
     def promise(self, rules: list[str]) -> float:
         changes = [self.by_rule[r].change for r in rules if r in self.by_rule]

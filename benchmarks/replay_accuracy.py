@@ -22,7 +22,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.analysis import _read_facts, load_ranks  # noqa: E402
+from advisor.analysis import _read_facts  # noqa: E402
+from advisor.load.cache import load_cached  # noqa: E402
 from advisor.load.discover import find_run  # noqa: E402
 from advisor.metrics.summary import compute_metrics  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
@@ -56,7 +57,7 @@ def main() -> int:
         warnings: list[str] = []
         run = find_run(path, None)
         facts = _read_facts(run.directory, warnings)
-        for rank, frames in enumerate(load_ranks(run, warnings)):
+        for rank, frames in enumerate(load_cached(p) for p in run.files):
             m = compute_metrics(frames, rank)
             if len(m.steps) == 0:
                 continue

@@ -163,4 +163,4 @@ def test_inference_is_told_from_the_trace_without_facts(name, training):
     from advisor.engine import is_training
 
     a = run(shared_trace(name), select=["step-time-variance"])
-    assert is_training(a.primary, None) is training
+    assert is_training(a.with_primary_frames().primary, None) is training
