@@ -71,7 +71,7 @@ DEFAULTS = {"min_share": 0.005}
 FIX = "Remove the copies at their cause (see the causes in the evidence)."
 COPY_KERNEL_OPS = re.compile(r"^aten::(copy_|cat|_cat)$")
 # Ordered: the innermost op or range of the copy's chain that matches names its cause.
-CAUSES: list[tuple[re.Pattern, str, str, str]] = [
+COPY_CAUSES: list[tuple[re.Pattern, str, str, str]] = [
     (re.compile(r"reducer::copy_bucket_to_grad"), "DDP copies each gradient bucket back into .grad",
      "DDP(model, gradient_as_bucket_view=True): gradients become views of the buckets, nothing is copied back.",
      "model = DDP(model, device_ids=[rank], gradient_as_bucket_view=True)"),
@@ -96,7 +96,7 @@ DIRECT_ONLY = 1  # the DDP forward range: see d2d_copies
 
 
 def d2d_copies(m, tree) -> pd.DataFrame:
-    """Device-to-device copies in the profiled steps, each with its cause (index into CAUSES, -1 if none).
+    """Device-to-device copies in the profiled steps, each with its cause (index into COPY_CAUSES, -1 if none).
 
     Columns: ts, end, dur, bytes (NaN for kernels), kind (memcpy/kernel), op (position of the
     innermost host op around the launch in `tree`, -1 if lost), cause, label.
@@ -136,7 +136,7 @@ def d2d_copies(m, tree) -> pd.DataFrame:
     best_depth = np.full(len(c), -1, dtype=np.int64)
     pos = c["op"].to_numpy()
     parent_of = np.where(pos >= 0, tree.parent[np.clip(pos, 0, None)], -1)
-    for i, (pattern, *_rest) in enumerate(CAUSES):
+    for i, (pattern, *_rest) in enumerate(COPY_CAUSES):
         hit = tree.nearest_ancestor(pos, tree.mask(pattern))
         if i == DIRECT_ONLY:
             hit = np.where(hit == parent_of, hit, -1)
@@ -146,7 +146,7 @@ def d2d_copies(m, tree) -> pd.DataFrame:
         best_depth = np.where(better, depth, best_depth)
     c["cause"] = cause
     names = tree.ops["name"].astype(str).to_numpy()
-    c["label"] = np.where(cause >= 0, [CAUSES[i][1] if i >= 0 else "" for i in cause],
+    c["label"] = np.where(cause >= 0, [COPY_CAUSES[i][1] if i >= 0 else "" for i in cause],
                           [names[p] if p >= 0 else "unknown op" for p in pos])
     return c
 
@@ -179,7 +179,7 @@ def check(ctx: Context):
             "copies_per_step": round(g.copies / n, 1),
             "mb_per_step": round(g.bytes / n / 1e6, 3),
             "ms_per_step": round(g.ms / n / 1e6, 3),
-            "fix": CAUSES[int(g.cause)][2] if g.cause >= 0 else None,
+            "fix": COPY_CAUSES[int(g.cause)][2] if g.cause >= 0 else None,
         }
         for label, g in groups.iterrows()
     ]
@@ -202,5 +202,5 @@ def check(ctx: Context):
         f"{evidence['copy_ms_per_step']:.2f} ms of device time): " + "; ".join(parts) + f". Removing them saves ~{saving:.2f} ms/step."
     )
     fix = " ".join(c["fix"] for c in named)
-    snippet = "\n".join(dict.fromkeys(CAUSES[int(g.cause)][3] for _, g in groups.iterrows() if g.cause >= 0 and CAUSES[int(g.cause)][3]))
+    snippet = "\n".join(dict.fromkeys(COPY_CAUSES[int(g.cause)][3] for _, g in groups.iterrows() if g.cause >= 0 and COPY_CAUSES[int(g.cause)][3]))
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, fix=fix, snippet=snippet)
