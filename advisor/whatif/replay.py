@@ -58,6 +58,10 @@ class Change:
     # (start, end, factor) windows of host time measured on their own (the DataLoader's wait
     # against the unprofiled steps'): scaled by their factor instead of host_scale.
     host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    # Factor on the calibration's remainder (the unprofiled time neither the scaled host nor the
+    # device explains, `RankReplay.remainder_ms`): a fix that takes the host's per-op work off
+    # the step's path (a CUDA graph of the step) takes that unseen host time with it.
+    remainder_scale: float = 1.0
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -74,6 +78,7 @@ class Change:
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
+            out.remainder_scale = min(out.remainder_scale, c.remainder_scale)
         return out
 
     def with_host_scale(self, scale: float) -> "Change":

@@ -137,7 +137,7 @@ class RankReplay:
         return self._baseline
 
     def replayed_ms(self, change: Change) -> float:
-        return replay(self.graph, Change.merge([self.base, change])).median_ms + self.remainder_ms / change.per_sample
+        return replay(self.graph, Change.merge([self.base, change])).median_ms + self.remainder_ms * change.remainder_scale / change.per_sample
 
     def saving_ms(self, change: Change) -> float:
         """Baseline minus the replay with `change` (never below 0)."""
