@@ -162,5 +162,5 @@ def check(ctx: Context):
     # step's remainder, host work the profiler did not see: a compiled region's guards, the
     # Python around each op) goes with the per-op work the graph replaces.
     change = graphed(ctx.frames, k.index.to_numpy(), (fs, fe), 1.0)
-    change.remainder_scale = 0.0
+    change.remainder_share = 1.0
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, fix=fix, change=change)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.whatif.graph import WAIT_CALL
 from advisor.whatif.replay import Change
 
@@ -93,3 +94,25 @@ def graphed(frames: TraceFrames, device_rows, host_windows=None, host_share: flo
         s, e = host_windows
         change.host_remove.append((np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64), float(host_share)))
     return change
+
+
+def host_work_share(frames: TraceFrames, steps: pd.DataFrame, starts, ends, fraction: float = 1.0) -> float:
+    """Share of the steps' own host work (the host spans of the steps less the DataLoader's
+    wait, which is measured on its own) that removing `fraction` of these windows takes away.
+    A fix declares it as its `remainder_share`: window figures on both sides, so the
+    profiler's inflation cancels."""
+    from advisor.whatif.savings import dataloader_spans
+
+    if len(steps) == 0:
+        return 0.0
+    hs = steps["host_start"].to_numpy(np.int64)
+    he = np.maximum(steps["host_end"].to_numpy(np.int64), hs)
+    ss, se = merge(hs, he)
+    dl_s, dl_e = dataloader_spans(frames)
+    own_s, own_e = subtract(ss, se, dl_s, dl_e) if len(dl_s) else (ss, se)
+    own = float((own_e - own_s).sum())
+    if own <= 0:
+        return 0.0
+    ws, we = merge(np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64))
+    removed = float(overlap_with(own_s, own_e, ws, we).sum()) * float(fraction)
+    return min(max(removed / own, 0.0), 1.0)
