@@ -53,9 +53,11 @@ conservative table elsewhere (the datasheet ratios are 2-8×):
 | Blackwell RTX 50 | 12.0 | 1.2× |
 
 Kernel time is not inflated by the profiler, so the saving is not scaled to the unprofiled
-steps. The further TF32 → bf16 step belongs to `tensor-cores-unused`, which counts only
-that part of the same kernels, so the two never count the same time twice. Both go through
-`metrics.precision.precision_speedup`, the per-kernel duration scale factor.
+steps. `tensor-cores-unused` promises what autocast gives the same kernels from the run as it
+is (fp32 → bf16, net of autocast's casts); both go through
+`metrics.precision.precision_speedup`, the per-kernel duration scale factor, and when both
+fixes are replayed together each kernel runs at the better of the two rates, so the same
+time is never saved twice.
 
 Reference: https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices
 """
