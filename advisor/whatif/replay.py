@@ -50,6 +50,11 @@ class Change:
       host node at or after its `ts`.
     - `device_add`: device row -> ns of work the fix adds on that op's stream just before it
       (a cast kernel before the op that needs it), whatever the op's own scale.
+    - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
+      time that neither the calibrated host nor the device places, `RankReplay`) that the
+      fix takes away: host time on the critical path the replay cannot locate, so a fix
+      that removes a share of the step's host work removes that share of it (see
+      `changes.host_work_share`). 0 leaves it.
     """
 
     host_remove: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
@@ -65,6 +70,7 @@ class Change:
     host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
     host_add: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     device_add: dict[int, float] = field(default_factory=dict)
+    remainder_share: float = 0.0
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -84,6 +90,7 @@ class Change:
             out.host_add += c.host_add
             for k, v in c.device_add.items():
                 out.device_add[k] = max(out.device_add.get(k, 0.0), v)  # the same casts do not stack
+            out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
