@@ -56,11 +56,14 @@ this run, from this run's trace.
 
 1. **The kernels.** Each eligible kernel that is not half precision takes its duration times
    its family's duration scale factor to 16 bit (`metrics.precision.precision_speedup`: 1 /
-   speed-up). A user who follows this finding from an fp32 run gets fp32 → bf16 on those
-   kernels (on an H100, measured: 5.90× for GEMMs, 3.29× for convolutions, 4.23× for LSTMs),
-   TF32 kernels the TF32 → bf16 part (1.27×, 1.34×, 6.06× for attention, where bf16 reaches
-   cuDNN's flash attention, 3.72×). GPUs without a measurement use this conservative table
-   (on the whole eligible kernel time, casts and layout changes included):
+   speed-up): fp32 kernels all the way (on an H100, measured: 5.90× for GEMMs, 3.29× for
+   convolutions, 4.23× for LSTMs), TF32 kernels the TF32 → bf16 part (1.27×, 1.34×, 6.06×
+   for attention, where bf16 reaches cuDNN's flash attention, 3.72×). Where TF32 is off for
+   fp32 kernels (what `tf32-disabled` finds), allowing TF32 is the first, one-line step: the
+   fix says so, and the promise is what autocast adds after it, the time TF32 → bf16 takes
+   off those kernels (both fixes replayed together run them at the better rate). GPUs
+   without a measurement use this conservative table (on the whole eligible kernel time,
+   casts and layout changes included):
 
 | architecture | compute capability | fp32 → fp16/bf16 | TF32 → bf16 |
 | --- | --- | --- | --- |
@@ -117,7 +120,15 @@ from advisor.metrics.compute import (
     step_kernels,
 )
 from advisor.metrics.autocast import autocast_casts
-from advisor.metrics.precision import FROM_OP, precision_speedup, ratio_table, with_precision_page
+from advisor.metrics.precision import (
+    FROM_OP,
+    TF32_SWITCH_OF_FAMILY,
+    Tf32Switches,
+    precision_speedup,
+    ratio_table,
+    tf32_switches_off,
+    with_precision_page,
+)
 
 __doc__ = with_precision_page(__doc__)
 
@@ -169,14 +180,24 @@ def check(ctx: Context):
     tf32_mask = eligible & (precision == "tf32")
     fp32_ns, tf32_ns = dur[fp32_mask].sum(), dur[tf32_mask].sum()
     target = "bf16" if cap.value >= 8.0 else "fp16"
-    # The kernels the user's autocast moves: fp32 ones all the way to 16 bit (whatever
-    # tf32-disabled proposes: this finding is followed from the run as it is), TF32 ones the rest.
+    # The kernels autocast moves to 16 bit: fp32 ones all the way, TF32 ones the rest. Where TF32
+    # is off for them (tf32-disabled's finding), allowing TF32 is the first, one-line step, and
+    # this promise is what autocast adds after it: their TF32 -> 16 bit part.
     to_half = precision_speedup(k, target, cap.value).to_numpy()
-    per_kernel = dur * (1 - to_half)
+    after_tf32 = np.zeros(len(k), dtype=bool)
+    kept = to_half.copy()
+    if arch.tf32_over_fp32 is not None:
+        off = tf32_switches_off(k, Tf32Switches.from_facts(ctx.facts))
+        family = k["family"].astype(str).to_numpy()
+        switch_of = np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
+        after_tf32 = fp32_mask & np.isin(switch_of, list(off))
+        to_tf32 = precision_speedup(k, "tf32", cap.value).to_numpy()
+        kept = np.where(after_tf32, 1.0 - np.maximum(to_tf32 - to_half, 0.0), to_half)  # the time TF32 -> bf16 takes off
+    per_kernel = dur * (1 - kept)
     if arch.tf32_over_fp32 is None:
         method = f"{arch.half_over_fp32:g}× fp32 → fp16, {arch.name}"
     else:
-        method = _method(k, fp32_mask, tf32_mask, dur, table, target)
+        method = _method(k, fp32_mask & ~after_tf32, tf32_mask | after_tf32, dur, table, target)
     candidates_mask = fp32_mask | tf32_mask
     saved_ns = float(per_kernel[candidates_mask].sum())
     exposure = kernel_exposure(m, k)
@@ -202,6 +223,7 @@ def check(ctx: Context):
         "half_precision_share_of_eligible": round(half_ns / eligible_ns, 4),
         "fp32_eligible_ms_per_step": round(fp32_ns / n_steps / 1e6, 3),
         "tf32_eligible_ms_per_step": round(tf32_ns / n_steps / 1e6, 3),
+        "promised_after_tf32_ms_per_step": round(float(dur[after_tf32].sum()) / n_steps / 1e6, 3),
         "speedup_used": method,
         "kernel_time_by_precision_ms": m.kernel_time_by_precision_ms,
         "precision_from_op_input_types": round(from_op, 4),
@@ -225,18 +247,26 @@ def check(ctx: Context):
     elif bf16:
         fix = "Run the forward pass and the loss under torch.autocast('cuda', dtype=torch.bfloat16); bf16 needs no GradScaler."
         how = "Autocast to bfloat16"
+        if after_tf32.any():
+            fix = "First allow TF32 (see tf32-disabled); then run the forward pass and the loss under torch.autocast('cuda', dtype=torch.bfloat16); bf16 needs no GradScaler."
+            how = "Autocast to bfloat16, after allowing TF32"
     else:
         fix = "Run the forward pass and the loss under torch.autocast('cuda', dtype=torch.float16) and scale the loss with torch.amp.GradScaler."
         how = "Autocast to float16 with a GradScaler"
     # The fix, replayed: these kernels at the 16-bit rate, plus the casts autocast adds.
-    kernels_change = scale_device(k.index.to_numpy()[candidates_mask], to_half[candidates_mask])
+    kernels_change = scale_device(k.index.to_numpy()[candidates_mask], kept[candidates_mask])
     change, casts_note = kernels_change, ""
     casts = None if autocast_used else autocast_casts(m)
     if casts is not None and len(casts.casts):
         c = casts.casts
-        change = Change.merge([kernels_change, added_work(ctx.frames, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())])
+        cast_change = added_work(ctx.frames, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())
+        change = Change.merge([kernels_change, cast_change])
         full, kernels_only = ctx.replayed_saving(change), ctx.replayed_saving(kernels_change)
         cost_ms = None if full is None or kernels_only is None else max(kernels_only - full, 0.0)
+        if after_tf32.any():  # autocast alone, TF32 left off: every candidate kernel at the 16-bit rate
+            alone = ctx.replayed_saving(Change.merge([scale_device(k.index.to_numpy()[candidates_mask], to_half[candidates_mask]), cast_change]))
+            if alone is not None:
+                evidence["autocast_without_tf32_replayed_ms"] = round(alone, 3)
         evidence["autocast_casts"] = {
             "per_step": round(casts.per_step(), 1),
             "forward_per_step": round(casts.per_step("forward"), 1),
