@@ -67,7 +67,7 @@ from advisor.whatif.changes import unwait
 
 import numpy as np
 import pandas as pd
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     SYNC_CAUSES,
     candidates,
     per_step,
@@ -103,7 +103,7 @@ WHAT = {label: what for label, _, what in SYNC_CAUSES} | {"explicit": "torch.cud
 
 
 def check(ctx: Context):
-    found = candidates(ctx, ID, sync_calls)
+    found = candidates(ctx.timeline, sync_calls)
     if found is None:
         return None
     calls, tl, tree = found

@@ -224,11 +224,12 @@ def test_host_sync_does_not_charge_waits_on_other_ranks():
     # Real A100 run: the host blocks ~140 ms per step in a device→host copy, but the GPU
     # sits idle during most of that wait too (it waits for the all-to-all of other ranks):
     # removing the sync would not make that work arrive sooner, so it is not counted.
-    from advisor.rules._host_device import op_tree, sync_calls, timeline
+    from advisor.metrics.hierarchy import op_tree
+    from advisor.metrics.host_device import sync_calls, timeline
 
     path = trace_path("a100_80gb_train")
     m = compute_metrics(load_trace(path))
-    calls = sync_calls(timeline(m), op_tree(m.frames))
+    calls = sync_calls(timeline(m, None), op_tree(m.frames))
     waits = (calls["end"] - calls["ts"]).to_numpy()
     assert waits.max() > 100e6  # > 100 ms
     default = finding(run(path), "host-sync")
@@ -244,12 +245,13 @@ def test_host_sync_does_not_charge_waits_on_other_ranks():
 def test_host_sync_leaves_the_pageable_copy_syncs_and_the_profiler_sync_alone():
     # nw0 has 12 stream syncs (each made by a pageable copy) and the profiler's own
     # cudaDeviceSynchronize after the last step: none is the loop's own wait.
-    from advisor.rules._host_device import op_tree, sync_calls, timeline
+    from advisor.metrics.hierarchy import op_tree
+    from advisor.metrics.host_device import sync_calls, timeline
 
     doc = load_events(trace_path("v100_resnet50_nw0"))
     assert len(events(doc, lambda e: "Synchronize" in str(e.get("name")))) == 13
     m = compute_metrics(load_trace(trace_file("v100_resnet50_nw0")))
-    assert len(sync_calls(timeline(m), op_tree(m.frames))) == 0
+    assert len(sync_calls(timeline(m, None), op_tree(m.frames))) == 0
     assert finding(run(trace_path("v100_resnet50_nw0")), "host-sync") is None
 
 
