@@ -22,9 +22,7 @@ hidden behind the GPU.
   and the op (and user source line, when the trace has stacks) behind each;
 - the device's activity during each wait and the idle gap after it (DataLoader time in that
   gap is left to `dataloader-stall` when that rule fires);
-- the stream syncs that a pageable host→device copy makes are left to `h2d-pageable-copy`,
-  and idle time that a copy, an allocator call, `zero_grad` or a per-parameter optimizer
-  step already explains is left to those rules.
+- the stream syncs that a pageable host→device copy makes are left to `h2d-pageable-copy`.
 
 ## Example
 Before:
