@@ -45,6 +45,11 @@ class Change:
       region): their stream gaps close and their launch latency is the stream's.
     - `per_sample`: the step processes this many times the samples (a larger batch); the
       saving is reported per current step, so the replayed step is divided by it.
+    - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
+      time that neither the calibrated host nor the device places, `RankReplay`) that the
+      fix takes away: host time on the critical path the replay cannot locate, so a fix
+      that removes a share of the step's host work removes that share of it (see
+      `changes.host_work_share`). 0 leaves it.
     """
 
     host_remove: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
@@ -58,6 +63,7 @@ class Change:
     # (start, end, factor) windows of host time measured on their own (the DataLoader's wait
     # against the unprofiled steps'): scaled by their factor instead of host_scale.
     host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    remainder_share: float = 0.0
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -74,6 +80,7 @@ class Change:
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
+            out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
