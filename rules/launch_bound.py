@@ -21,11 +21,11 @@ same number of launches.
   launched (from the runtime call linked by correlation id);
 - kernel count and durations per step; the ops that launched the kernels after the gaps;
 - from the facts file, when present: whether `torch.compile` is already used.
-Not launch overhead, so not counted: gaps inside DataLoader spans (when their exposed share
-reaches `dataloader-stall`'s `min_share`), gaps during which the host was held in a sync, a
-blocking or pageable copy or an allocator call (the device drained its queue while the host
-waited), and the parts of gaps inside the optimizer's step and `zero_grad` (outside the
-model that the fix graphs).
+Not launch overhead, so not counted: idle time inside DataLoader spans (when their exposed
+share reaches `dataloader-stall`'s `min_share`), while the host was held in a sync, a
+blocking or pageable copy or an allocator call (the device waited for that call), and inside
+the optimizer's step (it runs outside the model that the fix graphs). Gaps in `zero_grad`
+count: the fix keeps `zero_grad(set_to_none=True)`, which drops its memsets.
 
 ## Example
 Before:
@@ -75,13 +75,13 @@ import numpy as np
 from advisor.metrics.host_device import (
     LAUNCH_CALL,
     held_windows,
-    optimizer_windows,
+    optimizer_step_windows,
     per_step,
     runtime_calls,
 )
 
 from advisor.engine import Context
-from advisor.metrics.intervals import intersect, merge, overlap_with, subtract
+from advisor.metrics.intervals import intersect, merge, subtract
 
 ID = "launch-bound"
 TITLE = "The GPU waits for the host to launch kernels"
@@ -116,12 +116,10 @@ def check(ctx: Context):
     ss, se = merge(base.step_s, base.step_e)
     gs, ge = intersect(gs, ge, ss, se)
     tl = base
-    # Gaps in which the host was held in a sync, a pageable copy or an allocator call are
-    # those calls' (the device waited for them); gaps in the optimizer's step and zero_grad
-    # are outside the model that the fix graphs. Neither is launch overhead graphs remove.
-    hs, he = held_windows(tl)
-    launch_gap = overlap_with(hs, he, gs, ge) == 0
-    fs, fe = subtract(gs[launch_gap], ge[launch_gap], *optimizer_windows(tl))
+    # Idle time while the host was held in a sync, a pageable copy or an allocator call is
+    # that call's (the device waited for it), and the optimizer's step runs outside the model
+    # that the fix graphs: neither is launch overhead a graph removes.
+    fs, fe = subtract(*subtract(gs, ge, *held_windows(tl)), *optimizer_step_windows(tl))
     gap_ns = float((fe - fs).sum())
     saving = per_step(gap_ns, tl)
     if saving / ctx.step_ms < ctx.options["min_share"]:

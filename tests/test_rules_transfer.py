@@ -346,9 +346,9 @@ def test_idle_time_is_not_counted_twice_on_nw0():
 
 def test_launch_bound_leaves_out_the_gaps_after_a_sync():
     # The compiled H100 ViT reads loss.item() every step: the device drains its queue while
-    # the host waits, and the short gaps that follow are the sync's (host-sync's fix), not
-    # launch overhead that graphing the model removes. Those gaps alone are over 3% of the
-    # step (launch-bound's threshold); launch-bound must not report them.
+    # the host waits, and that idle time is the sync's (host-sync's fix), not launch overhead
+    # that graphing the model removes. Counted, it would take launch-bound past 3% of the
+    # step (its threshold); launch-bound must not report it.
     path = shared("whatif/h100_vit/compile")
     a = run(path)
     assert finding(a, "host-sync") is not None

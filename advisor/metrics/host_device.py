@@ -711,15 +711,14 @@ def _held_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
     return merge(s, e)
 
 
-def optimizer_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
-    """Merged windows of the optimizer's step and zero_grad spans (the Optimizer.* spans, and
-    zero_grad spans of modules) inside the host's steps."""
-    return tl.metrics.shared("host_device.optimizer_windows", lambda: _optimizer_windows(tl))
+def optimizer_step_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """Merged windows of the optimizer's step spans (`Optimizer.step#...`) inside the host's steps."""
+    return tl.metrics.shared("host_device.optimizer_step_windows", lambda: _optimizer_step_windows(tl))
 
 
-def _optimizer_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+def _optimizer_step_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
     host = tl.frames.host
-    rows = host[(_matches(host["name"], OPTIMIZER_SPAN) | (_matches(host["name"], ZERO_GRAD_SPAN) & ~_matches(host["name"], ATEN_OP)))]
+    rows = host[_matches(host["name"], OPTIMIZER_STEP_SPAN)]
     rows = rows[tl.in_host_steps(rows["ts"].to_numpy(np.int64))]
     return merge(rows["ts"].to_numpy(np.int64), rows["end"].to_numpy(np.int64))
 
