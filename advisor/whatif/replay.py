@@ -58,6 +58,9 @@ class Change:
     # (start, end, factor) windows of host time measured on their own (the DataLoader's wait
     # against the unprofiled steps'): scaled by their factor instead of host_scale.
     host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    # host node index -> ns of host time added before it: time the trace does not show as
+    # events (the loop's own Python, unprofiled), placed by the calibration (see savings.py).
+    host_add: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -74,6 +77,8 @@ class Change:
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
+            for k, v in c.host_add.items():
+                out.host_add[k] = out.host_add.get(k, 0.0) + v
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
@@ -148,6 +153,9 @@ def _effective(g: StepGraph, change: Change):
                 added -= ov * frac  # a negative fraction adds host time (more samples per step)
         removed -= added * kept  # time a fix removes is not added back by a larger batch
         gap = np.maximum(gap - removed, 0.0)
+    for node, ns in change.host_add.items():
+        if 0 <= node < len(gap):
+            gap[node] += ns
     dur = g.h_dur.astype(np.float64) * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row
@@ -187,6 +195,12 @@ def _effective(g: StepGraph, change: Change):
 def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
     """Replayed step times of the graph with `change` applied (measured when None)."""
     change = change or Change()
+    start, _, d_start, d_end = replay_nodes(g, change)
+    return ReplayResult(_respan(g, start, d_start, d_end) / change.per_sample)
+
+
+def replay_nodes(g: StepGraph, change: Change) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Replayed start and end of every host node and every device op (ns), with `change`."""
     gap, dur, unwait, tail, base, d_dur, delay, d_gap = _effective(g, change)
     n_h, n_d = len(g.h_ts), len(g.d_dur)
     anchor = g.h_anchor.tolist()
@@ -231,7 +245,7 @@ def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
         d_start[k] = b
         last[st] = d_end[k] = b + d_dur_l[k]
         k += 1
-    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
+    return np.asarray(start), np.asarray(end), np.asarray(d_start), np.asarray(d_end)
 
 
 def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> np.ndarray:
