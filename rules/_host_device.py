@@ -552,6 +552,53 @@ def _per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int
     return rows[per_param.to_numpy()]
 
 
+BUILTIN_CALL = re.compile(r"^<built-in (?:method|function) (\w+)")
+
+
+def optimizer_dispatch_windows(tl: Timeline, tree: OpTree, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+    """The host time a per-parameter optimizer step spends dispatching its per-tensor ops.
+
+    Each op directly under an `Optimizer.step` span that launched a kernel (`aten::mul_`,
+    `aten::lerp_`, ...) is one per-parameter dispatch; the Python binding that called it
+    (`<built-in method mul_ of Tensor ...>`, when the trace has Python frames) is part of it.
+    Returns the merged windows of those dispatches and the dispatch ops themselves (their
+    op-tree rows plus `pos` and `span`). The rest of the step (Python bookkeeping per
+    parameter, the step counters on the host) is not dispatch and stays.
+    """
+    calls, inner = launch_calls(tl, tree)
+    span_mask = _mask_of(len(tree.ops), spans)
+    empty = np.zeros(0, dtype=np.int64)
+    if len(calls) == 0 or len(spans) == 0:
+        return empty, empty, tree.ops.iloc[[]].assign(pos=pd.Series(dtype=np.int64), span=pd.Series(dtype=np.int64))
+    owner = tree.nearest_ancestor(inner, span_mask)
+    cur = inner[owner >= 0]
+    # Walk each launching op up to the child of its span: the op the step dispatched.
+    for _ in range(int(tree.depth.max(initial=0)) + 2):
+        parent = tree.parent[cur]
+        up = (parent >= 0) & ~span_mask[np.clip(parent, 0, None)]
+        if not up.any():
+            break
+        cur = np.where(up, parent, cur)
+    pos = sorted_unique(cur[~span_mask[cur]])
+    ops = tree.ops.iloc[pos].assign(pos=pos, span=tree.parent[pos])
+    s, e = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    host = tl.frames.host
+    py = host[(host["kind"] == "python").to_numpy()]
+    if len(py) and len(ops):
+        method = py["name"].astype(str).str.extract(BUILTIN_CALL, expand=False).to_numpy()
+        dispatched = set(ops["name"].astype(str).str.replace(r"^aten::", "", regex=True))
+        wrap = py[pd.Series(method).isin(dispatched).to_numpy()]
+        ss, se = tree.ops["ts"].to_numpy(np.int64)[spans], tree.ops["end"].to_numpy(np.int64)[spans]
+        order = np.argsort(ss)
+        ss, se = ss[order], se[order]
+        w_ts, w_end = wrap["ts"].to_numpy(np.int64), wrap["end"].to_numpy(np.int64)
+        i = np.searchsorted(ss, w_ts, side="right") - 1
+        inside = (i >= 0) & (w_end <= se[np.clip(i, 0, None)])
+        s, e = np.concatenate([s, w_ts[inside]]), np.concatenate([e, w_end[inside]])
+    ws, we = merge(s, e)
+    return ws, we, ops
+
+
 def _mask_of(n: int, pos: np.ndarray) -> np.ndarray:
     m = np.zeros(n, dtype=bool)
     m[np.asarray(pos, dtype=np.int64)] = True

@@ -27,21 +27,41 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
 ```
 After:
 ```python
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)   # or foreach=True
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)   # fused=True goes further
 ```
 `foreach` is the default on CUDA since PyTorch 2.0 when every parameter is on the GPU; a
-per-tensor step there means `foreach=False`, parameters on several devices, or an older
-PyTorch.
+per-tensor step there means `foreach=False` (the fix then says to drop it), parameters on
+several devices, or an older PyTorch. `fused=True` (Adam, AdamW, SGD, ...) does the whole
+update in one kernel per group and saves at least as much; the saving shown is foreach's,
+the change the finding recommends.
 
 ## How the saving is estimated
-The fix is replayed: the per-parameter kernels run back to back with their launch calls
-reduced to a tenth, half of the optimizer step's host time goes (a multi-tensor step still
-walks the parameter lists on the host), and each kernel loses its fixed cost (2 µs or 80%
-of it, whichever is less). The saving is how much shorter the replayed step is. The rule's
-own estimate, kept in the evidence as `estimate_ms`: the device idle time inside the optimizer step (the device waits for the host's launches),
-plus a fixed per-kernel cost for each per-parameter kernel: the smaller of the kernel's
-duration and 2 µs, the start-up cost a multi-tensor kernel pays once for dozens of tensors.
-The arithmetic itself (reading and writing every parameter) stays and is not counted.
+The fix is replayed on the step graph; what `foreach=True` changes, read from this run:
+- **host dispatch**: every op directly under the optimizer step that launched a kernel
+  (`aten::mul_`, `aten::lerp_`, ...) together with the Python binding that called it is a
+  per-parameter dispatch. A multi-tensor step makes one list op per per-parameter op (the
+  parameter count is the least frequent op's count per step) and launches one kernel per
+  48 tensors (PyTorch's `multi_tensor_apply` takes 110/64/48/36/30 tensors for 1-5 lists;
+  an optimizer's list ops mostly take three): e.g. AdamW over 101 tensors keeps 8 × 3 = 24
+  of 808 dispatches, 3%. The dispatch windows lose the rest of their host time and the
+  launch calls the rest of their cost. The optimizer's other host work (Python bookkeeping
+  per parameter, step counters on the host) stays: the multi-tensor path still does it.
+- **device**: each kernel's fixed cost (start-up and tail) is the shortest duration of the
+  same kernel in this step (the one on the smallest tensor, a bias, is almost all fixed
+  cost); a multi-tensor kernel pays it once per launch, so each per-parameter kernel keeps
+  the same 3% of it, and the kernels run back to back.
+- **critical path**: the replay decides whether the optimizer's host time delays the step
+  (it does when a per-step `.item()` and an in-process DataLoader keep the host from
+  running ahead). Where the facts file has unprofiled step times, the part of the step
+  that neither the calibrated host nor the device places (host time on the critical path
+  the graph cannot locate) shrinks by the share of the steps' own host work (the DataLoader's
+  wait aside) the dispatches removed (`host_work_share_removed` in the evidence).
+
+The saving is how much shorter the replayed step is. The rule's own estimate, kept in the
+evidence as `estimate_ms`: the device idle time inside the optimizer step (the device waits
+for the host's launches), plus a fixed per-kernel cost for each per-parameter kernel: the
+smaller of the kernel's duration and 2 µs. The arithmetic itself (reading and writing every
+parameter) stays and is not counted.
 
 Reference: https://pytorch.org/docs/stable/optim.html#algorithms
 """
@@ -49,13 +69,15 @@ Reference: https://pytorch.org/docs/stable/optim.html#algorithms
 from __future__ import annotations
 
 from advisor.whatif import Change
-from advisor.whatif.changes import device_rows_of, graphed, scale_device
+from advisor.whatif.changes import device_rows_of, host_work_share, runtime_rows_of
 
 import numpy as np
+import pandas as pd
 from advisor.rules._host_device import (
     MIN_OPTIMIZER_LAUNCHES,
     launches_in_spans,
     op_tree_of,
+    optimizer_dispatch_windows,
     per_parameter_optimizer_steps,
     per_step,
     timeline,
@@ -71,10 +93,13 @@ DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
 DEFAULTS = {"min_share": 0.003, "min_launches": MIN_OPTIMIZER_LAUNCHES}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs
 KERNEL_FIXED_COST_NS = 2_000
-# Share of the optimizer step's host time that a multi-tensor step no longer spends.
-HOST_SHARE_SAVED = 0.5
-FIX = "Use the multi-tensor implementation: foreach=True, or fused=True where the optimizer has it (Adam, AdamW, SGD, ...)."
-AFTER = """optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)   # or foreach=True
+# Tensors one multi-tensor kernel takes: PyTorch's multi_tensor_apply packs at most
+# 110/64/48/36/30 tensors per launch for 1-5 lists (ATen/native/cuda/MultiTensorApply.cuh);
+# an optimizer's list ops mostly take three (parameter or state, gradient, state).
+TENSORS_PER_LAUNCH = 48
+FUSED_OPTIMIZERS = {"Adam", "AdamW", "SGD", "Adagrad", "Adamax", "RMSprop", "RAdam", "NAdam"}
+FIX = "Use the multi-tensor implementation: foreach=True (the default for CUDA parameters unless foreach=False turns it off)."
+AFTER = """optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)   # fused=True goes further
 """
 
 
@@ -113,26 +138,64 @@ def check(ctx: Context):
         evidence["source"] = lines
     facts = [o for o in (ctx.fact("optimizers", default=[]) or []) if isinstance(o, dict)]
     confidence = "medium"
+    disabled = False  # foreach=False given explicitly: the default multi-tensor path was turned off
     if facts:
         evidence["optimizer_settings"] = [{k: o.get(k) for k in ("class", "foreach", "fused")} for o in facts]
-        if any(o.get("foreach") is False or (o.get("foreach") is None and o.get("fused") in (None, False)) for o in facts):
+        disabled = any(o.get("foreach") is False for o in facts)
+        if disabled or any(o.get("foreach") is None and o.get("fused") in (None, False) for o in facts):
             confidence = "high"
-    fused_ok = optimizer in {"Adam", "AdamW", "SGD", "Adagrad", "Adamax", "RMSprop", "RAdam", "NAdam"}
-    choice = "fused=True" if fused_ok else "foreach=True"
+    fused_ok = optimizer in FUSED_OPTIMIZERS
+
+    # The fix, replayed: what packing the per-parameter ops into multi-tensor ones changes.
+    ws, we, dispatch = optimizer_dispatch_windows(tl, tree, spans["pos"].to_numpy(np.int64))
+    kept = multi_tensor_share(dispatch, len(lk))
+    evidence["dispatch_ms_per_step"] = round(per_step(float((we - ws).sum()), tl), 3)
+    evidence["multi_tensor_launch_share"] = round(kept, 4)
+    rows = device_rows_of(ctx.frames, lk["correlation"].to_numpy(np.int64))
+    d = ctx.frames.device["dur"].to_numpy(np.float64)[rows]
+    names = ctx.frames.device["name"].astype(str).to_numpy()[rows]
+    # Each kernel's fixed cost: the shortest run of the same kernel in this step (on the
+    # smallest tensor, such as a bias, it is almost all start-up and tail). A multi-tensor
+    # kernel pays it once per launch, so each per-parameter kernel keeps `kept` of it.
+    fixed = pd.Series(d).groupby(names).transform("min").to_numpy(np.float64) if len(d) else d
+    scale = np.where(d > 0, (d - fixed * (1.0 - kept)) / np.maximum(d, 1), 1.0)
+    calls = runtime_rows_of(ctx.frames, lk["correlation"].to_numpy(np.int64))
+    change = Change(
+        host_remove=[(ws, we, 1.0 - kept)],
+        call_scale={int(r): kept for r in calls},
+        device_scale={int(r): float(f) for r, f in zip(rows, scale)},
+        tight_launch={int(r) for r in rows},
+        remainder_share=host_work_share(ctx.frames, m.steps, ws, we, 1.0 - kept),
+    )
+    evidence["host_work_share_removed"] = round(change.remainder_share, 4)
+
+    choice = "foreach=True"
     message = (
         f"{optimizer}.step launches {evidence['kernels_per_step']:.0f} small kernels per step, one set per parameter "
         f"(median {evidence['median_kernel_us']} µs); {choice} packs them into a few multi-tensor kernels: ~{saving:.2f} ms/step."
     )
-    fix = f"Construct the optimizer with {choice}" + (" (or foreach=True)." if fused_ok else ".")
-    # The fix, replayed: the per-parameter launches become a few multi-tensor ones (launch calls
-    # and most of the optimizer's host time go, its kernels run back to back), and each kernel
-    # loses its fixed cost (the same bytes move in far fewer kernels).
-    rows = device_rows_of(ctx.frames, lk["correlation"].to_numpy(np.int64))
-    d = ctx.frames.device["dur"].to_numpy(np.float64)[rows]
-    kept = np.maximum(d - KERNEL_FIXED_COST_NS, 0.2 * d) / np.maximum(d, 1)
-    change = Change.merge(
-        [graphed(ctx.frames, rows, (spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64)), HOST_SHARE_SAVED), scale_device(rows, kept)]
-    )
-    return ctx.finding(
-        message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER.replace("AdamW", optimizer if fused_ok else "AdamW"), change=change
-    )
+    if disabled:
+        fix = f"Drop foreach=False from the {optimizer} constructor (or pass foreach=True): the multi-tensor path is the default for CUDA parameters."
+    else:
+        fix = f"Construct the optimizer with {choice}."
+    if fused_ok:
+        fix += " fused=True goes further (one kernel per update); the saving shown is foreach's."
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER.replace("AdamW", optimizer if fused_ok else "AdamW"), change=change)
+
+
+def multi_tensor_share(dispatch: pd.DataFrame, launches: int) -> float:
+    """Share of the per-parameter dispatches (and launches) a multi-tensor step still makes.
+
+    Per optimizer step, an op that runs once per parameter counts the parameters (the least
+    frequent op); each per-parameter op becomes one list op, which launches one kernel per
+    `TENSORS_PER_LAUNCH` tensors. E.g. AdamW over 101 tensors: 808 dispatches become 8 list
+    ops of 3 launches each, 3% of them.
+    """
+    if len(dispatch) == 0 or launches == 0:
+        return 1.0
+    counts = dispatch.groupby(["span", dispatch["name"].astype(str)]).size()
+    per_span = counts.groupby(level=0)
+    n_params = per_span.min().astype(np.float64)
+    list_ops = per_span.sum() / n_params
+    kept = float((np.round(list_ops) * np.ceil(n_params / TENSORS_PER_LAUNCH)).sum())
+    return min(kept / launches, 1.0)

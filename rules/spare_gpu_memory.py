@@ -9,8 +9,9 @@ spread over more samples is at least `min_share` (3%) of the step.
 Part of every step costs the same whatever the batch size: launching each op's kernels,
 Python and dispatcher work between them, the optimizer step and `zero_grad`, gradient
 all-reduce, synchronisations. With a small batch that fixed cost is paid for few samples.
-A batch k times larger pays it once for k times the samples (and its kernels use the GPU
-better, which is not counted here).
+A batch k times larger pays it once for k times the samples, and its kernels use the GPU
+better: a kernel's last wave of blocks is often partly empty, and k times the blocks pay
+that tail once instead of k times.
 
 ## Evidence used
 - peak memory: from the facts file (`max_memory_reserved/allocated` over the whole run)
@@ -20,6 +21,8 @@ better, which is not counted here).
 - GPU utilisation and the step-time breakdown (runtime, CPU work, other, memset,
   communication) plus the optimizer's kernel time: the per-step cost that does not grow
   with the batch;
+- each kernel's launch dimensions, blocks per SM and occupancy (the trace's kernel
+  arguments): how many waves its blocks take now and would take with k times as many;
 - the DataLoader batch size from the facts file, for the fix.
 
 ## Example
@@ -39,15 +42,24 @@ converges to the same accuracy; fewer steps per epoch is the point, not a side e
 
 ## How the saving is estimated
 Batch factor k = min(4, ⌊80% of device memory / peak⌋) (2 with only a lower bound). The fix
-is replayed: in the step graph the work that grows with the batch grows k× (the kernels other
+is replayed: in the step graph the work that grows with the batch grows (the kernels other
 than the optimizer's, the batch's host→device copies, the DataLoader's time on the host),
-while launches, syncs, the optimizer and the rest of the host's work stay as they are; the
-replayed step divided by k is the time per current step's samples, and the saving is the
-measured step minus that. Kernels are taken to grow linearly with the batch (larger batches
-use the GPU better, which is not counted), so the figure is conservative. The rule's own
-estimate, kept in the evidence as `estimate_ms`, is the fixed per-step time × (1 − 1/k): the
-runtime, CPU-work, other, memset and communication slices plus the optimizer's kernel time,
-less the host time of the batch's own copies.
+while launches, syncs, the optimizer, `zero_grad` and the rest of the host's per-step work
+stay as they are; the replayed step divided by k is the time per current step's samples,
+and the saving is the replayed baseline minus that. What the replay cannot place (the
+remainder, see `advisor/whatif`) is a per-step cost too, spread over the k× samples.
+
+How much a kernel grows: its blocks run in waves of (SMs × blocks one SM holds) — the
+blocks per SM come from the trace's grid and `blocks per SM`, the blocks one SM holds from
+its occupancy and the device's warps per SM (64 on compute capability 7.0/8.0/9.0, 48 on
+8.6/8.9, 32 on 7.5). k times the blocks take ⌈k × blocks / slots⌉ waves against
+⌈blocks / slots⌉ now: a kernel of 2.2 waves takes 9 instead of 4 × 3 = 12 (time ∝ waves,
+each wave as long as now). Kernels whose grid does not fill one wave (their grid may not
+follow the batch: a reduction over it), copies and kernels without launch dimensions grow
+k×. The evidence's `kernel_growth` is the resulting growth of the grown device time.
+The rule's own estimate, kept in the evidence as `estimate_ms`, is the fixed per-step time
+× (1 − 1/k): the runtime, CPU-work, other, memset and communication slices plus the
+optimizer's kernel time, less the host time of the batch's own copies.
 
 Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
 """
@@ -55,7 +67,7 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
 from __future__ import annotations
 
 from advisor.whatif import Change
-from advisor.whatif.changes import scale_device
+from advisor.whatif.changes import batch_growth, scale_device
 from advisor.whatif.savings import dataloader_spans
 
 import math
@@ -181,6 +193,10 @@ def check(ctx: Context):
     grows = k.index.to_numpy()[~opt_mask]
     copies = ctx.frames.device.index.to_numpy()[(ctx.frames.device["kind"] == "memcpy").to_numpy() & (ctx.frames.device["copy_kind"] == "HtoD").to_numpy()]
     dl_s, dl_e = dataloader_spans(ctx.frames)
-    change = Change.merge([scale_device(np.concatenate([grows, copies]), float(factor)), Change(host_remove=[(dl_s, dl_e, 1.0 - factor)], per_sample=float(factor))])
+    grown = np.concatenate([grows, copies])
+    growth = batch_growth(ctx.frames, grown, float(factor), m.device.capability)
+    device_ns = ctx.frames.device["dur"].to_numpy(np.float64)[grown]
+    evidence["kernel_growth"] = round(float((device_ns * growth).sum() / max(device_ns.sum(), 1.0)), 3)
+    change = Change.merge([scale_device(grown, growth), Change(host_remove=[(dl_s, dl_e, 1.0 - factor)], per_sample=float(factor))])
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.whatif.graph import WAIT_CALL
 from advisor.whatif.replay import Change
 
@@ -93,3 +94,80 @@ def graphed(frames: TraceFrames, device_rows, host_windows=None, host_share: flo
         s, e = host_windows
         change.host_remove.append((np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64), float(host_share)))
     return change
+
+
+def host_work_share(frames: TraceFrames, steps: pd.DataFrame, starts, ends, fraction: float = 1.0) -> float:
+    """Share of the steps' own host work (the host spans of the steps less the DataLoader's
+    wait, which is measured on its own) that removing `fraction` of these windows takes away.
+    A fix declares it as its `remainder_share`: window figures on both sides, so the
+    profiler's inflation cancels."""
+    from advisor.whatif.savings import dataloader_spans
+
+    if len(steps) == 0:
+        return 0.0
+    hs = steps["host_start"].to_numpy(np.int64)
+    he = np.maximum(steps["host_end"].to_numpy(np.int64), hs)
+    ss, se = merge(hs, he)
+    dl_s, dl_e = dataloader_spans(frames)
+    own_s, own_e = subtract(ss, se, dl_s, dl_e) if len(dl_s) else (ss, se)
+    own = float((own_e - own_s).sum())
+    if own <= 0:
+        return 0.0
+    ws, we = merge(np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64))
+    removed = float(overlap_with(own_s, own_e, ws, we).sum()) * float(fraction)
+    return min(max(removed / own, 0.0), 1.0)
+
+
+# Warps one SM holds at once, by compute capability (CUDA C Programming Guide, "Technical
+# Specifications per Compute Capability"): 64 on 7.0/8.0/9.0/10.0, 48 on 8.6/8.7/8.9/12.0,
+# 32 on 7.5. Unknown devices take 64.
+MAX_WARPS_PER_SM = {7.5: 32, 8.6: 48, 8.7: 48, 8.9: 48, 12.0: 48}
+
+
+def _dims(values: pd.Series) -> np.ndarray:
+    """Product of the kernel launch dimensions ("[288, 1, 64]" or a list); NaN where absent."""
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values.to_numpy()):
+        if isinstance(v, str):
+            parts = v.strip("[]() ").replace(",", " ").split()
+            try:
+                out[i] = float(np.prod([float(p) for p in parts])) if parts else np.nan
+            except ValueError:
+                pass
+        elif isinstance(v, (list, tuple, np.ndarray)) and len(v):
+            out[i] = float(np.prod(np.asarray(v, dtype=np.float64)))
+    return out
+
+
+def batch_growth(frames: TraceFrames, rows, factor: float, capability: float | None) -> np.ndarray:
+    """How much longer each of these kernels runs on `factor` times the rows (a larger batch).
+
+    A kernel runs its blocks in waves: the SMs each hold a few blocks at once (the trace's
+    occupancy says how many), and the last wave is often partly empty. With `factor` times
+    the blocks the kernel needs ceil(factor × blocks / slots) waves instead of
+    factor × ceil(blocks / slots): the partly empty tail is paid once, not `factor` times.
+    Only kernels whose grid fills at least one wave are counted so (their grid follows the
+    rows; a smaller grid may not, e.g. a reduction over the batch): the others, copies and
+    kernels without launch dimensions grow `factor` times.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    dev = frames.device
+    out = np.full(len(rows), float(factor))
+    need = {"grid", "block", "blocks_per_sm", "occupancy"}
+    if len(rows) == 0 or not need <= set(dev.columns):
+        return out
+    sub = dev.iloc[rows]
+    blocks = _dims(sub["grid"])
+    warps = np.ceil(_dims(sub["block"]) / 32.0)
+    per_sm = sub["blocks_per_sm"].to_numpy(np.float64)
+    occupancy = sub["occupancy"].to_numpy(np.float64) / 100.0
+    max_warps = MAX_WARPS_PER_SM.get(round(capability, 1), 64) if capability else 64
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sms = np.round(blocks / per_sm)
+        resident = np.floor(occupancy * max_warps / warps + 1e-6)
+        slots = sms * resident
+        ok = (sub["kind"].astype(str).to_numpy() == "kernel") & np.isfinite(slots) & (slots >= 1) & (blocks >= slots)
+        waves = np.ceil(blocks / np.where(ok, slots, 1))
+        grown = np.ceil(factor * blocks / np.where(ok, slots, 1))
+    out[ok] = np.clip(grown[ok] / waves[ok], 1.0, factor)
+    return out

@@ -45,6 +45,12 @@ class Change:
       region): their stream gaps close and their launch latency is the stream's.
     - `per_sample`: the step processes this many times the samples (a larger batch); the
       saving is reported per current step, so the replayed step is divided by it.
+    - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
+      time that neither the calibrated host nor the device places, `RankReplay`: a fixed
+      remainder, or untimed host time in `host_add`) that the fix takes away: host time the
+      trace does not show, so a fix
+      that removes a share of the step's host work removes that share of it (see
+      `changes.host_work_share`). 0 leaves it.
     """
 
     host_remove: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
@@ -58,8 +64,10 @@ class Change:
     # (start, end, factor) windows of host time measured on their own (the DataLoader's wait
     # against the unprofiled steps'): scaled by their factor instead of host_scale.
     host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    remainder_share: float = 0.0
     # host node index -> ns of host time added before it: time the trace does not show as
     # events (the loop's own Python, unprofiled), placed by the calibration (see savings.py).
+    # A fix's `remainder_share` takes that share of it away too.
     host_add: dict[int, float] = field(default_factory=dict)
 
     @classmethod
@@ -77,6 +85,7 @@ class Change:
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
+            out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
             for k, v in c.host_add.items():
                 out.host_add[k] = out.host_add.get(k, 0.0) + v
         return out
@@ -153,9 +162,10 @@ def _effective(g: StepGraph, change: Change):
                 added -= ov * frac  # a negative fraction adds host time (more samples per step)
         removed -= added * kept  # time a fix removes is not added back by a larger batch
         gap = np.maximum(gap - removed, 0.0)
+    kept = 1.0 - min(max(change.remainder_share, 0.0), 1.0)
     for node, ns in change.host_add.items():
         if 0 <= node < len(gap):
-            gap[node] += ns
+            gap[node] += ns * kept
     dur = g.h_dur.astype(np.float64) * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row

@@ -175,7 +175,8 @@ class RankReplay:
         return self._baseline
 
     def replayed_ms(self, change: Change) -> float:
-        return replay(self.graph, Change.merge([self.base, change])).median_ms + self.remainder_ms / change.per_sample
+        remainder = self.remainder_ms * (1.0 - min(max(change.remainder_share, 0.0), 1.0))
+        return replay(self.graph, Change.merge([self.base, change])).median_ms + remainder / change.per_sample
 
     def saving_ms(self, change: Change) -> float:
         """Baseline minus the replay with `change` (never below 0)."""
