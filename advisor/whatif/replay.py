@@ -47,7 +47,7 @@ class Change:
       saving is reported per current step, so the replayed step is divided by it.
     - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
       time that neither the calibrated host nor the device places, `RankReplay`: a fixed
-      remainder, or untimed host time in `host_add`) that the fix takes away: host time the
+      remainder, or untimed host time in `untimed_host`) that the fix takes away: host time the
       trace does not show, so a fix
       that removes a share of the step's host work removes that share of it (see
       `changes.host_work_share`). 0 leaves it.
@@ -68,7 +68,7 @@ class Change:
     # host node index -> ns of host time added before it: time the trace does not show as
     # events (the loop's own Python, unprofiled), placed by the calibration (see savings.py).
     # A fix's `remainder_share` takes that share of it away too.
-    host_add: dict[int, float] = field(default_factory=dict)
+    untimed_host: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -86,8 +86,8 @@ class Change:
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
             out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
-            for k, v in c.host_add.items():
-                out.host_add[k] = out.host_add.get(k, 0.0) + v
+            for k, v in c.untimed_host.items():
+                out.untimed_host[k] = out.untimed_host.get(k, 0.0) + v
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
@@ -163,7 +163,7 @@ def _effective(g: StepGraph, change: Change):
         removed -= added * kept  # time a fix removes is not added back by a larger batch
         gap = np.maximum(gap - removed, 0.0)
     kept = 1.0 - min(max(change.remainder_share, 0.0), 1.0)
-    for node, ns in change.host_add.items():
+    for node, ns in change.untimed_host.items():
         if 0 <= node < len(gap):
             gap[node] += ns * kept
     dur = g.h_dur.astype(np.float64) * scale

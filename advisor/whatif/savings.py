@@ -154,7 +154,7 @@ class RankReplay:
         target = self._unprofiled
         added = rest_ms
         for _ in range(4):
-            trial = Change.merge([base, Change(host_add={int(n): added * 1e6 for n in nodes})])
+            trial = Change.merge([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
             got = replay(self.graph, trial).median_ms
             if abs(got - target) <= STEP_HOST_FIT * target:
                 self.step_host_ms = added
