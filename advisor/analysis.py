@@ -122,7 +122,8 @@ class Analysis:
         return out
 
     def stated_fixes(self, rule_options: dict[str, dict[str, Any]] | None = None) -> tuple["RankReplay", dict[str, Finding]]:
-        """The slowest rank's replay and its findings with their fixes as graph changes.
+        """The slowest rank's replay and its findings with their fixes as graph changes
+        (stated with the analysis's own rule options unless others are given).
 
         Findings travel from the per-rank map without their changes (they are frame rows);
         the slowest rank's rules state them again here, on its reloaded frames.
@@ -131,7 +132,8 @@ class Analysis:
 
         a = self.with_primary_frames()
         facts = a.run_facts()
-        stated = check_rank_rules(all_rules(), a.primary, facts, rule_options or {}, len(a.ranks), [])
+        options = self.rule_options if rule_options is None else rule_options
+        stated = check_rank_rules(all_rules(), a.primary, facts, options, len(a.ranks), [])
         return rank_replay(a.primary, facts), {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
 
     def replayed_saving(self, rules: list[str], rule_options: dict[str, dict[str, Any]] | None = None) -> float | None:
