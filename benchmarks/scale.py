@@ -46,7 +46,13 @@ PY = sys.executable
 
 def tree_rss_mb(root: int) -> float:
     """Resident memory of a process and all its descendants (from /proc)."""
-    total, todo, seen = 0, [root], set()
+    own, descendants = tree_rss_parts_mb(root)
+    return own + descendants
+
+
+def tree_rss_parts_mb(root: int) -> tuple[float, float]:
+    """Resident memory of a process, and of all its descendants together (from /proc)."""
+    own, rest, todo, seen = 0, 0, [root], set()
     while todo:
         pid = todo.pop()
         if pid in seen:
@@ -56,13 +62,16 @@ def tree_rss_mb(root: int) -> float:
             with open(f"/proc/{pid}/status") as f:
                 for line in f:
                     if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
+                        if pid == root:
+                            own += int(line.split()[1])
+                        else:
+                            rest += int(line.split()[1])
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/children") as f:
                     todo += [int(c) for c in f.read().split()]
         except (OSError, ValueError):
             pass
-    return total / 1024
+    return own / 1024, rest / 1024
 
 
 def run_measured(cmd: list[str], env: dict | None = None, timeout: float = 1800) -> dict:
@@ -201,16 +210,23 @@ def one_gb(size: int, tools: bool, tool_timeout: float) -> tuple[list[str], dict
     return lines, data
 
 
-def measure_job(cmd: list[str], env: dict, others: list[int], timeout: float = 3600) -> dict:
-    """run_measured, with the RSS of other process trees (a cluster) added to every sample."""
-    peak = [0.0]
+def measure_job(cmd: list[str], env: dict, cluster: int | None = None, timeout: float = 3600) -> dict:
+    """run_measured, with the cluster's processes (its scheduler, and its workers below it)
+    added to every sample; also the peak of each part: the report's own process (the client),
+    its pool (forkserver and workers), the scheduler, the cluster's workers."""
+    peak = {"total": 0.0, "client": 0.0, "pool": 0.0, "scheduler": 0.0, "cluster_workers": 0.0}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], tree_rss_mb(proc.pid) + sum(tree_rss_mb(p) for p in others))
+            now = dict(zip(("client", "pool"), tree_rss_parts_mb(proc.pid)))
+            if cluster is not None:
+                now.update(zip(("scheduler", "cluster_workers"), tree_rss_parts_mb(cluster)))
+            for k, v in now.items():
+                peak[k] = max(peak[k], v)
+            peak["total"] = max(peak["total"], sum(now.values()))
             time.sleep(0.05)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -222,10 +238,11 @@ def measure_job(cmd: list[str], env: dict, others: list[int], timeout: float = 3
         out, err = proc.communicate()
         code = "timeout"
     done.set()
-    return {"wall_s": time.perf_counter() - start, "peak_rss_mb": peak[0], "rc": code, "stdout": out, "stderr": err[-1500:]}
+    parts = {k: round(v, 1) for k, v in peak.items() if k != "total" and (cluster is not None or k in ("client", "pool"))}
+    return {"wall_s": time.perf_counter() - start, "peak_rss_mb": peak["total"], "peak_rss_mb_by_part": parts, "rc": code, "stdout": out, "stderr": err[-1500:]}
 
 
-def whole_jobs(sizes: list[int], size: int, workers: int) -> tuple[list[str], dict]:
+def whole_jobs(sizes: list[int], size: int, workers: int, cluster_profiler: bool = False) -> tuple[list[str], dict]:
     env = {**os.environ, "ADVISOR_CACHE": "off", "ADVISOR_WORKERS": str(workers), "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
     folders = {n: ensure_job(n, size) for n in sorted(sizes, reverse=True)}
     first = next(iter(folders.values())) / "rank-0.pt.trace.json.gz"
@@ -234,17 +251,24 @@ def whole_jobs(sizes: list[int], size: int, workers: int) -> tuple[list[str], di
     gz_mb = first.stat().st_size / 2**20
     lines = [f"\n3. whole jobs: advisor report --format json, {workers} workers, ranks of {raw_mb:.1f} MB of JSON ({gz_mb:.1f} MB gzip),"
              f" scaled copies of {JOB_SOURCE} with rank {SLOW_RANK} {DELAY_MS:.0f} ms slower per step"]
-    data: dict = {"rank_mb": raw_mb, "rank_gzip_mb": gz_mb, "workers": workers, "slow_rank": SLOW_RANK, "delay_ms": DELAY_MS, "runs": []}
+    # Dask's statistical profiler keeps one profile per second on each worker, up to
+    # distributed.admin.low-level-log-length (1000) of them: worker memory then grows with the
+    # job's duration (see docs/design.md). The cluster runs as docs/design.md advises, without it,
+    # unless --cluster-profiler.
+    lines.append(f"   Dask workers' statistical profiler: {'on (Dask default)' if cluster_profiler else 'off (DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False)'}")
+    cluster_env = {**env, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(cluster_profiler)}
+    data: dict = {"rank_mb": raw_mb, "rank_gzip_mb": gz_mb, "workers": workers, "slow_rank": SLOW_RANK, "delay_ms": DELAY_MS, "cluster_profiler": cluster_profiler, "runs": []}
     nice = ["nice", "-n", "5"]
     for n in sorted(sizes):
         report = [*nice, PY, "-m", "advisor", "report", str(folders[n]), "--format", "json"]
-        pool = measure_job(report, env, [])
-        cluster = subprocess.Popen([*nice, PY, "-c", CLUSTER, str(workers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        pool = measure_job(report, env)
+        cluster = subprocess.Popen([*nice, PY, "-c", CLUSTER, str(workers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cluster_env)
         address = cluster.stdout.readline().strip()
-        dask = measure_job([*report, "--scheduler", address], env, [cluster.pid])
+        dask = measure_job([*report, "--scheduler", address], env, cluster.pid)
         cluster.stdin.close()
         cluster.wait(timeout=120)
-        run = {"ranks": n, "pool": {k: pool[k] for k in ("wall_s", "peak_rss_mb", "rc")}, "cluster": {k: dask[k] for k in ("wall_s", "peak_rss_mb", "rc")}}
+        keep = ("wall_s", "peak_rss_mb", "peak_rss_mb_by_part", "rc")
+        run = {"ranks": n, "pool": {k: pool[k] for k in keep}, "cluster": {k: dask[k] for k in keep}}
         run["identical_json"] = pool["rc"] == 0 and pool["stdout"] == dask["stdout"]
         straggler = None
         if pool["rc"] == 0:
@@ -257,7 +281,8 @@ def whole_jobs(sizes: list[int], size: int, workers: int) -> tuple[list[str], di
             if r["rc"] != 0:
                 lines.append(f"  {n:3d} ranks, {label}: FAILED rc={r['rc']} {r['stderr'][-300:]}")
             else:
-                lines.append(f"  {n:3d} ranks, {label:12s}: {r['wall_s']:6.1f} s ({n * raw_mb / r['wall_s']:5.1f} MB/s)  peak RSS of all processes {r['peak_rss_mb']:6.0f} MB")
+                parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in r["peak_rss_mb_by_part"].items())
+                lines.append(f"  {n:3d} ranks, {label:12s}: {r['wall_s']:6.1f} s ({n * raw_mb / r['wall_s']:5.1f} MB/s)  peak RSS of all processes {r['peak_rss_mb']:6.0f} MB ({parts})")
         found = run["straggler"]
         named = "none" if found is None else f"rank {found['rank']}, {found['saving_ms']:.2f} ms/step"
         lines.append(f"       same JSON from both: {'yes' if run['identical_json'] else 'NO'}; straggler: {named} (made: rank {SLOW_RANK}, {DELAY_MS:.2f} ms/step)")
@@ -281,6 +306,8 @@ def main() -> None:
     ap.add_argument("--skip-ranks", action="store_true", help="skip section 3 (whole jobs); with --skip-tools, only the reports and loaders of 1-2 run")
     ap.add_argument("--tool-timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=RESULTS / "scale")
+    ap.add_argument("--cluster-profiler", action="store_true", help="section 3: leave the Dask workers' statistical profiler on (Dask's default)")
+    ap.add_argument("--ranks-out", type=Path, default=RESULTS / "scale_ranks", help="where section 3 writes its .txt and .json")
     args = ap.parse_args()
     BENCH.mkdir(parents=True, exist_ok=True)
     info = machine_info()
@@ -292,8 +319,8 @@ def main() -> None:
     if not args.skip_1gb:
         write_results(args.out, lines, result)
     if not args.skip_ranks:
-        more, jobs = whole_jobs([int(x) for x in args.jobs.split(",")], args.rank_size, args.workers)
-        write_results(RESULTS / "scale_ranks", [lines[0], *more], {"machine": info, "whole_jobs": jobs})
+        more, jobs = whole_jobs([int(x) for x in args.jobs.split(",")], args.rank_size, args.workers, args.cluster_profiler)
+        write_results(args.ranks_out, [lines[0], *more], {"machine": info, "whole_jobs": jobs})
 
 
 def write_results(out: Path, lines: list[str], result: dict) -> None:

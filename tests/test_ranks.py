@@ -183,3 +183,18 @@ def test_a_dask_cluster_gives_the_same_report(cli, slowed_job, two_ranks, tmp_pa
         (tmp_path / "advisor.toml").write_text(f'scheduler = "{cluster.scheduler_address}"\n')
         code, via_config, err = cli(["report", str(slowed_job), "-f", "json"], cwd=tmp_path, env={"ADVISOR_CACHE": "off"})
         assert code == 0 and via_config == local[slowed_job]
+
+
+def test_the_report_says_when_the_cluster_workers_keep_profiles(cli, two_ranks):
+    """Dask's statistical profiler keeps up to 1000 s of profiles on each worker (their memory
+    grows with the job's duration): the report says so on stderr, and not for workers without it."""
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    for profiling in (True, False):
+        with dask.config.set({"distributed.worker.profile.enabled": profiling}):
+            with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
+                code, out, err = cli(["report", str(two_ranks), "-f", "json", "--scheduler", cluster.scheduler_address], env={"ADVISOR_CACHE": "off"})
+        assert code == 0, err
+        assert len(json.loads(out)["ranks"]) == 2  # the note is not part of the report
+        assert ("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False" in err) is profiling, err

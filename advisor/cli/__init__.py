@@ -166,7 +166,7 @@ def report(
     if address:
         from advisor.load.cluster import cluster_executor
 
-        engine = cluster_executor(address)
+        engine = cluster_executor(address, note=lambda line: say(stderr_console(), f"advisor: {line}"))
     else:
         engine = nullcontext(None)
     with engine as executor:
