@@ -19,7 +19,7 @@ import numpy as np
 
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import own_device_end
-from advisor.whatif.graph import MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
+from advisor.whatif.graph import CALL, MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
 
 
 # The fastest host the calibration tries (a share of its window figure), and how close to that
@@ -51,9 +51,10 @@ class Change:
     - `device_add`: device row -> ns of work the fix adds on that op's stream just before it
       (a cast kernel before the op that needs it), whatever the op's own scale.
     - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
-      time that neither the calibrated host nor the device places, `RankReplay`) that the
-      fix takes away: host time on the critical path the replay cannot locate, so a fix
-      that removes a share of the step's host work removes that share of it (see
+      time that neither the calibrated host nor the device places, `RankReplay`: a fixed
+      remainder, or untimed host time in `untimed_host`) that the fix takes away: host time the
+      trace does not show, so a fix that removes a share of the step's host work removes
+      that share of it (see
       `changes.host_work_share`). 0 leaves it.
     """
 
@@ -71,6 +72,10 @@ class Change:
     host_add: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     device_add: dict[int, float] = field(default_factory=dict)
     remainder_share: float = 0.0
+    # host node index -> ns of host time added before it: time the trace does not show as
+    # events (the loop's own Python, unprofiled), placed by the calibration (see savings.py).
+    # A fix's `remainder_share` takes that share of it away too.
+    untimed_host: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -91,6 +96,8 @@ class Change:
             for k, v in c.device_add.items():
                 out.device_add[k] = max(out.device_add.get(k, 0.0), v)  # the same casts do not stack
             out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
+            for k, v in c.untimed_host.items():
+                out.untimed_host[k] = out.untimed_host.get(k, 0.0) + v
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
@@ -165,6 +172,10 @@ def _effective(g: StepGraph, change: Change):
                 added -= ov * frac  # a negative fraction adds host time (more samples per step)
         removed -= added * kept  # time a fix removes is not added back by a larger batch
         gap = np.maximum(gap - removed, 0.0)
+    kept = 1.0 - min(max(change.remainder_share, 0.0), 1.0)
+    for node, ns in change.untimed_host.items():
+        if 0 <= node < len(gap):
+            gap[node] += ns * kept
     if change.host_add:
         at = np.concatenate([np.asarray(t, dtype=np.int64) for t, _ in change.host_add])
         ns = np.concatenate([np.asarray(n, dtype=np.float64) for _, n in change.host_add])
@@ -216,7 +227,18 @@ def _effective(g: StepGraph, change: Change):
 def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
     """Replayed step times of the graph with `change` applied (measured when None)."""
     change = change or Change()
-    gap, dur, unwait, tail, base, d_dur, delay, d_gap = _effective(g, change)
+    start, _, d_start, d_end = _simulate(g, _effective(g, change))
+    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
+
+
+def replay_nodes(g: StepGraph, change: Change) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Replayed start and end of every host node and every device op (ns), with `change`."""
+    return tuple(np.asarray(x) for x in _simulate(g, _effective(g, change)))  # type: ignore[return-value]
+
+
+def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Start and end of every host node and device op (ns, on the trace's clock)."""
+    gap, dur, unwait, tail, base, d_dur, delay, d_gap = effective
     n_h, n_d = len(g.h_ts), len(g.d_dur)
     anchor = g.h_anchor.tolist()
     serial = g.h_serial.tolist()
@@ -260,14 +282,20 @@ def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
         d_start[k] = b
         last[st] = d_end[k] = b + d_dur_l[k]
         k += 1
-    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
+    return start, end, d_start, d_end
 
 
 def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> np.ndarray:
     """Step durations from replayed host marks and device ops, as metrics.steps spans them."""
+    s, e = _step_bounds(g, start, d_start, d_end)
+    return (e - s).astype(np.float64)
+
+
+def _step_bounds(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Replayed start and end of each step (ns), spanned as metrics.steps spans them."""
     n = len(g.step_ids)
     if n == 0:
-        return np.zeros(0)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     hs = np.zeros(n, dtype=np.int64)
     he = np.zeros(n, dtype=np.int64)
     kind = g.h_kind
@@ -283,14 +311,70 @@ def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndar
         np.maximum.at(dev_max, g.d_step[own], np.round(d_end[own]).astype(np.int64))
         np.add.at(count, g.d_step[own], 1)
     own_end = own_device_end(hs, he, dev_min, dev_max, count)
-    out = np.zeros(n)
+    starts = np.zeros(n, dtype=np.int64)
+    ends = np.zeros(n, dtype=np.int64)
     prev = hs[0] + int(g.step_start[0] - g.step_host_start[0])
     for i in range(n):
         s = max(prev, hs[i]) if i else prev
         e = max(he[i], s) if count[i] == 0 else max(he[i], own_end[i], s)
-        out[i] = e - s
+        starts[i], ends[i] = s, e
         prev = e
-    return out
+    return starts, ends
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    """One replayed step node by node, for a timeline: times in ns from the step's start.
+
+    Host calls are rows of the rank's `frames.runtime`, device ops rows of `frames.device`;
+    each is listed when it overlaps the step. `waits` marks the calls that waited for device
+    work in the replay. A step of a fix that grows the batch (`per_sample` > 1) processes
+    that many current steps' samples.
+    """
+
+    index: int  # row of the rank's steps
+    duration_ns: int
+    per_sample: float
+    call_row: np.ndarray
+    call_start: np.ndarray
+    call_end: np.ndarray
+    waits: np.ndarray
+    device_row: np.ndarray
+    device_start: np.ndarray
+    device_end: np.ndarray
+
+
+def replay_step(g: StepGraph, change: Change | None = None, index: int | None = None) -> ReplayedStep | None:
+    """The replayed median step (or step `index`) with `change` applied, node by node.
+
+    The same simulation as `replay`, kept per node for the one step a timeline draws; the
+    median is the step whose replayed duration is closest to the replayed median (the
+    earlier of a tie), as the measured timeline picks its step."""
+    change = change or Change()
+    if len(g.step_ids) == 0:
+        return None
+    eff = _effective(g, change)
+    start, end, d_start, d_end = (np.asarray(x) for x in _simulate(g, eff))
+    s, e = _step_bounds(g, start, d_start, d_end)
+    d = (e - s).astype(np.float64)
+    i = int(np.argmin(np.abs(d - np.median(d)))) if index is None else int(index)
+    lo, hi = float(s[i]), float(e[i])
+    calls = (g.h_kind == CALL) & (end > lo) & (start < hi)
+    unwait = eff[2]
+    waited = np.diff(g.wait_ptr) > 0
+    ops = (d_end > lo) & (d_start < hi)
+    return ReplayedStep(
+        index=i,
+        duration_ns=int(hi - lo),
+        per_sample=float(change.per_sample),
+        call_row=g.runtime_row[calls],
+        call_start=np.round(start[calls] - lo).astype(np.int64),
+        call_end=np.round(end[calls] - lo).astype(np.int64),
+        waits=(waited & ~unwait)[calls],
+        device_row=g.device_row[ops],
+        device_start=np.round(d_start[ops] - lo).astype(np.int64),
+        device_end=np.round(d_end[ops] - lo).astype(np.int64),
+    )
 
 
 def calibrate(g: StepGraph, target_median_ms: float, build=None, fastest: bool = True) -> float:
