@@ -47,6 +47,7 @@ from typing import Any, Iterable
 from advisor.errors import InputError
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.collectives import JobWaits
+from advisor.metrics.host_device import Timeline, timeline
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
@@ -131,10 +132,25 @@ class Context:
     options: dict[str, Any]
     rule: Rule
     world_size: int = 1
+    # The user's options of every rule ([tool.advisor.rules.<ID>]), for a measurement that
+    # depends on another rule's threshold.
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def frames(self):
         return self.metrics.frames
+
+    def options_of(self, rule_id: str) -> dict[str, Any]:
+        """Another rule's options as the user configured them (its defaults where not set)."""
+        other = find_loaded_rule(rule_id)
+        return {**(other.defaults if other is not None else {}), **self.config.get(rule_id, {})}
+
+    @property
+    def timeline(self) -> Timeline:
+        """This rank's host/device idle timeline (built once per rank). The DataLoader's time is
+        left out of the idle time when it reaches `dataloader-stall`'s `min_share` as configured:
+        then it is the input pipeline's, not a cause another rule should find in it."""
+        return timeline(self.metrics, self.options_of("dataloader-stall").get("min_share"))
 
     @property
     def step_ms(self) -> float:
@@ -356,7 +372,7 @@ def check_rank_rules(
         if rule.scope != "rank" or (rule.training_only and not is_training(metrics, facts)):
             continue
         opts = {**rule.defaults, **options.get(rule.id, {})}
-        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size)
+        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size, config=options)
         try:
             found.extend(rule.check(ctx))
         except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the report

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from advisor.rules._host_device import owned_allocator_calls
+from advisor.metrics.host_device import owned_allocator_calls
 
 from advisor.engine import Context
 from advisor.metrics.memory import device_memory_curve
@@ -82,7 +82,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) <= ctx.options["warmup_steps"]:
         return None
-    owned = owned_allocator_calls(ctx, "allocator-churn", warmup_steps=int(ctx.options["warmup_steps"]))
+    owned = owned_allocator_calls(ctx.timeline, "allocator-churn", int(ctx.options["warmup_steps"]), ctx.options["min_share"])
     if owned is None:
         return None
     mine, tl, tree, saving = owned

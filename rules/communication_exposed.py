@@ -59,11 +59,11 @@ Reference: https://pytorch.org/docs/stable/notes/ddp.html#internal-design
 from __future__ import annotations
 
 import numpy as np
-from advisor.rules._host_device import intersect, per_step, subtract, timeline
+from advisor.metrics.host_device import per_step
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import communication_kernels
-from advisor.metrics.intervals import merge
+from advisor.metrics.intervals import intersect, merge, subtract
 
 ID = "communication-exposed"
 TITLE = "Communication is not overlapped with computation"
@@ -92,7 +92,7 @@ def check(ctx: Context):
     comm = communication_kernels(ctx.frames)
     if not comm.any():
         return None
-    tl = timeline(m)
+    tl = ctx.timeline
     is_kernel = (dev["kind"] == "kernel").to_numpy()
     ts, te = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
     cs, ce = merge(ts[comm], te[comm])

@@ -46,13 +46,11 @@ Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#creat
 from __future__ import annotations
 
 import numpy as np
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     device_exposed_fraction,
     h2d_copies,
     op_tree_of,
     per_step,
-    timeline,
-    timeline_for,
 )
 
 from advisor.engine import Context
@@ -72,13 +70,12 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0:
         return None
-    base = timeline(m)
+    tl = ctx.timeline
     tree = op_tree_of(ctx.metrics)
-    copies = h2d_copies(base, tree)
+    copies = h2d_copies(tl, tree)
     made = copies[copies["cpu_made"]]
     if len(made) == 0:
         return None
-    tl = timeline_for(ID, base, tree, copies)
     exposed = device_exposed_fraction(tl, made["ts"].to_numpy(np.int64), made["end"].to_numpy(np.int64))
     copy_ns = (made["dur"].to_numpy(np.float64) * exposed).sum()
     block = tl.blocking_cost(made["call_ts"].to_numpy(np.int64), made["block_end"].to_numpy(np.int64))

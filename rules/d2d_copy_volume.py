@@ -58,7 +58,7 @@ import re
 
 import numpy as np
 import pandas as pd
-from advisor.rules._host_device import device_exposed_fraction, op_tree_of, per_step, rank_copy_launches, timeline
+from advisor.metrics.host_device import device_exposed_fraction, op_tree_of, per_step, rank_copy_launches
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
@@ -159,7 +159,7 @@ def check(ctx: Context):
     copies = d2d_copies(m, tree)
     if len(copies) == 0:
         return None
-    tl = timeline(m)
+    tl = ctx.timeline
     exposed = device_exposed_fraction(tl, copies["ts"].to_numpy(np.int64), copies["end"].to_numpy(np.int64))
     cost = copies["dur"].to_numpy(np.float64) * exposed
     known = (copies["cause"] >= 0).to_numpy()

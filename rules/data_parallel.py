@@ -54,17 +54,16 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#use-nn-parallel-distr
 from __future__ import annotations
 
 import numpy as np
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     DATA_PARALLEL_SPAN,
     candidates,
     data_parallel_spans,
     per_step,
-    subtract,
 )
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import communication_kernels
-from advisor.metrics.intervals import merge, overlap_with
+from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
 
 ID = "data-parallel"
@@ -82,7 +81,7 @@ loader = DataLoader(dataset, batch_size=per_gpu_batch, sampler=DistributedSample
 
 
 def check(ctx: Context):
-    found = candidates(ctx, ID, data_parallel_spans)
+    found = candidates(ctx.timeline, data_parallel_spans)
     if found is None:
         return None
     spans, tl, tree = found

@@ -48,7 +48,7 @@ Reference: https://pytorch.org/docs/stable/notes/cuda.html#memory-management
 from __future__ import annotations
 
 import numpy as np
-from advisor.rules._host_device import owned_allocator_calls, per_step
+from advisor.metrics.host_device import owned_allocator_calls, per_step
 
 from advisor.engine import Context
 
@@ -66,7 +66,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) == 0:  # no step markers: no loop to judge
         return None
-    owned = owned_allocator_calls(ctx, "empty-cache", warmup_steps=1)
+    owned = owned_allocator_calls(ctx.timeline, "empty-cache", 1, ctx.options["min_share"])
     if owned is None:
         return None
     mine, tl, tree, saving = owned

@@ -70,15 +70,12 @@ from advisor.engine import Context
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.compute import step_kernels
 from advisor.metrics.hierarchy import OpTree, op_tree
-from advisor.metrics.intervals import covers, merge, sorted_unique
-from advisor.rules._host_device import (
+from advisor.metrics.intervals import covers, intersect, merge, sorted_unique, subtract
+from advisor.metrics.host_device import (
     COPY_CALL,
     LAUNCH_CALL,
-    intersect,
     op_tree_of,
-    subtract,
     sync_calls,
-    timeline,
 )
 
 ID = "gpu-idle"
@@ -160,7 +157,7 @@ def idle_by_activity(ctx: Context, s: np.ndarray, e: np.ndarray) -> dict[str, fl
     rt = frames.runtime
     rt_name = rt["name"]
     calls = {
-        "waits for the device": _wait_windows(m),
+        "waits for the device": _wait_windows(ctx),
         "loads data": _span_windows(frames.host, DATALOADER_NAME),
         "copies to the device": _call_windows(rt, _matches(rt_name, COPY_CALL) & _h2d_calls(frames)),
         "launches kernels": _call_windows(rt, _matches(rt_name, LAUNCH_CALL)),
@@ -191,9 +188,9 @@ def _h2d_calls(frames) -> np.ndarray:
     return frames.runtime["correlation"].isin(h2d[h2d >= 0]).to_numpy()
 
 
-def _wait_windows(m) -> tuple[np.ndarray, np.ndarray]:
+def _wait_windows(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     """Where the host waits for the device: syncs and blocking device→host copies."""
-    calls = sync_calls(timeline(m), op_tree_of(m))
+    calls = sync_calls(ctx.timeline, op_tree_of(ctx.metrics))
     return merge(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
 
 

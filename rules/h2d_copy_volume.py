@@ -53,7 +53,7 @@ from advisor.whatif.changes import device_rows_of, scale_device
 
 import numpy as np
 import pandas as pd
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     BANDWIDTH_BOUND_BYTES,
     device_exposed_fraction,
     first_input_shape,
@@ -61,7 +61,6 @@ from advisor.rules._host_device import (
     op_tree_of,
     per_step,
     pinned_bandwidth,
-    timeline,
 )
 
 from advisor.engine import Context
@@ -99,7 +98,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0:
         return None
-    tl = timeline(m)
+    tl = ctx.timeline
     tree = op_tree_of(ctx.metrics)
     copies = h2d_copies(tl, tree)
     big = copies[(copies["bytes"] >= BANDWIDTH_BOUND_BYTES) & ~copies["cpu_made"]].reset_index(drop=True)

@@ -62,14 +62,13 @@ import numpy as np
 
 from advisor.whatif import Change
 from advisor.whatif.changes import device_rows_of, scale_device, unwait
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     BANDWIDTH_BOUND_BYTES,
     device_exposed_fraction,
     h2d_copies,
     op_tree_of,
     per_step,
     pinned_bandwidth,
-    timeline,
 )
 
 from advisor.engine import Context
@@ -98,7 +97,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0:
         return None
-    tl = timeline(m)
+    tl = ctx.timeline
     tree = op_tree_of(ctx.metrics)
     copies = h2d_copies(tl, tree)
     pageable = copies[(copies["copy_src"] == "Pageable") & ~copies["cpu_made"]]

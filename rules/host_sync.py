@@ -22,9 +22,7 @@ hidden behind the GPU.
   and the op (and user source line, when the trace has stacks) behind each;
 - the device's activity during each wait and the idle gap after it (DataLoader time in that
   gap is left to `dataloader-stall` when that rule fires);
-- the stream syncs that a pageable host→device copy makes are left to `h2d-pageable-copy`,
-  and idle time that a copy, an allocator call, `zero_grad` or a per-parameter optimizer
-  step already explains is left to those rules.
+- the stream syncs that a pageable host→device copy makes are left to `h2d-pageable-copy`.
 
 ## Example
 Before:
@@ -67,7 +65,7 @@ from advisor.whatif.changes import unwait
 
 import numpy as np
 import pandas as pd
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     SYNC_CAUSES,
     candidates,
     per_step,
@@ -103,7 +101,7 @@ WHAT = {label: what for label, _, what in SYNC_CAUSES} | {"explicit": "torch.cud
 
 
 def check(ctx: Context):
-    found = candidates(ctx, ID, sync_calls)
+    found = candidates(ctx.timeline, sync_calls)
     if found is None:
         return None
     calls, tl, tree = found

@@ -21,9 +21,11 @@ same number of launches.
   launched (from the runtime call linked by correlation id);
 - kernel count and durations per step; the ops that launched the kernels after the gaps;
 - from the facts file, when present: whether `torch.compile` is already used.
-Gaps inside DataLoader spans (when `dataloader-stall` fires), blocking copies, syncs and their aftermath, allocator calls,
-`zero_grad` memsets, per-parameter optimizer steps and `DataParallel` spans are left to
-those rules.
+Not launch overhead, so not counted: idle time inside DataLoader spans (when their exposed
+share reaches `dataloader-stall`'s `min_share`), while the host was held in a sync, a
+blocking or pageable copy or an allocator call (the device waited for that call), and inside
+the optimizer's step (it runs outside the model that the fix graphs). Gaps in `zero_grad`
+count: the fix keeps `zero_grad(set_to_none=True)`, which drops its memsets.
 
 ## Example
 Before:
@@ -57,7 +59,7 @@ as well: on a launch-bound step that is host time the trace does not show (the P
 each op, a compiled region's guards), which a captured graph no longer runs. The device's own
 time stays as the trace measured it, so the replayed step cannot drop below the device's busy
 time in the window. The rule's own estimate (evidence
-`estimate_ms`) is the sum of the launch-starved gaps per step that no other rule explains, each shorter than
+`estimate_ms`) is the sum of the launch-starved gaps per step (as above), each shorter than
 `max_gap_ms` (longer gaps are host work, not launch overhead). That is what a captured CUDA
 graph, which launches back to back, would remove; parts of a step that cannot be captured
 keep their gaps, so this is an upper bound and the confidence is medium.
@@ -70,18 +72,16 @@ from __future__ import annotations
 from advisor.whatif.changes import graphed
 
 import numpy as np
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     LAUNCH_CALL,
-    intersect,
-    op_tree_of,
+    held_windows,
+    optimizer_step_windows,
     per_step,
     runtime_calls,
-    timeline,
-    timeline_for,
 )
 
 from advisor.engine import Context
-from advisor.metrics.intervals import merge
+from advisor.metrics.intervals import intersect, merge, subtract
 
 ID = "launch-bound"
 TITLE = "The GPU waits for the host to launch kernels"
@@ -101,7 +101,7 @@ def check(ctx: Context):
     m = ctx.metrics
     if not m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0:
         return None
-    base = timeline(m)
+    base = ctx.timeline
     k = m.kernels
     k = k[base.in_steps(k["ts"].to_numpy(np.int64))]
     per_step_kernels = len(k) / base.n_steps
@@ -109,15 +109,17 @@ def check(ctx: Context):
     if per_step_kernels < ctx.options["min_kernels_per_step"] or median_us > ctx.options["max_median_kernel_us"]:
         return None
 
-    # Short starved gaps inside the steps, with the time other rules claim taken out.
+    # Short starved gaps inside the steps.
     gs, ge = base.starved_s, base.starved_e
     short = (ge - gs) < ctx.options["max_gap_ms"] * 1e6
     gs, ge = gs[short], ge[short]
     ss, se = merge(base.step_s, base.step_e)
     gs, ge = intersect(gs, ge, ss, se)
-    tree = op_tree_of(ctx.metrics)
-    tl = timeline_for(ID, base, tree)
-    fs, fe = intersect(gs, ge, tl.starved_s, tl.starved_e)
+    tl = base
+    # Idle time while the host was held in a sync, a pageable copy or an allocator call is
+    # that call's (the device waited for it), and the optimizer's step runs outside the model
+    # that the fix graphs: neither is launch overhead a graph removes.
+    fs, fe = subtract(*subtract(gs, ge, *held_windows(tl)), *optimizer_step_windows(tl))
     gap_ns = float((fe - fs).sum())
     saving = per_step(gap_ns, tl)
     if saving / ctx.step_ms < ctx.options["min_share"]:

@@ -73,15 +73,12 @@ from advisor.whatif.changes import device_rows_of, host_work_share, runtime_rows
 
 import numpy as np
 import pandas as pd
-from advisor.rules._host_device import (
-    MIN_OPTIMIZER_LAUNCHES,
+from advisor.metrics.host_device import (
     launches_in_spans,
     op_tree_of,
     optimizer_dispatch_windows,
     per_parameter_optimizer_steps,
     per_step,
-    timeline,
-    timeline_for,
 )
 
 from advisor.engine import Context
@@ -90,7 +87,7 @@ from advisor.metrics.source import source_lines
 ID = "single-tensor-optimizer"
 TITLE = "The optimizer launches kernels one parameter at a time"
 DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
-DEFAULTS = {"min_share": 0.003, "min_launches": MIN_OPTIMIZER_LAUNCHES}
+DEFAULTS = {"min_share": 0.003, "min_launches": 50}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs
 KERNEL_FIXED_COST_NS = 2_000
 # Tensors one multi-tensor kernel takes: PyTorch's multi_tensor_apply packs at most
@@ -108,11 +105,11 @@ def check(ctx: Context):
     if not m.has_device or ctx.step_ms <= 0:
         return None
     tree = op_tree_of(ctx.metrics)
-    base = timeline(m)
+    base = ctx.timeline
     spans = per_parameter_optimizer_steps(base, tree, int(ctx.options["min_launches"]))
     if len(spans) == 0:
         return None
-    tl = timeline_for(ID, base, tree)
+    tl = base
     lk = launches_in_spans(tl, tree, spans["pos"].to_numpy())
     k_dur = lk["k_dur"].fillna(0).to_numpy(np.float64)
     fixed_ns = float(np.minimum(k_dur, KERNEL_FIXED_COST_NS).sum())

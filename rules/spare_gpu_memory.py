@@ -71,13 +71,13 @@ from advisor.whatif.changes import batch_growth, scale_device
 from advisor.whatif.savings import dataloader_spans
 
 import math
-import re
 
 import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import STEP_NAME, _matches
 from advisor.metrics.compute import kernel_exposure, launched_inside, step_kernels
+from advisor.metrics.host_device import OPTIMIZER_SPAN
 from advisor.metrics.intervals import covers, merge, sorted_unique
 from advisor.metrics.memory_use import FACTS, LOWER_BOUND, memory_use
 
@@ -91,7 +91,6 @@ AFTER = """loader = DataLoader(train_set, batch_size=4 * batch_size, num_workers
 optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * 4)   # linear scaling, with warm-up
 """
 FIXED_CATEGORIES = ("runtime", "cpu_exec", "other", "memset", "communication")
-OPTIMIZER_SPAN = re.compile(r"^Optimizer\.(step|zero_grad)#")
 
 
 def batch_copy_host_ms(frames, steps) -> float:

@@ -51,13 +51,19 @@ fp16 needs the GradScaler so small gradients survive. On Ampere and newer use
 `dtype=torch.bfloat16` and drop the scaler (bf16 has fp32's range).
 
 ## How the saving is estimated
-Per step: for each eligible kernel that is not half precision, its time times the drop of
-its duration scale factor from TF32 to bf16 (`metrics.precision.precision_speedup`: 1/speed-up
-of its family), times the share of kernel time on the timeline. On Hopper the speed-ups are
-the ratios measured on an H100 (table below: TF32 → bf16 1.27× for GEMMs, 1.34× for
-convolutions, 6.06× for attention, where bf16 reaches cuDNN's flash attention, 3.72× for
-LSTMs); elsewhere, and for pairs not measured, this conservative table (on the whole
-eligible kernel time, casts and layout changes included):
+The fix is replayed on the run's own step graph (`advisor.whatif`): what autocast does to
+this run, from this run's trace.
+
+1. **The kernels.** Each eligible kernel that is not half precision takes its duration times
+   its family's duration scale factor to 16 bit (`metrics.precision.precision_speedup`: 1 /
+   speed-up): fp32 kernels all the way (on an H100, measured: 5.90× for GEMMs, 3.29× for
+   convolutions, 4.23× for LSTMs), TF32 kernels the TF32 → bf16 part (1.27×, 1.34×, 6.06×
+   for attention, where bf16 reaches cuDNN's flash attention, 3.72×). Where TF32 is off for
+   fp32 kernels (what `tf32-disabled` finds), allowing TF32 is the first, one-line step: the
+   fix says so, and the promise is what autocast adds after it, the time TF32 → bf16 takes
+   off those kernels (both fixes replayed together run them at the better rate). GPUs
+   without a measurement use this conservative table (on the whole eligible kernel time,
+   casts and layout changes included):
 
 | architecture | compute capability | fp32 → fp16/bf16 | TF32 → bf16 |
 | --- | --- | --- | --- |
@@ -69,12 +75,32 @@ eligible kernel time, casts and layout changes included):
 | Blackwell | 10.0 | 3.0× | 1.5× |
 | Blackwell RTX 50 | 12.0 | 1.56× | 1.3× |
 
-The datasheet peak ratios are higher (V100 fp16/fp32 8×; A100 bf16/TF32 2×, bf16/fp32 16×):
-2.0× on Volta is what matches the ~1.5× throughput autocast gives a GPU-bound ResNet on a
-V100 with two thirds of its kernel time in convolutions. On Ampere and newer, plain fp32 kernels are first worth TF32's speed-up (the
-`tf32-disabled` rule claims that part); this rule claims only the further TF32 → bf16 part
-of them, so the two never count the same time twice. The estimate assumes the host keeps
-ahead of the GPU once the kernels are faster. Kernels of unknown precision are not counted.
+   The datasheet peak ratios are higher (V100 fp16/fp32 8×; A100 bf16/TF32 2×, bf16/fp32
+   16×): 2.0× on Volta is what matches the ~1.5× throughput autocast gives a GPU-bound ResNet
+   on a V100 with two thirds of its kernel time in convolutions.
+2. **The casts autocast adds** (`metrics.autocast`, traces recorded with input types and
+   shapes). The forward's top-level ops are followed in order: each op of autocast's
+   lower-precision list (linear, matmul, convolution, attention, RNNs) casts its fp32 inputs
+   — its weights and biases always, its activation unless the op before left it in 16 bit —
+   and each op of the fp32 list (layer_norm, losses) casts a 16-bit input back. Every cast of
+   a tensor that needs a gradient adds a `ToCopyBackward0` node to the backward, and a residual
+   add that mixes 16-bit and fp32 tensors casts the gradient of its 16-bit side. On the fp32
+   ViT of `../shared/whatif/h100_vit` this predicts the 190 casts per step its bf16 run
+   recorded. Each cast costs:
+   - the device: its bytes (fp32 read, 16 bit written) at the bandwidth of the run's own
+     device copies (`aten::copy_` kernels of 1 MiB or more), on the stream of the op's kernels;
+   - the host: the run's own median cost of an op that allocates a tensor and launches one
+     copy (`aten::clone`), plus, for a backward cast, of a backward node that passes its
+     gradient on; window figures, scaled like all host time to the unprofiled steps.
+
+The finding says how much of the promise the casts take ("net of ~N ms/step of the casts").
+Where the replay leaves the host on the critical path (a fast GPU, an eager loop), the casts
+and the host's own pace bound what autocast gains: the replayed saving is below the kernels'
+arithmetic (`estimate_ms` in the evidence). The host's pace in a run whose steps the device
+bounds is the least the profiler's cost allows (`advisor.whatif.replay.calibrate`); a host
+slower than that makes autocast gain less than promised. Without input types the casts are
+not modelled and the promise is the kernels' alone. Kernels of unknown precision are not
+counted.
 
 Reference: https://pytorch.org/docs/stable/amp.html
 """
@@ -82,7 +108,7 @@ Reference: https://pytorch.org/docs/stable/amp.html
 from __future__ import annotations
 
 from advisor.whatif import Change
-from advisor.whatif.changes import scale_device
+from advisor.whatif.changes import added_work, scale_device
 
 import numpy as np
 
@@ -93,7 +119,16 @@ from advisor.metrics.compute import (
     kernel_exposure,
     step_kernels,
 )
-from advisor.metrics.precision import FROM_OP, precision_speedup, ratio_table, with_precision_page
+from advisor.metrics.autocast import autocast_casts
+from advisor.metrics.precision import (
+    FROM_OP,
+    TF32_SWITCH_OF_FAMILY,
+    Tf32Switches,
+    precision_speedup,
+    ratio_table,
+    tf32_switches_off,
+    with_precision_page,
+)
 
 __doc__ = with_precision_page(__doc__)
 
@@ -145,16 +180,24 @@ def check(ctx: Context):
     tf32_mask = eligible & (precision == "tf32")
     fp32_ns, tf32_ns = dur[fp32_mask].sum(), dur[tf32_mask].sum()
     target = "bf16" if cap.value >= 8.0 else "fp16"
+    # The kernels autocast moves to 16 bit: fp32 ones all the way, TF32 ones the rest. Where TF32
+    # is off for them (tf32-disabled's finding), allowing TF32 is the first, one-line step, and
+    # this promise is what autocast adds after it: their TF32 -> 16 bit part.
     to_half = precision_speedup(k, target, cap.value).to_numpy()
+    after_tf32 = np.zeros(len(k), dtype=bool)
+    kept = to_half.copy()
+    if arch.tf32_over_fp32 is not None:
+        off = tf32_switches_off(k, Tf32Switches.from_facts(ctx.facts))
+        family = k["family"].astype(str).to_numpy()
+        switch_of = np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
+        after_tf32 = fp32_mask & np.isin(switch_of, list(off))
+        to_tf32 = precision_speedup(k, "tf32", cap.value).to_numpy()
+        kept = np.where(after_tf32, 1.0 - np.maximum(to_tf32 - to_half, 0.0), to_half)  # the time TF32 -> bf16 takes off
+    per_kernel = dur * (1 - kept)
     if arch.tf32_over_fp32 is None:
-        # No TF32 before Ampere: the whole fp32 → fp16 step is this rule's.
-        per_kernel = dur * (1 - to_half)
         method = f"{arch.half_over_fp32:g}× fp32 → fp16, {arch.name}"
     else:
-        # tf32-disabled claims fp32 → TF32; this rule the rest, TF32 → bf16.
-        to_tf32 = precision_speedup(k, "tf32", cap.value).to_numpy()
-        per_kernel = dur * np.maximum(to_tf32 - to_half, 0.0)
-        method = _method(k, fp32_mask | tf32_mask, dur, table)
+        method = _method(k, fp32_mask & ~after_tf32, tf32_mask | after_tf32, dur, table, target)
     candidates_mask = fp32_mask | tf32_mask
     saved_ns = float(per_kernel[candidates_mask].sum())
     exposure = kernel_exposure(m, k)
@@ -180,6 +223,7 @@ def check(ctx: Context):
         "half_precision_share_of_eligible": round(half_ns / eligible_ns, 4),
         "fp32_eligible_ms_per_step": round(fp32_ns / n_steps / 1e6, 3),
         "tf32_eligible_ms_per_step": round(tf32_ns / n_steps / 1e6, 3),
+        "promised_after_tf32_ms_per_step": round(float(dur[after_tf32].sum()) / n_steps / 1e6, 3),
         "speedup_used": method,
         "kernel_time_by_precision_ms": m.kernel_time_by_precision_ms,
         "precision_from_op_input_types": round(from_op, 4),
@@ -203,33 +247,70 @@ def check(ctx: Context):
     elif bf16:
         fix = "Run the forward pass and the loss under torch.autocast('cuda', dtype=torch.bfloat16); bf16 needs no GradScaler."
         how = "Autocast to bfloat16"
+        if after_tf32.any():
+            fix = "First allow TF32 (see tf32-disabled); then run the forward pass and the loss under torch.autocast('cuda', dtype=torch.bfloat16); bf16 needs no GradScaler."
+            how = "Autocast to bfloat16, after allowing TF32"
     else:
         fix = "Run the forward pass and the loss under torch.autocast('cuda', dtype=torch.float16) and scale the loss with torch.amp.GradScaler."
         how = "Autocast to float16 with a GradScaler"
+    # The fix, replayed: these kernels at the 16-bit rate, plus the casts autocast adds.
+    kernels_change = scale_device(k.index.to_numpy()[candidates_mask], kept[candidates_mask])
+    change, casts_note = kernels_change, ""
+    casts = None if autocast_used else autocast_casts(m)
+    if casts is not None and len(casts.casts):
+        c = casts.casts
+        cast_change = added_work(ctx.frames, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())
+        change = Change.merge([kernels_change, cast_change])
+        full, kernels_only = ctx.replayed_saving(change), ctx.replayed_saving(kernels_change)
+        cost_ms = None if full is None or kernels_only is None else max(kernels_only - full, 0.0)
+        if after_tf32.any():  # autocast alone, TF32 left off: every candidate kernel at the 16-bit rate
+            alone = ctx.replayed_saving(Change.merge([scale_device(k.index.to_numpy()[candidates_mask], to_half[candidates_mask]), cast_change]))
+            if alone is not None:
+                evidence["autocast_without_tf32_replayed_ms"] = round(alone, 3)
+        evidence["autocast_casts"] = {
+            "per_step": round(casts.per_step(), 1),
+            "forward_per_step": round(casts.per_step("forward"), 1),
+            "backward_per_step": round(casts.per_step("backward") + casts.per_step("promote"), 1),
+            "mb_per_step": round(float(c["bytes"].sum()) / casts.n_steps / 1e6, 1),
+            "device_ms_per_step": round(float(casts.device_ns().sum()) / casts.n_steps / 1e6, 3),
+            "copy_bandwidth_gbps": round(casts.bandwidth, 1),
+            "host_ms_per_step_in_window": round(float(casts.host_ns().sum()) / casts.n_steps / 1e6, 3),
+            "host_cost_per_cast_us": {"copy_op": round(casts.copy_ns / 1e3, 1), "backward_node": round(casts.node_ns / 1e3, 1)},
+            "replayed_cost_ms_per_step": None if cost_ms is None else round(cost_ms, 3),
+        }
+        cost = f"~{cost_ms:.1f} ms/step of" if cost_ms is not None else "the cost of"
+        casts_note = (
+            f" The promise is net of {cost} the {casts.per_step():.0f} casts per step autocast adds "
+            f"({casts.per_step('forward'):.0f} in the forward pass, the rest in the backward), replayed at this run's own cost of a copy op."
+        )
     message = (
         f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms/step) is convolution/matmul work that can use "
-        f"Tensor Cores, yet {state} on {gpu}. {how}: ~{saving_ms:.1f} ms/step ({method})."
+        f"Tensor Cores, yet {state} on {gpu}. {how}: ~{saving_ms:.1f} ms/step ({method}).{casts_note}"
     )
     if names_only:
         message += " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
     confidence = "high" if cap.source in ("trace", "facts") else "medium"
     if names_only and cap.value >= 8.0:
         confidence = "medium" if confidence == "high" else "low"  # TF32 or fp32 is then a guess from names
-    # The fix, replayed: these kernels lose what this rule claims of them (all of fp32 -> half
-    # without TF32; with it, the TF32 -> half part, tf32-disabled's fix holding the rest).
-    kept = to_half if arch.tf32_over_fp32 is None else 1.0 - np.maximum(to_tf32 - to_half, 0.0)
-    change = scale_device(k.index.to_numpy()[candidates_mask], kept[candidates_mask])
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16, change=change)
 
 
-def _method(k, mask, dur, table) -> str:
-    """The TF32 → bf16 speed-ups used, per family, weighted by the time they apply to."""
+def _method(k, fp32_mask, tf32_mask, dur, table, target: str) -> str:
+    """The speed-ups used, per source precision and family, largest time first."""
     family = k["family"].astype(str).to_numpy()
-    parts = []
-    for f in ("gemm", "attention", "conv", "rnn"):
-        if (mask & (family == f)).any():
-            ratio, source = table.ratio(f, "tf32", "bf16")
-            parts.append((dur[mask & (family == f)].sum(), f"{f} {ratio:g}×", source))
-    parts.sort(key=lambda p: -p[0])
-    where = f"measured on an {table.measured_on}" if any(p[2] == "measured" for p in parts) else f"conservative, {table.arch.name}"
-    return "TF32 → bf16 " + ", ".join(p[1] for p in parts) + f", {where}"
+    groups = []
+    sources = []
+    for source, mask, label in (("fp32-fma", fp32_mask, "fp32"), ("tf32", tf32_mask, "TF32")):
+        parts = []
+        for f in ("gemm", "attention", "conv", "rnn"):
+            sel = mask & (family == f)
+            if sel.any():
+                ratio, how = table.ratio(f, source, target)
+                parts.append((dur[sel].sum(), f"{f} {ratio:g}×"))
+                sources.append(how)
+        if parts:
+            parts.sort(key=lambda p: -p[0])
+            groups.append((sum(p[0] for p in parts), f"{label} → {target} " + ", ".join(p[1] for p in parts)))
+    groups.sort(key=lambda g: -g[0])
+    where = f"measured on an {table.measured_on}" if "measured" in sources else f"conservative, {table.arch.name}"
+    return "; ".join(g[1] for g in groups) + f", {where}"

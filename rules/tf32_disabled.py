@@ -53,9 +53,11 @@ conservative table elsewhere (the datasheet ratios are 2-8×):
 | Blackwell RTX 50 | 12.0 | 1.2× |
 
 Kernel time is not inflated by the profiler, so the saving is not scaled to the unprofiled
-steps. The further TF32 → bf16 step belongs to `tensor-cores-unused`, which counts only
-that part of the same kernels, so the two never count the same time twice. Both go through
-`metrics.precision.precision_speedup`, the per-kernel duration scale factor.
+steps. `tensor-cores-unused` promises what autocast gives the same kernels from the run as it
+is (fp32 → bf16, net of autocast's casts); both go through
+`metrics.precision.precision_speedup`, the per-kernel duration scale factor, and when both
+fixes are replayed together each kernel runs at the better of the two rates, so the same
+time is never saved twice.
 
 Reference: https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices
 """
@@ -73,7 +75,15 @@ from advisor.metrics.compute import (
     kernel_exposure,
     step_kernels,
 )
-from advisor.metrics.precision import FROM_OP, Tf32Switches, precision_speedup, ratio_table, with_precision_page
+from advisor.metrics.precision import (
+    FROM_OP,
+    TF32_SWITCH_OF_FAMILY,
+    Tf32Switches,
+    precision_speedup,
+    ratio_table,
+    tf32_switches_off,
+    with_precision_page,
+)
 
 __doc__ = with_precision_page(__doc__)
 
@@ -85,8 +95,7 @@ FIX = 'Allow TF32: torch.set_float32_matmul_precision("high") for matmuls, torch
 AFTER = """torch.set_float32_matmul_precision("high")   # same as torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True       # convolutions (PyTorch's default)
 """
-# Which switch governs each kernel family.
-SWITCH_OF_FAMILY = {"gemm": "matmul", "attention": "matmul", "conv": "cudnn", "rnn": "cudnn"}
+SWITCH_OF_FAMILY = TF32_SWITCH_OF_FAMILY  # which switch governs each kernel family
 WHAT = {"gemm": "matmuls", "attention": "attention", "conv": "convolutions", "rnn": "RNNs"}
 
 
@@ -107,22 +116,10 @@ def check(ctx: Context):
     precision = k["precision"].astype(str).to_numpy()
     switch_of = np.array([SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
     fp32 = (precision == "fp32-fma") & (switch_of != "")
-    # TF32 kernels that show a switch is on: PyTorch's fp32 memory-efficient attention runs
-    # TF32 whatever the switch says, so attention is no evidence of it.
-    tf32 = (precision == "tf32") & (family != "attention")
     dur = k["dur"].to_numpy(np.float64)
     recorded = Tf32Switches.from_facts(ctx.facts)
     switches = {"matmul": recorded.matmul, "cudnn": recorded.cudnn}
-
-    off = {}
-    for name, switch in switches.items():
-        mine = switch_of == name
-        if dur[fp32 & mine].sum() <= 0:
-            continue
-        has_tf32 = bool((tf32 & mine).any())
-        if switch is True or (switch is None and has_tf32):
-            continue  # TF32 is allowed; the library chose fp32 kernels for these shapes
-        off[name] = has_tf32
+    off = tf32_switches_off(k, recorded)
     if not off:
         return None
     chosen = fp32 & np.isin(switch_of, list(off))

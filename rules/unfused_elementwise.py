@@ -80,6 +80,7 @@ from advisor.metrics.compute import (
     launched_inside,
     step_kernels,
 )
+from advisor.metrics.host_device import OPTIMIZER_SPAN
 
 ID = "unfused-elementwise"
 TITLE = "Eager elementwise kernels dominate: nothing is fused"
@@ -100,7 +101,6 @@ COMPILED_REGION = re.compile(
     r"Torch-Compiled Region|torch-compiled region|## Call CompiledFxGraph)",
     re.IGNORECASE,
 )
-OPTIMIZER_SPAN = re.compile(r"^Optimizer\.(step|zero_grad)#")
 
 
 def compiled_regions_ran(ctx: Context) -> bool:

@@ -46,7 +46,7 @@ from __future__ import annotations
 from advisor.whatif.changes import remove_launches
 
 import numpy as np
-from advisor.rules._host_device import (
+from advisor.metrics.host_device import (
     candidates,
     launches_in_spans,
     per_step,
@@ -67,7 +67,7 @@ AFTER = """optimizer.zero_grad(set_to_none=True)
 
 
 def check(ctx: Context):
-    found = candidates(ctx, ID, zero_grad_memsets)
+    found = candidates(ctx.timeline, zero_grad_memsets)
     if found is None:
         return None
     spans, tl, tree = found

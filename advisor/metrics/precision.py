@@ -263,6 +263,33 @@ class Tf32Switches:
         return self.cudnn if family in ("conv", "rnn") else self.matmul
 
 
+# Which TF32 switch governs each kernel family.
+TF32_SWITCH_OF_FAMILY = {"gemm": "matmul", "attention": "matmul", "conv": "cudnn", "rnn": "cudnn"}
+
+
+def tf32_switches_off(kernels: pd.DataFrame, switches: Tf32Switches) -> dict[str, bool]:
+    """The TF32 switches ("matmul", "cudnn") that look off, each with whether TF32 kernels of its
+    families ran: fp32 FMA matrix kernels of its families ran, and the facts file says it is
+    off, or says nothing and no TF32 kernel of those families ran. PyTorch's fp32
+    memory-efficient attention runs TF32 whatever the switch says: no evidence either way."""
+    family = kernels["family"].astype(str).to_numpy()
+    precision = kernels["precision"].astype(str).to_numpy()
+    dur = kernels["dur"].to_numpy(np.float64)
+    switch_of = np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
+    fp32 = (precision == "fp32-fma") & (switch_of != "")
+    tf32 = (precision == "tf32") & (family != "attention")
+    off = {}
+    for name, switch in (("matmul", switches.matmul), ("cudnn", switches.cudnn)):
+        mine = switch_of == name
+        if dur[fp32 & mine].sum() <= 0:
+            continue
+        has_tf32 = bool((tf32 & mine).any())
+        if switch is True or (switch is None and has_tf32):
+            continue  # TF32 is allowed; the library chose fp32 kernels for these shapes
+        off[name] = has_tf32
+    return off
+
+
 # --- the classifier ---------------------------------------------------------------------------
 def _runs_on_tensor_cores(precision: str, capability: float | None) -> bool:
     least = TENSOR_CORE_MIN_CAPABILITY.get(precision)
@@ -490,6 +517,8 @@ __all__ = [
     "FAMILIES",
     "TARGETS",
     "Tf32Switches",
+    "TF32_SWITCH_OF_FAMILY",
+    "tf32_switches_off",
     "NameReading",
     "read_kernel_name",
     "function_part",

@@ -96,6 +96,32 @@ def graphed(frames: TraceFrames, device_rows, host_windows=None, host_share: flo
     return change
 
 
+def added_work(frames: TraceFrames, ts, host_ns, device_ns=None) -> Change:
+    """Work a fix adds (autocast's casts): `host_ns` of host time (window figures) at each host
+    time `ts`, and `device_ns` on the stream of the first device op launched at or after it."""
+    ts = np.asarray(ts, dtype=np.int64)
+    change = Change(host_add=[(ts, np.asarray(host_ns, dtype=np.float64))])
+    if device_ns is None or len(ts) == 0:
+        return change
+    dev = frames.device
+    rt = frames.runtime
+    corr_dev = dev["correlation"].to_numpy(np.int64)
+    first_row = pd.Series(np.arange(len(dev)), index=corr_dev)
+    first_row = first_row[(first_row.index >= 0) & ~first_row.index.duplicated(keep="first")]
+    row = first_row.reindex(rt["correlation"].to_numpy(np.int64)).to_numpy()
+    launched = ~np.isnan(row)
+    if not launched.any():
+        return change
+    launch_ts = rt["ts"].to_numpy(np.int64)[launched]
+    order = np.argsort(launch_ts, kind="stable")
+    launch_ts, rows = launch_ts[order], row[launched][order].astype(np.int64)
+    j = np.searchsorted(launch_ts, ts, side="left")
+    ok = j < len(launch_ts)
+    added = pd.Series(np.asarray(device_ns, dtype=np.float64)[ok]).groupby(rows[j[ok]]).sum()
+    change.device_add = {int(r): float(v) for r, v in added.items() if v > 0}
+    return change
+
+
 def host_work_share(frames: TraceFrames, steps: pd.DataFrame, starts, ends, fraction: float = 1.0) -> float:
     """Share of the steps' own host work (the host spans of the steps less the DataLoader's
     wait, which is measured on its own) that removing `fraction` of these windows takes away.

@@ -45,6 +45,11 @@ class Change:
       region): their stream gaps close and their launch latency is the stream's.
     - `per_sample`: the step processes this many times the samples (a larger batch); the
       saving is reported per current step, so the replayed step is divided by it.
+    - `host_add`: (ts, ns) arrays of host work the fix adds (autocast's casts): each `ns`, a
+      window figure scaled like every other host time, lengthens the gap before the first
+      host node at or after its `ts`.
+    - `device_add`: device row -> ns of work the fix adds on that op's stream just before it
+      (a cast kernel before the op that needs it), whatever the op's own scale.
     - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
       time that neither the calibrated host nor the device places, `RankReplay`) that the
       fix takes away: host time on the critical path the replay cannot locate, so a fix
@@ -63,6 +68,8 @@ class Change:
     # (start, end, factor) windows of host time measured on their own (the DataLoader's wait
     # against the unprofiled steps'): scaled by their factor instead of host_scale.
     host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
+    host_add: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    device_add: dict[int, float] = field(default_factory=dict)
     remainder_share: float = 0.0
 
     @classmethod
@@ -80,6 +87,9 @@ class Change:
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
+            out.host_add += c.host_add
+            for k, v in c.device_add.items():
+                out.device_add[k] = max(out.device_add.get(k, 0.0), v)  # the same casts do not stack
             out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
         return out
 
@@ -155,6 +165,12 @@ def _effective(g: StepGraph, change: Change):
                 added -= ov * frac  # a negative fraction adds host time (more samples per step)
         removed -= added * kept  # time a fix removes is not added back by a larger batch
         gap = np.maximum(gap - removed, 0.0)
+    if change.host_add:
+        at = np.concatenate([np.asarray(t, dtype=np.int64) for t, _ in change.host_add])
+        ns = np.concatenate([np.asarray(n, dtype=np.float64) for _, n in change.host_add])
+        node = np.searchsorted(g.h_ts, at, side="left")
+        ok = node < len(gap)
+        np.add.at(gap, node[ok], ns[ok] * scale)
     dur = g.h_dur.astype(np.float64) * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row
@@ -175,7 +191,7 @@ def _effective(g: StepGraph, change: Change):
     d_dur = g.d_dur.astype(np.float64) * change.device_scale_all
     delay = g.d_delay.astype(np.float64)
     d_gap = g.d_gap.astype(np.float64)
-    if change.device_scale or change.tight_launch:
+    if change.device_scale or change.tight_launch or change.device_add:
         pos_of = np.full(int(g.device_row.max()) + 1 if len(g.device_row) else 0, -1, dtype=np.int64)
         pos_of[g.device_row] = np.arange(len(g.device_row))
         if change.device_scale:
@@ -183,6 +199,12 @@ def _effective(g: StepGraph, change: Change):
             f = np.fromiter(change.device_scale.values(), dtype=np.float64, count=len(change.device_scale))
             okr = (r >= 0) & (r < len(pos_of))
             d_dur[pos_of[r[okr]]] *= f[okr]
+        if change.device_add:
+            r = np.fromiter(change.device_add.keys(), dtype=np.int64, count=len(change.device_add))
+            ns = np.fromiter(change.device_add.values(), dtype=np.float64, count=len(change.device_add))
+            okr = (r >= 0) & (r < len(pos_of))
+            p = pos_of[r[okr]]
+            np.add.at(d_dur, p[p >= 0], ns[okr][p >= 0])
         if change.tight_launch:
             r = np.fromiter(change.tight_launch, dtype=np.int64, count=len(change.tight_launch))
             p = pos_of[r[(r >= 0) & (r < len(pos_of))]]

@@ -1,11 +1,11 @@
-"""Shared measurements for the rules about the host and the device waiting on each other.
+"""Measurements of the host and the device waiting on each other, shared by several rules.
 
-Not a rule (the leading underscore keeps it out of the catalog). The copy, sync, launch,
-optimizer and allocator rules all ask the same questions of a trace — which host op launched
-this copy, was the device idle while the host sat in this call, which device idle time is
-already explained by another rule — and they must answer them the same way, so that no two
-rules claim the same milliseconds. Everything here is a function of the trace frames and the
-step spans; the op tree and the idle timeline are built once per rank (Metrics.shared).
+The copy, sync, launch, optimizer and allocator rules all ask the same questions of a trace —
+which host op launched this copy, was the device idle while the host sat in this call, which
+calls are the loop's own waits — and they must answer them the same way. Everything here is a
+function of the trace frames and the step spans; the op tree and the idle timeline are built
+once per rank (Metrics.shared). Rules measure on the rank's one timeline: what a fix saves
+comes from the replay (`advisor.whatif`), which counts each millisecond once by construction.
 
 The cost of a blocking host call is measured the same way everywhere: while the host is stuck
 in the call, the device either works (it drains what was queued) or idles. After the call
@@ -19,7 +19,7 @@ than its own duration, and nothing when the device had a deep enough queue to co
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ from advisor.metrics.breakdown import (
     communication_kernels,
 )
 from advisor.metrics.hierarchy import OpTree, op_tree
-from advisor.metrics.intervals import covers, intersect, merge, overlap_with, sorted_unique, subtract  # noqa: F401 (rules import them from here)
+from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique, subtract
 from advisor.metrics.summary import Metrics
 
 SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
@@ -45,6 +45,8 @@ ATEN_OP = re.compile(r"^aten::")
 ZERO_GRAD_SPAN = re.compile(r"zero_grad", re.IGNORECASE)
 ZERO_OP = re.compile(r"^aten::(zero_|fill_|_foreach_zero_|zeros_like|_foreach_fill_)$")
 OPTIMIZER_STEP_SPAN = re.compile(r"^Optimizer\.step#")
+# The optimizer's own spans (step and zero_grad): work outside the model's forward and backward.
+OPTIMIZER_SPAN = re.compile(r"^Optimizer\.(step|zero_grad)#")
 MULTI_TENSOR_OP = re.compile(r"^aten::(_foreach_|_fused_)")
 MULTI_TENSOR_KERNEL = re.compile(r"multi_tensor_apply|_foreach_|fused_adam|FusedAdam|fused_sgd|FusedSGD|_fused_", re.IGNORECASE)
 DATA_PARALLEL_SPAN = re.compile(r"^DataParallel\.forward$")
@@ -70,9 +72,9 @@ class Timeline:
 
     `idle_s/e` is the device's idle time; `starved_s/e` the part of it that ends with work
     the host launched only after the device had gone idle (the device waited for the host,
-    not for a dependency on another stream or rank). Both leave out DataLoader spans when
-    `dataloader-stall` claims them (exposed DataLoader time at or above its default share)
-    and any windows given to `without` (time another rule already claims).
+    not for a dependency on another stream or rank). Both leave out the DataLoader spans
+    when the DataLoader's exposed time is a share of the step at or above `loader_min_share`
+    (the input pipeline's time, reported by `dataloader-stall`).
     """
 
     frames: TraceFrames
@@ -93,12 +95,6 @@ class Timeline:
     @property
     def n_steps(self) -> int:
         return len(self.step_s)
-
-    def without(self, s: np.ndarray, e: np.ndarray) -> "Timeline":
-        """The same timeline with the windows (merged intervals) taken out of idle/starved time."""
-        i_s, i_e = subtract(self.idle_s, self.idle_e, s, e)
-        st_s, st_e = subtract(self.starved_s, self.starved_e, s, e)
-        return replace(self, idle_s=i_s, idle_e=i_e, starved_s=st_s, starved_e=st_e)
 
     def in_host_steps(self, ts: np.ndarray) -> np.ndarray:
         return _in_windows(ts, self.host_s, self.host_e)
@@ -171,27 +167,29 @@ def _in_windows(ts: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
     return ok
 
 
-def _loader_claimed(m: Metrics) -> bool:
-    """Whether `dataloader-stall` claims the DataLoader time (its default threshold is met)."""
-    from advisor.rules.dataloader_stall import DEFAULTS as LOADER_DEFAULTS
-
+def _loader_exposed(m: Metrics, loader_min_share: float | None) -> bool:
+    """Whether the DataLoader's exposed time is at least `loader_min_share` of the step (None: never)."""
     step_ms = m.mean_step_ns / 1e6
-    return step_ms > 0 and m.breakdown_mean_ms["dataloader"] / step_ms >= LOADER_DEFAULTS["min_share"]
+    return loader_min_share is not None and step_ms > 0 and m.breakdown_mean_ms["dataloader"] / step_ms >= loader_min_share
 
 
-def timeline(m: Metrics) -> Timeline:
-    """The rank's idle timeline (shared by every rule that reads it)."""
-    return m.shared("host_device.timeline", lambda: _build_timeline(m))
+def timeline(m: Metrics, loader_min_share: float | None) -> Timeline:
+    """The rank's idle timeline (shared by every rule that reads it).
+
+    `loader_min_share` is `dataloader-stall`'s `min_share` as the user configured it: at or
+    above it the DataLoader's time is the input pipeline's, not idle time another cause explains.
+    """
+    return m.shared(f"host_device.timeline.{loader_min_share}", lambda: _build_timeline(m, loader_min_share))
 
 
-def _build_timeline(m: Metrics) -> Timeline:
+def _build_timeline(m: Metrics, loader_min_share: float | None) -> Timeline:
     f = m.frames
     dev = f.device
     bs, be = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     host = f.host
     dl = host[_matches(host["name"], DATALOADER_NAME)]
-    if not _loader_claimed(m):
-        dl = dl.iloc[:0]  # dataloader-stall will not fire: its time is anyone's
+    if not _loader_exposed(m, loader_min_share):
+        dl = dl.iloc[:0]  # not the input pipeline's share: its idle time is anyone's
     ls, le = merge(dl["ts"].to_numpy(np.int64), dl["end"].to_numpy(np.int64))
     st = m.steps
     hs = st["host_start"].to_numpy(np.int64) if "host_start" in st else st["start"].to_numpy(np.int64)
@@ -283,7 +281,7 @@ def h2d_copies(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
     shapes were recorded), cpu_made (the tensor was made by a factory op on the CPU right
     before: claimed by `cpu-tensor-then-copy`).
     """
-    # Depends only on the steps and the op tree, which every derived timeline shares.
+    # Depends only on the steps and the op tree, not on the timeline's DataLoader threshold.
     return tl.metrics.shared("host_device.h2d_copies", lambda: _h2d_copies(tl, tree if tree is not None else op_tree_of(tl.metrics)))
 
 
@@ -409,8 +407,7 @@ def sync_calls(tl: Timeline, tree: OpTree | None = None) -> pd.DataFrame:
     cause (item, data-dependent shape, python bool, blocking copy, explicit, other), op
     (position of the op that made it, -1 none).
     """
-    # Depends only on the host steps and the op tree, which every derived timeline shares:
-    # `host-sync` and the claims of the rules after it read the same calls.
+    # Depends only on the host steps and the op tree: `host-sync` and `gpu-idle` read the same calls.
     return tl.metrics.shared("host_device.sync_calls", lambda: _sync_calls(tl, tree if tree is not None else op_tree_of(tl.metrics)))
 
 
@@ -519,7 +516,7 @@ def per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int)
     `_foreach_`/`_fused_` op and no multi-tensor kernel. Columns: the span's op row plus pos,
     launches, kernel_ns, optimizer.
     """
-    # Depends only on the host steps and the op tree: the rule and the later rules' claims share it.
+    # Depends only on the host steps and the op tree, not on the timeline's DataLoader threshold.
     return tl.metrics.shared(
         f"host_device.per_parameter_optimizer_steps.{min_launches}", lambda: _per_parameter_optimizer_steps(tl, tree, min_launches)
     )
@@ -626,24 +623,24 @@ def allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFra
     (re-acquiring what was given back); "allocator-churn" for the other calls after the first
     `warmup_steps` steps; "warm-up" for calls during the first steps.
     """
-    # Depends only on the steps and the op tree: the allocator rules and the later claims share it.
+    # Depends only on the steps and the op tree: both allocator rules share it.
     return tl.metrics.shared(f"host_device.allocator_calls.{warmup_steps}", lambda: _allocator_calls(tl, tree, warmup_steps))
 
 
-def owned_allocator_calls(ctx, owner: str, warmup_steps: int) -> tuple[pd.DataFrame, Timeline, OpTree, float] | None:
-    """The allocator calls `owner` claims, with their blocking cost, and its saving per step
-    (None when there are none or they cost less than the rule's `min_share`)."""
-    tree = op_tree_of(ctx.metrics)
-    base = timeline(ctx.metrics)
-    calls = allocator_calls(base, tree, warmup_steps=warmup_steps)
+def owned_allocator_calls(tl: Timeline, owner: str, warmup_steps: int, min_share: float) -> tuple[pd.DataFrame, Timeline, OpTree, float] | None:
+    """The allocator calls `owner` owns, with their blocking cost, and what they cost per step
+    (None when there are none or they cost less than `min_share` of the step)."""
+    m = tl.metrics
+    tree = op_tree_of(m)
+    calls = allocator_calls(tl, tree, warmup_steps=warmup_steps)
     if len(calls) == 0 or not (calls["owner"] == owner).any():
         return None
-    tl = timeline_for("allocator", base, tree)
     cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
     mine = pd.concat([calls, cost], axis=1)
     mine = mine[mine["owner"] == owner]
     saving = per_step(mine["cost"].sum(), tl)
-    if saving <= 0 or saving / ctx.step_ms < ctx.options["min_share"]:
+    step_ms = m.mean_step_ns / 1e6
+    if saving <= 0 or step_ms <= 0 or saving / step_ms < min_share:
         return None
     return mine, tl, tree, saving
 
@@ -695,55 +692,35 @@ def per_step(total_ns: float, tl: Timeline) -> float:
     return float(total_ns) / max(tl.n_steps, 1) / 1e6
 
 
-# --- who claims which idle time -----------------------------------------------------------
-# Device idle time is claimed by the first rule in this order that explains it; every later
-# rule measures on a timeline with the earlier claims taken out, so no two rules count the
-# same milliseconds. (DataLoader spans go to `dataloader-stall` when it claims them.)
-PRECEDENCE = [
-    "h2d-pageable-copy",
-    "cpu-tensor-then-copy",
-    "allocator",  # empty-cache and allocator-churn share the cudaMalloc/cudaFree calls
-    "zero-grad-memset",
-    "single-tensor-optimizer",
-    "data-parallel",
-    "host-sync",
-    "launch-bound",
-]
-MIN_OPTIMIZER_LAUNCHES = 50
+def held_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """Merged windows in which the host was held in a call that waits: a synchronize or a
+    blocking copy to the host (`sync_calls`), a pageable host→device copy (until its call or
+    its stream sync returns), a cudaMalloc/cudaFree. Device idle time inside them is that
+    call's, not time the device spent waiting for the host's next launch."""
+    return tl.metrics.shared("host_device.held_windows", lambda: _held_windows(tl))
 
 
-def _windows(s, e) -> tuple[np.ndarray, np.ndarray]:
-    return merge(np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64))
+def _held_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    tree = op_tree_of(tl.metrics)
+    syncs = sync_calls(tl, tree)
+    copies = h2d_copies(tl, tree)
+    pageable = copies[copies["copy_src"] == "Pageable"]
+    alloc = allocator_calls(tl, tree, warmup_steps=0)
+    s = np.concatenate([syncs["ts"].to_numpy(np.int64), pageable["call_ts"].to_numpy(np.int64), alloc["ts"].to_numpy(np.int64)])
+    e = np.concatenate([syncs["end"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64), alloc["end"].to_numpy(np.int64)])
+    return merge(s, e)
 
 
-def claim(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The windows (merged) whose idle time `rule` counts, measured on `tl`."""
-    if rule in ("h2d-pageable-copy", "cpu-tensor-then-copy"):
-        copies = copies if copies is not None else h2d_copies(tl, tree)
-        if rule == "h2d-pageable-copy":
-            rows = copies[(copies["copy_src"] == "Pageable") & ~copies["cpu_made"]]
-        else:
-            rows = copies[copies["cpu_made"]]
-        cost = tl.blocking_cost(rows["call_ts"].to_numpy(np.int64), rows["block_end"].to_numpy(np.int64))
-        return _windows(rows["call_ts"], cost["after_end"])
-    if rule == "allocator":
-        calls = allocator_calls(tl, tree, warmup_steps=0)
-        cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
-        return _windows(calls["ts"], cost["after_end"])
-    if rule == "zero-grad-memset":
-        z = zero_grad_memsets(tl, tree)
-        return _windows(z["ts"], z["end"])
-    if rule == "single-tensor-optimizer":
-        o = per_parameter_optimizer_steps(tl, tree, MIN_OPTIMIZER_LAUNCHES)
-        return _windows(o["ts"], o["end"])
-    if rule == "data-parallel":
-        d = data_parallel_spans(tl, tree)
-        return _windows(d["ts"], d["end"])
-    if rule == "host-sync":
-        calls = sync_calls(tl, tree)
-        cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64), count_idle_during=False)
-        return _windows(calls["ts"], cost["after_end"])
-    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+def optimizer_step_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """Merged windows of the optimizer's step spans (`Optimizer.step#...`) inside the host's steps."""
+    return tl.metrics.shared("host_device.optimizer_step_windows", lambda: _optimizer_step_windows(tl))
+
+
+def _optimizer_step_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    host = tl.frames.host
+    rows = host[_matches(host["name"], OPTIMIZER_STEP_SPAN)]
+    rows = rows[tl.in_host_steps(rows["ts"].to_numpy(np.int64))]
+    return merge(rows["ts"].to_numpy(np.int64), rows["end"].to_numpy(np.int64))
 
 
 def op_tree_of(m: Metrics) -> OpTree:
@@ -751,33 +728,14 @@ def op_tree_of(m: Metrics) -> OpTree:
     return m.shared("host_device.op_tree", lambda: op_tree(m.frames))
 
 
-def timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None = None) -> Timeline:
-    """`tl` with the idle time of every rule before `rule` in PRECEDENCE taken out."""
-    if copies is None and tl is tl.metrics.derived.get("host_device.timeline"):
-        return tl.metrics.shared(f"host_device.timeline_for.{rule}", lambda: _timeline_for(rule, tl, tree, None))
-    return _timeline_for(rule, tl, tree, copies)
-
-
-def _timeline_for(rule: str, tl: Timeline, tree: OpTree, copies: pd.DataFrame | None) -> Timeline:
-    # Built on the previous rule's timeline, so each claim is measured once per rank.
-    i = PRECEDENCE.index(rule) if rule in PRECEDENCE else len(PRECEDENCE)
-    if i == 0:
-        return tl
-    earlier = PRECEDENCE[i - 1]
-    cur = timeline_for(earlier, tl, tree, copies)
-    s, e = claim(earlier, cur, tree, copies)
-    return cur.without(s, e) if len(s) else cur
-
-
-def candidates(ctx, rule: str, find) -> tuple[pd.DataFrame, Timeline, OpTree] | None:
-    """What a host-side rule starts from: `find(base_timeline, op_tree)`'s rows and the
-    timeline with earlier rules' idle time taken out; None on CPU-only runs or no rows."""
-    m = ctx.metrics
-    if not m.has_device or ctx.step_ms <= 0:
+def candidates(tl: Timeline, find) -> tuple[pd.DataFrame, Timeline, OpTree] | None:
+    """What a host-side rule starts from: `find(timeline, op_tree)`'s rows, the timeline and the
+    op tree; None on CPU-only runs, runs without steps, or no rows."""
+    m = tl.metrics
+    if not m.has_device or m.mean_step_ns <= 0:
         return None
     tree = op_tree_of(m)
-    base = timeline(m)
-    rows = find(base, tree)
+    rows = find(tl, tree)
     if len(rows) == 0:
         return None
-    return rows, timeline_for(rule, base, tree), tree
+    return rows, tl, tree

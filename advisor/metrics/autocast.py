@@ -1,0 +1,258 @@
+"""What `torch.autocast` would add to an fp32 run: its casts, read from the run's own ops.
+
+Autocast runs each op of its lower-precision list (linear, matmul, convolution, attention,
+RNNs) in bf16/fp16 and first casts the op's fp32 tensor inputs; an op of its fp32 list
+(layer_norm, losses, ...) casts 16-bit inputs back to fp32. Each cast is an `aten::to` ->
+`aten::_to_copy`: an allocation and a copy kernel. A cast of a tensor that requires grad adds
+a `ToCopyBackward0` node to the backward, which casts the gradient back; an elementwise op
+that mixes a 16-bit and an fp32 tensor (a residual add) promotes to fp32, and its backward
+casts the gradient of the 16-bit side.
+
+An fp32 trace recorded with `record_shapes=True` holds each op's input types and shapes, not
+which tensor flows where, so the dtype autocast would give the activation is followed along
+the forward's top-level ops in order: an autocast op makes it 16-bit; an fp32-list op, or an
+op with a second floating tensor input (a residual, a position embedding), makes it fp32;
+anything else (views, unary elementwise ops, dropout, reductions) keeps it. The inputs after
+the first of linear, convolution and RNN ops are parameters: fp32, cast every step. Two
+16-bit activations multiplied together read as a promotion: the walk over-counts there.
+
+On the fp32 ViT of `../shared/whatif/h100_vit` this predicts the 190 casts per step its bf16
+run recorded (87 forward, 86 `ToCopyBackward0`, 17 in residual adds' backward).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from advisor.metrics.breakdown import _matches
+from advisor.metrics.hierarchy import OpTree, op_tree
+
+# Ops autocast runs in 16 bit (CUDA's lower-precision list), by the name the trace shows.
+LOWER_PRECISION_OP = re.compile(
+    r"^aten::(conv[123]d|conv_tbc|conv_transpose[123]d|convolution|_convolution|prelu|addmm|addmv|addr|matmul|einsum|mm|mv|"
+    r"linear|addbmm|baddbmm|bmm|chain_matmul|linalg_multi_dot|lstm_cell|gru_cell|rnn_tanh_cell|rnn_relu_cell|lstm|gru|"
+    r"rnn_tanh|rnn_relu|scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*)$"
+)
+# Of those, ops whose inputs after the first are parameters (weights, biases).
+PARAMETER_OP = re.compile(r"^aten::(conv[123]d|conv_tbc|conv_transpose[123]d|convolution|_convolution|prelu|linear|\w+_cell|lstm|gru|rnn_tanh|rnn_relu)$")
+# Ops autocast runs in fp32, casting 16-bit inputs up first.
+FP32_CAST_OP = re.compile(
+    r"^aten::(acos|asin|cosh|erfinv|exp|expm1|log|log10|log2|log1p|reciprocal|rsqrt|sinh|tan|pow|softplus|layer_norm|"
+    r"group_norm|frobenius_norm|nuclear_norm|cosine_similarity|poisson_nll_loss|cosine_embedding_loss|nll_loss|nll_loss2d|"
+    r"nll_loss_nd|hinge_embedding_loss|kl_div|l1_loss|smooth_l1_loss|huber_loss|mse_loss|margin_ranking_loss|"
+    r"multilabel_margin_loss|soft_margin_loss|triplet_margin_loss|multi_margin_loss|binary_cross_entropy_with_logits|"
+    r"dist|pdist|cdist|renorm|logsumexp|cross_entropy_loss)$"
+)
+# Ops autocast asks for an fp32 result without a separate cast (the kernel reads 16 bit).
+FP32_OUTPUT_OP = re.compile(r"^aten::(softmax|log_softmax|_softmax|_log_softmax|sum|prod|cumsum|cumprod|norm)$")
+# Host spans that are not the forward pass: backward nodes, the optimizer, the DataLoader.
+NOT_FORWARD = re.compile(r"^autograd::engine::evaluate_function|^Optimizer\.|DataLoader|^enumerate\(")
+BACKWARD_NODE = re.compile(r"^autograd::engine::evaluate_function: ")
+# Backward nodes that only reshape or pass the gradient on: what running a node costs the host.
+PASS_THROUGH_NODE = re.compile(r"^autograd::engine::evaluate_function: (View|T|Transpose|Clone|Permute|Reshape\w*|Unsqueeze|Squeeze|Expand|Select|Slice|UnsafeView)Backward\d*$")
+# Host ops that allocate a tensor and launch one copy kernel: what a cast costs the host.
+COPY_OP = ("aten::clone", "aten::_to_copy", "aten::copy_")
+DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
+               "bool": 1, "unsigned char": 1, "signed char": 1}
+FLOATING = ("float", "c10::Half", "c10::BFloat16", "double")
+# Copies below this size measure launch latency, not bandwidth.
+MIN_BANDWIDTH_BYTES = 1 << 20
+
+
+@dataclass
+class AutocastCasts:
+    """The casts autocast would add to the run's steps, and what the run says they cost.
+
+    `casts`: one row per cast: `step` (index into metrics.steps), `ts` (host time where it
+    happens: the op that casts, or the start of its step's backward), `kind` ("forward",
+    "backward": a ToCopyBackward0 node, "promote": a 16-bit gradient in a mixed op's
+    backward), `op`, `numel` and `bytes` (fp32 read plus 16-bit written).
+    Costs, as the window measured them: `copy_ns` (median host time of an op that allocates
+    and launches one copy), `node_ns` (median host time of a backward node that only passes
+    its gradient on), `bandwidth` (bytes/ns of the run's own device copies; 0 when unknown).
+    """
+
+    casts: pd.DataFrame
+    copy_ns: float
+    node_ns: float
+    bandwidth: float
+    n_steps: int
+
+    def host_ns(self) -> np.ndarray:
+        """Window host time of each cast: a copy op, plus a backward node for ToCopyBackward0."""
+        kind = self.casts["kind"].to_numpy()
+        return np.where(kind == "backward", self.copy_ns + self.node_ns, self.copy_ns)
+
+    def device_ns(self) -> np.ndarray:
+        """Device time of each cast: its bytes at the run's own copy bandwidth."""
+        if self.bandwidth <= 0:
+            return np.zeros(len(self.casts))
+        return self.casts["bytes"].to_numpy(np.float64) / self.bandwidth
+
+    def per_step(self, kind: str | None = None) -> float:
+        n = len(self.casts) if kind is None else int((self.casts["kind"] == kind).sum())
+        return n / max(self.n_steps, 1)
+
+
+@lru_cache(maxsize=8192)
+def _types(text: str) -> tuple[str, ...]:
+    try:
+        out = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return ()
+    return tuple(t if isinstance(t, str) else "" for t in out) if isinstance(out, list) else ()
+
+
+def _numel(dims) -> int:
+    if not isinstance(dims, list) or any(not isinstance(d, int) for d in dims):
+        return 0
+    return int(np.prod(dims)) if dims else 1
+
+
+def _float_inputs(types: tuple[str, ...], dims) -> list[tuple[int, int, int]]:
+    """(position, number of dimensions, numel) of the floating tensor inputs."""
+    dims = dims if isinstance(dims, list) else []
+    out = []
+    for i, t in enumerate(types):
+        if t in FLOATING and i < len(dims) and isinstance(dims[i], list):
+            n = _numel(dims[i])
+            if n > 0:
+                out.append((i, len(dims[i]), n))
+    return out
+
+
+def autocast_casts(metrics, half_bytes: int = 2) -> AutocastCasts | None:
+    """The casts autocast would add per step (see the module docstring); None without op shapes."""
+    return metrics.shared(f"autocast.casts.{half_bytes}", lambda: _autocast_casts(metrics, half_bytes))
+
+
+def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
+    steps = metrics.steps
+    tree = metrics.shared("host_device.op_tree", lambda: op_tree(metrics.frames))
+    ops = tree.ops
+    if len(ops) == 0 or len(steps) == 0 or "input_types" not in ops:
+        return None
+    types_text = ops["input_types"].astype(object).where(ops["input_types"].notna(), "").astype(str).to_numpy()
+    if not (types_text != "").any():
+        return None  # recorded without record_shapes: no input types to follow
+    is_op = (ops["kind"].astype(str) == "op").to_numpy()
+    parent = np.clip(tree.parent, 0, None)
+    op_above = np.where(tree.parent >= 0, tree.nearest_ancestor(parent, is_op), -1)
+    excluded = tree.nearest_ancestor(np.arange(len(ops)), tree.mask(NOT_FORWARD)) >= 0
+    ts = ops["ts"].to_numpy(np.int64)
+    hs, he = steps["host_start"].to_numpy(np.int64), steps["host_end"].to_numpy(np.int64)
+    step = np.searchsorted(hs, ts, side="right") - 1
+    in_step = (step >= 0) & (ts < he[np.clip(step, 0, None)])
+    top = np.nonzero(is_op & (op_above < 0) & ~excluded & in_step)[0]
+    names = ops["name"].astype(str).to_numpy()
+    lower = _matches(ops["name"], LOWER_PRECISION_OP)
+    param_op = _matches(ops["name"], PARAMETER_OP)
+    fp32_cast = _matches(ops["name"], FP32_CAST_OP)
+    fp32_out = _matches(ops["name"], FP32_OUTPUT_OP)
+    # Where each step's backward starts (backward casts happen there), else its forward op.
+    nodes = np.nonzero(tree.mask(BACKWARD_NODE) & in_step)[0]
+    bw_start = np.full(len(steps), -1, dtype=np.int64)
+    if len(nodes):
+        first = pd.Series(ts[nodes]).groupby(step[nodes]).min()
+        bw_start[first.index.to_numpy()] = first.to_numpy()
+    dims = ops["input_dims"].to_numpy()
+    rows: list[tuple[int, int, str, str, int]] = []
+    per_elem = 4 + half_bytes
+    for s in np.unique(step[top]):
+        low = False  # the activation's dtype under autocast: 16 bit or fp32 (data arrive in fp32)
+        touched = False  # a parameter or a second tensor has joined: activations require grad
+        back = int(bw_start[s])
+        for i in top[step[top] == s]:
+            inputs = _float_inputs(_types(types_text[i]), dims[i])
+            if not inputs:
+                continue
+            t, name = int(ts[i]), names[i]
+            back_ts = back if back >= 0 else t
+            if lower[i]:
+                for pos, _, n in inputs:
+                    parameter = param_op[i] and pos > 0
+                    if parameter or not low:
+                        rows.append((s, t, "forward", name, n))
+                        if parameter or touched:
+                            rows.append((s, back_ts, "backward", name, n))
+                low, touched = True, True
+            elif fp32_cast[i]:
+                if low:
+                    pos, _, n = inputs[0]
+                    rows.append((s, t, "forward", name, n))
+                    if touched:
+                        rows.append((s, back_ts, "backward", name, n))
+                low = False
+            elif fp32_out[i]:
+                low = False
+            elif sum(1 for _, ndim, _ in inputs if ndim > 0) >= 2:  # a 0-dim tensor does not promote
+                if low and touched:
+                    rows.append((s, back_ts, "promote", name, inputs[0][2]))
+                low, touched = False, True
+    casts = pd.DataFrame(rows, columns=["step", "ts", "kind", "op", "numel"])
+    casts["bytes"] = casts["numel"].astype(np.int64) * per_elem
+    return AutocastCasts(casts, _copy_ns(tree, in_step), _node_ns(tree, in_step), _copy_bandwidth(metrics, tree, types_text), len(steps))
+
+
+def _median_ns(tree: OpTree, mask: np.ndarray) -> float:
+    d = (tree.ops["end"].to_numpy(np.int64) - tree.ops["ts"].to_numpy(np.int64))[mask]
+    return float(np.median(d)) if len(d) else 0.0
+
+
+def _copy_ns(tree: OpTree, in_step: np.ndarray) -> float:
+    names = tree.ops["name"].astype(str).to_numpy()
+    for name in COPY_OP:
+        cost = _median_ns(tree, (names == name) & in_step)
+        if cost > 0:
+            return cost
+    return 0.0
+
+
+def _node_ns(tree: OpTree, in_step: np.ndarray) -> float:
+    cost = _median_ns(tree, tree.mask(PASS_THROUGH_NODE) & in_step)
+    return cost if cost > 0 else _median_ns(tree, tree.mask(BACKWARD_NODE) & in_step)
+
+
+def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
+    """Bytes per ns of the run's own device-to-device copy kernels (`aten::copy_`, 1 MiB or more)."""
+    ops = tree.ops
+    names = ops["name"].astype(str).to_numpy()
+    sel = np.nonzero(names == "aten::copy_")[0]
+    if len(sel) == 0:
+        return 0.0
+    dims = ops["input_dims"].to_numpy()
+    nbytes = np.array(
+        [sum(DTYPE_BYTES.get(t, 0) * _numel(d) for t, d in zip(_types(types_text[i])[:2], (dims[i] or [])[:2])) for i in sel],
+        dtype=np.float64,
+    )
+    keep = nbytes >= MIN_BANDWIDTH_BYTES
+    sel, nbytes = sel[keep], nbytes[keep]
+    if len(sel) == 0:
+        return 0.0
+    lk = metrics.launches
+    lk = lk[(lk["kind"].astype(str) == "kernel").to_numpy() & lk["launch_ts"].notna().to_numpy()]
+    if len(lk) == 0:
+        return 0.0
+    order = np.argsort(lk["launch_ts"].to_numpy(np.float64), kind="stable")
+    launch_ts = lk["launch_ts"].to_numpy(np.float64)[order]
+    launch_tid = lk["launch_tid"].astype(str).to_numpy()[order]
+    dur = (lk["end"].to_numpy(np.int64) - lk["ts"].to_numpy(np.int64))[order]
+    op_ts, op_end = ops["ts"].to_numpy(np.int64)[sel], ops["end"].to_numpy(np.int64)[sel]
+    op_tid = tree.thread[sel]
+    total_b = total_ns = 0.0
+    for t in pd.unique(op_tid):
+        mine = launch_tid == t
+        lts, ldur = launch_ts[mine], dur[mine]
+        at = op_tid == t
+        j = np.searchsorted(lts, op_ts[at], side="left")
+        ok = j < len(lts)
+        ok[ok] = lts[j[ok]] < op_end[at][ok]
+        total_b += float(nbytes[at][ok].sum())
+        total_ns += float(ldur[j[ok]].sum())
+    return total_b / total_ns if total_ns > 0 else 0.0
