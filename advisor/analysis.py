@@ -45,6 +45,9 @@ class Analysis:
     findings: list[Finding]
     warnings: list[str] = field(default_factory=list)
     whatif: list[RankWhatIf] = field(default_factory=list)  # replayed step per rank (advisor.whatif)
+    # The user's rule options it was analysed with: a renderer that states a rank's fixes
+    # again (the HTML timeline of the replayed step) states them as the report did.
+    rule_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def headline(self) -> RankWhatIf | None:
         """The slowest rank's replay: its measured step and the step with every fix replayed."""
@@ -501,7 +504,7 @@ def analyze(
             if any(JOB_SPLIT_NOTE in w for w in hit.warnings):
                 chosen = {m.frames.path for m in hit.ranks}
                 run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
-            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif)
+            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif, rule_options=config.rule_options)
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)  # bad ids fail here, once
     started = time.perf_counter()
     fact_warnings: list[str] = []
@@ -541,7 +544,7 @@ def analyze(
         # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
         if key.parsed_as_keyed(results):
             write_analysis(run_files, key, metrics, findings, warnings, whatif)
-    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif)
+    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif, rule_options=config.rule_options)
 
 
 def _cache_key(run: RunFiles, config: Config, select: list[str], ignore: list[str], rules_dir: str | Path | None) -> AnalysisKey | None:

@@ -158,6 +158,40 @@ def test_timeline_shows_the_median_step_and_its_idle_time(nw0_analysis, nw0_html
         assert f">{label}</text>" in nw0_html
 
 
+def test_timeline_shows_the_replayed_step_beside_the_measured_one(nw0_analysis, nw0_html):
+    from advisor.whatif.replay import Change, replay, replay_step
+    from advisor.whatif.savings import rank_replay
+
+    m = nw0_analysis.primary
+    r = rank_replay(m, nw0_analysis.run_facts())
+    base = replay_step(r.graph, r.base)
+    # The replay of the unchanged graph is the measured run: the replayed median step lasts
+    # what the measured median step lasts (within the replay's 3%), and its device ops keep
+    # the durations the trace measured.
+    measured = float(np.median(m.steps["duration"].to_numpy()))
+    assert base.duration_ns == pytest.approx(measured, rel=0.03)
+    dur = m.frames.device["dur"].to_numpy(np.int64)[base.device_row]
+    assert len(dur) > 100 and np.abs((base.device_end - base.device_start) - dur).max() <= 1
+    # With every fix of the headline, the drawn step is the one the replay times.
+    head = nw0_analysis.headline()
+    assert head.fixes
+    from advisor.engine import all_rules, check_rank_rules
+
+    stated = check_rank_rules([x for x in all_rules() if x.id in head.fixes], m, None)
+    change = Change.merge([r.base, *[f.change for f in stated if f.change is not None]])
+    fixed = replay_step(r.graph, change)
+    assert fixed.duration_ns / fixed.per_sample == pytest.approx(replay(r.graph, change).step_ns[fixed.index], abs=1)
+    assert fixed.duration_ns / fixed.per_sample < 0.6 * base.duration_ns  # the fixes' headline: well under the step
+    for heading in ("Replayed step", "Replayed step with every fix"):
+        assert f">{heading}</h3>" in nw0_html
+    # Every trace string in the replayed charts is text: kernel names such as
+    # `void at::native::...<float>` come out escaped, and only the chart's own tags remain.
+    part = nw0_html[nw0_html.index('id="timeline-replayed-0"') : nw0_html.index("<h2", nw0_html.index('id="timeline-replayed-0"'))]
+    assert "&lt;" in part
+    tags = set(re.findall(r"<([A-Za-z][\w-]*)", part))
+    assert tags <= {"h3", "p", "div", "button", "svg", "defs", "pattern", "rect", "text", "title", "g", "line", "ul", "li", "span"}
+
+
 def test_memory_curve_of_an_old_trace_is_the_running_sum_of_allocations(nw0_html):
     """nw0 (2021 schema) records each allocation's size only; its peak running sum on the GPU
     is computed here from the raw [memory] events."""

@@ -26,7 +26,7 @@ from advisor.metrics.summary import Metrics
 from advisor.render import svg
 from advisor.render.demangle import demangle
 from advisor.render.fmt import esc, finding_rank, fmt_bytes, ms, pct, short_value, throughput
-from advisor.render.timeline import step_timeline
+from advisor.render.timeline import StepTimeline, replayed_timeline, step_timeline
 
 TOP_KERNELS = 40
 TOP_OPS = 30
@@ -234,19 +234,69 @@ def _timeline(a: Analysis) -> str:
     tl = step_timeline(m)
     if tl is None:
         return out[0] + "<p>No steps found in the trace.</p>"
+    replayed = _replayed_steps(a)
+    # One time scale for the measured and the replayed steps, so a shorter step looks shorter.
+    scale = max([tl.duration_ns] + [r.duration_ns for _, r, _ in replayed])
     rank = f" on rank {m.rank}" if len(a.ranks) > 1 else ""
     gaps = int(tl.idle["count"].sum()) if len(tl.idle) else 0
     busy = f"; the device is busy {pct(tl.device_busy_ns / tl.duration_ns)} of it, idle in {gaps:,} gaps" if tl.has_device and tl.duration_ns else ""
     label = f"Step {tl.step} ({tl.duration_ns / 1e6:.2f} ms, {tl.reason}){rank}"
     out.append(f"<p>{esc(label)}{esc(busy)}. Host lanes on top, device streams below; red marks where no kernel, copy or memset runs. Hover for names and times; zoom to see single kernels.</p>")
-    out.append(svg.timeline(tl.lanes, tl.idle, tl.duration_ns, label))
+    out.append(svg.timeline(tl.lanes, tl.idle, scale, label))
     keys = sorted({c for l in tl.lanes for c in l.spans["cls"].unique()}, key=lambda c: list(svg.SPAN_LABELS).index(c) if c in svg.SPAN_LABELS else 99)
     if tl.has_device:
         keys.append("idle")
     out.append(svg.legend(keys))
     if not tl.has_device:
         out.append('<p class="muted">This trace has no device activity (a CPU-only run): only host lanes are shown.</p>')
+    for i, (title, r, note) in enumerate(replayed):
+        out.append(f'<h3 id="timeline-replayed-{i}">{esc(title)}</h3><p>{esc(note)}</p>')
+        out.append(svg.timeline(r.lanes, r.idle, scale, title, uid=f"tl-replayed-{i}"))
+    if replayed:
+        out.append(
+            '<p class="muted">Replayed steps are drawn from the step graph (advisor.whatif): the host\'s runtime calls and the '
+            "device's work at the times the replay gives them; the host's own work between calls is not drawn. All three charts share one time scale.</p>"
+        )
     return "".join(out)
+
+
+def _replayed_steps(a: Analysis) -> list[tuple[str, StepTimeline, str]]:
+    """The replayed median step of the slowest rank, as measured (the replay's baseline) and
+    with every fix of the headline: (heading, lanes, note) each. Empty where nothing replays."""
+    from advisor.engine import all_rules, check_rank_rules
+    from advisor.whatif.replay import Change, replay_step
+    from advisor.whatif.savings import rank_replay
+
+    m = a.primary
+    head = a.headline()
+    replay = rank_replay(m, a.run_facts())
+    if head is None or not replay.available:
+        return []
+    out = []
+    base = replay_step(replay.graph, replay.base)
+    if base is None:
+        return []
+    scaled = f", host time ×{replay.host_scale:.2f} to match the unprofiled steps" if replay.host_scale < 1.0 else ""
+    rest = f"; {replay.remainder_ms:.2f} ms per step that neither the host nor the device in the trace explains is not drawn" if replay.remainder_ms > 0.005 else ""
+    out.append(("Replayed step", replayed_timeline(m, base, "the replayed median step"), f"The step graph replayed with no fix{scaled}: {base.duration_ns / 1e6:.2f} ms{rest}."))
+    if head.fixes:
+        wanted = set(head.fixes)
+        rules = [r for r in all_rules() if r.id in wanted]
+        stated = check_rank_rules(rules, m, a.run_facts(), a.rule_options, len(a.ranks), [])
+        changes = [f.change for f in stated if f.change is not None]
+        if changes:
+            fixed = replay_step(replay.graph, Change.merge([replay.base, *changes]))
+            if fixed is not None:
+                batch = f" One replayed step processes {fixed.per_sample:g} current steps' samples (a larger batch)." if fixed.per_sample != 1.0 else ""
+                names = ", ".join(sorted({f.rule for f in stated if f.change is not None}))
+                out.append(
+                    (
+                        "Replayed step with every fix",
+                        replayed_timeline(m, fixed, "the replayed median step with every fix"),
+                        f"The same graph with the fixes of {names} applied together: {fixed.duration_ns / 1e6:.2f} ms.{batch}",
+                    )
+                )
+    return out
 
 
 @dataclass

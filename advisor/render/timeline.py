@@ -4,7 +4,8 @@ The median step is the one shown (not the slowest: an outlier tells a different 
 the typical step). Host lanes: the DataLoader spans, the top-level CPU ops of each busy
 thread and the synchronising runtime calls; device lanes: kernels, copies and memsets per
 stream; and the gaps where the device does nothing at all. Everything is clipped to the
-step and given in ns from the step's start.
+step and given in ns from the step's start. A replayed step (`replayed_timeline`) is drawn
+the same way from the replay's times, so it can sit beside the measured one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from advisor.metrics.breakdown import (
 )
 from advisor.metrics.intervals import merge
 from advisor.metrics.summary import Metrics
+from advisor.whatif.replay import ReplayedStep
 
 # Runtime calls that make the host wait for the device (explicit syncs and blocking copies).
 SYNC_RUNTIME = re.compile(r"Synchronize|^(cuda|hip)Memcpy(2D|3D|ToSymbol|FromSymbol)?$|^(cuda|hip)MemcpyPeer$")
@@ -37,6 +39,9 @@ MAX_DEVICE_LANES = 12
 LANE_PIXELS = 1600
 # Idle gaps are many (one between most kernels); sub-pixel ones are merged above this count.
 MAX_IDLE_SPANS = 300
+# A replayed step's lanes are drawn for their shape beside the measured one: sub-pixel spans
+# merge above this count, so the two extra charts stay a fraction of the page.
+MAX_REPLAYED_SPANS_PER_LANE = 400
 
 
 @dataclass
@@ -182,28 +187,70 @@ def step_timeline(m: Metrics, row: int | None = None) -> StepTimeline | None:
     dev = frames.device
     timeline = StepTimeline(step=int(st["step"]), duration_ns=dur, reason=reason, has_device=len(dev) > 0)
     if len(dev):
-        comm = communication_kernels(frames)
-        dev = dev.assign(_cls=np.where(comm, "communication", dev["kind"].astype(str).to_numpy()))
-        dev = _clip(dev, lo, hi)
-        multi_device = dev["device"].nunique() > 1
-        busy_by_stream = (dev["end"] - dev["start"]).groupby([dev["device"], dev["stream"]]).sum()
-        shown = set(busy_by_stream.sort_values(ascending=False).index[:MAX_DEVICE_LANES])
-        for (device, stream), g in dev.groupby(["device", "stream"], sort=True):
-            if (device, stream) not in shown:
-                continue
-            where = f"GPU{device} · stream {stream}" if multi_device else f"stream {stream}"
-            spans = _spans(g, g["_cls"].to_numpy(dtype=object))
-            lanes.append(Lane(where, "device", coalesce(spans, dur)))
-        if len(busy_by_stream) > len(shown):
-            rest = dev[~pd.MultiIndex.from_arrays([dev["device"], dev["stream"]]).isin(list(shown))]
-            label = f"{len(busy_by_stream) - len(shown)} more streams"
-            lanes.append(Lane(label, "device", coalesce(_spans(rest, rest["_cls"].to_numpy(dtype=object)), dur)))
-        ms_, me_ = merge(dev["start"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
-        timeline.device_busy_ns = int((me_ - ms_).sum())
-        gap_s = np.concatenate([[0], me_])
-        gap_e = np.concatenate([ms_, [dur]])
-        keep = gap_e > gap_s
-        gaps = pd.DataFrame({"start": gap_s[keep], "end": gap_e[keep], "name": "device idle"})
-        timeline.idle = coalesce(_spans(gaps, "idle"), dur, limit=MAX_IDLE_SPANS)
+        _device_lanes(timeline, lanes, _clip(_with_class(frames, dev, np.arange(len(dev))), lo, hi))
+    timeline.lanes = lanes
+    return timeline
+
+
+def _with_class(frames, dev: pd.DataFrame, pos: np.ndarray) -> pd.DataFrame:
+    """Device rows (at positions `pos` of frames.device) with their span class (`_cls`):
+    collectives apart from other kernels."""
+    comm = communication_kernels(frames)[pos]
+    return dev.assign(_cls=np.where(comm, "communication", dev["kind"].astype(str).to_numpy()))
+
+
+def _device_lanes(timeline: StepTimeline, lanes: list[Lane], dev: pd.DataFrame, limit: int = MAX_SPANS_PER_LANE) -> None:
+    """Lanes of the busiest streams (the rest share one), busy time and idle gaps, from device
+    rows already clipped to the step (`start`/`end` from its start, `_cls`)."""
+    dur = timeline.duration_ns
+    multi_device = dev["device"].nunique() > 1
+    busy_by_stream = (dev["end"] - dev["start"]).groupby([dev["device"], dev["stream"]]).sum()
+    shown = set(busy_by_stream.sort_values(ascending=False).index[:MAX_DEVICE_LANES])
+    for (device, stream), g in dev.groupby(["device", "stream"], sort=True):
+        if (device, stream) not in shown:
+            continue
+        where = f"GPU{device} · stream {stream}" if multi_device else f"stream {stream}"
+        spans = _spans(g, g["_cls"].to_numpy(dtype=object))
+        lanes.append(Lane(where, "device", coalesce(spans, dur, limit)))
+    if len(busy_by_stream) > len(shown):
+        rest = dev[~pd.MultiIndex.from_arrays([dev["device"], dev["stream"]]).isin(list(shown))]
+        label = f"{len(busy_by_stream) - len(shown)} more streams"
+        lanes.append(Lane(label, "device", coalesce(_spans(rest, rest["_cls"].to_numpy(dtype=object)), dur, limit)))
+    ms_, me_ = merge(dev["start"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+    timeline.device_busy_ns = int((me_ - ms_).sum())
+    gap_s = np.concatenate([[0], me_])
+    gap_e = np.concatenate([ms_, [dur]])
+    keep = gap_e > gap_s
+    gaps = pd.DataFrame({"start": gap_s[keep], "end": gap_e[keep], "name": "device idle"})
+    timeline.idle = coalesce(_spans(gaps, "idle"), dur, limit=MAX_IDLE_SPANS)
+
+
+def replayed_timeline(m: Metrics, step: ReplayedStep, reason: str) -> StepTimeline:
+    """The lanes of a replayed step (`advisor.whatif.replay_step`): the host's runtime calls
+    (the replay's host nodes; the host's own work between them is not drawn) and the device
+    streams, at the replay's times. Names are the trace's."""
+    frames = m.frames
+    dur = step.duration_ns
+    row = int(m.steps["step"].iloc[step.index]) if step.index < len(m.steps) else step.index
+    timeline = StepTimeline(step=row, duration_ns=dur, reason=reason, has_device=len(step.device_row) > 0)
+    lanes: list[Lane] = []
+    rt = frames.runtime
+    calls = pd.DataFrame(
+        {
+            "ts": step.call_start,
+            "end": np.maximum(step.call_end, step.call_start),
+            "name": rt["name"].astype(str).to_numpy()[step.call_row] if len(step.call_row) else np.zeros(0, dtype=object),
+        }
+    )
+    calls = _clip(calls, 0, dur)
+    waits = step.waits[(calls.index.to_numpy())] if len(calls) else np.zeros(0, dtype=bool)
+    if (~waits).any():
+        lanes.append(Lane("Runtime calls", "host", coalesce(_spans(calls[~waits], "runtime"), dur, MAX_REPLAYED_SPANS_PER_LANE)))
+    if waits.any():
+        lanes.append(Lane("Sync (host waits)", "host", coalesce(_spans(calls[waits], "sync"), dur, MAX_REPLAYED_SPANS_PER_LANE)))
+    if len(step.device_row):
+        dev = frames.device.iloc[step.device_row]
+        dev = _with_class(frames, dev, step.device_row).assign(ts=step.device_start, end=step.device_end)
+        _device_lanes(timeline, lanes, _clip(dev.reset_index(drop=True), 0, dur), MAX_REPLAYED_SPANS_PER_LANE)
     timeline.lanes = lanes
     return timeline

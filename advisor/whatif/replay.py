@@ -19,7 +19,7 @@ import numpy as np
 
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import own_device_end
-from advisor.whatif.graph import MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
+from advisor.whatif.graph import CALL, MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
 
 
 # The fastest host the calibration tries (a share of its window figure), and how close to that
@@ -216,7 +216,13 @@ def _effective(g: StepGraph, change: Change):
 def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
     """Replayed step times of the graph with `change` applied (measured when None)."""
     change = change or Change()
-    gap, dur, unwait, tail, base, d_dur, delay, d_gap = _effective(g, change)
+    start, _, d_start, d_end = _simulate(g, _effective(g, change))
+    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
+
+
+def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Start and end of every host node and device op (ns, on the trace's clock)."""
+    gap, dur, unwait, tail, base, d_dur, delay, d_gap = effective
     n_h, n_d = len(g.h_ts), len(g.d_dur)
     anchor = g.h_anchor.tolist()
     serial = g.h_serial.tolist()
@@ -260,14 +266,20 @@ def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
         d_start[k] = b
         last[st] = d_end[k] = b + d_dur_l[k]
         k += 1
-    return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
+    return start, end, d_start, d_end
 
 
 def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> np.ndarray:
     """Step durations from replayed host marks and device ops, as metrics.steps spans them."""
+    s, e = _step_bounds(g, start, d_start, d_end)
+    return (e - s).astype(np.float64)
+
+
+def _step_bounds(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Replayed start and end of each step (ns), spanned as metrics.steps spans them."""
     n = len(g.step_ids)
     if n == 0:
-        return np.zeros(0)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     hs = np.zeros(n, dtype=np.int64)
     he = np.zeros(n, dtype=np.int64)
     kind = g.h_kind
@@ -283,14 +295,70 @@ def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndar
         np.maximum.at(dev_max, g.d_step[own], np.round(d_end[own]).astype(np.int64))
         np.add.at(count, g.d_step[own], 1)
     own_end = own_device_end(hs, he, dev_min, dev_max, count)
-    out = np.zeros(n)
+    starts = np.zeros(n, dtype=np.int64)
+    ends = np.zeros(n, dtype=np.int64)
     prev = hs[0] + int(g.step_start[0] - g.step_host_start[0])
     for i in range(n):
         s = max(prev, hs[i]) if i else prev
         e = max(he[i], s) if count[i] == 0 else max(he[i], own_end[i], s)
-        out[i] = e - s
+        starts[i], ends[i] = s, e
         prev = e
-    return out
+    return starts, ends
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    """One replayed step node by node, for a timeline: times in ns from the step's start.
+
+    Host calls are rows of the rank's `frames.runtime`, device ops rows of `frames.device`;
+    each is listed when it overlaps the step. `waits` marks the calls that waited for device
+    work in the replay. A step of a fix that grows the batch (`per_sample` > 1) processes
+    that many current steps' samples.
+    """
+
+    index: int  # row of the rank's steps
+    duration_ns: int
+    per_sample: float
+    call_row: np.ndarray
+    call_start: np.ndarray
+    call_end: np.ndarray
+    waits: np.ndarray
+    device_row: np.ndarray
+    device_start: np.ndarray
+    device_end: np.ndarray
+
+
+def replay_step(g: StepGraph, change: Change | None = None, index: int | None = None) -> ReplayedStep | None:
+    """The replayed median step (or step `index`) with `change` applied, node by node.
+
+    The same simulation as `replay`, kept per node for the one step a timeline draws; the
+    median is the step whose replayed duration is closest to the replayed median (the
+    earlier of a tie), as the measured timeline picks its step."""
+    change = change or Change()
+    if len(g.step_ids) == 0:
+        return None
+    eff = _effective(g, change)
+    start, end, d_start, d_end = (np.asarray(x) for x in _simulate(g, eff))
+    s, e = _step_bounds(g, start, d_start, d_end)
+    d = (e - s).astype(np.float64)
+    i = int(np.argmin(np.abs(d - np.median(d)))) if index is None else int(index)
+    lo, hi = float(s[i]), float(e[i])
+    calls = (g.h_kind == CALL) & (end > lo) & (start < hi)
+    unwait = eff[2]
+    waited = np.diff(g.wait_ptr) > 0
+    ops = (d_end > lo) & (d_start < hi)
+    return ReplayedStep(
+        index=i,
+        duration_ns=int(hi - lo),
+        per_sample=float(change.per_sample),
+        call_row=g.runtime_row[calls],
+        call_start=np.round(start[calls] - lo).astype(np.int64),
+        call_end=np.round(end[calls] - lo).astype(np.int64),
+        waits=(waited & ~unwait)[calls],
+        device_row=g.device_row[ops],
+        device_start=np.round(d_start[ops] - lo).astype(np.int64),
+        device_end=np.round(d_end[ops] - lo).astype(np.int64),
+    )
 
 
 def calibrate(g: StepGraph, target_median_ms: float, build=None, fastest: bool = True) -> float:
