@@ -10,14 +10,17 @@
    copies of a real rank, one rank made slower: make_large_trace.py --slow-rank), on the local
    process pool and on a Dask LocalCluster started here (loopback, the same worker count):
    wall time, peak RSS of all processes (the report's process tree, plus the cluster's
-   scheduler and workers), whether both give the same JSON, and whether `straggler` names
-   the slowed rank and its wait. Results: benchmarks/results/scale_ranks.{txt,json}.
+   scheduler and workers) and of each group apart, whether both give the same JSON, and
+   whether `straggler` names the slowed rank and its wait. The cluster's workers run without
+   Dask's statistical profiler unless --cluster-profiler (see advisor/load/cluster.py).
+   Results: benchmarks/results/scale_ranks.{txt,json} (--ranks-out), rewritten after each
+   job size so that a run stopped part way keeps what it measured.
 
 Big files go to /tmp/advisor-bench (made on first use, reused after). Results of 1-2:
 benchmarks/results/scale.{txt,json}.
 
     python benchmarks/scale.py [--size 1GB] [--skip-tools] --skip-ranks
-    python benchmarks/scale.py --skip-1gb [--jobs 16,64,256] [--rank-size 50MB] [--workers 2]
+    python benchmarks/scale.py --skip-1gb [--jobs 16,64,256] [--rank-size 50MB] [--workers 2] [--schedulers pool,cluster]
 """
 
 from __future__ import annotations
