@@ -42,7 +42,7 @@ def worker_state(dask_worker: object) -> dict:
     return {"rss_mb": before, "objects": objects, "rss_after_trim_mb": rss_mb(), "profiles": len(getattr(dask_worker, "profile_history", ()))}
 
 
-def measure(files: list[Path], profiler: bool) -> list[str]:
+def measure(files: list[Path], profiler: bool, batches: tuple[int, ...] = BATCHES) -> list[str]:
     import dask
     from distributed import Client, LocalCluster
 
@@ -51,7 +51,7 @@ def measure(files: list[Path], profiler: bool) -> list[str]:
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster, Client(cluster) as client:
             executor = client.get_executor(pure=False)
             done, start = 0, time.perf_counter()
-            for batch in BATCHES:
+            for batch in batches:
                 futures = [executor.submit(analyze_rank, RankTask(path=p, index=i, world_size=len(files))) for i, p in enumerate(files[done:done + batch], done)]
                 for fut in as_completed(futures):
                     fut.result()
@@ -68,15 +68,17 @@ def measure(files: list[Path], profiler: bool) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("job", type=Path, help="a folder of at least 256 rank files (benchmarks/scale.py makes them)")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="ranks per batch (a quick look: 2,2,4)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "dask_worker_memory.txt")
     args = ap.parse_args()
     os.environ["ADVISOR_CACHE"] = "off"  # every rank parsed; the workers inherit it
-    files = sorted(args.job.glob("rank-*"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))[: sum(BATCHES)]
-    if len(files) < sum(BATCHES):
-        sys.exit(f"{args.job}: needs {sum(BATCHES)} rank files, has {len(files)}")
+    batches = tuple(int(b) for b in args.batches.split(","))
+    files = sorted(args.job.glob("rank-*"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))[: sum(batches)]
+    if len(files) < sum(batches):
+        sys.exit(f"{args.job}: needs {sum(batches)} rank files, has {len(files)}")
     lines = [f"{len(files)} ranks of {args.job}, 2 Dask workers of one thread each, frames and analysis caches off"]
     for profiler in (True, False):
-        lines += measure(files, profiler)
+        lines += measure(files, profiler, batches)
     text = "\n".join(lines)
     print(text)
     args.out.write_text(text + "\n")
