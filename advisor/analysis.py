@@ -20,7 +20,7 @@ from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
 from advisor.capture.facts import validate_facts
 from advisor.config import Config, check_rule_options, load_config
-from advisor.engine import Finding, RankFindings, all_rules, combine_findings, job_findings, rank_findings, select_rules
+from advisor.engine import Finding, RankFindings, all_rules, check_rank_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
 from advisor.load.cache import cache_enabled
 from advisor.load.discover import RunFiles, find_run
@@ -28,7 +28,7 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
-from advisor.whatif.savings import RankWhatIf
+from advisor.whatif.savings import RankReplay, RankWhatIf
 
 FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
@@ -120,6 +120,32 @@ class Analysis:
         out = replace(self, ranks=ranks)
         out._derived = dict(self._derived)
         return out
+
+    def stated_fixes(self, rule_options: dict[str, dict[str, Any]] | None = None) -> tuple["RankReplay", dict[str, Finding]]:
+        """The slowest rank's replay and its findings with their fixes as graph changes
+        (stated with the analysis's own rule options unless others are given).
+
+        Findings travel from the per-rank map without their changes (they are frame rows);
+        the slowest rank's rules state them again here, on its reloaded frames.
+        """
+        from advisor.whatif.savings import rank_replay
+
+        a = self.with_primary_frames()
+        facts = a.run_facts()
+        options = self.rule_options if rule_options is None else rule_options
+        stated = check_rank_rules(all_rules(), a.primary, facts, options, len(a.ranks), [])
+        return rank_replay(a.primary, facts), {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
+
+    def replayed_saving(self, rules: list[str], rule_options: dict[str, dict[str, Any]] | None = None) -> float | None:
+        """What the named findings' fixes save per step, replayed together on the slowest rank
+        (never their sum); None when none of them has a fix to replay."""
+        from advisor.whatif.replay import Change
+
+        replay, modelled = self.stated_fixes(rule_options)
+        changes = [modelled[r].change for r in rules if r in modelled]
+        if not changes or not replay.available:
+            return None
+        return replay.saving_ms(Change.merge(changes))
 
     def summary(self) -> dict[str, Any]:
         s = self.primary.summary()

@@ -339,6 +339,19 @@ class FindingEntry(_Entry):
     rank: int | None
 
 
+class CopyEntry(_Entry):
+    """A rank's copy totals (metrics.copies.copy_summary): the reports read every field."""
+
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    bytes: Annotated[int, msgspec.Meta(ge=0)] | None
+    time_ms: NonNegative
+    pageable_count: Annotated[int, msgspec.Meta(ge=0)]
+    pinned_count: Annotated[int, msgspec.Meta(ge=0)]
+    bandwidth_gbps: NonNegative | None
+    per_step_time_ms: NonNegative
+    per_step_bytes: NonNegative | None
+
+
 class RankEntry(_Entry):
     rank: int
     file_index: Annotated[int, msgspec.Meta(ge=0)]
@@ -349,8 +362,8 @@ class RankEntry(_Entry):
     tensor_core_kernel_share: Share | None
     tensor_core_eligible_share: Share | None
     kernel_time_by_precision_ms: dict[str, NonNegative]
-    h2d: dict[str, Any]
-    d2h: dict[str, Any]
+    h2d: CopyEntry
+    d2h: CopyEntry
     peak_memory: dict[int, dict[str, NonNegative | None]]
     notes: list[str]
     comm: bool = False  # the rank's collectives and compute tables are stored
@@ -436,8 +449,8 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                     tensor_core_kernel_share=r.tensor_core_kernel_share,
                     tensor_core_eligible_share=r.tensor_core_eligible_share,
                     kernel_time_by_precision_ms=r.kernel_time_by_precision_ms,
-                    h2d=r.h2d,
-                    d2h=r.d2h,
+                    h2d=msgspec.structs.asdict(r.h2d),
+                    d2h=msgspec.structs.asdict(r.d2h),
                     peak_memory=r.peak_memory,
                     notes=r.notes,
                     comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,

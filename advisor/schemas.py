@@ -118,6 +118,7 @@ class WhatIf(_Out):
     host_scale: float
     loader_scale: float
     remainder_ms: float
+    untimed_host_ms: float
     unprofiled_ms: Optional[float]
     all_fixes_ms: Optional[float]
     fixes: list[str]

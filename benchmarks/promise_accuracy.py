@@ -35,10 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.analysis import analyze  # noqa: E402
 from advisor.config import Config  # noqa: E402
-from advisor.engine import all_rules, check_rank_rules  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
 from advisor.whatif.replay import Change  # noqa: E402
-from advisor.whatif.savings import rank_replay  # noqa: E402
 
 VIT = ROOT.parent / "shared" / "whatif" / "h100_vit"
 SAMPLE = ROOT / "sample_runs" / "resnet18_cifar" / "runs"
@@ -75,12 +73,8 @@ class Before:
     """A "before" run's analysis and replay."""
 
     def __init__(self, run: Path):
-        self.analysis = analyze(run, config=Config()).with_primary_frames()
-        self.primary = self.analysis.primary
-        self.replay = rank_replay(self.primary, self.analysis.run_facts())
-        # findings travel from the per-rank map without their changes: state them again here
-        stated = check_rank_rules(all_rules(), self.primary, self.analysis.run_facts(), {}, len(self.analysis.ranks), [])
-        self.by_rule = {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
+        self.analysis = analyze(run, config=Config())
+        self.replay, self.by_rule = self.analysis.stated_fixes()
 
     def promise(self, rules: list[str]) -> float:
         changes = [self.by_rule[r].change for r in rules if r in self.by_rule]

@@ -7,7 +7,7 @@ sample_runs/*/runs/*: load each rank, build its step graph, replay it with no ch
 compare the median replayed step with the median measured step (target: within 3%). Where
 the run's facts hold unprofiled step times (`advisor profile --full`), it also prints how
 the replay takes the profiler's own cost out (advisor.whatif.savings.RankReplay.base): the
-host scale, the DataLoader's scale to the unprofiled wait, and the fixed remainder per step.
+host scale, the DataLoader's scale to the unprofiled wait, and the time per step the trace does not explain (`h`: replayed as untimed host time after the step's longest wait; otherwise a fixed remainder).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main() -> int:
                 rr._graph = g
                 rr.base  # calibrates
                 unprof = f"{rr._unprofiled:.2f}"
-                scale, loader, rest = f"{rr.host_scale:.2f}", f"{rr.loader_scale:.2f}", f"{rr.remainder_ms:.2f}"
+                scale, loader, rest = f"{rr.host_scale:.2f}", f"{rr.loader_scale:.2f}", f"{rr.remainder_ms + rr.step_host_ms:.2f}{'h' if rr.step_host_ms else ''}"
             name = str(path.relative_to(ROOT.parent) if path.is_relative_to(ROOT.parent) else path)
             lines.append(
                 f"{name[-44:]:<44} {rank:>4} {len(m.steps):>5} {measured:>9.2f} {r.median_ms:>9.2f} {err:>+7.2%} {t1 - t0:>7.3f} {t2 - t1:>8.3f} {unprof:>8} {scale:>6} {loader:>8} {rest:>7}"

@@ -112,3 +112,27 @@ def test_cli_diff_bad_input_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "advisor", "diff", str(tmp_path / "missing"), str(trace_path("v100_resnet50_nw4"))], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "no such file or directory" in r.stderr
+
+
+def test_several_resolved_fixes_are_promised_as_replayed_together_and_checked_without_the_profiler():
+    # ViT on an H100: the baseline against the run with every fix applied. tf32-disabled and
+    # tensor-cores-unused speed up the same kernels, so their savings cannot add up; both runs
+    # timed their steps after the window, so the promise is checked against those steps.
+    from tests.conftest import shared
+
+    before_dir, after_dir = shared("whatif/h100_vit/baseline"), shared("whatif/h100_vit/all")
+    c = compare(analyze(before_dir), analyze(after_dir))
+    resolved = [f.before_ms for f in c.with_status("resolved")]
+    assert {"tf32-disabled", "tensor-cores-unused"} <= {f.rule for f in c.with_status("resolved")}
+    assert max(resolved) <= c.promised_ms < sum(resolved)
+
+    def after_median(run):
+        facts = json.loads((run / "advisor_facts.json").read_text())
+        times = facts["step_times_ms"][max(facts["profiled_steps"]) + 2 :]
+        return sorted(times)[len(times) // 2] if len(times) % 2 else sum(sorted(times)[len(times) // 2 - 1 : len(times) // 2 + 1]) / 2
+
+    assert c.measured_from_unprofiled
+    assert c.measured_saving_ms == pytest.approx(after_median(before_dir) - after_median(after_dir), abs=1e-6)
+    assert 0.75 <= c.realised <= 1.25  # a promise the user can bank on
+    data = json.loads(diff_json(c))
+    assert data["promise"]["measured_from"] == "unprofiled median"

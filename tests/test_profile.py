@@ -584,7 +584,9 @@ def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_pa
     f = facts(out)
     waits, steps = f["loader_wait_ms"], f["step_times_ms"]
     assert len(waits) == len(steps) == 41 and f["profiled_steps"] == [2, 3]
-    assert max(waits[2:4]) < 10 < statistics.mean(waits[5:])  # hidden in the window, plain after it
+    # hidden in the window, plain after it (relative: a loaded machine slows every step)
+    after = statistics.mean(waits[5:])
+    assert after > 20 and max(waits[2:4]) < 0.5 * after
     doc = json.loads(subprocess.run(
         [sys.executable, "-m", "advisor", "report", str(out), "--format", "json", "--select", "dataloader-stall"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True, timeout=120,

@@ -73,3 +73,29 @@ def test_the_walks_larger_batch_promise_stays_kept():
     run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_workers"
     f = next(f for f in analyze(run, config=Config()).findings if f.rule == "spare-gpu-memory")
     assert f.saving_ms == pytest.approx(change["measured_after_ms"], rel=0.25)
+
+
+def test_a_larger_batch_grows_each_kernel_by_its_waves():
+    from advisor.load.trace import load_trace
+    from advisor.whatif.changes import batch_growth
+
+    run = shared("whatif/h100_vit/baseline")
+    frames = load_trace(next(p for p in run.iterdir() if ".pt.trace." in p.name))
+    dev = frames.device
+    names = dev["name"].astype(str)
+
+    def rows(prefix):
+        return np.nonzero(names.str.startswith(prefix).to_numpy())[0]
+
+    # grid [144, 8, 1] of 4-warp blocks, 8.73 blocks per SM (132 SMs), occupancy 25% of 64
+    # warps = 4 blocks per SM: 528 slots, 1152 blocks in 3 waves; 4x the blocks in 9, not 12.
+    gemm = rows("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64")
+    assert len(gemm) and set(dev["grid"].iloc[gemm].astype(str)) == {"[144, 8, 1]"}
+    assert np.allclose(batch_growth(frames, gemm, 4.0, 9.0), 3.0)
+    # 128 blocks on 132 SMs: under one wave, the grid may not follow the batch: 4x
+    sgemm = rows("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256")
+    assert len(sgemm) and (dev["blocks_per_sm"].iloc[sgemm] < 1).all()
+    assert np.allclose(batch_growth(frames, sgemm, 4.0, 9.0), 4.0)
+    # copies have no waves: 4x
+    copies = np.nonzero((dev["kind"] == "memcpy").to_numpy())[0]
+    assert len(copies) and np.allclose(batch_growth(frames, copies, 4.0, 9.0), 4.0)

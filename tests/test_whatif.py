@@ -99,6 +99,30 @@ def test_a_profiler_slowed_bf16_run_promises_nothing_beyond_its_unprofiled_step(
     assert 0 < head.all_fixes_ms < head.baseline_ms - max(f.saving_ms for f in timed) + 0.01
 
 
+def test_removing_the_per_step_item_replays_what_the_run_without_it_measured():
+    # The ViT baseline prints loss.item() after every step; the no_sync run drops only that.
+    # Without the sync the host loads the next batch while the device still works, and the
+    # loop's own untimed Python (printing the loss) hides behind the device too: the replay
+    # must place that untimed time where the host resumes after the sync, not as a fixed
+    # remainder that no fix can touch.
+    from advisor.analysis import analyze
+    from advisor.config import Config
+    from advisor.engine import all_rules, check_rank_rules
+    from advisor.whatif.savings import rank_replay
+
+    base, no_sync = shared("whatif/h100_vit/baseline"), shared("whatif/h100_vit/no_sync")
+    a = analyze(base, config=Config()).with_primary_frames()
+    facts = a.run_facts()
+    r = rank_replay(a.primary, facts)
+    assert r.baseline_ms == pytest.approx(_facts_after_median(base), rel=0.005)
+    assert r.step_host_ms > 0 and r.remainder_ms == 0
+    stated = {f.rule: f for f in check_rank_rules(all_rules(), a.primary, facts, {}, 1, [])}
+    promised = r.saving_ms(stated["host-sync"].change)
+    measured = _facts_after_median(base) - _facts_after_median(no_sync)
+    assert measured > 5
+    assert promised == pytest.approx(measured, rel=0.25)
+
+
 def test_reports_show_the_replayed_headline_never_a_sum(cli, tmp_path):
     run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
     code, text, err = cli(["report", str(run)], env={"ADVISOR_CACHE": "off"})
@@ -123,9 +147,11 @@ def test_whatif_replays_chosen_fixes_together_and_alone(cli):
     together = float(out.split("With the fixes")[1].split("ms per step")[0])
     alone = {r: float(lines[r].split("alone:")[1].split("ms")[0]) for r in ("dataloader-stall", "h2d-pageable-copy")}
     baseline = float(out.split("Replayed step")[1].split("ms")[0])
-    # together they save at least the larger of the two and no more than both
+    # together they save at least the larger of the two, and never the whole step. They may
+    # save more than both alone: with the loader gone the pageable copies' sync is what holds
+    # the host back (on the H100 walk, pinning after the workers fix measured −27.4 ms).
     assert baseline - together >= max(alone.values()) - 0.02
-    assert baseline - together <= sum(alone.values()) + 0.02
+    assert 0 < together < baseline
 
 
 def test_whatif_refuses_unknown_rules_and_rules_without_a_finding(cli):

@@ -41,7 +41,7 @@ def diff(
     cfg = load_config(config)
     format = DiffFormat(format_for(format.value if format else None, output))
     first, second = analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True)
-    comparison = compare(first, second)
+    comparison = compare(first, second, cfg.rule_options)
     inputs = run_input_files(first) + run_input_files(second)
     if format is DiffFormat.text and output is None:
         render_diff(comparison, "text", output_console())

@@ -25,16 +25,13 @@ def whatif(
     from advisor.analysis import analyze
     from advisor.cli import say, stdout_console
     from advisor.config import load_config
-    from advisor.engine import all_rules, check_rank_rules
+    from advisor.engine import all_rules
     from advisor.whatif.replay import Change
-    from advisor.whatif.savings import rank_replay
 
     cfg = load_config(config)
-    analysis = analyze(path, run=run, config=cfg).with_primary_frames()
+    analysis = analyze(path, run=run, config=cfg)
+    replay, modelled = analysis.stated_fixes(cfg.rule_options)
     primary = analysis.primary
-    # The findings travel without their changes; the slowest rank's rules state them again here.
-    stated = check_rank_rules(all_rules(), primary, analysis.run_facts(), cfg.rule_options, len(analysis.ranks), [])
-    modelled = {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
     if apply is None:
         wanted = list(modelled)
     else:
@@ -46,7 +43,6 @@ def whatif(
             if rule not in modelled:
                 found = ", ".join(modelled) or "none"
                 raise InputError(path, f"no finding of {rule!r} with a fix to replay on this run (replayable here: {found})")
-    replay = rank_replay(primary, analysis.run_facts())
     if not replay.available:
         raise InputError(path, "this run has no steps to replay")
     out = stdout_console()

@@ -557,7 +557,8 @@ def optimizer_dispatch_windows(tl: Timeline, tree: OpTree, spans: np.ndarray) ->
 
     Each op directly under an `Optimizer.step` span that launched a kernel (`aten::mul_`,
     `aten::lerp_`, ...) is one per-parameter dispatch; the Python binding that called it
-    (`<built-in method mul_ of Tensor ...>`, when the trace has Python frames) is part of it.
+    (`<built-in method mul_ of Tensor ...>` around it, when the trace has Python frames) is
+    part of it.
     Returns the merged windows of those dispatches and the dispatch ops themselves (their
     op-tree rows plus `pos` and `span`). The rest of the step (Python bookkeeping per
     parameter, the step counters on the host) is not dispatch and stays.
@@ -591,7 +592,14 @@ def optimizer_dispatch_windows(tl: Timeline, tree: OpTree, spans: np.ndarray) ->
         w_ts, w_end = wrap["ts"].to_numpy(np.int64), wrap["end"].to_numpy(np.int64)
         i = np.searchsorted(ss, w_ts, side="right") - 1
         inside = (i >= 0) & (w_end <= se[np.clip(i, 0, None)])
-        s, e = np.concatenate([s, w_ts[inside]]), np.concatenate([e, w_end[inside]])
+        # ... and holds a dispatch op (a same-named call on a CPU tensor launches nothing)
+        by_ts = np.argsort(s, kind="stable")
+        o_ts, o_end = s[by_ts], e[by_ts]
+        j = np.searchsorted(o_ts, w_ts, side="left")
+        jj = np.clip(j, 0, max(len(o_ts) - 1, 0))
+        holds = (j < len(o_ts)) & (o_ts[jj] <= w_end) & (o_end[jj] <= w_end)
+        keep = inside & holds
+        s, e = np.concatenate([s, w_ts[keep]]), np.concatenate([e, w_end[keep]])
     ws, we = merge(s, e)
     return ws, we, ops
 

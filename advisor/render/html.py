@@ -263,13 +263,11 @@ def _timeline(a: Analysis) -> str:
 def _replayed_steps(a: Analysis) -> list[tuple[str, StepTimeline, str]]:
     """The replayed median step of the slowest rank, as measured (the replay's baseline) and
     with every fix of the headline: (heading, lanes, note) each. Empty where nothing replays."""
-    from advisor.engine import all_rules, check_rank_rules
     from advisor.whatif.replay import Change, replay_step
-    from advisor.whatif.savings import rank_replay
 
     m = a.primary
     head = a.headline()
-    replay = rank_replay(m, a.run_facts())
+    replay, modelled = a.stated_fixes()
     if head is None or not replay.available:
         return []
     out = []
@@ -278,12 +276,12 @@ def _replayed_steps(a: Analysis) -> list[tuple[str, StepTimeline, str]]:
         return []
     scaled = f", host time ×{replay.host_scale:.2f} to match the unprofiled steps" if replay.host_scale < 1.0 else ""
     rest = f"; {replay.remainder_ms:.2f} ms per step that neither the host nor the device in the trace explains is not drawn" if replay.remainder_ms > 0.005 else ""
+    if replay.step_host_ms > 0.005:
+        rest += f"; {replay.step_host_ms:.2f} ms per step of host time the trace does not show is drawn as a gap after the step's longest wait"
     out.append(("Replayed step", replayed_timeline(m, base, "the replayed median step"), f"The step graph replayed with no fix{scaled}: {base.duration_ns / 1e6:.2f} ms{rest}."))
     if head.fixes:
-        wanted = set(head.fixes)
-        rules = [r for r in all_rules() if r.id in wanted]
-        stated = check_rank_rules(rules, m, a.run_facts(), a.rule_options, len(a.ranks), [])
-        changes = [f.change for f in stated if f.change is not None]
+        stated = [modelled[r] for r in head.fixes if r in modelled]
+        changes = [f.change for f in stated]
         if changes:
             fixed = replay_step(replay.graph, Change.merge([replay.base, *changes]))
             if fixed is not None:

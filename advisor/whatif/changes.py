@@ -151,18 +151,17 @@ MAX_WARPS_PER_SM = {7.5: 32, 8.6: 48, 8.7: 48, 8.9: 48, 12.0: 48}
 
 
 def _dims(values: pd.Series) -> np.ndarray:
-    """Product of the kernel launch dimensions ("[288, 1, 64]" or a list); NaN where absent."""
-    out = np.full(len(values), np.nan)
-    for i, v in enumerate(values.to_numpy()):
-        if isinstance(v, str):
-            parts = v.strip("[]() ").replace(",", " ").split()
-            try:
-                out[i] = float(np.prod([float(p) for p in parts])) if parts else np.nan
-            except ValueError:
-                pass
-        elif isinstance(v, (list, tuple, np.ndarray)) and len(v):
-            out[i] = float(np.prod(np.asarray(v, dtype=np.float64)))
-    return out
+    """Product of the kernel launch dimensions ("[288, 1, 64]" or a list); NaN where absent.
+    Parsed once per distinct value: a run has a few hundred distinct grids."""
+    codes, uniques = pd.factorize(values.map(lambda v: str(list(v)) if isinstance(v, (list, tuple, np.ndarray)) else v))
+    prod = np.full(len(uniques) + 1, np.nan)
+    for i, v in enumerate(uniques):
+        parts = str(v).strip("[]() ").replace(",", " ").split()
+        try:
+            prod[i] = float(np.prod([float(p) for p in parts])) if parts else np.nan
+        except ValueError:
+            pass
+    return prod[np.where(codes >= 0, codes, len(uniques))]
 
 
 def batch_growth(frames: TraceFrames, rows, factor: float, capability: float | None) -> np.ndarray:

@@ -51,9 +51,10 @@ class Change:
     - `device_add`: device row -> ns of work the fix adds on that op's stream just before it
       (a cast kernel before the op that needs it), whatever the op's own scale.
     - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
-      time that neither the calibrated host nor the device places, `RankReplay`) that the
-      fix takes away: host time on the critical path the replay cannot locate, so a fix
-      that removes a share of the step's host work removes that share of it (see
+      time that neither the calibrated host nor the device places, `RankReplay`: a fixed
+      remainder, or untimed host time in `untimed_host`) that the fix takes away: host time the
+      trace does not show, so a fix that removes a share of the step's host work removes
+      that share of it (see
       `changes.host_work_share`). 0 leaves it.
     """
 
@@ -71,6 +72,10 @@ class Change:
     host_add: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     device_add: dict[int, float] = field(default_factory=dict)
     remainder_share: float = 0.0
+    # host node index -> ns of host time added before it: time the trace does not show as
+    # events (the loop's own Python, unprofiled), placed by the calibration (see savings.py).
+    # A fix's `remainder_share` takes that share of it away too.
+    untimed_host: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def merge(cls, changes: list["Change"]) -> "Change":
@@ -91,6 +96,8 @@ class Change:
             for k, v in c.device_add.items():
                 out.device_add[k] = max(out.device_add.get(k, 0.0), v)  # the same casts do not stack
             out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
+            for k, v in c.untimed_host.items():
+                out.untimed_host[k] = out.untimed_host.get(k, 0.0) + v
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
@@ -165,6 +172,10 @@ def _effective(g: StepGraph, change: Change):
                 added -= ov * frac  # a negative fraction adds host time (more samples per step)
         removed -= added * kept  # time a fix removes is not added back by a larger batch
         gap = np.maximum(gap - removed, 0.0)
+    kept = 1.0 - min(max(change.remainder_share, 0.0), 1.0)
+    for node, ns in change.untimed_host.items():
+        if 0 <= node < len(gap):
+            gap[node] += ns * kept
     if change.host_add:
         at = np.concatenate([np.asarray(t, dtype=np.int64) for t, _ in change.host_add])
         ns = np.concatenate([np.asarray(n, dtype=np.float64) for _, n in change.host_add])
@@ -218,6 +229,11 @@ def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
     change = change or Change()
     start, _, d_start, d_end = _simulate(g, _effective(g, change))
     return ReplayResult(_respan(g, np.asarray(start), np.asarray(d_start), np.asarray(d_end)) / change.per_sample)
+
+
+def replay_nodes(g: StepGraph, change: Change) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Replayed start and end of every host node and every device op (ns), with `change`."""
+    return tuple(np.asarray(x) for x in _simulate(g, _effective(g, change)))  # type: ignore[return-value]
 
 
 def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[float], list[float]]:

@@ -18,8 +18,8 @@ import numpy as np
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
-from advisor.whatif.graph import StepGraph, build_graph
-from advisor.whatif.replay import Change, calibrate, replay
+from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
+from advisor.whatif.replay import Change, calibrate, replay, replay_nodes
 
 
 @dataclass
@@ -32,6 +32,7 @@ class RankWhatIf:
     host_scale: float  # 1.0, or the host scale that takes the profiler's cost out
     loader_scale: float  # the DataLoader's scale to the unprofiled steps' wait for their batch
     remainder_ms: float  # what neither the scaled host nor the device explains, kept per step
+    untimed_host_ms: float  # host time per step the trace does not show, replayed after its longest wait
     unprofiled_ms: float | None  # median of the unprofiled steps after the window, if recorded
     all_fixes_ms: float | None = None  # replayed with every modelled fix together
     fixes: list[str] = field(default_factory=list)  # rules whose fixes the headline replays
@@ -49,6 +50,8 @@ class RankWhatIf:
         out = f"measured {self.measured_ms:.2f} ms (window median)"
         if self.unprofiled_ms is not None and abs(self.baseline_ms - self.measured_ms) > 0.005 * self.measured_ms:
             out += f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f} to match the unprofiled steps ({self.unprofiled_ms:.2f} ms)"
+            if self.untimed_host_ms > 0.005:
+                out += f", {self.untimed_host_ms:.2f} ms of it host time the trace does not show (replayed after each step's longest wait on the device)"
             if self.remainder_ms > 0.005:
                 out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
         saved = self.all_fixes_saving_ms
@@ -64,6 +67,8 @@ class RankWhatIf:
 # Largest share of the unprofiled step left unexplained (a fixed remainder) before the
 # calibration lets the host explain the step instead.
 MAX_REMAINDER_SHARE = 0.5
+# How close the replay with the unexplained time as host time must come to the unprofiled step.
+STEP_HOST_FIT = 0.003
 
 
 class RankReplay:
@@ -79,6 +84,7 @@ class RankReplay:
         self._base: Change | None = None
         self.loader_scale: float = 1.0
         self.remainder_ms: float = 0.0
+        self.step_host_ms: float = 0.0  # unprofiled host time placed at each step's start
 
     @property
     def available(self) -> bool:
@@ -122,9 +128,41 @@ class RankReplay:
                 if rest > MAX_REMAINDER_SHARE * self._unprofiled:
                     base = build(calibrate(self.graph, self._unprofiled, build, fastest=False))
                     rest = self._unprofiled - replay(self.graph, base).median_ms
-                self.remainder_ms = max(rest, 0.0)
+                base, rest = self._as_step_host_time(base, max(rest, 0.0))
+                self.remainder_ms = rest
             self._base = base
         return self._base
+
+    def _as_step_host_time(self, base: Change, rest_ms: float) -> tuple[Change, float]:
+        """Place the unexplained time as host time in each step, if that replays to the
+        unprofiled step; else keep it as a fixed remainder per step.
+
+        Time the trace does not show is most likely the loop's own Python (the profiler times
+        operators and runtime calls, not the loop around them: printing a loss, logging, the
+        iteration itself). It is placed where the host resumes after its longest wait on the
+        device in each step (a `.item()`, a synchronize), or at the step's start when it never
+        waits: on the step's path while the host catches up with the device every step, and
+        hidden by a fix that lets the host run ahead, as on the real run. Placed there it must
+        reproduce the unprofiled median (within STEP_HOST_FIT); where it cannot (the device
+        bounds the step), it stays a fixed remainder.
+        """
+        if rest_ms <= 0.005 or self._unprofiled is None:
+            return base, rest_ms
+        nodes = resume_nodes(self.graph, base)
+        if len(nodes) == 0:
+            return base, rest_ms
+        target = self._unprofiled
+        added = rest_ms
+        for _ in range(4):
+            trial = Change.merge([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
+            got = replay(self.graph, trial).median_ms
+            if abs(got - target) <= STEP_HOST_FIT * target:
+                self.step_host_ms = added
+                return trial, 0.0
+            added += target - got
+            if added <= 0 or added > 2 * rest_ms:
+                break
+        return base, rest_ms
 
     @property
     def host_scale(self) -> float:
@@ -147,7 +185,9 @@ class RankReplay:
     def summary(self) -> RankWhatIf:
         measured = float(np.median(self.metrics.steps["duration"].to_numpy(np.float64))) / 1e6
         scale = self.host_scale
-        return RankWhatIf(self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self._unprofiled)
+        return RankWhatIf(
+            self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled
+        )
 
 
 def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
@@ -160,3 +200,25 @@ def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
 def rank_replay(metrics, facts: dict[str, Any] | None) -> RankReplay:
     """The rank's replay, built once per rank (Metrics.shared)."""
     return metrics.shared("whatif.replay", lambda: RankReplay(metrics, facts))
+
+
+def resume_nodes(g: StepGraph, base: Change) -> np.ndarray:
+    """Per step, the host node after the step's longest wait on the device in the replay of
+    `base` (after the step's start mark when the host never waits)."""
+    start, end, _, _ = replay_nodes(g, base)
+    kind = g.h_kind
+    n = len(g.step_ids)
+    first = np.full(n, -1, dtype=np.int64)
+    last = np.full(n, -1, dtype=np.int64)
+    sm, em = np.nonzero(kind == MARK_START)[0], np.nonzero(kind == MARK_END)[0]
+    first[g.h_step[sm]] = sm
+    last[g.h_step[em]] = em
+    waited = np.where(np.diff(g.wait_ptr) > 0, end - start - g.h_dur * base.host_scale, 0.0)
+    out = []
+    for f, e in zip(first, last):
+        if f < 0 or e <= f:
+            continue
+        w = waited[f:e]
+        i = f + int(np.argmax(w)) if len(w) and w.max() > 0 else f
+        out.append(min(i + 1, e))
+    return np.asarray(out, dtype=np.int64)
