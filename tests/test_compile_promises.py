@@ -77,11 +77,14 @@ def test_cuda_graphs_promise_what_the_unprofiled_steps_measured(cli):
     measured = sample_after_ms("gpu_compiled") - sample_after_ms("gpu_cudagraphs")
     assert measured > 15  # 25.4 -> 6.0 ms
     launch = finding(analyze(RUNS / "gpu_compiled"), "launch-bound")
-    assert abs(launch.saving_ms - measured) <= 0.25 * measured, (launch.saving_ms, measured)
     # The round applied what launch-bound's fix text asks for: the graphs and set_to_none.
-    assert "set_to_none=True" in launch.fix.text
+    assert "reduce-overhead" in launch.fix.text and "set_to_none=True" in launch.fix.text
     code, out, err = cli(["whatif", str(RUNS / "gpu_compiled"), "--apply", "launch-bound,zero-grad-memset"], env={"ADVISOR_CACHE": "off"})
     assert code == 0, err
     together = float(out.split("With the fixes")[1].split("ms per step")[0])
     baseline = float(out.split("Replayed step")[1].split("ms")[0])
     assert abs((baseline - together) - measured) <= 0.25 * measured, (baseline - together, measured)
+    assert launch.saving_ms >= 0.9 * (baseline - together)  # the graphs carry the saving
+    # the unprofiled steps were slower than the window: the graphs also take the host time
+    # the trace does not show (the replay's remainder), so the promise exceeds the starved gaps
+    assert launch.saving_ms > launch.evidence["gap_ms_per_step"] + 1.0
