@@ -10,14 +10,17 @@
    copies of a real rank, one rank made slower: make_large_trace.py --slow-rank), on the local
    process pool and on a Dask LocalCluster started here (loopback, the same worker count):
    wall time, peak RSS of all processes (the report's process tree, plus the cluster's
-   scheduler and workers), whether both give the same JSON, and whether `straggler` names
-   the slowed rank and its wait. Results: benchmarks/results/scale_ranks.{txt,json}.
+   scheduler and workers) and of each group apart, whether both give the same JSON, and
+   whether `straggler` names the slowed rank and its wait. The cluster's workers run without
+   Dask's statistical profiler unless --cluster-profiler (see advisor/load/cluster.py).
+   Results: benchmarks/results/scale_ranks.{txt,json} (--ranks-out), rewritten after each
+   job size so that a run stopped part way keeps what it measured.
 
 Big files go to /tmp/advisor-bench (made on first use, reused after). Results of 1-2:
 benchmarks/results/scale.{txt,json}.
 
     python benchmarks/scale.py [--size 1GB] [--skip-tools] --skip-ranks
-    python benchmarks/scale.py --skip-1gb [--jobs 16,64,256] [--rank-size 50MB] [--workers 2]
+    python benchmarks/scale.py --skip-1gb [--jobs 16,64,256] [--rank-size 50MB] [--workers 2] [--schedulers pool,cluster]
 """
 
 from __future__ import annotations
@@ -242,7 +245,10 @@ def measure_job(cmd: list[str], env: dict, cluster: int | None = None, timeout: 
     return {"wall_s": time.perf_counter() - start, "peak_rss_mb": peak["total"], "peak_rss_mb_by_part": parts, "rc": code, "stdout": out, "stderr": err[-1500:]}
 
 
-def whole_jobs(sizes: list[int], size: int, workers: int, cluster_profiler: bool = False) -> tuple[list[str], dict]:
+def whole_jobs(sizes: list[int], size: int, workers: int, cluster_profiler: bool = False, schedulers: tuple[str, ...] = ("pool", "cluster"),
+               progress_out: Path | None = None, header: tuple[list[str], dict] = ([], {})) -> tuple[list[str], dict]:
+    """Section 3; with `progress_out`, the results so far are written after each job size."""
+    header, header_data = header
     env = {**os.environ, "ADVISOR_CACHE": "off", "ADVISOR_WORKERS": str(workers), "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
     folders = {n: ensure_job(n, size) for n in sorted(sizes, reverse=True)}
     first = next(iter(folders.values())) / "rank-0.pt.trace.json.gz"
@@ -257,27 +263,33 @@ def whole_jobs(sizes: list[int], size: int, workers: int, cluster_profiler: bool
     # unless --cluster-profiler.
     lines.append(f"   Dask workers' statistical profiler: {'on (Dask default)' if cluster_profiler else 'off (DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False)'}")
     cluster_env = {**env, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(cluster_profiler)}
-    data: dict = {"rank_mb": raw_mb, "rank_gzip_mb": gz_mb, "workers": workers, "slow_rank": SLOW_RANK, "delay_ms": DELAY_MS, "cluster_profiler": cluster_profiler, "runs": []}
+    data: dict = {"rank_mb": raw_mb, "rank_gzip_mb": gz_mb, "workers": workers, "slow_rank": SLOW_RANK, "delay_ms": DELAY_MS, "cluster_profiler": cluster_profiler, "schedulers": list(schedulers), "runs": []}
     nice = ["nice", "-n", "5"]
     for n in sorted(sizes):
         report = [*nice, PY, "-m", "advisor", "report", str(folders[n]), "--format", "json"]
-        pool = measure_job(report, env)
-        cluster = subprocess.Popen([*nice, PY, "-c", CLUSTER, str(workers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cluster_env)
-        address = cluster.stdout.readline().strip()
-        dask = measure_job([*report, "--scheduler", address], env, cluster.pid)
-        cluster.stdin.close()
-        cluster.wait(timeout=120)
+        measured: dict[str, dict] = {}
+        if "pool" in schedulers:
+            measured["pool"] = measure_job(report, env)
+        if "cluster" in schedulers:
+            cluster = subprocess.Popen([*nice, PY, "-c", CLUSTER, str(workers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cluster_env)
+            address = cluster.stdout.readline().strip()
+            measured["cluster"] = measure_job([*report, "--scheduler", address], env, cluster.pid)
+            cluster.stdin.close()
+            cluster.wait(timeout=120)
         keep = ("wall_s", "peak_rss_mb", "peak_rss_mb_by_part", "rc")
-        run = {"ranks": n, "pool": {k: pool[k] for k in keep}, "cluster": {k: dask[k] for k in keep}}
-        run["identical_json"] = pool["rc"] == 0 and pool["stdout"] == dask["stdout"]
+        run = {"ranks": n, **{kind: {k: r[k] for k in keep} for kind, r in measured.items()}}
+        if len(measured) == 2:
+            run["identical_json"] = measured["pool"]["rc"] == 0 and measured["pool"]["stdout"] == measured["cluster"]["stdout"]
         straggler = None
-        if pool["rc"] == 0:
-            report_json = json.loads(pool["stdout"])
+        first_ok = next((r for r in measured.values() if r["rc"] == 0), None)
+        if first_ok is not None:
+            report_json = json.loads(first_ok["stdout"])
             straggler = next((f for f in report_json["findings"] if f["rule"] == "straggler"), None)
             run["ranks_reported"] = len(report_json["ranks"])
         run["straggler"] = None if straggler is None else {"rank": straggler["rank"], "saving_ms": straggler["saving_ms"]}
         data["runs"].append(run)
-        for label, r in (("local pool", pool), ("Dask cluster", dask)):
+        for kind, r in measured.items():
+            label = {"pool": "local pool", "cluster": "Dask cluster"}[kind]
             if r["rc"] != 0:
                 lines.append(f"  {n:3d} ranks, {label}: FAILED rc={r['rc']} {r['stderr'][-300:]}")
             else:
@@ -285,13 +297,19 @@ def whole_jobs(sizes: list[int], size: int, workers: int, cluster_profiler: bool
                 lines.append(f"  {n:3d} ranks, {label:12s}: {r['wall_s']:6.1f} s ({n * raw_mb / r['wall_s']:5.1f} MB/s)  peak RSS of all processes {r['peak_rss_mb']:6.0f} MB ({parts})")
         found = run["straggler"]
         named = "none" if found is None else f"rank {found['rank']}, {found['saving_ms']:.2f} ms/step"
-        lines.append(f"       same JSON from both: {'yes' if run['identical_json'] else 'NO'}; straggler: {named} (made: rank {SLOW_RANK}, {DELAY_MS:.2f} ms/step)")
-    by_n = {r["ranks"]: r for r in data["runs"]}
-    if 64 in by_n and 256 in by_n:
-        for kind in ("pool", "cluster"):
-            a, b = by_n[64][kind]["peak_rss_mb"], by_n[256][kind]["peak_rss_mb"]
-            data[f"rss_256_vs_64_{kind}"] = b / a if a else None
-            lines.append(f"  peak RSS, 256 vs 64 ranks ({kind}): {b:.0f} vs {a:.0f} MB = {b / a:.3f}x -> within 10%: {'PASS' if a and abs(b / a - 1) <= 0.10 else 'FAIL'}")
+        same = f"same JSON from both: {'yes' if run['identical_json'] else 'NO'}; " if "identical_json" in run else ""
+        lines.append(f"       {same}straggler: {named} (made: rank {SLOW_RANK}, {DELAY_MS:.2f} ms/step)")
+        if progress_out is not None:  # a long measurement keeps what it has if it is stopped
+            write_results(progress_out, [*header, *lines], {**header_data, "whole_jobs": data}, echo=False)
+    runs = sorted(data["runs"], key=lambda r: r["ranks"])
+    for kind in schedulers:
+        done = [r for r in runs if kind in r and r[kind]["rc"] == 0]
+        if len(done) < 2:
+            continue
+        small, large = done[0], done[-1]
+        a, b = small[kind]["peak_rss_mb"], large[kind]["peak_rss_mb"]
+        data[f"rss_{large['ranks']}_vs_{small['ranks']}_{kind}"] = b / a if a else None
+        lines.append(f"  peak RSS, {large['ranks']} vs {small['ranks']} ranks ({kind}): {b:.0f} vs {a:.0f} MB = {b / a:.3f}x -> within 10%: {'PASS' if a and abs(b / a - 1) <= 0.10 else 'FAIL'}")
     return lines, data
 
 
@@ -307,6 +325,7 @@ def main() -> None:
     ap.add_argument("--tool-timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=RESULTS / "scale")
     ap.add_argument("--cluster-profiler", action="store_true", help="section 3: leave the Dask workers' statistical profiler on (Dask's default)")
+    ap.add_argument("--schedulers", default="pool,cluster", help="section 3: pool, cluster or both (the JSON is compared only with both)")
     ap.add_argument("--ranks-out", type=Path, default=RESULTS / "scale_ranks", help="where section 3 writes its .txt and .json")
     args = ap.parse_args()
     BENCH.mkdir(parents=True, exist_ok=True)
@@ -319,13 +338,16 @@ def main() -> None:
     if not args.skip_1gb:
         write_results(args.out, lines, result)
     if not args.skip_ranks:
-        more, jobs = whole_jobs([int(x) for x in args.jobs.split(",")], args.rank_size, args.workers, args.cluster_profiler)
+        schedulers = tuple(k for k in ("pool", "cluster") if k in args.schedulers.split(","))
+        more, jobs = whole_jobs([int(x) for x in args.jobs.split(",")], args.rank_size, args.workers, args.cluster_profiler, schedulers,
+                                progress_out=args.ranks_out, header=([lines[0]], {"machine": info}))
         write_results(args.ranks_out, [lines[0], *more], {"machine": info, "whole_jobs": jobs})
 
 
-def write_results(out: Path, lines: list[str], result: dict) -> None:
+def write_results(out: Path, lines: list[str], result: dict, echo: bool = True) -> None:
     text = "\n".join(lines)
-    print(text)
+    if echo:
+        print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".txt").write_text(text + "\n")
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
