@@ -7,28 +7,18 @@ the graph themselves.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import _matches
+from advisor.metrics.host_device import LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.whatif.graph import WAIT_CALL
 from advisor.whatif.replay import Change
 
-LAUNCH_CALL = re.compile(r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch)")
 # A launch call that a CUDA graph or a compiled region replaces costs about this much of its time.
 GRAPHED_CALL_SHARE = 0.1
-
-
-def _name_mask(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories
-        hit = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
-    return names.astype(str).str.contains(pattern).to_numpy()
 
 
 def device_rows_of(frames: TraceFrames, correlations) -> np.ndarray:
@@ -50,7 +40,7 @@ def wait_calls_in(frames: TraceFrames, starts, ends) -> np.ndarray:
     ends = np.asarray(ends, dtype=np.int64)
     if len(starts) == 0:
         return np.zeros(0, dtype=np.int64)
-    waits = np.nonzero(_name_mask(rt["name"], WAIT_CALL))[0]
+    waits = np.nonzero(_matches(rt["name"], WAIT_CALL))[0]
     ts = rt["ts"].to_numpy(np.int64)[waits]
     order = np.argsort(starts)
     s, e = starts[order], ends[order]
@@ -88,7 +78,7 @@ def graphed(frames: TraceFrames, device_rows, host_windows=None, host_share: flo
     rows = np.asarray(device_rows, dtype=np.int64)
     corr = frames.device["correlation"].to_numpy(np.int64)[rows]
     calls = runtime_rows_of(frames, corr)
-    calls = calls[_name_mask(frames.runtime["name"].iloc[calls], LAUNCH_CALL)] if len(calls) else calls
+    calls = calls[_matches(frames.runtime["name"].iloc[calls], LAUNCH_CALL)] if len(calls) else calls
     change = Change(tight_launch={int(r) for r in rows}, call_scale={int(r): GRAPHED_CALL_SHARE for r in calls})
     if host_windows is not None and host_share > 0:
         s, e = host_windows

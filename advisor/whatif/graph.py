@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import _matches
 
 WAIT_CALL = re.compile(r"^(cuda|hip)((Stream|Device|Event|Ctx)Synchronize|Memcpy\w*|Free)$")
 MARK_START, MARK_END, CALL = 1, 2, 0
@@ -236,14 +237,7 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         d_step = np.where(inside, idx, -1)
 
     # --- waits -------------------------------------------------------------------------------
-    names = rt["name"]
-    cats = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
-    if cats is not None:
-        hit = np.fromiter((bool(WAIT_CALL.match(str(c))) for c in cats), dtype=bool, count=len(cats))
-        codes = names.cat.codes.to_numpy()
-        is_wait_row = np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
-    else:
-        is_wait_row = names.astype(str).str.match(WAIT_CALL).to_numpy()
+    is_wait_row = _matches(rt["name"], WAIT_CALL)
     wait_nodes = node_of_row[np.nonzero(is_wait_row)[0]]
     wait_nodes = np.sort(wait_nodes[wait_nodes >= 0])
     pairs_node, pairs_op = [], []
