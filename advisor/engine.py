@@ -48,6 +48,7 @@ from advisor.errors import InputError
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.host_device import Timeline, timeline
+from advisor.metrics.events import RankEvents, rank_events
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
@@ -138,7 +139,13 @@ class Context:
 
     @property
     def frames(self):
-        return self.metrics.frames
+        raise AttributeError("a rule reads the trace through ctx.events (typed tables: advisor/metrics/events.py), not ctx.frames")
+
+    @property
+    def events(self) -> RankEvents:
+        """This rank's events as typed tables (`advisor.metrics.events`): all a rule reads of
+        the trace beside its metrics."""
+        return rank_events(self.metrics)
 
     def options_of(self, rule_id: str) -> dict[str, Any]:
         """Another rule's options as the user configured them (its defaults where not set)."""
@@ -174,7 +181,7 @@ class Context:
         settings in the facts file. Advice about DataLoader settings needs one."""
         from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 
-        return bool(self.fact("dataloaders")) or bool(_matches(self.frames.host["name"], DATALOADER_NAME).any())
+        return bool(self.fact("dataloaders")) or bool(_matches(self.events.host["name"], DATALOADER_NAME).any())
 
     def fact(self, *keys: str, default: Any = None) -> Any:
         """A nested value from the facts file, or default when absent (no facts recorded)."""

@@ -42,7 +42,8 @@ def describe(path: Path) -> list[str]:
     from advisor.analysis import analyze
     from advisor.errors import InputError
 
-    label = path.relative_to(ROOT.parent) if path.is_relative_to(ROOT.parent) else path
+    # shared runs as ../shared names them, the repository's own from its root (whatever the checkout is called)
+    label = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.relative_to(ROOT.parent) if path.is_relative_to(ROOT.parent) else path
     try:
         a = analyze(path)
     except InputError as exc:

@@ -53,6 +53,7 @@ from advisor.metrics.host_device import owned_allocator_calls
 
 from advisor.engine import Context
 from advisor.metrics.memory import device_memory_curve
+from advisor.metrics.events import rank_events
 from advisor.metrics.source import source_lines
 
 ID = "allocator-churn"
@@ -68,7 +69,7 @@ for batch in loader:
 
 def _reserved_moves(m, tl) -> list[float] | None:
     """Reserved bytes at the end of each step, when the trace records them."""
-    curve = device_memory_curve(m.frames)
+    curve = device_memory_curve(rank_events(m))
     curve = curve[np.isfinite(curve["reserved"].to_numpy(np.float64))]
     if len(curve) == 0:
         return None
@@ -80,7 +81,7 @@ def _reserved_moves(m, tl) -> list[float] | None:
 
 def check(ctx: Context):
     m = ctx.metrics
-    if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) <= ctx.options["warmup_steps"]:
+    if not m.has_device or ctx.step_ms <= 0 or len(ctx.events.steps) <= ctx.options["warmup_steps"]:
         return None
     owned = owned_allocator_calls(ctx.timeline, "allocator-churn", int(ctx.options["warmup_steps"]), ctx.options["min_share"])
     if owned is None:
@@ -105,7 +106,7 @@ def check(ctx: Context):
     reserved = _reserved_moves(m, tl)
     if reserved is not None:
         evidence["reserved_mib_at_step_end"] = reserved
-    lines = source_lines(ctx.frames, tree.ops.iloc[inner[inner >= 0]]) if (inner >= 0).any() else []
+    lines = source_lines(ctx.events, tree.ops.iloc[inner[inner >= 0]]) if (inner >= 0).any() else []
     if lines:
         evidence["source"] = lines
     message = (

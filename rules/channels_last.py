@@ -82,7 +82,7 @@ def check(ctx: Context):
         "transposes_per_step": round(len(transposes) / n_steps, 1),
         "share_of_kernel_time": round(transpose_ms / kernel_ms, 4) if kernel_ms else None,
     }
-    evidence.update(kernel_evidence(ctx.frames, transposes, m.steps, exposure, by_eligible_op=True))
+    evidence.update(kernel_evidence(ctx.events, transposes, m.steps, exposure, by_eligible_op=True))
     message = (
         f"{len(transposes) / n_steps:.0f} NCHW↔NHWC transposes per step around convolutions take {transpose_ms:.1f} ms/step "
         f"({100 * transpose_ms / kernel_ms:.0f}% of kernel time). Model and input in torch.channels_last: ~{saving_ms:.1f} ms/step."

@@ -94,9 +94,9 @@ def check(ctx: Context):
         "copy_kinds": made["name"].astype(str).value_counts().to_dict(),
         "steps": tl.step_numbers(made["ts"].to_numpy(np.int64)),
     }
-    lines = source_lines(ctx.frames, factory_rows)
+    lines = source_lines(ctx.events, factory_rows)
     if not lines:
-        lines = source_lines(ctx.frames, tree.ops.iloc[made["copy_op"].to_numpy()])
+        lines = source_lines(ctx.events, tree.ops.iloc[made["copy_op"].to_numpy()])
     if lines:
         evidence["source"] = lines
     top = str(factories.index[0])

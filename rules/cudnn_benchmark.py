@@ -77,10 +77,10 @@ FALLBACK_CONV_KERNEL = re.compile(
 CONV_OP_WITH_SHAPES = re.compile(r"^aten::(cudnn_convolution|miopen_convolution|_convolution|convolution)$")
 
 
-def static_shapes(frames, steps: pd.DataFrame) -> bool | None:
+def static_shapes(events, steps: pd.DataFrame) -> bool | None:
     """True when every step runs the same convolution input shapes, False when they change,
     None when the trace has no shapes (recorded without record_shapes=True)."""
-    host = frames.host
+    host = events.host
     if "input_dims" not in host:
         return None
     conv = host[_matches(host["name"], CONV_OP_WITH_SHAPES)]
@@ -109,7 +109,7 @@ def check(ctx: Context):
     fallback = k[conv & _matches(k["name"], FALLBACK_CONV_KERNEL)]
     if len(fallback) == 0:
         return None
-    shapes = static_shapes(ctx.frames, m.steps)
+    shapes = static_shapes(ctx.events, m.steps)
     if shapes is False:
         return None  # shapes change between steps: benchmark mode would re-tune every time
     n_steps = max(len(m.steps), 1)
@@ -138,7 +138,7 @@ def check(ctx: Context):
         "standalone_saving_ms": round(standalone_ms, 3),
         "counted_after_mixed_precision": after_amp < 1.0,
     }
-    evidence.update(kernel_evidence(ctx.frames, fallback, m.steps, exposure))
+    evidence.update(kernel_evidence(ctx.events, fallback, m.steps, exposure))
     message = (
         f"{fallback_ms:.1f} ms/step ({100 * fallback_ms / conv_ms:.0f}% of convolution kernel time) runs cuDNN's fallback "
         "algorithms (implicit GEMM, ALGO_0), the heuristics' pick with cudnn.benchmark off"

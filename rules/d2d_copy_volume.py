@@ -59,6 +59,7 @@ import re
 import numpy as np
 import pandas as pd
 from advisor.metrics.host_device import device_exposed_fraction, op_tree_of, per_step, rank_copy_launches
+from advisor.metrics.events import rank_events
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
@@ -110,7 +111,7 @@ def d2d_copies(m, tree) -> pd.DataFrame:
     launches = m.launches
     kernels = launches[(launches["kind"] == "kernel")]
     if len(kernels):
-        dev = m.frames.device
+        dev = rank_events(m).device
         rows.append(pd.DataFrame({
             "ts": kernels["ts"].to_numpy(np.int64), "end": kernels["end"].to_numpy(np.int64),
             "dur": dev["dur"].to_numpy(np.int64)[kernels["device_row"].to_numpy()],
@@ -192,7 +193,7 @@ def check(ctx: Context):
         "steps": tl.step_numbers(copies["ts"].to_numpy(np.int64)),
     }
     ops = copies["op"].to_numpy()
-    lines = source_lines(ctx.frames, tree.ops.iloc[ops[known & (ops >= 0)]]) if (known & (ops >= 0)).any() else []
+    lines = source_lines(ctx.events, tree.ops.iloc[ops[known & (ops >= 0)]]) if (known & (ops >= 0)).any() else []
     if lines:
         evidence["source"] = lines
     named = [c for c in causes if c["fix"]]

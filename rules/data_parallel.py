@@ -85,8 +85,8 @@ def check(ctx: Context):
     if found is None:
         return None
     spans, tl, tree = found
-    dev = ctx.frames.device
-    comm = communication_kernels(ctx.frames)
+    dev = ctx.events.device
+    comm = communication_kernels(ctx.events)
     is_kernel = (dev["kind"] == "kernel").to_numpy()
     compute = is_kernel & ~comm
     cs, ce = merge(dev["ts"].to_numpy(np.int64)[compute], dev["end"].to_numpy(np.int64)[compute])
@@ -127,7 +127,7 @@ def check(ctx: Context):
     }
     if used_facts is not None:
         evidence["facts_data_parallel"] = used_facts
-    lines = source_lines(ctx.frames, spans)
+    lines = source_lines(ctx.events, spans)
     if lines:
         evidence["source"] = lines
     message = (

@@ -145,12 +145,12 @@ def check(ctx: Context):
     if not shown and not hidden:
         return None
 
-    host = ctx.frames.host
+    host = ctx.events.host
     spans = host[_matches(host["name"], DATALOADER_NAME)]
-    dl_s, dl_e = dataloader_spans(ctx.frames)
+    dl_s, dl_e = dataloader_spans(ctx.events)
     idle_share = None
     if m.has_device and len(dl_s):
-        dev = ctx.frames.device
+        dev = ctx.events.device
         ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
         busy = overlap_with(ds, de, dl_s, dl_e).sum()
         idle_share = 1.0 - busy / max(int((dl_e - dl_s).sum()), 1)
@@ -167,7 +167,7 @@ def check(ctx: Context):
     }
     if idle_share is not None:
         evidence["device_idle_during_loading"] = round(float(idle_share), 4)
-    lines = source_lines(ctx.frames, spans)
+    lines = source_lines(ctx.events, spans)
     if lines:
         evidence["source"] = lines
 

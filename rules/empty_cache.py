@@ -64,7 +64,7 @@ AFTER = """for x, y in loader:
 
 def check(ctx: Context):
     m = ctx.metrics
-    if not m.has_device or ctx.step_ms <= 0 or len(ctx.frames.steps) == 0:  # no step markers: no loop to judge
+    if not m.has_device or ctx.step_ms <= 0 or len(ctx.events.steps) == 0:  # no step markers: no loop to judge
         return None
     owned = owned_allocator_calls(ctx.timeline, "empty-cache", 1, ctx.options["min_share"])
     if owned is None:

@@ -91,9 +91,9 @@ for x, y in loader:
 """
 
 
-def idle_intervals(frames, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def idle_intervals(events, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, step index) of every stretch inside a step with no device activity."""
-    dev = frames.device
+    dev = events.device
     ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     ss, se = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
     b = sorted_unique(np.concatenate([ss, se, ds, de]))
@@ -107,15 +107,15 @@ def idle_intervals(frames, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     return s, e, step_idx
 
 
-def host_during(frames, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int = 5, tree: OpTree | None = None) -> list[dict]:
+def host_during(events, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int = 5, tree: OpTree | None = None) -> list[dict]:
     """What the step's thread was doing during the given intervals: per innermost open op, the
     overlapping time, with the outermost annotation around it (`within`). Each instant is
     counted once, in the op the host was actually in, not again in every op that encloses it."""
-    if len(s) == 0 or len(frames.steps) == 0 and len(frames.host) == 0:
+    if len(s) == 0 or len(events.steps) == 0 and len(events.host) == 0:
         return []
-    tree = tree if tree is not None else op_tree(frames)
+    tree = tree if tree is not None else op_tree(events)
     ops = tree.ops
-    tid = str(frames.steps["tid"].iloc[0]) if len(frames.steps) else _busiest_thread(ops)
+    tid = str(events.steps["tid"].iloc[0]) if len(events.steps) else _busiest_thread(ops)
     on_thread = tree.thread == tid
     if not on_thread.any():
         return []
@@ -152,14 +152,14 @@ def idle_by_activity(ctx: Context, s: np.ndarray, e: np.ndarray) -> dict[str, fl
     """Device idle ns inside the steps, by what the host was doing: waiting in a sync or a
     blocking copy, in a DataLoader span, launching a host→device copy, launching kernels;
     the rest of the time the host ran its own code (or nothing the profiler recorded)."""
-    frames = ctx.frames
+    events = ctx.events
     m = ctx.metrics
-    rt = frames.runtime
+    rt = events.runtime
     rt_name = rt["name"]
     calls = {
         "waits for the device": _wait_windows(ctx),
-        "loads data": _span_windows(frames.host, DATALOADER_NAME),
-        "copies to the device": _call_windows(rt, _matches(rt_name, COPY_CALL) & _h2d_calls(frames)),
+        "loads data": _span_windows(events.host, DATALOADER_NAME),
+        "copies to the device": _call_windows(rt, _matches(rt_name, COPY_CALL) & _h2d_calls(events)),
         "launches kernels": _call_windows(rt, _matches(rt_name, LAUNCH_CALL)),
     }
     out: dict[str, float] = {}
@@ -181,11 +181,11 @@ def _call_windows(rows: pd.DataFrame, mask: np.ndarray) -> tuple[np.ndarray, np.
     return merge(rows["ts"].to_numpy(np.int64)[mask], rows["end"].to_numpy(np.int64)[mask])
 
 
-def _h2d_calls(frames) -> np.ndarray:
+def _h2d_calls(events) -> np.ndarray:
     """Runtime calls that launched a host→device copy (by correlation id)."""
-    dev = frames.device
+    dev = events.device
     h2d = dev[(dev["kind"] == "memcpy") & (dev["copy_kind"] == "HtoD")]["correlation"]
-    return frames.runtime["correlation"].isin(h2d[h2d >= 0]).to_numpy()
+    return events.runtime["correlation"].isin(h2d[h2d >= 0]).to_numpy()
 
 
 def _wait_windows(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
@@ -237,7 +237,7 @@ def check(ctx: Context):
     steps = m.steps
     if len(step_kernels(m)) / max(len(steps), 1) < ctx.options["min_kernels_per_step"]:
         return None  # too little device work to speak of a training step's utilisation
-    s, e, step_idx = idle_intervals(ctx.frames, steps)
+    s, e, step_idx = idle_intervals(ctx.events, steps)
     n = max(len(steps), 1)
     idle_ms = float((e - s).sum()) / 1e6 / n
     if idle_ms <= 0:
@@ -246,7 +246,7 @@ def check(ctx: Context):
     by_activity = idle_by_activity(ctx, s, e)
     main = max(ACTIVITIES, key=lambda a: by_activity[a])
     main_share = by_activity[main] / max(float((e - s).sum()), 1.0)
-    during_rows = host_during(ctx.frames, s, e, n, tree=op_tree_of(m))
+    during_rows = host_during(ctx.events, s, e, n, tree=op_tree_of(m))
     evidence = {
         "gpu_utilization": round(util, 4),
         "idle_ms_per_step": round(idle_ms, 3),
@@ -258,7 +258,7 @@ def check(ctx: Context):
         ],
         "steps": steps["step"].tolist(),
     }
-    marked = len(ctx.frames.steps) > 0
+    marked = len(ctx.events.steps) > 0
     top = during_rows[:3]
     during = f": meanwhile the host {main} {100 * main_share:.0f}% of that time" + (f", in {_where(top)}" if top else "")
     message = f"The {m.device.kind} is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. {ADVICE[main]}"

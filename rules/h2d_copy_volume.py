@@ -142,7 +142,7 @@ def check(ctx: Context):
         "steps": tl.step_numbers(big["ts"].to_numpy(np.int64)),
     }
     ops = big["copy_op"].to_numpy()
-    lines = source_lines(ctx.frames, tree.ops.iloc[ops[ops >= 0]]) if (ops >= 0).any() else []
+    lines = source_lines(ctx.events, tree.ops.iloc[ops[ops >= 0]]) if (ops >= 0).any() else []
     if lines:
         evidence["source"] = lines
     what = plans[top][1] or "a compact type"
@@ -152,8 +152,8 @@ def check(ctx: Context):
     )
     confidence = "medium" if known else "low"
     # The fix, replayed: each copy moves 1/factor of its bytes (its device time shrinks alike).
-    rows = device_rows_of(ctx.frames, big["correlation"].to_numpy(np.int64))
+    rows = device_rows_of(ctx.events, big["correlation"].to_numpy(np.int64))
     order = pd.Series(1.0 / factor, index=big["correlation"].to_numpy(np.int64))
-    per_row = order.groupby(level=0).first().reindex(ctx.frames.device["correlation"].to_numpy(np.int64)[rows]).fillna(1.0).to_numpy()
+    per_row = order.groupby(level=0).first().reindex(ctx.events.device["correlation"].to_numpy(np.int64)[rows]).fillna(1.0).to_numpy()
     change = scale_device(rows, per_row)
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, change=change)

@@ -146,7 +146,7 @@ def check(ctx: Context):
     steps = m.steps["step"].to_numpy()
     evidence["saving_by_step_ms"] = {int(steps[i]): round(float(v) / 1e6, 3) for i, v in enumerate(per_step_ns)}
     ops = pageable["copy_op"].to_numpy()
-    lines = source_lines(ctx.frames, tree.ops.iloc[ops[ops >= 0]]) if (ops >= 0).any() else []
+    lines = source_lines(ctx.events, tree.ops.iloc[ops[ops >= 0]]) if (ops >= 0).any() else []
     if lines:
         evidence["source"] = lines
 
@@ -177,13 +177,13 @@ def check(ctx: Context):
     if worst is not None and len(per_step_ns) > 2 and worst[1] > 3 * saving:
         message += f" (Step {worst[0]} alone lost {worst[1]:.1f} ms in these copies; the figure is the median step's.)"
     # The fix: each copy runs at pinned bandwidth and the host no longer waits for it.
-    rows = device_rows_of(ctx.frames, pageable["correlation"].to_numpy(np.int64))
-    d = ctx.frames.device
+    rows = device_rows_of(ctx.events, pageable["correlation"].to_numpy(np.int64))
+    d = ctx.events.device
     ratio = np.where(
         d["bytes"].iloc[rows].fillna(0).to_numpy() >= BANDWIDTH_BOUND_BYTES,
         np.clip(d["bytes"].iloc[rows].fillna(0).to_numpy() / pinned_gbps / np.maximum(d["dur"].iloc[rows].to_numpy(np.float64), 1), 0, 1),
         1.0,
     )
-    change = Change.merge([scale_device(rows, ratio), unwait(ctx.frames, pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64))])
+    change = Change.merge([scale_device(rows, ratio), unwait(ctx.events, pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64))])
     snippet = AFTER if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)

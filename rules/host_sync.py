@@ -111,7 +111,7 @@ def check(ctx: Context):
     saving = per_step(calls["cost"].sum(), tl)
     # The fix: the host no longer waits in these calls. Whether that buys time depends on
     # whether the host was on the step's critical path, which only the replay sees.
-    change = unwait(ctx.frames, calls["ts"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64))
+    change = unwait(ctx.events, calls["ts"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64))
     replayed = ctx.replayed_saving(change)
     if (replayed if replayed is not None else saving) / ctx.step_ms < ctx.options["min_share"]:
         return None
@@ -127,7 +127,7 @@ def check(ctx: Context):
             "wait_ms_per_step": round(per_step(r["wait"], tl), 3),
             "saving_ms_per_step": round(per_step(r["cost"], tl), 3),
         }
-        lines = source_lines(ctx.frames, tree.ops.iloc[rows["op"].to_numpy()]) if len(rows) else []
+        lines = source_lines(ctx.events, tree.ops.iloc[rows["op"].to_numpy()]) if len(rows) else []
         if lines:
             entry["source"] = lines
         causes.append(entry)

@@ -136,7 +136,7 @@ def check(ctx: Context):
     # Which ops' kernels the device was waiting for.
     after = k[np.isin(k["ts"].to_numpy(np.int64), fe)]
     waited_for = after["op"].fillna("(unknown op)").astype(str).value_counts(normalize=True).head(5).round(3).to_dict()
-    lc = runtime_calls(ctx.frames, LAUNCH_CALL)
+    lc = runtime_calls(ctx.events, LAUNCH_CALL)
     lc = lc[base.in_host_steps(lc["ts"].to_numpy(np.int64))]
     idle_share = 1.0 - (m.gpu_utilization or 0.0)
     compiled = ctx.fact("compile", "used")
@@ -172,9 +172,9 @@ def check(ctx: Context):
     # step's remainder, host work the profiler did not see: a compiled region's guards, the
     # Python around each op) goes as far as it lies in the captured region: the region's share
     # of the steps' own host work.
-    change = graphed(ctx.frames, k.index.to_numpy(), (fs, fe), 1.0)
+    change = graphed(ctx.events, k.index.to_numpy(), (fs, fe), 1.0)
     region_s, region_e = launch_region(m, k, base.step_index(k["ts"].to_numpy(np.int64)))
-    change.remainder_share = host_work_share(ctx.frames, m.steps, region_s, region_e, 1.0)
+    change.remainder_share = host_work_share(ctx.events, m.steps, region_s, region_e, 1.0)
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, fix=fix, change=change)
 
 

@@ -72,7 +72,7 @@ def check(ctx: Context):
     share = mem.share(peak)
     if share is None or share < ctx.options["min_share"]:
         return None
-    rt = ctx.frames.runtime
+    rt = ctx.events.runtime
     calls = rt[_matches(rt["name"], ALLOCATOR_CALL)]
     steps = m.steps
     inside = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64)) >= 0

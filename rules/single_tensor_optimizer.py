@@ -130,7 +130,7 @@ def check(ctx: Context):
         "top_kernels": lk["kernel"].astype(str).str.slice(0, 90).value_counts().head(3).to_dict(),
         "steps": tl.step_numbers(spans["ts"].to_numpy(np.int64)),
     }
-    lines = source_lines(ctx.frames, spans)
+    lines = source_lines(ctx.events, spans)
     if lines:
         evidence["source"] = lines
     facts = [o for o in (ctx.fact("optimizers", default=[]) or []) if isinstance(o, dict)]
@@ -148,21 +148,21 @@ def check(ctx: Context):
     kept = multi_tensor_share(dispatch, len(lk))
     evidence["dispatch_ms_per_step"] = round(per_step(float((we - ws).sum()), tl), 3)
     evidence["multi_tensor_launch_share"] = round(kept, 4)
-    rows = device_rows_of(ctx.frames, lk["correlation"].to_numpy(np.int64))
-    d = ctx.frames.device["dur"].to_numpy(np.float64)[rows]
-    names = ctx.frames.device["name"].astype(str).to_numpy()[rows]
+    rows = device_rows_of(ctx.events, lk["correlation"].to_numpy(np.int64))
+    d = ctx.events.device["dur"].to_numpy(np.float64)[rows]
+    names = ctx.events.device["name"].astype(str).to_numpy()[rows]
     # Each kernel's fixed cost: the shortest run of the same kernel in this step (on the
     # smallest tensor, such as a bias, it is almost all start-up and tail). A multi-tensor
     # kernel pays it once per launch, so each per-parameter kernel keeps `kept` of it.
     fixed = pd.Series(d).groupby(names).transform("min").to_numpy(np.float64) if len(d) else d
     scale = np.where(d > 0, (d - fixed * (1.0 - kept)) / np.maximum(d, 1), 1.0)
-    calls = runtime_rows_of(ctx.frames, lk["correlation"].to_numpy(np.int64))
+    calls = runtime_rows_of(ctx.events, lk["correlation"].to_numpy(np.int64))
     change = Change(
         host_remove=[(ws, we, 1.0 - kept)],
         call_scale={int(r): kept for r in calls},
         device_scale={int(r): float(f) for r, f in zip(rows, scale)},
         tight_launch={int(r) for r in rows},
-        remainder_share=host_work_share(ctx.frames, m.steps, ws, we, 1.0 - kept),
+        remainder_share=host_work_share(ctx.events, m.steps, ws, we, 1.0 - kept),
     )
     evidence["host_work_share_removed"] = round(change.remainder_share, 4)
 

@@ -93,18 +93,18 @@ optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * 4)   # linear scali
 FIXED_CATEGORIES = ("runtime", "cpu_exec", "other", "memset", "communication")
 
 
-def batch_copy_host_ms(frames, steps) -> float:
+def batch_copy_host_ms(events, steps) -> float:
     """Host-only time per step inside the ops that issue host-to-device copies (`aten::to`, `copy_`).
 
     The union of the spans of ops that contain a `cudaMemcpy*` call launching an HtoD copy,
     inside the steps and outside any device activity (the part the breakdown counts as
     runtime or CPU work): the part of that overhead that scales with the batch's bytes.
     """
-    dev = frames.device
-    rt = frames.runtime
+    dev = events.device
+    rt = events.runtime
     h2d_corr = dev.loc[(dev["kind"] == "memcpy") & (dev["copy_kind"] == "HtoD"), "correlation"]
     calls = rt[rt["correlation"].isin(h2d_corr[h2d_corr >= 0])]
-    host = frames.host
+    host = events.host
     ops = host[(host["kind"] == "op").to_numpy() & ~_matches(host["name"], STEP_NAME)]
     if len(calls) == 0 or len(ops) == 0 or len(steps) == 0:
         return 0.0
@@ -145,9 +145,9 @@ def check(ctx: Context):
     bd = m.breakdown_mean_ms
     fixed_parts = {c: bd[c] for c in FIXED_CATEGORIES}
     # Copying the batch to the device grows with the batch: its host time is not overhead.
-    copy_ms = batch_copy_host_ms(ctx.frames, m.steps)
+    copy_ms = batch_copy_host_ms(ctx.events, m.steps)
     fixed_parts["minus_batch_copies"] = -min(copy_ms, fixed_parts["runtime"] + fixed_parts["cpu_exec"])
-    host = ctx.frames.host
+    host = ctx.events.host
     k = step_kernels(m)
     opt_mask = launched_inside(ctx.metrics, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
     n_steps = max(len(m.steps), 1)
@@ -190,11 +190,11 @@ def check(ctx: Context):
     # the batch's copies, the DataLoader's time); launches, syncs and other host work do not.
     # The replayed step is then divided by the factor: the saving is per current step.
     grows = k.index.to_numpy()[~opt_mask]
-    copies = ctx.frames.device.index.to_numpy()[(ctx.frames.device["kind"] == "memcpy").to_numpy() & (ctx.frames.device["copy_kind"] == "HtoD").to_numpy()]
-    dl_s, dl_e = dataloader_spans(ctx.frames)
+    copies = ctx.events.device.index.to_numpy()[(ctx.events.device["kind"] == "memcpy").to_numpy() & (ctx.events.device["copy_kind"] == "HtoD").to_numpy()]
+    dl_s, dl_e = dataloader_spans(ctx.events)
     grown = np.concatenate([grows, copies])
-    growth = batch_growth(ctx.frames, grown, float(factor), m.device.capability)
-    device_ns = ctx.frames.device["dur"].to_numpy(np.float64)[grown]
+    growth = batch_growth(ctx.events, grown, float(factor), m.device.capability)
+    device_ns = ctx.events.device["dur"].to_numpy(np.float64)[grown]
     evidence["kernel_growth"] = round(float((device_ns * growth).sum() / max(device_ns.sum(), 1.0)), 3)
     change = Change.merge([scale_device(grown, growth), Change(host_remove=[(dl_s, dl_e, 1.0 - factor)], per_sample=float(factor))])
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)

@@ -228,7 +228,7 @@ def check(ctx: Context):
         "kernel_time_by_precision_ms": m.kernel_time_by_precision_ms,
         "precision_from_op_input_types": round(from_op, 4),
     }
-    evidence.update(kernel_evidence(ctx.frames, candidates, m.steps, exposure, by_eligible_op=True))
+    evidence.update(kernel_evidence(ctx.events, candidates, m.steps, exposure, by_eligible_op=True))
     evidence["autocast"] = (
         {"used": autocast_used, "dtypes": ctx.fact("autocast", "dtypes"), "grad_scaler": ctx.fact("grad_scaler")}
         if autocast_used is not None
@@ -259,7 +259,7 @@ def check(ctx: Context):
     casts = None if autocast_used else autocast_casts(m)
     if casts is not None and len(casts.casts):
         c = casts.casts
-        cast_change = added_work(ctx.frames, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())
+        cast_change = added_work(ctx.events, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())
         change = Change.merge([kernels_change, cast_change])
         full, kernels_only = ctx.replayed_saving(change), ctx.replayed_saving(kernels_change)
         cost_ms = None if full is None or kernels_only is None else max(kernels_only - full, 0.0)

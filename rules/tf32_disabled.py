@@ -174,7 +174,7 @@ def check(ctx: Context):
         "families": families,
         "precision_from_op_input_types": round(from_op, 4),
     }
-    evidence.update(kernel_evidence(ctx.frames, candidates, m.steps, exposure, by_eligible_op=True))
+    evidence.update(kernel_evidence(ctx.events, candidates, m.steps, exposure, by_eligible_op=True))
     if names_only:
         confidence = "low"
     else:

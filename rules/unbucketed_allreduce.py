@@ -71,6 +71,7 @@ import pandas as pd
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
+from advisor.metrics.events import rank_events
 
 ID = "unbucketed-allreduce"
 TITLE = "Gradients are all-reduced one tensor at a time"
@@ -117,7 +118,7 @@ def allreduce_calls(m) -> pd.DataFrame:
     when the device ran them (matched in order: the n-th call's kernel is the n-th AllReduce
     kernel), else from the backend ranges, else from the calls.
     """
-    host = m.frames.host
+    host = rank_events(m).host
     calls = host[_matches(host["name"], C10D_CALL)]
     ranges = host[_matches(host["name"], BACKEND_RANGE)]
     if len(calls) == 0:
@@ -128,7 +129,7 @@ def allreduce_calls(m) -> pd.DataFrame:
     ts = calls["ts"].to_numpy(np.int64)
     numel = np.array([_numel(d) for d in calls["input_dims"]], dtype=np.int64)
     dur = calls["dur"].to_numpy(np.int64)
-    dev = m.frames.device
+    dev = rank_events(m).device
     kernels = dev[(dev["kind"] == "kernel") & _matches(dev["name"], ALLREDUCE_KERNEL)].sort_values("ts") if m.has_device else dev.iloc[:0]
     if len(kernels) == len(calls):
         dur = kernels["dur"].to_numpy(np.int64)
@@ -190,7 +191,7 @@ def check(ctx: Context):
     saving = saving_ns / 1e6
     if saving / ctx.step_ms < opts["min_share"]:
         return None
-    ddp = bool(ctx.fact("parallel", "ddp", default=False)) or bool(_matches(m.frames.host["name"], DDP_SPAN).any())
+    ddp = bool(ctx.fact("parallel", "ddp", default=False)) or bool(_matches(ctx.events.host["name"], DDP_SPAN).any())
     evidence = {
         "allreduce_calls_per_step": round(per_step_calls, 1),
         "allreduce_ms_per_step": round(float(calls["dur"].sum()) / n_steps / 1e6, 3),
@@ -202,7 +203,7 @@ def check(ctx: Context):
         "ddp": ddp,
         "steps": sorted(int(s) for s in m.steps["step"].to_numpy()[np.unique(calls["step"].to_numpy())]),
     }
-    world = ctx.fact("world_size", default=None) or m.frames.distributed.get("world_size")
+    world = ctx.fact("world_size", default=None) or ctx.events.distributed.get("world_size")
     if world:
         evidence["world_size"] = world
     message = (

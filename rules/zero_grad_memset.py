@@ -90,7 +90,7 @@ def check(ctx: Context):
     }
     if set_to_none is not None:
         evidence["zero_grad_set_to_none"] = set_to_none
-    lines = source_lines(ctx.frames, spans)
+    lines = source_lines(ctx.events, spans)
     if lines:
         evidence["source"] = lines
     versions = ctx.fact("versions", default={}) or {}
@@ -106,6 +106,6 @@ def check(ctx: Context):
     confidence = "high" if set_to_none is False or set_to_none is None else "medium"
     # The fix, replayed: the zeroing kernels and their launches go, and so does the host time
     # zero_grad spent issuing them.
-    change = remove_launches(ctx.frames, lk["correlation"].to_numpy(np.int64) if len(lk) else [])
+    change = remove_launches(ctx.events, lk["correlation"].to_numpy(np.int64) if len(lk) else [])
     change.host_remove.append((spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64), 1.0))
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, change=change)

@@ -88,3 +88,43 @@ def test_cuda_graphs_promise_what_the_unprofiled_steps_measured(cli):
     # the unprofiled steps were slower than the window: the graphs also take the host time
     # the trace does not show (the replay's remainder), so the promise exceeds the starved gaps
     assert launch.saving_ms > launch.evidence["gap_ms_per_step"] + 1.0
+
+
+def test_compiled_code_host_cost_is_what_the_sample_compiled_run_measured():
+    # The constant the compile fix charges per kernel is read from a run no promise is scored
+    # against (the sample's host-bound compiled ResNet-18), not fitted to the ViT.
+    import importlib.util
+
+    from conftest import REPO
+
+    from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL
+
+    spec = importlib.util.spec_from_file_location("compiled_host_cost", REPO / "benchmarks" / "compiled_host_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    compiled_host_per_kernel = bench.compiled_host_per_kernel
+
+    source = compiled_host_per_kernel(RUNS / "gpu_compiled")
+    assert source["host_scale"] == 1.0  # its unprofiled steps were no faster than the window
+    assert source["window_us_per_kernel"] * 1e3 == pytest.approx(COMPILED_HOST_NS_PER_KERNEL, rel=0.01)
+    # Cross-check on the ViT's host-bound `all` run, unprofiled (window figure x its host scale).
+    vit_all = compiled_host_per_kernel(shared("whatif/h100_vit/all"))
+    assert 0.6 < vit_all["window_us_per_kernel"] * vit_all["host_scale"] * 1e3 / COMPILED_HOST_NS_PER_KERNEL < 1.0
+
+
+def test_baseline_with_the_all_runs_fixes_replays_to_the_all_run():
+    # The headline: every fix the `all` run applied, replayed together on the baseline,
+    # against that run's unprofiled median (host-bound: the compiled wrapper's host cost decides it).
+    from advisor.whatif.replay import Change
+
+    replay, by_rule = vit("baseline").stated_fixes()
+    applied = ["dataloader-stall", "h2d-pageable-copy", "host-sync", "single-tensor-optimizer", "tensor-cores-unused", "tf32-disabled", "unfused-elementwise"]
+    assert set(applied) <= set(by_rule)
+    together = replay.replayed_ms(Change.merge([by_rule[r].change for r in applied]))
+    measured = vit_after_ms("all")
+    assert measured == pytest.approx(21.8, abs=0.3)  # whatif/README.md
+    assert abs(together - measured) <= 0.25 * measured, (together, measured)
+    # The kernels the compiled region keeps (each charged the generated code's host cost):
+    # fewer than eager launched there (506 per step), as Inductor's are (482 in the `all` run).
+    ev = by_rule["unfused-elementwise"].evidence
+    assert 200 < ev["compiled_kernels_per_step"] < 506

@@ -54,3 +54,32 @@ def test_rules_folder_holds_rule_pages_only():
     assert files and set(files) == rules  # no helper module beside the rules
     # and no rule imports another rule: what two rules share is a measurement in advisor/metrics
     assert hits(imports_of("rules"), "advisor.rules") == []
+
+
+def test_rules_read_the_trace_only_through_the_typed_view():
+    # A rule sees a rank through its metrics and `ctx.events` (advisor/metrics/events.py):
+    # never the loader's frames, never the loader itself.
+    reads = []
+    for path in sorted((REPO / "rules").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "frames":
+                reads.append(f"{path.name}:{node.lineno}")
+    assert reads == []
+    assert hits(imports_of("rules"), "advisor.load") == []
+
+
+def test_the_view_holds_every_documented_column_of_real_traces():
+    from conftest import SAMPLE_RUNS, shared, single_file
+
+    from advisor.analysis import analyze
+    from advisor.metrics.events import COLUMNS, RankEvents, rank_events
+
+    for run in (shared("whatif/h100_vit/baseline"), SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline", single_file(shared("traces/v100_resnet50_nw0"))):
+        m = analyze(run).with_primary_frames().primary
+        events = rank_events(m)
+        assert isinstance(events, RankEvents)
+        for table, columns in COLUMNS.items():
+            assert set(getattr(events, table).columns) == set(columns), (run, table)
+        assert not hasattr(events, "path") and not hasattr(events, "metadata")
+        # the same rows as the loader's, so a fix names the rows its rule detected
+        assert events.device is m.frames.device and events.host is m.frames.host

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from advisor.load.trace import TraceFrames
+from advisor.metrics.events import RankEvents
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.host_device import LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with, subtract
@@ -21,21 +21,21 @@ from advisor.whatif.replay import Change
 GRAPHED_CALL_SHARE = 0.1
 
 
-def device_rows_of(frames: TraceFrames, correlations) -> np.ndarray:
-    """Rows of frames.device with these correlation ids."""
+def device_rows_of(events: RankEvents, correlations) -> np.ndarray:
+    """Rows of events.device with these correlation ids."""
     corr = np.asarray(correlations, dtype=np.int64)
-    return np.nonzero(frames.device["correlation"].isin(corr[corr >= 0]).to_numpy())[0]
+    return np.nonzero(events.device["correlation"].isin(corr[corr >= 0]).to_numpy())[0]
 
 
-def runtime_rows_of(frames: TraceFrames, correlations) -> np.ndarray:
-    """Rows of frames.runtime (the launch calls) with these correlation ids."""
+def runtime_rows_of(events: RankEvents, correlations) -> np.ndarray:
+    """Rows of events.runtime (the launch calls) with these correlation ids."""
     corr = np.asarray(correlations, dtype=np.int64)
-    return np.nonzero(frames.runtime["correlation"].isin(corr[corr >= 0]).to_numpy())[0]
+    return np.nonzero(events.runtime["correlation"].isin(corr[corr >= 0]).to_numpy())[0]
 
 
-def wait_calls_in(frames: TraceFrames, starts, ends) -> np.ndarray:
-    """Rows of frames.runtime that are wait calls (syncs, blocking copies) starting inside [start, end]."""
-    rt = frames.runtime
+def wait_calls_in(events: RankEvents, starts, ends) -> np.ndarray:
+    """Rows of events.runtime that are wait calls (syncs, blocking copies) starting inside [start, end]."""
+    rt = events.runtime
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
     if len(starts) == 0:
@@ -51,9 +51,9 @@ def wait_calls_in(frames: TraceFrames, starts, ends) -> np.ndarray:
     return waits[inside]
 
 
-def unwait(frames: TraceFrames, starts, ends) -> Change:
+def unwait(events: RankEvents, starts, ends) -> Change:
     """The host no longer waits for the device in these windows (a sync removed, a copy made async)."""
-    return Change(unwait={int(r) for r in wait_calls_in(frames, starts, ends)})
+    return Change(unwait={int(r) for r in wait_calls_in(events, starts, ends)})
 
 
 def scale_device(rows, factor) -> Change:
@@ -63,22 +63,22 @@ def scale_device(rows, factor) -> Change:
     return Change(device_scale={int(r): float(x) for r, x in zip(rows, f)})
 
 
-def remove_launches(frames: TraceFrames, correlations) -> Change:
+def remove_launches(events: RankEvents, correlations) -> Change:
     """The device ops and their launch calls go away (zero_grad memsets with set_to_none)."""
     return Change(
-        device_scale={int(r): 0.0 for r in device_rows_of(frames, correlations)},
-        call_scale={int(r): 0.0 for r in runtime_rows_of(frames, correlations)},
+        device_scale={int(r): 0.0 for r in device_rows_of(events, correlations)},
+        call_scale={int(r): 0.0 for r in runtime_rows_of(events, correlations)},
     )
 
 
-def graphed(frames: TraceFrames, device_rows, host_windows=None, host_share: float = 0.0) -> Change:
+def graphed(events: RankEvents, device_rows, host_windows=None, host_share: float = 0.0) -> Change:
     """Device ops issued as one graph or compiled region: back to back on their streams, their
     launch calls reduced to a small share, and (optionally) `host_share` of the host time in
     `host_windows` (the eager per-op dispatch) gone."""
     rows = np.asarray(device_rows, dtype=np.int64)
-    corr = frames.device["correlation"].to_numpy(np.int64)[rows]
-    calls = runtime_rows_of(frames, corr)
-    calls = calls[_matches(frames.runtime["name"].iloc[calls], LAUNCH_CALL)] if len(calls) else calls
+    corr = events.device["correlation"].to_numpy(np.int64)[rows]
+    calls = runtime_rows_of(events, corr)
+    calls = calls[_matches(events.runtime["name"].iloc[calls], LAUNCH_CALL)] if len(calls) else calls
     change = Change(tight_launch={int(r) for r in rows}, call_scale={int(r): GRAPHED_CALL_SHARE for r in calls})
     if host_windows is not None and host_share > 0:
         s, e = host_windows
@@ -86,15 +86,58 @@ def graphed(frames: TraceFrames, device_rows, host_windows=None, host_share: flo
     return change
 
 
-def added_work(frames: TraceFrames, ts, host_ns, device_ns=None) -> Change:
+# Host time per kernel that a compiled region's generated code launches, without the
+# profiler (ns): Inductor's Python wrapper prepares each kernel's arguments and grid and calls
+# its launcher. Measured on sample_runs/resnet18_cifar/runs/gpu_compiled (host-bound, its
+# unprofiled steps no faster than the window, so its window figures are not inflated): 17.0 ms
+# of compiled-region host time per step for 317 kernel launches, 53.6 µs each
+# (`benchmarks/compiled_host_cost.py` measures it again, and on the ViT runs as a cross-check).
+COMPILED_HOST_NS_PER_KERNEL = 53_600.0
+
+
+def compiled(events: RankEvents, device_rows, step_index, kept, exclude: tuple[np.ndarray, np.ndarray] | None = None,
+             per_kernel_ns: float = COMPILED_HOST_NS_PER_KERNEL) -> Change:
+    """Device ops issued by a compiled region's generated code instead of eager PyTorch.
+
+    In each step the eager host time from the first to the last launch of these ops (less the
+    `exclude` windows: spans the region does not cover, such as the optimizer) goes: the
+    per-op dispatch, the Python between ops and the launch calls. In its place each kept op
+    (`kept`, a mask over `device_rows`; the others are fused away) costs `per_kernel_ns` of
+    host time at its launch, a figure measured without the profiler, so never scaled. The ops
+    run back to back on their streams."""
+    rows = np.asarray(device_rows, dtype=np.int64)
+    kept = np.asarray(kept, dtype=bool)
+    step_index = np.asarray(step_index, dtype=np.int64)
+    dev = events.device
+    corr = dev["correlation"].to_numpy(np.int64)[rows]
+    calls = runtime_rows_of(events, corr)
+    rt = events.runtime
+    launch_ts = pd.Series(rt["ts"].to_numpy(np.int64)[calls], index=rt["correlation"].to_numpy(np.int64)[calls])
+    launch_ts = launch_ts[~launch_ts.index.duplicated(keep="first")].reindex(corr).to_numpy(np.float64)
+    known = ~np.isnan(launch_ts)
+    change = Change(tight_launch={int(r) for r in rows}, call_scale={int(r): 0.0 for r in calls})
+    if not known.any():
+        return change
+    ts = launch_ts[known].astype(np.int64)
+    span = pd.DataFrame({"step": step_index[known], "ts": ts}).groupby("step")["ts"].agg(["min", "max"])
+    ws, we = merge(span["min"].to_numpy(np.int64), span["max"].to_numpy(np.int64) + 1)
+    if exclude is not None and len(exclude[0]):
+        ws, we = subtract(ws, we, *merge(np.asarray(exclude[0], dtype=np.int64), np.asarray(exclude[1], dtype=np.int64)))
+    change.host_remove.append((ws, we, 1.0))
+    issued = ts[kept[known]]
+    change.host_add_unprofiled.append((issued, np.full(len(issued), float(per_kernel_ns))))
+    return change
+
+
+def added_work(events: RankEvents, ts, host_ns, device_ns=None) -> Change:
     """Work a fix adds (autocast's casts): `host_ns` of host time (window figures) at each host
     time `ts`, and `device_ns` on the stream of the first device op launched at or after it."""
     ts = np.asarray(ts, dtype=np.int64)
     change = Change(host_add=[(ts, np.asarray(host_ns, dtype=np.float64))])
     if device_ns is None or len(ts) == 0:
         return change
-    dev = frames.device
-    rt = frames.runtime
+    dev = events.device
+    rt = events.runtime
     corr_dev = dev["correlation"].to_numpy(np.int64)
     first_row = pd.Series(np.arange(len(dev)), index=corr_dev)
     first_row = first_row[(first_row.index >= 0) & ~first_row.index.duplicated(keep="first")]
@@ -112,7 +155,7 @@ def added_work(frames: TraceFrames, ts, host_ns, device_ns=None) -> Change:
     return change
 
 
-def host_work_share(frames: TraceFrames, steps: pd.DataFrame, starts, ends, fraction: float = 1.0) -> float:
+def host_work_share(events: RankEvents, steps: pd.DataFrame, starts, ends, fraction: float = 1.0) -> float:
     """Share of the steps' own host work (the host spans of the steps less the DataLoader's
     wait, which is measured on its own) that removing `fraction` of these windows takes away.
     A fix declares it as its `remainder_share`: window figures on both sides, so the
@@ -124,7 +167,7 @@ def host_work_share(frames: TraceFrames, steps: pd.DataFrame, starts, ends, frac
     hs = steps["host_start"].to_numpy(np.int64)
     he = np.maximum(steps["host_end"].to_numpy(np.int64), hs)
     ss, se = merge(hs, he)
-    dl_s, dl_e = dataloader_spans(frames)
+    dl_s, dl_e = dataloader_spans(events)
     own_s, own_e = subtract(ss, se, dl_s, dl_e) if len(dl_s) else (ss, se)
     own = float((own_e - own_s).sum())
     if own <= 0:
@@ -154,7 +197,7 @@ def _dims(values: pd.Series) -> np.ndarray:
     return prod[np.where(codes >= 0, codes, len(uniques))]
 
 
-def batch_growth(frames: TraceFrames, rows, factor: float, capability: float | None) -> np.ndarray:
+def batch_growth(events: RankEvents, rows, factor: float, capability: float | None) -> np.ndarray:
     """How much longer each of these kernels runs on `factor` times the rows (a larger batch).
 
     A kernel runs its blocks in waves: the SMs each hold a few blocks at once (the trace's
@@ -166,7 +209,7 @@ def batch_growth(frames: TraceFrames, rows, factor: float, capability: float | N
     kernels without launch dimensions grow `factor` times.
     """
     rows = np.asarray(rows, dtype=np.int64)
-    dev = frames.device
+    dev = events.device
     out = np.full(len(rows), float(factor))
     need = {"grid", "block", "blocks_per_sm", "occupancy"}
     if len(rows) == 0 or not need <= set(dev.columns):

@@ -48,6 +48,9 @@ class Change:
     - `host_add`: (ts, ns) arrays of host work the fix adds (autocast's casts): each `ns`, a
       window figure scaled like every other host time, lengthens the gap before the first
       host node at or after its `ts`.
+    - `host_add_unprofiled`: (ts, ns) arrays of host work the fix adds whose cost is known
+      without the profiler (the generated code of a compiled region, `changes.compiled`):
+      placed as `host_add` places its work, never scaled.
     - `device_add`: device row -> ns of work the fix adds on that op's stream just before it
       (a cast kernel before the op that needs it), whatever the op's own scale.
     - `remainder_share`: the share of the rank's unexplained remainder (the unprofiled step
@@ -70,6 +73,7 @@ class Change:
     # against the unprofiled steps'): scaled by their factor instead of host_scale.
     host_own: list[tuple[np.ndarray, np.ndarray, float]] = field(default_factory=list)
     host_add: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    host_add_unprofiled: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     device_add: dict[int, float] = field(default_factory=dict)
     remainder_share: float = 0.0
     # host node index -> ns of host time added before it: time the trace does not show as
@@ -93,6 +97,7 @@ class Change:
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
             out.host_add += c.host_add
+            out.host_add_unprofiled += c.host_add_unprofiled
             for k, v in c.device_add.items():
                 out.device_add[k] = max(out.device_add.get(k, 0.0), v)  # the same casts do not stack
             out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
@@ -176,12 +181,13 @@ def _effective(g: StepGraph, change: Change):
     for node, ns in change.untimed_host.items():
         if 0 <= node < len(gap):
             gap[node] += ns * kept
-    if change.host_add:
-        at = np.concatenate([np.asarray(t, dtype=np.int64) for t, _ in change.host_add])
-        ns = np.concatenate([np.asarray(n, dtype=np.float64) for _, n in change.host_add])
-        node = np.searchsorted(g.h_ts, at, side="left")
-        ok = node < len(gap)
-        np.add.at(gap, node[ok], ns[ok] * scale)
+    for added, factor in ((change.host_add, scale), (change.host_add_unprofiled, 1.0)):
+        if added:
+            at = np.concatenate([np.asarray(t, dtype=np.int64) for t, _ in added])
+            ns = np.concatenate([np.asarray(n, dtype=np.float64) for _, n in added])
+            node = np.searchsorted(g.h_ts, at, side="left")
+            ok = node < len(gap)
+            np.add.at(gap, node[ok], ns[ok] * factor)
     dur = g.h_dur.astype(np.float64) * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row
