@@ -50,16 +50,19 @@ Each run becomes one kernel that costs what its costliest member costs (these ke
 memory-bound: the fused kernel moves about what the largest of them moved, the others' round
 trips through memory go), and the launch calls of the other members go with them. The
 compiled region's kernels are issued by Inductor's generated wrapper, not by eager dispatch:
-in each step the eager host time from the region's first launch to its last (the optimizer
-and the DataLoader's wait left out) goes, and each kernel the region keeps costs 53.6 µs of
-host time instead (`COMPILED_HOST_NS_PER_KERNEL` in `advisor/whatif/changes.py`: the
-generated code's host time per kernel, measured without the profiler's inflation on the
-sample's compiled ResNet-18 on an H100; `benchmarks/compiled_host_cost.py`). The kernels run
-back to back on their streams. The fix is replayed with those changes: the saving is how much
-shorter the replayed step is, so device time saved where the host bounds the step does not
+in each step the eager host time from the region's first launch to its last goes (the
+optimizer, the DataLoader's wait, collectives and DDP's gradient reducer stay: the compiled
+model does not take them over), and each kernel the region keeps costs 53.6 µs of host time
+instead (`COMPILED_HOST_NS_PER_KERNEL` in `advisor/whatif/changes.py`: the generated code's
+host time per kernel, measured without the profiler's inflation on the sample's compiled
+ResNet-18 on an H100; `benchmarks/compiled_host_cost.py`). The kernels run back to back on
+their streams. The fix is replayed with those changes: the saving is how much shorter the
+replayed step is, so device time saved where the host bounds the step does not
 count, and where the host bounds the compiled step (a fast device, many small kernels) its
-wrapper's cost does. The
-rule's own estimate (evidence `estimate_ms`) is the removed members' kernel time per step
+wrapper's cost does. On a trace without unprofiled step times (not recorded by `advisor
+profile`) the eager host time it removes is the window's, the profiler's own cost included,
+as for every host-side fix: a trace recorded with stacks and shapes then promises too much.
+The rule's own estimate (evidence `estimate_ms`) is the removed members' kernel time per step
 times the share of kernel time on the timeline. A run of one kernel saves nothing: it has
 nothing to fuse with (its launch may still fold into a neighbouring matmul's, which is not
 counted). On the recorded ViT on an H100 (`../shared/whatif/h100_vit`) the chains explain
@@ -84,7 +87,7 @@ from advisor.whatif.replay import Change
 from advisor.whatif.savings import dataloader_spans
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import COMM_OP_NAME, _matches
 from advisor.metrics.compute import (
     kernel_evidence,
     kernel_exposure,
@@ -104,6 +107,7 @@ ELEMENTWISE_KERNEL = re.compile(
     r"at::native::.*(elementwise_kernel|reduce_kernel|_norm_|norm_kernel|[Ss]oft[Mm]ax|dropout|LayerNorm|GroupNorm|"
     r"batch_norm|BatchNorm|welford|Welford)|cunn_\w*SoftMax|cudnn::bn_(fw|bw)|bn_fw_|bn_bw_"
 )
+DDP_REDUCER = re.compile(r"^torch\.distributed\.ddp\.reducer::")
 COMPILED_KERNEL = re.compile(r"^triton_|^triton__|^Torch-Compiled|^CompiledFunction")
 # Host spans of compiled regions: the compiled graph's autograd function (forward and
 # backward), Dynamo's region marker, Inductor's call of its generated graph.
@@ -176,9 +180,11 @@ def check(ctx: Context):
     # The fix, replayed: each chain's other members go, and the compiled region's kernels
     # (everything outside the optimizer) are issued by generated code at its own host cost.
     region = k[~in_optimizer]
-    optimizer = host[_matches(host["name"], OPTIMIZER_SPAN)]
+    # Host work the compiled model does not take over stays: the optimizer, the DataLoader's
+    # wait, collectives and DDP's gradient reducer (its hooks run eager around compiled code).
+    kept_host = host[_matches(host["name"], OPTIMIZER_SPAN) | _matches(host["name"], COMM_OP_NAME) | _matches(host["name"], DDP_REDUCER)]
     dl_s, dl_e = dataloader_spans(ctx.events)
-    exclude = (np.concatenate([optimizer["ts"].to_numpy(np.int64), dl_s]), np.concatenate([optimizer["end"].to_numpy(np.int64), dl_e]))
+    exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
     change = Change.merge(
         [remove_launches(ctx.events, ctx.events.device["correlation"].to_numpy(np.int64)[gone.index.to_numpy()]),
          compiled(ctx.events, region.index.to_numpy(), region["step_index"].to_numpy(np.int64), ~fused_away[~in_optimizer], exclude)]

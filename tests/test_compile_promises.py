@@ -128,3 +128,23 @@ def test_baseline_with_the_all_runs_fixes_replays_to_the_all_run():
     # fewer than eager launched there (506 per step), as Inductor's are (482 in the `all` run).
     ev = by_rule["unfused-elementwise"].evidence
     assert 200 < ev["compiled_kernels_per_step"] < 506
+
+
+def test_compile_leaves_the_host_work_the_compiled_model_does_not_take_over():
+    # A DDP run (NCCL, eager): the compile fix removes the forward's and backward's eager host
+    # time, not DDP's reducer hooks, the collectives or the optimizer, which stay eager.
+    from advisor.metrics.breakdown import COMM_OP_NAME, _matches
+    from advisor.metrics.intervals import merge, overlap_with
+
+    a = analyze(shared("traces/misc/a100_nccl.json.gz")).with_primary_frames()
+    _, by_rule = a.stated_fixes()
+    change = by_rule["unfused-elementwise"].change
+    (ws, we, fraction), = change.host_remove
+    assert fraction == 1.0 and len(ws) >= len(a.primary.steps)  # a window per step, less what stays
+    host = a.primary.frames.host
+    stays = host[_matches(host["name"], COMM_OP_NAME) | host["name"].astype(str).str.startswith(("torch.distributed.ddp.reducer::", "Optimizer."))]
+    assert len(stays) > 100  # 161 reducer copies per step on this trace
+    ss, se = merge(stays["ts"].to_numpy(), stays["end"].to_numpy())
+    assert overlap_with(ws, we, ss, se).sum() == 0
+    # and the region still holds most of the forward's and backward's host time
+    assert float((we - ws).sum()) / len(a.primary.steps) > 0.5 * a.primary.mean_step_ns
