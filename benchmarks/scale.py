@@ -273,6 +273,9 @@ def whole_jobs(sizes: list[int], size: int, workers: int, cluster_profiler: bool
         if "cluster" in schedulers:
             cluster = subprocess.Popen([*nice, PY, "-c", CLUSTER, str(workers)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cluster_env)
             address = cluster.stdout.readline().strip()
+            if not address.startswith("tcp://"):  # the cluster did not start (no `distributed`?)
+                cluster.kill()
+                raise SystemExit("scale.py: the Dask LocalCluster did not start (pip install 'torch-advisor[cluster]'), or pass --schedulers pool")
             measured["cluster"] = measure_job([*report, "--scheduler", address], env, cluster.pid)
             cluster.stdin.close()
             cluster.wait(timeout=120)
