@@ -54,6 +54,8 @@ class RankWhatIf:
                 out += f", {self.untimed_host_ms:.2f} ms of it host time the trace does not show (replayed after each step's longest wait on the device)"
             if self.remainder_ms > 0.005:
                 out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
+        elif self.unprofiled_ms is None:
+            out += ", host times as profiled, the profiler's own cost in them (no unprofiled steps recorded: `advisor profile` records them)"
         saved = self.all_fixes_saving_ms
         if saved is not None:
             n = len(self.fixes)
