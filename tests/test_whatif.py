@@ -166,6 +166,8 @@ def test_a_rule_that_raises_is_a_warning_naming_it(cli, tmp_path):
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "broken.py").write_text('"""A rule that fails."""\nID = "broken-rule"\nTITLE = "Broken"\n\ndef check(ctx):\n    raise ValueError("boom")\n')
+    # a rule written against the loader's frames is told where the trace is now
+    (rules / "old_style.py").write_text('"""Reads frames."""\nID = "old-style"\nTITLE = "Old"\n\ndef check(ctx):\n    return len(ctx.frames.device)\n')
     run = shared("traces/misc/a100_triton.json.gz")
     code, out, err = cli(["report", "--rules", str(rules), "-f", "json", str(run)], env={"ADVISOR_CACHE": "off"})
     assert code == 0, err
@@ -173,3 +175,4 @@ def test_a_rule_that_raises_is_a_warning_naming_it(cli, tmp_path):
 
     warnings = json.loads(out)["warnings"]
     assert any("broken-rule" in w and "ValueError: boom" in w for w in warnings)
+    assert any("old-style" in w and "ctx.events" in w for w in warnings)
