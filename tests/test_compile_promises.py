@@ -148,3 +148,6 @@ def test_compile_leaves_the_host_work_the_compiled_model_does_not_take_over():
     assert overlap_with(ws, we, ss, se).sum() == 0
     # and the region still holds most of the forward's and backward's host time
     assert float((we - ws).sum()) / len(a.primary.steps) > 0.5 * a.primary.mean_step_ns
+    # no facts file: the report says its host times are the profiled ones
+    assert "host times as profiled" in a.headline().headline()
+    assert "host times as profiled" not in vit("baseline").headline().headline()
