@@ -369,6 +369,27 @@ class RankEntry(_Entry):
     comm: bool = False  # the rank's collectives and compute tables are stored
 
 
+def _sound_whatif(w: RankWhatIf) -> bool:
+    """A rank's replay summary as the replay makes it: finite, non-negative times, the step
+    with every fix no longer than the replayed step, the savings no longer than it either."""
+
+    def ms(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+    if not (isinstance(w.rank, int) or w.rank is None) or isinstance(w.rank, bool):
+        return False
+    if not all(ms(v) for v in (w.measured_ms, w.baseline_ms, w.host_scale, w.loader_scale, w.remainder_ms, w.untimed_host_ms)):
+        return False
+    top = w.baseline_ms * (1 + 1e-6) + 1e-6
+    if w.unprofiled_ms is not None and not ms(w.unprofiled_ms):
+        return False
+    if w.all_fixes_ms is not None and not (ms(w.all_fixes_ms) and w.all_fixes_ms <= top):
+        return False
+    if not (isinstance(w.fixes, list) and all(isinstance(r, str) for r in w.fixes)):
+        return False
+    return isinstance(w.savings, dict) and all(isinstance(r, str) and ms(v) and v <= w.baseline_ms + 1e-3 for r, v in w.savings.items())  # rounded to µs
+
+
 class EntryMeta(_Entry):
     key: dict[str, Any]
     key_digest: str
@@ -458,6 +479,8 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
             )
         findings = []
         whatif = [RankWhatIf(**from_plain(w)) for w in meta.whatif]
+        if not all(_sound_whatif(w) for w in whatif):
+            return None
         # A saving is a finite, non-negative time no longer than the longest step, measured or replayed.
         longest_ms = max([float(m.steps["duration"].max()) / 1e6 for m in ranks if len(m.steps)] + [w.baseline_ms for w in whatif] + [0.0])
         for f in meta.findings:

@@ -513,6 +513,11 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     changes = []
     symptoms = {f.rule for f in findings if f.symptom}
     fixes = [f for f in findings if f.change is not None and f.rule not in symptoms and f.saving_ms is not None]
+    # Each fix replayed alone. One that lengthens the step (work it adds, such as a compiled
+    # region's host time, outweighs what it removes) stays out of the headline.
+    alone = {f.rule: base - replay.replayed_ms(f.change) for f in fixes}
+    lengthens = {rule for rule, gain in alone.items() if gain < -0.005}
+    fixes = [f for f in fixes if f.rule not in lengthens]
     others = Change.merge([f.change for f in fixes]) if fixes else None
     dropped = set()
     for f in findings:
@@ -523,16 +528,17 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # the replayed step with every other fix minus that step with its change too.
             with_others = replay.replayed_ms(others)
             saving = max(with_others - replay.replayed_ms(Change.merge([others, f.change])), 0.0)
-            f.causes = [c.rule for c in fixes if replay.saving_ms(c.change) > 0.005]
+            f.causes = [c.rule for c in fixes if alone[c.rule] > 0.005]
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
             if saving <= 0.01 * base:
                 dropped.add(f.rule)  # explained by the other findings: they carry the saving
             changes.append(f.change)
             summary.fixes.append(f.rule)
         elif f.change is not None:
-            saving = replay.saving_ms(f.change)
-            changes.append(f.change)
-            summary.fixes.append(f.rule)
+            saving = max(alone[f.rule], 0.0) if f.rule in alone else replay.saving_ms(f.change)
+            if f.rule not in lengthens:
+                changes.append(f.change)
+                summary.fixes.append(f.rule)
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
         else:
             # Not modelled: its own estimate, as the same share of the replayed step (which is
@@ -543,7 +549,10 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
         if abs(saving - f.saving_ms) >= 0.005:
             f.message = _restate(f.message, f.saving_ms, saving)
-            if f.change is not None and saving < 0.005 and f.rule not in dropped:
+            if f.rule in lengthens:
+                f.message += (f" Replayed on this run, this fix makes the step {-alone[f.rule]:.2f} ms longer: the work it adds outweighs "
+                              "what it removes, so it is left out of the step with every fix.")
+            elif f.change is not None and saving < 0.005 and f.rule not in dropped:
                 f.message += " The replay finds other work bounding the step, so this fix alone gains nothing on this run now."
         f.saving_ms = saving
         f.saving_pct = saving / base if base > 0 else None
@@ -553,7 +562,9 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 f.saving_ms = 0.0  # still found; the report says the replay gives it nothing now
         summary.savings[f.rule] = round(saving, 3)
     if changes:
-        summary.all_fixes_ms = replay.replayed_ms(Change.merge(changes))
+        # Fixes that each gain alone can still interact; the step with every fix is never
+        # reported longer than the step without them.
+        summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
     if whatif is not None:
         whatif.append(summary)
     return [f for f in findings if f.rule not in dropped]

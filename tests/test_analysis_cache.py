@@ -151,6 +151,26 @@ def test_a_damaged_entry_falls_back_to_the_full_path(tmp_path, cli, loads):
         entry = entries(run)[0]  # rewritten whole
 
 
+def test_a_forged_replay_summary_is_a_miss(tmp_path, cli, loads):
+    # The fuzz harness's finds: a summary whose step with every fix is a list, negative, or
+    # longer than the replayed step is not what the replay makes; the report is made again.
+    run = copy_run("v100_resnet50_nw0", tmp_path)
+    report = ["report", "-f", "json", str(run)]
+    good = cli(report, tmp_path)[1]
+    meta = entries(run)[0] / "analysis.json"
+    original = orjson.loads(meta.read_bytes())
+    assert original["whatif"][0]["all_fixes_ms"] is not None
+    for forged in ([], -1, original["whatif"][0]["baseline_ms"] * 2):
+        doc = orjson.loads(meta.read_bytes())
+        doc["whatif"][0]["all_fixes_ms"] = forged
+        meta.write_bytes(orjson.dumps(doc))
+        before = loads.n
+        code, out, err = cli(report, tmp_path)
+        assert (code, out) == (0, good), err
+        assert loads.n == before + 1, forged
+        meta = entries(run)[0] / "analysis.json"
+
+
 def test_cache_off_and_read_only_runs_write_nothing_beside_them(tmp_path, cli, loads):
     run = copy_run("v100_resnet50_nw0", tmp_path)
     assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "off"})[0] == 0

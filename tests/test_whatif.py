@@ -176,3 +176,32 @@ def test_a_rule_that_raises_is_a_warning_naming_it(cli, tmp_path):
     warnings = json.loads(out)["warnings"]
     assert any("broken-rule" in w and "ValueError: boom" in w for w in warnings)
     assert any("old-style" in w and "ctx.events" in w for w in warnings)
+
+
+def test_a_fix_that_lengthens_the_step_stays_out_of_the_headline(cli, tmp_path):
+    # A fix whose replay adds more host time than it removes (a compiled region's generated
+    # code on a fast host can) saves nothing, says the step got longer, and the step with
+    # every fix is made without it: never longer than the replayed step.
+    import json
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "adds_work.py").write_text(
+        '"""Adds 20 ms of host work at the start of every step."""\n'
+        "import numpy as np\n"
+        "from advisor.whatif.replay import Change\n"
+        'ID = "adds-work"\nTITLE = "Adds work"\n\n'
+        "def check(ctx):\n"
+        '    starts = ctx.events.steps["start"].to_numpy(np.int64)\n'
+        "    change = Change(host_add_unprofiled=[(starts + 1, np.full(len(starts), 20e6))])\n"
+        '    return ctx.finding("Adds work: ~5.0 ms/step.", 5.0, change=change)\n'
+    )
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"
+    code, out, err = cli(["report", "--rules", str(rules), "-f", "json", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    report = json.loads(out)
+    added = next(f for f in report["findings"] if f["rule"] == "adds-work")
+    assert added["saving_ms"] == 0 and "makes the step" in added["message"] and "longer" in added["message"]
+    head = report["whatif"]  # the slowest rank's
+    assert "adds-work" not in head["fixes"] and "dataloader-stall" in head["fixes"]
+    assert head["all_fixes_ms"] < head["baseline_ms"]
