@@ -123,3 +123,24 @@ def test_the_all_run_is_still_what_the_baselines_fixes_replay_to():
     facts = json.loads((shared("whatif/h100_vit/all") / "advisor_facts.json").read_text())
     measured = float(np.median(unprofiled_steps(facts).step_ms))
     assert replayed == pytest.approx(measured, rel=0.25)
+
+
+def test_a_batch_moved_to_the_device_is_not_what_a_cast_costs():
+    # V100 ResNet-50 (no facts file): its only aten::copy_ ops in the steps move the batch to the
+    # device, blocking on pageable memory (~1.6 ms each). A cast copies on the device; taking
+    # the batch's copy as its cost made autocast's 272 casts cost 429 ms per step.
+    a = analyze(shared("traces/v100_resnet50_nw4")).with_primary_frames()
+    m = a.primary
+    tree = op_tree(m.frames)
+    ops = tree.ops
+    ts = ops["ts"].to_numpy(np.int64)
+    hs, he = m.steps["host_start"].to_numpy(np.int64), m.steps["host_end"].to_numpy(np.int64)
+    i = np.clip(np.searchsorted(hs, ts, side="right") - 1, 0, None)
+    in_step = (ts >= hs[i]) & (ts < he[i])
+    moves = ops[(ops["name"].astype(str) == "aten::copy_").to_numpy() & in_step]
+    assert float((moves["end"] - moves["ts"]).median()) > 1e6  # what the casts were charged before
+    casts = autocast_casts(m)
+    assert casts is not None and casts.per_step() > 200
+    assert casts.copy_ns < 0.1e6
+    f = next(f for f in a.findings if f.rule == "tensor-cores-unused")
+    assert "longer" not in f.message

@@ -74,7 +74,8 @@ class AutocastCasts:
     "backward": a ToCopyBackward0 node, "promote": a 16-bit gradient in a mixed op's
     backward), `op`, `numel` and `bytes` (fp32 read plus 16-bit written).
     Costs, as the window measured them: `copy_ns` (median host time of an op that allocates
-    and launches one copy), `node_ns` (median host time of a backward node that only passes
+    and launches one copy on the device; ops that move data between host and device, which may
+    wait, are left out), `node_ns` (median host time of a backward node that only passes
     its gradient on), `bandwidth` (bytes/ns of the run's own device copies; 0 when unknown).
     """
 
@@ -197,7 +198,7 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
                 low, touched = False, True
     casts = pd.DataFrame(rows, columns=["step", "ts", "kind", "op", "numel"])
     casts["bytes"] = casts["numel"].astype(np.int64) * per_elem
-    return AutocastCasts(casts, _copy_ns(tree, in_step), _node_ns(tree, in_step), _copy_bandwidth(metrics, tree, types_text), len(steps))
+    return AutocastCasts(casts, _copy_ns(metrics, tree, in_step), _node_ns(tree, in_step), _copy_bandwidth(metrics, tree, types_text), len(steps))
 
 
 def _median_ns(tree: OpTree, mask: np.ndarray) -> float:
@@ -205,13 +206,35 @@ def _median_ns(tree: OpTree, mask: np.ndarray) -> float:
     return float(np.median(d)) if len(d) else 0.0
 
 
-def _copy_ns(tree: OpTree, in_step: np.ndarray) -> float:
+def _copy_ns(metrics, tree: OpTree, in_step: np.ndarray) -> float:
+    """Median host time of a cast: a copy op that copies on the device, not one that moves a
+    batch between host and device (that one may wait for the device, or for pageable memory)."""
     names = tree.ops["name"].astype(str).to_numpy()
+    moves = _holding_a_transfer(metrics, tree)
     for name in COPY_OP:
-        cost = _median_ns(tree, (names == name) & in_step)
+        cost = _median_ns(tree, (names == name) & in_step & ~moves)
         if cost > 0:
             return cost
     return 0.0
+
+
+def _holding_a_transfer(metrics, tree: OpTree) -> np.ndarray:
+    """Mask over ops: the op that launched a host-device copy, and every op around it."""
+    out = np.zeros(len(tree.ops), dtype=bool)
+    lk = metrics.launches
+    if len(lk) == 0:
+        return out
+    lk = lk[(lk["kind"].astype(str) == "memcpy").to_numpy() & lk["launch_ts"].notna().to_numpy()]
+    if len(lk) == 0:
+        return out
+    rows = tree.innermost(lk["launch_ts"].to_numpy(np.float64).astype(np.int64), lk["launch_tid"].astype(str).to_numpy())
+    rows = np.unique(rows[rows >= 0])
+    while len(rows):
+        out[rows] = True
+        up = tree.parent[rows]
+        rows = np.unique(up[(up >= 0)])
+        rows = rows[~out[rows]]
+    return out
 
 
 def _node_ns(tree: OpTree, in_step: np.ndarray) -> float:
