@@ -369,25 +369,31 @@ class RankEntry(_Entry):
     comm: bool = False  # the rank's collectives and compute tables are stored
 
 
-def _sound_whatif(w: RankWhatIf) -> bool:
-    """A rank's replay summary as the replay makes it: finite, non-negative times, the step
-    with every fix no longer than the replayed step, the savings no longer than it either."""
+class WhatIfEntry(_Entry):
+    """A rank's replay summary (whatif.savings.RankWhatIf)."""
 
-    def ms(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    rank: int
+    measured_ms: NonNegative
+    baseline_ms: NonNegative
+    host_scale: NonNegative
+    loader_scale: NonNegative
+    remainder_ms: NonNegative
+    untimed_host_ms: NonNegative
+    unprofiled_ms: NonNegative | None
+    all_fixes_ms: NonNegative | None
+    fixes: list[str]
+    savings: dict[str, NonNegative]
 
-    if not (isinstance(w.rank, int) or w.rank is None) or isinstance(w.rank, bool):
-        return False
-    if not all(ms(v) for v in (w.measured_ms, w.baseline_ms, w.host_scale, w.loader_scale, w.remainder_ms, w.untimed_host_ms)):
-        return False
-    top = w.baseline_ms * (1 + 1e-6) + 1e-6
-    if w.unprofiled_ms is not None and not ms(w.unprofiled_ms):
-        return False
-    if w.all_fixes_ms is not None and not (ms(w.all_fixes_ms) and w.all_fixes_ms <= top):
-        return False
-    if not (isinstance(w.fixes, list) and all(isinstance(r, str) for r in w.fixes)):
-        return False
-    return isinstance(w.savings, dict) and all(isinstance(r, str) and ms(v) and v <= w.baseline_ms + 1e-3 for r, v in w.savings.items())  # rounded to µs
+
+def _within_replay(w: WhatIfEntry) -> bool:
+    """What the types cannot say: finite times, and neither the step with every fix nor a
+    saving beyond the replayed step (savings are rounded to the µs)."""
+    times = [w.measured_ms, w.baseline_ms, w.host_scale, w.loader_scale, w.remainder_ms, w.untimed_host_ms, w.unprofiled_ms or 0.0, w.all_fixes_ms or 0.0]
+    return (
+        all(math.isfinite(t) for t in times)
+        and (w.all_fixes_ms is None or w.all_fixes_ms <= w.baseline_ms * (1 + 1e-6) + 1e-6)
+        and all(v <= w.baseline_ms + 1e-3 for v in w.savings.values())
+    )
 
 
 class EntryMeta(_Entry):
@@ -397,7 +403,7 @@ class EntryMeta(_Entry):
     ranks: Annotated[list[RankEntry], msgspec.Meta(min_length=1)]  # an analysis has a rank at least
     findings: list[FindingEntry]
     warnings: list[str]
-    whatif: list[dict[str, Any]] = []  # each rank's replay summary (RankWhatIf's fields)
+    whatif: list[WhatIfEntry] = []  # each rank's replay summary
 
 
 BREAKDOWN_COLUMNS = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
@@ -478,9 +484,9 @@ def _read_entry(entry: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | Non
                 )
             )
         findings = []
-        whatif = [RankWhatIf(**from_plain(w)) for w in meta.whatif]
-        if not all(_sound_whatif(w) for w in whatif):
+        if not all(_within_replay(w) for w in meta.whatif):
             return None
+        whatif = [RankWhatIf(**msgspec.structs.asdict(w)) for w in meta.whatif]
         # A saving is a finite, non-negative time no longer than the longest step, measured or replayed.
         longest_ms = max([float(m.steps["duration"].max()) / 1e6 for m in ranks if len(m.steps)] + [w.baseline_ms for w in whatif] + [0.0])
         for f in meta.findings:

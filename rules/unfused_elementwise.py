@@ -91,6 +91,7 @@ from advisor.metrics.breakdown import COMM_OP_NAME, _matches
 from advisor.metrics.compute import (
     kernel_evidence,
     kernel_exposure,
+    launch_ts_of,
     launched_inside,
     step_kernels,
 )
@@ -187,7 +188,8 @@ def check(ctx: Context):
     exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
     change = Change.merge(
         [remove_launches(ctx.events, ctx.events.device["correlation"].to_numpy(np.int64)[gone.index.to_numpy()]),
-         compiled(ctx.events, region.index.to_numpy(), region["step_index"].to_numpy(np.int64), ~fused_away[~in_optimizer], exclude)]
+         compiled(ctx.events, region.index.to_numpy(), launch_ts_of(m, region.index.to_numpy()), region["step_index"].to_numpy(np.int64),
+                  ~fused_away[~in_optimizer], exclude)]
     )
     evidence["compiled_kernels_per_step"] = round(float(np.count_nonzero(~fused_away[~in_optimizer])) / n_steps, 1)
     evidence["compiled_host_us_per_kernel"] = round(COMPILED_HOST_NS_PER_KERNEL / 1e3, 1)

@@ -121,12 +121,20 @@ def launched_inside(metrics, spans: pd.DataFrame) -> np.ndarray:
     if len(spans) == 0 or len(dev) == 0 or len(frames.runtime) == 0:
         return out
     s, e = merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
-    lk = metrics.launches
-    lts = lk["launch_ts"].to_numpy(np.float64)
+    lts = launch_ts_of(metrics, np.arange(len(dev)))
     ok = ~np.isnan(lts)
-    rows = lk["device_row"].to_numpy()[ok]
-    out[rows] = covers(s, e, lts[ok].astype(np.int64))
+    out[ok] = covers(s, e, lts[ok].astype(np.int64))
     return out
+
+
+def launch_ts_of(metrics, device_rows) -> np.ndarray:
+    """Host time (ns) of the runtime call that launched each of these device rows; NaN where
+    the trace does not link them."""
+    lk = metrics.launches
+    out = np.full(len(metrics.frames.device), np.nan)
+    if len(lk):
+        out[lk["device_row"].to_numpy(np.int64)] = lk["launch_ts"].to_numpy(np.float64)
+    return out[np.asarray(device_rows, dtype=np.int64)]
 
 
 def short_kernel_name(name: str, limit: int = 110) -> str:

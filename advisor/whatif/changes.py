@@ -95,36 +95,30 @@ def graphed(events: RankEvents, device_rows, host_windows=None, host_share: floa
 COMPILED_HOST_NS_PER_KERNEL = 53_600.0
 
 
-def compiled(events: RankEvents, device_rows, step_index, kept, exclude: tuple[np.ndarray, np.ndarray] | None = None,
+def compiled(events: RankEvents, device_rows, launch_ts, step_index, kept, exclude: tuple[np.ndarray, np.ndarray] | None = None,
              per_kernel_ns: float = COMPILED_HOST_NS_PER_KERNEL) -> Change:
     """Device ops issued by a compiled region's generated code instead of eager PyTorch.
 
-    In each step the eager host time from the first to the last launch of these ops (less the
-    `exclude` windows: spans the region does not cover, such as the optimizer) goes: the
-    per-op dispatch, the Python between ops and the launch calls. In its place each kept op
-    (`kept`, a mask over `device_rows`; the others are fused away) costs `per_kernel_ns` of
-    host time at its launch, a figure measured without the profiler, so never scaled. The ops
-    run back to back on their streams."""
+    In each step the eager host time from the first to the last launch of these ops
+    (`launch_ts`, ns; NaN where unknown; less the `exclude` windows: spans the region does not
+    cover, such as the optimizer) goes: the per-op dispatch, the Python between ops and the
+    launch calls. In its place each kept op (`kept`, a mask over `device_rows`; the others are
+    fused away) costs `per_kernel_ns` of host time at its launch, a figure measured without
+    the profiler, so never scaled. The ops run back to back on their streams."""
     rows = np.asarray(device_rows, dtype=np.int64)
-    kept = np.asarray(kept, dtype=bool)
-    step_index = np.asarray(step_index, dtype=np.int64)
-    dev = events.device
-    corr = dev["correlation"].to_numpy(np.int64)[rows]
-    calls = runtime_rows_of(events, corr)
-    rt = events.runtime
-    launch_ts = pd.Series(rt["ts"].to_numpy(np.int64)[calls], index=rt["correlation"].to_numpy(np.int64)[calls])
-    launch_ts = launch_ts[~launch_ts.index.duplicated(keep="first")].reindex(corr).to_numpy(np.float64)
-    known = ~np.isnan(launch_ts)
+    launch_ts = np.asarray(launch_ts, dtype=np.float64)
+    calls = runtime_rows_of(events, events.device["correlation"].to_numpy(np.int64)[rows])
     change = Change(tight_launch={int(r) for r in rows}, call_scale={int(r): 0.0 for r in calls})
+    known = ~np.isnan(launch_ts)
     if not known.any():
         return change
     ts = launch_ts[known].astype(np.int64)
-    span = pd.DataFrame({"step": step_index[known], "ts": ts}).groupby("step")["ts"].agg(["min", "max"])
+    span = pd.DataFrame({"step": np.asarray(step_index, dtype=np.int64)[known], "ts": ts}).groupby("step")["ts"].agg(["min", "max"])
     ws, we = merge(span["min"].to_numpy(np.int64), span["max"].to_numpy(np.int64) + 1)
     if exclude is not None and len(exclude[0]):
         ws, we = subtract(ws, we, *merge(np.asarray(exclude[0], dtype=np.int64), np.asarray(exclude[1], dtype=np.int64)))
     change.host_remove.append((ws, we, 1.0))
-    issued = ts[kept[known]]
+    issued = ts[np.asarray(kept, dtype=bool)[known]]
     change.host_add_unprofiled.append((issued, np.full(len(issued), float(per_kernel_ns))))
     return change
 
