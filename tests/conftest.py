@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Real recordings: the copies vendored into the repository (tests/data/shared, see its NOTICE)
-# first, then the full data set beside the repository (../shared).
+# Real recordings. This project's own (the kernel corpus, the ViT what-if runs) are kept, trimmed,
+# in tests/data/shared (see its NOTICE) so that a fresh clone tests itself; public traces taken
+# from other repositories are never copied into the repository and are read from the data set
+# beside it (../shared/traces), with a skip that names the missing file where it is absent.
 VENDORED = REPO / "tests" / "data" / "shared"
 BESIDE = REPO.parent / "shared"
-SHARED_TRACES = VENDORED / "traces" if (VENDORED / "traces").is_dir() else BESIDE / "traces"
+SHARED_TRACES = BESIDE / "traces"
 SAMPLE_RUNS = REPO / "sample_runs"
 
 

@@ -170,11 +170,9 @@ def test_unfused_elementwise_still_fires_on_eager_runs():
 
 
 # --- item 8: a CUPTI range-profiler trace ---------------------------------------------------
-RANGE_PROFILED = Path(__file__).parent / "data" / "range_profiler" / "benchmark_result_924719_1679055439_trace.json.gz"
-
-
 def test_range_profiler_trace_is_flagged_as_distorted(cli):
-    code, out, err = cli(["report", str(RANGE_PROFILED)], env={"ADVISOR_CACHE": "off"})
+    range_profiled = shared_trace("misc/a100_cupti_profiler.json.gz")
+    code, out, err = cli(["report", str(range_profiled)], env={"ADVISOR_CACHE": "off"})
     assert code == 0
     text = " ".join((out + err).split())
     assert "range profiler" in text and "cannot be trusted" in text

@@ -67,7 +67,9 @@ ODD_NAMES = ["", "ProfilerStep#", "ProfilerStep#-1", "ProfilerStep#9999999999999
              "cudaLaunchKernel", "ncclKernel_AllReduce", "名前\u0000\ud7ff", "x" * 5000]
 
 have_traces = all((SHARED_TRACES / s).is_file() for s in SOURCES)
-needs_traces = pytest.mark.skipif(not have_traces, reason=f"real GPU traces not available at {SHARED_TRACES}")
+needs_traces = pytest.mark.skipif(
+    not have_traces, reason="public traces not available: " + ", ".join(str(SHARED_TRACES / s) for s in SOURCES if not (SHARED_TRACES / s).is_file())
+)
 
 IN_CI = bool(os.environ.get("CI"))
 FUZZ = settings(

@@ -42,7 +42,7 @@ def all_trace_files() -> list[Path]:
 
 
 TRACE_FILES = all_trace_files()
-needs_traces = pytest.mark.skipif(not TRACE_FILES, reason=f"real GPU traces not available at {SHARED_TRACES}")
+needs_traces = pytest.mark.skipif(not TRACE_FILES, reason=f"public traces not available: {SHARED_TRACES} is absent")
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 import orjson
 import pytest
 
-from conftest import SHARED_TRACES as TRACES  # the vendored copy, else ../shared/traces
+from conftest import SHARED_TRACES as TRACES  # ../shared/traces: public traces are never copied into the repository
 
 Event = dict[str, Any]
 Predicate = Callable[[Event], bool]
@@ -48,7 +48,7 @@ KNOWN = {
 def traces_dir() -> Path:
     """The shared traces folder; skips the calling test (with the reason) when it is absent."""
     if not TRACES.is_dir():
-        pytest.skip(f"real traces not found at {TRACES} (tests/data/shared/traces, or ../shared/traces beside the repository)")
+        pytest.skip(f"public traces not found: {TRACES} (the data set beside the repository) is absent")
     return TRACES
 
 
