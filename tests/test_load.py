@@ -41,6 +41,12 @@ def all_trace_files() -> list[Path]:
     return sorted(p for p in SHARED_TRACES.rglob("*.json.gz") if ".advisor-cache" not in p.parts)
 
 
+def own_trace_files() -> list[Path]:
+    """This project's own recordings (sample_runs/, tests/data/): checked with or without ../shared."""
+    roots = (REPO / "sample_runs", REPO / "tests" / "data")
+    return sorted(p for root in roots for p in root.rglob("*.pt.trace.json.gz"))
+
+
 TRACE_FILES = all_trace_files()
 needs_traces = pytest.mark.skipif(not TRACE_FILES, reason=f"public traces not available: {SHARED_TRACES} is absent")
 
@@ -88,8 +94,7 @@ def assert_same_frames(a, b) -> None:
 
 
 # --- both schemas, every device kind ---------------------------------------------------------
-@needs_traces
-@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", own_trace_files() + TRACE_FILES, ids=lambda p: p.name)
 def test_frames_hold_every_profiler_event_of_the_file(path):
     frames = load_trace(path)
     expected = expected_counts(path)
