@@ -19,7 +19,7 @@ import numpy as np
 
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import own_device_end
-from advisor.whatif.graph import CALL, MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
+from advisor.whatif.graph import CALL, MARK_END, MARK_START, StepGraph
 
 
 # The fastest host the calibration tries (a share of its window figure), and how close to that
@@ -192,19 +192,23 @@ def _effective(g: StepGraph, change: Change):
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row
     if change.call_scale or change.unwait:
-        node_of = {int(r): i for i, r in enumerate(rows) if r >= 0}
-        for r, f in change.call_scale.items():
-            i = node_of.get(int(r))
-            if i is not None:
-                dur[i] *= f
-        for r in change.unwait:
-            i = node_of.get(int(r))
-            if i is not None:
-                unwait[i] = True
-    tail = g.wait_tail.astype(np.float64)
-    base = np.minimum(g.h_dur, np.maximum(g.wait_tail, 0) + WAIT_CALL_BASE_NS).astype(np.float64) * scale
-    # An unwaited call keeps only its own cost (the scaled base), never the wait.
-    dur = np.where(unwait, np.minimum(dur, base), dur)
+        node_of = np.full(int(rows.max()) + 1 if len(rows) else 0, -1, dtype=np.int64)
+        node_of[rows[rows >= 0]] = np.nonzero(rows >= 0)[0]
+        if change.call_scale:
+            r = np.fromiter(change.call_scale.keys(), dtype=np.int64, count=len(change.call_scale))
+            f = np.fromiter(change.call_scale.values(), dtype=np.float64, count=len(change.call_scale))
+            ok = (r >= 0) & (r < len(node_of))
+            i = node_of[r[ok]]
+            dur[i[i >= 0]] *= f[ok][i >= 0]
+        if change.unwait:
+            r = np.fromiter(change.unwait, dtype=np.int64, count=len(change.unwait))
+            i = node_of[r[(r >= 0) & (r < len(node_of))]]
+            unwait[i[i >= 0]] = True
+    # A call that waited costs its base when it does not wait (unwaited, or the work it waited
+    # for done early); a call that never waited costs its duration, and where it waits for a
+    # queue slot it returns that long after the slot frees.
+    own = np.where(g.h_waited, np.minimum(dur, g.h_base.astype(np.float64) * scale), dur)
+    tail = np.where(g.h_waited, g.wait_tail.astype(np.float64), own)
     d_dur = g.d_dur.astype(np.float64) * change.device_scale_all
     delay = g.d_delay.astype(np.float64)
     d_gap = g.d_gap.astype(np.float64)
@@ -227,7 +231,7 @@ def _effective(g: StepGraph, change: Change):
             p = pos_of[r[(r >= 0) & (r < len(pos_of))]]
             d_gap[p] = np.minimum(d_gap[p], 0)
             delay[p] = np.minimum(delay[p], g.d_latency[p])
-    return gap, dur, unwait, tail, base, d_dur, delay, d_gap
+    return gap, own, unwait, tail, d_dur, delay, d_gap
 
 
 def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
@@ -244,29 +248,37 @@ def replay_nodes(g: StepGraph, change: Change) -> tuple[np.ndarray, np.ndarray, 
 
 def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[float], list[float]]:
     """Start and end of every host node and device op (ns, on the trace's clock)."""
-    gap, dur, unwait, tail, base, d_dur, delay, d_gap = effective
+    gap, own, unwait, tail, d_dur, delay, d_gap = effective
     n_h, n_d = len(g.h_ts), len(g.d_dur)
+    # per host node: its first device op (n_d: none) and its waits (CSR), as plain lists
+    first_op = np.searchsorted(g.d_launch, np.arange(n_h + 1), side="left").tolist()
+    wptr = np.where(unwait, 0, 1)  # an unwaited node keeps no waits
+    counts = np.diff(g.wait_ptr) * wptr
+    one = (counts == 1)
+    wone = np.where(one, g.wait_ops[np.minimum(g.wait_ptr[:-1], max(len(g.wait_ops) - 1, 0))] if len(g.wait_ops) else -1, -1).tolist()
+    many = (counts > 1).tolist()
+    wp, wops = g.wait_ptr.tolist(), g.wait_ops.tolist()
     anchor = g.h_anchor.tolist()
     serial = g.h_serial.tolist()
-    gap_l, dur_l, unwait_l, tail_l, base_l = gap.tolist(), dur.tolist(), unwait.tolist(), tail.tolist(), base.tolist()
-    wptr, wops = g.wait_ptr.tolist(), g.wait_ops.tolist()
-    d_launch, d_stream = g.d_launch.tolist(), g.d_stream.tolist()
+    gap_l, own_l, tail_l = gap.tolist(), own.tolist(), tail.tolist()
+    d_stream = g.d_stream.tolist()
     d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
     start = [0.0] * n_h
     end = [0.0] * n_h
     d_start = [0.0] * n_d
     d_end = [0.0] * n_d
     last = [float("-inf")] * max(g.n_streams, 1)
-    k = 0
     t0 = float(g.h_ts[0]) if n_h else 0.0
     for i in range(n_h):
         a = anchor[i]
         if a < 0:
             s = t0
+        elif serial[i]:
+            s = end[a] + gap_l[i]
         else:
-            s = (end[a] if serial[i] else start[a]) + gap_l[i]
+            s = start[a] + gap_l[i]
         start[i] = s
-        while k < n_d and d_launch[k] == i:
+        for k in range(first_op[i], first_op[i + 1]):
             st = d_stream[k]
             b = s + delay_l[k]
             q = last[st] + d_gap_l[k]
@@ -274,14 +286,18 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
                 b = q
             d_start[k] = b
             last[st] = d_end[k] = b + d_dur_l[k]
-            k += 1
-        p0, p1 = wptr[i], wptr[i + 1]
-        if p1 > p0 and not unwait_l[i]:
-            w = max(d_end[wops[p]] for p in range(p0, p1)) + tail_l[i]
-            own = s + min(dur_l[i], base_l[i])
-            end[i] = w if w > own else own
-        else:
-            end[i] = s + dur_l[i]
+        e = s + own_l[i]
+        w = wone[i]
+        if w >= 0:
+            w = d_end[w] + tail_l[i]
+            if w > e:
+                e = w
+        elif many[i]:
+            w = max(d_end[wops[p]] for p in range(wp[i], wp[i + 1])) + tail_l[i]
+            if w > e:
+                e = w
+        end[i] = e
+    k = first_op[n_h]
     while k < n_d:  # ops after the last host node (none in practice)
         st = d_stream[k]
         b = max(last[st] + d_gap_l[k], d_start[k - 1] if k else t0)
@@ -319,7 +335,9 @@ def _step_bounds(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np
     own_end = own_device_end(hs, he, dev_min, dev_max, count)
     starts = np.zeros(n, dtype=np.int64)
     ends = np.zeros(n, dtype=np.int64)
-    prev = hs[0] + int(g.step_start[0] - g.step_host_start[0])
+    prev = hs[0]
+    if g.d_pre.any():
+        prev = max(prev, int(np.round(d_end[g.d_pre].max())))
     for i in range(n):
         s = max(prev, hs[i]) if i else prev
         e = max(he[i], s) if count[i] == 0 else max(he[i], own_end[i], s)
@@ -366,8 +384,7 @@ def replay_step(g: StepGraph, change: Change | None = None, index: int | None = 
     i = int(np.argmin(np.abs(d - np.median(d)))) if index is None else int(index)
     lo, hi = float(s[i]), float(e[i])
     calls = (g.h_kind == CALL) & (end > lo) & (start < hi)
-    unwait = eff[2]
-    waited = np.diff(g.wait_ptr) > 0
+    waited = (end - start) > eff[1] + 1_000  # held past its own cost by the device work it waited for
     ops = (d_end > lo) & (d_start < hi)
     return ReplayedStep(
         index=i,
@@ -376,7 +393,7 @@ def replay_step(g: StepGraph, change: Change | None = None, index: int | None = 
         call_row=g.runtime_row[calls],
         call_start=np.round(start[calls] - lo).astype(np.int64),
         call_end=np.round(end[calls] - lo).astype(np.int64),
-        waits=(waited & ~unwait)[calls],
+        waits=waited[calls],
         device_row=g.device_row[ops],
         device_start=np.round(d_start[ops] - lo).astype(np.int64),
         device_end=np.round(d_end[ops] - lo).astype(np.int64),
