@@ -45,6 +45,9 @@ DEFAULT_LATENCY_NS = 5_000
 BLOCKED_NS = 20_000
 BLOCKED_FACTOR = 10.0
 RELEASE_NS = 20_000
+# An op that started this long after its launch and its stream's previous op allowed waited
+# for something else (another stream's op, when one ended just before it).
+HELD_NS = 20_000
 # A launch blocked on a full queue waited for an op at least this many launches earlier (a
 # slow call that returns as the op just before it ends is not back-pressure).
 MIN_QUEUE_LAG = 32
@@ -87,6 +90,8 @@ class StepGraph:
     d_latency: np.ndarray  # the stream's typical launch latency (what a queued op's delay is bounded by)
     d_step: np.ndarray  # step that launched it (-1: none)
     device_row: np.ndarray  # row in frames.device
+    d_dep: np.ndarray  # op of another stream this op waited for (-1: none)
+    d_dep_gap: np.ndarray  # from that op's end to this op's start
     d_pre: np.ndarray  # ops from before the first step that it starts after (metrics.steps)
     # steps
     step_ids: np.ndarray
@@ -201,6 +206,12 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         cap = np.full(len(dev), big, dtype=np.int64)
         cap[by] = bound
         launch[orphan] = np.minimum(launch[orphan], cap[orphan])
+        # Work in flight when the window opened (before the first launched op of its stream)
+        # was queued before the first host node: it replays from there, back to back.
+        first_launched = np.full(int(stream_codes.max()) + 1, big, dtype=np.int64)
+        np.minimum.at(first_launched, stream_codes[~orphan], d_ts[~orphan])
+        in_flight = orphan & (d_ts < first_launched[stream_codes])
+        launch[in_flight] = 0
     n_streams = int(stream_codes.max()) + 1 if len(dev) else 0
     order = np.lexsort((d_ts, launch)) if len(dev) else np.zeros(0, dtype=np.int64)
     launch, stream, ts, end = launch[order], stream_codes[order], d_ts[order], d_end[order]
@@ -223,7 +234,7 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
     raw_delay = ts - launch_ts  # negative only for ops from before the first host node
     # Queued: launched before the stream's previous op ended, so the stream, not the launch,
     # set its start (plus the measured bubble after its predecessor).
-    queued = has_prev & (launch_ts < np.where(has_prev, prev_end, 0))
+    queued = has_prev & ((launch_ts < np.where(has_prev, prev_end, 0)) | (orphan[order] & (launch == 0)))
     # The stream's launch latency, measured on ops launched onto an idle stream (a bubble
     # between queued ops says nothing of it).
     idle_found = (since_prev > QUEUED_NS) & ~queued & ~orphan[order] & (raw_delay >= 0)
@@ -235,6 +246,26 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
     lat = latency[stream] if len(ts) else np.zeros(0, dtype=np.int64)
     d_delay = np.where(queued, np.minimum(lat, raw_delay), raw_delay)
     d_gap = np.where(queued, np.maximum(since_prev, 0), np.minimum(np.where(has_prev, since_prev, 0), 0))
+    # Held by another stream: an op that started HELD_NS or more after both its launch (plus
+    # the latency) and its stream's previous op, just as an op of another stream ended (an
+    # event its stream waited on, a collective's input), follows that op, not the clock.
+    d_dep = np.full(len(ts), -1, dtype=np.int64)
+    d_dep_gap = np.zeros(len(ts), dtype=np.int64)
+    if n_streams > 1 and len(ts):
+        ready = launch_ts + lat
+        ready = np.where(has_prev, np.maximum(ready, np.where(has_prev, prev_end, 0) + QUEUED_NS), ready)
+        held = np.nonzero((ts - ready > HELD_NS) & ~orphan[order])[0]
+        by_end = np.argsort(end, kind="stable")
+        ends_sorted = end[by_end]
+        j = np.searchsorted(ends_sorted, ts[held], side="right") - 1
+        okj = j >= 0
+        dep = by_end[np.clip(j, 0, None)]
+        okj &= (stream[dep] != stream[held]) & (end[dep] >= ts[held] - RELEASE_NS) & (dep < held)
+        held, dep = held[okj], dep[okj]
+        d_dep[held] = dep
+        d_dep_gap[held] = ts[held] - end[dep]
+        d_delay[held] = np.minimum(d_delay[held], lat[held])
+        d_gap[held] = np.minimum(d_gap[held], 0)
 
     # --- steps -------------------------------------------------------------------------------
     hs = steps["host_start"].to_numpy(np.int64)
@@ -285,6 +316,8 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         d_step=d_step,
         device_row=order.astype(np.int64),
         d_pre=d_pre,
+        d_dep=d_dep,
+        d_dep_gap=d_dep_gap,
         step_ids=steps["step"].to_numpy(np.int64),
         step_start=steps["start"].to_numpy(np.int64),
         step_end=steps["end"].to_numpy(np.int64),

@@ -262,6 +262,7 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
     serial = g.h_serial.tolist()
     gap_l, own_l, tail_l = gap.tolist(), own.tolist(), tail.tolist()
     d_stream = g.d_stream.tolist()
+    dep, dep_gap = g.d_dep.tolist(), g.d_dep_gap.tolist()
     d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
     start = [0.0] * n_h
     end = [0.0] * n_h
@@ -284,6 +285,11 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
             q = last[st] + d_gap_l[k]
             if q > b:
                 b = q
+            dp = dep[k]
+            if dp >= 0:
+                q = d_end[dp] + dep_gap[k]
+                if q > b:
+                    b = q
             d_start[k] = b
             last[st] = d_end[k] = b + d_dur_l[k]
         e = s + own_l[i]
