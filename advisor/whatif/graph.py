@@ -12,11 +12,14 @@ boundaries as zero-length marks between them, and the device's kernels, copies a
   sat in the queue) the latency is the stream's typical one, otherwise the measured one.
 - stream order: a device op starts after the previous op of its stream (plus the measured
   gap when it was queued).
-- waits: a synchronize call, and a copy call that returned only after its copy finished
-  (pageable or device-to-host), ends no earlier than the device work it waited for, plus the
-  measured time the call took after that work finished. So does any other call that took
-  long and returned just as a device op finished while hundreds of launches were still
-  outstanding (a launch into a full queue): it waited for that op.
+- waits (host time blocked on the device is elastic; see `_waits`): a synchronize call, and
+  a copy call that returned only after its copy finished (pageable or device-to-host), ends
+  no earlier than the device work it waited for, plus its measured time after that work; a
+  launch into a full queue ends no earlier than the op it waited for a queue slot from; every
+  other enqueue call, no earlier than the op the run's queue depth before it. A waiting
+  call's own cost is its base: what a call of its kind costs when it does not wait.
+- device-side waits: an op held well past its launch and its stream, which started just as
+  an op of another stream ended, follows that op.
 
 Everything is NumPy arrays built with vectorised joins; only the replay walks the nodes in
 order. Indices into the rank's frames (`runtime_row`, `device_row`) let a fix name the calls
