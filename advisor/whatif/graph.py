@@ -103,6 +103,9 @@ class StepGraph:
     step_host_start: np.ndarray
     n_streams: int
 
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}  # no replay caches
+
     @property
     def measured_step_ns(self) -> np.ndarray:
         return self.step_end - self.step_start

@@ -246,20 +246,42 @@ def replay_nodes(g: StepGraph, change: Change) -> tuple[np.ndarray, np.ndarray, 
     return tuple(np.asarray(x) for x in _simulate(g, _effective(g, change)))  # type: ignore[return-value]
 
 
+def _static_lists(g: StepGraph) -> tuple:
+    """The graph's fixed arrays as plain lists for the node walk, built once per graph."""
+    cached = g.__dict__.get("_lists")
+    if cached is None:
+        n_h = len(g.h_ts)
+        counts = np.diff(g.wait_ptr)
+        first_w = g.wait_ops[np.minimum(g.wait_ptr[:-1], max(len(g.wait_ops) - 1, 0))] if len(g.wait_ops) else np.full(n_h, -1)
+        cached = (
+            np.searchsorted(g.d_launch, np.arange(n_h + 1), side="left").tolist(),
+            g.h_anchor.tolist(),
+            g.h_serial.tolist(),
+            g.d_stream.tolist(),
+            g.d_dep.tolist(),
+            g.d_dep_gap.tolist(),
+            g.wait_ptr.tolist(),
+            g.wait_ops.tolist(),
+            first_w,
+            np.where(counts == 1, first_w, -1).tolist(),
+            (counts > 1).tolist(),
+        )
+        g.__dict__["_lists"] = cached
+    return cached
+
+
 def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[float], list[float]]:
     """Start and end of every host node and device op (ns, on the trace's clock)."""
     gap, own, unwait, tail, d_dur, delay, d_gap = effective
     n_h, n_d = len(g.h_ts), len(g.d_dur)
-    # per host node: its first device op (n_d: none) and its waits (CSR), as plain lists
-    first_op = np.searchsorted(g.d_launch, np.arange(n_h + 1), side="left").tolist()
-    wptr = np.where(unwait, 0, 1)  # an unwaited node keeps no waits
-    counts = np.diff(g.wait_ptr) * wptr
-    one = (counts == 1)
-    wone = np.where(one, g.wait_ops[np.minimum(g.wait_ptr[:-1], max(len(g.wait_ops) - 1, 0))] if len(g.wait_ops) else -1, -1).tolist()
-    many = (counts > 1).tolist()
-    wp, wops = g.wait_ptr.tolist(), g.wait_ops.tolist()
-    anchor = g.h_anchor.tolist()
-    serial = g.h_serial.tolist()
+    static = _static_lists(g)
+    first_op, anchor, serial, d_stream, dep, dep_gap, wp, wops = static[:8]
+    if unwait.any():  # an unwaited node keeps no waits
+        counts = np.diff(g.wait_ptr) * ~unwait
+        wone = np.where(counts == 1, static[8], -1).tolist()
+        many = (counts > 1).tolist()
+    else:
+        wone, many = static[9], static[10]
     gap_l, own_l, tail_l = gap.tolist(), own.tolist(), tail.tolist()
     d_stream = g.d_stream.tolist()
     dep, dep_gap = g.d_dep.tolist(), g.d_dep_gap.tolist()
@@ -270,36 +292,36 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
     d_end = [0.0] * n_d
     last = [float("-inf")] * max(g.n_streams, 1)
     t0 = float(g.h_ts[0]) if n_h else 0.0
-    for i in range(n_h):
-        a = anchor[i]
+    nxt = first_op[1:]
+    for i, (a, ser, gp, ow, tl, w, mw, k0, k1) in enumerate(zip(anchor, serial, gap_l, own_l, tail_l, wone, many, first_op, nxt)):
         if a < 0:
             s = t0
-        elif serial[i]:
-            s = end[a] + gap_l[i]
+        elif ser:
+            s = end[a] + gp
         else:
-            s = start[a] + gap_l[i]
+            s = start[a] + gp
         start[i] = s
-        for k in range(first_op[i], first_op[i + 1]):
-            st = d_stream[k]
-            b = s + delay_l[k]
-            q = last[st] + d_gap_l[k]
-            if q > b:
-                b = q
-            dp = dep[k]
-            if dp >= 0:
-                q = d_end[dp] + dep_gap[k]
+        if k1 > k0:
+            for k in range(k0, k1):
+                st = d_stream[k]
+                b = s + delay_l[k]
+                q = last[st] + d_gap_l[k]
                 if q > b:
                     b = q
-            d_start[k] = b
-            last[st] = d_end[k] = b + d_dur_l[k]
-        e = s + own_l[i]
-        w = wone[i]
+                dp = dep[k]
+                if dp >= 0:
+                    q = d_end[dp] + dep_gap[k]
+                    if q > b:
+                        b = q
+                d_start[k] = b
+                last[st] = d_end[k] = b + d_dur_l[k]
+        e = s + ow
         if w >= 0:
-            w = d_end[w] + tail_l[i]
+            w = d_end[w] + tl
             if w > e:
                 e = w
-        elif many[i]:
-            w = max(d_end[wops[p]] for p in range(wp[i], wp[i + 1])) + tail_l[i]
+        elif mw:
+            w = max(d_end[wops[p]] for p in range(wp[i], wp[i + 1])) + tl
             if w > e:
                 e = w
         end[i] = e
