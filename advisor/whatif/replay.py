@@ -87,19 +87,22 @@ class Change:
         for c in changes:
             out.host_remove += c.host_remove
             out.host_scale *= c.host_scale
-            for k, v in c.call_scale.items():
-                out.call_scale[k] = _combine(out.call_scale.get(k, 1.0), v)
+            _merge_factors(out.call_scale, c.call_scale)
             out.unwait |= c.unwait
-            for k, v in c.device_scale.items():
-                out.device_scale[k] = _combine(out.device_scale.get(k, 1.0), v)
+            _merge_factors(out.device_scale, c.device_scale)
             out.tight_launch |= c.tight_launch
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
             out.host_add += c.host_add
             out.host_add_unprofiled += c.host_add_unprofiled
-            for k, v in c.device_add.items():
-                out.device_add[k] = max(out.device_add.get(k, 0.0), v)  # the same casts do not stack
+            if out.device_add:
+                common = out.device_add.keys() & c.device_add.keys()
+                out.device_add.update(c.device_add)
+                for k in common:  # the same casts do not stack
+                    out.device_add[k] = max(out.device_add[k], c.device_add[k])
+            else:
+                out.device_add.update(c.device_add)
             out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
             for k, v in c.untimed_host.items():
                 out.untimed_host[k] = out.untimed_host.get(k, 0.0) + v
@@ -109,6 +112,18 @@ class Change:
         out = Change.merge([self])
         out.host_scale = self.host_scale * scale
         return out
+
+
+def _merge_factors(dst: dict[int, float], src: dict[int, float]) -> None:
+    """Factors of `src` into `dst` (row -> factor), `_combine`d where both name a row."""
+    if not dst:
+        dst.update(src)
+        return
+    common = dst.keys() & src.keys() if len(src) < len(dst) else src.keys() & dst.keys()
+    before = {k: dst[k] for k in common}
+    dst.update(src)
+    for k in common:
+        dst[k] = _combine(before[k], src[k])
 
 
 def _combine(a: float, b: float) -> float:
