@@ -64,7 +64,7 @@ def main() -> int:
             known = lambda inv_name: (inv_name, trace) in inv.KNOWN  # noqa: E731
             for key, val, bad in (
                 ("1", err, err > worst["1"]),
-                ("2", mono, mono > worst["2"]),
+                ("2", mono, mono > max(worst["2"], 0.5)),
                 ("3a", abs(got - host) / host if host else 0.0, host and abs(got - host) / host > worst["3a"] and not known("device_zero")),
                 ("3b", max(lo - span, span - hi, 0.0) if np.isfinite(span) else 0.0, np.isfinite(span) and max(lo - span, span - hi, 0.0) > worst["3b"]),
                 ("4", s4, np.isfinite(s4) and s4 < worst["4"] and not known("halving")),

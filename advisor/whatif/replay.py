@@ -26,6 +26,9 @@ from advisor.whatif.graph import CALL, MARK_END, MARK_START, StepGraph
 # host's replayed step a slower host may come while still counting as off the critical path.
 HOST_SCALE_FLOOR = 0.05
 HOST_OFF_PATH = 0.003
+# Bisection steps of the calibration: the scale to 0.95 / 2**12 = 2.3e-4 (a step's host time
+# to that share of it), each a replay of the whole window.
+CALIBRATE_STEPS = 12
 
 
 @dataclass
@@ -298,8 +301,6 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
     else:
         wone, many = static[9], static[10]
     gap_l, own_l, tail_l = gap.tolist(), own.tolist(), tail.tolist()
-    d_stream = g.d_stream.tolist()
-    dep, dep_gap = g.d_dep.tolist(), g.d_dep_gap.tolist()
     d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
     start = [0.0] * n_h
     end = [0.0] * n_h
@@ -467,7 +468,7 @@ def calibrate(g: StepGraph, target_median_ms: float, build=None, fastest: bool =
         target_median_ms = floor * 1.005  # the device bounds the step before the host reaches the target
     elif fastest:
         target_median_ms = floor * (1 + HOST_OFF_PATH)
-    for _ in range(16):
+    for _ in range(CALIBRATE_STEPS):
         mid = (lo + hi) / 2
         if replay(g, build(mid)).median_ms > target_median_ms:
             hi = mid
