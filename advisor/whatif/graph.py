@@ -260,7 +260,7 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
     if n_streams > 1 and len(ts):
         ready = launch_ts + lat
         ready = np.where(has_prev, np.maximum(ready, np.where(has_prev, prev_end, 0) + QUEUED_NS), ready)
-        held = np.nonzero((ts - ready > HELD_NS) & ~orphan[order])[0]
+        held = np.nonzero(ts - ready > HELD_NS)[0]
         by_end = np.argsort(end, kind="stable")
         ends_sorted = end[by_end]
         j = np.searchsorted(ends_sorted, ts[held], side="right") - 1
