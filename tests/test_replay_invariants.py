@@ -292,3 +292,30 @@ def test_halving_a_busy_device_saves_a_third(trace):
     for r in ranks(trace):
         saved = halved_savings(r)
         assert (saved >= 0.35).all(), (trace, r.rank, saved, r.busy)
+
+
+# --- the launch queue --------------------------------------------------------------------------
+
+# Runs whose host blocked in launches because the device's launch queue was full.
+QUEUE_FULL = [
+    "sample_runs/resnet18_cifar/runs/gpu_walk_final",
+    "whatif/h100_vit/batch256",
+    "shared/traces/misc/v100_ns_resolution.pt.trace.json.gz",
+]
+
+
+@pytest.mark.parametrize("trace", QUEUE_FULL)
+def test_queue_depth_is_read_from_the_launches_that_blocked(trace):
+    """CUDA's launch queue holds about a thousand launches; each run's own blocked launches say so."""
+    (r,) = ranks(trace)
+    assert r.graph.queue_depth_measured
+    assert 900 <= r.graph.queue_depth <= 1100, r.graph.queue_depth
+
+
+def test_device_bound_run_halved_saves_a_third_of_its_median_step():
+    """gpu_walk_final waits in ~2.9 ms launches (the queue is full): its host is paced by the
+    device, so a device twice as fast takes most of the step with it."""
+    (r,) = ranks("sample_runs/resnet18_cifar/runs/gpu_walk_final")
+    base = replay(r.graph).median_ms
+    half = replay(r.graph, Change(device_scale_all=0.5)).median_ms
+    assert (base - half) / base >= 0.35, (base, half)
