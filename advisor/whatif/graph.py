@@ -12,11 +12,14 @@ boundaries as zero-length marks between them, and the device's kernels, copies a
   sat in the queue) the latency is the stream's typical one, otherwise the measured one.
 - stream order: a device op starts after the previous op of its stream (plus the measured
   gap when it was queued).
-- waits: a synchronize call, and a copy call that returned only after its copy finished
-  (pageable or device-to-host), ends no earlier than the device work it waited for, plus the
-  measured time the call took after that work finished. So does any other call that took
-  long and returned just as a device op finished while hundreds of launches were still
-  outstanding (a launch into a full queue): it waited for that op.
+- waits (host time blocked on the device is elastic; see `_waits`): a synchronize call, and
+  a copy call that returned only after its copy finished (pageable or device-to-host), ends
+  no earlier than the device work it waited for, plus its measured time after that work; a
+  launch into a full queue ends no earlier than the op it waited for a queue slot from; every
+  other enqueue call, no earlier than the op the run's queue depth before it. A waiting
+  call's own cost is its base: what a call of its kind costs when it does not wait.
+- device-side waits: an op held well past its launch and its stream, which started just as
+  an op of another stream ended, follows that op.
 
 Everything is NumPy arrays built with vectorised joins; only the replay walks the nodes in
 order. Indices into the rank's frames (`runtime_row`, `device_row`) let a fix name the calls
@@ -40,13 +43,22 @@ MARK_START, MARK_END, CALL = 1, 2, 0
 QUEUED_NS = 3_000
 # Launch latency used when a stream has no launch-bound op to measure it on.
 DEFAULT_LATENCY_NS = 5_000
-# A call longer than this that returned within RELEASE_NS of a device op's end waited for it.
+# A call that lasted longer than this and BLOCKED_FACTOR times the median of its kind, and
+# returned within RELEASE_NS of a device op's end, waited for that op.
 BLOCKED_NS = 20_000
-RELEASE_NS = 5_000
-# Launches outstanding on the device before a call counts as back-pressure (CUDA's launch
-# queue holds about a thousand).
-QUEUE_DEPTH = 768
-# What a wait call costs the host besides the wait itself (the part a fix cannot remove).
+BLOCKED_FACTOR = 10.0
+RELEASE_NS = 20_000
+# An op that started this long after its launch and its stream's previous op allowed waited
+# for something else (another stream's op, when one ended just before it).
+HELD_NS = 20_000
+# A launch blocked on a full queue waited for an op at least this many launches earlier (a
+# slow call that returns as the op just before it ends is not back-pressure).
+MIN_QUEUE_LAG = 32
+# Launches the queue holds where no launch of the run blocked to measure it (CUDA's launch
+# queue holds about a thousand: 1020-1026 on the recorded V100, A100 and H100 runs).
+QUEUE_DEPTH_DEFAULT = 1024
+# What a wait call costs the host besides the wait itself, where the trace has no call of the
+# same kind that did not wait (the part a fix cannot remove).
 WAIT_CALL_BASE_NS = 2_000
 
 
@@ -67,7 +79,11 @@ class StepGraph:
     # waits: CSR from host node to the device ops it waited for
     wait_ptr: np.ndarray
     wait_ops: np.ndarray
-    wait_tail: np.ndarray  # per host node: measured time from the waited work's end to the call's end
+    wait_tail: np.ndarray  # per host node: time from the waited work's end to the call's end
+    h_base: np.ndarray  # per host node: what the call costs when it does not wait (its duration if it never waits)
+    h_waited: np.ndarray  # per host node: the trace shows it waiting for device work (else its waits did not bind)
+    queue_depth: int  # launches the device queue holds (see `_waits`)
+    queue_depth_measured: bool  # inferred from launches that blocked (else QUEUE_DEPTH_DEFAULT)
     # device ops, in replay order (by launch node, then start)
     d_launch: np.ndarray  # host node that launched (or precedes) the op
     d_stream: np.ndarray  # stream code (0..n_streams-1)
@@ -77,12 +93,18 @@ class StepGraph:
     d_latency: np.ndarray  # the stream's typical launch latency (what a queued op's delay is bounded by)
     d_step: np.ndarray  # step that launched it (-1: none)
     device_row: np.ndarray  # row in frames.device
+    d_dep: np.ndarray  # op of another stream this op waited for (-1: none)
+    d_dep_gap: np.ndarray  # from that op's end to this op's start
+    d_pre: np.ndarray  # ops from before the first step that it starts after (metrics.steps)
     # steps
     step_ids: np.ndarray
     step_start: np.ndarray  # measured spans (as metrics.steps)
     step_end: np.ndarray
     step_host_start: np.ndarray
     n_streams: int
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}  # no replay caches
 
     @property
     def measured_step_ns(self) -> np.ndarray:
@@ -190,6 +212,12 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         cap = np.full(len(dev), big, dtype=np.int64)
         cap[by] = bound
         launch[orphan] = np.minimum(launch[orphan], cap[orphan])
+        # Work in flight when the window opened (before the first launched op of its stream)
+        # was queued before the first host node: it replays from there, back to back.
+        first_launched = np.full(int(stream_codes.max()) + 1, big, dtype=np.int64)
+        np.minimum.at(first_launched, stream_codes[~orphan], d_ts[~orphan])
+        in_flight = orphan & (d_ts < first_launched[stream_codes])
+        launch[in_flight] = 0
     n_streams = int(stream_codes.max()) + 1 if len(dev) else 0
     order = np.lexsort((d_ts, launch)) if len(dev) else np.zeros(0, dtype=np.int64)
     launch, stream, ts, end = launch[order], stream_codes[order], d_ts[order], d_end[order]
@@ -210,19 +238,40 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
     has_prev = prev_end > np.iinfo(np.int64).min
     since_prev = np.where(has_prev, ts - np.where(has_prev, prev_end, 0), np.iinfo(np.int64).max)
     raw_delay = ts - launch_ts  # negative only for ops from before the first host node
-    # The stream's launch latency, measured on ops that found their stream idle.
-    idle_found = (since_prev > QUEUED_NS) & ~orphan[order]
+    # Queued: launched before the stream's previous op ended, so the stream, not the launch,
+    # set its start (plus the measured bubble after its predecessor).
+    queued = has_prev & ((launch_ts < np.where(has_prev, prev_end, 0)) | (orphan[order] & (launch == 0)))
+    # The stream's launch latency, measured on ops launched onto an idle stream (a bubble
+    # between queued ops says nothing of it).
+    idle_found = (since_prev > QUEUED_NS) & ~queued & ~orphan[order] & (raw_delay >= 0)
     latency = np.full(max(n_streams, 1), DEFAULT_LATENCY_NS, dtype=np.int64)
     for s in range(n_streams):
         sel = idle_found & (stream == s)
         if sel.any():
             latency[s] = int(np.median(raw_delay[sel]))
     lat = latency[stream] if len(ts) else np.zeros(0, dtype=np.int64)
-    # Queued: launched before the stream's previous op ended, so the stream, not the launch,
-    # set its start (plus the measured bubble after its predecessor).
-    queued = has_prev & (launch_ts < np.where(has_prev, prev_end, 0))
     d_delay = np.where(queued, np.minimum(lat, raw_delay), raw_delay)
     d_gap = np.where(queued, np.maximum(since_prev, 0), np.minimum(np.where(has_prev, since_prev, 0), 0))
+    # Held by another stream: an op that started HELD_NS or more after both its launch (plus
+    # the latency) and its stream's previous op, just as an op of another stream ended (an
+    # event its stream waited on, a collective's input), follows that op, not the clock.
+    d_dep = np.full(len(ts), -1, dtype=np.int64)
+    d_dep_gap = np.zeros(len(ts), dtype=np.int64)
+    if n_streams > 1 and len(ts):
+        ready = launch_ts + lat
+        ready = np.where(has_prev, np.maximum(ready, np.where(has_prev, prev_end, 0) + QUEUED_NS), ready)
+        held = np.nonzero(ts - ready > HELD_NS)[0]
+        by_end = np.argsort(end, kind="stable")
+        ends_sorted = end[by_end]
+        j = np.searchsorted(ends_sorted, ts[held], side="right") - 1
+        okj = j >= 0
+        dep = by_end[np.clip(j, 0, None)]
+        okj &= (stream[dep] != stream[held]) & (end[dep] >= ts[held] - RELEASE_NS) & (dep < held)
+        held, dep = held[okj], dep[okj]
+        d_dep[held] = dep
+        d_dep_gap[held] = ts[held] - end[dep]
+        d_delay[held] = np.minimum(d_delay[held], lat[held])
+        d_gap[held] = np.minimum(d_gap[held], 0)
 
     # --- steps -------------------------------------------------------------------------------
     hs = steps["host_start"].to_numpy(np.int64)
@@ -236,57 +285,16 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         inside[okk] = call_end[okk] <= he[idx[okk]]
         d_step = np.where(inside, idx, -1)
 
+    # The first step starts after the device work from before it that ended before its own
+    # began (metrics.steps): that work, replayed, sets its start.
+    d_pre = np.zeros(len(ts), dtype=bool)
+    first_own = d_step == 0
+    if first_own.any():
+        d_pre = (d_step < 0) & (end < ts[first_own].min())
+
     # --- waits -------------------------------------------------------------------------------
-    is_wait_row = _matches(rt["name"], WAIT_CALL)
-    wait_nodes = node_of_row[np.nonzero(is_wait_row)[0]]
-    wait_nodes = np.sort(wait_nodes[wait_nodes >= 0])
-    pairs_node, pairs_op = [], []
-    for s in range(n_streams):
-        pos = np.nonzero(stream == s)[0]  # replay order, so launch nodes ascend
-        if len(pos) == 0 or len(wait_nodes) == 0:
-            continue
-        last = np.searchsorted(launch[pos], wait_nodes, side="right") - 1
-        okw = last >= 0
-        op = pos[np.clip(last, 0, None)]
-        w_s, w_e = h_ts[wait_nodes], h_end[wait_nodes]
-        waited = okw & (end[op] > w_s) & (end[op] <= w_e + 1_000)
-        pairs_node.append(wait_nodes[waited])
-        pairs_op.append(op[waited])
-    # Back-pressure: any other call that lasted long and returned just as a device op finished
-    # (a launch into a full queue, an allocator call that synchronizes) waited for that op.
-    other = np.nonzero((runtime_row >= 0) & (h_dur > BLOCKED_NS))[0]
-    other = other[~np.isin(other, wait_nodes)] if len(wait_nodes) else other
-    if len(other) and len(end):
-        by_end = np.argsort(end, kind="stable")
-        ends_sorted = end[by_end]
-        w_e = h_ts[other] + h_dur[other]
-        j = np.searchsorted(ends_sorted, w_e + 1_000, side="right") - 1
-        okb = j >= 0
-        op = by_end[np.clip(j, 0, None)]
-        # Only with a deep queue: on a busy device some op ends within microseconds of any call.
-        ends_before = np.searchsorted(ends_sorted, h_ts[other], side="right")
-        launched_before = np.searchsorted(np.sort(launch), other, side="left")
-        deep = (launched_before - ends_before) >= QUEUE_DEPTH
-        released = okb & deep & (end[op] >= np.maximum(h_ts[other], w_e - RELEASE_NS)) & (launch[op] < other)
-        pairs_node.append(other[released])
-        pairs_op.append(op[released])
-    n_h = len(h_ts)
-    wait_ptr = np.zeros(n_h + 1, dtype=np.int64)
-    wait_tail = np.zeros(n_h, dtype=np.int64)
-    if pairs_node:
-        pn = np.concatenate(pairs_node)
-        po = np.concatenate(pairs_op)
-        o = np.lexsort((po, pn))
-        pn, po = pn[o], po[o]
-        np.add.at(wait_ptr, pn + 1, 1)
-        wait_ptr = np.cumsum(wait_ptr)
-        last_end = np.full(n_h, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(last_end, pn, end[po])
-        has_w = last_end > np.iinfo(np.int64).min
-        wait_tail[has_w] = h_end[has_w] - last_end[has_w]
-        wait_ops = po
-    else:
-        wait_ops = np.zeros(0, dtype=np.int64)
+    waits = _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, end, orphan[order], n_streams)
+    wait_ptr, wait_ops, wait_tail, h_base, h_waited, depth, depth_measured = waits
 
     return StepGraph(
         h_ts=h_ts,
@@ -301,6 +309,10 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         wait_ptr=wait_ptr,
         wait_ops=wait_ops,
         wait_tail=wait_tail,
+        h_base=h_base,
+        h_waited=h_waited,
+        queue_depth=depth,
+        queue_depth_measured=depth_measured,
         d_launch=launch,
         d_stream=stream,
         d_dur=dur,
@@ -309,9 +321,124 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         d_latency=lat,
         d_step=d_step,
         device_row=order.astype(np.int64),
+        d_pre=d_pre,
+        d_dep=d_dep,
+        d_dep_gap=d_dep_gap,
         step_ids=steps["step"].to_numpy(np.int64),
         step_start=steps["start"].to_numpy(np.int64),
         step_end=steps["end"].to_numpy(np.int64),
         step_host_start=hs,
         n_streams=n_streams,
     )
+
+
+def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, end, orphan, n_streams):
+    """Which device ops each host node waits for, the time from their end to the node's end,
+    each node's unblocked cost, and the run's launch-queue depth (see the module docstring).
+
+    Three kinds of wait, all from the trace:
+    - a wait call (synchronize, blocking copy, free) waits for the last op of each stream
+      launched before it that finished while it ran;
+    - an enqueue call (launch, memset, async copy) that lasted far longer than its kind's
+      median and returned just as an op MIN_QUEUE_LAG or more queue entries earlier finished
+      was blocked on a full queue: it waited for that op. The run's depth is the median lag
+      of those calls;
+    - every other enqueue call waits for the op `depth` entries earlier in the queue (it
+      cannot be queued before that op leaves), unless the trace shows it did not (the queue
+      was deeper there: several streams, a driver that batches).
+    A node's base is what it costs when it does not wait: the median of its kind among the
+    calls that did not wait, never more than its own duration nor less than its time after
+    the waited work; where no call of its kind went unblocked, its time after the waited
+    work plus WAIT_CALL_BASE_NS.
+    """
+    rt = frames.runtime
+    n_h, n_d = len(h_ts), len(ts)
+    h_end = h_ts + h_dur
+    is_call = runtime_row >= 0
+    names = np.full(n_h, -1, dtype=np.int64)
+    if len(rt):
+        codes, _ = pd.factorize(rt["name"].astype(str).to_numpy())
+        names[is_call] = codes[runtime_row[is_call]]
+    pairs_node: list[np.ndarray] = []
+    pairs_op: list[np.ndarray] = []
+    # 1. wait calls
+    is_wait_row = _matches(rt["name"], WAIT_CALL)
+    wait_nodes = node_of_row[np.nonzero(is_wait_row)[0]]
+    wait_nodes = np.sort(wait_nodes[wait_nodes >= 0])
+    for s in range(n_streams):
+        pos = np.nonzero(stream == s)[0]  # replay order, so launch nodes ascend
+        if len(pos) == 0 or len(wait_nodes) == 0:
+            continue
+        last = np.searchsorted(launch[pos], wait_nodes, side="right") - 1
+        okw = last >= 0
+        op = pos[np.clip(last, 0, None)]
+        w_s, w_e = h_ts[wait_nodes], h_end[wait_nodes]
+        waited = okw & (end[op] > w_s) & (end[op] <= w_e + 1_000)
+        pairs_node.append(wait_nodes[waited])
+        pairs_op.append(op[waited])
+    measured_wait = np.zeros(n_h, dtype=bool)
+    for pn in pairs_node:
+        measured_wait[pn] = True
+
+    # 2. the launch queue: orphans (in flight when the window opened) first, then launches in issue order
+    q_order = np.lexsort((ts, np.where(orphan, 0, launch), ~orphan)) if n_d else np.zeros(0, dtype=np.int64)
+    qpos = np.empty(n_d, dtype=np.int64)
+    qpos[q_order] = np.arange(n_d)
+    first_q = np.full(n_h, np.iinfo(np.int64).max, dtype=np.int64)
+    if n_d:
+        np.minimum.at(first_q, launch[~orphan], qpos[~orphan])
+    enq = np.nonzero(first_q < np.iinfo(np.int64).max)[0]
+    depth, depth_measured = QUEUE_DEPTH_DEFAULT, False
+    typical = np.zeros(n_h, dtype=np.float64)
+    if len(enq):
+        med = pd.Series(h_dur[enq]).groupby(names[enq]).median()
+        typical[enq] = med.reindex(names[enq]).to_numpy()
+        long = enq[(h_dur[enq] > BLOCKED_NS) & (h_dur[enq] > BLOCKED_FACTOR * typical[enq]) & ~measured_wait[enq]]
+        blocked = np.zeros(0, dtype=np.int64)
+        if len(long):
+            by_end = np.argsort(end, kind="stable")
+            ends_sorted = end[by_end]
+            j = np.searchsorted(ends_sorted, h_end[long] + 1_000, side="right") - 1
+            okj = j >= 0
+            op = by_end[np.clip(j, 0, None)]
+            lag = first_q[long] - qpos[op]
+            rel = okj & (end[op] >= np.maximum(h_ts[long], h_end[long] - RELEASE_NS)) & (lag >= MIN_QUEUE_LAG)
+            blocked, blocked_op, lags = long[rel], op[rel], lag[rel]
+            if len(blocked) >= 3:
+                depth, depth_measured = int(np.median(lags)), True
+            pairs_node.append(blocked)
+            pairs_op.append(blocked_op)
+            measured_wait[blocked] = True
+        rest = enq[~measured_wait[enq]]
+        q = first_q[rest] - depth
+        okq = q >= 0
+        rest, q = rest[okq], q[okq]
+        op = q_order[q]
+        # only where the trace agrees: the op `depth` launches earlier ended before the call could return
+        agree = end[op] + h_dur[rest] <= h_end[rest]
+        pairs_node.append(rest[agree])
+        pairs_op.append(op[agree])
+
+    wait_ptr = np.zeros(n_h + 1, dtype=np.int64)
+    wait_tail = np.zeros(n_h, dtype=np.int64)
+    h_base = h_dur.copy()
+    pn = np.concatenate(pairs_node) if pairs_node else np.zeros(0, dtype=np.int64)
+    po = np.concatenate(pairs_op) if pairs_op else np.zeros(0, dtype=np.int64)
+    if len(pn):
+        o = np.lexsort((po, pn))
+        pn, po = pn[o], po[o]
+        np.add.at(wait_ptr, pn + 1, 1)
+        wait_ptr = np.cumsum(wait_ptr)
+        last_end = np.full(n_h, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(last_end, pn, end[po])
+        has_w = last_end > np.iinfo(np.int64).min
+        tail = np.maximum(h_end - np.where(has_w, last_end, 0), 0)
+        # base: the median of the node's kind among calls that did not wait
+        free = is_call & ~measured_wait
+        idle_med = pd.Series(h_dur[free]).groupby(names[free]).median()
+        kind_base = idle_med.reindex(names).to_numpy()
+        w = measured_wait
+        base_w = np.where(np.isnan(kind_base[w]), tail[w] + WAIT_CALL_BASE_NS, np.maximum(kind_base[w], tail[w]))
+        h_base[w] = np.minimum(h_dur[w], base_w.astype(np.int64))
+        wait_tail[w] = tail[w]  # a call that did not wait (a queue slot it found free) has none: its own cost follows the op
+    return wait_ptr, po, wait_tail, h_base, measured_wait, depth, depth_measured

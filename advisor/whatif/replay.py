@@ -19,13 +19,16 @@ import numpy as np
 
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import own_device_end
-from advisor.whatif.graph import CALL, MARK_END, MARK_START, WAIT_CALL_BASE_NS, StepGraph
+from advisor.whatif.graph import CALL, MARK_END, MARK_START, StepGraph
 
 
 # The fastest host the calibration tries (a share of its window figure), and how close to that
 # host's replayed step a slower host may come while still counting as off the critical path.
 HOST_SCALE_FLOOR = 0.05
 HOST_OFF_PATH = 0.003
+# Bisection steps of the calibration: the scale to 0.95 / 2**12 = 2.3e-4 (a step's host time
+# to that share of it), each a replay of the whole window.
+CALIBRATE_STEPS = 12
 
 
 @dataclass
@@ -87,19 +90,22 @@ class Change:
         for c in changes:
             out.host_remove += c.host_remove
             out.host_scale *= c.host_scale
-            for k, v in c.call_scale.items():
-                out.call_scale[k] = _combine(out.call_scale.get(k, 1.0), v)
+            _merge_factors(out.call_scale, c.call_scale)
             out.unwait |= c.unwait
-            for k, v in c.device_scale.items():
-                out.device_scale[k] = _combine(out.device_scale.get(k, 1.0), v)
+            _merge_factors(out.device_scale, c.device_scale)
             out.tight_launch |= c.tight_launch
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
             out.host_add += c.host_add
             out.host_add_unprofiled += c.host_add_unprofiled
-            for k, v in c.device_add.items():
-                out.device_add[k] = max(out.device_add.get(k, 0.0), v)  # the same casts do not stack
+            if out.device_add:
+                common = out.device_add.keys() & c.device_add.keys()
+                out.device_add.update(c.device_add)
+                for k in common:  # the same casts do not stack
+                    out.device_add[k] = max(out.device_add[k], c.device_add[k])
+            else:
+                out.device_add.update(c.device_add)
             out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
             for k, v in c.untimed_host.items():
                 out.untimed_host[k] = out.untimed_host.get(k, 0.0) + v
@@ -109,6 +115,18 @@ class Change:
         out = Change.merge([self])
         out.host_scale = self.host_scale * scale
         return out
+
+
+def _merge_factors(dst: dict[int, float], src: dict[int, float]) -> None:
+    """Factors of `src` into `dst` (row -> factor), `_combine`d where both name a row."""
+    if not dst:
+        dst.update(src)
+        return
+    common = dst.keys() & src.keys() if len(src) < len(dst) else src.keys() & dst.keys()
+    before = {k: dst[k] for k in common}
+    dst.update(src)
+    for k in common:
+        dst[k] = _combine(before[k], src[k])
 
 
 def _combine(a: float, b: float) -> float:
@@ -192,19 +210,23 @@ def _effective(g: StepGraph, change: Change):
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row
     if change.call_scale or change.unwait:
-        node_of = {int(r): i for i, r in enumerate(rows) if r >= 0}
-        for r, f in change.call_scale.items():
-            i = node_of.get(int(r))
-            if i is not None:
-                dur[i] *= f
-        for r in change.unwait:
-            i = node_of.get(int(r))
-            if i is not None:
-                unwait[i] = True
-    tail = g.wait_tail.astype(np.float64)
-    base = np.minimum(g.h_dur, np.maximum(g.wait_tail, 0) + WAIT_CALL_BASE_NS).astype(np.float64) * scale
-    # An unwaited call keeps only its own cost (the scaled base), never the wait.
-    dur = np.where(unwait, np.minimum(dur, base), dur)
+        node_of = np.full(int(rows.max()) + 1 if len(rows) else 0, -1, dtype=np.int64)
+        node_of[rows[rows >= 0]] = np.nonzero(rows >= 0)[0]
+        if change.call_scale:
+            r = np.fromiter(change.call_scale.keys(), dtype=np.int64, count=len(change.call_scale))
+            f = np.fromiter(change.call_scale.values(), dtype=np.float64, count=len(change.call_scale))
+            ok = (r >= 0) & (r < len(node_of))
+            i = node_of[r[ok]]
+            dur[i[i >= 0]] *= f[ok][i >= 0]
+        if change.unwait:
+            r = np.fromiter(change.unwait, dtype=np.int64, count=len(change.unwait))
+            i = node_of[r[(r >= 0) & (r < len(node_of))]]
+            unwait[i[i >= 0]] = True
+    # A call that waited costs its base when it does not wait (unwaited, or the work it waited
+    # for done early); a call that never waited costs its duration, and where it waits for a
+    # queue slot it returns that long after the slot frees.
+    own = np.where(g.h_waited, np.minimum(dur, g.h_base.astype(np.float64) * scale), dur)
+    tail = np.where(g.h_waited, g.wait_tail.astype(np.float64), own)
     d_dur = g.d_dur.astype(np.float64) * change.device_scale_all
     delay = g.d_delay.astype(np.float64)
     d_gap = g.d_gap.astype(np.float64)
@@ -227,7 +249,7 @@ def _effective(g: StepGraph, change: Change):
             p = pos_of[r[(r >= 0) & (r < len(pos_of))]]
             d_gap[p] = np.minimum(d_gap[p], 0)
             delay[p] = np.minimum(delay[p], g.d_latency[p])
-    return gap, dur, unwait, tail, base, d_dur, delay, d_gap
+    return gap, own, unwait, tail, d_dur, delay, d_gap
 
 
 def replay(g: StepGraph, change: Change | None = None) -> ReplayResult:
@@ -242,46 +264,84 @@ def replay_nodes(g: StepGraph, change: Change) -> tuple[np.ndarray, np.ndarray, 
     return tuple(np.asarray(x) for x in _simulate(g, _effective(g, change)))  # type: ignore[return-value]
 
 
+def _static_lists(g: StepGraph) -> tuple:
+    """The graph's fixed arrays as plain lists for the node walk, built once per graph."""
+    cached = g.__dict__.get("_lists")
+    if cached is None:
+        n_h = len(g.h_ts)
+        counts = np.diff(g.wait_ptr)
+        first_w = g.wait_ops[np.minimum(g.wait_ptr[:-1], max(len(g.wait_ops) - 1, 0))] if len(g.wait_ops) else np.full(n_h, -1)
+        cached = (
+            np.searchsorted(g.d_launch, np.arange(n_h + 1), side="left").tolist(),
+            g.h_anchor.tolist(),
+            g.h_serial.tolist(),
+            g.d_stream.tolist(),
+            g.d_dep.tolist(),
+            g.d_dep_gap.tolist(),
+            g.wait_ptr.tolist(),
+            g.wait_ops.tolist(),
+            first_w,
+            np.where(counts == 1, first_w, -1).tolist(),
+            (counts > 1).tolist(),
+        )
+        g.__dict__["_lists"] = cached
+    return cached
+
+
 def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[float], list[float]]:
     """Start and end of every host node and device op (ns, on the trace's clock)."""
-    gap, dur, unwait, tail, base, d_dur, delay, d_gap = effective
+    gap, own, unwait, tail, d_dur, delay, d_gap = effective
     n_h, n_d = len(g.h_ts), len(g.d_dur)
-    anchor = g.h_anchor.tolist()
-    serial = g.h_serial.tolist()
-    gap_l, dur_l, unwait_l, tail_l, base_l = gap.tolist(), dur.tolist(), unwait.tolist(), tail.tolist(), base.tolist()
-    wptr, wops = g.wait_ptr.tolist(), g.wait_ops.tolist()
-    d_launch, d_stream = g.d_launch.tolist(), g.d_stream.tolist()
+    static = _static_lists(g)
+    first_op, anchor, serial, d_stream, dep, dep_gap, wp, wops = static[:8]
+    if unwait.any():  # an unwaited node keeps no waits
+        counts = np.diff(g.wait_ptr) * ~unwait
+        wone = np.where(counts == 1, static[8], -1).tolist()
+        many = (counts > 1).tolist()
+    else:
+        wone, many = static[9], static[10]
+    gap_l, own_l, tail_l = gap.tolist(), own.tolist(), tail.tolist()
     d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
     start = [0.0] * n_h
     end = [0.0] * n_h
     d_start = [0.0] * n_d
     d_end = [0.0] * n_d
     last = [float("-inf")] * max(g.n_streams, 1)
-    k = 0
     t0 = float(g.h_ts[0]) if n_h else 0.0
-    for i in range(n_h):
-        a = anchor[i]
+    nxt = first_op[1:]
+    for i, (a, ser, gp, ow, tl, w, mw, k0, k1) in enumerate(zip(anchor, serial, gap_l, own_l, tail_l, wone, many, first_op, nxt)):
         if a < 0:
             s = t0
+        elif ser:
+            s = end[a] + gp
         else:
-            s = (end[a] if serial[i] else start[a]) + gap_l[i]
+            s = start[a] + gp
         start[i] = s
-        while k < n_d and d_launch[k] == i:
-            st = d_stream[k]
-            b = s + delay_l[k]
-            q = last[st] + d_gap_l[k]
-            if q > b:
-                b = q
-            d_start[k] = b
-            last[st] = d_end[k] = b + d_dur_l[k]
-            k += 1
-        p0, p1 = wptr[i], wptr[i + 1]
-        if p1 > p0 and not unwait_l[i]:
-            w = max(d_end[wops[p]] for p in range(p0, p1)) + tail_l[i]
-            own = s + min(dur_l[i], base_l[i])
-            end[i] = w if w > own else own
-        else:
-            end[i] = s + dur_l[i]
+        if k1 > k0:
+            for k in range(k0, k1):
+                st = d_stream[k]
+                b = s + delay_l[k]
+                q = last[st] + d_gap_l[k]
+                if q > b:
+                    b = q
+                dp = dep[k]
+                if dp >= 0:
+                    q = d_end[dp] + dep_gap[k]
+                    if q > b:
+                        b = q
+                d_start[k] = b
+                last[st] = d_end[k] = b + d_dur_l[k]
+        e = s + ow
+        if w >= 0:
+            w = d_end[w] + tl
+            if w > e:
+                e = w
+        elif mw:
+            w = max(d_end[wops[p]] for p in range(wp[i], wp[i + 1])) + tl
+            if w > e:
+                e = w
+        end[i] = e
+    k = first_op[n_h]
     while k < n_d:  # ops after the last host node (none in practice)
         st = d_stream[k]
         b = max(last[st] + d_gap_l[k], d_start[k - 1] if k else t0)
@@ -319,7 +379,9 @@ def _step_bounds(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np
     own_end = own_device_end(hs, he, dev_min, dev_max, count)
     starts = np.zeros(n, dtype=np.int64)
     ends = np.zeros(n, dtype=np.int64)
-    prev = hs[0] + int(g.step_start[0] - g.step_host_start[0])
+    prev = hs[0]
+    if g.d_pre.any():
+        prev = max(prev, int(np.round(d_end[g.d_pre].max())))
     for i in range(n):
         s = max(prev, hs[i]) if i else prev
         e = max(he[i], s) if count[i] == 0 else max(he[i], own_end[i], s)
@@ -366,8 +428,7 @@ def replay_step(g: StepGraph, change: Change | None = None, index: int | None = 
     i = int(np.argmin(np.abs(d - np.median(d)))) if index is None else int(index)
     lo, hi = float(s[i]), float(e[i])
     calls = (g.h_kind == CALL) & (end > lo) & (start < hi)
-    unwait = eff[2]
-    waited = np.diff(g.wait_ptr) > 0
+    waited = (end - start) > eff[1] + 1_000  # held past its own cost by the device work it waited for
     ops = (d_end > lo) & (d_start < hi)
     return ReplayedStep(
         index=i,
@@ -376,7 +437,7 @@ def replay_step(g: StepGraph, change: Change | None = None, index: int | None = 
         call_row=g.runtime_row[calls],
         call_start=np.round(start[calls] - lo).astype(np.int64),
         call_end=np.round(end[calls] - lo).astype(np.int64),
-        waits=(waited & ~unwait)[calls],
+        waits=waited[calls],
         device_row=g.device_row[ops],
         device_start=np.round(d_start[ops] - lo).astype(np.int64),
         device_end=np.round(d_end[ops] - lo).astype(np.int64),
@@ -407,7 +468,7 @@ def calibrate(g: StepGraph, target_median_ms: float, build=None, fastest: bool =
         target_median_ms = floor * 1.005  # the device bounds the step before the host reaches the target
     elif fastest:
         target_median_ms = floor * (1 + HOST_OFF_PATH)
-    for _ in range(16):
+    for _ in range(CALIBRATE_STEPS):
         mid = (lo + hi) / 2
         if replay(g, build(mid)).median_ms > target_median_ms:
             hi = mid
