@@ -54,6 +54,8 @@ def fix(
         raise InputError(script, "not a Python script")
     chosen = rule_ids(select)
     _check_rules(chosen)
+    if write and not force:
+        refuse_unsafe_write(script)  # before any work: the answer is the same either way
     err = stderr_console()
 
     analysis, where = findings_source(script, from_run, args, lambda line: say(err, f"advisor: {line}"))
@@ -107,17 +109,20 @@ def orig_path(script: Path) -> Path:
 def write_fixed(script: Path, text: str, force: bool) -> None:
     """Edit in place, keeping SCRIPT.orig; refuse a file git shows as changed, unless forced."""
     if not force:
-        dirty = _git_dirty(script)
-        if dirty:
-            raise InputError(script, "has uncommitted changes (git status); commit them first, or pass --force")
-        if orig_path(script).exists():
-            raise InputError(orig_path(script), "already exists; move it away, or pass --force to replace it")
+        refuse_unsafe_write(script)
     original = script.read_bytes()
     try:
         orig_path(script).write_bytes(original)
         script.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise InputError(script, f"cannot write: {exc.strerror or exc}") from None
+
+
+def refuse_unsafe_write(script: Path) -> None:
+    if _git_dirty(script):
+        raise InputError(script, "has uncommitted changes (git status); commit them first, or pass --force")
+    if orig_path(script).exists():
+        raise InputError(orig_path(script), "already exists; move it away, or pass --force to replace it")
 
 
 def _git_dirty(script: Path) -> bool:

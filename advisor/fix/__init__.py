@@ -113,6 +113,9 @@ def plan_fixes(path: Path, findings: list[dict], select: list[str] | None = None
             continue
         out = kind.fixer(script, finding)
         if isinstance(out, Placed):
+            frames = [str(f) for f in (finding.get("evidence") or {}).get("source") or []]
+            if frames and not script.frames(finding) and not out.note:
+                out.note = f"the finding's line is {frames[0].split(': ')[0]}, not in this script: the script's own code that drives it is edited, never the library"
             results.append(FixResult(rule, kind.name, kind.safety, PLACED, out.what, out.note, edits=out.edits, **promised))
         elif isinstance(out, Done):
             results.append(FixResult(rule, kind.name, kind.safety, DONE, out.what, **promised))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.fix.base import SAFE, UNSAFE, Done, Outcome, Placed, Skipped, literal, register
+from advisor.fix.libraries import library_of
 from advisor.fix.source import Edits, Script, dotted
 
 
@@ -48,6 +49,9 @@ def fix_cudnn(script: Script, finding: dict) -> Outcome:
 
 @register("tf32-disabled", "TF32 matmuls and convolutions", UNSAFE)
 def fix_tf32(script: Script, finding: dict) -> Outcome:
+    lib = library_of(script)
+    if lib is not None and lib.name == "transformers":  # the Trainer sets the switches from its arguments
+        return lib.setting("tf32-disabled", finding)
     precision = [c for c in script.calls(name="torch.set_float32_matmul_precision")]
     if any(c.args and literal(c.args[0].value) in ("high", "medium") for c in precision):
         flags = ["torch.backends.cudnn.allow_tf32"]  # matmuls already allowed

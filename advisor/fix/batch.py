@@ -24,12 +24,12 @@ def _sizes(finding: dict) -> tuple[int, int] | None:
 
 @register("spare-gpu-memory", "a larger batch (with the learning rate scaled)", UNSAFE)
 def fix_batch(script: Script, finding: dict) -> Outcome:
+    call = training_loader(script, finding)
     sizes = _sizes(finding)
-    if sizes is None:
-        return Skipped("the finding names no batch size to go to")
+    if sizes is None:  # "a 2x larger batch" of a batch the trace does not record: from what to what is not known
+        return Skipped("the finding names no batch size to go to (the run's batch size is not recorded: profile with `advisor profile`)")
     old, new = sizes
     k = new // old if old else 0
-    call = training_loader(script, finding)
     if call is None:
         lib = library_of(script)
         return lib.setting("spare-gpu-memory", finding, new) if lib else Skipped("no DataLoader call in the script to set the batch size on")

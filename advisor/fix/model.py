@@ -33,7 +33,7 @@ def model_anchor(script: Script, rule: str, finding: dict) -> tuple[str, cst.CST
     if len({n for n, _ in names}) > 1:
         return Skipped("several models feed optimizers (" + ", ".join(sorted({n for n, _ in names})) + "): the fix does not guess which one")
     name, optimizer = next(iter(names))
-    if "." in name:
+    if "." in name or name == "self":
         lib = library_of(script)
         if lib is not None:
             return lib.setting(rule, finding)

@@ -258,8 +258,14 @@ def _with_keywords(call: cst.Call, values: dict[str, str]) -> cst.Call:
             args[i] = a.with_changes(value=cst.parse_expression(remaining.pop(a.keyword.value)))
     if remaining:
         no_space = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-        if args:
-            sep = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        one_per_line = len(args) >= 2 and all(isinstance(a.comma, cst.Comma) and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace) for a in args[-2:])
+        if one_per_line:  # the new arguments go on lines of their own; the last one's comment stays with it
+            sep = _uncommented(args[-2].comma)
+            tail = _uncommented(args[-1].comma)
+            own = args[-1].comma.whitespace_after.first_line
+            args[-1] = args[-1].with_changes(comma=sep.with_changes(whitespace_after=sep.whitespace_after.with_changes(first_line=own)))
+        elif args:
+            sep = _uncommented(args[-2].comma) if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             tail = args[-1].comma
             args[-1] = args[-1].with_changes(comma=sep)
         else:
@@ -268,6 +274,13 @@ def _with_keywords(call: cst.Call, values: dict[str, str]) -> cst.Call:
         new[-1] = new[-1].with_changes(comma=tail)
         args += new
     return call.with_changes(args=args)
+
+
+def _uncommented(comma: cst.Comma) -> cst.Comma:
+    ws = comma.whitespace_after
+    if isinstance(ws, cst.ParenthesizedWhitespace):
+        return comma.with_changes(whitespace_after=ws.with_changes(first_line=cst.TrailingWhitespace()))
+    return comma
 
 
 class _Apply(cst.CSTTransformer):
