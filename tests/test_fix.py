@@ -260,3 +260,42 @@ def test_cli_profiles_a_script_with_no_earlier_run_then_reuses_it(cli, tmp_path)
     code, out2, err2 = cli(["fix", str(script), "--select", "dataloader-stall"], cwd=tmp_path, env=env)
     assert code == 0 and out2 == out and "profiling" not in err2 and runs[0].name in err2
     assert len(list((tmp_path / "advisor_runs").iterdir())) == 1
+
+
+# --- the rule pages show the fix as `advisor fix` writes it -------------------------------
+PAGE_RUNS = {  # a real run whose finding of the rule carries the values the page shows
+    "dataloader-stall": "nw0", "h2d-pageable-copy": "nw0", "zero-grad-memset": "nw0", "single-tensor-optimizer": "nw0",
+    "cudnn-benchmark": "nw0", "empty-cache": "alexnet", "tf32-disabled": "vit", "tensor-cores-unused": "vit",
+    "unfused-elementwise": "vit", "spare-gpu-memory": "vit", "channels-last": "sample_gpu_workers",
+}  # fmt: skip
+
+
+def page_diff(doc: str) -> tuple[str, str, str]:
+    """(heading, before, after) of a rule page's `## Fix` section and its diff block."""
+    section = doc.split("## Fix", 1)[1].split("\n## ", 1)[0]
+    heading = section.splitlines()[0]
+    block = section.split("```diff\n", 1)[1].split("```", 1)[0].splitlines()
+    before = [l[1:] for l in block if l[:1] in (" ", "-")]
+    after = [l[1:] for l in block if l[:1] in (" ", "+")]
+    if before and before[0].startswith(" "):  # a loop body: give it its loop
+        before, after = ["for x, y in loader:", *before], ["for x, y in loader:", *after]
+    before, after = ["import torch", *before], ["import torch", *after]  # as every training script has
+    return heading, "\n".join(before) + "\n", "\n".join(after) + "\n"
+
+
+def test_each_rule_page_shows_its_fix_as_written(tmp_path, nw0, empty_cache_finding):
+    from advisor.engine import find_rule
+    from advisor.fix import FIXES
+
+    runs = {
+        "nw0": findings(nw0), "alexnet": [empty_cache_finding], "vit": findings(shared("whatif/h100_vit/baseline")),
+        "sample_gpu_workers": findings(SAMPLE / "runs" / "gpu_workers"),
+    }  # fmt: skip
+    assert set(PAGE_RUNS) == set(FIXES)
+    for rule, run in PAGE_RUNS.items():
+        heading, before, after = page_diff(find_rule(rule).doc)
+        assert ("(safe)" in heading) == (FIXES[rule].safety == "safe") and ("--unsafe-fixes" in heading) == (FIXES[rule].safety == "unsafe"), rule
+        path = tmp_path / f"{rule}.py"
+        path.write_text(before)
+        plan = plan_fixes(path, runs[run], select=[rule], unsafe=True)
+        assert plan.fixed_text() == after, (rule, plan.results)
