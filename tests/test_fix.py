@@ -299,3 +299,19 @@ def test_each_rule_page_shows_its_fix_as_written(tmp_path, nw0, empty_cache_find
         path.write_text(before)
         plan = plan_fixes(path, runs[run], select=[rule], unsafe=True)
         assert plan.fixed_text() == after, (rule, plan.results)
+
+
+def test_the_fix_stage_sits_above_the_analysis_and_below_the_commands():
+    from test_structure import STAGES, hits, imports_of
+
+    mine = imports_of("advisor/fix")
+    assert hits(mine, "advisor.cli") == [] and hits(mine, "advisor.rules") == []
+    for stage in STAGES:
+        assert hits(imports_of(f"advisor/{stage}"), "advisor.fix") == [], stage
+
+
+def test_cli_bad_input_is_one_line(cli, tmp_path):
+    code, out, err = cli(["fix", str(tmp_path / "missing.py")])
+    assert code == 2 and "missing.py" in err and "no such file" in err and len(err.strip().splitlines()) == 1
+    code, out, err = cli(["fix", str(SAMPLE / "train.py"), "--diff", "--write"])
+    assert code == 2 and "choose one" in err

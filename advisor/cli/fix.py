@@ -62,7 +62,7 @@ def fix(
     findings = analysis.to_dict()["findings"]
     say(err, f"advisor: findings from {path_text(where)}")
 
-    from advisor.fix import PLACED, plan_fixes
+    from advisor.fix import plan_fixes
 
     plan = plan_fixes(script, findings, select=chosen or None, unsafe=unsafe_fixes)
     for line in result_lines(plan):
@@ -71,7 +71,7 @@ def fix(
         _verify(plan, findings, analysis, args, steps, warmup, rounds, output, lambda line: say(err, f"advisor: {line}"))
         return
     if not plan.changed:
-        say(err, "advisor: nothing to change" + ("" if any(r.status == PLACED for r in plan.results) else ""))
+        say(err, "advisor: nothing to change")
         return
     if write:
         write_fixed(script, plan.fixed_text(), force)
@@ -110,10 +110,12 @@ def write_fixed(script: Path, text: str, force: bool) -> None:
     """Edit in place, keeping SCRIPT.orig; refuse a file git shows as changed, unless forced."""
     if not force:
         refuse_unsafe_write(script)
+    from advisor.render.output import write_atomically
+
     original = script.read_bytes()
     try:
         orig_path(script).write_bytes(original)
-        script.write_text(text, encoding="utf-8")
+        write_atomically(script, text)  # whole or not at all, with the file's own permissions
     except OSError as exc:
         raise InputError(script, f"cannot write: {exc.strerror or exc}") from None
 
@@ -186,9 +188,12 @@ def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
     v = verify(plan, args, steps=steps, warmup=warmup, rounds=rounds, say=note)
     sys.stdout.write("\n".join(table_lines(v)) + "\n")
     if output is not None:
+        from advisor.render.output import refuse_overwriting_inputs, write_atomically
+
         doc = record(v, plan, findings, environment_of(analysis))
+        refuse_overwriting_inputs(output, [plan.script.path])
         try:
-            output.write_text(to_json_text(doc))
+            write_atomically(output, to_json_text(doc))
         except OSError as exc:
             raise InputError(output, f"cannot write: {exc.strerror or exc}") from None
         note(f"wrote {path_text(output)} (a baseline for `advisor gate --baseline {path_text(output)}`)")

@@ -22,7 +22,9 @@ WORKERS = (r"set num_workers=(\d+)", r"raise it towards (\d+)", r"num_workers to
 
 
 def dataloader_calls(script: Script) -> list[cst.Call]:
-    return script.calls(last="DataLoader")
+    """`DataLoader(...)`, `torch.utils.data.DataLoader(...)`, and the name it was imported as."""
+    aliases = {local for local, full in script.imported_names().items() if full.rsplit(".", 1)[-1] == "DataLoader"}
+    return script.calls(last={"DataLoader", *aliases})
 
 
 def _iterated_name(node: cst.BaseExpression) -> str | None:

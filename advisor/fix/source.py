@@ -178,8 +178,12 @@ class Script:
                     if node.module is None or node.relative:
                         continue
                     full = f"{dotted(node.module)}.{full}"
-                local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else full.split(".")[0] if isinstance(node, cst.Import) else full.rsplit(".", 1)[-1]
-                names[local] = full
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    names[alias.asname.name.value] = full
+                elif isinstance(node, cst.Import):  # `import torch.nn` binds `torch`
+                    names[full.split(".")[0]] = full.split(".")[0]
+                else:
+                    names[full.rsplit(".", 1)[-1]] = full
         return names
 
     def imports_torch_as_torch(self) -> bool:
