@@ -48,6 +48,8 @@ def fix(
         args = args[1:]
     if diff and write:
         raise InputError(None, "--diff and --write: choose one")
+    if verify and write:
+        raise InputError(None, "--verify measures fixed copies and leaves the script as it is; run --write once it has measured")
     if not script.exists():
         raise InputError(script, "no such file")
     if not script.is_file():
