@@ -317,3 +317,15 @@ def test_cli_bad_input_is_one_line(cli, tmp_path):
     assert code == 2 and "choose one" in err
     code, out, err = cli(["fix", str(SAMPLE / "train.py"), "--verify", "--write"])
     assert code == 2 and "--verify" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prefetch_factor_only_when_the_finding_names_a_value_other_than_the_default(nw0):
+    stall = next(f for f in findings(nw0) if f["rule"] == "dataloader-stall")
+    assert "prefetch_factor=2" in stall["fix"]["snippet"]  # the default: not written
+    plain = plan_fixes(DATA / "plain_loop.py", [stall])
+    assert "prefetch_factor" not in plain.diff()
+    # The same finding edited to ask for 4 batches ahead per worker (as a trace is edited in
+    # test_rules_transfer): the fix writes the value the finding names.
+    edited = {**stall, "fix": {**stall["fix"], "snippet": stall["fix"]["snippet"].replace("prefetch_factor=2", "prefetch_factor=4")}}
+    added, _ = added_and_removed(plan_fixes(DATA / "plain_loop.py", [edited]).diff())
+    assert added == ["loader = DataLoader(Noisy(), batch_size=32, shuffle=True, num_workers=8, persistent_workers=True, prefetch_factor=4)  # the input pipeline"]

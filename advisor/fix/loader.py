@@ -2,6 +2,9 @@
 non-blocking copies (h2d-pageable-copy). Both safe: the batches are the same, they are only
 made earlier and in other processes, or copied from other memory.
 
+`prefetch_factor` is written when the finding names one value for it other than PyTorch's
+default of 2 (a range such as "2-4" is advice, not a value, and is left to the user).
+
 Which DataLoader: the one the finding's line iterates (`for x, y in loader:` at the line of
 the script in the finding's evidence), else the only DataLoader call of the script, else the
 one a Lightning module's `train_dataloader()` returns. With several and nothing to tell them
@@ -80,6 +83,15 @@ def wanted_workers(finding: dict) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def prefetch_factor(finding: dict) -> int | None:
+    """The one prefetch_factor value the finding names (its text, then its snippet), if any."""
+    for text in (text_of(finding), (finding.get("fix") or {}).get("snippet") or ""):
+        m = re.search(r"prefetch_factor=(\d+)(?![\d-])", text)
+        if m:
+            return int(m.group(1))
+    return None
+
+
 def _library_or_skip(script: Script, rule: str, finding: dict, value: object = None) -> Outcome:
     lib = library_of(script)
     if lib is not None:
@@ -108,13 +120,17 @@ def fix_workers(script: Script, finding: dict) -> Outcome:
     value = literal(current.value) if current is not None else 0
     persistent = keyword(call, "persistent_workers")
     persistent_on = persistent is not None and literal(persistent.value) is True
-    if isinstance(value, int) and value >= wanted and (wanted == 0 or persistent_on):
-        return Done(f"the DataLoader at line {script.line(call)} already has num_workers={value}, persistent_workers=True")
     values: dict[str, str] = {}
     if not (isinstance(value, int) and value >= wanted):
         values["num_workers"] = str(wanted)
     if wanted > 0 and not persistent_on:
         values["persistent_workers"] = "True"
+    prefetch = prefetch_factor(finding)
+    current_prefetch = keyword(call, "prefetch_factor")
+    if wanted > 0 and prefetch is not None and prefetch != 2 and (current_prefetch is None or literal(current_prefetch.value) != prefetch):
+        values["prefetch_factor"] = str(prefetch)
+    if not values:
+        return Done(f"the DataLoader at line {script.line(call)} already has num_workers={value}" + (", persistent_workers=True" if persistent_on else ""))
     edits = Edits()
     edits.set_keywords(call, values)
     note = ""
