@@ -315,6 +315,8 @@ def test_cli_bad_input_is_one_line(cli, tmp_path):
     assert code == 2 and "missing.py" in err and "no such file" in err and len(err.strip().splitlines()) == 1
     code, out, err = cli(["fix", str(SAMPLE / "train.py"), "--diff", "--write"])
     assert code == 2 and "choose one" in err
+    code, out, err = cli(["fix", str(SAMPLE / "train.py"), "-o", str(tmp_path / "r.json")])
+    assert code == 2 and "--verify" in err and not (tmp_path / "r.json").exists()
     code, out, err = cli(["fix", str(SAMPLE / "train.py"), "--verify", "--write"])
     assert code == 2 and "--verify" in err and len(err.strip().splitlines()) == 1
 

@@ -50,6 +50,8 @@ def fix(
         raise InputError(None, "--diff and --write: choose one")
     if verify and write:
         raise InputError(None, "--verify measures fixed copies and leaves the script as it is; run --write once it has measured")
+    if output is not None and not verify:
+        raise InputError(output, "-o writes the record of --verify; add --verify (the diff goes to stdout, --write edits the script)")
     if not script.exists():
         raise InputError(script, "no such file")
     if not script.is_file():
