@@ -1,5 +1,6 @@
 """The shapes of the advisor's JSON outputs, as types: the report (`advisor/report/v1`), the
-baseline (`advisor/baseline/v1`) and the gate result (`advisor/gate/v1`).
+baseline (`advisor/baseline/v1`), the gate result (`advisor/gate/v1`) and the record of
+`advisor fix --verify` (a baseline with its verification, `verify.schema.json`).
 
 The JSON Schemas published under docs/schemas/ are generated from these types
 (`python -m advisor.schemas docs/schemas`), and the tests validate real outputs against
@@ -168,6 +169,50 @@ class Baseline(_Out):
     environment: Environment
 
 
+# --- advisor fix --verify: a baseline of the fixed script, with the verification ------------
+class VerifyRun(_Out):
+    variant: str  # "original", a rule id (that fix alone), or "all fixes"
+    round: int
+    median_ms: Optional[float]
+    step_times_ms: list[float]
+    wall_s: float
+    error: str
+
+
+class VerifyFix(_Out):
+    rule: str
+    fix: str
+    safety: Literal["safe", "unsafe"]
+    promised_ms: Optional[float]
+    promised_pct: Optional[float]
+    original_ms: Optional[float]
+    fixed_ms: Optional[float]
+    saving_ms: Optional[float]
+    saving_pct: Optional[float]
+    round_savings_ms: list[float]
+    spread_ms: Optional[float]
+    verdict: Literal["kept", "missed", "failed"]
+    why: str
+
+
+class Verification(_Out):
+    script: str
+    steps: int
+    warmup: int
+    rounds: int
+    kept_share: float
+    runs: list[VerifyRun]
+    fixes: list[VerifyFix]
+
+
+class VerifyRecord(Baseline):
+    """`advisor fix --verify -o FILE`: an `advisor/baseline/v1` document of the fixed script
+    (its unprofiled step times; the findings its fixes left), which `advisor gate` reads as a
+    baseline, with the verification under `verify`."""
+
+    verify: Verification
+
+
 # --- advisor/gate/v1 ------------------------------------------------------------------------
 class GateCheck(_Out):
     id: str
@@ -259,7 +304,7 @@ class GateResult(_Out):
     settings: GateSettings
 
 
-SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult}
+SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord}
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -27,6 +27,13 @@ on a small shared machine, OpenMP's spinning threads make a two-thread step many
 slower as soon as anything else (the DataLoader's own workers included) wants a core.
 Switches the device cannot use (pinned memory, autocast, torch.compile on the CPU) are
 skipped and the table says so.
+
+With --verify, each applied change is measured once more by the product itself: `advisor fix
+--select RULE --verify` on the round before it (advisor.fix.plan_fixes writes the rule's fix
+into a copy of the script, advisor.fix.verify runs the original and the fixed copy without the
+profiler, alternating, twice each), with the round's switches as the script's arguments. The
+table then gives the command's promise, measured saving with its spread, and verdict for
+each change whose rule has a code fix.
 """
 
 from __future__ import annotations
@@ -651,6 +658,50 @@ def to_json(walk: Walk) -> dict[str, Any]:
     }
 
 
+# --- the product's own check: advisor fix --verify ----------------------------------------
+def verify_changes(walk: Walk, steps: int, warmup: int, say: Callable[[str], None]) -> dict[int, dict[str, Any]]:
+    """Each applied change, verified by `advisor fix --select RULE --verify` on the round before it."""
+    from advisor.fix import plan_fixes
+    from advisor.fix.verify import table_lines, verify
+
+    s = walk.settings
+    out: dict[int, dict[str, Any]] = {}
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if s.threads:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(s.threads)
+    try:
+        for c in walk.changes:
+            if c.after is None:
+                continue
+            plan = plan_fixes(SCRIPT, c.before.findings, select=[c.rule], unsafe=True)
+            if not plan.placed:
+                r = plan.results[0] if plan.results else None
+                out[c.number] = {"rule": c.rule, "status": r.status if r else "no finding", "detail": r.detail if r else ""}
+                continue
+            args = [*c.before.switches.argv(), "--steps", str(warmup + steps + 5), "--device", s.device] + (["--cpu-variant"] if s.cpu_variant else [])
+            say(f"verifying change {c.number} ({c.rule}) with advisor fix --verify")
+            v = verify(plan, args, steps=steps, warmup=warmup, timeout_s=s.timeout_s, say=lambda line: say(f"  {line}"))
+            out[c.number] = {"rule": c.rule, "status": "verified", "fix": plan.placed[0].detail, "table": table_lines(v), **v.to_dict()["fixes"][0]}
+    finally:
+        for k, v0 in saved.items():
+            if v0 is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v0
+    return out
+
+
+def verify_lines(verified: dict[int, dict[str, Any]]) -> list[str]:
+    out = ["verified by the product (advisor fix --select RULE --verify, on the round before each change):"]
+    for number, v in sorted(verified.items()):
+        if v["status"] != "verified":
+            out.append(f"  change {number} ({v['rule']}): {v['status']}: {v['detail']}")
+            continue
+        out.append(f"  change {number}: {v['fix']}")
+        out += [f"    {line}" for line in v["table"]]
+    return out
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -678,6 +729,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, default=None, help="keep every round's log dir under this (new) folder")
     p.add_argument("--table", type=Path, default=None, help="also write the table to this file")
     p.add_argument("--json", type=Path, default=None, help="write the rounds as JSON to this file")
+    p.add_argument("--verify", action="store_true", help="also measure each change with `advisor fix --select RULE --verify`")
+    p.add_argument("--verify-steps", type=int, default=20, help="--verify: steps timed per run, after the warm-up")
+    p.add_argument("--verify-warmup", type=int, default=5, help="--verify: steps dropped at the start of each run")
     a = p.parse_args(argv)
 
     device = ("cuda" if cuda_available() else "cpu") if a.device == "auto" else a.device
@@ -699,19 +753,27 @@ def main(argv: list[str] | None = None) -> int:
         work_dir = a.keep
     else:
         work_dir = Path(tempfile.mkdtemp(prefix="advisor-follow-"))
+    verified: dict[int, dict[str, Any]] = {}
     try:
         walk = follow(settings, a.max_rounds, work_dir, _say, Switches.parse(a.start.split()))
+        if a.verify:
+            verified = verify_changes(walk, a.verify_steps, a.verify_warmup, _say)
     finally:
         if a.keep is None:
             shutil.rmtree(work_dir, ignore_errors=True)
     blocks = [header_lines(walk, started), table_lines(walk), verdict_lines(walk), ["findings per round:", *findings_lines(walk)]]
+    if a.verify:
+        blocks.append(verify_lines(verified))
     text = "\n\n".join("\n".join(b) for b in blocks) + "\n"
     sys.stdout.write(text)
     if a.table is not None:
         a.table.parent.mkdir(parents=True, exist_ok=True)
         a.table.write_text(text)
     if a.json is not None:
-        a.json.write_text(to_json_text(to_json(walk)))
+        doc = to_json(walk)
+        if a.verify:
+            doc["verified"] = {str(k): {key: v for key, v in entry.items() if key != "table"} for k, entry in verified.items()}
+        a.json.write_text(to_json_text(doc))
     return 0 if walk.rounds and walk.rounds[0].ok else 1
 
 

@@ -32,6 +32,13 @@ out = model(images.cuda().to(memory_format=torch.channels_last))
 Pair it with mixed precision (`torch.autocast`) or TF32: NHWC pays off with Tensor Core
 kernels.
 
+## Fix: `advisor fix --unsafe-fixes` (unsafe: other convolution algorithms)
+```diff
+ model = model.to(device)
++model = model.to(memory_format=torch.channels_last)
+ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+```
+
 ## How the saving is estimated
 The time of the transpose kernels per step, times the share of kernel time on the timeline.
 The NHWC convolution kernels are often faster too; that is not counted.

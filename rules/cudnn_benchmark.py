@@ -33,6 +33,13 @@ torch.backends.cudnn.benchmark = True    # input shapes are fixed: tune once per
 model = torchvision.models.resnet50().cuda()
 ```
 
+## Fix: `advisor fix` (safe)
+An existing assignment is switched on where it is; otherwise the line goes after the imports:
+```diff
+ import torch
++torch.backends.cudnn.benchmark = True
+```
+
 ## How the saving is estimated
 The fallback kernels' time per step × (1 − 1/1.5), times the share of kernel time on the
 timeline: the tuned algorithms are taken to be 1.5× faster, a conservative figure for cuDNN's

@@ -43,6 +43,16 @@ move augmentation to the GPU (decode/resize once offline, augment batches on the
 On a CPU-only run there is no device to move it to, and the workers share the cores with
 the training: the advice is to make the per-sample work cheaper (prepare the data once).
 
+## Fix: `advisor fix` (safe)
+The DataLoader the finding's line iterates gets the workers the finding recommends, kept
+between epochs (a setting the script took from its own switch is replaced, and the fix says so):
+```diff
+-loader = DataLoader(train_set, batch_size=32, shuffle=True)
++loader = DataLoader(train_set, batch_size=32, shuffle=True, num_workers=8, persistent_workers=True)
+```
+When the workers already use the cores nothing is written (the fix is less work per sample).
+A `transformers` Trainer gets `TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)`.
+
 ## How the saving is estimated
 The fix is replayed: with enough workers the batch is ready when asked for, so the
 DataLoader spans leave the host's path (the hand-over itself is well under a millisecond per

@@ -37,6 +37,14 @@ for x, y in loader:
 If memory runs out without it, the cause is fragmentation or a leak: try
 `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, and see `memory-growth`.
 
+## Fix: `advisor fix` (safe)
+The call is removed where it stands alone inside a loop (or at the finding's line); a call
+outside the loop is left alone:
+```diff
+     optimizer.step()
+-    torch.cuda.empty_cache()
+```
+
 ## How the saving is estimated
 For each of those `cudaFree` and `cudaMalloc` calls: the device idle time while the host
 was inside the call, plus the launch-starved idle gap after it, up to the device time that

@@ -41,6 +41,18 @@ for x, y in loader:
     y = y.to(device, non_blocking=True)
 ```
 
+## Fix: `advisor fix` (safe)
+`pin_memory=True` on the DataLoader, and `non_blocking=True` on the loop's copies of its batch:
+```diff
+-loader = DataLoader(train_set, batch_size=64, num_workers=8)
++loader = DataLoader(train_set, batch_size=64, num_workers=8, pin_memory=True)
+ for x, y in loader:
+-    x = x.to(device)
++    x = x.to(device, non_blocking=True)
+```
+A `transformers` Trainer gets `TrainingArguments(dataloader_pin_memory=True)`; Lightning copies
+pinned batches non-blocking itself.
+
 ## How the saving is estimated
 Two parts, per step. The copy itself: its device time minus the time the same bytes take at
 pinned bandwidth (measured on the trace's own pinned copies when it has large ones, otherwise

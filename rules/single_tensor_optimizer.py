@@ -35,6 +35,14 @@ several devices, or an older PyTorch. `fused=True` (Adam, AdamW, SGD, ...) does 
 update in one kernel per group and saves at least as much; the saving shown is foreach's,
 the change the finding recommends.
 
+## Fix: `advisor fix` (safe)
+```diff
+-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
++optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+```
+`fused=True` is left to the user (it needs every parameter on the GPU). A `transformers`
+Trainer gets `TrainingArguments(optim="adamw_torch_fused")`.
+
 ## How the saving is estimated
 The fix is replayed on the step graph; what `foreach=True` changes, read from this run:
 - **host dispatch**: every op directly under the optimizer step that launched a kernel

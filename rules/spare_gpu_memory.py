@@ -40,6 +40,15 @@ A larger batch changes the optimisation: scale the learning rate with the batch 
 scaling with a few epochs of warm-up is the usual start) and check that the run still
 converges to the same accuracy; fewer steps per epoch is the point, not a side effect.
 
+## Fix: `advisor fix --unsafe-fixes` (unsafe: fewer steps per epoch, the learning rate must follow)
+Written only where the DataLoader's `batch_size` is the number the run used, with the note to
+scale the learning rate (linear scaling, with warm-up):
+```diff
+-loader = DataLoader(train_set, batch_size=64)
++loader = DataLoader(train_set, batch_size=256)
+```
+A batch size from a command-line switch is not guessed: the fix says which size to run with.
+
 ## How the saving is estimated
 Batch factor k = min(4, ⌊80% of device memory / peak⌋) (2 with only a lower bound). The fix
 is replayed: in the step graph the work that grows with the batch grows (the kernels other

@@ -50,6 +50,19 @@ for x, y in loader:
 fp16 needs the GradScaler so small gradients survive. On Ampere and newer use
 `dtype=torch.bfloat16` and drop the scaler (bf16 has fp32's range).
 
+## Fix: `advisor fix --unsafe-fixes` (unsafe: changes numerics)
+bf16 autocast around the forward pass and the loss (the assignments before `loss.backward()`):
+```diff
+-    out = model(x)
+-    loss = criterion(out, y)
++    with torch.autocast("cuda", dtype=torch.bfloat16):
++        out = model(x)
++        loss = criterion(out, y)
+     loss.backward()
+```
+An autocast block already there, switched off by a flag, is left to the user with the reason.
+Lightning gets `Trainer(precision="bf16-mixed")`, a `transformers` Trainer `TrainingArguments(bf16=True)`.
+
 ## How the saving is estimated
 The fix is replayed on the run's own step graph (`advisor.whatif`): what autocast does to
 this run, from this run's trace.

@@ -37,6 +37,15 @@ torch.backends.cudnn.allow_tf32 = True          # TF32 for convolutions (the def
 model = build_model().cuda()
 ```
 
+## Fix: `advisor fix --unsafe-fixes` (unsafe: changes numerics)
+```diff
+ import torch
++torch.backends.cuda.matmul.allow_tf32 = True
++torch.backends.cudnn.allow_tf32 = True
+```
+A script that asks for `set_float32_matmul_precision("highest")` is left alone, with the
+reason. A `transformers` Trainer gets `TrainingArguments(tf32=True)`.
+
 ## How the saving is estimated
 Per step: each fp32-fma kernel's time of the families whose switch is off, times
 (1 − 1/speed-up of its family), times the share of kernel time on the timeline (kernels

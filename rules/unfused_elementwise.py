@@ -41,6 +41,16 @@ model = torch.compile(build_model().cuda())
 ```
 The first steps compile (seconds to minutes); profile after them.
 
+## Fix: `advisor fix --unsafe-fixes` (unsafe: generated kernels round differently)
+After the last `model = ...` before the optimizer takes `model.parameters()`:
+```diff
+ model = model.to(device)
++model = torch.compile(model)
+ optimizer = torch.optim.AdamW(model.parameters())
+```
+A compile behind the script's own condition is left to the user with the reason. A
+`transformers` Trainer gets `TrainingArguments(torch_compile=True)`.
+
 ## How the saving is estimated
 Inductor fuses each chain of elementwise/normalisation ops that no matmul, convolution or
 attention kernel interrupts into one generated kernel: it reads the chain's inputs once and

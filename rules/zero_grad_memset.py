@@ -31,6 +31,14 @@ optimizer.zero_grad(set_to_none=True)    # the default from PyTorch 2.0
 ```
 Code that reads `p.grad` after `zero_grad()` must then expect `None`.
 
+## Fix: `advisor fix` (safe)
+```diff
+-optimizer.zero_grad(set_to_none=False)
++optimizer.zero_grad(set_to_none=True)
+```
+Lightning and the `transformers` Trainer zero the gradients themselves (set_to_none by default):
+the fix says so instead of editing.
+
 ## How the saving is estimated
 All of the zero_grad span's cost goes: the device time of the kernels and memsets launched
 from it, plus the device idle time inside the span (launch-starved: the host was issuing

@@ -81,8 +81,9 @@ def cpu_walk(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("follow")
     proc = subprocess.run(
         [sys.executable, str(BENCH_PATH), "--device", "cpu", "--max-rounds", "1", "--warmup", "1", "--active", "3",
-         "--after-steps", "2", "--json", str(out / "walk.json"), "--table", str(out / "table.txt")],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
+         "--after-steps", "2", "--json", str(out / "walk.json"), "--table", str(out / "table.txt"),
+         "--verify", "--verify-steps", "4", "--verify-warmup", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     walk = json.loads((out / "walk.json").read_text())
@@ -114,3 +115,14 @@ def test_cpu_applying_workers_cuts_the_dataloader_share(cpu_walk):
     # and the table reports the measured change and its ratio to the promise, whatever they are
     assert math.isfinite(change["measured_window_ms"]) and change["ratio"] == pytest.approx(change["measured_window_ms"] / change["promised_ms"])
     assert "--workers 0 -> " in cpu_walk["table"] and "dataloader-stall" in cpu_walk["table"]
+
+
+def test_cpu_change_is_verified_by_advisor_fix(cpu_walk):
+    # The benchmark's change, measured again by the product: `advisor fix --verify` writes the
+    # same fix into a copy of the script and times both without the profiler.
+    change = cpu_walk["changes"][0]
+    v = cpu_walk["verified"]["1"]
+    assert v["status"] == "verified" and v["rule"] == change["rule"] == "dataloader-stall"
+    assert v["promised_ms"] == pytest.approx(change["promised_ms"], abs=1e-3)  # the same finding's promise
+    assert v["verdict"] in ("kept", "missed") and len(v["round_savings_ms"]) == 2
+    assert "verified by the product (advisor fix --select RULE --verify" in cpu_walk["table"]

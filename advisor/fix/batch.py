@@ -1,0 +1,47 @@
+"""A larger batch (spare-gpu-memory). Unsafe: fewer optimizer steps per epoch, and the
+learning rate must follow (linear scaling with warm-up), so the fix writes the batch size
+only where it is a number in the DataLoader call, and always says what to do with the
+learning rate.
+"""
+
+from __future__ import annotations
+
+import re
+
+from advisor.fix.base import UNSAFE, Done, Outcome, Placed, Skipped, literal, register
+from advisor.fix.loader import training_loader
+from advisor.fix.libraries import library_of
+from advisor.fix.source import Edits, Script, keyword, code_of
+
+LR_NOTE = "scale the learning rate with the batch (x{k}: linear scaling, with warm-up) and check that the run still converges"
+
+
+def _sizes(finding: dict) -> tuple[int, int] | None:
+    text = str((finding.get("fix") or {}).get("text") or "")
+    m = re.search(r"batch_size=(\d+)\s*→\s*(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@register("spare-gpu-memory", "a larger batch (with the learning rate scaled)", UNSAFE)
+def fix_batch(script: Script, finding: dict) -> Outcome:
+    call = training_loader(script, finding)
+    sizes = _sizes(finding)
+    if sizes is None:  # "a 2x larger batch" of a batch the trace does not record: from what to what is not known
+        return Skipped("the finding names no batch size to go to (the run's batch size is not recorded: profile with `advisor profile`)")
+    old, new = sizes
+    k = new // old if old else 0
+    if call is None:
+        lib = library_of(script)
+        return lib.setting("spare-gpu-memory", finding, new) if lib else Skipped("no DataLoader call in the script to set the batch size on")
+    if isinstance(call, Skipped):
+        return call
+    arg = keyword(call, "batch_size")
+    value = literal(arg.value) if arg is not None else 1
+    if value == new:
+        return Done(f"the DataLoader at line {script.line(call)} already has batch_size={new}")
+    if value != old:
+        shown = code_of(arg.value) if arg is not None else "(default 1)"
+        return Skipped(f"batch_size is {shown} at line {script.line(call)}, not the {old} the run used: run with batch size {new} and " + LR_NOTE.format(k=k))
+    edits = Edits()
+    edits.set_keywords(call, {"batch_size": str(new)})
+    return Placed(edits, f"batch_size={old} → {new} on the DataLoader at line {script.line(call)}", LR_NOTE.format(k=k))

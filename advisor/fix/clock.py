@@ -1,0 +1,61 @@
+"""`python -m advisor.fix.clock RESULT.json WARMUP STEPS EXTRA_PATH SCRIPT [ARGS...]`: time a
+script's steps without the profiler.
+
+The script runs as `python SCRIPT ARGS` would run it (advisor.capture.runner), with the step
+detection of `advisor profile` (advisor.capture.hooks: a step ends when the optimizer steps)
+and nothing else: no profiler, no stacks, no shapes. After WARMUP + STEPS steps the run is
+stopped; the step times go to RESULT.json. EXTRA_PATH (or "-") goes on sys.path after the
+script's own folder: a fixed copy of a script, run from another folder, still imports its
+neighbours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+class Enough(BaseException):
+    """Raised at the last step wanted: ends the script quietly."""
+
+
+def main(argv: list[str]) -> int:
+    result_path, warmup, steps, extra, script, *args = argv
+    total = int(warmup) + int(steps)
+    from advisor.capture.facts import FactsRecorder
+    from advisor.capture.hooks import Hooks
+    from advisor.capture.runner import Target, run
+
+    times: list[float] = []
+    last = [time.perf_counter()]
+    pid = os.getpid()
+
+    def on_step() -> None:
+        if os.getpid() != pid:
+            return
+        now = time.perf_counter()
+        times.append((now - last[0]) * 1e3)
+        last[0] = time.perf_counter()
+        if len(times) >= total:
+            raise Enough()
+
+    hooks = Hooks(FactsRecorder(script, [script, *args]), on_step)
+    if extra != "-":
+        sys.path.append(extra)
+    started = time.perf_counter()
+    hooks.install()
+    try:
+        last[0] = time.perf_counter()
+        outcome = run(Target("script", script, list(args)), on_purpose=(Enough,), owner_pid=pid)
+    finally:
+        hooks.uninstall()
+    wall = time.perf_counter() - started
+    with open(result_path, "w", encoding="utf-8") as fh:
+        json.dump({"step_times_ms": times, "warmup": int(warmup), "outcome": outcome.how, "exit_code": outcome.exit_code, "wall_s": wall, "step_source": hooks.source}, fh)
+    return 0 if outcome.how in ("stopped", "finished") else (outcome.exit_code or 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,196 @@
+"""The input pipeline's fixes: DataLoader workers (dataloader-stall) and pinned memory with
+non-blocking copies (h2d-pageable-copy). Both safe: the batches are the same, they are only
+made earlier and in other processes, or copied from other memory.
+
+`prefetch_factor` is written when the finding names one value for it other than PyTorch's
+default of 2 (a range such as "2-4" is advice, not a value, and is left to the user).
+
+Which DataLoader: the one the finding's line iterates (`for x, y in loader:` at the line of
+the script in the finding's evidence), else the only DataLoader call of the script, else the
+one a Lightning module's `train_dataloader()` returns. With several and nothing to tell them
+apart, the fix is not placed and says so.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from advisor.fix.base import SAFE, Done, Outcome, Placed, Setting, Skipped, literal, register, text_of
+from advisor.fix.libraries import library_of
+from advisor.fix.source import Edits, Script, has_star_kwargs, keyword
+
+WORKERS = (r"set num_workers=(\d+)", r"raise it towards (\d+)", r"num_workers to about (\d+)", r"\(about (\d+) here\)", r"about (\d+)")
+
+
+def dataloader_calls(script: Script) -> list[cst.Call]:
+    """`DataLoader(...)`, `torch.utils.data.DataLoader(...)`, and the name it was imported as."""
+    aliases = {local for local, full in script.imported_names().items() if full.rsplit(".", 1)[-1] == "DataLoader"}
+    return script.calls(last={"DataLoader", *aliases})
+
+
+def _iterated_name(node: cst.BaseExpression) -> str | None:
+    """`loader` in `for b in loader`, `enumerate(loader)`, `tqdm(enumerate(loader), ...)`."""
+    while isinstance(node, cst.Call) and node.args:
+        node = node.args[0].value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _loader_of_name(script: Script, name: str, calls: list[cst.Call]) -> cst.Call | None:
+    values = [a.value for a in script.assignments(name)]
+    found = [v for v in values if v in calls]
+    return found[-1] if found else None
+
+
+def loops_over(script: Script, call: cst.Call) -> list[cst.For]:
+    """The for loops that iterate the name this DataLoader call is assigned to."""
+    calls = [call]
+    return [f for f in script.nodes(cst.For) if (n := _iterated_name(f.iter)) and _loader_of_name(script, n, calls) is call]
+
+
+def training_loader(script: Script, finding: dict) -> cst.Call | Skipped | None:
+    """The DataLoader call the finding is about; None when the script has none."""
+    calls = dataloader_calls(script)
+    if not calls:
+        return None
+    lines = set(script.frames(finding))
+    for loop in script.nodes(cst.For):
+        if script.line(loop) in lines and (name := _iterated_name(loop.iter)):
+            call = _loader_of_name(script, name, calls)
+            if call is not None:
+                return call
+    if len(calls) == 1:
+        return calls[0]
+    in_train = [c for c in calls if (fn := script.enclosing_function(c)) is not None and fn.name.value == "train_dataloader"]
+    if len(in_train) == 1:
+        return in_train[0]
+    iterated = {c for c in calls if loops_over(script, c)}
+    if len(iterated) == 1:
+        return iterated.pop()
+    where = ", ".join(str(script.line(c)) for c in calls)
+    return Skipped(f"{len(calls)} DataLoader calls (lines {where}) and the finding's line does not say which one feeds the training loop")
+
+
+def wanted_workers(finding: dict) -> int | None:
+    text = text_of(finding)
+    for pattern in WORKERS:
+        m = re.search(pattern, text)
+        if m:
+            return int(m.group(1))
+    snippet = (finding.get("fix") or {}).get("snippet") or ""
+    m = re.search(r"num_workers=(\d+)", snippet)
+    return int(m.group(1)) if m else None
+
+
+def prefetch_factor(finding: dict) -> int | None:
+    """The one prefetch_factor value the finding names (its text, then its snippet), if any."""
+    for text in (text_of(finding), (finding.get("fix") or {}).get("snippet") or ""):
+        m = re.search(r"prefetch_factor=(\d+)(?![\d-])", text)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _library_or_skip(script: Script, rule: str, finding: dict, value: object = None) -> Outcome:
+    lib = library_of(script)
+    if lib is not None:
+        return lib.setting(rule, finding, value)
+    return Skipped("no DataLoader(...) call in the script: the batches come from somewhere the fix cannot see")
+
+
+@register(
+    "dataloader-stall",
+    "DataLoader worker processes (num_workers, persistent_workers)",
+    SAFE,
+)
+def fix_workers(script: Script, finding: dict) -> Outcome:
+    text = text_of(finding)
+    wanted = wanted_workers(finding)
+    if "already uses the cores" in text or wanted is None:
+        return Skipped("the finding asks for less work per sample (prepare the data once, lighter augmentation), not for a DataLoader setting")
+    call = training_loader(script, finding)
+    if call is None:
+        return _library_or_skip(script, "dataloader-stall", finding, wanted)
+    if isinstance(call, Skipped):
+        return call
+    if has_star_kwargs(call):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes **kwargs: num_workers may be set there")
+    current = keyword(call, "num_workers")
+    value = literal(current.value) if current is not None else 0
+    persistent = keyword(call, "persistent_workers")
+    persistent_on = persistent is not None and literal(persistent.value) is True
+    values: dict[str, str] = {}
+    if not (isinstance(value, int) and value >= wanted):
+        values["num_workers"] = str(wanted)
+    if wanted > 0 and not persistent_on:
+        values["persistent_workers"] = "True"
+    prefetch = prefetch_factor(finding)
+    current_prefetch = keyword(call, "prefetch_factor")
+    if wanted > 0 and prefetch is not None and prefetch != 2 and (current_prefetch is None or literal(current_prefetch.value) != prefetch):
+        values["prefetch_factor"] = str(prefetch)
+    if not values:
+        return Done(f"the DataLoader at line {script.line(call)} already has num_workers={value}" + (", persistent_workers=True" if persistent_on else ""))
+    edits = Edits()
+    edits.set_keywords(call, values)
+    note = ""
+    if current is not None and value is ...:
+        note = f"num_workers={script.module.code_for_node(current.value)} (the script's own setting) becomes {wanted}, the value the finding recommends"
+    return Placed(edits, f"DataLoader at line {script.line(call)}: " + ", ".join(f"{k}={v}" for k, v in values.items()), note)
+
+
+def _to_calls_in(script: Script, loop: cst.For) -> list[cst.Call]:
+    """`x.to(device, ...)` calls in the loop's body on the names the loop unpacks."""
+    names = {n.value for n in _names(loop.target)}
+    out = []
+    for call in script.calls(method="to"):
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        if isinstance(receiver, cst.Name) and receiver.value in names and loop in script.ancestors(call):
+            if call.args and (call.args[0].keyword is None or call.args[0].keyword.value == "device"):
+                out.append(call)
+    return out
+
+
+def _names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _names(e.value)]
+    return []
+
+
+@register(
+    "h2d-pageable-copy",
+    "pinned batches (pin_memory=True) and non-blocking copies (.to(device, non_blocking=True))",
+    SAFE,
+)
+def fix_pinned(script: Script, finding: dict) -> Outcome:
+    call = training_loader(script, finding)
+    if call is None:
+        return _library_or_skip(script, "h2d-pageable-copy", finding)
+    if isinstance(call, Skipped):
+        return call
+    if has_star_kwargs(call):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes **kwargs: pin_memory may be set there")
+    edits = Edits()
+    done: list[str] = []
+    pin = keyword(call, "pin_memory")
+    if pin is not None and literal(pin.value) is True:
+        done.append(f"the DataLoader at line {script.line(call)} already pins memory")
+    else:
+        edits.set_keywords(call, {"pin_memory": "True"})
+    copies = [c for loop in loops_over(script, call) for c in _to_calls_in(script, loop)]
+    for c in copies:
+        nb = keyword(c, "non_blocking")
+        if nb is None or literal(nb.value) is not True:
+            edits.set_keywords(c, {"non_blocking": "True"})
+    if edits.empty:
+        return Done("; ".join(done) + (", and its loop copies with non_blocking=True" if copies else ""))
+    what = [f"pin_memory=True on the DataLoader at line {script.line(call)}"] if call in edits.keywords else []
+    changed = [c for c in copies if c in edits.keywords]
+    if changed:
+        what.append(f"non_blocking=True on {len(changed)} copies (line{'s' if len(changed) > 1 else ''} {', '.join(str(script.line(c)) for c in changed)})")
+    note = "" if copies else "no `.to(device)` of the loop's batch in the script (the library moves it): only the pinning is written"
+    if not copies and library_of(script) is None:
+        note = "no `x.to(device)` of the loop's own names found: copy the batch with non_blocking=True where it is moved"
+    return Placed(edits, "; ".join(what), note)

@@ -1,0 +1,80 @@
+"""Changes to the model object, written right after the line that builds or moves it (the
+last `model = ...` before the optimizer takes `model.parameters()`): `torch.compile(model)`
+(unfused-elementwise; unsafe: generated kernels, other rounding, minutes of compiling) and
+channels-last memory (channels-last; unsafe: convolutions pick other algorithms).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.fix.base import UNSAFE, Done, Outcome, Placed, Skipped, register
+from advisor.fix.libraries import library_of
+from advisor.fix.optimizer import optimizer_calls
+from advisor.fix.source import Edits, Script, dotted
+
+
+def model_anchor(script: Script, rule: str, finding: dict) -> tuple[str, cst.CSTNode] | Outcome:
+    """The model's name and the statement after which to change it."""
+    optimizers = optimizer_calls(script)
+    names = set()
+    for call in optimizers:
+        if call.args:
+            arg = call.args[0].value
+            if isinstance(arg, cst.Call) and isinstance(arg.func, cst.Attribute) and arg.func.attr.value == "parameters":
+                base = dotted(arg.func.value)
+                if base is not None:
+                    names.add((base, call))
+    if not names:
+        lib = library_of(script)
+        if lib is not None:
+            return lib.setting(rule, finding)
+        return Skipped("no optimizer built from model.parameters() in the script: the model object is not found")
+    if len({n for n, _ in names}) > 1:
+        return Skipped("several models feed optimizers (" + ", ".join(sorted({n for n, _ in names})) + "): the fix does not guess which one")
+    name, optimizer = next(iter(names))
+    if "." in name or name == "self":
+        lib = library_of(script)
+        if lib is not None:
+            return lib.setting(rule, finding)
+        return Skipped(f"the optimizer takes {name}.parameters(): an attribute, not a model variable the fix can rebind")
+    opt_line = script.line(optimizer)
+    block = script.parent(script.statement_of(optimizer))
+    before = [a for a in script.assignments(name) if script.line(a) < opt_line and script.parent(script.statement_of(a)) is block]
+    if not before:
+        return Skipped(f"no `{name} = ...` before the optimizer: the fix has nowhere safe to change the model")
+    return name, script.statement_of(before[-1])
+
+
+def _mentions(script: Script, text: str) -> bool:
+    return text in script.text
+
+
+@register("unfused-elementwise", "torch.compile(model)", UNSAFE)
+def fix_compile(script: Script, finding: dict) -> Outcome:
+    anchor = model_anchor(script, "unfused-elementwise", finding)
+    if not isinstance(anchor, tuple):
+        return anchor
+    name, stmt = anchor
+    compiles = script.calls(name="torch.compile")
+    if compiles:
+        conditional = [c for c in compiles if any(isinstance(a, cst.If) for a in script.ancestors(c))]
+        if len(conditional) == len(compiles):
+            return Skipped(f"the script compiles the model under a condition (line {script.line(compiles[0])}): switch it on there")
+        return Done("the script already calls torch.compile")
+    edits = Edits()
+    edits.insert_after(stmt, [f"{name} = torch.compile({name})"])
+    return Placed(edits, f"{name} = torch.compile({name}) after line {script.line(stmt)}", "compiling takes a while on the first steps; numerics differ at rounding level")
+
+
+@register("channels-last", "channels-last memory format for the model", UNSAFE)
+def fix_channels_last(script: Script, finding: dict) -> Outcome:
+    anchor = model_anchor(script, "channels-last", finding)
+    if not isinstance(anchor, tuple):
+        return anchor
+    name, stmt = anchor
+    if _mentions(script, "torch.channels_last"):
+        return Done("the script already uses torch.channels_last")
+    edits = Edits()
+    edits.insert_after(stmt, [f"{name} = {name}.to(memory_format=torch.channels_last)"])
+    return Placed(edits, f"{name}.to(memory_format=torch.channels_last) after line {script.line(stmt)}", "inputs follow the weights' layout inside the first convolution; x.to(memory_format=torch.channels_last) saves that conversion too")

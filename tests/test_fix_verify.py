@@ -1,0 +1,104 @@
+"""`advisor fix --verify`: the original sample and its fixed copy run without the profiler,
+alternating, and the measured saving is set against the finding's promise.
+
+The promise is read from the finding (the sample's CPU recording, 2 cores: one DataLoader
+worker); whether it is kept depends on this machine (a worker shares two cores with the
+training), so the test checks that the verdict follows from the measured steps, not which
+verdict it is. The record is a baseline `advisor gate` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from advisor.analysis import analyze
+from advisor.schemas import check
+from conftest import SAMPLE_RUNS
+
+SAMPLE = SAMPLE_RUNS / "resnet18_cifar"
+RUN = SAMPLE / "runs" / "cpu_baseline"
+
+
+def stall_share() -> float:
+    return next(f for f in analyze(RUN).to_dict()["findings"] if f["rule"] == "dataloader-stall")["saving_pct"]
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    pytest.importorskip("torch")
+    from advisor.cli import main  # noqa: F401  (the command is registered on demand)
+
+    tmp = tmp_path_factory.mktemp("verify")
+    record = tmp / "verify.json"
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable, "-m", "advisor", "fix", str(SAMPLE / "train.py"), "--from", str(RUN), "--select", "dataloader-stall",
+        "--verify", "--steps", "8", "--warmup", "3", "-o", str(record), "--", "--cpu-variant",
+    ]  # fmt: skip
+    import os
+
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp)
+    return done, json.loads(record.read_text()) if record.exists() else None
+
+
+def test_verify_prints_the_promise_the_measured_saving_and_a_verdict(verified):
+    done, record = verified
+    assert done.returncode == 0, done.stderr[-3000:]
+    stall = next(f for f in analyze(RUN).to_dict()["findings"] if f["rule"] == "dataloader-stall")
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["fix", "safety", "promised", "original", "ms", "fixed", "ms", "measured", "saving", "verdict"]
+    row = next(line for line in lines if line.startswith("dataloader-stall  "))
+    assert f"{stall['saving_ms']:.1f} ms ({100 * stall['saving_pct']:.0f}%)" in row  # the finding's own promise
+    [fix] = record["verify"]["fixes"]
+    assert row.split()[-1] == fix["verdict"] and fix["verdict"] in ("kept", "missed")
+    assert fix["promised_ms"] == pytest.approx(stall["saving_ms"], abs=1e-3) and fix["promised_pct"] == pytest.approx(stall["saving_pct"], abs=1e-3)
+    # The last lines say why, in the figures measured.
+    assert any(line.startswith(f"dataloader-stall: {fix['verdict']}: measured ") for line in lines)
+
+
+def test_verify_alternates_the_runs_and_its_figures_follow_from_the_steps(verified):
+    done, record = verified
+    v = record["verify"]
+    assert [(r["variant"], r["round"]) for r in v["runs"]] == [("original", 1), ("dataloader-stall", 1), ("original", 2), ("dataloader-stall", 2)]
+    assert all(len(r["step_times_ms"]) == 8 and not r["error"] for r in v["runs"])
+    original = [t for r in v["runs"] if r["variant"] == "original" for t in r["step_times_ms"]]
+    fixed = [t for r in v["runs"] if r["variant"] == "dataloader-stall" for t in r["step_times_ms"]]
+    [fix] = v["fixes"]
+    saving = statistics.median(original) - statistics.median(fixed)
+    assert fix["saving_ms"] == pytest.approx(saving, abs=1e-3)
+    rounds = [statistics.median(v["runs"][i]["step_times_ms"]) - statistics.median(v["runs"][i + 1]["step_times_ms"]) for i in (0, 2)]
+    assert fix["round_savings_ms"] == pytest.approx(rounds, abs=1e-3)
+    share = saving / statistics.median(original)
+    kept = share >= v["kept_share"] * stall_share() and min(rounds) > 0
+    assert fix["verdict"] == ("kept" if kept else "missed")
+    # The fixed copy is the baseline: its steps, the findings it left (none: the one was fixed).
+    assert record["step_times_ms"] == pytest.approx(fixed)
+    assert record["findings"] == [] and math.isclose(record["metrics"]["step_time_median_ms"], statistics.median(fixed), rel_tol=1e-6)
+
+
+def test_verify_record_fits_its_schema_and_the_gate_reads_it(verified, cli, tmp_path):
+    _, record = verified
+    jsonschema = pytest.importorskip("jsonschema")
+    from advisor.schemas import json_schema
+
+    jsonschema.Draft202012Validator(json_schema("verify")).validate(record)
+    check("verify", record)
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps(record))
+    # The original run judged against the fixed copy's baseline: a verdict (pass or fail), not bad input.
+    code, out, err = cli(["gate", str(RUN), "--baseline", str(path), "--json", str(tmp_path / "gate.json")])
+    assert code in (0, 1), err
+    result = json.loads((tmp_path / "gate.json").read_text())
+    assert result["baseline"]["kind"] == "baseline" and result["baseline"]["steps"] == 16
+
+
+def test_verify_with_nothing_placed_is_one_line(cli, tmp_path):
+    code, out, err = cli(["fix", str(SAMPLE / "train.py"), "--from", str(SAMPLE / "runs" / "cpu_workers"), "--select", "zero-grad-memset", "--verify"])
+    assert code == 2 and "nothing to verify" in err.strip().splitlines()[-1]
