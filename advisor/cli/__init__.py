@@ -119,11 +119,11 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
         else:
             from rich.console import Console
 
-            from advisor.render.console import UNWRAPPED_WIDTH
+            from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
 
             console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
             render_text(analysis, console, verbose=verbose)
-            write_output(console.export_text(), output, inputs)
+            write_output(trim_lines(console.export_text()), output, inputs)
 
 
 def analyze_with_progress(path: Path, **kwargs):

@@ -375,9 +375,9 @@ def _memory(a: Analysis) -> str:
         else:
             at_least = "at least " if curves.running_sum else ""
             off_scale = f"device total {fmt_bytes(total)} is above this scale: the peak allocation uses {at_least}{pct(curves.peak_allocated / total)} of it"
-    # Axis in one binary unit, so its ticks are round numbers of that unit (0, 10, 20 GB).
+    # Axis in one binary unit, so its ticks are round numbers of that unit (0, 10, 20 GiB).
     power = max(0, min(4, int(np.log2(max(y_max, 1.0)) // 10)))
-    unit, scale = ("B", "KB", "MB", "GB", "TB")[power], 1024.0**power
+    unit, scale = ("B", "KiB", "MiB", "GiB", "TiB")[power], 1024.0**power
     for s in curves.series:
         s.x, s.y = svg.minmax_downsample(s.x, s.y, x_max)
         s.y = s.y / scale

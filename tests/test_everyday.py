@@ -1,0 +1,141 @@
+"""Everyday use through the installed `advisor` program in a child process, its stdout a pipe
+(as in CI): the gate judges throughput, not only step time; output to a pipe is plain lines
+with names whole; memory is labelled in the units it is computed in."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SAMPLE_RUNS
+
+RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"
+
+
+def advisor_program() -> list[str]:
+    """The console script beside this interpreter (what `pip install` put there), else `-m`."""
+    script = Path(sys.executable).parent / "advisor"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "advisor"]
+
+
+def advisor(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "COLUMNS" and not k.startswith("GITHUB_")}
+    return subprocess.run([*advisor_program(), *args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+
+# --- 1. the gate sees throughput ------------------------------------------------------------
+def test_gate_judges_time_per_sample_when_the_batch_changes(tmp_path):
+    """Batch 512 (15,197 samples/s) then batch 128 (5,707 samples/s): the step is 33% shorter
+    but each sample takes 2.7x as long; the gate must not pass it."""
+    r = advisor(["baseline", str(RUNS / "gpu_walk_final"), "-o", "base.json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = advisor(["gate", str(RUNS / "gpu_compiled"), "--baseline", "base.json", "--min-steps", "3", "--json", "gate.json"], tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "advisor gate: FAIL" in r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.startswith("time per sample vs baseline"))
+    assert "µs/sample" in row and "samples per step 512 -> 128" in row and "15,197 -> 5,707 samples/s" in row
+    doc = json.loads((tmp_path / "gate.json").read_text())
+    check = next(c for c in doc["checks"] if c["id"] == "step-time-regression")
+    d = check["details"]
+    assert d["unit"] == "ms per sample" and (d["baseline_samples_per_step"], d["candidate_samples_per_step"]) == (512, 128)
+    # per sample: the step medians over the batch, from the baseline file itself
+    base = json.loads((tmp_path / "base.json").read_text())
+    assert d["baseline_median_ms"] == pytest.approx(base["metrics"]["step_time_median_ms"] / 512)
+    assert d["ratio"] > 2.5
+
+
+def test_gate_without_the_baselines_batch_never_passes_a_faster_step(tmp_path):
+    """A baseline that does not know its batch: a shorter step may be a smaller batch."""
+    r = advisor(["baseline", str(RUNS / "gpu_walk_final"), "-o", "base.json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "base.json").read_text())
+    doc["environment"]["batch_size"] = None
+    (tmp_path / "base.json").write_text(json.dumps(doc))
+    r = advisor(["gate", str(RUNS / "gpu_compiled"), "--baseline", "base.json", "--min-steps", "3"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "advisor gate: INCONCLUSIVE" in r.stdout
+    assert "the baseline's batch size is unknown" in r.stdout
+
+
+def test_gate_time_per_sample_budget(tmp_path):
+    # gpu_walk_final: median step 33.7 ms over batch 512 = 65.8 µs per sample
+    r = advisor(["gate", str(RUNS / "gpu_walk_final"), "--max-ms-per-sample", "0.07"], tmp_path)
+    assert r.returncode == 0 and "65.8 µs/sample" in r.stdout, r.stdout + r.stderr
+    r = advisor(["gate", str(RUNS / "gpu_walk_final"), "--max-ms-per-sample", "0.06"], tmp_path)
+    assert r.returncode == 1 and "advisor gate: FAIL" in r.stdout, r.stdout + r.stderr
+
+
+def _shown_commands(text: str, marker: str) -> list[tuple[list[str], list[str]]]:
+    """(command, shown output lines) of each ```console block after `marker` in a document."""
+    part = text[text.index(marker):]
+    blocks = []
+    for body in re.findall(r"```console\n(.*?)```", part, re.S)[:1]:
+        cmd, out = None, []
+        for line in body.splitlines():
+            if line.startswith("$ "):
+                if cmd:
+                    blocks.append((cmd, out))
+                cmd, out = line[2:].split(), []
+            else:
+                out.append(line)
+        blocks.append((cmd, out))
+    return blocks
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/gate.md"])
+def test_the_documented_gate_example_passes_on_the_sample_runs(doc, tmp_path):
+    """The gate example the docs show runs on what ships, and prints what they show."""
+    text = (REPO / doc).read_text(encoding="utf-8")
+    blocks = _shown_commands(text, "<!-- gate example -->")
+    assert [c[0][:2] for c in blocks] == [["advisor", "baseline"], ["advisor", "gate"]]
+    shutil.copytree(REPO / "sample_runs", tmp_path / "sample_runs")
+    for (cmd, shown), expected in zip(blocks, (0, 0)):
+        r = advisor(cmd[1:], tmp_path)
+        assert r.returncode == expected, r.stdout + r.stderr
+        printed = [line.rstrip() for line in (r.stdout + r.stderr).splitlines()]
+        for line in shown:
+            if line != "..." and line.strip():
+                assert line.rstrip() in printed, f"{doc} shows a line the command does not print: {line!r}\n{printed}"
+    assert "advisor gate: PASS" in r.stdout
+
+
+# --- 4. pipes: plain lines, names whole -----------------------------------------------------
+def test_report_in_a_pipe_is_plain_lines_with_whole_names(tmp_path):
+    plain = advisor(["report", str(RUNS / "gpu_baseline")], tmp_path)
+    verbose = advisor(["report", str(RUNS / "gpu_baseline"), "-v"], tmp_path)
+    for r in (plain, verbose):
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert not [line for line in lines if line != line.rstrip()], "trailing blanks in a pipe"
+        assert "…" not in r.stdout
+        assert "\x1b[" not in r.stdout
+    # whole kernel names: the longest cuDNN batch-norm kernel of the run, with its argument list
+    assert "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float, float, float, cudnnTensorStruct," in plain.stdout
+    # -v adds the evidence and the code, not frames padded to its longest line
+    assert len(verbose.stdout) < 3 * len(plain.stdout)
+    assert "│" not in verbose.stdout.split("Findings, ranked")[1]
+    assert "\n       loader = DataLoader(train_set, batch_size=32, shuffle=True,\n" in verbose.stdout
+
+
+def test_text_file_output_has_no_trailing_blanks(tmp_path):
+    r = advisor(["report", str(RUNS / "gpu_baseline"), "-o", "r.txt"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "r.txt").read_text().splitlines()
+    assert lines and all(line == line.rstrip() for line in lines)
+
+
+# --- 8. units ------------------------------------------------------------------------------
+def test_memory_in_binary_units_is_labelled_binary(tmp_path):
+    """The H100's 85,017,493,504 bytes of memory are 79.2 GiB (85.0 GB): the label says which."""
+    r = advisor(["report", str(RUNS / "gpu_baseline")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    facts = json.loads((RUNS / "gpu_baseline" / "advisor_facts.json").read_text())
+    total = facts["device"]["total_memory_bytes"]
+    assert f"{total / 2**30:.1f} GiB" in r.stdout
+    assert not re.search(r"\d GB\b(?!/s)", r.stdout), r.stdout
