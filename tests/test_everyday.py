@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SAMPLE_RUNS
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"
 
 
@@ -139,3 +144,116 @@ def test_memory_in_binary_units_is_labelled_binary(tmp_path):
     total = facts["device"]["total_memory_bytes"]
     assert f"{total / 2**30:.1f} GiB" in r.stdout
     assert not re.search(r"\d GB\b(?!/s)", r.stdout), r.stdout
+
+
+# --- 2. `advisor profile` composes ------------------------------------------------------------
+needs_torch = pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch (pip install 'torch-advisor[profile]')")
+
+SCRIPT = """\
+import sys
+import torch
+
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(8):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    print(f"step {i}", flush=True)
+print("script end", flush=True)
+sys.exit(7)
+"""
+WINDOW = ["--wait", "0", "--warmup", "1", "--active", "2", "--no-stack"]
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+@needs_torch
+def test_profile_keeps_stdout_the_scripts_and_says_how_the_script_ended(tmp_path, script):
+    """Default: stopped after the window: said once, exit 124 (never the 0 of a script that
+    would have exited 7); the JSON report goes to -o, stdout holds only the script's lines."""
+    r = advisor(["profile", "--out", "run", *WINDOW, "-o", "report.json", str(script)], tmp_path)
+    assert r.returncode == 124, r.stderr
+    assert r.stdout.splitlines() == ["step 0", "step 1"]  # stopped in the window's last optimizer step
+    said = [line for line in r.stderr.splitlines() if "on purpose" in line]
+    assert len(said) == 1 and "its own exit status is not known (exit 124" in said[0]
+    assert r.stderr.count("--full") == 1  # said once, where the stop is told, not in the report
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["schema"] == "advisor/report/v1" and report["summary"]["steps"] == 2
+    # --full: the script runs to its end, its output and its own exit status come through
+    r = advisor(["profile", "--out", "full", *WINDOW, "--full", "-f", "json", str(script)], tmp_path)
+    assert r.returncode == 7, r.stderr
+    assert r.stdout.splitlines() == [f"step {i}" for i in range(8)] + ["script end"]
+    # without -o the JSON report is on stderr, after the advisor's own lines
+    doc = json.loads(r.stderr[r.stderr.index("{\n"):])
+    assert doc["schema"] == "advisor/report/v1"
+
+
+@needs_torch
+def test_profile_takes_the_rule_options_of_report(tmp_path, script):
+    r = advisor(["profile", "--out", "run", *WINDOW, "--select", "window,memory", "-o", "r.json", str(script)], tmp_path)
+    assert r.returncode == 124, r.stderr
+    rules = {f["rule"] for f in json.loads((tmp_path / "r.json").read_text())["findings"]}
+    assert rules <= {"step-time-variance", "allocator-churn", "empty-cache", "memory-growth", "memory-near-limit", "spare-gpu-memory"}
+
+
+def test_profile_refuses_the_old_meaning_of_o_and_unknown_rules_before_running(tmp_path, script):
+    r = advisor(["profile", "-o", "logs", str(script)], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "-o names the report file" in r.stderr and "the log dir is --out logs" in r.stderr
+    r = advisor(["profile", "--select", "memroy", str(script)], tmp_path)
+    assert r.returncode == 2 and "did you mean 'memory'?" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "advisor_runs").exists() and not (tmp_path / "logs").exists()
+
+
+# --- 7. rule selection as ruff does it --------------------------------------------------------
+def test_select_takes_groups_and_prefixes(tmp_path):
+    run = RUNS / "gpu_baseline"
+    r = advisor(["report", str(run), "-f", "json", "--select", "h2d"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert {f["rule"] for f in json.loads(r.stdout)["findings"]} == {"h2d-pageable-copy"}
+    r = advisor(["report", str(run), "-f", "json", "--select", "memory"], tmp_path)
+    assert {f["rule"] for f in json.loads(r.stdout)["findings"]} == {"spare-gpu-memory"}
+    r = advisor(["report", str(run), "-f", "json", "--ignore", "memory,h2d,host"], tmp_path)
+    assert [f["rule"] for f in json.loads(r.stdout)["findings"]] == ["dataloader-stall", "zero-grad-memset"]
+    r = advisor(["report", str(run), "--select", "memroy"], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "advisor: error: unknown rule, group or prefix 'memroy' in select (did you mean 'memory'?); run `advisor rules` to list them"
+    )
+
+
+def test_rules_as_json_list_every_rule_with_its_group_and_options(tmp_path):
+    r = advisor(["rules", "--format", "json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    rules = json.loads(r.stdout)
+    shipped = sorted(p.stem.replace("_", "-") for p in (REPO / "rules").glob("*.py") if not p.name.startswith("_"))
+    assert sorted(x["id"] for x in rules) == shipped
+    assert all(x["group"] for x in rules)  # every shipped rule is in a group
+    stall = next(x for x in rules if x["id"] == "dataloader-stall")
+    assert stall["group"] == "input" and "min_share" in stall["options"]
+    r = advisor(["rules", "--select", "memory"], tmp_path)
+    assert r.returncode == 0 and "spare-gpu-memory" in r.stdout and "dataloader-stall" not in r.stdout
+
+
+def test_explain_offers_the_closest_rule_and_md_is_markdown(tmp_path):
+    r = advisor(["explain", "dataloader-stal"], tmp_path)
+    assert r.returncode == 2 and "did you mean 'dataloader-stall'?" in r.stderr
+    r = advisor(["report", str(RUNS / "cpu_baseline"), "-f", "md"], tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("### advisor: "), r.stderr
+
+
+def test_show_settings_prints_the_resolved_configuration(tmp_path):
+    (tmp_path / "advisor.toml").write_text('ignore = ["channels-last"]\n[rules.dataloader-stall]\nmin_share = 0.2\n')
+    r = advisor(["report", str(RUNS / "gpu_baseline"), "--select", "input", "--show-settings"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = tomllib.loads(r.stdout)["tool"]["advisor"]  # TOML, as it would be written in pyproject.toml
+    assert doc["select"] == ["input"] and doc["ignore"] == ["channels-last"]
+    assert set(doc["rules"]) == {"dataloader-stall", "epoch-end"}
+    assert doc["rules"]["dataloader-stall"]["min_share"] == 0.2  # from the file
+    assert "min_share = 0.2  # from the config file" in r.stdout
+    assert f"# config file: {tmp_path / 'advisor.toml'}" in r.stdout
