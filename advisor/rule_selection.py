@@ -1,5 +1,5 @@
 """Which rules run: `--select` / `--ignore` (and `select` / `ignore` in the configuration) read
-the way ruff reads its rule selectors.
+the way linters read their rule selectors.
 
 A selector is one of
 

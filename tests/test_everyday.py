@@ -211,7 +211,7 @@ def test_profile_refuses_the_old_meaning_of_o_and_unknown_rules_before_running(t
     assert not (tmp_path / "advisor_runs").exists() and not (tmp_path / "logs").exists()
 
 
-# --- 7. rule selection as ruff does it --------------------------------------------------------
+# --- 7. rule selection: ids, groups, prefixes ------------------------------------------------------
 def test_select_takes_groups_and_prefixes(tmp_path):
     run = RUNS / "gpu_baseline"
     r = advisor(["report", str(run), "-f", "json", "--select", "h2d"], tmp_path)
@@ -257,3 +257,68 @@ def test_show_settings_prints_the_resolved_configuration(tmp_path):
     assert doc["rules"]["dataloader-stall"]["min_share"] == 0.2  # from the file
     assert "min_share = 0.2  # from the config file" in r.stdout
     assert f"# config file: {tmp_path / 'advisor.toml'}" in r.stdout
+
+
+# --- 6. the Python API ------------------------------------------------------------------------
+API_CHECK = """
+import json, sys
+import advisor
+light = sorted(m for m in ("pandas", "numpy", "torch", "rich", "typer") if m in sys.modules)
+run = advisor.analyze(sys.argv[1])
+out = {
+    "light": light,
+    "torch": "torch" in sys.modules,
+    "findings": run.findings[["rule", "saving_ms"]].values.tolist(),
+    "breakdown": dict(zip(run.breakdown["category"], run.breakdown["ms_per_step"])),
+    "share_sum": float(run.breakdown["share"].sum()),
+    "steps": run.steps["duration_ms"].tolist(),
+    "kernels": run.kernels["total_ms"].tolist(),
+    "kernel_names": run.kernels["name"].tolist(),
+    "kernel_share_sum": float(run.kernels["share"].sum()),
+    "ops": run.ops[["name", "count"]].values.tolist(),
+    "html": run._repr_html_(),
+    "repr": repr(run),
+}
+print(json.dumps(out))
+"""
+
+
+def test_python_api_gives_the_reports_figures_as_dataframes(tmp_path):
+    run = RUNS / "gpu_baseline"
+    r = subprocess.run([sys.executable, "-c", API_CHECK, str(run)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["light"] == [] and got["torch"] is False  # `import advisor` loads nothing heavy
+    report = json.loads(advisor(["report", str(run), "-f", "json"], tmp_path).stdout)
+    assert [f[0] for f in got["findings"]] == [f["rule"] for f in report["findings"]]
+    assert [f[1] for f in got["findings"]] == pytest.approx([f["saving_ms"] for f in report["findings"]])
+    assert got["breakdown"] == pytest.approx(report["summary"]["breakdown_ms"])
+    assert got["share_sum"] == pytest.approx(1.0)
+    assert len(got["steps"]) == report["summary"]["steps"]
+    assert sorted(got["steps"])[len(got["steps"]) // 2] == pytest.approx(report["summary"]["step_time_ms"]["median"])
+    assert got["kernels"] == sorted(got["kernels"], reverse=True) and got["kernel_share_sum"] == pytest.approx(1.0)
+    assert not any("…" in n for n in got["kernel_names"])
+    assert got["ops"] and all(count > 0 for _, count in got["ops"])
+    assert "<table" in got["html"] and "dataloader-stall" in got["html"] and got["repr"].startswith("<advisor analysis of 'gpu_baseline'")
+
+
+def test_python_api_escapes_trace_strings_in_its_html(tmp_path):
+    from advisor.api import RunAnalysis
+
+    import advisor
+
+    run = advisor.analyze(RUNS / "cpu_baseline")
+    run.analysis.run.name = "<script>alert(1)</script>"
+    page = run._repr_html_()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert isinstance(run, RunAnalysis)
+
+
+def test_python_api_bad_input_is_an_input_error(tmp_path):
+    import advisor
+    from advisor.errors import InputError
+
+    (tmp_path / "t.json").write_text("{not json")
+    with pytest.raises(InputError) as e:
+        advisor.analyze(tmp_path / "t.json")
+    assert "t.json" in str(e.value.line())
