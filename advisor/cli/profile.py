@@ -78,8 +78,8 @@ def profile(
     nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Launch N processes through torchrun (torch.distributed.run), all into the same log dir."),
     format: str | None = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="Report format: text, json, markdown (md) or html (default: from the -o suffix, else text)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
-    select: list[str] = typer.Option([], "--select", help="Only these rules, prefixes or groups (repeatable, or comma-separated: a,b)."),
-    ignore: list[str] = typer.Option([], "--ignore", help="Skip these rules, prefixes or groups (repeatable, or comma-separated: a,b)."),
+    select: list[str] = typer.Option([], "--select", metavar="RULE", help="Only these rules, prefixes or groups (repeatable, or comma-separated: a,b)."),
+    ignore: list[str] = typer.Option([], "--ignore", metavar="RULE", help="Skip these rules, prefixes or groups (repeatable, or comma-separated: a,b)."),
     rules_dir: Path | None = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Path | None = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
