@@ -10,6 +10,9 @@ from advisor.gate.record import RunRecord
 from advisor.gate.verdict import Check, GateResult
 
 
+PER_SAMPLE_NOTE = " (so time per sample is compared, not step time)"
+
+
 def signed_pct(ratio_minus_one: float | None) -> str:
     """+26%, -4.3%: whole percent from 10% on, one decimal below."""
     if ratio_minus_one is None:
@@ -175,7 +178,9 @@ def environment_check(mismatches: list[str]) -> Check:
         "warn" if mismatches else "pass",
         f"{len(mismatches)} difference(s)" if mismatches else "same",
         "same",
-        "; ".join(mismatches) + ": step times may not be comparable" if mismatches else "device, scale and recorded versions match",
+        ("; ".join(mismatches) + ("" if all(m.endswith(PER_SAMPLE_NOTE) for m in mismatches) else ": step times may not be comparable"))
+        if mismatches
+        else "device, scale and recorded versions match",
         {"mismatches": mismatches},
     )
 
@@ -209,10 +214,13 @@ def run_gate(candidate: RunRecord, baseline: RunRecord | None, settings: GateSet
     gone_d: list[dict[str, Any]] = []
     warnings = list(notes or [])
     if baseline is not None:
-        checks.append(step_time_check(baseline, candidate, settings))
+        step = step_time_check(baseline, candidate, settings)
+        checks.append(step)
         fcheck, new_d, gone_d = findings_check(baseline, candidate, settings)
         checks.append(fcheck)
         mismatches = environment_mismatches(baseline, candidate)
+        if step.details.get("unit") == "ms per sample":
+            mismatches = [m + PER_SAMPLE_NOTE if m.startswith("batch size differs") else m for m in mismatches]
         checks.append(environment_check(mismatches))
         warnings += mismatches
     checks += budget_checks(candidate, settings.budgets, settings.batch_size)
