@@ -344,19 +344,17 @@ def find_rule(rule_id: str, extra_dir: str | Path | None = None) -> Rule:
     for r in all_rules(extra_dir):
         if r.id == rule_id:
             return r
-    known = ", ".join(r.id for r in all_rules(extra_dir))
-    raise InputError(None, f"unknown rule {rule_id!r}; known rules: {known}")
+    from advisor.rule_selection import did_you_mean
+
+    ids = [r.id for r in all_rules(extra_dir)]
+    raise InputError(None, f"unknown rule {rule_id!r}{did_you_mean(rule_id, ids)}; `advisor rules` lists them")
 
 
 def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[Rule]:
-    select, ignore = list(select), list(ignore)
-    known = {r.id for r in rules}
-    for rid in select + ignore:
-        if rid not in known:
-            raise InputError(None, f"unknown rule {rid!r} in select/ignore; run `advisor rules` to list them")
-    if select:
-        rules = [r for r in rules if r.id in select]
-    return [r for r in rules if r.id not in ignore]
+    """The rules `select` and `ignore` leave: ids, groups and prefixes (advisor/rule_selection.py)."""
+    from advisor.rule_selection import resolve
+
+    return resolve(rules, select, ignore)
 
 
 # --- running ------------------------------------------------------------------------------

@@ -272,6 +272,7 @@ class GateBudgets(_Out):
     max_severity: Optional[Literal["none", "low", "medium", "high"]]
     forbid_rules: list[str]
     min_samples_per_s: Optional[float]
+    max_ms_per_sample: Optional[float]
 
 
 class GateSettings(_Out):

@@ -7,7 +7,7 @@
 The yardstick is the published ResNet-18 walk-through (SCENARIO.md in the shared notes):
 seven profiler-guided changes, 8.17x in all. Each round runs the sample script
 (sample_runs/resnet18_cifar/train.py) the way a user would, through
-`advisor profile ... --format json`, reads the report's findings, maps the highest-ranked
+`advisor profile ... --format json` (the report on stderr), reads the report's findings, maps the highest-ranked
 finding that has a fix in the script to that fix's command-line switch (RULE_SWITCHES
 below), and profiles again with the switch on, until no finding maps to a switch the device
 can use or --max-rounds changes have been applied.
@@ -336,15 +336,16 @@ class Round:
         return self.summary.get("gpu_utilization")
 
 
-def parse_report(stdout: str) -> dict[str, Any] | None:
-    """The JSON report that `advisor profile --format json` prints after the script's own output."""
+def parse_report(stderr: str) -> dict[str, Any] | None:
+    """The JSON report that `advisor profile --format json` prints on stderr (stdout is the
+    script's), after its own lines."""
     match = None
-    for match in REPORT_START.finditer(stdout):
+    for match in REPORT_START.finditer(stderr):
         pass
     if match is None:
         return None
     try:
-        report, _ = json.JSONDecoder().raw_decode(stdout[match.start():])
+        report, _ = json.JSONDecoder().raw_decode(stderr[match.start():])
     except ValueError:
         return None
     return report if isinstance(report, dict) else None
@@ -372,7 +373,7 @@ def profile_round(switches: Switches, settings: Settings, out_dir: Path) -> Roun
     wall = time.perf_counter() - started
     facts_path = out_dir / "advisor_facts.json"
     facts = json.loads(facts_path.read_text()) if facts_path.is_file() else None
-    r = Round(switches, out_dir, proc.returncode, wall, parse_report(proc.stdout), facts)
+    r = Round(switches, out_dir, proc.returncode, wall, parse_report(proc.stderr), facts)
     if not r.ok:
         tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]
         r.error = f"exit {proc.returncode}: " + (" | ".join(tail) or "no report")

@@ -88,8 +88,8 @@ def check(ctx: Context):
         "steps": values.index.tolist(),
     }
     message = (
-        f"Allocated device memory grows by {per_step_growth / MB:.1f} MB per step "
-        f"({growth / MB:.0f} MB over {len(v) - 1} steps, rising at {100 * rising:.0f}% of step ends): "
+        f"Allocated device memory grows by {per_step_growth / MB:.1f} MiB per step "
+        f"({growth / MB:.0f} MiB over {len(v) - 1} steps, rising at {100 * rising:.0f}% of step ends): "
         "something keeps each step's tensors alive, e.g. losses.append(loss) holds the autograd graph."
     )
     if steps_left is not None:

@@ -83,7 +83,7 @@ def check(ctx: Context):
     which = "allocated" if mem.peak_allocated is not None else "reserved"
     bound = mem.source == LOWER_BOUND
     message = (
-        f"Peak {which} device memory is {'at least ' if bound else ''}{peak / gb:.2f} GB of {mem.device_bytes / gb:.1f} GB "
+        f"Peak {which} device memory is {'at least ' if bound else ''}{peak / gb:.2f} GiB of {mem.device_bytes / gb:.1f} GiB "
         f"({100 * share:.0f}%{', whole run' if mem.source == FACTS else ', profiled window'}): "
     )
     if len(calls):

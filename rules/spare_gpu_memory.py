@@ -172,11 +172,11 @@ def check(ctx: Context):
     what = "peak reserved" if mem.peak_reserved is not None else "peak allocated"
     if bound_only:
         seen = (
-            f"the window's own allocations peak at {peak / gb:.2f} GB of {mem.device_bytes / gb:.1f} GB "
+            f"the window's own allocations peak at {peak / gb:.2f} GiB of {mem.device_bytes / gb:.1f} GiB "
             "(earlier allocations such as the weights are not in this trace)"
         )
     else:
-        seen = f"{what} memory is {peak / gb:.2f} GB of {mem.device_bytes / gb:.1f} GB ({100 * share:.0f}%)"
+        seen = f"{what} memory is {peak / gb:.2f} GiB of {mem.device_bytes / gb:.1f} GiB ({100 * share:.0f}%)"
     grow = f"batch_size={batch} → {batch * factor}" if batch else f"a {factor}× larger batch"
     fix = (
         f"Try {grow} and scale the learning rate with it (linear scaling with warm-up), then check that the run still converges."

@@ -309,6 +309,22 @@ def check_pipeline(path: Path) -> None:
     check_report(analysis, report)
 
 
+_WORK_DIRS: list[Path] = []
+
+
+def _work_dir(prefix: str) -> Path:
+    """A temporary folder for a cached helper's files, removed when the test process ends
+    (the helpers are cached for the session, so no fixture's teardown can own it)."""
+    import atexit
+    import shutil
+
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    if not _WORK_DIRS:
+        atexit.register(lambda: [shutil.rmtree(w, ignore_errors=True) for w in _WORK_DIRS])
+    _WORK_DIRS.append(d)
+    return d
+
+
 @pytest.fixture(scope="module")
 def fuzz_dir():
     with tempfile.TemporaryDirectory(prefix="advisor-fuzz-") as d:
@@ -449,7 +465,7 @@ def _cache_source(kind: str) -> tuple[bytes, ...]:
     from advisor import analysis_cache
     from advisor.load import cache as frame_cache
 
-    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-cache-"))
+    work = _work_dir("advisor-fuzz-cache-")
     old = os.environ.get("ADVISOR_CACHE")
     os.environ["ADVISOR_CACHE"] = str(work / "cache")
     try:
@@ -519,7 +535,7 @@ def test_reports_survive_mutated_cache_entries(data):
 
 @functools.cache
 def _baseline_source() -> str:
-    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-baseline-"))
+    work = _work_dir("advisor-fuzz-baseline-")
     target = work / "baseline.json"
     code, _, err = run_cli(["baseline", str(RECORDED_RUN), "-o", str(target)], {"ADVISOR_CACHE": "off"})
     assert code == 0, err
@@ -592,7 +608,7 @@ def _atheris_main() -> None:  # pragma: no cover - run by hand
         import advisor.render.text  # noqa: F401
 
     docs = [source_doc(s) for s in SOURCES]
-    work = Path(tempfile.mkdtemp(prefix="advisor-atheris-"))
+    work = _work_dir("advisor-atheris-")
     os.environ["ADVISOR_CACHE"] = "off"
 
     def one_input(buf: bytes) -> None:
@@ -659,7 +675,7 @@ def long_run(minutes: float, batch: int = 25) -> int:  # pragma: no cover - run 
     os.environ.setdefault("ADVISOR_CACHE", "off")
     counts = {name: [0, 0] for name in LONG_RUN_HARNESSES}
     failures: list[str] = []
-    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-long-"))
+    work = _work_dir("advisor-fuzz-long-")
     deadline = time.monotonic() + minutes * 60
     rounds = 0
     while time.monotonic() < deadline:

@@ -203,10 +203,10 @@ def test_memory_curve_of_an_old_trace_is_the_running_sum_of_allocations(nw0_html
     running = np.cumsum([e["args"]["Bytes"] for e in events_sorted])
     peak = running.max() - min(running.min(), 0)
     assert len(sizes) > 1000
-    assert f"Peak allocated {peak / 1024**3:.1f} GB" in nw0_html
+    assert f"Peak allocated {peak / 1024**3:.1f} GiB" in nw0_html
     assert "running sum" in nw0_html
     # The V100's 32 GB (totalGlobalMem 34084028416 B = 31.7 GiB) is far above the curve: said, not drawn.
-    assert f"device total 31.7 GB is above this scale: the peak allocation uses at least {100 * peak / 34084028416:.1f}% of it" in nw0_html
+    assert f"device total 31.7 GiB is above this scale: the peak allocation uses at least {100 * peak / 34084028416:.1f}% of it" in nw0_html
     assert '<line class="hline' not in nw0_html
     doc = Elements(nw0_html)
     assert len(doc.find("polyline", "line")) == 1
@@ -228,8 +228,8 @@ def test_memory_near_the_device_total_draws_the_total(tmp_path):
     path = write_trace(doc, tmp_path / "run" / "worker0.pt.trace.json")
     html = to_html(analyze(path.parent))
     total = 34084028416
-    assert f"Peak allocated {(30 * 1024**3 + peak) / 1024**3:.1f} GB ({100 * (30 * 1024**3 + peak) / total:.1f}% of the device)" in html
-    assert html.count('<line class="hline c-limit"') == 1 and "device total 31.7 GB</text>" in html
+    assert f"Peak allocated {(30 * 1024**3 + peak) / 1024**3:.1f} GiB ({100 * (30 * 1024**3 + peak) / total:.1f}% of the device)" in html
+    assert html.count('<line class="hline c-limit"') == 1 and "device total 31.7 GiB</text>" in html
     assert "running sum" not in html and "is above this scale" not in html
     assert len(Elements(html).find("polyline", "line")) == 2  # allocated and reserved
 

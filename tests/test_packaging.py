@@ -4,6 +4,7 @@ outside the repository. The tests themselves collect without torch."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,10 +18,24 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+def _sources(dest: Path) -> Path:
+    """The files a wheel is built from, copied: building in the clone would leave build/ there."""
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, dest / name)
+    for name in ("advisor", "rules"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
 def test_wheel_ships_the_rules(tmp_path: Path):
+    import time
+
+    build_started = time.time()
     wheel_dir = tmp_path / "wheel"
+    (tmp_path / "src").mkdir()
+    source = _sources(tmp_path / "src")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(wheel_dir), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(wheel_dir), str(source)],
         check=True,
         capture_output=True,
         text=True,
@@ -59,6 +74,7 @@ def test_wheel_ships_the_rules(tmp_path: Path):
     assert sorted(got["rules"]) == in_repo
     assert "dataloader-stall" in got["rules"]
     assert got["css"] == len((REPO / "advisor" / "render" / "assets" / "report.css").read_text(encoding="utf-8"))
+    assert not (REPO / "build").exists() or (REPO / "build").stat().st_mtime < build_started
 
 
 def test_profile_tests_collect_without_torch(tmp_path: Path):

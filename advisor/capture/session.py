@@ -465,8 +465,8 @@ def summary_lines(result: CaptureResult) -> list[str]:
         )
     elif how == "stopped":
         lines.append(
-            f"stopped {t} on purpose after step {result.steps - 1}: the window is recorded ({recorded}); "
-            f"use --full to let it run to the end"
+            f"stopped {t} on purpose after step {result.steps - 1}, the window recorded ({recorded}): the rest of it "
+            f"did not run, so its own exit status is not known (exit 124; --full runs it to its end)"
         )
     elif how in ("interrupted", "terminated"):
         kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded yet"

@@ -53,6 +53,19 @@ def format_for(given: Optional[str], output: Optional[Path], default: str = "tex
     return default
 
 
+FORMAT_ALIASES = {"md": "markdown", "txt": "text", "htm": "html"}
+
+
+def format_option(value: Optional[str]) -> Optional[str]:
+    """--format's value: a format's name or its file suffix (`-f md`), else a usage error."""
+    if value is None:
+        return None
+    name = FORMAT_ALIASES.get(value.lower(), value.lower())
+    if name not in {f.value for f in Format}:
+        raise typer.BadParameter(f"{value!r} is not one of text, json, markdown (md), html")
+    return name
+
+
 def rule_ids(values: List[str]) -> List[str]:
     """Rule ids from repeated options and comma-separated lists (`--select a,b --select c`)."""
     return [part.strip() for v in values for part in v.split(",") if part.strip()]
@@ -119,11 +132,11 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
         else:
             from rich.console import Console
 
-            from advisor.render.console import UNWRAPPED_WIDTH
+            from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
 
             console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
             render_text(analysis, console, verbose=verbose)
-            write_output(console.export_text(), output, inputs)
+            write_output(trim_lines(console.export_text()), output, inputs)
 
 
 def analyze_with_progress(path: Path, **kwargs):
@@ -144,14 +157,15 @@ def analyze_with_progress(path: Path, **kwargs):
 @app.command()
 def report(
     path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file (.json, .json.gz)."),
-    format: Optional[Format] = typer.Option(None, "--format", "-f", help="text, json, markdown or html (default: from the -o suffix, else text)."),
+    format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format)."),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
-    select: List[str] = typer.Option([], "--select", help="Only these rules (repeatable, or comma-separated: a,b)."),
-    ignore: List[str] = typer.Option([], "--ignore", help="Skip these rules (repeatable, or comma-separated: a,b)."),
+    select: List[str] = typer.Option([], "--select", help="Only these rules: ids, groups (memory, input, ...) or id prefixes (h2d); repeatable, or comma-separated: a,b."),
+    ignore: List[str] = typer.Option([], "--ignore", help="Skip these rules: ids, groups or id prefixes; repeatable, or comma-separated: a,b."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
+    show_settings: bool = typer.Option(False, "--show-settings", help="Print the resolved configuration (config file, rules that run, their options, cache) and exit."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; needs torch-advisor[cluster])."),
 ) -> None:
@@ -161,7 +175,12 @@ def report(
     from advisor.config import load_config
 
     cfg = load_config(config)
-    format = Format(format_for(format.value if format else None, output))
+    if show_settings:
+        from advisor.render.settings import settings_text
+
+        sys.stdout.write(settings_text(cfg, rule_ids(select), rule_ids(ignore), rules_dir, scheduler))
+        return
+    format = Format(format_for(format, output))
     address = scheduler or cfg.scheduler
     if address:
         from advisor.load.cluster import cluster_executor
@@ -182,19 +201,38 @@ def report(
 
 
 @app.command("rules")
-def list_rules(rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust).")) -> None:
-    """List the rules the advisor checks."""
+def list_rules(
+    rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
+    format: str = typer.Option("text", "--format", "-f", metavar="[text|json]", help="text (a table) or json (one object per rule)."),
+    select: List[str] = typer.Option([], "--select", help="Only the rules these ids, groups or prefixes name."),
+) -> None:
+    """List the rules the advisor checks, with their group (`--select GROUP` runs a group)."""
+    from advisor.engine import all_rules, select_rules
+    from advisor.rule_selection import group_of
+
+    if format not in ("text", "json"):
+        raise typer.BadParameter(f"{format!r} is not one of text, json", param_hint="'--format'")
+    rules = select_rules(all_rules(rules_dir), select=rule_ids(select))
+    if format == "json":
+        from advisor.render.output import to_json_text
+
+        doc = [
+            {"id": r.id, "title": r.title, "group": group_of(r.id) or None, "source": r.source, "training_only": r.training_only,
+             "scope": r.scope, "options": r.defaults, "docs_url": r.docs_url or None}
+            for r in rules
+        ]
+        write_output(to_json_text(doc), None)
+        return
     from rich.table import Table
     from rich.text import Text
 
-    from advisor.engine import all_rules
-
     t = Table(show_edge=False)
     t.add_column("rule")
+    t.add_column("group")
     t.add_column("what it finds", overflow="fold")
     t.add_column("source", style="bright_black")
-    for r in all_rules(rules_dir):
-        t.add_row(r.id, Text(r.title), r.source)
+    for r in rules:
+        t.add_row(r.id, group_of(r.id), Text(r.title), r.source)
     stdout_console().print(t)
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from advisor.render.console import UNWRAPPED_WIDTH, output_console
+from advisor.render.console import UNWRAPPED_WIDTH, output_console, trim_lines
 from advisor.render.output import run_input_files, write_output
 from advisor.terminal_text import path_text
 
@@ -49,7 +49,7 @@ def diff(
     if format is DiffFormat.text:
         console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
         render_diff(comparison, "text", console)
-        write_output(console.export_text(), output, inputs)
+        write_output(trim_lines(console.export_text()), output, inputs)
         return
     text = render_diff(comparison, format.value)
     assert text is not None

@@ -142,7 +142,8 @@ def gate(
     max_severity: Optional[str] = typer.Option(None, "--max-severity", metavar="LEVEL", help="Budget: worst finding severity allowed (none, low, medium, high)."),
     forbid: List[str] = typer.Option([], "--forbid", metavar="RULE", help="Budget: a rule that must not fire (repeatable, or comma-separated: a,b)."),
     min_samples_per_s: Optional[float] = typer.Option(None, "--min-samples-per-s", help="Budget: throughput; needs the batch size."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size per rank, when no facts file records it."),
+    max_ms_per_sample: Optional[float] = typer.Option(None, "--max-ms-per-sample", help="Budget: median step time per sample in ms; needs the batch size."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size per rank, when no facts file records it (used for a run that does not record its own)."),
     fail_on_new_findings: Optional[bool] = typer.Option(
         None, "--fail-on-new-findings/--no-fail-on-new-findings", help="Fail when a rule fires that did not fire on the baseline."
     ),
@@ -172,6 +173,7 @@ def gate(
         "max_severity": max_severity,
         "forbid_rules": rule_ids(forbid),
         "min_samples_per_s": min_samples_per_s,
+        "max_ms_per_sample": max_ms_per_sample,
         "batch_size": batch_size,
         "fail_on_new_findings": fail_on_new_findings,
     }

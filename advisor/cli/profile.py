@@ -13,8 +13,14 @@ with one line, exit 2); without one, everything after the script is the script's
 The script runs like `python train.py ARGS` would run it (see runner.py). Its steps are found
 without changing it (hooks.py); after `--wait` skipped and `--warmup` warm-up steps, `--active`
 steps are recorded, the run is stopped on purpose (`--full` lets it finish), and the report
-is printed. Everything `advisor` says goes to stderr; the report goes to stdout after the
-script's own output.
+is printed. stdout is the script's alone: everything `advisor` says goes to stderr, and so
+does the report unless `-o FILE` names a file for it (as with `advisor report`, its suffix
+sets the format). The log dir is `--out DIR` (or `--log-dir DIR`).
+
+Exit status: the script's own when it ended by itself (0 when it finished, its sys.exit
+status, 1 for an exception); `EXIT_STOPPED` (124, as `timeout` uses for a command it
+stopped) when the advisor stopped it after the window, where the rest of the script did not
+run and its own status is not known; 143 for a SIGTERM; 2 for bad input.
 
 This module does not import torch at import time (`advisor report` must never load it).
 """
@@ -30,6 +36,7 @@ from pathlib import Path
 import typer
 
 from advisor.capture.progress import say_lines
+from advisor.cli import format_option
 from advisor.capture.runner import SIGTERM_EXIT, end_by_sigterm
 from advisor.errors import InputError
 from advisor.terminal_text import path_text
@@ -41,13 +48,9 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class Format(str, Enum):
-    text = "text"
-    json = "json"
-    markdown = "markdown"
-
-
 RUNS_DIR = Path("advisor_runs")
+EXIT_STOPPED = 124  # stopped on purpose after the window: the script's own status is not known
+REPORT_SUFFIXES = (".txt", ".json", ".md", ".markdown", ".html", ".htm")
 
 
 def profile(
@@ -63,7 +66,8 @@ def profile(
     repeat: int = typer.Option(1, "--repeat", min=1, help="How many wait/warmup/active cycles (one trace file each)."),
     full: bool = typer.Option(False, "--full", help="Let the script run to its end instead of stopping it after the window."),
     device: Device = typer.Option(Device.auto, "--device", help="What to profile: cuda when available, else cpu."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),
+    out: Path | None = typer.Option(None, "--out", "--log-dir", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file (.txt, .json, .md, .html set the format, as in `advisor report`); without it the report goes to stderr, so stdout stays the script's."),
     stack: bool | None = typer.Option(
         None, "--stack/--no-stack",
         help="Record Python stacks. Default: yes, unless the script compiled its model (torch.compile) before the window, where the stack tracer would cost more than the step.",
@@ -72,8 +76,12 @@ def profile(
     no_shapes: bool = typer.Option(False, "--no-shapes", help="Do not record operator input shapes."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Do not record memory allocations."),
     nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Launch N processes through torchrun (torch.distributed.run), all into the same log dir."),
-    format: Format = typer.Option(Format.text, "--format", "-f", help="Report format: text, json or markdown."),
+    format: str | None = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="Report format: text, json, markdown (md) or html (default: from the -o suffix, else text)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
+    select: list[str] = typer.Option([], "--select", metavar="RULE", help="Only these rules, prefixes or groups (repeatable, or comma-separated: a,b)."),
+    ignore: list[str] = typer.Option([], "--ignore", metavar="RULE", help="Skip these rules, prefixes or groups (repeatable, or comma-separated: a,b)."),
+    rules_dir: Path | None = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
+    config: Path | None = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
     """Run a training script under torch.profiler and report why it is slow.
 
@@ -92,6 +100,17 @@ def profile(
         wait, warmup, active, repeat, full = values["wait"], values["warmup"], values["active"], values["repeat"], values["full"]
         device, out, stack, no_shapes, no_memory = values["device"], values["out"], values["stack"], values["no_shapes"], values["no_memory"]
         nproc_per_node, format, verbose, module = values["nproc_per_node"], values["format"], values["verbose"], values["module"]
+        output, select, ignore, rules_dir, config = values["output"], values["select"], values["ignore"], values["rules_dir"], values["config"]
+    fmt = check_report_output(output, format.value if isinstance(format, Enum) else format)
+    from advisor.cli import rule_ids
+    from advisor.config import load_config
+
+    cfg = load_config(config)  # before the run: a mistake in it is said at once
+    report_options = {"config": cfg, "rules_dir": rules_dir, "select": rule_ids(select), "ignore": rule_ids(ignore)}
+    if select or ignore or rules_dir is not None:  # a selector that names no rule: said before the run
+        from advisor.engine import all_rules, select_rules
+
+        select_rules(all_rules(rules_dir), select=report_options["select"] or cfg.select, ignore=[*report_options["ignore"], *cfg.ignore])
     require_torch()
     from advisor.capture.runner import Target, check_target
 
@@ -132,7 +151,7 @@ def profile(
 
         result = capture(target, options)
         say_lines(summary_lines(result))
-        exit_code = result.exit_code
+        exit_code = EXIT_STOPPED if result.outcome.how == "stopped" else result.exit_code
         terminated = result.outcome.how == "terminated"
         report_wanted = bool(result.recorded_steps or result.own_traces) and not terminated
     sys.stdout.flush()
@@ -140,15 +159,13 @@ def profile(
         say_lines([f"analyse the run with: advisor report {path_text(out_dir)}"])
         end_by_sigterm()
     if report_wanted and has_traces(out_dir):
-        print_report(out_dir, format.value if isinstance(format, Format) else str(format), verbose)
+        print_report(out_dir, fmt, verbose, output, **report_options)
     if exit_code:
         raise SystemExit(exit_code)  # SystemExit: typer.Exit is swallowed by a non-standalone app
 
 
 def _options_before_double_dash(ctx: typer.Context, words: list[str]) -> dict:
     """The advisor's options given between the script and `--`, parsed as if given before it."""
-    from typer._click.core import ParameterSource
-
     if not words:
         return {}
     sub = ctx.command.make_context(ctx.info_name, list(words), parent=ctx.parent, resilient_parsing=False)
@@ -161,11 +178,31 @@ def _options_before_double_dash(ctx: typer.Context, words: list[str]) -> dict:
         )
     given = {}
     for name, value in sub.params.items():
-        if sub.get_parameter_source(name) is ParameterSource.COMMANDLINE:
-            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+        if _from_command_line(sub, name):
+            if _from_command_line(ctx, name):
                 raise InputError(None, f"the option for {name!r} is given both before and after the script; give it once")
             given[name] = value
     return given
+
+
+def _from_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether the command line gave this parameter (by the source's name: the enum's class
+    lives in click, which typer has vendored in some versions and not in others)."""
+    source = ctx.get_parameter_source(name)
+    return getattr(source, "name", None) == "COMMANDLINE"
+
+
+def check_report_output(output: Path | None, given: str | None) -> str:
+    """The report's format; `-o` must name a report file (it named the log dir before)."""
+    from advisor.cli import format_for
+
+    if output is not None and (output.is_dir() or output.suffix.lower() not in REPORT_SUFFIXES):
+        raise InputError(
+            output,
+            "-o names the report file (as in `advisor report`), with a suffix for its format "
+            f"({', '.join(REPORT_SUFFIXES[:4])}, .html); the log dir is --out {path_text(output)}",
+        )
+    return format_for(given, output)
 
 
 def require_torch() -> None:
@@ -241,27 +278,39 @@ def has_traces(out_dir: Path) -> bool:
     return any(p.is_file() and is_trace_name(p) for p in out_dir.iterdir())
 
 
-def print_report(out_dir: Path, fmt: str, verbose: bool) -> None:
-    """The same report `advisor report OUT_DIR` prints."""
+def print_report(out_dir: Path, fmt: str, verbose: bool, output: Path | None = None, **analysis_options) -> None:
+    """The report `advisor report OUT_DIR` gives: to the file `output`, else to stderr (stdout
+    is the script's: a JSON report there would be mixed with what the script printed)."""
     try:
         from advisor.analysis import analyze
     except ImportError:  # the analysis is not there (partial install): say where the logs are
         say_lines([f"logs in {out_dir}; analyse them with: advisor report {out_dir}"])
         return
-    analysis = analyze(out_dir)
+    analysis = analyze(out_dir, **analysis_options)
+    if output is not None:
+        from advisor.cli import Format as ReportFormat
+        from advisor.cli import emit_report
+
+        emit_report(analysis, ReportFormat(fmt), output, verbose)
+        return
     if fmt == "json":
         from advisor.render.json_report import to_json
 
         text = to_json(analysis)
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
     elif fmt == "markdown":
         from advisor.render.markdown import to_markdown
 
         text = to_markdown(analysis, verbose=verbose)
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    elif fmt == "html":
+        from advisor.cli import Format as ReportFormat
+        from advisor.cli import emit_report
+
+        emit_report(analysis, ReportFormat.html, None, verbose)  # advisor_report.html, as `report` writes it
     else:
         from advisor.render.console import output_console
         from advisor.render.text import render_text
 
-        render_text(analysis, output_console(), verbose=verbose)
-    sys.stdout.flush()
+        render_text(analysis, output_console(stderr=True), verbose=verbose)
+    sys.stderr.flush()

@@ -27,14 +27,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("advisor: interrupted\n")
         sys.exit(130)
     except Exception as exc:
-        try:
-            from typer._click.exceptions import (
-                ClickException,  # typer vendors click since 0.2x
-            )
-        except ImportError:  # pragma: no cover - older typer on real click
-            from click.exceptions import ClickException
-
-        if isinstance(exc, ClickException):
+        # usage errors of the command-line parser (click's, vendored by some typer versions
+        # and not others): told apart by what they offer, not by a private import
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(EXIT_BAD_INPUT)
         raise

@@ -14,6 +14,7 @@ kind is an InputError naming the file and the key, never a budget silently ignor
     max_severity = "medium"           # a `high` finding fails the gate
     forbid_rules = ["dataloader-stall"]
     min_samples_per_s = 1500          # needs the batch size (facts file or batch_size)
+    max_ms_per_sample = 0.5           # median step time / samples per step; needs it too
     [tool.advisor.gate.max_share]
     dataloader = 0.05                 # share of the step time per breakdown category
 """
@@ -57,6 +58,7 @@ class Budgets:
     max_severity: str | None = None
     forbid_rules: list[str] = field(default_factory=list)
     min_samples_per_s: float | None = None
+    max_ms_per_sample: float | None = None
 
     def any(self) -> bool:
         return any(getattr(self, f.name) not in (None, [], {}) for f in fields(self))
@@ -172,7 +174,7 @@ def parse_gate_table(table: Any, where: str | Path, base_dir: Path | None, table
             if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
                 raise r.fail(key, "must be a list of rule ids")
             out[key] = list(value)
-        elif key == "min_samples_per_s":
+        elif key in ("min_samples_per_s", "max_ms_per_sample"):
             out[key] = r.positive(key, value)
         elif key == "baseline":
             if not isinstance(value, str) or not value:
@@ -216,6 +218,7 @@ KNOWN_KEYS = (
     "max_severity",
     "forbid_rules",
     "min_samples_per_s",
+    "max_ms_per_sample",
 )
 
 
@@ -429,6 +432,28 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
                     limit,
                     f"batch {bs} x {record.environment.world_size or 1} rank(s) / mean step {_ms(record.mean_step_ms)}",
                     {"samples_per_s": rate, "batch_size": bs, "budget": b.min_samples_per_s},
+                )
+            )
+    if b.max_ms_per_sample is not None:
+        limit = f"<= {1000 * b.max_ms_per_sample:.1f} µs/sample"
+        bs = record.environment.batch_size or batch_size
+        med = record.median_step_ms
+        if not bs or med is None:
+            why = "the batch size is unknown: profile with `advisor profile` (it records it) or set batch_size" if not bs else "the run has no steps"
+            checks.append(Check("max-ms-per-sample", "time per sample", "inconclusive", "n/a", limit, why))
+        else:
+            n = bs * (record.environment.world_size or 1)
+            per = med / n
+            ok = per <= b.max_ms_per_sample
+            checks.append(
+                Check(
+                    "max-ms-per-sample",
+                    "time per sample",
+                    _status(ok),
+                    f"{1000 * per:.1f} µs/sample",
+                    limit,
+                    f"median step {_ms(med)} / {n} samples per step (batch {bs} x {record.environment.world_size or 1} rank(s))",
+                    {"ms_per_sample": per, "samples_per_step": n, "budget": b.max_ms_per_sample},
                 )
             )
     return checks

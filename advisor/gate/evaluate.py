@@ -10,6 +10,9 @@ from advisor.gate.record import RunRecord
 from advisor.gate.verdict import Check, GateResult
 
 
+PER_SAMPLE_NOTE = " (so time per sample is compared, not step time)"
+
+
 def signed_pct(ratio_minus_one: float | None) -> str:
     """+26%, -4.3%: whole percent from 10% on, one decimal below."""
     if ratio_minus_one is None:
@@ -22,9 +25,70 @@ def _change(ratio: float | None) -> str:
     return signed_pct(None if ratio is None else ratio - 1)
 
 
+def samples_per_step(record: RunRecord, batch_size: int | None = None) -> int | None:
+    """Samples one step processes across all ranks (batch x world size); None when unknown."""
+    bs = record.environment.batch_size or batch_size
+    return bs * (record.environment.world_size or 1) if bs else None
+
+
 def step_time_check(baseline: RunRecord, candidate: RunRecord, settings: GateSettings) -> Check:
-    title = "step time vs baseline"
+    """Step time against the baseline, or time per sample when the runs' batches differ.
+
+    Step times only compare when both steps do the same work. When both runs know their
+    batch (facts file, the DataLoader's batch size, or --batch-size) and the samples per
+    step differ, the comparison is made on time per sample (step time / samples per step),
+    so a smaller batch cannot pass as a faster step. When only one side knows its batch, a
+    batch change cannot be ruled out: a step that looks as fast or faster is inconclusive.
+    """
     limit = f"<= {signed_pct(settings.tolerance)}"
+    b_n = samples_per_step(baseline, settings.batch_size)
+    c_n = samples_per_step(candidate, settings.batch_size)
+    if b_n and c_n and b_n != c_n and baseline.step_times_ms:
+        return _per_sample_check(baseline, candidate, settings, b_n, c_n, limit)
+    check = _step_check(baseline, candidate, settings, limit)
+    if (b_n is None) != (c_n is None) and check.status == "pass":
+        side = "baseline" if b_n is None else "candidate"
+        check.status = "inconclusive"
+        check.message += (
+            f"; but the {side}'s batch size is unknown, so a faster step may be a smaller batch "
+            "(give both runs a facts file from `advisor profile`, or --batch-size)"
+        )
+    return check
+
+
+def _per_sample_check(baseline: RunRecord, candidate: RunRecord, settings: GateSettings, b_n: int, c_n: int, limit: str) -> Check:
+    title = "time per sample vs baseline"
+    assert baseline.step_times_ms is not None
+    cmp = compare_step_times(
+        [t / b_n for t in baseline.step_times_ms],
+        [t / c_n for t in (candidate.step_times_ms or [])],
+        tolerance=settings.tolerance,
+        confidence=settings.confidence,
+        min_steps=settings.min_steps,
+    )
+    us = lambda ms: f"{1000 * ms:.1f} µs"  # noqa: E731
+    parts = [f"samples per step {b_n} -> {c_n}"]
+    if cmp.baseline_median_ms is not None and cmp.candidate_median_ms is not None:
+        part = f"median per sample {us(cmp.baseline_median_ms)} -> {us(cmp.candidate_median_ms)} ({_change(cmp.ratio)}"
+        if cmp.lower is not None and cmp.upper is not None:
+            part += f"; {cmp.confidence:.0%} bounds {_change(cmp.lower)} to {_change(cmp.upper)}"
+        parts.append(part + ")")
+    b_rate, c_rate = baseline.samples_per_s(), candidate.samples_per_s(settings.batch_size)
+    if b_rate and c_rate:
+        parts.append(f"throughput {b_rate:,.0f} -> {c_rate:,.0f} samples/s")
+    if baseline.median_step_ms and candidate.median_step_ms:
+        parts.append(f"step median {baseline.median_step_ms:.1f} -> {candidate.median_step_ms:.1f} ms")
+    if cmp.p_slower is not None:
+        parts.append(f"rank test p={cmp.p_slower:.3g}")
+    parts.append(f"{cmp.baseline_steps} vs {cmp.candidate_steps} steps")
+    message = ", ".join(parts) + f": {cmp.reason}"
+    measured = f"{us(cmp.candidate_median_ms)}/sample ({_change(cmp.ratio)})" if cmp.candidate_median_ms is not None else "n/a"
+    details = {**cmp.to_dict(), "unit": "ms per sample", "baseline_samples_per_step": b_n, "candidate_samples_per_step": c_n}
+    return Check("step-time-regression", title, cmp.verdict, measured, limit, message, details)
+
+
+def _step_check(baseline: RunRecord, candidate: RunRecord, settings: GateSettings, limit: str) -> Check:
+    title = "step time vs baseline"
     if not baseline.step_times_ms:
         med = baseline.median_step_ms
         cmed = candidate.median_step_ms
@@ -114,7 +178,9 @@ def environment_check(mismatches: list[str]) -> Check:
         "warn" if mismatches else "pass",
         f"{len(mismatches)} difference(s)" if mismatches else "same",
         "same",
-        "; ".join(mismatches) + ": step times may not be comparable" if mismatches else "device, scale and recorded versions match",
+        ("; ".join(mismatches) + ("" if all(m.endswith(PER_SAMPLE_NOTE) for m in mismatches) else ": step times may not be comparable"))
+        if mismatches
+        else "device, scale and recorded versions match",
         {"mismatches": mismatches},
     )
 
@@ -148,10 +214,13 @@ def run_gate(candidate: RunRecord, baseline: RunRecord | None, settings: GateSet
     gone_d: list[dict[str, Any]] = []
     warnings = list(notes or [])
     if baseline is not None:
-        checks.append(step_time_check(baseline, candidate, settings))
+        step = step_time_check(baseline, candidate, settings)
+        checks.append(step)
         fcheck, new_d, gone_d = findings_check(baseline, candidate, settings)
         checks.append(fcheck)
         mismatches = environment_mismatches(baseline, candidate)
+        if step.details.get("unit") == "ms per sample":
+            mismatches = [m + PER_SAMPLE_NOTE if m.startswith("batch size differs") else m for m in mismatches]
         checks.append(environment_check(mismatches))
         warnings += mismatches
     checks += budget_checks(candidate, settings.budgets, settings.batch_size)

@@ -1,8 +1,10 @@
-"""Consoles for what the advisor prints: the full width of a terminal, no wrapping in pipes.
+"""Consoles for what the advisor prints: the full width of a terminal, plain lines in pipes.
 
 rich falls back to 80 columns when stdout is not a terminal, which squeezes tables and cuts
 code mid-line in CI logs and files. Output to a pipe is laid out as wide as its lines are
-(`COLUMNS` still sets a width when given); a terminal gets its own width.
+(`COLUMNS` still sets a width when given), and each line ends where its text ends: rich pads
+table cells and panels to the console's width, which in a pipe would be trailing blanks.
+A terminal gets its own width.
 """
 
 from __future__ import annotations
@@ -30,7 +32,51 @@ def output_width(stream: IO[str] | None = None) -> int | None:
     return UNWRAPPED_WIDTH
 
 
+class LineEndTrimmer:
+    """A text stream that writes whole lines without their trailing blanks."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        if "\n" in self.pending:
+            done, _, self.pending = self.pending.rpartition("\n")
+            self.stream.write("\n".join(line.rstrip(" ") for line in done.split("\n")) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.stream.write(self.pending.rstrip(" "))
+            self.pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+def trim_lines(text: str) -> str:
+    """Text recorded from a console, each line without its trailing blanks."""
+    return "\n".join(line.rstrip(" ") for line in text.split("\n"))
+
+
+def is_unwrapped(console: Console) -> bool:
+    """Whether this console writes to a pipe or file laid out without wrapping (plain lines)."""
+    return console.width >= UNWRAPPED_WIDTH
+
+
 def output_console(stderr: bool = False, soft_wrap: bool = False) -> Console:
     """The console a command prints its report or table on."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap, width=output_width(stream))
+    width = output_width(stream)
+    if width is None:
+        return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
+    return Console(file=LineEndTrimmer(stream), highlight=False, soft_wrap=soft_wrap, width=width)

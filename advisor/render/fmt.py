@@ -53,11 +53,12 @@ def fmt_bytes(n: float | None) -> str:
         return "n/a"
     sign = "-" if n < 0 else ""
     n = abs(float(n))
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
+    # binary multiples, so binary names (IEC): 1 GiB = 2**30 bytes
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
             return f"{sign}{int(n)} B" if unit == "B" else f"{sign}{n:.1f} {unit}"
         n /= 1024
-    return f"{sign}{n:.1f} TB"
+    return f"{sign}{n:.1f} TiB"
 
 
 def pct(x: float | None, digits: int = 1) -> str:

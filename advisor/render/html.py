@@ -127,21 +127,77 @@ def _header(a: Analysis) -> str:
         if h["count"]:
             bw = f", {h['bandwidth_gbps']:.1f} GB/s" if h["bandwidth_gbps"] else ""
             tiles.append(tile("Host→device copies", fmt_bytes(h["bytes"]), f"{h['count']} copies, {h['pageable_count']} from pageable memory{bw}"))
-    replayed = a.headline()
-    if replayed is not None and replayed.all_fixes_ms is not None:
-        saved = replayed.all_fixes_saving_ms or 0.0
-        tiles.append(
-            tile(
-                "With all fixes (replayed)",
-                ms(replayed.all_fixes_ms),
-                f"per step, from {replayed.baseline_ms:.2f} ms replayed ({pct(saved / replayed.baseline_ms)} less); {len(replayed.fixes)} fixes replayed together",
-            )
-        )
-    out.append(f'<div class="tiles">{"".join(tiles)}</div>')
-    links = [("breakdown", "Step-time breakdown"), ("findings", "Findings"), ("timeline", "Timeline"), ("memory", "Memory"), ("kernels", "Top kernels"), ("ops", "Top ops")]
+    out.append(_verdict(a))
+    # n<count>: the stylesheet lays out that many tiles in full rows (none alone on the last)
+    out.append(f'<div class="tiles n{min(len(tiles), 8)}">{"".join(tiles)}</div>')
+    links = [("findings", "Findings"), ("breakdown", "Step-time breakdown"), ("timeline", "Timeline"), ("memory", "Memory")]
+    if m.has_device:
+        links.append(("kernels", "Top kernels"))
+    links.append(("ops", "Top ops"))
     if len(a.ranks) > 1:
         links.append(("ranks", "Ranks"))
     out.append('<nav class="toc">' + "".join(f'<a href="#{k}">{v}</a>' for k, v in links) + "</nav>")
+    return "".join(out)
+
+
+BOUND_BY = {
+    "kernel": "device kernels (compute)",
+    "memcpy": "memory copies",
+    "memset": "memsets",
+    "communication": "communication between ranks",
+    "runtime": "runtime calls (kernel launches, syncs)",
+    "dataloader": "the input pipeline (waiting for the DataLoader)",
+    "cpu_exec": "host (CPU) work",
+    "other": "time no category covers",
+}
+TOP_FIXES = 3
+
+
+def _verdict(a: Analysis) -> str:
+    """The first screen's answer: the step, what bounds it, the top fixes with their savings,
+    and the caveats that change how far to trust those figures."""
+    s = a.summary()
+    st = s["step_time_ms"]
+    if st["median"] is None:
+        return '<section class="verdict" id="verdict"><p class="answer">No complete step in this trace: nothing to measure.</p></section>'
+    bd = s["breakdown_ms"]
+    total = sum(bd.values()) or 1.0
+    top = max(CATEGORIES, key=lambda c: bd.get(c, 0.0))
+    answer = (
+        f"<b>{st['median']:.2f} ms per step</b> (median of {s['steps']}), bound by <b>{esc(BOUND_BY.get(top, top))}</b>: "
+        f"{bd[top]:.2f} ms of it ({pct(bd[top] / total)})."
+    )
+    replayed = a.headline()
+    if replayed is not None and replayed.all_fixes_ms is not None and replayed.fixes:
+        saved = replayed.all_fixes_saving_ms or 0.0
+        n = len(replayed.fixes)
+        answer += (
+            f" With the {n} replayed fix{'es' if n != 1 else ''} together: <b>{replayed.all_fixes_ms:.2f} ms</b> per step "
+            f"(from {replayed.baseline_ms:.2f} ms replayed, {pct(saved / replayed.baseline_ms)} less)."
+        )
+    out = ['<section class="verdict" id="verdict">', f'<p class="answer">{answer}</p>']
+    fixes = [(i, f) for i, f in enumerate(a.findings, 1) if f.saving_ms][:TOP_FIXES]
+    if fixes:
+        items = "".join(
+            f'<li><a href="#finding-{i}"><code>{esc(f.rule)}</code></a> <b>saves {f.saving_ms:.2f} ms/step</b>'
+            f"{f' ({pct(f.saving_pct)})' if f.saving_pct is not None else ''}: {esc(f.title)}</li>"
+            for i, f in fixes
+        )
+        out.append(f'<ol class="topfixes">{items}</ol>')
+    elif not a.findings:
+        out.append("<p>Nothing to fix: no rule fired on this run.</p>")
+    caveats = []
+    overhead = a.profiler_overhead()
+    note = overhead.note((a.run_facts() or {}).get("profiler", {}).get("with_stack", True)) if overhead else None
+    if note:
+        caveats.append(note)
+    caveats += a.warnings[:2]
+    more = len(a.warnings) - 2
+    for c in caveats:
+        out.append(f'<p class="caveat">{esc(c)}</p>')
+    if more > 0:
+        out.append(f'<p class="muted">{more} more warning{"s" if more != 1 else ""} under <a href="#notes">Notes</a>.</p>')
+    out.append("</section>")
     return "".join(out)
 
 
@@ -234,7 +290,8 @@ def _timeline(a: Analysis) -> str:
     tl = step_timeline(m)
     if tl is None:
         return out[0] + "<p>No steps found in the trace.</p>"
-    replayed = _replayed_steps(a)
+    # The replayed step draws runtime calls and device work: a CPU-only run has neither.
+    replayed = _replayed_steps(a) if tl.has_device else []
     # One time scale for the measured and the replayed steps, so a shorter step looks shorter.
     scale = max([tl.duration_ns] + [r.duration_ns for _, r, _ in replayed])
     rank = f" on rank {m.rank}" if len(a.ranks) > 1 else ""
@@ -375,9 +432,9 @@ def _memory(a: Analysis) -> str:
         else:
             at_least = "at least " if curves.running_sum else ""
             off_scale = f"device total {fmt_bytes(total)} is above this scale: the peak allocation uses {at_least}{pct(curves.peak_allocated / total)} of it"
-    # Axis in one binary unit, so its ticks are round numbers of that unit (0, 10, 20 GB).
+    # Axis in one binary unit, so its ticks are round numbers of that unit (0, 10, 20 GiB).
     power = max(0, min(4, int(np.log2(max(y_max, 1.0)) // 10)))
-    unit, scale = ("B", "KB", "MB", "GB", "TB")[power], 1024.0**power
+    unit, scale = ("B", "KiB", "MiB", "GiB", "TiB")[power], 1024.0**power
     for s in curves.series:
         s.x, s.y = svg.minmax_downsample(s.x, s.y, x_max)
         s.y = s.y / scale
@@ -420,6 +477,8 @@ def kernel_summary(kernels: pd.DataFrame, n: int = TOP_KERNELS) -> pd.DataFrame:
 def _kernels(a: Analysis) -> str:
     m = a.primary
     out = ['<h2 id="kernels">Top kernels</h2>']
+    if not m.has_device:
+        return ""  # a CPU-only run has no kernels: no empty table
     k = kernel_summary(m.kernels)
     if len(k) == 0:
         return out[0] + "<p>No kernels in this trace.</p>"
@@ -577,8 +636,8 @@ def to_html(analysis: Analysis) -> str:
     body = "".join(
         [
             _header(analysis),
-            _breakdown(analysis),
             _findings(analysis),
+            _breakdown(analysis),
             _timeline(analysis),
             _memory(analysis),
             _kernels(analysis),

@@ -19,6 +19,7 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
+from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
 from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, short_value
 from advisor.terminal_text import multi_line, one_line
@@ -120,15 +121,16 @@ def _overview(a: Analysis, console: Console) -> Group:
     return Group(head, Text(""), Text("Step-time breakdown (mean per step)", style="bold"), breakdown_bar(bd, width), legend)
 
 
-def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
+def _kernels_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool = False) -> Table | None:
     k = top_kernels(a.primary.kernels, n)
     if len(k) == 0:
         return None
     t = Table(title="Top kernels", title_justify="left", expand=False, show_edge=False)
-    # The figures keep their width (about 38 columns with the rules between them); the
-    # kernel name gets what is left of the terminal and is cut with "…".
-    name_width = max(16, min(70, width - 46))
-    t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=name_width)
+    # The figures keep their width (about 38 columns with the rules between them); in a
+    # terminal the kernel name gets what is left of it and is cut with "…"; in a pipe or a
+    # file (no width to fit) names are whole, so they can be searched for.
+    name_width = 1_000_000 if whole_names else max(16, min(70, width - 46))
+    t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=None if whole_names else name_width)
     t.add_column("calls", justify="right", no_wrap=True)
     t.add_column("total ms", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
@@ -142,7 +144,7 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120) -> Table | None:
     return t
 
 
-def _findings(a: Analysis, verbose: bool) -> list:
+def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
     out: list = [Text("Findings, ranked by time saved per step", style="bold")]
     if not a.findings:
         out.append(Text("  nothing to fix: no rule fired on this run"))
@@ -173,12 +175,23 @@ def _findings(a: Analysis, verbose: bool) -> list:
             if f.fix.text:
                 body.append(Text("fix: ", style="bold") + Text(one_line(f.fix.text)))
             if f.fix.snippet:
-                body.append(Syntax(multi_line(f.fix.snippet).strip("\n"), "python", theme="ansi_dark", background_color="default"))
+                code = multi_line(f.fix.snippet).strip("\n")
+                if plain:
+                    body.append(Text("\n".join("    " + line for line in code.splitlines())))
+                else:
+                    body.append(Syntax(code, "python", theme="ansi_dark", background_color="default"))
             body.append(Text(one_line(f"confidence: {f.confidence}; the method: advisor explain {f.rule}"), style="bright_black"))
             where = finding_rank(a, f)
             title = f"{i}. {f.rule} — {f.title}" + (f" ({where})" if where else "")
-            # sized to its content: a wide (unwrapped) console must not stretch the frame
-            out.append(Panel(Group(*body), title=escape(one_line(title)), title_align="left", expand=False))
+            if plain:
+                # a pipe or a file: a heading line and the body indented, no frame (a frame
+                # would pad every line to the longest one)
+                out.append(Text(""))
+                out.append(Text(one_line(title), style="bold"))
+                out.append(Padding(Group(*body), (0, 0, 0, 3), expand=False))
+            else:
+                # sized to its content: a wide (unwrapped) console must not stretch the frame
+                out.append(Panel(Group(*body), title=escape(one_line(title)), title_align="left", expand=False))
     else:
         # two short lines: each fits an 80-column terminal, so neither breaks mid-phrase
         out.append(Text("  -v: the evidence and the code to change", style="bright_black"))
@@ -187,8 +200,9 @@ def _findings(a: Analysis, verbose: bool) -> list:
 
 
 def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
+    plain = is_unwrapped(console)
     console.print(_overview(a, console))
-    kt = _kernels_table(a, width=console.width)
+    kt = _kernels_table(a, width=console.width, whole_names=plain)
     if kt is not None:
         console.print()
         console.print(kt)
@@ -207,7 +221,7 @@ def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
             )
         console.print(rt)
     console.print()
-    for part in _findings(a, verbose):
+    for part in _findings(a, verbose, plain):
         console.print(part)
     notes = a.notes()
     if notes or a.warnings:

@@ -55,7 +55,7 @@ class RankWhatIf:
             if self.remainder_ms > 0.005:
                 out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
         elif self.unprofiled_ms is None:
-            out += ", host times as profiled, the profiler's own cost in them (no unprofiled steps recorded: `advisor profile --full` records them)"
+            out += ", host times as profiled, the profiler's own cost in them (no unprofiled steps to calibrate them)"
         saved = self.all_fixes_saving_ms
         if saved is not None:
             n = len(self.fixes)

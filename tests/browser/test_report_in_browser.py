@@ -229,3 +229,54 @@ def test_report_fits_wide_and_narrow_windows(browser, tmp_path, key, width):
     assert page.errors() == []
     shot = page.screenshot(ARTIFACTS / f"report-{key}-{width}.png")
     assert shot.stat().st_size > 20_000
+
+
+FIRST_SCREEN = """(() => {
+  const top = sel => { const e = document.querySelector(sel); return e ? e.getBoundingClientRect().top + window.scrollY : null; };
+  const bottom = sel => { const e = document.querySelector(sel); return e ? e.getBoundingClientRect().bottom + window.scrollY : null; };
+  const tiles = Array.from(document.querySelectorAll('.tiles .tile')).map(t => Math.round(t.getBoundingClientRect().top));
+  const rows = {}; tiles.forEach(y => rows[y] = (rows[y] || 0) + 1);
+  return {H: window.innerHeight, verdict_bottom: bottom('#verdict'), first_finding_top: top('#finding-1'),
+          caveat: (document.querySelector('#verdict .caveat') || {}).textContent || '',
+          answer: (document.querySelector('#verdict .answer') || {}).textContent || '',
+          fixes: Array.from(document.querySelectorAll('#verdict ol.topfixes li')).map(li => li.textContent),
+          tile_rows: Object.values(rows), replayed: document.querySelectorAll('[id^=timeline-replayed]').length,
+          kernels: document.querySelectorAll('#kernels').length};
+})()"""
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_the_first_screen_holds_the_verdict(browser, tmp_path, width):
+    """The H100 sample: the step, what bounds it, the top fixes with their savings, the caveat
+    that the profiler slowed the steps, and the first finding card, all above the fold."""
+    run = REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline"
+    analysis = analyze(run)
+    path = tmp_path / "gpu.html"
+    path.write_text(to_html(analysis), encoding="utf-8")
+    page = browser.open(path, width=width)
+    got = page.evaluate(FIRST_SCREEN)
+    page.screenshot(ARTIFACTS / f"first-screen-gpu-{width}.png", full_page=False)
+    assert got["verdict_bottom"] is not None and got["verdict_bottom"] < got["H"], got
+    assert got["first_finding_top"] is not None and got["first_finding_top"] < got["H"], got
+    median = float(analysis.summary()["step_time_ms"]["median"])
+    assert f"{median:.2f} ms per step" in got["answer"] and "bound by the input pipeline" in got["answer"], got["answer"]
+    top = analysis.findings[0]
+    assert len(got["fixes"]) == 3 and got["fixes"][0].startswith(f"{top.rule} saves {top.saving_ms:.2f} ms/step"), got["fixes"]
+    assert "the profiler slowed the recorded steps 1.3x" in got["caveat"], got
+    assert min(got["tile_rows"]) > 1, got["tile_rows"]  # no tile alone on a row
+    assert page.errors() == []
+
+
+def test_a_cpu_run_shows_no_empty_device_charts(browser, tmp_path):
+    run = REPO / "sample_runs" / "resnet18_cifar" / "runs" / "cpu_baseline"
+    path = tmp_path / "cpu.html"
+    path.write_text(to_html(analyze(run)), encoding="utf-8")
+    for width in (1400, 800):
+        page = browser.open(path, width=width)
+        got = page.evaluate(FIRST_SCREEN)
+        page.screenshot(ARTIFACTS / f"first-screen-cpu-{width}.png", full_page=False)
+        assert got["replayed"] == 0 and got["kernels"] == 0, got  # no replayed step, no kernel table
+        assert got["first_finding_top"] is not None and got["first_finding_top"] < got["H"], got
+        assert "bound by host (CPU) work" in got["answer"], got["answer"]
+        assert len(got["tile_rows"]) == 1, got  # two tiles, one row
+        assert page.errors() == []
