@@ -262,8 +262,10 @@ def check(ctx: Context):
     top = during_rows[:3]
     during = f": meanwhile the host {main} {100 * main_share:.0f}% of that time" + (f", in {_where(top)}" if top else "")
     message = f"The {m.device.kind} is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. {ADVICE[main]}"
-    if not marked:
+    if not marked and list(steps["name"]) == ["(whole trace)"]:
         message += " The trace has no ProfilerStep markers, so the whole window counts as one step (setup included)."
+    elif not marked:
+        message += " The trace has no ProfilerStep markers: its steps are the iterations found from what repeats (see the notes)."
     # The fix, replayed: the host work that ran while the device idled is taken off the host's
     # path (done in workers, overlapped, or issued ahead), so the device is fed as soon as it
     # can be; what the device itself waits for (its own dependencies) stays.
