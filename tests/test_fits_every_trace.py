@@ -81,3 +81,35 @@ def test_closing_synchronize_is_not_charged_for_the_next_steps_host_work():
     # The Triton example's one synchronize, after its only kernel: no finding at all (it was
     # the run's first and only finding, at 0.01 ms).
     assert "host-sync" not in rules_of(analyze(shared_trace("misc/a100_triton.json.gz")))
+
+
+# --- item 4: inference runs are told about throughput, latency and inference_mode -------------
+def as_inference(tmp_path, run: str):
+    """A recorded GPU run of the sample, its facts' `mode` set to inference (the one change)."""
+    import shutil
+
+    import orjson
+
+    dest = tmp_path / run
+    shutil.copytree(SAMPLE_RUNS / "resnet18_cifar" / "runs" / run, dest, ignore=shutil.ignore_patterns(".advisor-cache"))
+    facts = dest / "advisor_facts.json"
+    doc = orjson.loads(facts.read_bytes())
+    doc["mode"] = "inference"
+    facts.write_bytes(orjson.dumps(doc))
+    return dest
+
+
+def test_inference_runs_get_inference_advice(tmp_path):
+    a = analyze(as_inference(tmp_path, "gpu_compiled"))
+    by = {f.rule: f for f in a.findings}
+    spare, launch = by["spare-gpu-memory"], by["launch-bound"]
+    for f in (spare, launch):
+        text = " ".join([f.message, f.fix.text, f.fix.snippet])
+        assert "learning rate" not in text and "lr=" not in text and "cudagraph_mark_step_begin" not in text
+        assert "inference_mode" in f.fix.text + f.fix.snippet and f.evidence["mode"] == "inference"
+    assert "latency" in spare.message and "throughput" in spare.message
+    assert "batch_size=128 → 512" in spare.fix.text and "[:512]" in spare.fix.snippet  # the run's own batch and factor
+    assert "forward pass" in launch.message and "latency" in launch.message
+    # The same run as recorded (training) keeps the training advice.
+    train = {f.rule: f for f in analyze(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_compiled").findings}
+    assert "learning rate" in train["spare-gpu-memory"].message
