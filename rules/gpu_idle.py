@@ -77,6 +77,7 @@ from advisor.metrics.host_device import (
     op_tree_of,
     sync_calls,
 )
+from advisor.snippets import dataloader_call, suggested_workers
 
 ID = "gpu-idle"
 TITLE = "The GPU is idle for much of each step"
@@ -273,4 +274,8 @@ def check(ctx: Context):
     # When the host only waits for the device, what both wait for is elsewhere and removing
     # the wait may win little.
     confidence = "low" if not marked or main == "waits for the device" else ("high" if main_share >= 0.5 else "medium")
-    return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=SNIPPETS[main], change=change)
+    snippet = SNIPPETS[main]
+    if main == "loads data":  # the run's own loader settings, never invented ones
+        call = dataloader_call(ctx.facts, dataset="ds", num_workers=suggested_workers(ctx.facts, ctx.world_size), pin_memory=True, persistent_workers=True)
+        snippet = AFTER.replace(AFTER.splitlines()[0], call)
+    return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=snippet, change=change)

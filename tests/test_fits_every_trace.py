@@ -113,3 +113,34 @@ def test_inference_runs_get_inference_advice(tmp_path):
     # The same run as recorded (training) keeps the training advice.
     train = {f.rule: f for f in analyze(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_compiled").findings}
     assert "learning rate" in train["spare-gpu-memory"].message
+
+
+# --- item 8: source lines and snippets from the run itself ------------------------------------
+def test_frame_open_when_profiling_started_is_not_the_users_line():
+    """gpu_baseline's Python stack stops at `train.py(202): main` (the line where the profiler
+    started, open over every step): no finding may point there as if it were the op's line."""
+    a = analyze(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline")
+    sources = [s for f in a.findings for s in f.evidence.get("source", []) or []]
+    said = [f for f in a.findings if "train.py(202)" in f.message or any("train.py(202)" in s for s in f.evidence.get("source", []) or [])]
+    assert said, "the findings that used to point at train.py(202) still say where the stack stops"
+    for f in said:
+        for s in [f.message] + list(f.evidence.get("source", []) or []):
+            if "train.py(202)" in s:
+                assert "user line not in the trace" in s and "where profiling started" in s
+    assert sources and not any(s.startswith("train.py(202)") for s in sources)
+
+
+def test_frames_entered_inside_the_steps_are_still_named():
+    """The 2021 ResNet-50 trace's call stacks name the script's lines: they stay."""
+    a = analyze(shared_trace("v100_resnet50_nw0"))
+    zero = next(f for f in a.findings if f.rule == "zero-grad-memset")
+    assert "resnet50_profiler_api.py(49): <module>" in zero.message
+
+
+@pytest.mark.parametrize("run,batch,workers", [("gpu_baseline", 32, None), ("gpu_workers", 32, 15)])
+def test_loader_snippets_show_the_runs_own_settings(run, batch, workers):
+    a = analyze(SAMPLE_RUNS / "resnet18_cifar" / "runs" / run)
+    pin = next(f for f in a.findings if f.rule == "h2d-pageable-copy")
+    line = pin.fix.snippet.splitlines()[0]
+    assert f"batch_size={batch}," in line and "pin_memory=True" in line and "batch_size=64" not in line
+    assert (f"num_workers={workers}" in line) if workers else ("num_workers" not in line)
