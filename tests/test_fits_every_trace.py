@@ -144,3 +144,37 @@ def test_loader_snippets_show_the_runs_own_settings(run, batch, workers):
     line = pin.fix.snippet.splitlines()[0]
     assert f"batch_size={batch}," in line and "pin_memory=True" in line and "batch_size=64" not in line
     assert (f"num_workers={workers}" in line) if workers else ("num_workers" not in line)
+
+
+# --- item 2: a sampled trace keeps its steps' figures ------------------------------------------
+def test_sampled_trace_keeps_the_step_and_its_copies(tmp_path):
+    """The first 33 events of the A100 80GB trace (ProfilerStep#550, 209.7 ms, and the
+    profiler's own span), plus the step's host-to-device copies: the step is the marker's
+    209.7 ms, not the 4.0 ms its few kept events cover, and every kept copy counts."""
+    import gzip
+
+    import orjson
+
+    doc = orjson.loads(gzip.decompress(shared_trace("misc/a100_80gb_train.json.gz").read_bytes()))
+    spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    step = next(e for e in spans if e.get("name") == "ProfilerStep#550")
+    session = [e for e in spans if e.get("cat") == "Trace"]
+    copies = [
+        e
+        for e in spans
+        if str(e.get("name", "")).startswith("Memcpy HtoD") and step["ts"] <= e["ts"] <= step["ts"] + step["dur"]
+    ]
+    assert len(copies) >= 2
+    kept = spans[:33] + [e for e in [step] + session + copies if e not in spans[:33]]
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") != "X"] + kept
+    path = tmp_path / "sample.json"
+    path.write_bytes(orjson.dumps(doc))
+    a = analyze(path)
+    m = a.primary
+    assert len(m.steps) == 1 and m.step_ms[0] == pytest.approx(step["dur"] / 1000, abs=0.01)
+    assert not any("clipped" in n for n in a.notes())
+    assert m.h2d["count"] == len(copies)
+    assert m.h2d["bytes"] == sum(e["args"]["bytes"] for e in copies)
+    # A marker left open past the profiler's span is still clipped (the Triton example).
+    t = analyze(shared_trace("misc/a100_triton.json.gz"))
+    assert t.primary.step_ms[0] < 2 and any("clipped to the last recorded event" in n for n in t.notes())

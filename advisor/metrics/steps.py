@@ -11,9 +11,12 @@ step's has ended), the end of a step's last kernel is not that step's own time: 
 waited in a queue of work launched earlier. Such a step ends where the next step's device
 work begins, and the last step of the window ends as far behind its host end as it started
 behind its host start, not when the queue drains (the profiler's closing synchronisation).
-A `ProfilerStep` range that runs past the end of the trace by more than the part the trace
-covers (a marker left open: a 13 s step in a 355 ms trace) is clipped to the last recorded
-event, with a note.
+A `ProfilerStep` range that runs past the end of the profiler's own span (`PyTorch
+Profiler (0)`, a marker left open: a 13 s step in a 355 ms recording) is clipped to the last
+recorded event, with a note; one that ends inside it is the step, however few of its events a
+sampled or filtered trace kept (a 33-event sample of a 209.7 ms step was read as a 4.0 ms
+step). Without that span, a marker past the end of the trace by more than the part the trace
+covers is taken as left open.
 
 Traces without `ProfilerStep` markers (the autograd profiler's API, benchmark harnesses,
 `record_function` loops, inference engines) still repeat one iteration: `find_iterations`
@@ -198,9 +201,16 @@ def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str
     if last is None:
         return h_end
     h_start = host_steps["start"].to_numpy(np.int64)
-    # Past the end by more than the part the trace covers: a marker left open, not a step
-    # whose last few events a sampled or filtered trace dropped.
-    over = (h_end > np.maximum(last, h_start)) & (h_end - last > np.maximum(last - h_start, 0))
+    session_end = frames.metadata.get("profiler_session_end_ns")
+    if isinstance(session_end, (int, float)) and not isinstance(session_end, bool):
+        # The profiler's own span says where recording stopped: a marker that ends inside it
+        # is a real step, however few of its events a sampled or filtered trace kept; one
+        # that ends past it was left open.
+        over = (h_end > int(session_end)) & (h_end > np.maximum(last, h_start))
+    else:
+        # Past the end by more than the part the trace covers: a marker left open, not a step
+        # whose last few events a sampled or filtered trace dropped.
+        over = (h_end > np.maximum(last, h_start)) & (h_end - last > np.maximum(last - h_start, 0))
     if not over.any():
         return h_end
     clipped = np.where(over, np.maximum(last, h_start), h_end)
