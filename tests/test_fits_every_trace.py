@@ -178,3 +178,31 @@ def test_sampled_trace_keeps_the_step_and_its_copies(tmp_path):
     # A marker left open past the profiler's span is still clipped (the Triton example).
     t = analyze(shared_trace("misc/a100_triton.json.gz"))
     assert t.primary.step_ms[0] < 2 and any("clipped to the last recorded event" in n for n in t.notes())
+
+
+# --- item 6: the collectives' bandwidth against the link ---------------------------------------
+def test_communication_exposed_compares_achieved_bandwidth_with_the_link():
+    import gzip
+
+    import orjson
+
+    path = shared_trace("misc/a100_nccl.json.gz")
+    a = analyze(path, select=["communication-exposed"])
+    f = a.findings[0]
+    link = f.evidence["link"]
+    # Independently, from the raw events: the all-reduce kernels inside the ProfilerStep spans,
+    # their float32 message bytes times 2(n-1)/n over their kernel time.
+    doc = orjson.loads(gzip.decompress(path.read_bytes()))
+    ev = doc["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"]
+    ar = [
+        e
+        for e in ev
+        if e.get("cat") == "kernel" and "AllReduce" in e["name"] and any(s <= e["ts"] < t for s, t in steps)
+    ]
+    n = doc["distributedInfo"]["world_size"]
+    expect = sum(e["args"]["In msg nelems"] * 4 * 2 * (n - 1) / n for e in ar) / sum(e["dur"] for e in ar) / 1e3
+    assert link["bus_gbps"] == pytest.approx(expect, rel=0.02) and link["bus_gbps"] < 10
+    assert link["link"] == "NVLink 3" and link["link_gbps"] == 230
+    assert "GB/s of bus bandwidth" in f.message and "NVLink 3" in f.message and "PCIe 4" in f.message and "InfiniBand" in f.message
+    assert "cannot overlap" in f.message  # why the saving is less than the exposed time

@@ -272,6 +272,28 @@ def _group_of(cat: Any) -> int:
     return IGNORED
 
 
+# Bytes per element of the dtypes NCCL collectives name in their kernels' args.
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
+    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8,
+    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2,
+    "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+def _message_bytes(nelems: list[Any], dtypes: list[Any]) -> np.ndarray:
+    """A collective kernel's message size in bytes (`In msg nelems` x the dtype's size), NaN
+    where either is absent, not a number or an unknown dtype."""
+    out = np.full(len(nelems), np.nan)
+    for i, (n, d) in enumerate(zip(nelems, dtypes)):
+        if n is None:
+            continue
+        size = DTYPE_BYTES.get(d.lower()) if isinstance(d, str) else None
+        if size and type(n) is int and 0 <= n < MAX_BYTES / 8:
+            out[i] = float(n * size)
+    return out
+
+
 def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
     if len(idx) == 0:
         return []
@@ -430,6 +452,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         "grid": raw_text_categorical([a.grid for a in rows]),
         "block": raw_text_categorical([a.block for a in rows]),
         "bytes": floats([a.bytes for a in rows]),
+        "msg_bytes": _message_bytes([a.msg_nelems for a in rows], [a.msg_dtype for a in rows]),
     })
     del rows
 
