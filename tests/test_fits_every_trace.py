@@ -206,3 +206,47 @@ def test_communication_exposed_compares_achieved_bandwidth_with_the_link():
     assert link["link"] == "NVLink 3" and link["link_gbps"] == 230
     assert "GB/s of bus bandwidth" in f.message and "NVLink 3" in f.message and "PCIe 4" in f.message and "InfiniBand" in f.message
     assert "cannot overlap" in f.message  # why the saving is less than the exposed time
+
+
+# --- item 9: CPU runs get what a CPU user expects ---------------------------------------------
+CPU_TRANSFORMER = SAMPLE_RUNS / "cpu_transformer" / "runs" / "cpu_baseline"
+
+
+def test_cpu_transformer_run_gets_top_ops_and_thread_advice(cli):
+    """sample_runs/cpu_transformer recorded with `advisor profile --device cpu ... -- --threads 1`
+    on a 2-core machine: one intra-op thread, so the matmuls could use two."""
+    import orjson
+
+    facts = orjson.loads((CPU_TRANSFORMER / "advisor_facts.json").read_bytes())
+    assert facts["torch_threads"]["intra_op"] == 1 and facts["cpu_count"] == 2 and facts["device"]["type"] == "cpu"
+    a = analyze(CPU_TRANSFORMER)
+    assert "step-time-variance" not in rules_of(a)
+    f = next(f for f in a.findings if f.rule == "cpu-threads")
+    assert f.evidence["target_threads"] == 2 and "torch.set_num_threads(2)" in f.fix.snippet
+    assert 0 < f.saving_ms <= f.evidence["pooled_ops_ms_per_step"] / 2 + 1  # at most half the pooled ops' time
+    assert "aten::mm" in f.evidence["top_pooled_ops"]
+    # The text report has a top-ops table for a CPU-only run.
+    code, out, _ = cli(["report", str(CPU_TRANSFORMER)])
+    assert code == 0 and "Top CPU ops (self time per step)" in out and "aten::mm" in out
+
+
+def test_cpu_threads_silent_when_the_loaders_workers_take_the_other_core():
+    # cpu_workers: one intra-op thread and num_workers=1 on 2 cores: nothing to spare.
+    a = analyze(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_workers")
+    assert "cpu-threads" not in rules_of(a)
+    # cpu_baseline: one thread (OMP_NUM_THREADS=1), no workers: the input pipeline still leads.
+    b = analyze(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline")
+    assert rules_of(b)[:2] == ["dataloader-stall", "cpu-threads"]
+    assert "OMP_NUM_THREADS=1" in b.findings[1].message
+
+
+def test_cpu_optimizer_counts_the_models_parameters_and_stays_silent_below_its_floor():
+    from advisor.config import Config
+
+    loose = Config(rule_options={"cpu-optimizer": {"min_share": 0.0}})
+    f = analyze(CPU_TRANSFORMER, config=loose, select=["cpu-optimizer"]).findings[0]
+    # TinyLM: an embedding, 2 encoder layers of 12 tensors each, a linear head of 2: 27 tensors.
+    assert f.evidence["parameters"] == 27 and f.evidence["optimizer"] == "AdamW"
+    assert "fused=True" in f.fix.snippet
+    # Its per-op fixed cost is a small share of this step: no finding at the default floor.
+    assert "cpu-optimizer" not in rules_of(analyze(CPU_TRANSFORMER))
