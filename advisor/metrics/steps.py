@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import _matches
 
 
 def launches(frames: TraceFrames) -> pd.DataFrame:
@@ -62,6 +63,8 @@ ITERATION_ANCHORS: tuple[tuple[str, re.Pattern[str], str], ...] = (
 PHASE_WORDS = re.compile(r"warm[-_ ]?up|measured?|timed|benchmark")
 WARMUP_WORD = re.compile(r"warm[-_ ]?up", re.IGNORECASE)
 WARMUP_RATIO = 1.5  # a first iteration this much longer than the median of the rest is the warm-up
+MODULE_CALL = re.compile(r"^nn\.Module: ")
+STEP_MARKER = re.compile(r"^ProfilerStep#")
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,27 @@ class Iterations:
 def _outermost(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Which spans (sorted by start) are not nested in or overlapping an earlier kept one."""
     keep = np.zeros(len(ts), dtype=bool)
-    last = np.iinfo(np.int64).min
-    for i in range(len(ts)):
-        if ts[i] >= last:
-            keep[i] = True
+    if len(ts) == 0:
+        return keep
+    running = np.maximum.accumulate(end)
+    keep[0] = True
+    keep[1:] = ts[1:] >= running[:-1]
+    if keep.all():
+        return keep
+    last = end[0]  # a left-out span's end must not shadow the spans after it: walk the conflicts
+    for i in range(1, len(ts)):
+        keep[i] = ts[i] >= last
+        if keep[i]:
             last = end[i]
     return keep
+
+
+def _per_name(names: pd.Series, fn) -> np.ndarray:
+    """fn(name) for each row, evaluated once per distinct name (object array)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        per_cat = np.array([fn(str(c)) for c in names.cat.categories] + [fn("")], dtype=object)
+        return per_cat[names.cat.codes.to_numpy()]
+    return np.array([fn(str(n)) for n in names], dtype=object)
 
 
 def _main_tid(host: pd.DataFrame, rows: np.ndarray) -> object:
@@ -92,24 +110,26 @@ def _main_tid(host: pd.DataFrame, rows: np.ndarray) -> object:
 
 def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, np.ndarray, str]]:
     """(how, host rows, mode) for each pattern that repeats at least twice, best first."""
-    names = host["name"].astype(str).to_numpy()
-    kinds = host["kind"].astype(str).to_numpy()
     out: list[tuple[str, np.ndarray, str]] = []
     for how, pattern, mode in ITERATION_ANCHORS:
-        rows = np.flatnonzero([bool(pattern.match(n)) for n in names])
+        rows = np.flatnonzero(_matches(host["name"], pattern))
         if len(rows) >= 2:
             out.append((how, rows, mode))
     span = max(window[1] - window[0], 1)
     dur = (host["end"] - host["ts"]).to_numpy(np.int64)
+    kinds = host["kind"].astype(str).to_numpy()
+    module = _matches(host["name"], MODULE_CALL)
+    step_marker = _matches(host["name"], STEP_MARKER)
+    keys_all = _per_name(host["name"], lambda n: PHASE_WORDS.sub("", re.sub(r"\d+", "#", n.lower())))
+    names = host["name"]
     for kind, label in (("annotation", "annotation"), ("python", "module call")):
-        sel = np.flatnonzero(kinds == kind)
         if kind == "python":
-            sel = sel[[names[i].startswith("nn.Module: ") for i in sel]]
+            sel = np.flatnonzero((kinds == kind) & module)
         else:  # a range over (nearly) the whole window wraps the loop: not one iteration
-            sel = sel[(dur[sel] < 0.9 * span) & ~np.char.startswith(names[sel].astype(str), "ProfilerStep#")]
+            sel = np.flatnonzero((kinds == kind) & (dur < 0.9 * span) & ~step_marker)
         if len(sel) == 0:
             continue
-        keys = pd.Series([PHASE_WORDS.sub("", re.sub(r"\d+", "#", names[i].lower())) for i in sel])
+        keys = pd.Series(keys_all[sel])
         groups = []
         for _, idx in keys.groupby(keys, sort=False).groups.items():
             rows = sel[np.asarray(idx)]
@@ -117,7 +137,7 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
             if len(rows) >= 2:
                 groups.append((int(dur[rows].sum()), rows))
         for _, rows in sorted(groups, key=lambda g: -g[0])[:1]:
-            out.append((f"the repeated {label} {names[rows[-1]]}", rows, "start"))
+            out.append((f"the repeated {label} {names.iloc[rows[-1]]}", rows, "start"))
     return out
 
 
