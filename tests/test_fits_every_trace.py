@@ -250,3 +250,19 @@ def test_cpu_optimizer_counts_the_models_parameters_and_stays_silent_below_its_f
     assert "fused=True" in f.fix.snippet
     # Its per-op fixed cost is a small share of this step: no finding at the default floor.
     assert "cpu-optimizer" not in rules_of(analyze(CPU_TRANSFORMER))
+
+
+def test_cpu_inference_run_is_told_as_inference(cli):
+    """sample_runs/cpu_transformer with --inference (torch.inference_mode(), one thread),
+    recorded with advisor profile: an inference run, no training advice, thread advice stays."""
+    import orjson
+
+    run = SAMPLE_RUNS / "cpu_transformer" / "runs" / "cpu_inference"
+    assert orjson.loads((run / "advisor_facts.json").read_bytes())["mode"] == "inference"
+    a = analyze(run)
+    rules = rules_of(a)
+    assert "cpu-optimizer" not in rules and "step-time-variance" not in rules
+    assert not any("learning rate" in f.message + f.fix.text for f in a.findings)
+    assert rules[0] == "cpu-threads" and "aten::addmm" in a.findings[0].evidence["top_pooled_ops"]
+    code, out, _ = cli(["report", str(run)])
+    assert code == 0 and "Top CPU ops (self time per step)" in out
