@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/first_findings.py -o benchmarks/results/first_findings_after.txt
 
 Each shared trace (every file under ../shared/traces/misc, every other run folder there, the
-misc folder as a whole, and the compiled runs) is analysed as `advisor report PATH` would,
+misc folder as a whole, the ViT compiled run), every recorded run under sample_runs/ and the
+autograd-profiler recording in tests/data is analysed as `advisor report PATH` would,
 with the analysis cache off. Per run: the device line, the mean step time, then the first
 three findings (rule, saving per step, rank, and the message's first sentence). Comparing
 the file written before a change with the one written after shows what the change did to
@@ -27,7 +28,11 @@ def shared_runs() -> list[Path]:
     runs = [p for p in sorted(traces.iterdir()) if p.is_dir() and p.name != "misc"]
     runs += sorted((traces / "misc").iterdir())
     runs.append(traces / "misc")
-    runs += [SHARED / "whatif" / "h100_vit" / "compile", ROOT / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_compiled"]
+    runs.append(SHARED / "whatif" / "h100_vit" / "compile")
+    # The project's own recordings: every run of every sample, and the autograd-profiler recording.
+    samples = ROOT / "sample_runs"
+    runs += sorted(p for p in samples.glob("*/runs/*") if p.is_dir())
+    runs.append(ROOT / "tests" / "data" / "autograd_profiler_cpu" / "resnet18_cpu_autograd.json.gz")
     return [r for r in runs if r.exists()]
 
 

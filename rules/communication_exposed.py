@@ -44,6 +44,17 @@ for i, (x, y) in enumerate(loader):
         opt.step(); opt.zero_grad()
 ```
 
+## The link's bandwidth
+Where the collective kernels carry their message size (`In msg nelems` and `dtype`, recorded
+by PyTorch 2.x), the rule reports the bus bandwidth they achieve: message bytes over kernel
+time, times 2(n-1)/n for all-reduce and (n-1)/n for all-gather and reduce-scatter (n ranks),
+as nccl-tests defines it. Kernel time includes waiting for the other ranks, so this is a lower
+bound. It is set against what the links give between GPUs of the device's generation, as
+typical NCCL bus bandwidths: NVLink (V100 ~130, A100 ~230, H100/H200 ~360, B200 ~700 GB/s),
+xGMI (MI250 ~150, MI300X ~300 GB/s), PCIe (3: ~10, 4: ~20, 5: ~40 GB/s), InfiniBand (HDR
+~23, NDR ~45 GB/s per NIC). Far below the GPU-to-GPU link, the traffic takes a slower path
+(PCIe, the network) or waits for a slow rank: the message says so, and which transport to check.
+
 ## How the saving is estimated
 Exposed collective time per step (collective kernels minus the time compute kernels run
 alongside them), minus the exposed part of the step's last collective: that one follows the
@@ -82,6 +93,42 @@ for i, (x, y) in enumerate(loader):
         opt.step(); opt.zero_grad()
 """
 POINT_TO_POINT = r"SendRecv|AllToAll|all_to_all|Send|Recv"
+# Typical NCCL bus bandwidth (GB/s) between two GPUs of a generation over its fastest link,
+# and of the slower paths the traffic may take instead.
+GPU_LINK_GBPS = (
+    (r"B200|B100|GB200", "NVLink 5", 700.0),
+    (r"H100|H200|H800|GH200", "NVLink 4", 360.0),
+    (r"A100|A800", "NVLink 3", 230.0),
+    (r"V100", "NVLink 2", 130.0),
+    (r"MI300", "xGMI", 300.0),
+    (r"MI250|MI210", "xGMI", 150.0),
+)
+PCIE_GBPS = {"NVLink 5": ("PCIe 5", 40.0), "NVLink 4": ("PCIe 5", 40.0), "NVLink 3": ("PCIe 4", 20.0), "NVLink 2": ("PCIe 3", 10.0), "xGMI": ("PCIe 4", 20.0)}
+INFINIBAND = "InfiniBand ~23 GB/s (HDR) to ~45 GB/s (NDR) per NIC"
+BUS_FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n, "ReduceScatter": lambda n: (n - 1) / n}
+
+
+def link_bandwidth(kernels, kind, world: int | None, device_name: str | None) -> dict | None:
+    """Achieved bus bandwidth of the collectives that carry a message size, against the links
+    of the device's generation; None when no kernel carries one."""
+    import re
+
+    if "msg_bytes" not in kernels or world is None or world < 2:
+        return None
+    sized = kernels["msg_bytes"].notna().to_numpy() & kind.isin(list(BUS_FACTOR)).to_numpy() & (kernels["dur"] > 0).to_numpy()
+    if not sized.any():
+        return None
+    k = kernels[sized]
+    kinds = kind[sized]
+    bus_bytes = float(sum(float(b) * BUS_FACTOR[c](world) for b, c in zip(k["msg_bytes"], kinds)))
+    gbps = bus_bytes / float(k["dur"].sum())  # bytes/ns == GB/s
+    out = {"bus_gbps": round(gbps, 2), "collectives_sized": int(sized.sum()), "ranks": int(world)}
+    for pattern, link, expect in GPU_LINK_GBPS:
+        if device_name and re.search(pattern, device_name):
+            pcie, pcie_gbps = PCIE_GBPS[link]
+            out.update(link=link, link_gbps=expect, pcie=pcie, pcie_gbps=pcie_gbps)
+            break
+    return out
 
 
 def check(ctx: Context):
@@ -134,6 +181,7 @@ def check(ctx: Context):
     }
     if world:
         evidence["world_size"] = world
+    link = link_bandwidth(kernels, kind, int(world) if isinstance(world, (int, float)) and not isinstance(world, bool) else None, m.device.name)
     confidence = "low" if p2p_share > 0.5 else "medium"
     snippet = AFTER
     if p2p_share > 0.5:
@@ -144,6 +192,20 @@ def check(ctx: Context):
     message = (
         f"{evidence['exposed_ms_per_step']:.1f} ms/step of collectives run with no compute beside them "
         f"({100 * evidence['exposed_share_of_step']:.0f}% of the step); overlapping all but the last one "
-        f"({evidence['unavoidable_tail_ms_per_step']:.1f} ms) saves up to ~{saving:.1f} ms/step."
+        f"({evidence['unavoidable_tail_ms_per_step']:.1f} ms, which follows the last gradient and cannot overlap) saves up to ~{saving:.1f} ms/step."
     )
+    if link is not None:
+        evidence["link"] = link
+        message += f" The collectives reach {link['bus_gbps']:.1f} GB/s of bus bandwidth over {link['ranks']} ranks (message bytes over kernel time, waits included)"
+        if "link_gbps" in link:
+            message += (
+                f", where {link['link']} between {m.device.name} GPUs gives about {link['link_gbps']:.0f} GB/s, "
+                f"{link['pcie']} about {link['pcie_gbps']:.0f} GB/s and {INFINIBAND}"
+            )
+            if link["bus_gbps"] < 0.25 * link["link_gbps"]:
+                message += (
+                    f": at {link['bus_gbps'] / link['link_gbps']:.0%} of {link['link']} the traffic takes a slower path or waits for a rank "
+                    "(check the transport with NCCL_DEBUG=INFO and the topology with nvidia-smi topo -m)"
+                )
+        message += "."
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet)

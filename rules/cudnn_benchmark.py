@@ -4,9 +4,14 @@
 Convolution kernels inside the steps that belong to cuDNN's generic fallback algorithms
 (`implicit_convolve_sgemm`, `explicit_convolve_sgemm`, `dgrad_engine`, `wgrad_alg0_engine`,
 FFT) hold at least `min_share` (3%) of the step after the estimated gain, the convolution
-input shapes are the same in every step, and `torch.backends.cudnn.benchmark` is off — read
-from the facts file; without one the rule says it could not check the switch and reports at
-low confidence.
+input shapes are the same in every step, and `torch.backends.cudnn.benchmark` is off. The
+switch is read from the facts file. Without one the rule fires only on positive evidence that
+the switch is off: the trace holds the run's first convolutions (the device set-up calls,
+`cudaGetDeviceProperties` and the like, come before them) and none of its convolution ops
+runs the autotuner's trials (a burst of `cudaEventSynchronize`/`cudaStreamSynchronize` calls or
+`cudnnFind` inside one op). Fallback kernel names alone prove nothing: with benchmark on, cuDNN
+may still pick them, and a window that starts after the first step never shows the tuning.
+The message says which of the two the finding rests on.
 
 ## Why it is slow
 With `cudnn.benchmark = False` PyTorch asks cuDNN's heuristics for one algorithm per
@@ -20,7 +25,8 @@ than it saves.
 - the convolution kernels in the steps and which of them are fallback algorithms;
 - the convolution ops' recorded input shapes per step (`record_shapes=True`): the same set
   in every step means static shapes; without shapes the rule says so;
-- from the facts file: `cudnn_benchmark`.
+- from the facts file: `cudnn_benchmark`; without it, the device set-up calls and the
+  synchronize calls inside convolution ops (the autotuner's bursts).
 
 ## Example
 Before:
@@ -102,6 +108,41 @@ def static_shapes(events, steps: pd.DataFrame) -> bool | None:
     return bool(per_step.nunique() == 1 and len(per_step) == len(steps))
 
 
+SETUP_CALL = re.compile(r"^(cudaGetDeviceCount|cudaGetDeviceProperties(_v2)?|cudaDriverGetVersion|cuInit|cuDevicePrimaryCtxRetain)$")
+SYNC_CALL = re.compile(r"^(cudaEventSynchronize|cudaStreamSynchronize|cudaDeviceSynchronize)$|cudnnFind")
+CONV_OP = re.compile(r"^aten::(cudnn_convolution|miopen_convolution)")
+AUTOTUNE_SYNCS = 3  # synchronize calls inside one convolution op: the autotuner timing its trials
+
+
+def switch_from_trace(events) -> tuple[bool | None, str]:
+    """Whether the trace itself shows cudnn.benchmark on (True: the autotuner's bursts), off
+    (False: the run's first convolutions ran untuned), or cannot tell (None); and why."""
+    host, rt = events.host, events.runtime
+    if len(host) == 0 or len(rt) == 0:
+        return None, "the trace has no convolution ops or runtime calls"
+    conv = host[_matches(host["name"], CONV_OP)]
+    if len(conv) == 0:
+        return None, "the trace has no cuDNN convolution ops"
+    sync = rt[_matches(rt["name"], SYNC_CALL)]
+    bursts = 0
+    if len(sync):
+        cs, ce = conv["ts"].to_numpy(np.int64), conv["end"].to_numpy(np.int64)
+        order = np.argsort(cs, kind="stable")
+        cs, ce = cs[order], ce[order]
+        idx = np.searchsorted(cs, sync["ts"].to_numpy(np.int64), side="right") - 1
+        ok = idx >= 0
+        inside = np.zeros(len(idx), dtype=bool)
+        inside[ok] = sync["ts"].to_numpy(np.int64)[ok] <= ce[idx[ok]]
+        counts = np.bincount(idx[inside], minlength=len(cs))
+        bursts = int((counts >= AUTOTUNE_SYNCS).sum())
+    if bursts:
+        return True, f"{bursts} convolution op(s) run the autotuner's synchronize bursts"
+    setup = rt[_matches(rt["name"], SETUP_CALL)]
+    if len(setup) and int(setup["ts"].min()) < int(conv["ts"].min()):
+        return False, "the trace holds the run's first convolutions (after the device set-up) and none runs the autotuner's trials"
+    return None, "the window starts after the run's first convolutions, where the autotuner would show"
+
+
 def check(ctx: Context):
     m = ctx.metrics
     opts = ctx.options
@@ -109,6 +150,9 @@ def check(ctx: Context):
     benchmark = ctx.fact("cudnn_benchmark")
     if benchmark is True or step_ms <= 0:
         return None
+    inferred, why = (None, "") if benchmark is False else switch_from_trace(ctx.events)
+    if benchmark is None and inferred is not False:
+        return None  # no facts and no positive evidence that the switch is off: fallback names alone prove nothing
     k = step_kernels(m)
     if len(k) == 0:
         return None
@@ -141,6 +185,8 @@ def check(ctx: Context):
         "share_of_conv_kernel_time": round(fallback_ms / conv_ms, 4) if conv_ms else None,
         "static_shapes": shapes,
         "cudnn_benchmark": benchmark,
+        "switch_from": "facts" if benchmark is not None else "trace",
+        "trace_evidence": why or None,
         "tuned_speedup_used": speedup,
         "standalone_saving_ms": round(standalone_ms, 3),
         "counted_after_mixed_precision": after_amp < 1.0,
@@ -154,6 +200,8 @@ def check(ctx: Context):
     message += f". cudnn.benchmark = True: ~{saving_ms:.1f} ms/step"
     message += f" ({standalone_ms:.1f} ms alone; counted after autocast's gain on the same kernels)." if after_amp < 1.0 else "."
     if benchmark is None:
-        message += " The switch is not recorded (no facts file): inferred from the kernels."
+        message += f" The switch is not recorded (no facts file); the trace shows it off: {why}."
+    else:
+        message += " The facts file says cudnn.benchmark is off."
     confidence = "medium" if benchmark is False and shapes else "low"
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence)

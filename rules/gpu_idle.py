@@ -77,6 +77,7 @@ from advisor.metrics.host_device import (
     op_tree_of,
     sync_calls,
 )
+from advisor.snippets import dataloader_call, suggested_workers
 
 ID = "gpu-idle"
 TITLE = "The GPU is idle for much of each step"
@@ -262,8 +263,10 @@ def check(ctx: Context):
     top = during_rows[:3]
     during = f": meanwhile the host {main} {100 * main_share:.0f}% of that time" + (f", in {_where(top)}" if top else "")
     message = f"The {m.device.kind} is idle {100 * (1 - util):.0f}% of each {step_ms:.1f} ms step ({idle_ms:.1f} ms){during}. {ADVICE[main]}"
-    if not marked:
+    if not marked and list(steps["name"]) == ["(whole trace)"]:
         message += " The trace has no ProfilerStep markers, so the whole window counts as one step (setup included)."
+    elif not marked:
+        message += " The trace has no ProfilerStep markers: its steps are the iterations found from what repeats (see the notes)."
     # The fix, replayed: the host work that ran while the device idled is taken off the host's
     # path (done in workers, overlapped, or issued ahead), so the device is fed as soon as it
     # can be; what the device itself waits for (its own dependencies) stays.
@@ -271,4 +274,8 @@ def check(ctx: Context):
     # When the host only waits for the device, what both wait for is elsewhere and removing
     # the wait may win little.
     confidence = "low" if not marked or main == "waits for the device" else ("high" if main_share >= 0.5 else "medium")
-    return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=SNIPPETS[main], change=change)
+    snippet = SNIPPETS[main]
+    if main == "loads data":  # the run's own loader settings, never invented ones
+        call = dataloader_call(ctx.facts, dataset="ds", num_workers=suggested_workers(ctx.facts, ctx.world_size), pin_memory=True, persistent_workers=True)
+        snippet = AFTER.replace(AFTER.splitlines()[0], call)
+    return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=snippet, change=change)

@@ -85,6 +85,7 @@ from advisor.metrics.host_device import (
 
 from advisor.engine import Context
 from advisor.metrics.source import source_lines
+from advisor.snippets import dataloader_call
 
 ID = "h2d-pageable-copy"
 TITLE = "Host-to-device copies come from pageable memory"
@@ -197,5 +198,6 @@ def check(ctx: Context):
         1.0,
     )
     change = Change.merge([scale_device(rows, ratio), unwait(ctx.events, pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64))])
-    snippet = AFTER if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
+    # The run's own loader settings, pinned: never another batch size or worker count than the run's.
+    snippet = AFTER.replace(AFTER.splitlines()[0], dataloader_call(ctx.facts, pin_memory=True)) if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)

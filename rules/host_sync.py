@@ -56,6 +56,13 @@ idles while the host waits, both are waiting for something else (another stream,
 rank), which removing the sync would not speed up. Reading values every N steps keeps one
 wait in N.
 
+An explicit `torch.cuda.synchronize()` that closes its step (no device work of the step is
+launched after it: a benchmark harness timing each iteration) makes the host wait while the
+GPU finishes work that was queued anyway. It costs only the device idle it causes before the
+step ends, usually none; the idle at the start of the next step is that step's own host work
+(the next batch, the first launches), which `gpu-idle` and `dataloader-stall` explain. Such
+syncs are counted that way and left out of the replayed change.
+
 Reference: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization
 """
 
@@ -100,6 +107,23 @@ ADVICE = {
 WHAT = {label: what for label, _, what in SYNC_CAUSES} | {"explicit": "torch.cuda.synchronize()", "other": "other ops"}
 
 
+def closing_syncs(ctx: Context, calls: pd.DataFrame, tl) -> np.ndarray:
+    """Which calls are an explicit synchronize that closes its step: no device work launched
+    in the same step after the call returns."""
+    out = np.zeros(len(calls), dtype=bool)
+    explicit = (calls["cause"] == "explicit").to_numpy()
+    if not explicit.any():
+        return out
+    lk = ctx.metrics.launches
+    lts = lk["launch_ts"].dropna().to_numpy(np.int64)
+    lstep = tl.step_index(lts)
+    ends = calls["end"].to_numpy(np.int64)
+    cstep = tl.step_index(calls["ts"].to_numpy(np.int64))
+    for i in np.flatnonzero(explicit & (cstep >= 0)):
+        out[i] = not bool(((lstep == cstep[i]) & (lts >= ends[i])).any())
+    return out
+
+
 def check(ctx: Context):
     found = candidates(ctx.timeline, sync_calls)
     if found is None:
@@ -108,11 +132,19 @@ def check(ctx: Context):
     cost = tl.blocking_cost(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64), count_idle_during=False)
     calls = pd.concat([calls, cost], axis=1)
     calls["wait"] = calls["end"] - calls["ts"]
+    closing = closing_syncs(ctx, calls, tl)
+    if closing.any():
+        # A synchronize that closes its step: only the idle it causes before the step ends.
+        ends = calls["end"].to_numpy(np.int64)[closing]
+        step_end = tl.step_e[tl.step_index(calls["ts"].to_numpy(np.int64)[closing])]
+        clipped = tl.starved(ends, np.minimum(calls["after_end"].to_numpy(np.int64)[closing], step_end))
+        calls.loc[closing, "cost"] = clipped
     saving = per_step(calls["cost"].sum(), tl)
     # The fix: the host no longer waits in these calls. Whether that buys time depends on
     # whether the host was on the step's critical path, which only the replay sees.
-    change = unwait(ctx.events, calls["ts"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64))
-    replayed = ctx.replayed_saving(change)
+    waits = calls[~closing]
+    change = unwait(ctx.events, waits["ts"].to_numpy(np.int64), waits["ts"].to_numpy(np.int64)) if len(waits) else None
+    replayed = ctx.replayed_saving(change) if change is not None else None
     if (replayed if replayed is not None else saving) / ctx.step_ms < ctx.options["min_share"]:
         return None
 
@@ -140,6 +172,7 @@ def check(ctx: Context):
         "sync_calls": calls["name"].value_counts().head(5).to_dict(),
         "item_calls_in_trace": item_ops,
         "steps": tl.step_numbers(calls["ts"].to_numpy(np.int64)),
+        "closing_syncs_per_step": round(int(closing.sum()) / tl.n_steps, 2),
     }
     top = causes[0]
     where = f" at {top['source'][0]}" if top.get("source") else ""

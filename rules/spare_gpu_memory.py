@@ -83,7 +83,7 @@ import math
 
 import numpy as np
 
-from advisor.engine import Context
+from advisor.engine import Context, is_training
 from advisor.metrics.breakdown import STEP_NAME, _matches
 from advisor.metrics.compute import kernel_exposure, launched_inside, step_kernels
 from advisor.metrics.host_device import OPTIMIZER_SPAN
@@ -100,6 +100,16 @@ AFTER = """loader = DataLoader(train_set, batch_size=4 * batch_size, num_workers
 optimizer = torch.optim.SGD(model.parameters(), lr=base_lr * 4)   # linear scaling, with warm-up
 """
 FIXED_CATEGORIES = ("runtime", "cpu_exec", "other", "memset", "communication")
+# An inference run has no learning rate: a larger batch is more requests per forward pass,
+# more throughput for a longer wait per request.
+INFERENCE_FIX = (
+    "Serve more requests per forward pass ({grow}: dynamic batching in the server, or a larger offline batch) under "
+    "torch.inference_mode(); throughput grows, and each request waits for its batch to fill, so weigh it against the latency you need."
+)
+INFERENCE_AFTER = """with torch.inference_mode():                          # no autograd bookkeeping
+    batch = torch.stack(requests[:{n}])                # {n} requests per forward pass
+    outputs = model(batch.to(device, non_blocking=True))
+"""
 
 
 def batch_copy_host_ms(events, steps) -> float:
@@ -195,6 +205,15 @@ def check(ctx: Context):
     }
     confidence = "low" if bound_only else ("high" if mem.source == FACTS else "medium")
     snippet = AFTER.replace("4 * batch_size", str(batch * factor) if batch else f"{factor} * batch_size").replace("base_lr * 4", f"base_lr * {factor}")
+    if not is_training(m, ctx.facts):
+        evidence["mode"] = "inference"
+        fix = INFERENCE_FIX.format(grow=grow)
+        message = (
+            f"The GPU is busy {100 * util:.0f}% of the step and {seen}. Serving {factor}× the requests per forward pass spreads "
+            f"{fixed_ms:.1f} ms/step of fixed overhead over {factor}× the samples: ~{saving_ms:.1f} ms per current step of throughput, "
+            "for a longer wait per request (latency)."
+        )
+        snippet = INFERENCE_AFTER.format(n=batch * factor if batch else f"{factor} * batch_size")
     # The fix, replayed: the batch's work grows with it (kernels other than the optimizer's,
     # the batch's copies, the DataLoader's time); launches, syncs and other host work do not.
     # The replayed step is then divided by the factor: the saving is per current step.

@@ -1,10 +1,18 @@
-"""Step times differ so much that the profiled window is not representative.
+"""Some steps are slow for a reason the trace shows: a periodic DataLoader stall, a garbage
+collection, an epoch boundary, a checkpoint.
 
 ## What it detects
 At least `min_steps` (3) steps in the window, the slowest more than `min_spread` (25%) above
 the median step, and the mean step at least `min_share` (3%) above the median. Each slow step
 (over 20% above the median) is broken down against a typical step: which part of the
 step-time breakdown (kernel, memcpy, dataloader, runtime, CPU work, ...) grew.
+
+Variance is a finding only with a cause the trace shows: the slow steps' excess is DataLoader
+wait, or the slow steps (and no typical step) run a garbage collection (`gc`), start an epoch
+(the DataLoader's `__iter__` or its workers' start) or save a checkpoint (`torch.save`,
+`state_dict`, `checkpoint`). Without one, step times that differ are a note on the
+measurement's quality (another process on a busy machine, frequency scaling: see the metrics'
+step note), never a ranked fix.
 
 ## Why it is slow
 A mean over a few steps is only a good picture of training when the steps are alike. A slow
@@ -41,10 +49,13 @@ Reference: https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import CATEGORIES
+from advisor.metrics.steps import step_of
 
 ID = "step-time-variance"
 TITLE = "Step times vary too much for the window to be representative"
@@ -53,6 +64,34 @@ DEFAULTS = {"min_steps": 3, "min_spread": 0.25, "slow_factor": 0.20, "min_share"
 FIX = "Skip warm-up steps in the profiler schedule and profile more steps; look at what the slow steps do in the trace view."
 AFTER = """schedule = torch.profiler.schedule(wait=1, warmup=3, active=10)
 """
+
+
+# What a slow step can do that a typical step does not, as the trace names it.
+CAUSES = (
+    ("a garbage collection", re.compile(r"^(gc|gc\.collect|<built-in function collect>)$|gc_collect", re.IGNORECASE)),
+    ("an epoch boundary (the DataLoader's iterator starts)", re.compile(r"^enumerate\(DataLoader\)#.*__(iter|init)__|_MultiProcessingDataLoaderIter\.__init__|DataLoader\.__iter__")),
+    ("a checkpoint", re.compile(r"torch\.save|^aten::_save|state_dict|checkpoint", re.IGNORECASE)),
+)
+
+
+def visible_causes(ctx: Context, slow: np.ndarray, typical: np.ndarray, grew: list[str]) -> list[str]:
+    """The causes of the slow steps the trace shows: DataLoader wait that grew, or work that
+    only the slow steps do (a GC, an epoch start, a checkpoint)."""
+    out = []
+    if grew and sum(g == "dataloader" for g in grew) * 2 >= len(grew):
+        out.append("a DataLoader stall")
+    host = ctx.events.host
+    if len(host) == 0:
+        return out
+    steps = ctx.metrics.steps
+    where = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), host["ts"].to_numpy(np.int64))
+    names = host["name"].astype(str).to_numpy()
+    for label, pattern in CAUSES:
+        hit = np.fromiter((bool(pattern.search(n)) for n in names), dtype=bool, count=len(names))
+        in_steps = set(where[hit & (where >= 0)].tolist())
+        if in_steps & set(slow.tolist()) and not in_steps & set(typical.tolist()):
+            out.append(label)
+    return out
 
 
 def check(ctx: Context):
@@ -87,6 +126,9 @@ def check(ctx: Context):
                 "grew_by_ms": round(float(excess[j]), 3),
             }
         )
+    causes = visible_causes(ctx, slow, np.nonzero(ms <= median * (1 + opts["slow_factor"]))[0], [s["grew_most"] for s in slow_steps])
+    if not causes:
+        return None  # noise, or a cause the trace does not show: a note on the measurement, not a fix
     first_is_slow = bool(len(slow) and slow[0] == 0)
     evidence = {
         "step_ms": [round(float(x), 3) for x in ms],
@@ -95,11 +137,12 @@ def check(ctx: Context):
         "mean_ms": round(mean, 3),
         "slowest_over_median_pct": round(100 * spread, 1),
         "slow_steps": slow_steps,
+        "causes": causes,
     }
     parts = [f"step {s['step']} +{s['over_median_pct']:.0f}% ({s['grew_most']} +{s['grew_by_ms']:.1f} ms)" for s in slow_steps[:3]]
     message = (
         f"Steps range {ms.min():.1f}–{ms.max():.1f} ms around a median of {median:.1f} ms ({', '.join(parts)}): "
-        f"the mean is {saving_ms:.1f} ms above the median, so this window's averages mix in atypical steps."
+        f"the mean is {saving_ms:.1f} ms above the median; the slow steps show {' and '.join(causes)}."
     )
     fixes = []
     if first_is_slow:

@@ -389,10 +389,12 @@ def test_channels_last_silent_without_transposes(tmp_path):
 
 
 # --- step-time-variance -------------------------------------------------------------------
-def test_step_time_variance_fires_on_uneven_windows():
-    f = report("v100_resnet50_nw4")["step-time-variance"]  # 182, 126, 127, 123, 163, 124 ms
-    assert [s["step"] for s in f.evidence["slow_steps"]] == [5, 9]
-    assert "warm-up" in f.fix.text
+def test_step_time_variance_without_a_visible_cause_is_a_note_not_a_finding():
+    # 182, 126, 127, 123, 163, 124 ms: the slow steps grow runtime calls and host work, and the
+    # trace shows no DataLoader stall, GC, epoch start or checkpoint in them.
+    assert "step-time-variance" not in report("v100_resnet50_nw4")
+    a = analyze(trace_path("v100_resnet50_nw4"))
+    assert any(n.startswith("step times vary 123.1–182.3 ms") and "not a fix" in n for n in a.notes())
 
 
 def test_step_time_variance_silent_on_even_steps():
@@ -403,20 +405,25 @@ def test_step_time_variance_silent_on_even_steps():
 
 
 # --- cudnn-benchmark ----------------------------------------------------------------------
-def test_cudnn_benchmark_fires_without_facts_at_low_confidence():
-    f = report("v100_resnet50_nw0")["cudnn-benchmark"]
-    assert f.confidence == "low" and "not recorded" in f.message
+@pytest.mark.parametrize("name", ["v100_resnet50_nw0", "v100_resnet50_nw4"])
+def test_cudnn_benchmark_silent_without_facts_or_evidence(name):
+    # Fallback kernel names alone: the window starts at step 5, after any autotuning, so the
+    # trace cannot say whether the switch was off.
+    assert "cudnn-benchmark" not in report(name)
+
+
+@pytest.mark.parametrize("name", ["v100_resnet50_nw0", "v100_resnet50_nw4"])
+def test_cudnn_benchmark_follows_the_facts(tmp_path, name):
+    on = copy_with_facts(name, tmp_path / "on", {"cudnn_benchmark": True})
+    assert "cudnn-benchmark" not in run(on, rules=["cudnn-benchmark"])
+    off = copy_with_facts(name, tmp_path / "off", {"cudnn_benchmark": False})
+    f = run(off, rules=["cudnn-benchmark"])["cudnn-benchmark"]
+    assert f.confidence == "medium" and f.evidence["switch_from"] == "facts" and "The facts file says" in f.message
     assert f.evidence["static_shapes"] is True
     assert any("wgrad_alg0_engine" in k["name"] or "dgrad_engine" in k["name"] for k in f.evidence["kernels"])
-    # counted after autocast's 2x on the same fp32 kernels
-    assert f.saving_ms == pytest.approx(f.evidence["standalone_saving_ms"] / 2.0, rel=0.01)
-
-
-def test_cudnn_benchmark_follows_the_facts(tmp_path):
-    on = copy_with_facts("v100_resnet50_nw0", tmp_path / "on", {"cudnn_benchmark": True})
-    assert "cudnn-benchmark" not in run(on, rules=["cudnn-benchmark"])
-    off = copy_with_facts("v100_resnet50_nw0", tmp_path / "off", {"cudnn_benchmark": False})
-    assert run(off, rules=["cudnn-benchmark"])["cudnn-benchmark"].confidence == "medium"
+    assert f.evidence["counted_after_mixed_precision"] is True  # after autocast's 2x on the same fp32 kernels
+    if name == "v100_resnet50_nw0":  # on nw4 the replay settles the figure lower (5.7 ms)
+        assert f.saving_ms == pytest.approx(f.evidence["standalone_saving_ms"] / 2.0, rel=0.01)
 
 
 def test_cudnn_benchmark_silent_without_fallback_kernels():

@@ -146,7 +146,8 @@ def test_training_only_rules_stay_silent_when_the_facts_say_inference(tmp_path):
             p.write_bytes(orjson.dumps(doc))
         a = analyze(run_dir, config=Config(), select=["unbucketed-allreduce", "communication-exposed", "step-time-variance"])
         assert (finding(a, "unbucketed-allreduce") is not None) is fires
-        assert finding(a, "step-time-variance") is not None  # a rule for any run still runs
+        # Uneven steps without a cause the trace shows are a note for any run, never a finding.
+        assert finding(a, "step-time-variance") is None and any("step times vary" in n for n in a.notes())
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ from advisor.load.discover import CACHE_DIR_NAME
 from advisor.load.trace import DEVICE_KINDS, HOST_KINDS, TraceFrames, load_trace
 
 META_FILE = "advisor_cache.json"
-CACHE_FORMAT = 3  # 2: metadata marks range-profiler traces and MTIA devices; 3: keyed on the bytes' SHA-256, load warnings
+CACHE_FORMAT = 4  # 2: metadata marks range-profiler traces and MTIA devices; 3: keyed on the bytes' SHA-256, load warnings; 4: the profiler session's end
 TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
 JSON_COLUMNS = {"host": ("input_dims",)}
 FIXED_CATEGORIES = {("host", "kind"): HOST_KINDS, ("device", "kind"): DEVICE_KINDS}

@@ -74,6 +74,8 @@ class EventArgs(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = _arg("Input Dims", NULL)
     input_dims_lower: msgspec.Raw = _arg("Input dims", NULL)
     input_types: msgspec.Raw = _arg("Input type", NULL)  # dtypes of an op's inputs (record_shapes=True)
+    msg_nelems: Any = _arg("In msg nelems", None)  # a collective kernel's message: elements and their dtype
+    msg_dtype: Any = _arg("dtype", None)
 
 
 class MemoryArgs(msgspec.Struct, gc=False):

@@ -68,6 +68,7 @@ SYNC_CATS = {"cuda_sync"}
 # Kernels replayed by CUPTI's range profiler to read hardware counters: the trace then has
 # these instead of kernel events, and every launch call lasts as long as the replays.
 RANGE_PROFILER_CAT = "cuda_profiler_range"
+PROFILER_SESSION_CAT = "trace"  # the profiler's own span over the recording: where a step marker can end at the latest
 SCHEMA_2021_CATS = ("Operator", "Kernel", "Runtime")
 MEMORY_EVENT = "[memory]"
 
@@ -271,6 +272,28 @@ def _group_of(cat: Any) -> int:
     return IGNORED
 
 
+# Bytes per element of the dtypes NCCL collectives name in their kernels' args.
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
+    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8,
+    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2,
+    "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+def _message_bytes(nelems: list[Any], dtypes: list[Any]) -> np.ndarray:
+    """A collective kernel's message size in bytes (`In msg nelems` x the dtype's size), NaN
+    where either is absent, not a number or an unknown dtype."""
+    out = np.full(len(nelems), np.nan)
+    for i, (n, d) in enumerate(zip(nelems, dtypes)):
+        if n is None:
+            continue
+        size = DTYPE_BYTES.get(d.lower()) if isinstance(d, str) else None
+        if size and type(n) is int and 0 <= n < MAX_BYTES / 8:
+            out[i] = float(n * size)
+    return out
+
+
 def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
     if len(idx) == 0:
         return []
@@ -335,6 +358,7 @@ class _Batch:
     durational: bool
     events: int
     profiler_ts: np.ndarray  # start (µs) of every span of a profiler category, for the base time
+    session_end: float = math.nan  # end (µs) of the profiler's own span ("PyTorch Profiler (0)", category Trace)
 
 
 def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
@@ -428,6 +452,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         "grid": raw_text_categorical([a.grid for a in rows]),
         "block": raw_text_categorical([a.block for a in rows]),
         "bytes": floats([a.bytes for a in rows]),
+        "msg_bytes": _message_bytes([a.msg_nelems for a in rows], [a.msg_dtype for a in rows]),
     })
     del rows
 
@@ -453,6 +478,9 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
 
     dts = ts[in_profiler_cat]
     dts = dts[np.isfinite(dts) & (np.abs(dts) < 1e17)]
+    session = np.isin(cat_codes, [i for i, c in enumerate(lower_cats) if c == PROFILER_SESSION_CAT]) if PROFILER_SESSION_CAT in lower_cats else None
+    session_ends = (ts + dur)[session] if session is not None else np.zeros(0)
+    session_ends = session_ends[np.isfinite(session_ends) & (np.abs(session_ends) < 1e17)]
     return _Batch(
         host=host,
         runtime=runtime,
@@ -463,6 +491,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         durational=bool(in_profiler_cat.any()),
         events=n,
         profiler_ts=dts,
+        session_end=float(session_ends.max()) if len(session_ends) else math.nan,
     )
 
 
@@ -672,10 +701,13 @@ def _impossible_values(props: Any, bad_bytes: int) -> list[str]:
     return out
 
 
-def _marked_metadata(metadata: dict[str, Any], cats: set[str]) -> dict[str, Any]:
+def _marked_metadata(metadata: dict[str, Any], cats: set[str], session_end: float = math.nan, base_us: float = 0.0) -> dict[str, Any]:
     """The trace's metadata, plus what its event categories alone tell: a range-profiler
-    trace (`range_profiler`), an MTIA device (`device_api`)."""
+    trace (`range_profiler`), an MTIA device (`device_api`), and where the profiler's own
+    span ends (`profiler_session_end_ns`, ns from the base time)."""
     out = dict(metadata)
+    if math.isfinite(session_end) and abs(session_end - base_us) < MAX_SPAN_US:
+        out["profiler_session_end_ns"] = int(round((session_end - base_us) * 1000))
     if RANGE_PROFILER_CAT in cats:
         out["range_profiler"] = True
     if any(c.startswith("mtia_") for c in cats):
@@ -720,6 +752,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
                 f"left out {outliers} event(s) timed more than {MAX_SPAN_US / 86400e6:.1f} days away from the rest of the trace (impossible timestamps)"
             )
         cats = set().union(*(b.cats for b in batches))
+        session_end = max((b.session_end for b in batches if math.isfinite(b.session_end)), default=math.nan)
         schema = "2021" if any(c in cats for c in SCHEMA_2021_CATS) else "current"
 
         host = _frame([b.host for b in batches], base_us, "ts_dur")
@@ -749,7 +782,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             device_properties=_device_properties(decoded.device_properties),
             distributed=dist if isinstance(dist, dict) else {},
             window=window,
-            metadata=_marked_metadata(decoded.metadata, {str(c).lower() for c in cats}),
+            metadata=_marked_metadata(decoded.metadata, {str(c).lower() for c in cats}, session_end, base_us),
             syncs=syncs,
             load_warnings=load_warnings + _impossible_values(decoded.device_properties, bad_bytes),
         )

@@ -59,6 +59,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "grid": "grid dimensions, as \"[x, y, z]\"",
         "block": "block dimensions, as \"[x, y, z]\"",
         "bytes": "bytes copied or set (float64, NaN for kernels)",
+        "msg_bytes": "a collective kernel's message size, bytes (`In msg nelems` x dtype size; float64, NaN elsewhere)",
         "copy_kind": "HtoD, DtoH, DtoD, ... for copies",
         "copy_src": "source memory of a copy: Pageable, Pinned, Device, ...",
         "copy_dst": "destination memory of a copy",

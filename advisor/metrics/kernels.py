@@ -156,6 +156,43 @@ def top_ops(frames: TraceFrames, n: int = 10) -> pd.DataFrame:
     return g.sort_values("total_ns", ascending=False).head(n).reset_index()
 
 
+def top_self_ops(frames: TraceFrames, steps: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """Host ops inside the steps by self time (their time less their child ops'), per step:
+    name, count, self_ms, total_ms (inclusive), share (of the steps' summed self time). What a
+    CPU run spends its time in: the table the device's kernels would be on a GPU run."""
+    from advisor.metrics.hierarchy import op_tree
+    from advisor.metrics.steps import step_of
+
+    cols = ["name", "count", "self_ms", "total_ms", "share"]
+    tree = op_tree(frames)
+    ops = tree.ops
+    if len(ops) == 0 or len(steps) == 0:
+        return pd.DataFrame(columns=cols)
+    dur = (ops["end"] - ops["ts"]).to_numpy(np.int64)
+    child = np.zeros(len(ops), dtype=np.int64)
+    has = tree.parent >= 0
+    np.add.at(child, tree.parent[has], dur[has])
+    self_ns = np.maximum(dur - child, 0)
+    inside = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), ops["ts"].to_numpy(np.int64)) >= 0
+    is_op = (ops["kind"].astype(str) == "op").to_numpy() & inside
+    if not is_op.any():
+        return pd.DataFrame(columns=cols)
+    k = len(steps)
+    t = pd.DataFrame({"name": ops["name"].astype(str).to_numpy()[is_op], "self": self_ns[is_op], "dur": dur[is_op]})
+    g = t.groupby("name").agg(count=("self", "size"), self_ns=("self", "sum"), total_ns=("dur", "sum"))
+    total = float(g["self_ns"].sum()) or 1.0
+    g = g.sort_values("self_ns", ascending=False).head(n).reset_index()
+    return pd.DataFrame(
+        {
+            "name": g["name"],
+            "count": g["count"] / k,
+            "self_ms": g["self_ns"] / 1e6 / k,
+            "total_ms": g["total_ns"] / 1e6 / k,
+            "share": g["self_ns"] / total,
+        }
+    )
+
+
 def fp32_gemm_share(kernels: pd.DataFrame) -> float:
     total = kernels["dur"].sum()
     return float(kernels.loc[kernels["fp32_gemm"], "dur"].sum() / total) if total > 0 else 0.0
@@ -166,6 +203,7 @@ __all__ = [
     "kernel_table",
     "top_kernels",
     "top_ops",
+    "top_self_ops",
     "tensor_core_shares",
     "fp32_gemm_share",
     "launching_ops",

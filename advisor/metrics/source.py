@@ -30,13 +30,25 @@ def user_frame(stack: str | None) -> str | None:
     return None
 
 
+NOT_IN_TRACE = "user line not in the trace: its Python stack stops at {frame}, where profiling started"
+
+
 def source_lines(frames: TraceFrames, rows: pd.DataFrame, limit: int = 3) -> list[str]:
-    """The most common user source lines behind the given host rows (most frequent first)."""
+    """The most common user source lines behind the given host rows (most frequent first).
+
+    A Python frame that was already running when profiling started (it encloses whole steps:
+    the script's `main`, the training loop) is recorded at the line where profiling started,
+    not at the line behind the op: when only such frames enclose the rows, the one line says
+    that the user's line is not in the trace, naming where the stack stops."""
     found: list[str] = []
     if "call_stack" in rows and rows["call_stack"].notna().any():
         found = [f for f in _user_frames(rows["call_stack"]) if f]
     if not found:
         found = _enclosing_python_frames(frames, rows)
+        if not found:
+            outer = _enclosing_python_frames(frames, rows, outer=True)
+            if outer:
+                return [NOT_IN_TRACE.format(frame=pd.Series(outer).value_counts().index[0])]
     if not found:
         return []
     return pd.Series(found).value_counts().head(limit).index.tolist()
@@ -54,7 +66,24 @@ def _user_frames(stacks: pd.Series) -> list[str | None]:
     return [per_stack[c] for c in codes.tolist()]
 
 
-def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame) -> list[str]:
+def _open_at_start(frames: TraceFrames, frame_ts: np.ndarray, frame_end: np.ndarray, tid: object) -> np.ndarray:
+    """Frames already running when profiling started: each encloses a whole ProfilerStep, or
+    (without step markers) 90% or more of its thread's recorded host time."""
+    steps = getattr(frames, "steps", None)
+    if steps is not None and len(steps):
+        ss, se = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+        return ((frame_ts[:, None] <= ss[None, :]) & (frame_end[:, None] >= se[None, :])).any(axis=1)
+    host = frames.host
+    on = host[host["tid"] == tid]
+    if len(on) == 0:
+        return np.zeros(len(frame_ts), dtype=bool)
+    lo, hi = int(on["ts"].min()), int(on["end"].max())
+    return (frame_end - frame_ts) >= 0.9 * max(hi - lo, 1)
+
+
+def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: bool = False) -> list[str]:
+    """The innermost user frame enclosing each row, leaving out frames open when profiling
+    started (with outer=True: only those)."""
     host = frames.host
     py = host[(host["kind"] == "python")]
     if len(py) == 0 or len(rows) == 0:
@@ -62,6 +91,13 @@ def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame) -> list[st
     names = py["name"].astype(str)
     is_frame = names.map(lambda n: FRAME.match(n) is not None).astype(bool)
     user = py[is_frame & ~names.map(lambda n: LIBRARY.search(n) is not None).astype(bool)]
+    if len(user) == 0:
+        return []
+    keep = np.zeros(len(user), dtype=bool)
+    for tid in user["tid"].unique():
+        on = (user["tid"] == tid).to_numpy()
+        keep[on] = _open_at_start(frames, user["ts"].to_numpy(np.int64)[on], user["end"].to_numpy(np.int64)[on], tid) == outer
+    user = user[keep]
     if len(user) == 0:
         return []
     out = []

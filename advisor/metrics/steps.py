@@ -11,17 +11,34 @@ step's has ended), the end of a step's last kernel is not that step's own time: 
 waited in a queue of work launched earlier. Such a step ends where the next step's device
 work begins, and the last step of the window ends as far behind its host end as it started
 behind its host start, not when the queue drains (the profiler's closing synchronisation).
-A `ProfilerStep` range that runs past the end of the trace by more than the part the trace
-covers (a marker left open: a 13 s step in a 355 ms trace) is clipped to the last recorded
-event, with a note.
+A `ProfilerStep` range that runs past the end of the profiler's own span (`PyTorch
+Profiler (0)`, a marker left open: a 13 s step in a 355 ms recording) is clipped to the last
+recorded event, with a note; one that ends inside it is the step, however few of its events a
+sampled or filtered trace kept (a 33-event sample of a 209.7 ms step was read as a 4.0 ms
+step). Without that span, a marker past the end of the trace by more than the part the trace
+covers is taken as left open.
+
+Traces without `ProfilerStep` markers (the autograd profiler's API, benchmark harnesses,
+`record_function` loops, inference engines) still repeat one iteration: `find_iterations`
+looks, in this order, for the DataLoader's `__next__`, `Optimizer.zero_grad` and
+`Optimizer.step` spans, repeated user annotations (`record_function` ranges; a harness's
+`warmup` and `measure` ranges of one name count as one), and the top-level module call
+(`nn.Module: ...`). The first iteration is the warm-up when its name says so or it lasts more
+than 1.5x the median of the others: it is reported apart (a note) and left out of the steps,
+so its one-time costs (CUDA context creation, cuDNN autotuning) are never charged per step.
+Only when none of these repeats is the whole window one step.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import _matches
 
 
 def launches(frames: TraceFrames) -> pd.DataFrame:
@@ -34,6 +51,143 @@ def launches(frames: TraceFrames) -> pd.DataFrame:
         on="correlation",
         how="left",
     )
+
+
+# What starts (or ends) one iteration of a loop without ProfilerStep markers, best first.
+ITERATION_ANCHORS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("the DataLoader's __next__", re.compile(r"^enumerate\(DataLoader\)#.*__next__"), "start"),
+    ("Optimizer.zero_grad", re.compile(r"^Optimizer\.zero_grad#"), "start"),
+    ("Optimizer.step", re.compile(r"^Optimizer\.step#"), "end"),
+)
+# Words a harness puts in its warm-up and measured ranges: one range name, two phases.
+PHASE_WORDS = re.compile(r"warm[-_ ]?up|measured?|timed|benchmark")
+WARMUP_WORD = re.compile(r"warm[-_ ]?up", re.IGNORECASE)
+WARMUP_RATIO = 1.5  # a first iteration this much longer than the median of the rest is the warm-up
+MODULE_CALL = re.compile(r"^nn\.Module: ")
+STEP_MARKER = re.compile(r"^ProfilerStep#")
+
+
+@dataclass(frozen=True)
+class Iterations:
+    """Iterations found without step markers: host spans, how they were found, the warm-up."""
+
+    steps: pd.DataFrame  # step, name, start, end (ns), warm-up left out
+    how: str  # what repeats, as the report says it
+    warmup_ms: float | None  # the first iteration's length, when it was left out as the warm-up
+    warmup_named: bool
+
+
+def _outermost(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Which spans (sorted by start) are not nested in or overlapping an earlier kept one."""
+    keep = np.zeros(len(ts), dtype=bool)
+    if len(ts) == 0:
+        return keep
+    running = np.maximum.accumulate(end)
+    keep[0] = True
+    keep[1:] = ts[1:] >= running[:-1]
+    if keep.all():
+        return keep
+    last = end[0]  # a left-out span's end must not shadow the spans after it: walk the conflicts
+    for i in range(1, len(ts)):
+        keep[i] = ts[i] >= last
+        if keep[i]:
+            last = end[i]
+    return keep
+
+
+def _per_name(names: pd.Series, fn) -> np.ndarray:
+    """fn(name) for each row, evaluated once per distinct name (object array)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        per_cat = np.array([fn(str(c)) for c in names.cat.categories] + [fn("")], dtype=object)
+        return per_cat[names.cat.codes.to_numpy()]
+    return np.array([fn(str(n)) for n in names], dtype=object)
+
+
+def _main_tid(host: pd.DataFrame, rows: np.ndarray) -> object:
+    tids = host["tid"].iloc[rows].astype(str)
+    return tids.value_counts().index[0]
+
+
+def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, np.ndarray, str]]:
+    """(how, host rows, mode) for each pattern that repeats at least twice, best first."""
+    out: list[tuple[str, np.ndarray, str]] = []
+    for how, pattern, mode in ITERATION_ANCHORS:
+        rows = np.flatnonzero(_matches(host["name"], pattern))
+        if len(rows) >= 2:
+            out.append((how, rows, mode))
+    span = max(window[1] - window[0], 1)
+    dur = (host["end"] - host["ts"]).to_numpy(np.int64)
+    kinds = host["kind"].astype(str).to_numpy()
+    module = _matches(host["name"], MODULE_CALL)
+    step_marker = _matches(host["name"], STEP_MARKER)
+    keys_all = _per_name(host["name"], lambda n: PHASE_WORDS.sub("", re.sub(r"\d+", "#", n.lower())))
+    names = host["name"]
+    for kind, label in (("annotation", "annotation"), ("python", "module call")):
+        if kind == "python":
+            sel = np.flatnonzero((kinds == kind) & module)
+        else:  # a range over (nearly) the whole window wraps the loop: not one iteration
+            sel = np.flatnonzero((kinds == kind) & (dur < 0.9 * span) & ~step_marker)
+        if len(sel) == 0:
+            continue
+        keys = pd.Series(keys_all[sel])
+        groups = []
+        for _, idx in keys.groupby(keys, sort=False).groups.items():
+            rows = sel[np.asarray(idx)]
+            rows = rows[_outermost(host["ts"].to_numpy(np.int64)[rows], host["end"].to_numpy(np.int64)[rows])]
+            if len(rows) >= 2:
+                groups.append((int(dur[rows].sum()), rows))
+        for _, rows in sorted(groups, key=lambda g: -g[0])[:1]:
+            out.append((f"the repeated {label} {names.iloc[rows[-1]]}", rows, "start"))
+    return out
+
+
+def find_iterations(frames: TraceFrames) -> Iterations | None:
+    """The loop's iterations in a trace without ProfilerStep markers, or None when nothing repeats."""
+    host = frames.host
+    if len(host) == 0:
+        return None
+    for how, rows, mode in _candidates(host, frames.window):
+        tid = _main_tid(host, rows)
+        rows = rows[host["tid"].iloc[rows].astype(str).to_numpy() == tid]
+        ts = host["ts"].to_numpy(np.int64)[rows]
+        end = host["end"].to_numpy(np.int64)[rows]
+        order = np.argsort(ts, kind="stable")
+        rows, ts, end = rows[order], ts[order], end[order]
+        keep = _outermost(ts, end)
+        rows, ts, end = rows[keep], ts[keep], end[keep]
+        if len(rows) < 2:
+            continue
+        on_tid = host[host["tid"].astype(str).to_numpy() == tid]
+        t_ts, t_end = on_tid["ts"].to_numpy(np.int64), on_tid["end"].to_numpy(np.int64)
+        if mode == "start":
+            starts = ts
+            ends = np.append(ts[1:], 0)
+            after = t_end[(t_ts >= ts[-1])]
+            ends[-1] = max(int(after.max()), int(end[-1])) if len(after) else int(end[-1])
+            if len(ts) > 2 and ends[-1] <= end[-1]:
+                starts, ends, rows = starts[:-1], ends[:-1], rows[:-1]  # nothing ran after it: the call that ended the loop
+        else:
+            first = t_ts[(t_ts < end[0]) & (t_end <= end[0])]
+            starts = np.concatenate([[int(first.min()) if len(first) else int(ts[0])], end[:-1]])
+            ends = end
+        names = host["name"].astype(str).to_numpy()[rows]
+        dur = (ends - starts).astype(np.float64)
+        named = bool(WARMUP_WORD.search(names[0]))
+        rest = dur[1:]
+        warm = len(dur) >= 2 and (named or (len(rest) > 0 and dur[0] > WARMUP_RATIO * float(np.median(rest))))
+        first = 1 if warm else 0
+        steps = pd.DataFrame(
+            {
+                "step": np.arange(first, len(starts), dtype=np.int64),
+                "name": [f"iteration {i}" for i in range(first, len(starts))],
+                "start": starts[first:].astype(np.int64),
+                "end": ends[first:].astype(np.int64),
+            }
+        )
+        if len(steps) == 0:
+            continue
+        return Iterations(steps, how, float(dur[0]) / 1e6 if warm else None, named)
+    return None
 
 
 def step_of(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray, te: np.ndarray | None = None) -> np.ndarray:
@@ -67,9 +221,16 @@ def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str
     if last is None:
         return h_end
     h_start = host_steps["start"].to_numpy(np.int64)
-    # Past the end by more than the part the trace covers: a marker left open, not a step
-    # whose last few events a sampled or filtered trace dropped.
-    over = (h_end > np.maximum(last, h_start)) & (h_end - last > np.maximum(last - h_start, 0))
+    session_end = frames.metadata.get("profiler_session_end_ns")
+    if isinstance(session_end, (int, float)) and not isinstance(session_end, bool):
+        # The profiler's own span says where recording stopped: a marker that ends inside it
+        # is a real step, however few of its events a sampled or filtered trace kept; one
+        # that ends past it was left open.
+        over = (h_end > int(session_end)) & (h_end > np.maximum(last, h_start))
+    else:
+        # Past the end by more than the part the trace covers: a marker left open, not a step
+        # whose last few events a sampled or filtered trace dropped.
+        over = (h_end > np.maximum(last, h_start)) & (h_end - last > np.maximum(last - h_start, 0))
     if not over.any():
         return h_end
     clipped = np.where(over, np.maximum(last, h_start), h_end)
@@ -114,12 +275,26 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     host_steps = frames.steps
     if len(host_steps) == 0:
         host = frames.host
-        if len(host):
-            start, end = int(host["ts"].min()), int(host["end"].max())
+        found = find_iterations(frames)
+        if found is not None:
+            host_steps = found.steps
+            n_found = len(found.steps) + (found.warmup_ms is not None)
+            note = f"no ProfilerStep markers: {n_found} iterations found from {found.how}"
+            if found.warmup_ms is not None:
+                why = "named so" if found.warmup_named else "longer than 1.5x the others"
+                costs = "CUDA context creation, cuDNN autotuning, first allocations" if frames.has_device else "lazy initialisation, first allocations"
+                note += (
+                    f"; the first ({found.warmup_ms:,.1f} ms, {why}) is the warm-up, reported apart and left out of the steps "
+                    f"(its one-time costs, such as {costs}, are not per-step costs)"
+                )
+            notes.append(note)
         else:
-            start, end = frames.window
-        notes.append("no ProfilerStep markers: the whole trace window is treated as one step")
-        host_steps = pd.DataFrame({"step": [0], "name": ["(whole trace)"], "start": [start], "end": [end]})
+            if len(host):
+                start, end = int(host["ts"].min()), int(host["end"].max())
+            else:
+                start, end = frames.window
+            notes.append("no ProfilerStep markers: the whole trace window is treated as one step")
+            host_steps = pd.DataFrame({"step": [0], "name": ["(whole trace)"], "start": [start], "end": [end]})
     h_start = host_steps["start"].to_numpy(np.int64)
     h_end = clip_to_trace(frames, host_steps, notes)
     n = len(host_steps)
@@ -187,3 +362,23 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     )
     out["duration"] = out["end"] - out["start"]
     return out, notes
+
+
+UNEVEN_SPREAD = 0.25  # the slowest step this far above the median makes the window uneven
+
+
+def uneven_steps_note(step_ms: np.ndarray) -> str | None:
+    """A note on the measurement when step times differ (slowest > 25% above the median):
+    averages over such a window are less precise. Whether the slow steps have a cause the
+    trace shows is the step-time-variance rule's question; without one this is all there is."""
+    if len(step_ms) < 3:
+        return None
+    median = float(np.median(step_ms))
+    if median <= 0 or float(step_ms.max()) <= (1 + UNEVEN_SPREAD) * median:
+        return None
+    return (
+        f"step times vary {float(step_ms.min()):.1f}–{float(step_ms.max()):.1f} ms around a median of {median:.1f} ms: "
+        "a note on the measurement (warm-up, another process on a busy machine), not a fix; "
+        "record more steps for steadier figures"
+    )
+

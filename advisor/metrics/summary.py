@@ -29,7 +29,7 @@ from advisor.metrics.kernels import (
 )
 from advisor.metrics.memory import peak_memory
 from advisor.metrics.precision import Tf32Switches, precision_time_ms
-from advisor.metrics.steps import launches, step_of, step_spans
+from advisor.metrics.steps import launches, step_of, step_spans, uneven_steps_note
 
 NS_PER_MS = 1e6
 
@@ -231,6 +231,9 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     """The rank's metrics; `facts` (the run's advisor_facts.json, if any) gives the TF32
     switches and the compute capability that decide each kernel's precision."""
     steps, notes = step_spans(frames)
+    uneven = uneven_steps_note(steps["duration"].to_numpy(np.float64) / NS_PER_MS)
+    if uneven:
+        notes.append(uneven)
     breakdown = step_breakdown(frames, steps)
     dev = frames.device
     ms, me = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))

@@ -144,6 +144,31 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     return t
 
 
+def _cpu_ops_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool = False) -> Table | None:
+    """A CPU-only run's top host ops by self time per step (the kernels table of a GPU run)."""
+    if a.primary.has_device:
+        return None
+    from advisor.metrics.kernels import top_self_ops
+
+    m = a.with_primary_frames().primary
+    ops = top_self_ops(m.frames, m.steps, n)
+    if len(ops) == 0:
+        return None
+    t = Table(title="Top CPU ops (self time per step)", title_justify="left", expand=False, show_edge=False)
+    name_width = 1_000_000 if whole_names else max(16, min(70, width - 40))
+    t.add_column("op", overflow="ellipsis", no_wrap=True, max_width=None if whole_names else name_width)
+    t.add_column("calls", justify="right", no_wrap=True)
+    t.add_column("self ms", justify="right", no_wrap=True)
+    t.add_column("total ms", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
+    for r in ops.itertuples():
+        name = one_line(str(r.name))
+        if len(name) > name_width:
+            name = name[: name_width - 1] + "…"
+        t.add_row(Text(name), f"{r.count:g}", f"{r.self_ms:.2f}", f"{r.total_ms:.2f}", f"{100 * r.share:.1f}%")
+    return t
+
+
 def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
     out: list = [Text("Findings, ranked by time saved per step", style="bold")]
     if not a.findings:
@@ -202,7 +227,7 @@ def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
 def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
     plain = is_unwrapped(console)
     console.print(_overview(a, console))
-    kt = _kernels_table(a, width=console.width, whole_names=plain)
+    kt = _kernels_table(a, width=console.width, whole_names=plain) or _cpu_ops_table(a, width=console.width, whole_names=plain)
     if kt is not None:
         console.print()
         console.print(kt)

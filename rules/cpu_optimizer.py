@@ -1,0 +1,137 @@
+"""A CPU run's optimizer updates each parameter with its own chain of small ops.
+
+## What it detects
+A run with no device activity whose `Optimizer.step` spans run the update one parameter at a
+time: at least `min_ops_per_parameter` (3) ops per parameter tensor, each op name repeating
+once per parameter, in an optimizer that has a fused CPU implementation (Adam, AdamW, SGD,
+Adagrad; PyTorch 2.4 and later). The facts file, when present, must not say `fused=True`.
+It fires when the time the fix saves is at least `min_share` (1%) of the step.
+
+## Why it is slow
+The default (for-loop) implementation dispatches every elementwise op of the update (`mul_`,
+`add_`, `lerp_`, `addcmul_`, `sqrt`, `div`, ...) once per parameter: each dispatch costs the
+host a few microseconds of Python and ATen overhead, and each op reads and writes its tensors
+again. `fused=True` does the whole update of all parameters in one vectorised pass per
+parameter group; `foreach=True` at least groups the ops into list ops.
+
+## Evidence used
+- the `Optimizer.step` spans in the steps and the ops inside them;
+- per op name, how often it runs per step (the parameter count is the least frequent one's)
+  and its shortest run (its fixed cost, paid on the smallest tensor such as a bias);
+- from the facts file, when present: the optimizers' `foreach` and `fused` settings.
+
+## Example
+Before:
+```python
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+```
+After:
+```python
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)   # one pass per group
+```
+
+## How the saving is estimated
+The fix is replayed: each per-parameter op keeps its arithmetic and loses its fixed cost
+(the shortest run of the same op in that step), which a fused update pays once per group
+instead of once per parameter. Memory traffic saved by fusing is not counted, so the figure
+is a lower bound of what fusing saves; the confidence is medium.
+
+Reference: https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from advisor.engine import Context
+from advisor.metrics.breakdown import _matches
+from advisor.metrics.host_device import OPTIMIZER_SPAN
+from advisor.metrics.steps import step_of
+from advisor.whatif import Change
+
+ID = "cpu-optimizer"
+TITLE = "The optimizer updates one parameter at a time on the CPU"
+DOCS = "https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html"
+DEFAULTS = {"min_share": 0.01, "min_ops_per_parameter": 3}
+TRAINING_ONLY = True
+FUSED_ON_CPU = {"Adam", "AdamW", "SGD", "Adagrad"}
+FIX = "Construct the optimizer with fused=True (PyTorch 2.4 and later on the CPU), or foreach=True."
+OPTIMIZER_NAME = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+
+
+def check(ctx: Context):
+    m = ctx.metrics
+    if m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0:
+        return None
+    settings = [o for o in (ctx.fact("optimizers", default=[]) or []) if isinstance(o, dict)]
+    if any(o.get("fused") is True for o in settings):
+        return None
+    host = ctx.events.host
+    spans = host[_matches(host["name"], OPTIMIZER_SPAN)]
+    if len(spans) == 0:
+        return None
+    names = spans["name"].astype(str).str.extract(OPTIMIZER_NAME)[0].dropna()
+    if len(names) == 0:
+        return None
+    optimizer = str(names.value_counts().index[0])
+    if optimizer not in FUSED_ON_CPU:
+        return None
+    st = m.steps
+    ss, se = st["start"].to_numpy(np.int64), st["end"].to_numpy(np.int64)
+    rows = []
+    for span in spans.itertuples():
+        step = int(step_of(ss, se, np.array([span.ts], dtype=np.int64))[0])
+        if step < 0:
+            continue
+        inner = host[(host["ts"] >= span.ts) & (host["end"] <= span.end) & (host["kind"] == "op").to_numpy()]
+        if len(inner) == 0:
+            continue
+        # the outermost ops of the update (their children are the same dispatch)
+        ts, end = inner["ts"].to_numpy(np.int64), inner["end"].to_numpy(np.int64)
+        top = np.ones(len(inner), dtype=bool)
+        running = np.maximum.accumulate(end)
+        top[1:] = ts[1:] >= running[:-1]
+        rows.append(inner[top].assign(step=step, span=span.Index))
+    if not rows:
+        return None
+    ops = pd.concat(rows)
+    ops = ops.assign(op=ops["name"].astype(str), dur=(ops["end"] - ops["ts"]))
+    per_span = ops.groupby(["span", "op"]).size()
+    # The parameter count: how often most op names repeat in one step (once per parameter).
+    params = int(per_span[per_span >= 2].groupby(level=0).agg(lambda c: c.mode().iloc[0]).median()) if (per_span >= 2).any() else 0
+    distinct = int(round(len(ops) / max(params, 1) / max(ops["span"].nunique(), 1)))
+    if params < 2 or distinct < ctx.options["min_ops_per_parameter"]:
+        return None
+    fixed = ops.groupby(["span", "op"])["dur"].transform("min").to_numpy(np.int64)
+    n = len(st)
+    fixed_ms = float(fixed.sum()) / 1e6 / n
+    s, e = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    # The ops' fixed cost goes (a fused update pays it once per group): that share of their windows.
+    change = Change(host_remove=[(s, e, float(np.clip(fixed.sum() / max(int((e - s).sum()), 1), 0.0, 1.0)))])
+    replayed = ctx.replayed_saving(change)
+    saving = replayed if replayed is not None else fixed_ms
+    if saving / ctx.step_ms < ctx.options["min_share"]:
+        return None
+    step_ms = float((spans["end"] - spans["ts"]).sum()) / 1e6 / n
+    evidence = {
+        "optimizer": optimizer,
+        "optimizer_step_ms_per_step": round(step_ms, 3),
+        "ops_per_step": round(len(ops) / n, 1),
+        "parameters": params,
+        "distinct_ops": distinct,
+        "fixed_cost_ms_per_step": round(fixed_ms, 3),
+        "top_ops": ops["op"].value_counts().head(5).to_dict(),
+        "steps": sorted(set(int(st["step"].iloc[i]) for i in ops["step"])),
+    }
+    if settings:
+        evidence["optimizer_settings"] = [{k: o.get(k) for k in ("class", "foreach", "fused")} for o in settings]
+    message = (
+        f"{optimizer}.step dispatches {len(ops) / n:.0f} ops per step, {distinct} per parameter for {params} parameters "
+        f"({step_ms:.1f} ms/step in the optimizer); fused=True does the update in one pass per group: "
+        f"~{saving:.2f} ms/step of per-op fixed cost, replayed (memory traffic saved by fusing not counted)."
+    )
+    snippet = f"optimizer = torch.optim.{optimizer}(model.parameters(), lr=lr, fused=True)   # one pass per parameter group\n"
+    return ctx.finding(message, saving, confidence="medium", evidence=evidence, snippet=snippet, change=change)
