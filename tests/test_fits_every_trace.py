@@ -74,10 +74,12 @@ def test_closing_synchronize_is_not_charged_for_the_next_steps_host_work():
     # the forward pass; nothing of the step is launched after it.
     loose = Config(rule_options={"host-sync": {"min_share": 0.0}})
     a = analyze(shared_trace("misc/a100_alexnet.json.gz"), config=loose, select=["host-sync"])
-    f = a.findings[0]
-    assert f.evidence["closing_syncs_per_step"] == 1.0 and f.evidence["wait_ms_per_step"] > 0.5
-    assert f.evidence["by_cause"][0]["cause"] == "explicit" and f.evidence["by_cause"][0]["saving_ms_per_step"] == 0.0
-    assert f.saving_ms < 0.05
+    # The replay of removing it gains nothing measurable, so it may not be reported at all;
+    # where it is, its evidence says why it costs nothing.
+    for f in a.findings:
+        assert f.evidence["closing_syncs_per_step"] == 1.0 and f.evidence["wait_ms_per_step"] > 0.5
+        assert f.evidence["by_cause"][0]["cause"] == "explicit" and f.evidence["by_cause"][0]["saving_ms_per_step"] == 0.0
+        assert f.saving_ms < 0.05
     # The Triton example's one synchronize, after its only kernel: no finding at all (it was
     # the run's first and only finding, at 0.01 ms).
     assert "host-sync" not in rules_of(analyze(shared_trace("misc/a100_triton.json.gz")))
