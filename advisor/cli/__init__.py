@@ -239,6 +239,7 @@ OPTIONAL_COMMANDS = {
     "diff": ("advisor.cli.compare", None),
     "view": ("advisor.cli.compare", None),
     "whatif": ("advisor.cli.whatif", None),
+    "cache": ("advisor.cli.cache", None),
 }
 
 
