@@ -116,6 +116,21 @@ def _numel(dims) -> int:
     return int(np.prod(dims)) if dims else 1
 
 
+def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """_float_inputs of each row, worked out once per distinct (types, shapes): a run repeats the
+    same ops every step, and equal shapes are one object in the frames."""
+    memo: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    out = []
+    for i in rows:
+        d = dims[i]
+        key = (types_text[i], id(d))
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = _float_inputs(_types(types_text[i]), d)
+        out.append(got)
+    return out
+
+
 def _float_inputs(types: tuple[str, ...], dims) -> list[tuple[int, int, int]]:
     """(position, number of dimensions, numel) of the floating tensor inputs."""
     dims = dims if isinstance(dims, list) else []
@@ -165,12 +180,13 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     dims = ops["input_dims"].to_numpy()
     rows: list[tuple[int, int, str, str, int]] = []
     per_elem = 4 + half_bytes
+    inputs_of = dict(zip(top.tolist(), _float_inputs_of(types_text, dims, top)))
     for s in np.unique(step[top]):
         low = False  # the activation's dtype under autocast: 16 bit or fp32 (data arrive in fp32)
         touched = False  # a parameter or a second tensor has joined: activations require grad
         back = int(bw_start[s])
-        for i in top[step[top] == s]:
-            inputs = _float_inputs(_types(types_text[i]), dims[i])
+        for i in top[step[top] == s].tolist():
+            inputs = inputs_of[i]
             if not inputs:
                 continue
             t, name = int(ts[i]), names[i]
