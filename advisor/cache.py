@@ -85,6 +85,7 @@ DEFAULT_MAX_BYTES = 2 * 2**30
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 KINDS = ("frames", "analysis")
+DIGESTS_DIR = "digests"  # per trace path: the hash of its bytes as of its stat (trace_digest)
 
 
 class BadEntry(Exception):
@@ -106,6 +107,65 @@ def content_digest(path: Path) -> str:
         while chunk := f.read(HASH_READ_BYTES):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _stat_of(path: Path) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _digest_memo(path: Path) -> Path | None:
+    home = user_cache_root() or cache_dir_setting()
+    if home is None:
+        return None
+    try:
+        where = str(Path(path).resolve())
+    except (OSError, RuntimeError):
+        return None
+    return home / DIGESTS_DIR / _sha(where.encode("utf-8", "surrogateescape"))[:32]
+
+
+def _digest_mac(key: bytes, path: Path, stat_: list[int], sha: str) -> str:
+    return hmac.new(key, orjson.dumps([str(path), stat_, sha]), hashlib.sha256).hexdigest()
+
+
+def trace_digest(path: Path) -> str:
+    """content_digest of a trace, remembered per file: a file whose device, inode, size, mtime
+    and ctime are those it had when its bytes were hashed is not read again (ctime changes with
+    every write and cannot be set back, and a copy is another inode). The memo is sealed with
+    the cache's secret; without one, or on any doubt, the bytes are hashed."""
+    path = Path(path)
+    memo, key = _digest_memo(path), secret()
+    before = _stat_of(path)
+    if memo is not None and key is not None and before is not None:
+        try:
+            doc = orjson.loads(memo.read_bytes())
+            if doc["stat"] == before and hmac.compare_digest(doc["mac"], _digest_mac(key, memo, before, doc["sha256"])):
+                return doc["sha256"]
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+    sha = content_digest(path)
+    remember_digest(path, sha, before)
+    return sha
+
+
+def remember_digest(path: Path, sha: str, before: list[int] | None) -> None:
+    """Note the hash of a file's bytes, read while it had stat `before` (kept only if it still has)."""
+    if before is None or _stat_of(path) != before or not cache_enabled():
+        return
+    memo, key = _digest_memo(path), secret(create=True)
+    if memo is None or key is None:
+        return
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+        tmp.write_bytes(orjson.dumps({"stat": before, "sha256": sha, "mac": _digest_mac(key, memo, before, sha)}))
+        os.replace(tmp, memo)
+    except OSError:
+        pass
 
 
 # --- where entries go -------------------------------------------------------------------------
@@ -376,10 +436,12 @@ def evict(root: Path, keep: Path | None = None, limit: int | None = None) -> lis
 
 
 def clear(root: Path) -> tuple[int, int]:
-    """Remove every entry under a cache folder (the secret stays); (entries, bytes) removed."""
+    """Remove every entry under a cache folder, and the remembered trace hashes (the secret
+    stays); (entries, bytes) removed."""
     found = entries(root)
     for e in found:
         shutil.rmtree(e.path, ignore_errors=True)
+    shutil.rmtree(root / DIGESTS_DIR, ignore_errors=True)
     return len(found), sum(e.bytes for e in found)
 
 
@@ -423,7 +485,7 @@ def read_cached(path: Path) -> TraceFrames | None:
     if not cache_roots(path.parent):
         return None
     try:
-        key = CacheKey(sha256=content_digest(path))
+        key = CacheKey(sha256=trace_digest(path))
     except OSError:
         return None
     found = read_entry("frames", key.digest, path.parent)
@@ -683,7 +745,7 @@ class AnalysisKey:
     ) -> AnalysisKey | None:
         """The key of the run as its files are now; None when one cannot be read."""
         try:
-            files = [[p.name, content_digest(p)] for p in run.files]
+            files = [[p.name, trace_digest(p)] for p in run.files]
             user_rules = None
             if rules_dir is not None:
                 folder = Path(rules_dir).resolve()

@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import _matches, text_of
 from advisor.metrics.hierarchy import OpTree, op_tree
 
 # Ops autocast runs in 16 bit (CUDA's lower-precision list), by the name the trace shows.
@@ -166,7 +166,7 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     step = np.searchsorted(hs, ts, side="right") - 1
     in_step = (step >= 0) & (ts < he[np.clip(step, 0, None)])
     top = np.nonzero(is_op & (op_above < 0) & ~excluded & in_step)[0]
-    names = ops["name"].astype(str).to_numpy()
+    names = text_of(ops["name"])
     lower = _matches(ops["name"], LOWER_PRECISION_OP)
     param_op = _matches(ops["name"], PARAMETER_OP)
     fp32_cast = _matches(ops["name"], FP32_CAST_OP)
@@ -225,7 +225,7 @@ def _median_ns(tree: OpTree, mask: np.ndarray) -> float:
 def _copy_ns(metrics, tree: OpTree, in_step: np.ndarray) -> float:
     """Median host time of a cast: a copy op that copies on the device, not one that moves a
     batch between host and device (that one may wait for the device, or for pageable memory)."""
-    names = tree.ops["name"].astype(str).to_numpy()
+    names = text_of(tree.ops["name"])
     moves = _holding_a_transfer(metrics, tree)
     for name in COPY_OP:
         cost = _median_ns(tree, (names == name) & in_step & ~moves)
@@ -243,7 +243,7 @@ def _holding_a_transfer(metrics, tree: OpTree) -> np.ndarray:
     lk = lk[(lk["kind"].astype(str) == "memcpy").to_numpy() & lk["launch_ts"].notna().to_numpy()]
     if len(lk) == 0:
         return out
-    rows = tree.innermost(lk["launch_ts"].to_numpy(np.float64).astype(np.int64), lk["launch_tid"].astype(str).to_numpy())
+    rows = tree.innermost(lk["launch_ts"].to_numpy(np.float64).astype(np.int64), text_of(lk["launch_tid"]))
     rows = np.unique(rows[rows >= 0])
     while len(rows):
         out[rows] = True
@@ -261,7 +261,7 @@ def _node_ns(tree: OpTree, in_step: np.ndarray) -> float:
 def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
     """Bytes per ns of the run's own device-to-device copy kernels (`aten::copy_`, 1 MiB or more)."""
     ops = tree.ops
-    names = ops["name"].astype(str).to_numpy()
+    names = text_of(ops["name"])
     sel = np.nonzero(names == "aten::copy_")[0]
     if len(sel) == 0:
         return 0.0
@@ -280,7 +280,7 @@ def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
         return 0.0
     order = np.argsort(lk["launch_ts"].to_numpy(np.float64), kind="stable")
     launch_ts = lk["launch_ts"].to_numpy(np.float64)[order]
-    launch_tid = lk["launch_tid"].astype(str).to_numpy()[order]
+    launch_tid = text_of(lk["launch_tid"])[order]
     dur = (lk["end"].to_numpy(np.int64) - lk["ts"].to_numpy(np.int64))[order]
     op_ts, op_end = ops["ts"].to_numpy(np.int64)[sel], ops["end"].to_numpy(np.int64)[sel]
     op_tid = tree.thread[sel]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from advisor.metrics.breakdown import _matches, communication_kernels
+from advisor.metrics.breakdown import _matches, communication_kernels, text_of
 from advisor.metrics.intervals import covers, merge
 from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
 from advisor.metrics.precision import (
@@ -71,7 +71,7 @@ def kernel_precision(kernels: pd.DataFrame, capability: float | None = None) -> 
     """Per kernel row, coarsely: 'half' (fp16/bf16/fp8/int8), 'tf32', or 'fp32' (the rest).
 
     The precision itself is decided once, in metrics.precision (kernel_table's `precision`)."""
-    precision = kernels["precision"].astype(str).to_numpy()
+    precision = text_of(kernels["precision"])
     out = np.full(len(precision), "fp32", dtype=object)
     out[np.isin(precision, ("bf16", "fp16", "fp8", "int8"))] = "half"
     out[precision == "tf32"] = "tf32"
@@ -136,13 +136,13 @@ def precision_table(metrics, capability: float | None) -> KernelPrecision:
 
 def _precision_table(metrics, capability: float | None) -> KernelPrecision:
     k = step_kernels(metrics)
-    family = k["family"].astype(str).to_numpy()
+    family = text_of(k["family"])
     return KernelPrecision(
         kernels=k,
         capability=capability,
         family=family,
-        precision=k["precision"].astype(str).to_numpy(),
-        source=k["precision_source"].astype(str).to_numpy() if "precision_source" in k else np.full(len(k), "", dtype=object),
+        precision=text_of(k["precision"]),
+        source=text_of(k["precision_source"]) if "precision_source" in k else np.full(len(k), "", dtype=object),
         eligible=k["eligible"].to_numpy(bool),
         dur=k["dur"].to_numpy(np.float64),
         switch_of=np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object),

@@ -289,7 +289,13 @@ def _rows_in(d: dict[int, float], inside: np.ndarray) -> dict[int, float]:
 
 
 def _set_in(rows: set[int], inside: np.ndarray) -> set[int]:
-    return {r for r in rows if 0 <= r < len(inside) and inside[r]} if rows else rows
+    """The rows of a set that are in the block."""
+    if not rows:
+        return rows
+    r = np.fromiter(rows, dtype=np.int64, count=len(rows))
+    ok = (r >= 0) & (r < len(inside))
+    ok[ok] = inside[r[ok]]
+    return rows if ok.all() else set(r[ok].tolist())
 
 
 def merged(changes: Sequence[Change]) -> Change:
