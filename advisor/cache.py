@@ -304,13 +304,15 @@ def _mac(key: bytes, kind: str, key_digest: str, files: dict[str, str]) -> str:
     return hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
-def seal(folder: Path, kind: str, key_digest: str, key: bytes | None = None) -> None:
-    """Write the seal of an entry's files (its last file)."""
+def seal(folder: Path, kind: str, key_digest: str, key: bytes | None = None, files: dict[str, bytes] | None = None) -> None:
+    """Write the seal of an entry's files (its last file); `files`: their bytes, when at hand."""
     key = key if key is not None else secret(create=True)
     if key is None:
         raise OSError("no cache secret")
-    files = {p.name: _sha(p.read_bytes()) for p in sorted(folder.iterdir()) if p.name != SEAL_FILE and p.is_file()}
-    doc = {"kind": kind, "key": key_digest, "files": files, "mac": _mac(key, kind, key_digest, files)}
+    if files is None:
+        files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != SEAL_FILE and p.is_file()}
+    digests = {name: _sha(data) for name, data in sorted(files.items())}
+    doc = {"kind": kind, "key": key_digest, "files": digests, "mac": _mac(key, kind, key_digest, digests)}
     (folder / SEAL_FILE).write_bytes(orjson.dumps(doc))
 
 
@@ -374,7 +376,7 @@ def write_entry(kind: str, key_digest: str, directory: Path | None, files: dict[
             tmp.mkdir(parents=True, exist_ok=True)
             for name, data in files.items():
                 (tmp / name).write_bytes(data)
-            seal(tmp, kind, key_digest, key)
+            seal(tmp, kind, key_digest, key, files)
             if entry.exists():
                 shutil.rmtree(entry, ignore_errors=True)
             os.replace(tmp, entry)

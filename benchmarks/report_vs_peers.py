@@ -184,14 +184,15 @@ def cell(d: dict, key: str, fmt: str) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     out = [
-        "size     MB(json) | advisor cold cpu s  wall s  peak MB | warm wall s | TB plugin cpu s  peak MB | HTA cpu s  peak MB | x TB  x HTA | replay share | peak/size",
+        "size     MB(json) | advisor cold cpu s  wall s  peak MB | warm cpu s  wall s | TB plugin cpu s  wall s  peak MB | HTA cpu s  wall s  peak MB | x TB  x HTA (cpu) | replay share | peak/size",
     ]
     for r in rows:
         a, w, tb, hta = r["advisor"], r["advisor_warm"], r.get("tb", {}), r.get("hta", {})
         out.append(
             f"{r['size']:8s} {r['decompressed_mb']:8.1f} | {cell(a, 'cpu_s', '18.2f')} {cell(a, 'wall_s', '7.2f')} {cell(a, 'peak_rss_mb', '8.0f')} | "
-            f"{cell(w, 'wall_s', '11.2f')} | {cell(tb, 'cpu_s', '15.2f')} {cell(tb, 'peak_rss_mb', '8.0f')} | {cell(hta, 'cpu_s', '9.2f')} {cell(hta, 'peak_rss_mb', '8.0f')} | "
-            f"{r.get('x_tb_cpu', float('nan')):4.1f} {r.get('x_hta_cpu', float('nan')):6.1f} | {100 * r['replay_share']:11.1f}% | {r['rss_over_decompressed'] or float('nan'):9.2f}"
+            f"{cell(w, 'cpu_s', '10.2f')} {cell(w, 'wall_s', '7.2f')} | {cell(tb, 'cpu_s', '15.2f')} {cell(tb, 'wall_s', '7.2f')} {cell(tb, 'peak_rss_mb', '8.0f')} | "
+            f"{cell(hta, 'cpu_s', '9.2f')} {cell(hta, 'wall_s', '7.2f')} {cell(hta, 'peak_rss_mb', '8.0f')} | "
+            f"{r.get('x_tb_cpu', float('nan')):4.1f} {r.get('x_hta_cpu', float('nan')):6.1f}       | {100 * r['replay_share']:11.1f}% | {r['rss_over_decompressed'] or float('nan'):9.2f}"
         )
     return out
 
@@ -202,7 +203,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tools", default="tb,hta", help="peers to run (tb, hta); empty: the advisor alone")
     ap.add_argument("--out", default=str(RESULTS / "report_vs_peers"))
+    ap.add_argument("--table-only", action="store_true", help="rewrite the .txt from the .json, measuring nothing")
     args = ap.parse_args()
+    if args.table_only:
+        out = Path(args.out)
+        doc = json.loads(out.with_suffix(".json").read_text())
+        out.with_suffix(".txt").write_text("\n".join([__doc__.splitlines()[0], f"machine: {json.dumps(doc['machine'])}", *table(doc["rows"])]) + "\n")
+        return
     tools = [t for t in args.tools.split(",") if t]
     for s in args.sizes.split(","):
         parse_size(s) if s.upper() != "34MB" else None

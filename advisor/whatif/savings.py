@@ -68,7 +68,7 @@ class RankWhatIf:
 
 # A run of more steps than this is replayed on the block of this many consecutive steps whose
 # measured median is closest to the run's: the replay's cost stops growing with the trace.
-MAX_REPLAY_STEPS = 12
+MAX_REPLAY_STEPS = 8
 
 # Largest share of the unprofiled step left unexplained (a fixed remainder) before the
 # calibration lets the host explain the step instead.
