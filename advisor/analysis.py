@@ -16,13 +16,13 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 
-from advisor import __version__, analysis_cache
-from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
-from advisor.capture.facts import validate_facts
+from advisor import __version__
+from advisor import cache as cache_store
+from advisor.cache import AnalysisKey, cache_enabled, load_cached, read_analysis, write_analysis
 from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, check_rank_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
-from advisor.load.cache import cache_enabled
+from advisor.facts import FACTS_FILE, validate_facts
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
@@ -30,7 +30,6 @@ from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
-FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 REPORT_SCHEMA = "advisor/report/v1"
@@ -111,8 +110,6 @@ class Analysis:
         m = self.primary
         if not isinstance(m.frames, FramesHeader):
             return self
-        from advisor.load.cache import load_cached
-
         facts = self.run_facts(m.rank)
         frames = _complete_steps_only(load_cached(m.frames.path), facts, [])
         full = compute_metrics(frames, m.rank, facts)
@@ -411,8 +408,6 @@ def _facts_for(task: RankTask, rank: int) -> dict[str, Any] | None:
 def analyze_rank(task: RankTask) -> RankResult:
     """The one place a rank is analysed: frames -> metrics -> rank rules, where the trace is.
     Only the result travels back; the frames are dropped here."""
-    from advisor.load.cache import load_cached
-
     try:
         frames = load_cached(task.path)
     except InputError as exc:
@@ -566,7 +561,7 @@ def analyze(
     waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None
     whatif = [r.whatif for r in sorted(results, key=lambda r: r.rank) if r.whatif is not None]
     findings = combine_findings(rules, per_rank, job_findings(rules, metrics, waits, facts, config.rule_options))
-    if key is not None and time.perf_counter() - started >= analysis_cache.MIN_ANALYSIS_SECONDS:
+    if key is not None and time.perf_counter() - started >= cache_store.MIN_ANALYSIS_SECONDS:
         # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
         if key.parsed_as_keyed(results):
             write_analysis(run_files, key, metrics, findings, warnings, whatif)

@@ -51,7 +51,7 @@ from advisor.metrics.host_device import Timeline, timeline
 from advisor.metrics.events import RankEvents, rank_events
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import Change
-from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
+from advisor.whatif.savings import RankReplay, RankWhatIf, merged, rank_replay
 
 # Host ops only a training step has: autograd's backward nodes and the optimizer's spans.
 TRAINING_OPS = re.compile(r"(Backward\d*$|^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|## backward ##)")
@@ -516,7 +516,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     alone = {f.rule: base - replay.replayed_ms(f.change) for f in fixes}
     lengthens = {rule for rule, gain in alone.items() if gain < -0.005}
     fixes = [f for f in fixes if f.rule not in lengthens]
-    others = Change.merge([f.change for f in fixes]) if fixes else None
+    others = merged([f.change for f in fixes]) if fixes else None
     dropped = set()
     for f in findings:
         if f.saving_ms is None:
@@ -525,7 +525,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # A symptom (the device idles) is what its causes' fixes leave: its saving is
             # the replayed step with every other fix minus that step with its change too.
             with_others = replay.replayed_ms(others)
-            saving = max(with_others - replay.replayed_ms(Change.merge([others, f.change])), 0.0)
+            saving = max(with_others - replay.replayed_ms(merged([others, f.change])), 0.0)
             f.causes = [c.rule for c in fixes if alone[c.rule] > 0.005]
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
             if saving <= 0.01 * base:
@@ -562,7 +562,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     if changes:
         # Fixes that each gain alone can still interact; the step with every fix is never
         # reported longer than the step without them.
-        summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
+        summary.all_fixes_ms = min(replay.replayed_ms(merged(changes)), base)
     if whatif is not None:
         whatif.append(summary)
     return [f for f in findings if f.rule not in dropped]

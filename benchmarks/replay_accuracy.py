@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from advisor.analysis import _read_facts  # noqa: E402
-from advisor.load.cache import load_cached  # noqa: E402
+from advisor.cache import load_cached  # noqa: E402
 from advisor.load.discover import find_run  # noqa: E402
 from advisor.metrics.summary import compute_metrics  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402

@@ -130,14 +130,12 @@ from advisor.metrics.compute import (
     device_capability,
     kernel_evidence,
     kernel_exposure,
-    step_kernels,
+    precision_table,
 )
 from advisor.metrics.autocast import autocast_casts
 from advisor.metrics.precision import (
     FROM_OP,
-    TF32_SWITCH_OF_FAMILY,
     Tf32Switches,
-    precision_speedup,
     ratio_table,
     tf32_switches_off,
     with_precision_page,
@@ -174,14 +172,13 @@ def check(ctx: Context):
         return None
     table = ratio_table(cap.value)
     arch = table.arch
-    k = step_kernels(m)
-    total = float(k["dur"].sum())
+    kp = precision_table(m, cap.value)  # the per-kernel precision table tf32-disabled reads too
+    k = kp.kernels
+    total = float(kp.dur.sum())
     step_ms = ctx.step_ms
     if arch is None or total <= 0 or step_ms <= 0:
         return None
-    precision = k["precision"].astype(str).to_numpy()
-    eligible = k["eligible"].to_numpy(bool)
-    dur = k["dur"].to_numpy(np.float64)
+    precision, eligible, dur = kp.precision, kp.eligible, kp.dur
     eligible_ns = dur[eligible].sum()
     if eligible_ns <= 0 or eligible_ns / total < opts["min_eligible_share"]:
         return None
@@ -196,21 +193,19 @@ def check(ctx: Context):
     # The kernels autocast moves to 16 bit: fp32 ones all the way, TF32 ones the rest. Where TF32
     # is off for them (tf32-disabled's finding), allowing TF32 is the first, one-line step, and
     # this promise is what autocast adds after it: their TF32 -> 16 bit part.
-    to_half = precision_speedup(k, target, cap.value).to_numpy()
+    to_half = kp.scale_to(target)
     after_tf32 = np.zeros(len(k), dtype=bool)
     kept = to_half.copy()
     if arch.tf32_over_fp32 is not None:
         off = tf32_switches_off(k, Tf32Switches.from_facts(ctx.facts))
-        family = k["family"].astype(str).to_numpy()
-        switch_of = np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
-        after_tf32 = fp32_mask & np.isin(switch_of, list(off))
-        to_tf32 = precision_speedup(k, "tf32", cap.value).to_numpy()
+        after_tf32 = fp32_mask & np.isin(kp.switch_of, list(off))
+        to_tf32 = kp.scale_to("tf32")
         kept = np.where(after_tf32, 1.0 - np.maximum(to_tf32 - to_half, 0.0), to_half)  # the time TF32 -> bf16 takes off
     per_kernel = dur * (1 - kept)
     if arch.tf32_over_fp32 is None:
         method = f"{arch.half_over_fp32:g}× fp32 → fp16, {arch.name}"
     else:
-        method = _method(k, fp32_mask & ~after_tf32, tf32_mask | after_tf32, dur, table, target)
+        method = _method(kp.family, fp32_mask & ~after_tf32, tf32_mask | after_tf32, dur, table, target)
     candidates_mask = fp32_mask | tf32_mask
     saved_ns = float(per_kernel[candidates_mask].sum())
     exposure = kernel_exposure(m, k)
@@ -223,7 +218,7 @@ def check(ctx: Context):
     dtype = "bfloat16" if bf16 else "float16"
     autocast_used = ctx.fact("autocast", "used")
     candidates = k[candidates_mask]
-    from_op = float(dur[candidates_mask & (k["precision_source"].astype(str).to_numpy() == FROM_OP)].sum() / max(fp32_ns + tf32_ns, 1))
+    from_op = float(dur[candidates_mask & (kp.source == FROM_OP)].sum() / max(fp32_ns + tf32_ns, 1))
     names_only = from_op == 0 and ctx.facts is None
     eligible_ms = eligible_ns / n_steps / 1e6
     where = "TF32" if tf32_ns > fp32_ns else "fp32"
@@ -308,9 +303,8 @@ def check(ctx: Context):
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16, change=change)
 
 
-def _method(k, fp32_mask, tf32_mask, dur, table, target: str) -> str:
+def _method(family, fp32_mask, tf32_mask, dur, table, target: str) -> str:
     """The speed-ups used, per source precision and family, largest time first."""
-    family = k["family"].astype(str).to_numpy()
     groups = []
     sources = []
     for source, mask, label in (("fp32-fma", fp32_mask, "fp32"), ("tf32", tf32_mask, "TF32")):

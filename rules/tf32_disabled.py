@@ -63,8 +63,9 @@ conservative table elsewhere (the datasheet ratios are 2-8×):
 
 Kernel time is not inflated by the profiler, so the saving is not scaled to the unprofiled
 steps. `tensor-cores-unused` promises what autocast gives the same kernels from the run as it
-is (fp32 → bf16, net of autocast's casts); both go through
-`metrics.precision.precision_speedup`, the per-kernel duration scale factor, and when both
+is (fp32 → bf16, net of autocast's casts); both read one per-kernel table built once per
+rank (`metrics.compute.precision_table`: each kernel's family, precision, TF32 switch and
+`metrics.precision.precision_speedup`'s duration scale factor per target), and when both
 fixes are replayed together each kernel runs at the better of the two rates, so the same
 time is never saved twice.
 
@@ -82,13 +83,12 @@ from advisor.metrics.compute import (
     device_capability,
     kernel_evidence,
     kernel_exposure,
-    step_kernels,
+    precision_table,
 )
 from advisor.metrics.precision import (
     FROM_OP,
     TF32_SWITCH_OF_FAMILY,
     Tf32Switches,
-    precision_speedup,
     ratio_table,
     tf32_switches_off,
     with_precision_page,
@@ -117,22 +117,20 @@ def check(ctx: Context):
     table = ratio_table(cap.value)
     if table.arch is None or table.arch.tf32_over_fp32 is None:
         return None
-    k = step_kernels(m)
+    kp = precision_table(m, cap.value)  # the per-kernel precision table tensor-cores-unused reads too
+    k = kp.kernels
     step_ms = ctx.step_ms
     if len(k) == 0 or step_ms <= 0:
         return None
-    family = k["family"].astype(str).to_numpy()
-    precision = k["precision"].astype(str).to_numpy()
-    switch_of = np.array([SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
+    family, precision, switch_of, dur = kp.family, kp.precision, kp.switch_of, kp.dur
     fp32 = (precision == "fp32-fma") & (switch_of != "")
-    dur = k["dur"].to_numpy(np.float64)
     recorded = Tf32Switches.from_facts(ctx.facts)
     switches = {"matmul": recorded.matmul, "cudnn": recorded.cudnn}
     off = tf32_switches_off(k, recorded)
     if not off:
         return None
     chosen = fp32 & np.isin(switch_of, list(off))
-    scale = precision_speedup(k, "tf32", cap.value).to_numpy()
+    scale = kp.scale_to("tf32")
     exposure = kernel_exposure(m, k)
     n_steps = max(len(m.steps), 1)
     fp32_ns = dur[chosen].sum()
@@ -154,7 +152,7 @@ def check(ctx: Context):
             "speedup": ratio,
             "speedup_source": f"measured on an {table.measured_on}" if source == "measured" else f"conservative, {table.arch.name}",
         }
-    from_op = float(dur[chosen & (k["precision_source"].astype(str).to_numpy() == FROM_OP)].sum() / fp32_ns)
+    from_op = float(dur[chosen & (kp.source == FROM_OP)].sum() / fp32_ns)
     names_only = from_op == 0 and ctx.facts is None
     switches_known = all(switches[s] is not None for s in off)
     what = " and ".join(WHAT[f] for f in families)

@@ -17,7 +17,7 @@ from conftest import SAMPLE_RUNS, shared, shared_trace
 from advisor.analysis import Analysis, analyze
 from advisor.config import Config
 from advisor.engine import all_rules
-from advisor.load.cache import load_cached
+from advisor.cache import load_cached
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 
 CPU_RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"

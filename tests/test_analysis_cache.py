@@ -17,8 +17,9 @@ import orjson
 import pytest
 from conftest import shared_trace
 
-from advisor import analysis, analysis_cache
-from advisor.analysis_cache import Unstorable, from_plain, to_plain
+from advisor import analysis
+from advisor import cache as analysis_cache
+from advisor.cache import Unstorable, from_plain, to_plain
 
 REPORTS = (["-f", "json"], ["-v"], ["-f", "markdown", "-v"])
 
@@ -64,7 +65,7 @@ def copy_run(name: str, tmp_path: Path) -> Path:
 
 def entries(run: Path) -> list[Path]:
     """The analysis entries in the (temporary) user cache folder, where they go by default."""
-    return sorted((Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "analysis").glob("analysis-*"))
+    return sorted((Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor").glob("analysis-*"))
 
 
 @pytest.mark.parametrize("name", ["v100_resnet50_nw0", "a100_two_ranks"])
@@ -113,7 +114,9 @@ def test_changes_that_change_the_answer_miss_the_cache(tmp_path, cli, loads):
     tuned = orjson.loads(fresh_report())
     assert not any(f["rule"] == "dataloader-stall" for f in tuned["findings"])
     (work / "advisor.toml").unlink()
-    assert orjson.loads(fresh_report()) == base
+    loads.forbid()  # the first answer's entry is still there (an entry per key, kept under the cap)
+    assert orjson.loads(cli(report, work)[1]) == base
+    loads.forbid(False)
     # the trace touched (same bytes, new mtime): the key is the bytes, so still a hit
     trace = next(run.glob("*.json.gz"))
     st = trace.stat()
@@ -133,8 +136,8 @@ def test_changes_that_change_the_answer_miss_the_cache(tmp_path, cli, loads):
     fresh_report()
     # --select is part of the key
     code, out, _ = cli([*report[:-1], "--select", "gpu-idle", str(run)], work)
-    assert code == 0 and loads.n >= 6
-    assert len(entries(run)) == 1, "one entry per run, replaced"
+    assert code == 0 and loads.n == 5
+    assert len(entries(run)) == 5, "an entry per answer: two option sets, other bytes, a facts file, --select"
 
 
 def test_a_damaged_entry_falls_back_to_the_full_path(tmp_path, cli, loads):
@@ -171,6 +174,138 @@ def test_a_forged_replay_summary_is_a_miss(tmp_path, cli, loads):
         meta = entries(run)[0] / "analysis.json"
 
 
+def copy_trace(trace: str, tmp_path: Path, folder: str) -> Path:
+    """A run folder holding a copy of one shared trace file."""
+    run = tmp_path / folder
+    run.mkdir(parents=True)
+    shutil.copyfile(shared_trace(trace), run / Path(trace).name)
+    return run
+
+
+def test_a_forged_entry_is_never_served(tmp_path, cli, loads):
+    """An entry's seal binds it to the traces' bytes and this installation's secret: a finding's
+    message or saving edited inside it, or another run's entry put under this run's key, gives
+    the report made afresh, not the forged one."""
+    run = copy_run("v100_resnet50_nw0", tmp_path)
+    report = ["report", "-f", "json", str(run)]
+    good = cli(report, tmp_path)[1]
+    entry = entries(run)[0]
+    original = (entry / "analysis.json").read_bytes()
+    doc = orjson.loads(original)
+    assert doc["findings"] and any(f["saving_ms"] for f in doc["findings"])
+
+    def forged_and_missed(edit) -> None:
+        d = orjson.loads(original)
+        edit(d)
+        (entry / "analysis.json").write_bytes(orjson.dumps(d))
+        before = loads.n
+        code, out, err = cli(report, tmp_path)
+        assert (code, out) == (0, good), err
+        assert loads.n == before + 1, "the forged entry was served"
+        assert "FORGED" not in out
+
+    forged_and_missed(lambda d: d["findings"][0].update(message="FORGED: buy a bigger GPU"))
+    forged_and_missed(lambda d: d["findings"][0].update(saving_ms=d["findings"][0]["saving_ms"] / 2 + 0.5))
+    forged_and_missed(lambda d: d["warnings"].append("FORGED warning"))
+    # another run's entry (its own files and seal) put under this run's key
+    other = copy_trace("misc/a100_alexnet.json.gz", tmp_path, "other")
+    assert cli(["report", "-f", "json", str(other)], tmp_path)[0] == 0
+    (foreign,) = [e for e in entries(run) if e != entry]
+    for p in entry.iterdir():
+        p.unlink()
+    for p in foreign.iterdir():
+        shutil.copyfile(p, entry / p.name)
+    before = loads.n
+    code, out, err = cli(report, tmp_path)
+    assert (code, out) == (0, good), err
+    assert loads.n == before + 1, "another run's entry was served"
+    # ... and with its seal rewritten to name this run's key (without the secret, the MAC cannot follow)
+    seal = orjson.loads((foreign / "seal.json").read_bytes())
+    seal["key"] = orjson.loads((entry / "seal.json").read_bytes())["key"]
+    for p in foreign.iterdir():
+        shutil.copyfile(p, entry / p.name)
+    (entry / "seal.json").write_bytes(orjson.dumps(seal))
+    before = loads.n
+    code, out, err = cli(report, tmp_path)
+    assert (code, out) == (0, good), err
+    assert loads.n == before + 1
+    # sealed with another installation's secret: a miss too
+    from advisor.cache import seal as seal_entry
+
+    d = orjson.loads(original)
+    d["findings"][0]["message"] = "forged elsewhere"
+    (entry / "analysis.json").write_bytes(orjson.dumps(d))
+    seal_entry(entry, "analysis", orjson.loads((entry / "seal.json").read_bytes())["key"], key=os.urandom(32))
+    before = loads.n
+    assert cli(report, tmp_path)[1] == good and loads.n == before + 1
+
+
+def test_two_copies_of_a_trace_share_one_entry(tmp_path, cli, loads):
+    first = copy_trace("misc/a100_alexnet.json.gz", tmp_path, "a/run")
+    second = copy_trace("misc/a100_alexnet.json.gz", tmp_path, "b/run")
+    report = ["report", "-f", "json"]
+    assert cli([*report, str(first)], tmp_path)[0] == 0
+    loads.forbid()
+    code, out, err = cli([*report, str(second)], tmp_path)
+    loads.forbid(False)
+    assert code == 0, err
+    assert orjson.loads(out)["files"] == [str(second / "a100_alexnet.json.gz")], "the report names the copy it read"
+    assert out == cli([*report, str(second)], tmp_path, {"ADVISOR_CACHE": "off"})[1]
+    assert len(entries(first)) == 1
+
+
+def test_the_secret_is_private_and_one_others_can_read_is_not_used(tmp_path, cli, loads):
+    run = copy_trace("misc/a100_alexnet.json.gz", tmp_path, "run")
+    report = ["report", "-f", "json", str(run)]
+    good = cli(report, tmp_path)[1]
+    key = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "secret.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_size == 32
+    key.chmod(0o644)
+    before = loads.n
+    assert cli(report, tmp_path)[1] == good and loads.n == before + 1, "an entry sealed with a readable secret was served"
+    key.chmod(0o600)
+    loads.forbid()
+    assert cli(report, tmp_path)[1] == good
+
+
+def test_the_cache_keeps_under_its_cap_least_recently_used_first(tmp_path, cli, loads, monkeypatch):
+    runs = [copy_trace(t, tmp_path, f"run{i}") for i, t in enumerate(["misc/a100_alexnet.json.gz", "misc/amd_mi250_minitoy.json.gz", "misc/a100_triton.json.gz"])]
+    for run in runs[:2]:
+        assert cli(["report", "-f", "json", str(run)], tmp_path)[0] == 0
+    sizes = {e.path: e.bytes for e in analysis_cache.entries(Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor")}
+    assert len(sizes) == 2
+    # run0 read again (a hit marks it used); a third entry over a cap of two entries evicts run1, the least recently used
+    loads.forbid()
+    assert cli(["report", "-f", "json", str(runs[0])], tmp_path)[0] == 0
+    loads.forbid(False)
+    monkeypatch.setenv("ADVISOR_CACHE_MAX_BYTES", str(int(sum(sizes.values()) + min(sizes.values()) * 0.5)))
+    assert cli(["report", "-f", "json", str(runs[2])], tmp_path)[0] == 0
+    loads.forbid()
+    assert cli(["report", "-f", "json", str(runs[0])], tmp_path)[0] == 0
+    loads.forbid(False)
+    before = loads.n
+    assert cli(["report", "-f", "json", str(runs[1])], tmp_path)[0] == 0
+    assert loads.n == before + 1, "the least recently used entry was kept"
+
+
+def test_cache_info_and_clear(tmp_path, cli, loads):
+    run = copy_trace("misc/a100_alexnet.json.gz", tmp_path, "run")
+    root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor"
+    code, out, err = cli(["cache", "info"], tmp_path)
+    assert code == 0, err
+    assert f"cache: {root}\n" in out and "entries: 0 (0 frames, 0 analyses)" in out
+    assert cli(["report", "-f", "json", str(run)], tmp_path)[0] == 0
+    code, out, _ = cli(["cache", "info"], tmp_path)
+    assert "entries: 1 (0 frames, 1 analyses)" in out and str(root / "secret.key") in out
+    code, out, _ = cli(["cache", "clear"], tmp_path)
+    assert code == 0 and out.startswith(f"cache: {root}: removed 1 entry (")
+    assert not entries(run) and (root / "secret.key").is_file()
+    before = loads.n
+    assert cli(["report", "-f", "json", str(run)], tmp_path)[0] == 0 and loads.n == before + 1
+    code, out, _ = cli(["cache", "info"], tmp_path, {"ADVISOR_CACHE": "off"})
+    assert out == "cache: off (ADVISOR_CACHE=off): nothing is cached\n"
+
+
 def test_cache_off_and_read_only_runs_write_nothing_beside_them(tmp_path, cli, loads):
     run = copy_run("v100_resnet50_nw0", tmp_path)
     assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "off"})[0] == 0
@@ -183,7 +318,7 @@ def test_cache_off_and_read_only_runs_write_nothing_beside_them(tmp_path, cli, l
     try:
         assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "beside"})[0] == 0
         assert not (run / ".advisor-cache").exists()
-        user = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "analysis"
+        user = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor"
         assert len(list(user.glob("analysis-*"))) == 1
         loads.forbid()
         assert cli(["report", "-f", "json", str(run)], tmp_path, {"ADVISOR_CACHE": "beside"})[0] == 0

@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import SAMPLE_RUNS, SHARED_TRACES
+from conftest import SAMPLE_RUNS, SHARED_TRACES, shared_trace
 
 from advisor.errors import InputError
 
@@ -462,8 +462,8 @@ def _cache_source(kind: str) -> tuple[bytes, ...]:
     """(entry file name, bytes)... of the entry the advisor writes for the recorded run."""
     import shutil
 
-    from advisor import analysis_cache
-    from advisor.load import cache as frame_cache
+    from advisor import cache as analysis_cache
+    from advisor import cache as frame_cache
 
     work = _work_dir("advisor-fuzz-cache-")
     old = os.environ.get("ADVISOR_CACHE")
@@ -493,7 +493,8 @@ def _cache_source(kind: str) -> tuple[bytes, ...]:
 @given(data=st.data())
 def test_reports_survive_mutated_cache_entries(data):
     """A frames or analysis entry of the recorded run with values replaced (its JSON, or a
-    Parquet table's column): the report is still made, and its numbers add up."""
+    Parquet table's column) and sealed again with this installation's secret (so the values'
+    own checks are what is tried): the report is still made, and its numbers add up."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -502,7 +503,7 @@ def test_reports_survive_mutated_cache_entries(data):
     entry = Path(entry)
     backup = {n: (entry / n).read_bytes() for n in names}
     try:
-        name = data.draw(st.sampled_from(names))
+        name = data.draw(st.sampled_from([n for n in names if n != "seal.json"]))
         if name.endswith(".json"):
             doc = json.loads(backup[name])
             (entry / name).write_text(json.dumps(mutate_json(doc, data.draw), allow_nan=True))
@@ -516,6 +517,9 @@ def test_reports_survive_mutated_cache_entries(data):
                     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), entry / name)
                 except (pa.ArrowException, TypeError, ValueError):
                     (entry / name).write_bytes(b"PAR1 not parquet")
+        from advisor.cache import seal
+
+        seal(entry, kind, json.loads(backup["seal.json"])["key"])
         code, out, err = run_cli(["report", "-f", "json", run], {"ADVISOR_CACHE": str(entry.parent)})
         assert code == 0, err
         from advisor.analysis import analyze
@@ -529,6 +533,101 @@ def test_reports_survive_mutated_cache_entries(data):
                 os.environ.pop("ADVISOR_CACHE", None)
         check_report(analysis, json.loads(out))
     finally:
+        for n, b in backup.items():
+            (entry / n).write_bytes(b)
+
+
+@functools.cache
+def _plain_report(run: str) -> str:
+    code, out, err = run_cli(["report", "-f", "json", run], {"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    return out
+
+
+@functools.cache
+def _other_run_entry() -> tuple[str, ...]:
+    """(entry folder, file names...) of the analysis entry of another run (a shared trace)."""
+    import shutil
+
+    from advisor import cache as store
+
+    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-other-"))
+    run = work / "other"
+    run.mkdir()
+    shutil.copyfile(shared_trace("misc/a100_alexnet.json.gz"), run / "a100_alexnet.json.gz")
+    saved, store.MIN_ANALYSIS_SECONDS = store.MIN_ANALYSIS_SECONDS, 0.0
+    try:
+        assert run_cli(["report", "-f", "json", str(run)], {"ADVISOR_CACHE": str(work / "cache")})[0] == 0
+    finally:
+        store.MIN_ANALYSIS_SECONDS = saved
+    entry = next((work / "cache").glob("analysis-*"))
+    return (str(entry), *[p.name for p in sorted(entry.iterdir())])
+
+
+@needs_recorded_run
+@needs_traces
+@FUZZ
+@given(data=st.data())
+def test_forged_cache_entries_are_never_served(data):
+    """Forged entries, as whoever ships a log dir (or shares a cache folder) could make them
+    without this installation's secret: values edited in place (a finding's message or saving,
+    any JSON value, a Parquet file's bytes), another run's entry under this key (its seal as it
+    is, or naming this key), or an entry sealed with another secret. Each is a miss: the report
+    is the one made afresh, byte for byte."""
+    import shutil
+
+    from advisor.cache import seal
+
+    kind = data.draw(st.sampled_from(["frames", "analysis"]))
+    run, entry, *names = _cache_source(kind)
+    entry = Path(entry)
+    plain = _plain_report(run)
+    backup = {n: (entry / n).read_bytes() for n in names}
+    key_digest = json.loads(backup["seal.json"])["key"]
+    meta_name = "analysis.json" if kind == "analysis" else "advisor_cache.json"
+    try:
+        how = data.draw(st.sampled_from(["edit finding", "edit value", "flip a byte", "foreign entry", "foreign sealed as ours", "other secret"]))
+        if how == "edit finding" and kind == "analysis":
+            doc = json.loads(backup[meta_name])
+            finding = doc["findings"][data.draw(st.integers(0, len(doc["findings"]) - 1))]
+            field = data.draw(st.sampled_from(["message", "saving_ms", "title", "severity"]))
+            finding[field] = data.draw({"message": st.text(max_size=40), "title": st.text(max_size=20), "saving_ms": st.floats(0, 1e3), "severity": st.sampled_from(["low", "medium", "high"])}[field])
+            (entry / meta_name).write_text(json.dumps(doc))
+        elif how in ("edit value", "edit finding"):
+            doc = json.loads(backup[meta_name])
+            (entry / meta_name).write_text(json.dumps(mutate_json(doc, data.draw), allow_nan=True))
+        elif how == "flip a byte":
+            name = data.draw(st.sampled_from([n for n in names if n != "seal.json"]))
+            raw = bytearray(backup[name])
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] ^= data.draw(st.integers(1, 255))
+            (entry / name).write_bytes(bytes(raw))
+        elif how.startswith("foreign"):
+            other, *other_names = _other_run_entry()
+            for n in names:
+                (entry / n).unlink()
+            for n in other_names:
+                (entry / n).write_bytes((Path(other) / n).read_bytes())
+            if how == "foreign sealed as ours":
+                doc = json.loads((entry / "seal.json").read_bytes())
+                doc["key"], doc["kind"] = key_digest, kind
+                (entry / "seal.json").write_text(json.dumps(doc))
+        else:
+            doc = json.loads(backup[meta_name])
+            if kind == "analysis" and doc["findings"]:
+                doc["findings"][0]["message"] = "sealed elsewhere"
+            (entry / meta_name).write_text(json.dumps(doc))
+            seal(entry, kind, key_digest, key=data.draw(st.binary(min_size=32, max_size=32)))
+        if kind == "frames":  # the report must reach the frames entry: no analysis entry before it
+            for done in entry.parent.glob("analysis-*"):
+                shutil.rmtree(done)
+        code, out, err = run_cli(["report", "-f", "json", run], {"ADVISOR_CACHE": str(entry.parent)})
+        assert code == 0, err
+        assert out == plain, how
+    finally:
+        for p in entry.iterdir():
+            if p.name not in backup:
+                p.unlink()
         for n, b in backup.items():
             (entry / n).write_bytes(b)
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, shared_trace, single_file
 
-from advisor.load import cache as frame_cache
+from advisor import cache as frame_cache
 
 ALEXNET = "misc/a100_alexnet.json.gz"
 MiB = 2**20
@@ -144,7 +144,7 @@ def test_a_cache_shipped_inside_a_log_dir_is_never_served(tmp_path, cli, monkeyp
     with monkeypatch.context() as m:  # an entry beside the trace, made by the advisor, then forged
         m.setenv("ADVISOR_CACHE", "beside")
         entry = frame_cache.write_cached(frame_cache.load_trace(trace))
-    assert entry == run / ".advisor-cache" / trace.name
+    assert entry.parent == run / ".advisor-cache"
     forge_kernel_names(entry)
     code, out, err = cli(["report", "-f", "json", str(run)], tmp_path)
     assert (code, out) == (0, plain), err
@@ -161,8 +161,9 @@ def test_frames_entries_with_wrong_types_or_impossible_times_are_misses(tmp_path
     monkeypatch.setenv("ADVISOR_CACHE", "beside")
     trace = single_file(copy_run(tmp_path))
     fresh = frame_cache.load_cached(trace, min_parse_seconds=0)
-    entry = trace.parent / ".advisor-cache" / trace.name
+    entry = frame_cache.frames_entry(trace)
     good = {p.name: p.read_bytes() for p in entry.iterdir()}
+    key_digest = orjson.loads(good["seal.json"])["key"]
 
     def damage(table: str, change) -> None:
         df = pq.read_table(entry / f"{table}.parquet").to_pandas()
@@ -190,7 +191,9 @@ def test_frames_entries_with_wrong_types_or_impossible_times_are_misses(tmp_path
             (entry / name).write_bytes(data)
         assert frame_cache.read_cached(trace) is not None, "the undamaged entry must be a hit"
         apply()
-        assert frame_cache.read_cached(trace) is None, what
+        assert frame_cache.read_cached(trace) is None, what  # the seal no longer matches
+        frame_cache.seal(entry, "frames", key_digest)  # sealed again with this installation's secret:
+        assert frame_cache.read_cached(trace) is None, what  # the values' own checks refuse it
     for name, data in good.items():
         (entry / name).write_bytes(data)
     assert len(frame_cache.load_cached(trace).device) == len(fresh.device)
@@ -478,7 +481,7 @@ TYPED_FINDING_FIELDS = ["rule", "severity", "title", "message", "saving_ms", "sa
 def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):
     """Every typed field of a real entry given a value of another type: the report is the one
     the full path writes (the entry is a miss), never exit 3 (5 of 24 such entries were)."""
-    from advisor import analysis_cache
+    from advisor import cache as analysis_cache
 
     monkeypatch.setattr(analysis_cache, "MIN_ANALYSIS_SECONDS", 0.0)
     run = tmp_path / "run"
@@ -487,7 +490,7 @@ def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):
     code, plain, err = cli(report, tmp_path, {"ADVISOR_CACHE": "off"})
     assert code == 0, err
     assert cli(report, tmp_path)[1] == plain
-    (entry,) = (Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "analysis").iterdir()
+    (entry,) = (Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor").glob("analysis-*")
     good = (entry / "analysis.json").read_bytes()
     meta = orjson.loads(good)
     assert meta["findings"], "the recorded run has findings to corrupt"
@@ -496,15 +499,21 @@ def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):
     from advisor.load.discover import find_run
 
     key, files = analysis_cache.AnalysisKey(meta["key"]), find_run(run)
-    assert analysis_cache._read_entry(entry, key, files) is not None, "the undamaged entry is a hit"
+    assert analysis_cache.read_analysis_entry(entry, key, files) is not None, "the undamaged entry is a hit"
+
+    def write_sealed(doc) -> None:  # sealed again with this installation's secret: the values' own checks must refuse it
+        (entry / "analysis.json").write_bytes(orjson.dumps(doc))
+        assert analysis_cache.read_analysis_entry(entry, key, files) is None  # the seal no longer matches
+        analysis_cache.seal(entry, "analysis", key.digest)
+
     for place in places:
         doc = orjson.loads(good)
         parent = doc
         for k in place[:-1]:
             parent = parent[k]
         parent[place[-1]] = _wrong_type(parent[place[-1]])
-        (entry / "analysis.json").write_bytes(orjson.dumps(doc))
-        assert analysis_cache._read_entry(entry, key, files) is None, place
+        write_sealed(doc)
+        assert analysis_cache.read_analysis_entry(entry, key, files) is None, place
         code, out, err = cli(report, tmp_path)
         assert (code, out) == (0, plain), (place, err)
     # well typed but impossible (found by the long fuzz run): no rank, a rank twice, savings over the step
@@ -512,7 +521,7 @@ def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):
                    lambda d: d["findings"][0].update(saving_ms=1e9)):
         doc = orjson.loads(good)
         change(doc)
-        (entry / "analysis.json").write_bytes(orjson.dumps(doc))
-        assert analysis_cache._read_entry(entry, key, files) is None
+        write_sealed(doc)
+        assert analysis_cache.read_analysis_entry(entry, key, files) is None
         code, out, err = cli(report, tmp_path)
         assert (code, out) == (0, plain), err

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, SHARED_TRACES, shared_trace, single_file
 
-from advisor.load import cache as frame_cache
+from advisor import cache as frame_cache
 from advisor.load.decode import read_trace_bytes
 from advisor.load.discover import find_run
 from advisor.load.parallel import load_frames
@@ -318,8 +318,9 @@ def test_cache_beside_the_trace_round_trips_and_follows_the_bytes(tmp_path, monk
     trace.parent.mkdir()
     shutil.copyfile(single_file(shared_trace("v100_resnet50_nw0")), trace)
     fresh = frame_cache.load_cached(trace, min_parse_seconds=0)
-    entry = trace.parent / ".advisor-cache" / trace.name
-    assert (entry / "advisor_cache.json").is_file() and (entry / "host.parquet").is_file()
+    entry = frame_cache.frames_entry(trace)
+    assert entry.parent == trace.parent / ".advisor-cache"
+    assert (entry / "advisor_cache.json").is_file() and (entry / "host.parquet").is_file() and (entry / "seal.json").is_file()
     assert not list(entry.glob("*.pkl")) and not list(entry.glob("*.pickle"))
     cached = frame_cache.read_cached(trace)
     assert cached is not None
@@ -353,12 +354,12 @@ def test_cache_goes_to_the_user_cache_folder_by_default(tmp_path, monkeypatch):
     shutil.copyfile(shared_trace("misc/a100_alexnet.json.gz"), trace)
     frame_cache.load_cached(trace, min_parse_seconds=0)
     assert sorted(p.name for p in trace.parent.iterdir()) == ["a100.json.gz"], "nothing beside the user's traces"
-    user_root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "frames"
-    assert len(list(user_root.iterdir())) == 1 and frame_cache.read_cached(trace) is not None
+    user_root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor"
+    assert len(list(user_root.glob("frames-*"))) == 1 and frame_cache.read_cached(trace) is not None
     # without XDG_CACHE_HOME: ~/.cache/torch-advisor; a relative XDG_CACHE_HOME is ignored (XDG spec)
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert frame_cache.user_cache_root() == tmp_path / "home" / ".cache" / "torch-advisor" / "frames"
+    assert frame_cache.user_cache_root() == tmp_path / "home" / ".cache" / "torch-advisor"
     # ADVISOR_CACHE='~/x' is the home's x, never a literal '~' folder
     monkeypatch.setenv("ADVISOR_CACHE", "~/advisor-cache")
     monkeypatch.chdir(tmp_path)
@@ -378,8 +379,8 @@ def test_cache_falls_back_to_the_user_cache_then_to_nothing(tmp_path, monkeypatc
     try:
         frame_cache.load_cached(trace, min_parse_seconds=0)
         assert not (folder / ".advisor-cache").exists()
-        user_root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor" / "frames"
-        assert len(list(user_root.iterdir())) == 1
+        user_root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor"
+        assert len(list(user_root.glob("frames-*"))) == 1
         assert frame_cache.read_cached(trace) is not None
         # nowhere writable: no cache, and the frames still load
         blocked = tmp_path / "blocked"

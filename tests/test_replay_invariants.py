@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from advisor.load.cache import load_cached
+from advisor.cache import load_cached
 from advisor.load.discover import find_run
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.summary import compute_metrics

@@ -83,3 +83,43 @@ def test_the_view_holds_every_documented_column_of_real_traces():
         assert not hasattr(events, "path") and not hasattr(events, "metadata")
         # the same rows as the loader's, so a fix names the rows its rule detected
         assert events.device is m.frames.device and events.host is m.frames.host
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def test_no_import_cycle_in_advisor():
+    """The graph of advisor/'s imports (at the top or inside a function) has no cycle: each
+    module can be read knowing only what it imports."""
+    modules = {module_name(p): p for p in (REPO / "advisor").rglob("*.py")}
+    graph = {m: {d for d in imported_modules(p) if d in modules and d != m} for m, p in modules.items()}
+    # depth-first search for a back edge
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                cycles.append(path[path.index(d):] + [d] if d in path else [m, d])
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == [], cycles
+
+
+def test_one_cache_module_and_one_facts_schema():
+    """Frames and analyses are cached by advisor/cache.py alone; the facts file's name and
+    types live in advisor/facts.py, which the capture (writer) and the analysis (reader) import."""
+    assert not (REPO / "advisor" / "load" / "cache.py").exists() and not (REPO / "advisor" / "analysis_cache.py").exists()
+    assert "advisor.facts" in imported_modules(REPO / "advisor" / "capture" / "facts.py")
+    assert "advisor.facts" in imported_modules(REPO / "advisor" / "analysis.py")
+    for p in (REPO / "advisor").rglob("*.py"):
+        assert "advisor_facts(?:" not in p.read_text(encoding="utf-8") or p.name == "facts.py", p

@@ -207,3 +207,35 @@ def test_a_fix_that_lengthens_the_step_stays_out_of_the_headline(cli, tmp_path):
     head = report["whatif"]  # the slowest rank's
     assert "adds-work" not in head["fixes"] and "dataloader-stall" in head["fixes"]
     assert head["all_fixes_ms"] < head["baseline_ms"]
+
+
+def test_a_long_run_replays_a_block_of_its_steps_with_the_same_savings(monkeypatch):
+    """A run longer than MAX_REPLAY_STEPS is replayed on a block of consecutive steps: the
+    block's calls and device ops are named by their rows in the rank's frames (a fix names
+    them so), and the replayed step and each fix's saving stay those of the whole run."""
+    from advisor.analysis import analyze
+    from advisor.engine import all_rules, check_rank_rules
+    from advisor.whatif import savings
+    from advisor.whatif.savings import RankReplay
+
+    frames, m, _ = _graph(shared("traces/v100_resnet50_nw0"))  # 6 steps
+    findings = check_rank_rules(all_rules(), m, None, {}, 1, [])
+    changes = {f.rule: f.change for f in findings if f.change is not None}
+    assert {"dataloader-stall", "unfused-elementwise", "launch-bound"} <= set(changes)
+    whole = RankReplay(m, None)
+    monkeypatch.setattr(savings, "MAX_REPLAY_STEPS", 3)
+    block = RankReplay(m, None)
+    rows = savings.replayed_block(m.steps)
+    assert rows.stop - rows.start == 3 and block.first_step == rows.start
+    d = m.steps["duration"].to_numpy(np.float64)
+    assert abs(np.median(d[rows]) - np.median(d)) == min(abs(np.median(d[i:i + 3]) - np.median(d)) for i in range(len(d) - 2))
+    g = block.graph
+    assert len(g.step_ids) == 3 and len(g.d_dur) < len(frames.device)
+    calls = g.runtime_row[g.runtime_row >= 0]
+    # the block's nodes are the frames' own rows, with their measured times
+    assert np.array_equal(g.h_ts[g.runtime_row >= 0], frames.runtime["ts"].to_numpy(np.int64)[calls])
+    assert np.array_equal(g.d_dur, (frames.device["end"] - frames.device["ts"]).to_numpy(np.int64)[g.device_row].clip(0))
+    assert block.baseline_ms == pytest.approx(whole.baseline_ms, rel=0.02)
+    for rule, change in changes.items():
+        assert block.saving_ms(change) == pytest.approx(whole.saving_ms(change), rel=0.10, abs=0.5), rule
+    assert analyze(shared("traces/v100_resnet50_nw0")).whatif[0].baseline_ms == pytest.approx(whole.baseline_ms, rel=0.02)

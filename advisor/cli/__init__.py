@@ -278,6 +278,7 @@ OPTIONAL_COMMANDS = {
     "view": ("advisor.cli.compare", None),
     "whatif": ("advisor.cli.whatif", None),
     "fix": ("advisor.cli.fix", {"allow_extra_args": True, "ignore_unknown_options": True}),
+    "cache": ("advisor.cli.cache", None),
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from advisor.errors import InputError
 
-CACHE_DIR_NAME = ".advisor-cache"  # where advisor.load.cache keeps parsed frames
+CACHE_DIR_NAME = ".advisor-cache"  # where advisor.cache keeps its entries with ADVISOR_CACHE=beside
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
 # Files that sit beside traces but are not traces: our own outputs and caches.
 NOT_TRACES = re.compile(r"^(advisor[_.-].*|.*\.advisor\..*|baseline.*\.json)$")

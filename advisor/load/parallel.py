@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from advisor.errors import InputError
-from advisor.load.cache import load_cached
 from advisor.load.trace import TraceFrames
 
 T = TypeVar("T")
@@ -80,6 +79,8 @@ class Loaded:
 
 
 def _load_one(path: Path, cache: bool) -> Loaded:
+    from advisor.cache import load_cached  # the one cache (advisor.cache): frames parsed before
+
     try:
         return Loaded(path, frames=load_cached(path, cache=cache))
     except InputError as exc:

@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import _matches, text_of
 from advisor.metrics.hierarchy import OpTree, op_tree
 
 # Ops autocast runs in 16 bit (CUDA's lower-precision list), by the name the trace shows.
@@ -116,6 +116,21 @@ def _numel(dims) -> int:
     return int(np.prod(dims)) if dims else 1
 
 
+def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """_float_inputs of each row, worked out once per distinct (types, shapes): a run repeats the
+    same ops every step, and equal shapes are one object in the frames."""
+    memo: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    out = []
+    for i in rows:
+        d = dims[i]
+        key = (types_text[i], id(d))
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = _float_inputs(_types(types_text[i]), d)
+        out.append(got)
+    return out
+
+
 def _float_inputs(types: tuple[str, ...], dims) -> list[tuple[int, int, int]]:
     """(position, number of dimensions, numel) of the floating tensor inputs."""
     dims = dims if isinstance(dims, list) else []
@@ -151,7 +166,7 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     step = np.searchsorted(hs, ts, side="right") - 1
     in_step = (step >= 0) & (ts < he[np.clip(step, 0, None)])
     top = np.nonzero(is_op & (op_above < 0) & ~excluded & in_step)[0]
-    names = ops["name"].astype(str).to_numpy()
+    names = text_of(ops["name"])
     lower = _matches(ops["name"], LOWER_PRECISION_OP)
     param_op = _matches(ops["name"], PARAMETER_OP)
     fp32_cast = _matches(ops["name"], FP32_CAST_OP)
@@ -165,12 +180,13 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     dims = ops["input_dims"].to_numpy()
     rows: list[tuple[int, int, str, str, int]] = []
     per_elem = 4 + half_bytes
+    inputs_of = dict(zip(top.tolist(), _float_inputs_of(types_text, dims, top)))
     for s in np.unique(step[top]):
         low = False  # the activation's dtype under autocast: 16 bit or fp32 (data arrive in fp32)
         touched = False  # a parameter or a second tensor has joined: activations require grad
         back = int(bw_start[s])
-        for i in top[step[top] == s]:
-            inputs = _float_inputs(_types(types_text[i]), dims[i])
+        for i in top[step[top] == s].tolist():
+            inputs = inputs_of[i]
             if not inputs:
                 continue
             t, name = int(ts[i]), names[i]
@@ -209,7 +225,7 @@ def _median_ns(tree: OpTree, mask: np.ndarray) -> float:
 def _copy_ns(metrics, tree: OpTree, in_step: np.ndarray) -> float:
     """Median host time of a cast: a copy op that copies on the device, not one that moves a
     batch between host and device (that one may wait for the device, or for pageable memory)."""
-    names = tree.ops["name"].astype(str).to_numpy()
+    names = text_of(tree.ops["name"])
     moves = _holding_a_transfer(metrics, tree)
     for name in COPY_OP:
         cost = _median_ns(tree, (names == name) & in_step & ~moves)
@@ -227,7 +243,7 @@ def _holding_a_transfer(metrics, tree: OpTree) -> np.ndarray:
     lk = lk[(lk["kind"].astype(str) == "memcpy").to_numpy() & lk["launch_ts"].notna().to_numpy()]
     if len(lk) == 0:
         return out
-    rows = tree.innermost(lk["launch_ts"].to_numpy(np.float64).astype(np.int64), lk["launch_tid"].astype(str).to_numpy())
+    rows = tree.innermost(lk["launch_ts"].to_numpy(np.float64).astype(np.int64), text_of(lk["launch_tid"]))
     rows = np.unique(rows[rows >= 0])
     while len(rows):
         out[rows] = True
@@ -245,7 +261,7 @@ def _node_ns(tree: OpTree, in_step: np.ndarray) -> float:
 def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
     """Bytes per ns of the run's own device-to-device copy kernels (`aten::copy_`, 1 MiB or more)."""
     ops = tree.ops
-    names = ops["name"].astype(str).to_numpy()
+    names = text_of(ops["name"])
     sel = np.nonzero(names == "aten::copy_")[0]
     if len(sel) == 0:
         return 0.0
@@ -264,7 +280,7 @@ def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
         return 0.0
     order = np.argsort(lk["launch_ts"].to_numpy(np.float64), kind="stable")
     launch_ts = lk["launch_ts"].to_numpy(np.float64)[order]
-    launch_tid = lk["launch_tid"].astype(str).to_numpy()[order]
+    launch_tid = text_of(lk["launch_tid"])[order]
     dur = (lk["end"].to_numpy(np.int64) - lk["ts"].to_numpy(np.int64))[order]
     op_ts, op_end = ops["ts"].to_numpy(np.int64)[sel], ops["end"].to_numpy(np.int64)[sel]
     op_tid = tree.thread[sel]

@@ -36,6 +36,19 @@ def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     return names.astype(str).str.contains(pattern).to_numpy()
 
 
+def text_of(values: pd.Series) -> np.ndarray:
+    """`values.astype(str).to_numpy()` (an object array, NaN where missing), for a categorical
+    column converted once per distinct value instead of once per row."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        cats = values.cat.categories
+        table = np.empty(len(cats) + 1, dtype=object)
+        table[:-1] = [str(c) for c in cats]
+        table[-1] = np.nan
+        codes = values.cat.codes.to_numpy()
+        return table[np.where(codes >= 0, codes, len(cats))]
+    return values.astype(str).to_numpy()
+
+
 def host_roles(frames: TraceFrames) -> pd.Series:
     """Role of each host event: dataloader, communication, cpu_exec, step, or none (python)."""
     host = frames.host

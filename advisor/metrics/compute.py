@@ -7,15 +7,22 @@ metrics.precision.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from advisor.metrics.breakdown import _matches, communication_kernels
+from advisor.metrics.breakdown import _matches, communication_kernels, text_of
 from advisor.metrics.intervals import covers, merge
 from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
-from advisor.metrics.precision import ARCH_SPEEDUPS, ArchSpeedup, arch_speedup, capability_from_kernels
+from advisor.metrics.precision import (
+    ARCH_SPEEDUPS,
+    TF32_SWITCH_OF_FAMILY,
+    ArchSpeedup,
+    arch_speedup,
+    capability_from_kernels,
+    precision_speedup,
+)
 from advisor.metrics.source import source_lines
 from advisor.metrics.steps import step_of
 
@@ -64,7 +71,7 @@ def kernel_precision(kernels: pd.DataFrame, capability: float | None = None) -> 
     """Per kernel row, coarsely: 'half' (fp16/bf16/fp8/int8), 'tf32', or 'fp32' (the rest).
 
     The precision itself is decided once, in metrics.precision (kernel_table's `precision`)."""
-    precision = kernels["precision"].astype(str).to_numpy()
+    precision = text_of(kernels["precision"])
     out = np.full(len(precision), "fp32", dtype=object)
     out[np.isin(precision, ("bf16", "fp16", "fp8", "int8"))] = "half"
     out[precision == "tf32"] = "tf32"
@@ -96,6 +103,50 @@ def _step_kernels(metrics) -> pd.DataFrame:
     idx = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), k["ts"].to_numpy(np.int64))
     keep = (idx >= 0) & ~comm
     return k[keep].assign(step_index=idx[keep])
+
+
+@dataclass
+class KernelPrecision:
+    """The step kernels' precision, per kernel, as both precision rules read it (tf32-disabled
+    and tensor-cores-unused): built once per rank and capability, with the duration scale of
+    each kernel's matrix work moved to TF32, bf16 or fp16 worked out once per target.
+    Arrays are aligned with `kernels` (step_kernels); treat them as read-only."""
+
+    kernels: pd.DataFrame
+    capability: float | None
+    family: np.ndarray  # gemm, attention, conv, rnn, or ""
+    precision: np.ndarray  # fp32-fma, tf32, bf16, fp16, ...
+    source: np.ndarray  # where the precision was read (precision_source)
+    eligible: np.ndarray  # matrix work Tensor Cores can run
+    dur: np.ndarray  # ns, float64
+    switch_of: np.ndarray  # the TF32 switch governing the kernel's family ("" for none)
+    _scales: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def scale_to(self, target: str) -> np.ndarray:
+        """Per kernel, precision_speedup's duration factor to `target` (computed once)."""
+        if target not in self._scales:
+            self._scales[target] = precision_speedup(self.kernels, target, self.capability).to_numpy()
+        return self._scales[target]
+
+
+def precision_table(metrics, capability: float | None) -> KernelPrecision:
+    """The rank's KernelPrecision at this compute capability (Metrics.shared)."""
+    return metrics.shared(f"compute.precision_table.{capability}", lambda: _precision_table(metrics, capability))
+
+
+def _precision_table(metrics, capability: float | None) -> KernelPrecision:
+    k = step_kernels(metrics)
+    family = text_of(k["family"])
+    return KernelPrecision(
+        kernels=k,
+        capability=capability,
+        family=family,
+        precision=text_of(k["precision"]),
+        source=text_of(k["precision_source"]) if "precision_source" in k else np.full(len(k), "", dtype=object),
+        eligible=k["eligible"].to_numpy(bool),
+        dur=k["dur"].to_numpy(np.float64),
+        switch_of=np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object),
+    )
 
 
 def kernel_exposure(metrics, kernels: pd.DataFrame | None = None) -> float:
@@ -204,6 +255,8 @@ __all__ = [
     "device_capability",
     "capability_from_kernels",
     "kernel_precision",
+    "precision_table",
+    "KernelPrecision",
     "is_conv",
     "step_kernels",
     "kernel_exposure",

@@ -29,6 +29,7 @@ from advisor.metrics.breakdown import (
     DATALOADER_NAME,
     _matches,
     communication_kernels,
+    text_of,
 )
 from advisor.metrics.hierarchy import OpTree, op_tree
 from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique, subtract
@@ -299,7 +300,7 @@ def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
     syncs = runtime_calls(frames, SYNC_CALL)
     block_end = call_end.copy()
     if len(syncs) and (copy_op >= 0).any():
-        s_inner = tree.innermost(syncs["ts"].to_numpy(np.int64), syncs["tid"].astype(str).to_numpy())
+        s_inner = tree.innermost(syncs["ts"].to_numpy(np.int64), text_of(syncs["tid"]))
         s_op = tree.nearest_ancestor(s_inner, tree.mask(COPY_OP), outermost=True)
         ends = pd.Series(syncs["end"].to_numpy(np.int64)[s_op >= 0]).groupby(s_op[s_op >= 0]).max()
         extra = pd.Series(copy_op).map(ends).to_numpy(np.float64)
@@ -317,7 +318,7 @@ def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
         launched = _launched_device_work(tree, frames)
         cpu_made = (prev >= 0) & is_factory[np.clip(prev, 0, None)] & ~launched[np.clip(prev, 0, None)]
     c["cpu_made"] = cpu_made
-    names = tree.ops["name"].astype(str).to_numpy()
+    names = text_of(tree.ops["name"])
     c["factory_op"] = np.where(cpu_made, names[np.clip(prev, 0, None)] if len(names) else None, None)
     c["factory_pos"] = np.where(cpu_made, prev, -1)
     return c
@@ -352,7 +353,7 @@ def _launched_device_work(tree: OpTree, frames: TraceFrames) -> np.ndarray:
     out = np.zeros(len(tree.ops), dtype=bool)
     if len(work) == 0:
         return out
-    pos = tree.innermost(work["ts"].to_numpy(np.int64), work["tid"].astype(str).to_numpy())
+    pos = tree.innermost(work["ts"].to_numpy(np.int64), text_of(work["tid"]))
     pos = pos[pos >= 0]
     # Mark the op and all its ancestors.
     cur = sorted_unique(pos)
@@ -502,7 +503,7 @@ def _launch_calls(frames: TraceFrames, tree: OpTree) -> tuple[pd.DataFrame, np.n
     rt = runtime_calls(frames, LAUNCH_CALL)[["name", "ts", "end", "tid", "correlation"]]
     if len(rt) == 0:
         return rt, np.zeros(0, dtype=np.int64)
-    inner = tree.innermost(rt["ts"].to_numpy(np.int64), rt["tid"].astype(str).to_numpy())
+    inner = tree.innermost(rt["ts"].to_numpy(np.int64), text_of(rt["tid"]))
     dev = frames.device
     k = dev[dev["correlation"] >= 0][["correlation", "name", "ts", "end", "dur"]].drop_duplicates("correlation")
     k = k.rename(columns={"name": "kernel", "ts": "k_ts", "end": "k_end", "dur": "k_dur"})

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import text_of
 from advisor.metrics.hierarchy import op_tree
 from advisor.metrics.precision import Tf32Switches, capability_from_kernels, classify_kernels
 
@@ -45,7 +46,7 @@ def launching_op_table(frames: TraceFrames) -> pd.DataFrame:
     ops = host[(host["kind"] != "python") & (host["external_id"] >= 0)]
     ops = ops.drop_duplicates("external_id", keep="last")  # innermost op carries the id
     ext_ids = ops["external_id"].to_numpy()
-    names = pd.Series(ops["name"].astype(str).to_numpy(), index=ext_ids)
+    names = pd.Series(text_of(ops["name"]), index=ext_ids)
     rt = frames.runtime[frames.runtime["correlation"] >= 0].drop_duplicates("correlation")
     rt_ext = pd.Series(rt["external_id"].to_numpy(), index=rt["correlation"].to_numpy())
     ext = frames.device["correlation"].map(rt_ext)
@@ -68,10 +69,10 @@ def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.DataFram
     tree = op_tree(frames)
     if len(tree.ops) == 0:  # only step markers on the host: no op can have launched anything
         return pd.DataFrame({"op": np.nan, "op_input_types": np.nan}, index=frames.device.index, dtype=object)
-    pos = tree.innermost(rt["ts"].to_numpy(np.int64), rt["tid"].astype(str).to_numpy())
+    pos = tree.innermost(rt["ts"].to_numpy(np.int64), text_of(rt["tid"]))
     found = pos >= 0
     at = np.clip(pos, 0, None)
-    names = tree.ops["name"].astype(str).to_numpy()
+    names = text_of(tree.ops["name"])
     op_name = np.where(found, names[at], None)
     op_types = np.where(found, _input_types(tree.ops)[at], None)
     corr = frames.device["correlation"]

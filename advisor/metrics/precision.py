@@ -37,6 +37,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from advisor.metrics.breakdown import text_of
+
 PRECISIONS = ("fp32-fma", "tf32", "bf16", "fp16", "fp8", "int8", "fp64", "unknown")
 FAMILIES = ("gemm", "conv", "attention", "rnn")
 TARGETS = ("tf32", "bf16", "fp16")
@@ -272,8 +274,8 @@ def tf32_switches_off(kernels: pd.DataFrame, switches: Tf32Switches) -> dict[str
     families ran: fp32 FMA matrix kernels of its families ran, and the facts file says it is
     off, or says nothing and no TF32 kernel of those families ran. PyTorch's fp32
     memory-efficient attention runs TF32 whatever the switch says: no evidence either way."""
-    family = kernels["family"].astype(str).to_numpy()
-    precision = kernels["precision"].astype(str).to_numpy()
+    family = text_of(kernels["family"])
+    precision = text_of(kernels["precision"])
     dur = kernels["dur"].to_numpy(np.float64)
     switch_of = np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object)
     fp32 = (precision == "fp32-fma") & (switch_of != "")
@@ -355,7 +357,7 @@ def classify_kernels(
         return pd.DataFrame({c: pd.Series(dtype=bool if c == "tensor_core" else object) for c in cols}, index=kernels.index)
     keys = pd.DataFrame(
         {
-            "name": kernels["name"].astype(str).to_numpy(),
+            "name": text_of(kernels["name"]),
             "op": _text(kernels, "op"),
             "types": _text(kernels, "op_input_types"),
         }
@@ -500,8 +502,8 @@ def precision_speedup(kernels: pd.DataFrame, target: str, capability: float | No
     table = ratio_table(capability)
     if len(kernels) == 0:
         return pd.Series(np.ones(0), index=kernels.index, dtype=np.float64)
-    family = kernels["family"].astype(str).to_numpy()
-    precision = kernels["precision"].astype(str).to_numpy()
+    family = text_of(kernels["family"])
+    precision = text_of(kernels["precision"])
     factor = np.ones(len(kernels), dtype=np.float64)
     movable = np.isin(precision, ("fp32-fma", "tf32")) & (family != "")
     if movable.any():

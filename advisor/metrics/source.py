@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import text_of
 
 FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python3|/torch/|/torchvision/|<built-in|<frozen|^torch/|^threading\.py|advisor/capture/)")
@@ -107,7 +108,7 @@ def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: boo
             continue
         starts = cand["ts"].to_numpy(np.int64)
         ends = cand["end"].to_numpy(np.int64)
-        names_ = cand["name"].astype(str).to_numpy()
+        names_ = text_of(cand["name"])
         for ts, end in zip(grp["ts"].to_numpy(np.int64), grp["end"].to_numpy(np.int64)):
             # innermost enclosing user frame: the latest-starting one that still covers the row
             i = np.searchsorted(starts, ts, side="right") - 1

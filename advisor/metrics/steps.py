@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import _matches, text_of
 
 
 def launches(frames: TraceFrames) -> pd.DataFrame:
@@ -352,7 +352,7 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     out = pd.DataFrame(
         {
             "step": host_steps["step"].to_numpy(np.int64),
-            "name": host_steps["name"].astype(str).to_numpy(),
+            "name": text_of(host_steps["name"]),
             "host_start": h_start,
             "host_end": h_end,
             "start": start,

@@ -10,6 +10,7 @@ string from a trace goes through `esc`.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
@@ -331,6 +332,7 @@ def _replayed_steps(a: Analysis) -> list[tuple[str, StepTimeline, str]]:
     base = replay_step(replay.graph, replay.base)
     if base is None:
         return []
+    base = dataclasses.replace(base, index=base.index + replay.first_step)  # a row of the rank's steps
     scaled = f", host time ×{replay.host_scale:.2f} to match the unprofiled steps" if replay.host_scale < 1.0 else ""
     rest = f"; {replay.remainder_ms:.2f} ms per step that neither the host nor the device in the trace explains is not drawn" if replay.remainder_ms > 0.005 else ""
     if replay.step_host_ms > 0.005:
@@ -340,8 +342,9 @@ def _replayed_steps(a: Analysis) -> list[tuple[str, StepTimeline, str]]:
         stated = [modelled[r] for r in head.fixes if r in modelled]
         changes = [f.change for f in stated]
         if changes:
-            fixed = replay_step(replay.graph, Change.merge([replay.base, *changes]))
+            fixed = replay_step(replay.graph, replay.with_base(Change.merge(changes)))
             if fixed is not None:
+                fixed = dataclasses.replace(fixed, index=fixed.index + replay.first_step)
                 batch = f" One replayed step processes {fixed.per_sample:g} current steps' samples (a larger batch)." if fixed.per_sample != 1.0 else ""
                 names = ", ".join(sorted({f.rule for f in stated if f.change is not None}))
                 out.append(

@@ -10,8 +10,8 @@ rank (`RankWhatIf`), small and picklable for per-rank workers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
-from advisor.whatif.replay import Change, calibrate, replay, replay_nodes
+from advisor.whatif.replay import Change, _combine, calibrate, replay, replay_nodes
 
 
 @dataclass
@@ -66,6 +66,10 @@ class RankWhatIf:
         return out
 
 
+# A run of more steps than this is replayed on the block of this many consecutive steps whose
+# measured median is closest to the run's: the replay's cost stops growing with the trace.
+MAX_REPLAY_STEPS = 8
+
 # Largest share of the unprofiled step left unexplained (a fixed remainder) before the
 # calibration lets the host explain the step instead.
 MAX_REMAINDER_SHARE = 0.5
@@ -87,6 +91,8 @@ class RankReplay:
         self.loader_scale: float = 1.0
         self.remainder_ms: float = 0.0
         self.step_host_ms: float = 0.0  # unprofiled host time placed at each step's start
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None  # calls and device ops of a replayed block
+        self._replayed: dict[int, tuple[Change, float]] = {}
 
     @property
     def available(self) -> bool:
@@ -96,8 +102,28 @@ class RankReplay:
     @property
     def graph(self) -> StepGraph:
         if self._graph is None:
-            self._graph = build_graph(self.metrics.frames, self.metrics.steps)
+            self._graph, self._rows = sampled_graph(self.metrics.frames, self.metrics.steps)
         return self._graph
+
+    @property
+    def first_step(self) -> int:
+        """Row in metrics.steps of the graph's first step (0 unless a block of a long run is replayed)."""
+        return replayed_block(self.metrics.steps).start
+
+    def _in_block(self, change: Change) -> Change:
+        """The change cut to the calls and device ops of the replayed block (a whole run: as it is)."""
+        _ = self.graph
+        if self._rows is None:
+            return change
+        rt_in, dev_in = self._rows
+        return replace(
+            change,
+            call_scale=_rows_in(change.call_scale, rt_in),
+            unwait=_set_in(change.unwait, rt_in),
+            device_scale=_rows_in(change.device_scale, dev_in),
+            device_add=_rows_in(change.device_add, dev_in),
+            tight_launch=_set_in(change.tight_launch, dev_in),
+        )
 
     @property
     def base(self) -> Change:
@@ -156,7 +182,7 @@ class RankReplay:
         target = self._unprofiled
         added = rest_ms
         for _ in range(4):
-            trial = Change.merge([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
+            trial = merged([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
             got = replay(self.graph, trial).median_ms
             if abs(got - target) <= STEP_HOST_FIT * target:
                 self.step_host_ms = added
@@ -177,8 +203,22 @@ class RankReplay:
         return self._baseline
 
     def replayed_ms(self, change: Change) -> float:
+        """The replayed step with `change` (ms); a change replayed before (the same object: a
+        rule's replayed saving, then the engine's) is not replayed again."""
+        seen = self._replayed.get(id(change))
+        if seen is not None and seen[0] is change:
+            return seen[1]
+        out = self._replayed_ms(change)
+        self._replayed[id(change)] = (change, out)
+        return out
+
+    def _replayed_ms(self, change: Change) -> float:
         remainder = self.remainder_ms * (1.0 - min(max(change.remainder_share, 0.0), 1.0))
-        return replay(self.graph, Change.merge([self.base, change])).median_ms + remainder / change.per_sample
+        return replay(self.graph, merged([self.base, self._in_block(change)])).median_ms + remainder / change.per_sample
+
+    def with_base(self, change: Change) -> Change:
+        """The baseline with `change` on it, as the replayed graph takes it (for replay_step)."""
+        return merged([self.base, self._in_block(change)])
 
     def saving_ms(self, change: Change) -> float:
         """Baseline minus the replay with `change` (never below 0)."""
@@ -190,6 +230,124 @@ class RankReplay:
         return RankWhatIf(
             self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled
         )
+
+
+def replayed_block(steps) -> slice:
+    """The steps a rank's replay stands on: all of them, or for a run longer than
+    MAX_REPLAY_STEPS the consecutive MAX_REPLAY_STEPS whose median measured step is closest
+    to the run's median (the earliest such block). Consecutive, so each step starts with the
+    device work the one before it left queued, as it did on the run."""
+    n = len(steps)
+    if n <= MAX_REPLAY_STEPS:
+        return slice(0, n)
+    d = steps["duration"].to_numpy(np.float64)
+    windows = np.lib.stride_tricks.sliding_window_view(d, MAX_REPLAY_STEPS)
+    first = int(np.argmin(np.abs(np.median(windows, axis=1) - np.median(d))))
+    return slice(first, first + MAX_REPLAY_STEPS)
+
+
+def sampled_graph(frames, steps) -> tuple[StepGraph, tuple[np.ndarray, np.ndarray] | None]:
+    """The step graph of the replayed block (see replayed_block), with its calls and device
+    ops named by their rows in the rank's frames as a fix names them; and, for a block,
+    which rows of frames.runtime and frames.device it holds (None: the whole run)."""
+    block = replayed_block(steps)
+    if block.stop - block.start == len(steps):
+        return build_graph(frames, steps), None
+    sub = steps.iloc[block].reset_index(drop=True)
+    lo = int(min(sub["host_start"].min(), sub["start"].min()))
+    hi = int(max(sub["host_end"].max(), sub["end"].max()))
+    rt_ts, dev_ts = frames.runtime["ts"].to_numpy(np.int64), frames.device["ts"].to_numpy(np.int64)
+    rt_in = (rt_ts >= lo) & (rt_ts <= hi)
+    dev_in = (dev_ts >= lo) & (dev_ts <= hi)
+    rt_rows, dev_rows = np.nonzero(rt_in)[0], np.nonzero(dev_in)[0]
+    part = _Part(frames.runtime.iloc[rt_rows].reset_index(drop=True), frames.device.iloc[dev_rows].reset_index(drop=True))
+    g = build_graph(part, sub)  # type: ignore[arg-type]
+    g.runtime_row = np.where(g.runtime_row >= 0, rt_rows[np.maximum(g.runtime_row, 0)], -1)
+    g.device_row = dev_rows[g.device_row]
+    return g, (rt_in, dev_in)
+
+
+@dataclass
+class _Part:
+    """The frames build_graph reads, cut to a block of steps."""
+
+    runtime: Any
+    device: Any
+
+
+def _rows_in(d: dict[int, float], inside: np.ndarray) -> dict[int, float]:
+    """The entries of a per-row table whose rows are in the block."""
+    if not d:
+        return d
+    keys = np.fromiter(d.keys(), dtype=np.int64, count=len(d))
+    ok = (keys >= 0) & (keys < len(inside))
+    ok[ok] = inside[keys[ok]]
+    if ok.all():
+        return d
+    values = np.fromiter(d.values(), dtype=np.float64, count=len(d))
+    return dict(zip(keys[ok].tolist(), values[ok].tolist()))
+
+
+def _set_in(rows: set[int], inside: np.ndarray) -> set[int]:
+    """The rows of a set that are in the block."""
+    if not rows:
+        return rows
+    r = np.fromiter(rows, dtype=np.int64, count=len(rows))
+    ok = (r >= 0) & (r < len(inside))
+    ok[ok] = inside[r[ok]]
+    return rows if ok.all() else set(r[ok].tolist())
+
+
+def merged(changes: Sequence[Change]) -> Change:
+    """Change.merge's result, with per-row tables combined a table at a time (dict.update,
+    then the rows two changes share) instead of row by row; a table only one change has is
+    shared, not copied (a replay never modifies a change)."""
+    out = Change()
+    remainder = 0.0
+    for c in changes:
+        out.host_remove += c.host_remove
+        out.host_scale *= c.host_scale
+        out.per_sample *= c.per_sample
+        out.device_scale_all *= c.device_scale_all
+        out.host_own += c.host_own
+        out.host_add += c.host_add
+        out.host_add_unprofiled += c.host_add_unprofiled
+        remainder = 1.0 - (1.0 - remainder) * (1.0 - c.remainder_share)
+    out.remainder_share = remainder
+    out.call_scale = _merged_table([c.call_scale for c in changes], _combine)
+    out.device_scale = _merged_table([c.device_scale for c in changes], _combine)
+    out.device_add = _merged_table([c.device_add for c in changes], max, floor=0.0)
+    out.untimed_host = _merged_table([c.untimed_host for c in changes], lambda a, b: a + b, floor=None)
+    out.unwait = _merged_set([c.unwait for c in changes])
+    out.tight_launch = _merged_set([c.tight_launch for c in changes])
+    return out
+
+
+def _merged_table(tables: list[dict], combine, floor: float | None = None) -> dict:
+    """Tables combined as Change.merge combines them: a row in one table keeps its value (at
+    least `floor`, the value merge starts from), rows in several are combined in order."""
+    tables = [t for t in tables if t]
+    if not tables:
+        return {}
+    if floor is not None and any(min(t.values()) < floor for t in tables):
+        tables = [{k: (v if v >= floor else floor) for k, v in t.items()} for t in tables]
+    if len(tables) == 1:
+        return tables[0]
+    out = dict(tables[0])
+    for t in tables[1:]:
+        common = out.keys() & t.keys()
+        old = {k: out[k] for k in common}
+        out.update(t)
+        for k in common:
+            out[k] = combine(old[k], t[k])
+    return out
+
+
+def _merged_set(sets: list[set]) -> set:
+    sets = [s for s in sets if s]
+    if len(sets) == 1:
+        return sets[0]
+    return set().union(*sets)
 
 
 def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,57 @@
+"""`advisor cache info` and `advisor cache clear`: the one cache of frames and analyses (advisor.cache)."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from advisor import cache as store
+
+
+class CacheAction(str, Enum):
+    info = "info"
+    clear = "clear"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def _roots(path: Optional[Path]) -> list[Path]:
+    directory = None if path is None else (path if path.is_dir() else path.parent)
+    return store.cache_roots(directory)
+
+
+def cache(
+    action: CacheAction = typer.Argument(..., help="info: where the cache is, its entries and their size; clear: remove every entry."),
+    path: Optional[Path] = typer.Argument(None, help="A trace or log dir: with ADVISOR_CACHE=beside, its .advisor-cache/ folder too."),
+) -> None:
+    """Show or clear the cache of parsed frames and finished analyses."""
+    roots = _roots(path)
+    out = sys.stdout
+    if not roots:
+        why = "ADVISOR_CACHE=off" if not store.cache_enabled() else "no user cache folder (no home folder)"
+        out.write(f"cache: off ({why}): nothing is cached\n")
+        return
+    for root in roots:
+        found = store.entries(root)
+        if action is CacheAction.clear:
+            n, size = store.clear(root)
+            out.write(f"cache: {root}: removed {n} entr{'y' if n == 1 else 'ies'} ({_size(size)})\n")
+            continue
+        kinds = {k: sum(1 for e in found if e.kind == k) for k in store.KINDS}
+        total = sum(e.bytes for e in found)
+        out.write(
+            f"cache: {root}\n"
+            f"  entries: {len(found)} ({kinds['frames']} frames, {kinds['analysis']} analyses), {_size(total)} "
+            f"of at most {_size(store.max_cache_bytes())} ({store.MAX_BYTES_ENV}); least recently used removed first\n"
+        )
+    if action is CacheAction.info:
+        home = store.user_cache_root() or store.cache_dir_setting()
+        key = None if home is None else home / store.KEY_FILE
+        state = "present" if key is not None and store.secret() is not None else "made on the first write"
+        out.write(f"  entries are sealed with the secret in {key} ({state})\n")

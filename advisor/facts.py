@@ -1,0 +1,244 @@
+"""The facts file's schema: its name, its typed fields, how it is read and checked.
+
+`advisor profile` writes the file (advisor.capture.facts records it) and the analysis reads it
+(advisor.analysis): both take the file name, the schema tag and the types from here, so the
+writer and the reader cannot disagree. See advisor.capture.facts for what each field means.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import orjson
+
+from advisor.terminal_text import clean_strings
+
+SCHEMA = "advisor/facts/v1"
+# `advisor_facts.json`, or `advisor_facts.rank<R>.json` when several ranks share a log dir.
+FACTS_FILE = re.compile(r"^advisor_facts(?:\.rank(\d+))?\.json$")
+
+
+def facts_file_name(rank: int, world_size: int) -> str:
+    return f"advisor_facts.rank{rank}.json" if world_size > 1 else "advisor_facts.json"
+
+
+def write_facts(path: Path, document: dict[str, Any]) -> None:
+    """Write the file in one go (temp file + rename), so a reader never sees half of it.
+
+    Strings that are not valid Unicode (a script or argument named with bytes that are not
+    UTF-8) are written with those bytes as `\\xNN`."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(clean_strings(document), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str))
+    os.replace(tmp, path)
+
+
+# --- reading: the file is input too ---------------------------------------------------------
+# The typed schema of the file. Every field may be null (unknown); a value of the wrong type,
+# or one no run can have (a negative worker count, a step of -3 ms), is read as null, with a
+# warning naming the file and the field, so no rule ever sees it.
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Bytes = Annotated[float, msgspec.Meta(ge=0, lt=2**53)]  # a count, written as an int or a float
+Milliseconds = Annotated[float, msgspec.Meta(ge=0, lt=1e12)]
+Capability = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
+
+
+class _Facts(msgspec.Struct):
+    pass
+
+
+class DataLoaderFacts(_Facts):
+    batch_size: PositiveInt | None = None
+    num_workers: Count | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: PositiveInt | None = None
+    dataset_len: Count | None = None
+    dataset_class: str | None = None
+    multiprocessing_context: str | None = None
+    drop_last: bool | None = None
+
+
+class DeviceFacts(_Facts):
+    type: str | None = None
+    name: str | None = None
+    compute_capability: Capability | None = None
+    total_memory_bytes: Bytes | None = None
+    max_memory_allocated_bytes: Bytes | None = None
+    max_memory_reserved_bytes: Bytes | None = None
+
+
+class VersionFacts(_Facts):
+    torch: str | None = None
+    cuda: str | None = None
+    cudnn: int | str | None = None
+    python: str | None = None
+
+
+class ThreadFacts(_Facts):
+    intra_op: PositiveInt | None = None
+    inter_op: PositiveInt | None = None
+    omp_num_threads_env: str | None = None
+
+
+class AutocastFacts(_Facts):
+    used: bool | None = None
+    dtypes: list[str] | None = None
+
+
+class CompileFacts(_Facts):
+    used: bool | None = None
+    modes: list[str] | None = None
+
+
+class Tf32Facts(_Facts):
+    matmul: bool | None = None
+    cudnn: bool | None = None
+    float32_matmul_precision: str | None = None
+
+
+class ParallelFacts(_Facts):
+    data_parallel: bool | None = None
+    ddp: bool | None = None
+
+
+class OptimizerFacts(_Facts):
+    class_: str | None = msgspec.field(default=None, name="class")
+    foreach: bool | None = None
+    fused: bool | None = None
+
+
+class WindowFacts(_Facts):
+    wait: Count | None = None
+    warmup: Count | None = None
+    active: Count | None = None
+    repeat: Count | None = None
+
+
+class OwnProfilerFacts(_Facts):
+    used: bool | None = None
+    traces: list[str] | None = None
+
+
+class ProfilerFacts(_Facts):
+    with_stack: bool | None = None
+    record_shapes: bool | None = None
+    profile_memory: bool | None = None
+
+
+class FactsFile(_Facts):
+    """advisor/facts/v1 as types (see the module docstring for what each field means)."""
+
+    schema: str
+    script: str | None = None
+    argv: list[str] | None = None
+    rank: Count | None = None
+    world_size: PositiveInt | None = None
+    device: DeviceFacts | None = None
+    versions: VersionFacts | None = None
+    cpu_count: PositiveInt | None = None
+    torch_threads: ThreadFacts | None = None
+    dataloaders: list[DataLoaderFacts] | None = None
+    batch_size: PositiveInt | None = None
+    autocast: AutocastFacts | None = None
+    grad_scaler: bool | None = None
+    compile: CompileFacts | None = None
+    cudnn_benchmark: bool | None = None
+    tf32: Tf32Facts | None = None
+    parallel: ParallelFacts | None = None
+    optimizers: list[OptimizerFacts] | None = None
+    zero_grad_set_to_none: bool | None = None
+    window: WindowFacts | None = None
+    stopped_early: bool | None = None
+    step_times_ms: list[Milliseconds] | None = None
+    loader_wait_ms: list[Milliseconds] | None = None
+    profiled_steps: list[Count] | None = None
+    step_source: str | None = None
+    wall_time_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    outcome: str | None = None
+    exit_code: int | None = None
+    own_profiler: OwnProfilerFacts | None = None
+    profiler: ProfilerFacts | None = None
+    notes: list[str] | None = None
+
+
+class FactsProblem(ValueError):
+    """Not a facts file at all (not an object, or no advisor/facts schema)."""
+
+
+def _fit(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
+    """value as the type says, per field for structures and per item for lists of them; what
+    does not fit is None (or left out of its list) and named in problems."""
+    if value is None:
+        return None
+    inner = _struct_of(tp)
+    if inner is not None:
+        if not isinstance(value, dict):
+            problems.append(f"{where} is {_short(value)}, expected an object")
+            return None
+        out = dict(value)  # keys this version does not know are kept: nothing reads them
+        for f in msgspec.structs.fields(inner):
+            if f.encode_name in value:
+                out[f.encode_name] = _fit(value[f.encode_name], f.type, f"{where}.{f.encode_name}", problems)
+        return out
+    item = _list_of_struct(tp)
+    if item is not None:
+        if not isinstance(value, list):
+            problems.append(f"{where} is {_short(value)}, expected a list")
+            return None
+        kept = [_fit(v, item, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+        return [v for v in kept if v is not None]
+    try:
+        msgspec.convert(value, tp, strict=True)
+    except msgspec.ValidationError as exc:
+        problems.append(f"{where} is {_short(value)}: {exc}")
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{where} is {value}, expected a finite number")
+        return None
+    return value
+
+
+def _short(value: Any) -> str:
+    text = orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode() if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _struct_of(tp: Any) -> type | None:
+    """The Struct in `S` or `S | None`."""
+    for t in (tp, *typing.get_args(tp)):
+        if isinstance(t, type) and issubclass(t, msgspec.Struct):
+            return t
+    return None
+
+
+def _list_of_struct(tp: Any) -> type | None:
+    """S for `list[S]` or `list[S] | None`."""
+    for t in (tp, *typing.get_args(tp)):
+        if typing.get_origin(t) is list:
+            (item,) = typing.get_args(t)
+            if isinstance(item, type) and issubclass(item, msgspec.Struct):
+                return item
+    return None
+
+
+def validate_facts(doc: Any) -> tuple[dict[str, Any], list[str]]:
+    """The facts document with every value of the wrong type read as null, and what was wrong
+    (one line per field). Raises FactsProblem when it is not a facts file at all."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str) or not doc["schema"].startswith("advisor/facts/"):
+        raise FactsProblem("not an advisor facts file")
+    problems: list[str] = []
+    return _fit(doc, FactsFile, "facts", problems), [p.replace("facts.", "", 1) for p in problems]
+
+
+def read_facts(path: Path) -> dict[str, Any]:
+    return orjson.loads(Path(path).read_bytes())
+
+
+__all__ = ["FACTS_FILE", "SCHEMA", "FactsFile", "FactsProblem", "facts_file_name", "read_facts", "validate_facts", "write_facts"]
