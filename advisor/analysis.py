@@ -16,8 +16,8 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 
-from advisor import __version__
-from advisor import cache as cache_store
+from advisor.version import __version__
+import advisor.cache as cache_store
 from advisor.cache import AnalysisKey, cache_enabled, load_cached, read_analysis, write_analysis
 from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, check_rank_rules, combine_findings, job_findings, rank_findings, select_rules

@@ -60,8 +60,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-import advisor
-from advisor import __version__
+from advisor.version import __version__
 from advisor.facts import FACTS_FILE
 from advisor.load.decode import EventArgs, MemoryArgs
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
@@ -706,7 +705,7 @@ TAG = "$t"
 
 def _code_fingerprint() -> str:
     """The advisor's source as installed: an edited rule or metric must not read an old answer."""
-    roots = [Path(advisor.__file__).parent]
+    roots = [Path(__file__).resolve().parent]
     spec = importlib.util.find_spec("advisor.rules")
     roots += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
     h = hashlib.sha256(f"{__version__} pandas {pd.__version__} numpy {np.__version__}".encode())

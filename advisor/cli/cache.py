@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from advisor import cache as store
+import advisor.cache as store
 
 
 class CacheAction(str, Enum):

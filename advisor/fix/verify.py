@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor import __version__
+from advisor.version import __version__
 from advisor.errors import InputError
 from advisor.fix import FixResult, Plan
 from advisor.gate.record import Environment, FindingRecord, RunRecord

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from advisor import __version__
+from advisor.version import __version__
 from advisor.errors import InputError
 from advisor.render.output import jsonable
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from advisor import __version__
+from advisor.version import __version__
 
 GATE_SCHEMA = "advisor/gate/v1"
 STATUSES = ("pass", "warn", "inconclusive", "fail")

@@ -18,7 +18,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from advisor import __version__
+from advisor.version import __version__
 from advisor.analysis import Analysis
 from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES
