@@ -337,6 +337,8 @@ class FindingEntry(_Entry):
     fix: FixEntry
     causes: list[str]
     rank: int | None
+    no_gain: str | None = None
+    saving_alone_ms: NonNegative | None = None
 
 
 class CopyEntry(_Entry):

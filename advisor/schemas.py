@@ -138,6 +138,7 @@ class Report(_Out):
     ranks: list[RankReport]
     whatif: Optional[WhatIf]
     findings: list[Finding]
+    considered: list[Finding]  # findings whose fix gains nothing on this run (each says why in no_gain)
     notes: list[str]
     warnings: list[str]
 

@@ -61,6 +61,8 @@ Reference: https://pytorch.org/docs/stable/data.html#single-and-multi-process-da
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from advisor.engine import Context
@@ -213,6 +215,97 @@ def check(ctx: Context):
             f"batches hid it; {fix}"
         )
         saving = wait_ms / unprofiled_step_ms * step_ms  # the same share of the window's step, like every other finding
-    # The fix: batches are ready when asked for, so the DataLoader spans leave the host's path.
-    change = None if hidden else Change(host_remove=[(dl_s, dl_e, 1.0)])
-    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)
+    # The fix: batches are ready when asked for, so the DataLoader spans leave the host's path,
+    # as far as idle cores let the workers keep up (see `core_budget`).
+    change = None
+    finding_kwargs = {}
+    if not hidden:
+        nw_now = (loaders[0].get("num_workers") if loaders else None) or 0
+        budget = core_budget(ctx, cpus, world, workers if not cores_used else nw_now, nw_now)
+        if budget is not None:
+            evidence["cores"] = budget.evidence()
+        if budget is None or budget.free_cores >= 1 and budget.hidden_share >= 1.0:
+            change = Change(host_remove=[(dl_s, dl_e, 1.0)])
+        elif budget.free_cores >= 1:
+            change = Change(host_remove=[(dl_s, dl_e, budget.hidden_share)])
+            message += " " + budget.sentence()
+        else:
+            # No idle core: a worker would take its core from the training itself.
+            change = Change()
+            message += " " + budget.sentence()
+            finding_kwargs["no_gain"] = budget.sentence()
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change, **finding_kwargs)
+
+
+@dataclass(frozen=True)
+class CoreBudget:
+    """Who uses the cores of one rank's share of the machine while the step runs."""
+
+    cores: int  # the machine's cores over its ranks
+    busy_main: int  # threads of the training process that compute while the step runs
+    workers_now: int
+    workers_after: int
+    loader_ms: float  # per step, the DataLoader's time in the window (single-process loading)
+    rest_ms: float  # the rest of the step, that a worker's loading can run beside
+
+    @property
+    def free_cores(self) -> int:
+        """Cores the training's own threads leave to loader workers."""
+        return max(self.cores - self.busy_main, 0)
+
+    @property
+    def loaders(self) -> int:
+        """Workers that get a core of their own."""
+        return min(self.workers_after, self.free_cores)
+
+    @property
+    def hidden_share(self) -> float:
+        """Share of the loading the workers hide: each batch takes `loader_ms` on one worker,
+        and `loaders` of them work beside the rest of the step."""
+        if self.loaders < 1 or self.loader_ms <= 0:
+            return 0.0
+        left = max(self.loader_ms / self.loaders - self.rest_ms, 0.0)
+        return min(max(1.0 - left / self.loader_ms, 0.0), 1.0)
+
+    def sentence(self) -> str:
+        if self.loaders < 1:
+            return (
+                f"No core is idle to load in: the {self.cores} cores already run {self.busy_main} compute thread"
+                f"{'s' if self.busy_main != 1 else ''} of the training (torch.get_num_threads()), so a loader worker would take "
+                "its core from the model and the step would not get shorter; load less per sample (prepare the data once) or give "
+                "the loader a core (torch.set_num_threads(cores - workers)) where the model's step gains less than the loading costs."
+            )
+        return (
+            f"{self.loaders} worker{'s' if self.loaders != 1 else ''} with a core each load a {self.loader_ms:.1f} ms batch beside "
+            f"{self.rest_ms:.1f} ms of the rest of the step, so {100 * self.hidden_share:.0f}% of the wait can go."
+        )
+
+    def evidence(self) -> dict:
+        return {
+            "cores": self.cores,
+            "busy_main_threads": self.busy_main,
+            "workers_after": self.workers_after,
+            "free_cores": self.free_cores,
+            "hidden_share": round(self.hidden_share, 4),
+        }
+
+
+def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int | None, workers_now: int) -> CoreBudget | None:
+    """The cores the fix's workers can have, from the facts file (None without a CPU count).
+
+    The training process keeps busy one core while it feeds a device (its Python thread), and
+    `torch.get_num_threads()` cores (the intra-op threads, `torch_threads.intra_op` in the
+    facts file) when it computes on the CPU itself; what is left over the ranks is where
+    workers load without slowing the training."""
+    if not cpus or not workers_after:
+        return None
+    m = ctx.metrics
+    cores = max(int(cpus) // max(int(world), 1), 1)
+    if m.has_device:
+        busy = 1
+    else:
+        intra = ctx.fact("torch_threads", "intra_op")
+        busy = int(intra) if isinstance(intra, int) and intra > 0 else cores
+    loader_ms = m.breakdown_mean_ms["dataloader"]
+    rest_ms = max(ctx.step_ms - loader_ms, 0.0)
+    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms)
