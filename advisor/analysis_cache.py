@@ -385,6 +385,8 @@ class WhatIfEntry(_Entry):
     all_fixes_ms: NonNegative | None
     fixes: list[str]
     savings: dict[str, NonNegative]
+    scale_range: list[NonNegative] | None = None
+    baseline_range_ms: list[NonNegative] | None = None
 
 
 def _within_replay(w: WhatIfEntry) -> bool:

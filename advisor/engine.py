@@ -586,7 +586,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                              "outweighs what it removes.")
             elif f.no_gain is None and saving < NO_GAIN_MS:
                 f.no_gain = "This fix alone gains nothing on this run now: " + critical_path(m, replay, f.change) + "."
-            elif f.no_gain is None and estimate and not (0.5 * estimate <= saving <= 2.0 * estimate):
+            elif f.no_gain is None and estimate is not None and not (0.5 * estimate <= saving <= 2.0 * estimate):
                 # Invariant 5: the replay departs from the rule's first-order estimate; say what holds the path.
                 why = critical_path(m, replay, f.change)
                 f.evidence["critical_path"] = why

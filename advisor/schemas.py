@@ -123,6 +123,8 @@ class WhatIf(_Out):
     all_fixes_ms: Optional[float]
     fixes: list[str]
     savings: dict[str, float]
+    scale_range: Optional[list[float]]  # without unprofiled steps: host scales at the profiler cost estimate's ends
+    baseline_range_ms: Optional[list[float]]  # the replayed step at those scales
 
 
 class Report(_Out):

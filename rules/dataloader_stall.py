@@ -67,7 +67,7 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
-from advisor.metrics.intervals import merge, overlap_with
+from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
 from advisor.metrics.unprofiled import UnprofiledSteps, unprofiled_steps
 from advisor.whatif import Change
@@ -229,6 +229,15 @@ def check(ctx: Context):
         elif budget.free_cores >= 1:
             change = Change(host_remove=[(dl_s, dl_e, budget.hidden_share)])
             message += " " + budget.sentence()
+        elif budget.trade_gain_ms > 0:
+            # No idle core, but loading costs more than a compute thread gives: one thread
+            # fewer for the model (its host work grows by p/(p-1) at best), a worker in its place.
+            hs = m.steps["host_start"].to_numpy(np.int64)
+            ws, we = subtract(*merge(hs, np.maximum(m.steps["host_end"].to_numpy(np.int64), hs)), dl_s, dl_e)
+            grow = budget.busy_main / (budget.busy_main - 1)
+            change = Change(host_remove=[(dl_s, dl_e, 1.0), (ws, we, 1.0 - grow)])
+            message += " " + budget.sentence()
+            fix = f"{fix.rstrip('.')}, with torch.set_num_threads({budget.busy_main - 1}) so the worker has a core."
         else:
             # No idle core: a worker would take its core from the training itself.
             change = Change()
@@ -267,14 +276,36 @@ class CoreBudget:
         left = max(self.loader_ms / self.loaders - self.rest_ms, 0.0)
         return min(max(1.0 - left / self.loader_ms, 0.0), 1.0)
 
+    @property
+    def traded_step_ms(self) -> float | None:
+        """The step with one compute thread fewer and a worker on its core (the model's work
+        at best p/(p-1) as long, the loading beside it); None with one compute thread."""
+        if self.busy_main < 2:
+            return None
+        return max(self.rest_ms * self.busy_main / (self.busy_main - 1), self.loader_ms)
+
+    @property
+    def trade_gain_ms(self) -> float:
+        t = self.traded_step_ms
+        return 0.0 if t is None or self.loaders >= 1 else max(self.loader_ms + self.rest_ms - t, 0.0)
+
     def sentence(self) -> str:
         if self.loaders < 1:
-            return (
-                f"No core is idle to load in: the {self.cores} cores already run {self.busy_main} compute thread"
-                f"{'s' if self.busy_main != 1 else ''} of the training (torch.get_num_threads()), so a loader worker would take "
-                "its core from the model and the step would not get shorter; load less per sample (prepare the data once) or give "
-                "the loader a core (torch.set_num_threads(cores - workers)) where the model's step gains less than the loading costs."
+            threads = f"{self.busy_main} compute thread{'s' if self.busy_main != 1 else ''}"
+            out = (
+                f"No core is idle to load in: the {self.cores} cores already run {threads} of the training "
+                "(torch.get_num_threads()), so a loader worker would take its core from the model"
             )
+            t = self.traded_step_ms
+            if t is None:
+                return out + f" and the {self.loader_ms:.1f} ms of loading per step would stay on the step: make the per-sample work cheaper (prepare the data once) instead."
+            trade = (
+                f"; with torch.set_num_threads({self.busy_main - 1}) and one worker the model's {self.rest_ms:.1f} ms per step "
+                f"would take at least {self.rest_ms * self.busy_main / (self.busy_main - 1):.1f} ms beside the {self.loader_ms:.1f} ms of loading"
+            )
+            if self.trade_gain_ms > 0:
+                return out + trade + f", a step of ~{t:.1f} ms."
+            return out + trade + ", longer than the step now: make the per-sample work cheaper (prepare the data once) instead."
         return (
             f"{self.loaders} worker{'s' if self.loaders != 1 else ''} with a core each load a {self.loader_ms:.1f} ms batch beside "
             f"{self.rest_ms:.1f} ms of the rest of the step, so {100 * self.hidden_share:.0f}% of the wait can go."
