@@ -590,7 +590,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 # Invariant 5: the replay departs from the rule's first-order estimate; say what holds the path.
                 why = critical_path(m, replay, f.change)
                 f.evidence["critical_path"] = why
-                f.message = f.message.rstrip() + f" The replay gives {saving:.2f} ms against the rule's estimate of {estimate:.2f} ms: {why}."
+                f.message = f.message.rstrip() + f" The replay gives {saving:.2f} ms against the rule's estimate of {estimate:.2f} ms: with the fix, {why}."
             if f.no_gain is not None:
                 f.evidence["critical_path"] = f.no_gain
                 if f.no_gain not in f.message:

@@ -46,7 +46,18 @@ the training: the advice is to make the per-sample work cheaper (prepare the dat
 ## How the saving is estimated
 The fix is replayed: with enough workers the batch is ready when asked for, so the
 DataLoader spans leave the host's path (the hand-over itself is well under a millisecond per
-batch), and the step graph is replayed without them. The saving is how much shorter the
+batch), and the step graph is replayed without them.
+
+Cores are counted (facts file: `cpu_count`, `torch_threads.intra_op`, `world_size`). The
+training process keeps one core busy while it feeds a device, and `torch.get_num_threads()`
+cores when it computes on the CPU; a worker hides loading only on a core left over. With
+`n` such cores a batch that takes `L` ms to load on one core is ready after `L / n` ms,
+beside the rest of the step (`R` ms): the share of the wait that goes is
+`1 - max(L / n - R, 0) / L`. With no core left over the fix is not promised (the finding is
+listed as considered, no gain, with the reason), except on a CPU-only run whose model uses
+`p >= 2` threads when handing one of them to a worker pays: the model's work at best
+`p / (p - 1)` times as long, beside the loading, is shorter than the step now (the replay
+grows the step's other host time by that factor and takes the loading off the path). The saving is how much shorter the
 replayed step is: less than the DataLoader time where the device was still busy with the
 previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
 the exposed DataLoader time per step, the mean `dataloader` slice of the breakdown. For a stall the window hid or
@@ -278,8 +289,9 @@ class CoreBudget:
 
     @property
     def traded_step_ms(self) -> float | None:
-        """The step with one compute thread fewer and a worker on its core (the model's work
-        at best p/(p-1) as long, the loading beside it); None with one compute thread."""
+        """The step with one compute thread fewer and a worker on its core, at worst: the
+        model's work p/(p-1) as long (the threads scale perfectly), the loading beside it;
+        None with one compute thread. At best the model loses nothing: max(rest, loading)."""
         if self.busy_main < 2:
             return None
         return max(self.rest_ms * self.busy_main / (self.busy_main - 1), self.loader_ms)
@@ -299,13 +311,18 @@ class CoreBudget:
             t = self.traded_step_ms
             if t is None:
                 return out + f" and the {self.loader_ms:.1f} ms of loading per step would stay on the step: make the per-sample work cheaper (prepare the data once) instead."
+            best = max(self.rest_ms, self.loader_ms)
             trade = (
                 f"; with torch.set_num_threads({self.busy_main - 1}) and one worker the model's {self.rest_ms:.1f} ms per step "
-                f"would take at least {self.rest_ms * self.busy_main / (self.busy_main - 1):.1f} ms beside the {self.loader_ms:.1f} ms of loading"
+                f"would take up to {self.rest_ms * self.busy_main / (self.busy_main - 1):.1f} ms beside the {self.loader_ms:.1f} ms of loading"
             )
             if self.trade_gain_ms > 0:
-                return out + trade + f", a step of ~{t:.1f} ms."
-            return out + trade + ", longer than the step now: make the per-sample work cheaper (prepare the data once) instead."
+                return out + trade + f", a step of ~{t:.1f} ms at worst."
+            return out + trade + (
+                f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now, depending on what the model's "
+                f"thread {self.busy_main} gives it, so no gain is promised: try it and measure, or make the per-sample work cheaper "
+                "(prepare the data once)."
+            )
         return (
             f"{self.loaders} worker{'s' if self.loaders != 1 else ''} with a core each load a {self.loader_ms:.1f} ms batch beside "
             f"{self.rest_ms:.1f} ms of the rest of the step, so {100 * self.hidden_share:.0f}% of the wait can go."
