@@ -58,6 +58,14 @@ def whatif(
             f"Replayed step    {head.baseline_ms:.2f} ms: host time scaled ×{head.host_scale:.2f} (DataLoader ×{replay.loader_scale:.2f}) to match "
             f"the {head.unprofiled_ms:.2f} ms median of the unprofiled steps, so the profiler's own cost is not counted",
         )
+    elif head.scale_range is not None and head.baseline_range_ms is not None:
+        lo, hi = head.baseline_range_ms
+        say(
+            out,
+            f"Replayed step    {head.baseline_ms:.2f} ms (range {lo:.2f}–{hi:.2f}): host time scaled ×{head.host_scale:.2f} "
+            f"(×{head.scale_range[0]:.2f}–×{head.scale_range[1]:.2f}) for the profiler's own cost, estimated from the host events it "
+            "recorded (no unprofiled steps: `advisor profile --full` records them)",
+        )
     else:
         say(out, f"Replayed step    {head.baseline_ms:.2f} ms (the step graph as measured)")
     if not wanted:
