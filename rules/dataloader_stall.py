@@ -232,7 +232,8 @@ def check(ctx: Context):
     finding_kwargs = {}
     if not hidden:
         nw_now = (loaders[0].get("num_workers") if loaders else None) or 0
-        budget = core_budget(ctx, cpus, world, workers if not cores_used else nw_now, nw_now)
+        # Where the workers already use the cores the fix is less work per sample, not workers.
+        budget = None if cores_used else core_budget(ctx, cpus, world, workers, nw_now)
         if budget is not None:
             evidence["cores"] = budget.evidence()
         if budget is None or budget.free_cores >= 1 and budget.hidden_share >= 1.0:
