@@ -47,6 +47,9 @@ class Analysis:
     # The user's rule options it was analysed with: a renderer that states a rank's fixes
     # again (the HTML timeline of the replayed step) states them as the report did.
     rule_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Findings whose fix gains nothing on this run (Finding.no_gain says why): not ranked,
+    # listed as considered. Taken out of `findings` when the analysis is made.
+    considered: list[Finding] = field(default_factory=list)
 
     def headline(self) -> RankWhatIf | None:
         """The slowest rank's replay: its measured step and the step with every fix replayed."""
@@ -55,6 +58,11 @@ class Analysis:
         primary = self.primary.rank
         return next((w for w in self.whatif if w.rank == primary), self.whatif[0])
     _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        found = list(self.findings)
+        self.findings = [f for f in found if f.no_gain is None]
+        self.considered = [*self.considered, *(f for f in found if f.no_gain is not None)]
 
     @property
     def primary(self) -> Metrics:
@@ -192,6 +200,7 @@ class Analysis:
             ],
             "whatif": head.to_dict() if (head := self.headline()) else None,
             "findings": [f.to_dict() for f in self.findings],
+            "considered": [f.to_dict() for f in self.considered],
             "notes": self.notes(),
             "warnings": self.warnings,
         }

@@ -946,6 +946,8 @@ class FindingEntry(_Entry):
     fix: FixEntry
     causes: list[str]
     rank: int | None
+    no_gain: str | None = None
+    saving_alone_ms: NonNegative | None = None
 
 
 class CopyEntry(_Entry):
@@ -992,6 +994,8 @@ class WhatIfEntry(_Entry):
     all_fixes_ms: NonNegative | None
     fixes: list[str]
     savings: dict[str, NonNegative]
+    scale_range: list[NonNegative] | None = None
+    baseline_range_ms: list[NonNegative] | None = None
 
 
 def _within_replay(w: WhatIfEntry) -> bool:

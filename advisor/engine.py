@@ -87,6 +87,13 @@ class Finding:
     fix: Fix = field(default_factory=lambda: Fix(""))
     causes: list[str] = field(default_factory=list)
     rank: int | None = None
+    # Why the fix gains nothing on this run (its replay saves nothing, or the rule sees that it
+    # cannot): such a finding is not ranked, the reports list it as considered, with this reason.
+    no_gain: str | None = None
+    # A replayed fix's saving alone (what applying only this fix saves); saving_ms is what it
+    # adds on top of the fixes ranked above it, so the ranked savings add up to the step with
+    # every fix. None for findings without a replayed fix.
+    saving_alone_ms: float | None = None
     # What the fix changes in the step (advisor.whatif.Change): set by Context.finding, replayed
     # by the engine, never reported (a plain attribute, not a field of the report's schema).
     change = None
@@ -240,6 +247,7 @@ def build_finding(
     severity: str | None = None,
     title: str | None = None,
     change: Change | None = None,
+    no_gain: str | None = None,
 ) -> Finding:
     """A finding of `rule`: its share of the step, a severity from that share, the module's FIX
     and AFTER unless given, and what its fix changes in the step (replayed by the engine)."""
@@ -258,6 +266,7 @@ def build_finding(
         evidence=evidence or {},
         fix=Fix(fix if fix is not None else getattr(mod, "FIX", ""), snippet if snippet is not None else getattr(mod, "AFTER", "")),
         rank=rank,
+        no_gain=no_gain,
     )
     f.change = change
     return f
@@ -499,6 +508,26 @@ def _restate(message: str, old: float, new: float) -> str:
     return message.rstrip() + f" Replayed on this run: ~{new:.2f} ms/step."
 
 
+# A replayed saving under this (ms per step) is no gain: the finding is considered, not ranked.
+NO_GAIN_MS = 0.005
+
+
+def critical_path(m: Metrics, replay: RankReplay, change: Change) -> str:
+    """One clause naming what holds the replayed step with `change` applied, with its time:
+    the device's own work where it fills most of the step, else the host's."""
+    step = replay.replayed_ms(change)
+    bd = m.breakdown_mean_ms
+    window = m.mean_step_ns / 1e6
+    util = m.gpu_utilization
+    device_ms = (util or 0.0) * window
+    host_ms = sum(bd.get(c, 0.0) for c in ("runtime", "dataloader", "cpu_exec", "other"))
+    if util is not None and device_ms >= 0.8 * step:
+        return f"the device's own work holds the step, {device_ms:.1f} ms of the {step:.1f} ms replayed step"
+    loader = bd.get("dataloader", 0.0)
+    parts = f", {loader:.1f} ms of it the DataLoader" if loader >= 0.05 * max(host_ms, 1e-9) else ""
+    return f"the host's own work holds the step, {host_ms:.1f} ms per step outside device work{parts}, of the {step:.1f} ms replayed step"
+
+
 def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Finding], whatif: list[RankWhatIf] | None = None) -> list[Finding]:
     """Savings of one rank's findings from its replay: each change alone, then all together."""
     replay = rank_replay(m, facts)
@@ -512,11 +541,11 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     symptoms = {f.rule for f in findings if f.symptom}
     fixes = [f for f in findings if f.change is not None and f.rule not in symptoms and f.saving_ms is not None]
     # Each fix replayed alone. One that lengthens the step (work it adds, such as a compiled
-    # region's host time, outweighs what it removes) stays out of the headline.
+    # region's host time, outweighs what it removes) or gains nothing stays out of the headline.
     alone = {f.rule: base - replay.replayed_ms(f.change) for f in fixes}
     lengthens = {rule for rule, gain in alone.items() if gain < -0.005}
-    fixes = [f for f in fixes if f.rule not in lengthens]
-    others = merged([f.change for f in fixes]) if fixes else None
+    gains = [f for f in fixes if alone[f.rule] >= NO_GAIN_MS and f.no_gain is None]
+    others = merged([f.change for f in gains]) if gains else None
     dropped = set()
     for f in findings:
         if f.saving_ms is None:
@@ -526,15 +555,16 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # the replayed step with every other fix minus that step with its change too.
             with_others = replay.replayed_ms(others)
             saving = max(with_others - replay.replayed_ms(merged([others, f.change])), 0.0)
-            f.causes = [c.rule for c in fixes if alone[c.rule] > 0.005]
+            f.causes = [c.rule for c in gains]
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
             if saving <= 0.01 * base:
                 dropped.add(f.rule)  # explained by the other findings: they carry the saving
-            changes.append(f.change)
-            summary.fixes.append(f.rule)
+            else:
+                changes.append(f.change)
+                summary.fixes.append(f.rule)
         elif f.change is not None:
             saving = max(alone[f.rule], 0.0) if f.rule in alone else replay.saving_ms(f.change)
-            if f.rule not in lengthens:
+            if saving >= NO_GAIN_MS and f.no_gain is None:
                 changes.append(f.change)
                 summary.fixes.append(f.rule)
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
@@ -547,22 +577,87 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
         if abs(saving - f.saving_ms) >= 0.005:
             f.message = _restate(f.message, f.saving_ms, saving)
-            if f.rule in lengthens:
-                f.message += (f" Replayed on this run, this fix makes the step {-alone[f.rule]:.2f} ms longer: the work it adds outweighs "
-                              "what it removes, so it is left out of the step with every fix.")
-            elif f.change is not None and saving < 0.005 and f.rule not in dropped:
-                f.message += " The replay finds other work bounding the step, so this fix alone gains nothing on this run now."
+        if f.change is not None and f.rule not in dropped:
+            estimate = f.evidence.get("estimate_ms")
+            if f.no_gain is None and f.rule in lengthens:
+                f.no_gain = (f"Replayed on this run, this fix makes the step {-alone[f.rule]:.2f} ms longer: the work it adds "
+                             "outweighs what it removes.")
+            elif f.no_gain is None and saving < NO_GAIN_MS:
+                f.no_gain = "This fix alone gains nothing on this run now: " + critical_path(m, replay, f.change) + "."
+            elif f.no_gain is None and estimate is not None and not (0.5 * estimate <= saving <= 2.0 * estimate):
+                # Invariant 5: the replay departs from the rule's first-order estimate; say what holds the path.
+                why = critical_path(m, replay, f.change)
+                f.evidence["critical_path"] = why
+                f.message = f.message.rstrip() + f" The replay gives {saving:.2f} ms against the rule's estimate of {estimate:.2f} ms: with the fix, {why}."
+            if f.no_gain is not None:
+                f.evidence["critical_path"] = f.no_gain
+                if f.no_gain not in f.message:
+                    f.message = f.message.rstrip() + " " + f.no_gain
         f.saving_ms = saving
         f.saving_pct = saving / base if base > 0 else None
         if f.change is not None:
             f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
-            if saving < 0.005:
-                f.saving_ms = 0.0  # still found; the report says the replay gives it nothing now
-        summary.savings[f.rule] = round(saving, 3)
+            if f.no_gain is not None or saving < NO_GAIN_MS:
+                f.saving_ms = 0.0  # still found; the reports list it as considered, with the reason
+                f.saving_pct = 0.0
+                f.severity = "low"
+        summary.savings[f.rule] = round(f.saving_ms, 3)
+    kept = [f for f in findings if f.rule not in dropped]
     if changes:
         # Fixes that each gain alone can still interact; the step with every fix is never
         # reported longer than the step without them.
         summary.all_fixes_ms = min(replay.replayed_ms(merged(changes)), base)
+        in_rank_order(replay, base, kept, summary)
     if whatif is not None:
         whatif.append(summary)
-    return [f for f in findings if f.rule not in dropped]
+    return kept
+
+
+def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summary: RankWhatIf) -> None:
+    """Each ranked finding's saving on top of the fixes ranked above it, so the list adds up to
+    the step with every fix, never to more than the step.
+
+    The replayed fixes are taken greedily: first the one that saves most alone, then the one
+    that saves most with it, and so on; a symptom's saving is already what the others leave.
+    Its saving alone (the promise of applying only that fix) stays in `saving_alone_ms` and in
+    the headline's `savings`. A fix that gains nothing once the fixes above it are in is not
+    ranked (the same time is theirs; it is listed as considered, with its saving alone). A
+    finding the replay cannot model keeps its estimate, capped at what the replayed fixes
+    leave of the step."""
+    pool = [f for f in findings if f.change is not None and f.no_gain is None and not f.symptom and f.rule in summary.fixes]
+    symptoms = [f for f in findings if f.change is not None and f.no_gain is None and f.symptom and f.rule in summary.fixes]
+    chosen: list[Finding] = []
+    step = base
+    while pool:
+        trials = [(step - replay.replayed_ms(merged([*(c.change for c in chosen), f.change])), f) for f in pool]
+        gain, best = max(trials, key=lambda t: (t[0], -pool.index(t[1])))
+        pool.remove(best)
+        alone = best.saving_ms or 0.0
+        best.saving_alone_ms = round(alone, 3)
+        if gain < NO_GAIN_MS:
+            above = ", ".join(c.rule for c in chosen)
+            best.no_gain = (f"Nothing left for it once the fixes ranked above it are in ({above}): they take the same time. "
+                            f"Alone it saves ~{alone:.2f} ms/step.")
+            best.evidence["critical_path"] = best.no_gain
+            best.saving_ms, best.saving_pct, best.severity = 0.0, 0.0, "low"
+            summary.fixes.remove(best.rule)
+            continue
+        chosen.append(best)
+        step -= gain
+        best.saving_ms = gain
+        best.saving_pct = gain / base if base > 0 else None
+        best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
+    for f in symptoms:
+        f.saving_alone_ms = round(f.saving_ms or 0.0, 3)
+        chosen.append(f)
+    if chosen:
+        summary.all_fixes_ms = min(replay.replayed_ms(merged([c.change for c in chosen])), base)
+    # Findings without a replayed fix: their estimates, in turn, never past the step the fixes leave.
+    left = summary.all_fixes_ms if summary.all_fixes_ms is not None else base
+    for f in sorted((f for f in findings if f.change is None and f.saving_ms is not None), key=lambda f: -(f.saving_ms or 0.0)):
+        if f.saving_ms > left:
+            f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the {left:.2f} ms the replayed fixes leave of the step"
+            f.saving_alone_ms = round(f.saving_ms, 3)
+            f.saving_ms = max(left, 0.0)
+            f.saving_pct = f.saving_ms / base if base > 0 else None
+        left -= f.saving_ms

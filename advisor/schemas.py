@@ -124,6 +124,8 @@ class WhatIf(_Out):
     all_fixes_ms: Optional[float]
     fixes: list[str]
     savings: dict[str, float]
+    scale_range: Optional[list[float]]  # without unprofiled steps: host scales at the profiler cost estimate's ends
+    baseline_range_ms: Optional[list[float]]  # the replayed step at those scales
 
 
 class Report(_Out):
@@ -139,6 +141,7 @@ class Report(_Out):
     ranks: list[RankReport]
     whatif: Optional[WhatIf]
     findings: list[Finding]
+    considered: list[Finding]  # findings whose fix gains nothing on this run (each says why in no_gain)
     notes: list[str]
     warnings: list[str]
 

@@ -459,7 +459,7 @@ def follow(settings: Settings, max_rounds: int, work_dir: Path, say: Callable[[s
             severity=str(finding.get("severity")),
             switch=p.switch,
             description=p.change(current.switches),
-            promised_ms=finding.get("saving_ms"),
+            promised_ms=finding.get("saving_alone_ms") if finding.get("saving_alone_ms") is not None else finding.get("saving_ms"),  # the fix applied alone
             promised_pct=finding.get("saving_pct"),
             before=current,
         )

@@ -56,7 +56,18 @@ A `transformers` Trainer gets `TrainingArguments(dataloader_num_workers=N, datal
 ## How the saving is estimated
 The fix is replayed: with enough workers the batch is ready when asked for, so the
 DataLoader spans leave the host's path (the hand-over itself is well under a millisecond per
-batch), and the step graph is replayed without them. The saving is how much shorter the
+batch), and the step graph is replayed without them.
+
+Cores are counted (facts file: `cpu_count`, `torch_threads.intra_op`, `world_size`). The
+training process keeps one core busy while it feeds a device, and `torch.get_num_threads()`
+cores when it computes on the CPU; a worker hides loading only on a core left over. With
+`n` such cores a batch that takes `L` ms to load on one core is ready after `L / n` ms,
+beside the rest of the step (`R` ms): the share of the wait that goes is
+`1 - max(L / n - R, 0) / L`. With no core left over the fix is not promised (the finding is
+listed as considered, no gain, with the reason), except on a CPU-only run whose model uses
+`p >= 2` threads when handing one of them to a worker pays: the model's work at best
+`p / (p - 1)` times as long, beside the loading, is shorter than the step now (the replay
+grows the step's other host time by that factor and takes the loading off the path). The saving is how much shorter the
 replayed step is: less than the DataLoader time where the device was still busy with the
 previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
 the exposed DataLoader time per step, the mean `dataloader` slice of the breakdown. For a stall the window hid or
@@ -71,11 +82,13 @@ Reference: https://pytorch.org/docs/stable/data.html#single-and-multi-process-da
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
-from advisor.metrics.intervals import merge, overlap_with
+from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
 from advisor.metrics.unprofiled import UnprofiledSteps, unprofiled_steps
 from advisor.whatif import Change
@@ -223,6 +236,135 @@ def check(ctx: Context):
             f"batches hid it; {fix}"
         )
         saving = wait_ms / unprofiled_step_ms * step_ms  # the same share of the window's step, like every other finding
-    # The fix: batches are ready when asked for, so the DataLoader spans leave the host's path.
-    change = None if hidden else Change(host_remove=[(dl_s, dl_e, 1.0)])
-    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)
+    # The fix: batches are ready when asked for, so the DataLoader spans leave the host's path,
+    # as far as idle cores let the workers keep up (see `core_budget`).
+    change = None
+    finding_kwargs = {}
+    if not hidden:
+        nw_now = (loaders[0].get("num_workers") if loaders else None) or 0
+        # Where the workers already use the cores the fix is less work per sample, not workers.
+        budget = None if cores_used else core_budget(ctx, cpus, world, workers, nw_now)
+        if budget is not None:
+            evidence["cores"] = budget.evidence()
+        if budget is None or budget.free_cores >= 1 and budget.hidden_share >= 1.0:
+            change = Change(host_remove=[(dl_s, dl_e, 1.0)])
+        elif budget.free_cores >= 1:
+            change = Change(host_remove=[(dl_s, dl_e, budget.hidden_share)])
+            message += " " + budget.sentence()
+        elif budget.trade_gain_ms > 0:
+            # No idle core, but loading costs more than a compute thread gives: one thread
+            # fewer for the model (its host work grows by p/(p-1) at best), a worker in its place.
+            hs = m.steps["host_start"].to_numpy(np.int64)
+            ws, we = subtract(*merge(hs, np.maximum(m.steps["host_end"].to_numpy(np.int64), hs)), dl_s, dl_e)
+            grow = budget.busy_main / (budget.busy_main - 1)
+            change = Change(host_remove=[(dl_s, dl_e, 1.0), (ws, we, 1.0 - grow)])
+            message += " " + budget.sentence()
+            fix = f"{fix.rstrip('.')}, with torch.set_num_threads({budget.busy_main - 1}) so the worker has a core."
+        else:
+            # No idle core: a worker would take its core from the training itself.
+            change = Change()
+            message += " " + budget.sentence()
+            finding_kwargs["no_gain"] = budget.sentence()
+    return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change, **finding_kwargs)
+
+
+@dataclass(frozen=True)
+class CoreBudget:
+    """Who uses the cores of one rank's share of the machine while the step runs."""
+
+    cores: int  # the machine's cores over its ranks
+    busy_main: int  # threads of the training process that compute while the step runs
+    workers_now: int
+    workers_after: int
+    loader_ms: float  # per step, the DataLoader's time in the window (single-process loading)
+    rest_ms: float  # the rest of the step, that a worker's loading can run beside
+
+    @property
+    def free_cores(self) -> int:
+        """Cores the training's own threads leave to loader workers."""
+        return max(self.cores - self.busy_main, 0)
+
+    @property
+    def loaders(self) -> int:
+        """Workers that get a core of their own."""
+        return min(self.workers_after, self.free_cores)
+
+    @property
+    def hidden_share(self) -> float:
+        """Share of the loading the workers hide: each batch takes `loader_ms` on one worker,
+        and `loaders` of them work beside the rest of the step."""
+        if self.loaders < 1 or self.loader_ms <= 0:
+            return 0.0
+        left = max(self.loader_ms / self.loaders - self.rest_ms, 0.0)
+        return min(max(1.0 - left / self.loader_ms, 0.0), 1.0)
+
+    @property
+    def traded_step_ms(self) -> float | None:
+        """The step with one compute thread fewer and a worker on its core, at worst: the
+        model's work p/(p-1) as long (the threads scale perfectly), the loading beside it;
+        None with one compute thread. At best the model loses nothing: max(rest, loading)."""
+        if self.busy_main < 2:
+            return None
+        return max(self.rest_ms * self.busy_main / (self.busy_main - 1), self.loader_ms)
+
+    @property
+    def trade_gain_ms(self) -> float:
+        t = self.traded_step_ms
+        return 0.0 if t is None or self.loaders >= 1 else max(self.loader_ms + self.rest_ms - t, 0.0)
+
+    def sentence(self) -> str:
+        if self.loaders < 1:
+            threads = f"{self.busy_main} compute thread{'s' if self.busy_main != 1 else ''}"
+            out = (
+                f"No core is idle to load in: the {self.cores} cores already run {threads} of the training "
+                "(torch.get_num_threads()), so a loader worker would take its core from the model"
+            )
+            t = self.traded_step_ms
+            if t is None:
+                return out + f" and the {self.loader_ms:.1f} ms of loading per step would stay on the step: make the per-sample work cheaper (prepare the data once) instead."
+            best = max(self.rest_ms, self.loader_ms)
+            trade = (
+                f"; with torch.set_num_threads({self.busy_main - 1}) and one worker the model's {self.rest_ms:.1f} ms per step "
+                f"would take up to {self.rest_ms * self.busy_main / (self.busy_main - 1):.1f} ms beside the {self.loader_ms:.1f} ms of loading"
+            )
+            if self.trade_gain_ms > 0:
+                return out + trade + f", a step of ~{t:.1f} ms at worst."
+            return out + trade + (
+                f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now, depending on what the model's "
+                f"thread {self.busy_main} gives it, so no gain is promised: try it and measure, or make the per-sample work cheaper "
+                "(prepare the data once)."
+            )
+        return (
+            f"{self.loaders} worker{'s' if self.loaders != 1 else ''} with a core each load a {self.loader_ms:.1f} ms batch beside "
+            f"{self.rest_ms:.1f} ms of the rest of the step, so {100 * self.hidden_share:.0f}% of the wait can go."
+        )
+
+    def evidence(self) -> dict:
+        return {
+            "cores": self.cores,
+            "busy_main_threads": self.busy_main,
+            "workers_after": self.workers_after,
+            "free_cores": self.free_cores,
+            "hidden_share": round(self.hidden_share, 4),
+        }
+
+
+def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int | None, workers_now: int) -> CoreBudget | None:
+    """The cores the fix's workers can have, from the facts file (None without a CPU count).
+
+    The training process keeps busy one core while it feeds a device (its Python thread), and
+    `torch.get_num_threads()` cores (the intra-op threads, `torch_threads.intra_op` in the
+    facts file) when it computes on the CPU itself; what is left over the ranks is where
+    workers load without slowing the training."""
+    if not cpus or not workers_after:
+        return None
+    m = ctx.metrics
+    cores = max(int(cpus) // max(int(world), 1), 1)
+    if m.has_device:
+        busy = 1
+    else:
+        intra = ctx.fact("torch_threads", "intra_op")
+        busy = int(intra) if isinstance(intra, int) and intra > 0 else cores
+    loader_ms = m.breakdown_mean_ms["dataloader"]
+    rest_ms = max(ctx.step_ms - loader_ms, 0.0)
+    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms)

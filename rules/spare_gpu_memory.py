@@ -58,6 +58,12 @@ stay as they are; the replayed step divided by k is the time per current step's 
 and the saving is the replayed baseline minus that. What the replay cannot place (the
 remainder, see `advisor/whatif`) is a per-step cost too, spread over the k× samples.
 
+What grows with the batch: the DataLoader's per-sample fetch and collate (the loop's wait
+for its batch grows k× when the training process loads; with workers at capacity, their
+wait stretches to k × (wait + the rest of the step) − the rest: `loader_growth` in the
+evidence), the batch's host→device bytes, and every kernel but the optimizer's; what
+amortises: launches, the host's per-op work, syncs, the optimizer and `zero_grad`.
+
 How much a kernel grows: its blocks run in waves of (SMs × blocks one SM holds) — the
 blocks per SM come from the trace's grid and `blocks per SM`, the blocks one SM holds from
 its occupancy and the device's warps per SM (64 on compute capability 7.0/8.0/9.0, 48 on
@@ -141,6 +147,27 @@ def batch_copy_host_ms(events, steps) -> float:
     return float((hi - lo)[host_only].sum()) / 1e6 / max(len(steps), 1)
 
 
+# A wait for the workers' batches at least this share of the step: the workers are at capacity.
+LOADER_BOUND_SHARE = 0.05
+
+
+def loader_wait_growth(wait_ms: float, step_ms: float, factor: int, num_workers: int | None) -> float:
+    """How much longer the loop's wait for its batch gets with a `factor`× batch.
+
+    Loading in the training process (`num_workers=0`, or unknown): the wait is the loading,
+    per sample, so it grows `factor` times. With workers that keep the loop waiting a real
+    share of the step they are at capacity: each batch takes them wait + the rest of the
+    step, `factor` times that with `factor`× the samples, while the rest of the step (its
+    per-step host work) is counted as it is now: the wait becomes
+    factor × (wait + rest) − rest. Workers whose batch is ready (a wait under 5% of the step)
+    may have room to spare, which the trace cannot tell: their wait grows `factor` times.
+    """
+    if not num_workers or wait_ms <= 0 or step_ms <= 0 or wait_ms < LOADER_BOUND_SHARE * step_ms:
+        return float(factor)
+    rest = max(step_ms - wait_ms, 0.0)
+    return float(factor + (factor - 1) * rest / wait_ms)
+
+
 def check(ctx: Context):
     m = ctx.metrics
     opts = ctx.options
@@ -220,10 +247,12 @@ def check(ctx: Context):
     grows = k.index.to_numpy()[~opt_mask]
     copies = ctx.events.device.index.to_numpy()[(ctx.events.device["kind"] == "memcpy").to_numpy() & (ctx.events.device["copy_kind"] == "HtoD").to_numpy()]
     dl_s, dl_e = dataloader_spans(ctx.events)
+    loader_growth = loader_wait_growth(float((dl_e - dl_s).sum()) / 1e6 / n_steps, step_ms, factor, loaders[0].get("num_workers") if loaders and isinstance(loaders[0], dict) else None)
+    evidence["loader_growth"] = round(loader_growth, 3)
     grown = np.concatenate([grows, copies])
     growth = batch_growth(ctx.events, grown, float(factor), m.device.capability)
     device_ns = ctx.events.device["dur"].to_numpy(np.float64)[grown]
     evidence["kernel_growth"] = round(float((device_ns * growth).sum() / max(device_ns.sum(), 1.0)), 3)
-    change = Change.merge([scale_device(grown, growth), Change(host_remove=[(dl_s, dl_e, 1.0 - factor)], per_sample=float(factor))])
+    change = Change.merge([scale_device(grown, growth), Change(host_remove=[(dl_s, dl_e, 1.0 - loader_growth)], per_sample=float(factor))])
     return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)
 

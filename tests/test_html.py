@@ -169,7 +169,12 @@ def test_timeline_shows_the_replayed_step_beside_the_measured_one(nw0_analysis, 
     # what the measured median step lasts (within the replay's 3%), and its device ops keep
     # the durations the trace measured.
     measured = float(np.median(m.steps["duration"].to_numpy()))
-    assert base.duration_ns == pytest.approx(measured, rel=0.03)
+    assert replay_step(r.graph, Change()).duration_ns == pytest.approx(measured, rel=0.03)
+    # The step drawn as the baseline is the headline's: no unprofiled steps here, so the host
+    # is scaled by the profiler's estimated cost, and the step is shorter than measured.
+    head = nw0_analysis.headline()
+    assert head.scale_range is not None and head.host_scale < 1.0
+    assert base.duration_ns / 1e6 == pytest.approx(head.baseline_ms, rel=0.03) and base.duration_ns < measured
     dur = m.frames.device["dur"].to_numpy(np.int64)[base.device_row]
     assert len(dur) > 100 and np.abs((base.device_end - base.device_start) - dur).max() <= 1
     # With every fix of the headline, the drawn step is the one the replay times.

@@ -202,8 +202,9 @@ def test_a_fix_that_lengthens_the_step_stays_out_of_the_headline(cli, tmp_path):
     code, out, err = cli(["report", "--rules", str(rules), "-f", "json", str(run)], env={"ADVISOR_CACHE": "off"})
     assert code == 0, err
     report = json.loads(out)
-    added = next(f for f in report["findings"] if f["rule"] == "adds-work")
-    assert added["saving_ms"] == 0 and "makes the step" in added["message"] and "longer" in added["message"]
+    assert "adds-work" not in [f["rule"] for f in report["findings"]]  # not ranked: it gains nothing
+    added = next(f for f in report["considered"] if f["rule"] == "adds-work")
+    assert added["saving_ms"] == 0 and "makes the step" in added["no_gain"] and "longer" in added["no_gain"]
     head = report["whatif"]  # the slowest rank's
     assert "adds-work" not in head["fixes"] and "dataloader-stall" in head["fixes"]
     assert head["all_fixes_ms"] < head["baseline_ms"]

@@ -32,8 +32,11 @@ def whatif(
     analysis = analyze(path, run=run, config=cfg)
     replay, modelled = analysis.stated_fixes(cfg.rule_options)
     primary = analysis.primary
+    head = analysis.headline()
     if apply is None:
-        wanted = list(modelled)
+        # The report's findings: the fixes its headline replays together, in its order.
+        ranked = [f.rule for f in analysis.findings]
+        wanted = [r for r in ranked if head is not None and r in head.fixes and r in modelled]
     else:
         wanted = [r.strip() for r in apply.split(",") if r.strip()]
         known = {r.id for r in all_rules()}
@@ -55,14 +58,30 @@ def whatif(
             f"Replayed step    {head.baseline_ms:.2f} ms: host time scaled ×{head.host_scale:.2f} (DataLoader ×{replay.loader_scale:.2f}) to match "
             f"the {head.unprofiled_ms:.2f} ms median of the unprofiled steps, so the profiler's own cost is not counted",
         )
+    elif head.scale_range is not None and head.baseline_range_ms is not None:
+        lo, hi = head.baseline_range_ms
+        say(
+            out,
+            f"Replayed step    {head.baseline_ms:.2f} ms (range {lo:.2f}–{hi:.2f}): host time scaled ×{head.host_scale:.2f} "
+            f"(×{head.scale_range[0]:.2f}–×{head.scale_range[1]:.2f}) for the profiler's own cost, estimated from the host events it "
+            "recorded (no unprofiled steps: `advisor profile --full` records them)",
+        )
     else:
         say(out, f"Replayed step    {head.baseline_ms:.2f} ms (the step graph as measured)")
     if not wanted:
         say(out, "No finding of this run has a fix to replay.")
         return
-    alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
-    together = replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted]))
+    report = analysis.headline()
+    if apply is None and report is not None and report.all_fixes_ms is not None:
+        # The report's own figures: each finding's saving and the step with every ranked fix.
+        alone = {rule: report.savings.get(rule, 0.0) for rule in wanted}
+        together = report.all_fixes_ms
+    else:
+        alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
+        together = min(replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted])), head.baseline_ms)
     saved = head.baseline_ms - together
     say(out, f"With the fixes   {together:.2f} ms per step ({saved:+.2f} ms saved, {100 * saved / head.baseline_ms:.0f}% of the step): " + ", ".join(wanted))
     for rule in wanted:
         say(out, f"  {rule:<26} alone: {alone[rule]:6.2f} ms/step")
+    if apply is None and analysis.considered:
+        say(out, "Considered, no gain on this run: " + ", ".join(f.rule for f in analysis.considered))

@@ -88,8 +88,8 @@ def batch_size(a: Analysis) -> int | None:
 
 
 def throughput(a: Analysis) -> tuple[float, str] | None:
-    """(value, unit): samples/s when the batch size is known, else steps/s."""
-    mean = a.summary()["step_time_ms"]["mean"]
+    """(value, unit): samples/s when the batch size is known, else steps/s (from the median step)."""
+    mean = a.summary()["step_time_ms"]["median"]
     if not mean:
         return None
     bs = batch_size(a)
@@ -128,3 +128,11 @@ def short_value(v: Any, limit: int = 300) -> str:
         return f"{v:.4g}"
     s = str(v)
     return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def alone_note(f: Any) -> str:
+    """" (alone 116.14)" where a finding's saving alone differs from its ranked saving."""
+    alone = getattr(f, "saving_alone_ms", None)
+    if alone is None or f.saving_ms is None or abs(alone - f.saving_ms) < 0.005:
+        return ""
+    return f" (alone {alone:.2f})"

@@ -26,7 +26,7 @@ from advisor.metrics.kernels import top_ops
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
 from advisor.render.demangle import demangle
-from advisor.render.fmt import esc, finding_rank, fmt_bytes, ms, pct, short_value, throughput
+from advisor.render.fmt import alone_note, esc, finding_rank, fmt_bytes, ms, pct, short_value, throughput
 from advisor.render.timeline import StepTimeline, replayed_timeline, step_timeline
 
 TOP_KERNELS = 40
@@ -112,11 +112,11 @@ def _header(a: Analysis) -> str:
         f'<p class="sub"><bdi>{esc(device)}</bdi>{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · <bdi>{esc(a.source)}</bdi></p>',
     ]
     tiles = []
-    if st["mean"] is not None:
-        tiles.append(tile("Step time (mean)", ms(st["mean"]), f"median {st['median']:.2f} · p90 {st['p90']:.2f} · {s['steps']} step{'s' if s['steps'] != 1 else ''}"))
+    if st["median"] is not None:
+        tiles.append(tile("Step time (median)", ms(st["median"]), f"p90 {st['p90']:.2f} · {s['steps']} step{'s' if s['steps'] != 1 else ''}"))
     tp = throughput(a)
     if tp:
-        tiles.append(tile("Throughput", f"{tp[0]:,.1f} {tp[1]}" if tp[0] < 100 else f"{tp[0]:,.0f} {tp[1]}", "from the mean step time"))
+        tiles.append(tile("Throughput", f"{tp[0]:,.1f} {tp[1]}" if tp[0] < 100 else f"{tp[0]:,.0f} {tp[1]}", "from the median step time"))
     if m.has_device:
         tiles.append(tile(f"{dev.short_kind} utilisation", pct(s["gpu_utilization"]), "of step time with device activity"))
         if dev.has_tensor_cores:
@@ -212,7 +212,7 @@ def _docs_urls() -> dict[str, str]:
 
 
 def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "") -> str:
-    saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step"
+    saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step{alone_note(f)}"
     share = f" <small>({pct(f.saving_pct)})</small>" if f.saving_pct is not None else ""
     parts = [
         f'<article class="card sev-{esc(f.severity)}" id="finding-{i}">',
@@ -245,13 +245,23 @@ def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "") -> s
 
 
 def _findings(a: Analysis) -> str:
-    out = ['<h2 id="findings">Findings, ranked by time saved per step</h2>']
+    out = ['<h2 id="findings">Findings, ranked by time saved per step</h2><p class="muted">Each saving is on top of the fixes above it; a fix\'s saving alone is in brackets where it differs.</p>']
     if not a.findings:
-        out.append("<p>Nothing to fix: no rule fired on this run.</p>")
+        out.append("<p>Nothing to fix: no rule fired on this run.</p>" if not a.considered else "<p>Nothing to fix: no fix gains time on this run.</p>")
+        out.append(_considered(a))
         return "".join(out)
     docs = _docs_urls()
     out.append('<div class="cards">' + "".join(finding_card(i, f, docs, finding_rank(a, f)) for i, f in enumerate(a.findings, 1)) + "</div>")
+    out.append(_considered(a))
     return "".join(out)
+
+
+def _considered(a: Analysis) -> str:
+    """The findings whose fix gains nothing on this run: not ranked, each with its reason."""
+    if not a.considered:
+        return ""
+    items = "".join(f"<li><code>{esc(f.rule)}</code> {esc(f.no_gain or '')}</li>" for f in a.considered)
+    return f'<h3 id="considered">Considered, no gain on this run</h3><ul class="considered">{items}</ul>'
 
 
 def breakdown_segments(bd_ms: dict[str, float]) -> list[svg.Segment]:
@@ -351,7 +361,9 @@ def _replayed_steps(a: Analysis) -> list[tuple[str, StepTimeline, str]]:
                     (
                         "Replayed step with every fix",
                         replayed_timeline(m, fixed, "the replayed median step with every fix"),
-                        f"The same graph with the fixes of {names} applied together: {fixed.duration_ns / 1e6:.2f} ms.{batch}",
+                        f"The same graph with the fixes of {names} applied together: {fixed.duration_ns / 1e6:.2f} ms"
+                        + (f" for {fixed.per_sample:g}× the samples, {fixed.duration_ns / 1e6 / fixed.per_sample:.2f} ms per current step." if fixed.per_sample != 1.0 else ".")
+                        + batch,
                     )
                 )
     return out

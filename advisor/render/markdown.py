@@ -13,6 +13,7 @@ from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.fmt import (
+    alone_note,
     esc,
     finding_rank,
     fmt_bytes,
@@ -32,7 +33,7 @@ def _headline(a: Analysis) -> list[str]:
     s = a.summary()
     st = s["step_time_ms"]
     m = a.primary
-    step = f"{st['mean']:.1f} ms/step" if st["mean"] is not None else "no steps"
+    step = f"{st['median']:.1f} ms/step (median)" if st["median"] is not None else "no steps"
     replayed = a.headline()
     could = ""
     if a.findings and replayed is not None and replayed.all_fixes_ms is not None:
@@ -50,7 +51,9 @@ def _headline(a: Analysis) -> list[str]:
     if len(a.ranks) > 1:
         facts.append(f"{len(a.ranks)} ranks (figures of rank {m.rank}, the slowest; each finding names its rank)")
     if st["mean"] is not None:
-        facts.append(f"{s['steps']} steps: mean {st['mean']:.2f} ms, median {st['median']:.2f}, p90 {st['p90']:.2f}")
+        facts.append(f"{s['steps']} steps: median {st['median']:.2f} ms, p90 {st['p90']:.2f}")
+    if replayed is not None:
+        facts.append(f"replayed {replayed.baseline_ms:.2f} ms")
     tp = throughput(a)
     if tp:
         facts.append(f"{tp[0]:,.1f} {tp[1]}")
@@ -69,15 +72,23 @@ def _headline(a: Analysis) -> list[str]:
     return out
 
 
+def _considered(a: Analysis) -> list[str]:
+    """The findings whose fix gains nothing on this run: not ranked, each with its reason."""
+    if not a.considered:
+        return []
+    return ["**Considered, no gain on this run**", "", *(f"- {md(f.rule)}: {md(f.no_gain or '')}" for f in a.considered), ""]
+
+
 def _findings(a: Analysis, verbose: bool, details: bool = True) -> list[str]:
     if not a.findings:
-        return ["No findings: no rule fired on this run.", ""]
+        return ["No findings: no rule fired on this run." if not a.considered else "No findings: no fix gains time on this run.", "", *_considered(a)]
     out = ["| # | rule | saving/step | finding |", "|--:|---|--:|---|"]
     for i, f in enumerate(a.findings, 1):
-        saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms ({pct(f.saving_pct)})"
+        saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms ({pct(f.saving_pct)}){alone_note(f)}"
         where = finding_rank(a, f)
         out.append(f"| {i} | {md(f.rule)}{' (' + md(where) + ')' if where else ''} | {saving} | {md(f.message)} |")
     out.append("")
+    out += _considered(a)
     if not details:
         return out + ["Fixes: `advisor report -v` or `--format html`.", ""]
     for i, f in enumerate(a.findings, 1):

@@ -21,7 +21,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
-from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, short_value
+from advisor.render.fmt import alone_note, batch_size, finding_rank, fmt_bytes, pct, ranks_line, short_value
 from advisor.terminal_text import multi_line, one_line
 
 COLOURS = {
@@ -71,14 +71,14 @@ def _overview(a: Analysis, console: Console) -> Group:
     if st["mean"] is not None:
         head.add_row(
             "Step time",
-            Text(f"{st['mean']:.2f} ms mean, {st['median']:.2f} median, p90 {st['p90']:.2f}, min {st['min']:.2f}, max {st['max']:.2f}  over {s['steps']} steps"),
+            Text(f"{st['median']:.2f} ms median, p90 {st['p90']:.2f}, min {st['min']:.2f}, max {st['max']:.2f}  over {s['steps']} steps"),
         )
     replayed = a.headline()
     if replayed is not None:
         head.add_row("Replayed step", Text(replayed.headline()))
     bs = batch_size(a)
-    if bs and st["mean"]:
-        head.add_row("Throughput", Text(f"{bs / st['mean'] * 1000:,.0f} samples/s (batch {bs})"))
+    if bs and st["median"]:
+        head.add_row("Throughput", Text(f"{bs / st['median'] * 1000:,.0f} samples/s (batch {bs}, median step)"))
     if m.has_device:
         head.add_row(f"{dev.short_kind} utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
         if dev.has_tensor_cores:
@@ -169,13 +169,24 @@ def _cpu_ops_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     return t
 
 
+def _considered(a: Analysis) -> list:
+    """The findings whose fix gains nothing on this run: not ranked, each with its reason."""
+    if not a.considered:
+        return []
+    out: list = [Text("Considered, no gain on this run", style="bold")]
+    for f in a.considered:
+        out.append(Text.assemble("  - ", (one_line(f.rule), "bold"), "  ", one_line(f.no_gain or "")))
+    return out
+
+
 def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
-    out: list = [Text("Findings, ranked by time saved per step", style="bold")]
+    out: list = [Text("Findings, ranked by time saved per step (each on top of the fixes above it)", style="bold")]
     if not a.findings:
-        out.append(Text("  nothing to fix: no rule fired on this run"))
+        out.append(Text("  nothing to fix: no rule fired on this run" if not a.considered else "  nothing to fix: no fix gains time on this run"))
+        out.extend(_considered(a))
         return out
     for i, f in enumerate(a.findings, 1):
-        saving = "risk, no time cost yet" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step ({pct(f.saving_pct)})"
+        saving = "risk, no time cost yet" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step ({pct(f.saving_pct)}){alone_note(f)}"
         out.append(
             Text.assemble(
                 (f"{i:>2}. ", "bold"),
@@ -187,6 +198,7 @@ def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
             )
         )
         out.append(Padding(Text(one_line(f.message)), (0, 0, 0, 4), expand=False))
+    out.extend(_considered(a))
     if verbose:
         for i, f in enumerate(a.findings, 1):
             body: list = [Text(one_line(f.message))]

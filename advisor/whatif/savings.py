@@ -35,6 +35,10 @@ class RankWhatIf:
     untimed_host_ms: float  # host time per step the trace does not show, replayed after its longest wait
     unprofiled_ms: float | None  # median of the unprofiled steps after the window, if recorded
     all_fixes_ms: float | None = None  # replayed with every modelled fix together
+    # Without unprofiled steps: the profiler's host cost estimated from the trace (see
+    # `profiler_cost`): the host scales of its high and low end and the replayed steps at them.
+    scale_range: list[float] | None = None
+    baseline_range_ms: list[float] | None = None
     fixes: list[str] = field(default_factory=list)  # rules whose fixes the headline replays
     savings: dict[str, float] = field(default_factory=dict)  # rule -> replayed saving alone
 
@@ -54,6 +58,13 @@ class RankWhatIf:
                 out += f", {self.untimed_host_ms:.2f} ms of it host time the trace does not show (replayed after each step's longest wait on the device)"
             if self.remainder_ms > 0.005:
                 out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
+        elif self.unprofiled_ms is None and self.scale_range is not None and self.baseline_range_ms is not None:
+            lo, hi = self.baseline_range_ms
+            out += (
+                f", replayed {self.baseline_ms:.2f} ms (range {lo:.2f}–{hi:.2f}) with host time ×{self.host_scale:.2f} "
+                f"(×{self.scale_range[0]:.2f}–×{self.scale_range[1]:.2f}): the profiler's own cost estimated from the host events it "
+                "recorded, as no unprofiled steps were recorded (`advisor profile --full` records them)"
+            )
         elif self.unprofiled_ms is None:
             out += ", host times as profiled, the profiler's own cost in them (no unprofiled steps to calibrate them)"
         saved = self.all_fixes_saving_ms
@@ -93,6 +104,7 @@ class RankReplay:
         self.step_host_ms: float = 0.0  # unprofiled host time placed at each step's start
         self._rows: tuple[np.ndarray, np.ndarray] | None = None  # calls and device ops of a replayed block
         self._replayed: dict[int, tuple[Change, float]] = {}
+        self.scale_range: list[float] | None = None  # host scales at the profiler cost estimate's high and low end
 
     @property
     def available(self) -> bool:
@@ -158,6 +170,11 @@ class RankReplay:
                     rest = self._unprofiled - replay(self.graph, base).median_ms
                 base, rest = self._as_step_host_time(base, max(rest, 0.0))
                 self.remainder_ms = rest
+            else:
+                cost = profiler_cost(self.metrics, self.graph)
+                if cost is not None:
+                    base = Change(host_scale=cost[1])
+                    self.scale_range = [cost[0], cost[2]]
             self._base = base
         return self._base
 
@@ -227,9 +244,13 @@ class RankReplay:
     def summary(self) -> RankWhatIf:
         measured = float(np.median(self.metrics.steps["duration"].to_numpy(np.float64))) / 1e6
         scale = self.host_scale
-        return RankWhatIf(
+        out = RankWhatIf(
             self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled
         )
+        if self.scale_range is not None:
+            out.scale_range = [round(x, 4) for x in self.scale_range]
+            out.baseline_range_ms = [round(replay(self.graph, Change(host_scale=x)).median_ms, 3) for x in self.scale_range]
+        return out
 
 
 def replayed_block(steps) -> slice:
@@ -382,3 +403,35 @@ def resume_nodes(g: StepGraph, base: Change) -> np.ndarray:
         i = f + int(np.argmax(w)) if len(w) and w.max() > 0 else f
         out.append(min(i + 1, e))
     return np.asarray(out, dtype=np.int64)
+
+
+# The profiler's host cost per host event it records (an operator or, with stacks, a Python
+# function), µs: low, central, high. From this project's runs whose steps after the window were
+# host-bound (window median minus unprofiled median over the recorded events per step):
+# sample_runs/resnet18_cifar/runs/gpu_baseline 1.9, gpu_workers 2.4, ../shared/whatif/h100_vit
+# no_sync 1.9 and tf32 1.9; ViT baseline and workers 1.0 and 1.2, where part of the host's
+# time is off the step's path (so a lower bound).
+PROFILER_NS_PER_EVENT = (1_000.0, 1_900.0, 2_400.0)
+
+
+def profiler_cost(metrics, g: StepGraph) -> tuple[float, float, float] | None:
+    """Host scales (at the high, central and low cost per event) that take the profiler's own
+    cost out of a window that has no unprofiled steps to calibrate against.
+
+    The cost is the host events the profiler recorded in the steps (operators, Python
+    functions with stacks on) times PROFILER_NS_PER_EVENT, spread over the host time the graph
+    replays per step (its gaps and calls); None without host events or steps."""
+    steps = metrics.steps
+    if len(steps) == 0 or len(g.h_gap) == 0:
+        return None
+    host = metrics.frames.host
+    kind = host["kind"].astype(str).to_numpy()
+    ts = host["ts"].to_numpy(np.int64)
+    lo, hi = int(steps["start"].min()), int(steps["end"].max())
+    events = int((((kind == "op") | (kind == "python")) & (ts >= lo) & (ts < hi)).sum())
+    host_ns = float(np.clip(g.h_gap, 0, None).sum() + np.clip(g.h_dur, 0, None).sum())
+    if events == 0 or host_ns <= 0:
+        return None
+    from advisor.whatif.replay import HOST_SCALE_FLOOR
+
+    return tuple(float(max(1.0 - events * c / host_ns, HOST_SCALE_FLOOR)) for c in reversed(PROFILER_NS_PER_EVENT))  # type: ignore[return-value]
