@@ -51,7 +51,7 @@ from advisor.metrics.host_device import Timeline, timeline
 from advisor.metrics.events import RankEvents, rank_events
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import Change
-from advisor.whatif.savings import RankReplay, RankWhatIf, merged, rank_replay
+from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
 
 # Host ops only a training step has: autograd's backward nodes and the optimizer's spans.
 TRAINING_OPS = re.compile(r"(Backward\d*$|^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|## backward ##)")
@@ -545,7 +545,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     alone = {f.rule: base - replay.replayed_ms(f.change) for f in fixes}
     lengthens = {rule for rule, gain in alone.items() if gain < -0.005}
     gains = [f for f in fixes if alone[f.rule] >= NO_GAIN_MS and f.no_gain is None]
-    others = merged([f.change for f in gains]) if gains else None
+    others = Change.merge([f.change for f in gains]) if gains else None
     dropped = set()
     for f in findings:
         if f.saving_ms is None:
@@ -554,7 +554,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # A symptom (the device idles) is what its causes' fixes leave: its saving is
             # the replayed step with every other fix minus that step with its change too.
             with_others = replay.replayed_ms(others)
-            saving = max(with_others - replay.replayed_ms(merged([others, f.change])), 0.0)
+            saving = max(with_others - replay.replayed_ms(Change.merge([others, f.change])), 0.0)
             f.causes = [c.rule for c in gains]
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
             if saving <= 0.01 * base:
@@ -606,7 +606,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     if changes:
         # Fixes that each gain alone can still interact; the step with every fix is never
         # reported longer than the step without them.
-        summary.all_fixes_ms = min(replay.replayed_ms(merged(changes)), base)
+        summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
         in_rank_order(replay, base, kept, summary)
     if whatif is not None:
         whatif.append(summary)
@@ -629,7 +629,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     chosen: list[Finding] = []
     step = base
     while pool:
-        trials = [(step - replay.replayed_ms(merged([*(c.change for c in chosen), f.change])), f) for f in pool]
+        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change])), f) for f in pool]
         gain, best = max(trials, key=lambda t: (t[0], -pool.index(t[1])))
         pool.remove(best)
         alone = best.saving_ms or 0.0
@@ -651,7 +651,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         f.saving_alone_ms = round(f.saving_ms or 0.0, 3)
         chosen.append(f)
     if chosen:
-        summary.all_fixes_ms = min(replay.replayed_ms(merged([c.change for c in chosen])), base)
+        summary.all_fixes_ms = min(replay.replayed_ms(Change.merge([c.change for c in chosen])), base)
     # Findings without a replayed fix: their estimates, in turn, never past the step the fixes leave.
     left = summary.all_fixes_ms if summary.all_fixes_ms is not None else base
     for f in sorted((f for f in findings if f.change is None and f.saving_ms is not None), key=lambda f: -(f.saving_ms or 0.0)):

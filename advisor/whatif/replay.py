@@ -13,6 +13,7 @@ from what they detect. Changes compose (`Change.merge`), so all fixes replay tog
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,30 +86,28 @@ class Change:
     untimed_host: dict[int, float] = field(default_factory=dict)
 
     @classmethod
-    def merge(cls, changes: list["Change"]) -> "Change":
+    def merge(cls, changes: Sequence["Change"]) -> "Change":
+        """The changes together. Per-row tables are combined a table at a time (dict.update,
+        then the rows two changes share), and a table only one change has is shared, not
+        copied: a replay never modifies a change."""
         out = cls()
+        remainder = 0.0
         for c in changes:
             out.host_remove += c.host_remove
             out.host_scale *= c.host_scale
-            _merge_factors(out.call_scale, c.call_scale)
-            out.unwait |= c.unwait
-            _merge_factors(out.device_scale, c.device_scale)
-            out.tight_launch |= c.tight_launch
             out.per_sample *= c.per_sample
             out.device_scale_all *= c.device_scale_all
             out.host_own += c.host_own
             out.host_add += c.host_add
             out.host_add_unprofiled += c.host_add_unprofiled
-            if out.device_add:
-                common = out.device_add.keys() & c.device_add.keys()
-                out.device_add.update(c.device_add)
-                for k in common:  # the same casts do not stack
-                    out.device_add[k] = max(out.device_add[k], c.device_add[k])
-            else:
-                out.device_add.update(c.device_add)
-            out.remainder_share = 1.0 - (1.0 - out.remainder_share) * (1.0 - c.remainder_share)
-            for k, v in c.untimed_host.items():
-                out.untimed_host[k] = out.untimed_host.get(k, 0.0) + v
+            remainder = 1.0 - (1.0 - remainder) * (1.0 - c.remainder_share)
+        out.remainder_share = remainder
+        out.call_scale = _merged_table([c.call_scale for c in changes], _combine)
+        out.device_scale = _merged_table([c.device_scale for c in changes], _combine)
+        out.device_add = _merged_table([c.device_add for c in changes], max)  # the same casts do not stack
+        out.untimed_host = _merged_table([c.untimed_host for c in changes], lambda a, b: a + b)
+        out.unwait = _merged_set([c.unwait for c in changes])
+        out.tight_launch = _merged_set([c.tight_launch for c in changes])
         return out
 
     def with_host_scale(self, scale: float) -> "Change":
@@ -117,16 +116,29 @@ class Change:
         return out
 
 
-def _merge_factors(dst: dict[int, float], src: dict[int, float]) -> None:
-    """Factors of `src` into `dst` (row -> factor), `_combine`d where both name a row."""
-    if not dst:
-        dst.update(src)
-        return
-    common = dst.keys() & src.keys() if len(src) < len(dst) else src.keys() & dst.keys()
-    before = {k: dst[k] for k in common}
-    dst.update(src)
-    for k in common:
-        dst[k] = _combine(before[k], src[k])
+def _merged_table(tables: list[dict], combine) -> dict:
+    """Per-row tables combined: a row in one table keeps its value, rows in several are
+    combined in order."""
+    tables = [t for t in tables if t]
+    if not tables:
+        return {}
+    if len(tables) == 1:
+        return tables[0]
+    out = dict(tables[0])
+    for t in tables[1:]:
+        common = out.keys() & t.keys()
+        old = {k: out[k] for k in common}
+        out.update(t)
+        for k in common:
+            out[k] = combine(old[k], t[k])
+    return out
+
+
+def _merged_set(sets: list[set]) -> set:
+    sets = [s for s in sets if s]
+    if len(sets) == 1:
+        return sets[0]
+    return set().union(*sets)
 
 
 def _combine(a: float, b: float) -> float:

@@ -19,7 +19,7 @@ from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
-from advisor.whatif.replay import Change, _combine, calibrate, replay, replay_nodes
+from advisor.whatif.replay import Change, calibrate, replay, replay_nodes
 
 
 @dataclass
@@ -199,7 +199,7 @@ class RankReplay:
         target = self._unprofiled
         added = rest_ms
         for _ in range(4):
-            trial = merged([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
+            trial = Change.merge([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
             got = replay(self.graph, trial).median_ms
             if abs(got - target) <= STEP_HOST_FIT * target:
                 self.step_host_ms = added
@@ -231,11 +231,11 @@ class RankReplay:
 
     def _replayed_ms(self, change: Change) -> float:
         remainder = self.remainder_ms * (1.0 - min(max(change.remainder_share, 0.0), 1.0))
-        return replay(self.graph, merged([self.base, self._in_block(change)])).median_ms + remainder / change.per_sample
+        return replay(self.graph, Change.merge([self.base, self._in_block(change)])).median_ms + remainder / change.per_sample
 
     def with_base(self, change: Change) -> Change:
         """The baseline with `change` on it, as the replayed graph takes it (for replay_step)."""
-        return merged([self.base, self._in_block(change)])
+        return Change.merge([self.base, self._in_block(change)])
 
     def saving_ms(self, change: Change) -> float:
         """Baseline minus the replay with `change` (never below 0)."""
@@ -317,58 +317,6 @@ def _set_in(rows: set[int], inside: np.ndarray) -> set[int]:
     ok = (r >= 0) & (r < len(inside))
     ok[ok] = inside[r[ok]]
     return rows if ok.all() else set(r[ok].tolist())
-
-
-def merged(changes: Sequence[Change]) -> Change:
-    """Change.merge's result, with per-row tables combined a table at a time (dict.update,
-    then the rows two changes share) instead of row by row; a table only one change has is
-    shared, not copied (a replay never modifies a change)."""
-    out = Change()
-    remainder = 0.0
-    for c in changes:
-        out.host_remove += c.host_remove
-        out.host_scale *= c.host_scale
-        out.per_sample *= c.per_sample
-        out.device_scale_all *= c.device_scale_all
-        out.host_own += c.host_own
-        out.host_add += c.host_add
-        out.host_add_unprofiled += c.host_add_unprofiled
-        remainder = 1.0 - (1.0 - remainder) * (1.0 - c.remainder_share)
-    out.remainder_share = remainder
-    out.call_scale = _merged_table([c.call_scale for c in changes], _combine)
-    out.device_scale = _merged_table([c.device_scale for c in changes], _combine)
-    out.device_add = _merged_table([c.device_add for c in changes], max, floor=0.0)
-    out.untimed_host = _merged_table([c.untimed_host for c in changes], lambda a, b: a + b, floor=None)
-    out.unwait = _merged_set([c.unwait for c in changes])
-    out.tight_launch = _merged_set([c.tight_launch for c in changes])
-    return out
-
-
-def _merged_table(tables: list[dict], combine, floor: float | None = None) -> dict:
-    """Tables combined as Change.merge combines them: a row in one table keeps its value (at
-    least `floor`, the value merge starts from), rows in several are combined in order."""
-    tables = [t for t in tables if t]
-    if not tables:
-        return {}
-    if floor is not None and any(min(t.values()) < floor for t in tables):
-        tables = [{k: (v if v >= floor else floor) for k, v in t.items()} for t in tables]
-    if len(tables) == 1:
-        return tables[0]
-    out = dict(tables[0])
-    for t in tables[1:]:
-        common = out.keys() & t.keys()
-        old = {k: out[k] for k in common}
-        out.update(t)
-        for k in common:
-            out[k] = combine(old[k], t[k])
-    return out
-
-
-def _merged_set(sets: list[set]) -> set:
-    sets = [s for s in sets if s]
-    if len(sets) == 1:
-        return sets[0]
-    return set().union(*sets)
 
 
 def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
