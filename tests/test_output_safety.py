@@ -187,3 +187,37 @@ def test_a_write_that_fails_leaves_the_earlier_report_whole(tmp_path: Path):
     r = run_advisor(["report", str(CPU_RUN), "--format", "markdown", "-o", str(report)], tmp_path)
     assert r.returncode == 0 and report.read_text().startswith("#")
     assert report.stat().st_mode & 0o777 == 0o640  # a replaced file keeps its permissions
+
+
+# --- devices and FIFOs are written into, never replaced -------------------------------------------
+def test_a_character_device_or_fifo_output_is_written_into_never_replaced(tmp_path: Path):
+    """`-o /dev/null` as root once renamed a temp file over the device. A FIFO (anyone can
+    make one) and, as root, a copy of /dev/null's device node stand in for the real ones."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    outputs = [fifo]
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "null", 0o666 | 0o020000, os.stat("/dev/null").st_rdev)
+        outputs.append(tmp_path / "null")
+    base = tmp_path / "base.json"
+    assert run_advisor(["baseline", str(CPU_RUN), "-o", str(base)], tmp_path).returncode == 0
+    for out in outputs:
+        for args in (["report", str(CPU_RUN), "--format", "json", "-o", str(out)], ["gate", str(CPU_RUN), "-b", str(base), "--json", str(out)], ["gate", str(CPU_RUN), "-b", str(base), "--junit", str(out)]):
+            reader = subprocess.Popen(["cat", str(out)], stdout=subprocess.PIPE) if out == fifo else None
+            r = run_advisor(args, tmp_path)
+            got = reader.communicate(timeout=60)[0] if reader else b""
+            assert r.returncode in (0, 1), r.stderr
+            assert not out.is_file() and (out.is_fifo() or out.is_char_device()), args
+            if reader:
+                assert got.lstrip().startswith((b"{", b"<?xml")), got[:100]
+    # a FIFO nobody reads: one line, exit 2, not a hang
+    r = run_advisor(["report", str(CPU_RUN), "--format", "json", "-o", str(fifo)], tmp_path)
+    assert r.returncode == 2 and r.stderr.decode().strip() == f"advisor: error: {fifo}: is a FIFO with no reader; start the reader first"
+    assert fifo.is_fifo()
+
+
+def test_dev_stdout_into_a_pipe_is_written():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ADVISOR_CACHE": "off"}
+    r = subprocess.run([sys.executable, "-m", "advisor", "report", str(CPU_RUN), "--format", "json", "-o", "/dev/stdout"], env=env, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads(r.stdout)["schema"] == "advisor/report/v1"
