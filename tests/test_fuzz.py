@@ -420,7 +420,7 @@ def run_cli(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
 
 
 def assert_one_line_error(code: int, err: str) -> None:
-    assert code != 3 and "internal error" not in err, err
+    assert code != 70 and "internal error" not in err, err
     if code == 2:
         lines = [line for line in err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("advisor: error: "), err

@@ -21,7 +21,9 @@ from advisor.render.output import run_input_files, write_output
 if TYPE_CHECKING:
     from rich.console import Console
 
-EXIT_INTERNAL = 3
+# The advisor's own failure (a bug: "internal error: ..."): EX_SOFTWARE of sysexits.h, apart
+# from any code a profiled script may choose for itself (`advisor profile` passes those through).
+EXIT_INTERNAL = 70
 
 app = typer.Typer(
     name="advisor",
