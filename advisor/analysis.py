@@ -19,6 +19,7 @@ import orjson
 from advisor import __version__, analysis_cache
 from advisor.analysis_cache import AnalysisKey, read_analysis, write_analysis
 from advisor.capture.facts import validate_facts
+from advisor.files_read import remember_all
 from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, check_rank_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
@@ -520,6 +521,9 @@ def analyze(
         config = check_rule_options(config, all_rules(rules_dir))
     warnings: list[str] = []
     run_files = find_run(path, run)
+    remember_all(run_files.files)
+    if run_files.directory is not None and run_files.directory.is_dir():  # the facts files are inputs too, read or not
+        remember_all(p for p in sorted(run_files.directory.iterdir()) if FACTS_FILE.match(p.name))
     select = select or config.select
     ignore = [*(ignore or []), *config.ignore]
     key = _cache_key(run_files, config, select, ignore, rules_dir) if cache else None

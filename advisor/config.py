@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, get_args, get_origin
 import msgspec
 
 from advisor.errors import InputError
+from advisor.files_read import remember
 
 if TYPE_CHECKING:
     from advisor.engine import Rule
@@ -68,6 +69,7 @@ class Config:
 
 # --- reading ------------------------------------------------------------------------------
 def _read_toml(path: Path) -> dict[str, Any]:
+    remember(path)
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:

@@ -221,3 +221,52 @@ def test_dev_stdout_into_a_pipe_is_written():
     r = subprocess.run([sys.executable, "-m", "advisor", "report", str(CPU_RUN), "--format", "json", "-o", "/dev/stdout"], env=env, capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert orjson.loads(r.stdout)["schema"] == "advisor/report/v1"
+
+
+def test_no_output_ever_replaces_a_file_the_command_read(cli, tmp_path: Path):
+    """Every file read is an input: the default baseline, a baseline named in pyproject.toml,
+    the config, the baseline log dir's facts, the chosen run's own facts, a budget file.
+    Each write is refused in one line, exit 2, and the file stays byte for byte."""
+    work = tmp_path / "work"
+    (work / "perf").mkdir(parents=True)
+    run = work / "run"
+    shutil.copytree(CPU_RUN, run)
+    other = work / "other"
+    shutil.copytree(CPU_RUN, other)
+    multi = work / "multi"
+    shutil.copytree(CPU_RUN, multi / "r1")
+    shutil.copytree(CPU_RUN, multi / "r2")
+    code, _, err = cli(["baseline", str(run), "-o", str(work / "perf" / "baseline.json")], work)
+    assert code == 0, err
+    shutil.copy(work / "perf" / "baseline.json", work / "b2.json")
+    budget = work / "budget.toml"
+    budget.write_text("max_step_time_ms = 100000\n")
+
+    def refused(args: list[str], victim: Path, pyproject: str | None = None) -> None:
+        (work / "pyproject.toml").unlink(missing_ok=True)
+        if pyproject is not None:
+            (work / "pyproject.toml").write_text(pyproject)
+        before = victim.read_bytes()
+        code, _, err = cli(args, work)
+        assert code == 2, (args, err)
+        lines = [line for line in err.strip().splitlines() if not line.startswith("advisor gate: comparing with")]
+        assert lines == [f"advisor: error: {args[-1]}: is one of the files this command reads; it is never overwritten: choose another output file"], args
+        assert victim.read_bytes() == before, args
+
+    refused(["gate", "run", "--json", "perf/baseline.json"], work / "perf" / "baseline.json")
+    refused(["gate", "run", "--junit", "b2.json"], work / "b2.json", '[tool.advisor.gate]\nbaseline = "b2.json"\n')
+    refused(["report", "run", "-o", "pyproject.toml"], work / "pyproject.toml", "[tool.advisor]\nignore = []\n")
+    refused(["gate", "run", "-b", "other", "--json", "other/advisor_facts.json"], other / "advisor_facts.json")
+    refused(["gate", "multi", "--run", "r1", "--max-step-time-ms", "1e6", "--json", "multi/r1/advisor_facts.json"], multi / "r1" / "advisor_facts.json")
+    (work / "perf" / "baseline.json").unlink()
+    refused(["gate", "run", "--budget", "budget.toml", "--junit", "budget.toml"], budget)
+
+
+def test_html_without_output_keeps_an_earlier_report(cli, tmp_path: Path):
+    earlier = tmp_path / "advisor_report.html"
+    earlier.write_text("my earlier report")
+    code, _, err = cli(["report", str(CPU_RUN), "--format", "html"], tmp_path)
+    assert code == 0, err
+    assert earlier.read_text() == "my earlier report"
+    assert err.strip().splitlines()[-1] == "wrote advisor_report-2.html"
+    assert (tmp_path / "advisor_report-2.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

@@ -112,7 +112,10 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
     elif fmt is Format.html:
         from advisor.render.html import to_html
 
-        write_output(to_html(analysis), output or Path("advisor_report.html"), inputs)
+        from advisor.render.output import unused_default_name
+
+        # without -o: ./advisor_report.html, or a numbered name beside it (an earlier report is kept)
+        write_output(to_html(analysis), output or unused_default_name("advisor_report.html"), inputs)
     else:
         from advisor.render.text import render_text
 
@@ -277,6 +280,9 @@ def _paths_checked_by_the_stages() -> None:
 
 
 def main() -> None:
+    from advisor.files_read import forget_all
+
+    forget_all()  # one command's inputs (tests run several in one process)
     core = {c.name or c.callback.__name__ for c in app.registered_commands}
     if _named_command(sys.argv[1:]) not in core:
         _register_optional_commands()

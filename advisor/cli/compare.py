@@ -53,7 +53,9 @@ def diff(
         return
     text = render_diff(comparison, format.value)
     assert text is not None
-    write_output(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None), inputs)
+    from advisor.render.output import unused_default_name
+
+    write_output(text, output or (unused_default_name("advisor_diff.html") if format is DiffFormat.html else None), inputs)
 
 
 def view(

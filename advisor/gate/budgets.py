@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from advisor.errors import InputError
+from advisor.files_read import remember
 from advisor.gate.compare import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MIN_STEPS,
@@ -229,6 +230,7 @@ def read_budget_file(path: Path) -> dict[str, Any]:
     """A `--budget FILE`: TOML or JSON; its `[tool.advisor.gate]` or `[gate]` table, else the whole file."""
     if not path.is_file():
         raise InputError(path, "budget file not found")
+    remember(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -19,6 +19,7 @@ import orjson
 
 from advisor import __version__
 from advisor.errors import InputError
+from advisor.files_read import remember
 from advisor.render.output import jsonable
 
 BASELINE_SCHEMA = "advisor/baseline/v1"
@@ -351,6 +352,7 @@ def record_from_report(doc: dict[str, Any], path: Path) -> RunRecord:
 
 def read_record_file(path: Path) -> RunRecord | None:
     """A baseline or report JSON as a record; None when the file is a trace (to be analysed)."""
+    remember(path)
     if path.name.endswith((".gz", ".pt.trace.json")):
         return None
     try:

@@ -35,13 +35,30 @@ def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = ())
     Console(stderr=True, highlight=False).print(Text(f"wrote {path_text(output)}"), soft_wrap=True)
 
 
-def refuse_overwriting_inputs(output: Path, inputs: Iterable[Path]) -> None:
-    """An output that is one of the files read (`advisor report t.json -o t.json`) is refused."""
+def unused_default_name(name: str) -> Path:
+    """A default output name in the working folder that replaces nothing: NAME when free,
+    else NAME with -2, -3, ... before its suffix (the "wrote ..." note names the one used)."""
+    first = Path(name)
+    if not os.path.lexists(first):
+        return first
+    for n in range(2, 10_000):
+        candidate = first.with_name(f"{first.stem}-{n}{first.suffix}")
+        if not os.path.lexists(candidate):
+            return candidate
+    raise InputError(first, "exists, and so do 9,998 numbered versions of it; give the output a name with -o")
+
+
+def refuse_overwriting_inputs(output: Path, inputs: Iterable[Path] = ()) -> None:
+    """An output that is one of the files read (`advisor report t.json -o t.json`) is refused:
+    one of INPUTS, or any file this command has read so far (advisor.files_read: traces,
+    facts, the configuration, a baseline, a budget file)."""
+    from advisor.files_read import files_read
+
     try:
         os.stat(output)
     except OSError:  # nothing there yet: it cannot be an input
         return
-    for p in inputs:
+    for p in [*inputs, *files_read()]:
         try:
             same = os.path.samefile(output, p)
         except OSError:
