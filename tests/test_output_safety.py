@@ -48,13 +48,19 @@ def hostile_run(dest: Path) -> Path:
     return dest
 
 
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def assert_inert(text: str) -> None:
-    """Nothing in TEXT acts on a terminal or a CI runner (our own annotations aside)."""
-    assert "\x1b" not in text and "\x07" not in text and "\r" not in text and RLO not in text
+    """Nothing in TEXT acts on a terminal or a CI runner (our own annotations aside): no
+    control character, no line whose first visible characters are `::`, no `##[` anywhere
+    (GitHub's runner reads it anywhere in a line)."""
+    assert not CONTROLS.search(text.replace("\n", "")) and RLO not in text, CONTROLS.findall(text)
     for line in text.splitlines():
+        assert "##[" not in line, line
         if line.startswith(("::error title=advisor gate", "::warning title=advisor gate")):
             continue
-        assert not line.lstrip().startswith(("::", "##[")), line
+        assert not line.lstrip().startswith("::"), line
 
 
 def test_text_and_markdown_reports_keep_trace_strings_inert(cli, tmp_path: Path):
@@ -66,7 +72,7 @@ def test_text_and_markdown_reports_keep_trace_strings_inert(cli, tmp_path: Path)
         assert_inert(err)
         assert "forged device" in out  # shown, as data
     code, out, _ = cli(["report", str(run)])
-    assert "click ::set-output name=x::y ##[error]" in out  # the kernel's name, on its table row
+    assert "click ::set-output name=x::y #\u2060#[error]" in out  # the kernel's name, on its table row (`##[` broken by a word joiner)
 
 
 def test_gate_terminal_and_annotations_keep_trace_strings_inert(cli, tmp_path: Path):
@@ -270,3 +276,59 @@ def test_html_without_output_keeps_an_earlier_report(cli, tmp_path: Path):
     assert earlier.read_text() == "my earlier report"
     assert err.strip().splitlines()[-1] == "wrote advisor_report-2.html"
     assert (tmp_path / "advisor_report-2.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+# --- CI commands and control characters from trace and facts strings, at any width -----------------
+WRAPPED_KERNEL = "x" * 25 + " ::error::wrapped\x00\x07\x1b\x9b31m \x85##[warning]mid-line\x90dcs"
+
+
+def wrapped_hostile_run(dest: Path) -> Path:
+    """The recorded H100 run with a kernel name that a 40-column wrap would cut right before
+    `::error::`, and facts strings (device, optimizer, notes) that carry commands too."""
+    hostile_run(dest)
+    trace = next(dest.glob("*.pt.trace.json.gz"))
+    doc = orjson.loads(gzip.decompress(trace.read_bytes()))
+    for e in doc["traceEvents"]:
+        if e.get("name") == KERNEL:
+            e["name"] = WRAPPED_KERNEL
+    trace.write_bytes(gzip.compress(orjson.dumps(doc)))
+    facts = orjson.loads((dest / "advisor_facts.json").read_bytes())
+    facts["device"]["name"] = "H100 ##[error]forged\x9b2J\x00"
+    facts["optimizers"][0]["class"] = "SGD\n::error::optimizer\x07"
+    facts["notes"] = ["note\n  ::error::from the facts\n##[group]x"]
+    (dest / "advisor_facts.json").write_bytes(orjson.dumps(facts))
+    return dest
+
+
+def test_no_width_lets_a_trace_or_facts_string_issue_a_ci_command(cli, tmp_path: Path):
+    run = wrapped_hostile_run(tmp_path / "run")
+    base = tmp_path / "base.json"
+    assert cli(["baseline", str(GPU_RUN), "-o", str(base)])[0] == 0
+    for columns in ("40", "200"):
+        for args in (["report", str(run), "-v"], ["gate", str(run), "-b", str(base), "--max-share", "dataloader=0.05"], ["diff", str(GPU_RUN), str(run)]):
+            code, out, err = cli(args, env={"COLUMNS": columns, "GITHUB_ACTIONS": "true"})
+            assert code in (0, 1), err
+            assert_inert(out)
+            assert_inert(err)
+    wrapped_before_a_command = 0
+    for columns in range(30, 61):  # some width puts the device name's `::error::` first on a line
+        code, out, err = cli(["report", str(run)], env={"COLUMNS": str(columns)})
+        assert code == 0, err
+        assert_inert(out)
+        wrapped_before_a_command += any(line.lstrip().startswith(":\u2060:error::forged") for line in out.splitlines())
+    assert wrapped_before_a_command  # shown, as data, and no runner reads it
+
+
+def test_junit_json_and_html_carry_no_command_line_and_no_control_character(cli, tmp_path: Path):
+    run = wrapped_hostile_run(tmp_path / "run")
+    base = tmp_path / "base.json"
+    assert cli(["baseline", str(GPU_RUN), "-o", str(base)])[0] == 0
+    code, _, err = cli(["gate", str(run), "-b", str(base), "--max-share", "dataloader=0.05", "--junit", str(tmp_path / "g.xml")])
+    assert code == 1, err
+    junit = (tmp_path / "g.xml").read_text(encoding="utf-8")
+    assert_inert(junit)
+    code, _, err = cli(["report", str(run), "--format", "html", "-o", str(tmp_path / "r.html")])
+    assert code == 0, err
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert not CONTROLS.search(page.replace("\n", "")), CONTROLS.findall(page)[:5]
+    assert "wrapped" in page

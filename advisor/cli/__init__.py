@@ -84,9 +84,9 @@ def stdout_console() -> Console:
 
 
 def stderr_console() -> Console:
-    from rich.console import Console
+    from advisor.terminal_text import inert_console
 
-    return Console(stderr=True, highlight=False)
+    return inert_console(stderr=True, highlight=False)
 
 
 def say(console: Console, line: str) -> None:
@@ -122,11 +122,10 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
         if output is None:
             render_text(analysis, stdout_console(), verbose=verbose)
         else:
-            from rich.console import Console
-
             from advisor.render.console import UNWRAPPED_WIDTH
+            from advisor.terminal_text import inert_console
 
-            console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
+            console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
             render_text(analysis, console, verbose=verbose)
             write_output(console.export_text(), output, inputs)
 

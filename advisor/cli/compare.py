@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from advisor.render.console import UNWRAPPED_WIDTH, output_console
 from advisor.render.output import run_input_files, write_output
-from advisor.terminal_text import path_text
+from advisor.terminal_text import inert_console, path_text
 
 
 class DiffFormat(str, Enum):
@@ -47,7 +46,7 @@ def diff(
         render_diff(comparison, "text", output_console())
         return
     if format is DiffFormat.text:
-        console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
+        console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
         render_diff(comparison, "text", console)
         write_output(console.export_text(), output, inputs)
         return

@@ -32,13 +32,13 @@ from advisor.gate.record import RunRecord, read_record_file, record_from_analysi
 from advisor.gate.verdict import GateResult
 from advisor.render.console import output_console
 from advisor.render.output import run_input_files
-from advisor.terminal_text import one_line, path_text
+from advisor.terminal_text import inert_console, one_line, path_text
 
 DEFAULT_BASELINE = Path("perf/baseline.json")
 
 
 def _stderr() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return inert_console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _config_layer(cfg: Any) -> tuple[str, dict[str, Any]]:

@@ -13,6 +13,8 @@ from typing import IO
 
 from rich.console import Console
 
+from advisor.terminal_text import inert_console
+
 # Wide enough that no line of a report wraps; tables and panels are sized to their content.
 UNWRAPPED_WIDTH = 1000
 
@@ -33,4 +35,4 @@ def output_width(stream: IO[str] | None = None) -> int | None:
 def output_console(stderr: bool = False, soft_wrap: bool = False) -> Console:
     """The console a command prints its report or table on."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap, width=output_width(stream))
+    return inert_console(stderr=stderr, highlight=False, soft_wrap=soft_wrap, width=output_width(stream))

@@ -29,10 +29,11 @@ def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = ())
         return
     refuse_overwriting_inputs(output, inputs)
     write_atomically(output, text)
-    from rich.console import Console  # only here: writing stdout needs no rich
-    from rich.text import Text
+    from rich.text import Text  # only here: writing stdout needs no rich
 
-    Console(stderr=True, highlight=False).print(Text(f"wrote {path_text(output)}"), soft_wrap=True)
+    from advisor.terminal_text import inert_console
+
+    inert_console(stderr=True, highlight=False).print(Text(f"wrote {path_text(output)}"), soft_wrap=True)
 
 
 def unused_default_name(name: str) -> Path:
