@@ -15,6 +15,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import orjson
@@ -88,7 +89,8 @@ def test_a_truncated_gzip_costs_no_memory_and_ends_in_one_line(tmp_path):
 
 
 def test_a_gzip_bomb_stops_at_the_ceiling_in_one_line(tmp_path):
-    bomb = whitespace_bomb(tmp_path / "bomb.json.gz", 1024 * MiB)
+    # (not whitespace: that is squeezed while inflating, see below)
+    bomb = inflated_inside_trace_events(tmp_path / "bomb.json.gz", b'{"ph": "X", "cat": "kernel", "name": "' + b"a" * 4096 + b'", "ts": 1, "dur": 1},', 256 * MiB)
     assert bomb.stat().st_size < 3 * MiB
     code, err, rss = run_measured(["report", str(bomb)], env={"ADVISOR_MAX_TRACE_BYTES": "128M"}, address_space=2 * 2**30)
     assert code == 2, err
@@ -110,6 +112,48 @@ def test_under_the_ceiling_peak_memory_follows_the_decompressed_size(tmp_path):
     code, err, _ = run_measured(["report", "-f", "json", "-o", str(tmp_path / "plain.json"), str(shared_trace(ALEXNET))], env={"ADVISOR_CACHE": "off"})
     assert code == 0, err
     assert report["summary"] == orjson.loads((tmp_path / "plain.json").read_bytes())["summary"]
+
+
+def inflated_inside_trace_events(path: Path, filler: bytes, size: int) -> Path:
+    """A real trace with SIZE bytes of FILLER right after `"traceEvents": [`, streamed as gzip
+    (the filler compresses about 1000:1: a bomb of a few hundred KiB)."""
+    doc = real_trace_bytes()
+    cut = doc.index(b"[", doc.index(b'"traceEvents"')) + 1
+    block = filler * (16 * MiB // len(filler))
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        f.write(deflate.compress(doc[:cut]))
+        for _ in range(size // len(block)):
+            f.write(deflate.compress(block))
+        f.write(deflate.compress(doc[cut:]))
+        f.write(deflate.flush())
+    return path
+
+
+def test_a_whitespace_bomb_inside_trace_events_costs_no_memory_by_default(tmp_path):
+    """1 GiB of whitespace between the events of a real trace (a 1 MiB file) peaked at more
+    than 1 GiB of RSS: the default ceiling was 16 GiB. Long whitespace is squeezed while
+    inflating: the same report as the trace's, at the memory the trace itself costs."""
+    bomb = inflated_inside_trace_events(tmp_path / "bomb.json.gz", b" \n\t ", 1024 * MiB)
+    assert bomb.stat().st_size < 2 * MiB
+    code, err, rss = run_measured(["report", "-f", "json", "-o", str(tmp_path / "r.json"), str(bomb)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    assert rss < BASE_RSS + 64 * MiB, f"peak RSS {rss / MiB:.0f} MiB"
+    code, err, _ = run_measured(["report", "-f", "json", "-o", str(tmp_path / "plain.json"), str(shared_trace(ALEXNET))], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    assert orjson.loads((tmp_path / "r.json").read_bytes())["summary"] == orjson.loads((tmp_path / "plain.json").read_bytes())["summary"]
+
+
+def test_a_bomb_that_is_not_whitespace_stops_at_a_ratio_of_its_compressed_size(tmp_path):
+    """512 MiB of one kernel name's letters from a 600 KiB file: refused by default once it
+    inflates past 200 times its size (at least 256 MiB), one line, exit 2."""
+    bomb = inflated_inside_trace_events(tmp_path / "bomb.json.gz", b'{"ph": "X", "cat": "kernel", "name": "' + b"a" * 4096 + b'", "ts": 1, "dur": 1},', 512 * MiB)
+    code, err, rss = run_measured(["report", str(bomb)], env={"ADVISOR_CACHE": "off"})
+    assert code == 2, err
+    assert err.strip().splitlines() == [
+        f"advisor: error: {bomb}: gzip inflates to more than 256 MiB of JSON, 200 times its compressed size (a gzip bomb?); set ADVISOR_MAX_TRACE_BYTES to raise the limit"
+    ]
+    assert rss < BASE_RSS + 300 * MiB, f"peak RSS {rss / MiB:.0f} MiB"
 
 
 def test_a_bad_ceiling_setting_is_one_line(tmp_path, cli):

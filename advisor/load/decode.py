@@ -198,6 +198,18 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE
 _UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
+# Without ADVISOR_MAX_TRACE_BYTES, a gzip trace may inflate to this many times its compressed
+# size (torch.profiler traces: 13x to 30x), at least GZIP_RATIO_FLOOR, and to no more than
+# half the memory available: a bomb ends in one line, whatever the machine.
+GZIP_RATIO = 200
+GZIP_RATIO_FLOOR = 256 * 2**20
+# Whitespace runs at least this long are kept as one space while inflating (JSON does not
+# need them; a bomb is made of them): memory follows the trace's content, not its padding.
+SQUEEZE_RUN = 1024
+_LONG_WHITESPACE = re.compile(rb"[ \t\r\n]{%d,}" % SQUEEZE_RUN)
+_WHITESPACE = b" \t\r\n"
+
+
 def max_trace_bytes() -> int:
     """The ceiling on a trace's decompressed size: `ADVISOR_MAX_TRACE_BYTES` (bytes, or 500M,
     8G, ...), else 16 GiB. A gzip bomb or a lying gzip trailer stops at this many bytes."""
@@ -228,11 +240,17 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
     hashlib object) is fed the file's bytes as they are read: the cache's key is the hash of
     exactly the bytes that were parsed.
     """
+    bounded = limit is None and not os.environ.get(MAX_TRACE_ENV, "").strip()
     limit = max_trace_bytes() if limit is None else limit
     try:
         with open(path, "rb", buffering=0) as f:
             if f.read(2) != b"\x1f\x8b":
                 return _read_plain(path, f, limit, digest)
+            if bounded:
+                ratio_limit = max(GZIP_RATIO_FLOOR, GZIP_RATIO * os.fstat(f.fileno()).st_size)
+                memory_limit = _available_memory() // 2
+                if min(ratio_limit, memory_limit) < limit:
+                    return _gunzip(path, f, min(ratio_limit, memory_limit), digest, ratio_limit <= memory_limit)
             return _gunzip(path, f, limit, digest)
     except IsADirectoryError:
         raise InputError(path, "is a directory, expected a trace file") from None
@@ -270,7 +288,31 @@ def _read_plain(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
     return out
 
 
-def _gunzip(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
+def _available_memory() -> int:
+    """MemAvailable of /proc/meminfo (cgroup limits aside), or no bound where it is not there."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return DEFAULT_MAX_TRACE_BYTES * 2
+
+
+def _squeezed(piece: bytes) -> bytes:
+    """PIECE with each run of SQUEEZE_RUN or more whitespace bytes as one space. Only pieces
+    that are mostly whitespace are searched (a counting pass in C; a real trace's pieces are
+    a fifth whitespace or less). A run that long inside a JSON string loses its length."""
+    if len(piece) < SQUEEZE_RUN or 2 * (len(piece) - len(piece.translate(None, _WHITESPACE))) < len(piece):
+        return piece
+    return _LONG_WHITESPACE.sub(b" ", piece)
+
+
+def _gunzip(path: Path, f: Any, limit: int, digest: Any, by_ratio: bool | None = None) -> bytearray:
+    """Inflate F (gzip members, then zero padding) into one buffer of at most LIMIT bytes, long
+    whitespace squeezed. BY_RATIO: the limit is the default bound (True: GZIP_RATIO times the
+    compressed size; False: half the available memory), said so when reached."""
     f.seek(0)
     out = bytearray()
     inflate = zlib.decompressobj(wbits=31)
@@ -289,10 +331,13 @@ def _gunzip(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
                     continue
                 inflate = zlib.decompressobj(wbits=31)
             # Bounded pieces: the output buffer is the only large allocation.
-            piece = inflate.decompress(pending, GZIP_PIECE_BYTES)
+            piece = _squeezed(inflate.decompress(pending, GZIP_PIECE_BYTES))
             pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
             if len(out) + len(piece) > limit:
-                raise _too_large(path, limit, "gzip inflates to")
+                if by_ratio is None:
+                    raise _too_large(path, limit, "gzip inflates to")
+                why = f"{GZIP_RATIO} times its compressed size (a gzip bomb?)" if by_ratio else "half the memory available"
+                raise InputError(path, f"gzip inflates to more than {_size_text(limit)} of JSON, {why}; set {MAX_TRACE_ENV} to raise the limit")
             out += piece
     except zlib.error as exc:
         raise InputError(path, f"corrupt gzip ({exc})") from None
