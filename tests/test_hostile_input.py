@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -447,14 +448,15 @@ def baseline_of_recorded_run(cli, tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("steps, problem", [
-    ("1e308", "'step_times_ms' holds 1e+308, not a possible step time (0 to 1e+09 ms)"),
-    ("negative", "'step_times_ms' holds -5.0, not a possible step time (0 to 1e+09 ms)"),
+    ("1e308", "'step_times_ms' holds 1e+308, not a possible step time (0, or 1e-06 to 1e+09 ms)"),
+    ("negative", "'step_times_ms' holds -5.0, not a possible step time (0, or 1e-06 to 1e+09 ms)"),
+    ("1e-300", "'step_times_ms' holds 1e-300, not a possible step time (0, or 1e-06 to 1e+09 ms)"),
     ("2M", "2000000 step times, more than the 10000 a baseline may hold (a profiled window has tens)"),
 ])
 def test_baselines_with_impossible_step_times_are_refused_in_one_line(steps, problem, tmp_path, cli):
     doc = baseline_of_recorded_run(cli, tmp_path)
     n = len(doc["step_times_ms"])
-    doc["step_times_ms"] = {"1e308": [1e308] * n, "negative": [-5.0] * n, "2M": doc["step_times_ms"] * (2_000_000 // n) + doc["step_times_ms"][: 2_000_000 % n]}[steps]
+    doc["step_times_ms"] = {"1e308": [1e308] * n, "negative": [-5.0] * n, "1e-300": [1e-300] * n, "2M": doc["step_times_ms"] * (2_000_000 // n) + doc["step_times_ms"][: 2_000_000 % n]}[steps]
     path = tmp_path / "forged.json"
     path.write_bytes(orjson.dumps(doc))
     code, _, err = cli(["gate", str(RECORDED_RUN), "--baseline", str(path)], tmp_path, {"ADVISOR_CACHE": "off"})
@@ -550,3 +552,14 @@ def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):
         assert analysis_cache._read_entry(entry, key, files) is None
         code, out, err = cli(report, tmp_path)
         assert (code, out) == (0, plain), err
+
+
+def test_a_tiny_but_possible_baseline_prints_a_factor_not_a_300_digit_percentage(tmp_path, cli):
+    doc = baseline_of_recorded_run(cli, tmp_path)
+    doc["step_times_ms"] = [1e-6] * len(doc["step_times_ms"])  # 1 ns steps: possible, if absurd
+    path = tmp_path / "tiny.json"
+    path.write_bytes(orjson.dumps(doc))
+    code, out, err = cli(["gate", str(RECORDED_RUN), "--baseline", str(path)], tmp_path, {"ADVISOR_CACHE": "off"})
+    assert code in (0, 1), err
+    assert not re.search(r"\d{12}", out + err), out
+    assert re.search(r"\(\d\.\d\de\+\d\dx\)", out), out
