@@ -563,3 +563,16 @@ def test_a_tiny_but_possible_baseline_prints_a_factor_not_a_300_digit_percentage
     assert code in (0, 1), err
     assert not re.search(r"\d{12}", out + err), out
     assert re.search(r"\(\d\.\d\de\+\d\dx\)", out), out
+
+
+def test_one_kernel_name_with_a_lone_surrogate_keeps_the_trace(tmp_path, cli):
+    """`"\\ud800"` in one kernel's name (valid JSON, not valid Unicode) rejected the whole
+    trace ("malformed trace events"); the character becomes U+FFFD and the rest is read."""
+    doc = orjson.loads(real_trace_bytes())
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    kernel["name"] = "MARK" + kernel["name"]
+    run = tmp_path / "surrogate"
+    run.mkdir()
+    (run / "trace.json").write_bytes(orjson.dumps(doc).replace(b"MARK", b"\\ud800", 1))
+    report = report_json(cli, run, tmp_path)
+    assert report["summary"] == report_json(cli, shared_trace(ALEXNET), tmp_path)["summary"]

@@ -513,9 +513,23 @@ def _arg_kind(t: Any) -> str:
 _ARG_KINDS = {f.encode_name: _arg_kind(f.type) for t in (EventArgs, MemoryArgs) for f in msgspec.structs.fields(t)}
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(s: str) -> str:
+    """A string msgspec can encode: a lone surrogate (`"\\ud800"` in the JSON, which Python's
+    parser accepts) becomes U+FFFD, and the rest of the name and of the trace is kept."""
+    if not _LONE_SURROGATE.search(s):
+        return s
+    return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _clean(v: Any) -> Any:
-    """A JSON value msgspec can encode and decode back: out-of-range numbers become null."""
+    """A JSON value msgspec can encode and decode back: out-of-range numbers become null,
+    lone surrogates U+FFFD."""
     t = type(v)
+    if t is str:
+        return _text(v)
     if t is int:
         return v if INT64_MIN <= v <= INT64_MAX else (float(v) if abs(v) < 2**1023 else None)
     if t is float:
@@ -523,14 +537,14 @@ def _clean(v: Any) -> Any:
     if t is list:
         return [_clean(x) for x in v]
     if t is dict:
-        return {str(k): _clean(x) for k, x in v.items()}
+        return {_text(str(k)): _clean(x) for k, x in v.items()}
     return v
 
 
 _CLEAN_ARG = {
     "int": _int_or_none,
     "float": _float_or_none,
-    "str": lambda v: v if type(v) is str else None,
+    "str": lambda v: _text(v) if type(v) is str else None,
     "raw": _clean,
 }
 
@@ -543,16 +557,16 @@ def _clean_event(e: Any) -> dict[str, Any] | None:
         return None  # not an event the Chrome trace format defines
     out: dict[str, Any] = {"ph": ph}
     if type(v := e.get("cat")) is str:
-        out["cat"] = v
+        out["cat"] = _text(v)
     name = e.get("name")
     if name is not None:
-        out["name"] = name if type(name) is str else str(name)
+        out["name"] = _text(name if type(name) is str else str(name))
     for key in ("ts", "dur"):
         if (v := _float_or_none(e.get(key))) is not None:
             out[key] = v
     tid = e.get("tid")
     if tid is not None:
-        out["tid"] = tid if type(tid) is str or (type(tid) is int and INT64_MIN <= tid <= INT64_MAX) else str(tid)
+        out["tid"] = _text(tid) if type(tid) is str else tid if type(tid) is int and INT64_MIN <= tid <= INT64_MAX else _text(str(tid))
     args = e.get("args")
     if type(args) is dict:
         clean_args = {}
