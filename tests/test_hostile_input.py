@@ -576,3 +576,8 @@ def test_one_kernel_name_with_a_lone_surrogate_keeps_the_trace(tmp_path, cli):
     (run / "trace.json").write_bytes(orjson.dumps(doc).replace(b"MARK", b"\\ud800", 1))
     report = report_json(cli, run, tmp_path)
     assert report["summary"] == report_json(cli, shared_trace(ALEXNET), tmp_path)["summary"]
+
+
+def test_a_baseline_of_the_whole_file_system_is_refused_without_walking_it(tmp_path, cli):
+    code, _, err = cli(["gate", str(RECORDED_RUN), "--baseline", "/"], tmp_path, {"ADVISOR_CACHE": "off"})
+    assert (code, err) == (2, "advisor: error: /: holds more than 5,000 folders: not a torch.profiler log dir; give the run's own folder or trace file\n")
