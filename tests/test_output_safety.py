@@ -203,7 +203,7 @@ def test_a_character_device_or_fifo_output_is_written_into_never_replaced(tmp_pa
     os.mkfifo(fifo)
     outputs = [fifo]
     if os.geteuid() == 0:
-        os.mknod(tmp_path / "null", 0o666 | 0o020000, os.stat("/dev/null").st_rdev)
+        os.mknod(tmp_path / "null", 0o666 | 0o020000, os.makedev(1, 3))  # /dev/null's numbers
         outputs.append(tmp_path / "null")
     base = tmp_path / "base.json"
     assert run_advisor(["baseline", str(CPU_RUN), "-o", str(base)], tmp_path).returncode == 0
