@@ -495,7 +495,8 @@ def _one_window_per_worker(results: list[RankResult], warnings: list[str]) -> li
         kept.append(best)
         if len(windows) > 1:
             warnings.append(f"{len(windows)} profiling windows from worker {key}: using {best.path.name} ({best.window_steps} steps)")
-    return [r for r in results if any(r is k for k in kept)]
+    kept_ids = {id(k) for k in kept}
+    return [r for r in results if id(r) in kept_ids]
 
 
 def analyze(
