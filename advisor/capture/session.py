@@ -451,7 +451,7 @@ class _Session:
 def capture(target: Target, options: CaptureOptions) -> CaptureResult:
     """Run TARGET under the profiler into options.out_dir (which must exist); see module doc.
     What the advisor prints never goes through the script's own streams (capture/streams.py)."""
-    own_streams()
+    own_streams(fresh=True)
     try:
         return _Session(target, options).run()
     finally:

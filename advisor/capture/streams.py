@@ -19,10 +19,11 @@ from typing import TextIO
 _OWN: tuple[TextIO, TextIO] | None = None
 
 
-def own_streams() -> tuple[TextIO, TextIO]:
-    """(stdout, stderr) of the advisor's own: taken once, before the script runs."""
+def own_streams(fresh: bool = False) -> tuple[TextIO, TextIO]:
+    """(stdout, stderr) of the advisor's own: taken before the script runs (`fresh`: again,
+    from the streams as they are now, for a new capture in the same process)."""
     global _OWN
-    if _OWN is None:
+    if _OWN is None or fresh:
         _OWN = (_duplicate(sys.stdout), _duplicate(sys.stderr))
     return _OWN
 
