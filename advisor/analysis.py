@@ -19,6 +19,7 @@ import orjson
 from advisor.version import __version__
 import advisor.cache as cache_store
 from advisor.cache import AnalysisKey, cache_enabled, load_cached, read_analysis, write_analysis
+from advisor.files_read import remember_all
 from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, check_rank_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
@@ -498,7 +499,8 @@ def _one_window_per_worker(results: list[RankResult], warnings: list[str]) -> li
         kept.append(best)
         if len(windows) > 1:
             warnings.append(f"{len(windows)} profiling windows from worker {key}: using {best.path.name} ({best.window_steps} steps)")
-    return [r for r in results if any(r is k for k in kept)]
+    kept_ids = {id(k) for k in kept}
+    return [r for r in results if id(r) in kept_ids]
 
 
 def analyze(
@@ -524,6 +526,9 @@ def analyze(
         config = check_rule_options(config, all_rules(rules_dir))
     warnings: list[str] = []
     run_files = find_run(path, run)
+    remember_all(run_files.files)
+    if run_files.directory is not None and run_files.directory.is_dir():  # the facts files are inputs too, read or not
+        remember_all(p for p in sorted(run_files.directory.iterdir()) if FACTS_FILE.match(p.name))
     select = select or config.select
     ignore = [*(ignore or []), *config.ignore]
     key = _cache_key(run_files, config, select, ignore, rules_dir) if cache else None

@@ -20,6 +20,7 @@ option's type is its default value's type.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import sys
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, get_args, get_origin
 import msgspec
 
 from advisor.errors import InputError
+from advisor.files_read import remember
 
 if TYPE_CHECKING:
     from advisor.engine import Rule
@@ -67,12 +69,23 @@ class Config:
 
 # --- reading ------------------------------------------------------------------------------
 def _read_toml(path: Path) -> dict[str, Any]:
+    remember(path)
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, f"cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(path, f"invalid TOML: {exc}") from None
+    except RecursionError:
+        raise InputError(path, "invalid TOML: values nested too deeply") from None
+
+
+def _tool_advisor(data: dict[str, Any], path: Path) -> Any:
+    """`[tool.advisor]` of a pyproject.toml (None when absent); `tool` that is not a table is refused."""
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise InputError(path, f"tool must be a table ([tool.advisor]), got {_WORDS.get(_kind(tool), _kind(tool))}")
+    return tool.get("advisor")
 
 
 def _is_file(path: Path) -> bool:
@@ -91,7 +104,7 @@ def find_config_file(start: Path | None = None) -> tuple[Path, dict[str, Any]] |
             return own, _read_toml(own)
         py = d / "pyproject.toml"
         if _is_file(py):
-            table = _read_toml(py).get("tool", {}).get("advisor")
+            table = _tool_advisor(_read_toml(py), py)
             if table is not None:
                 return py, table
     return None
@@ -104,7 +117,7 @@ def load_config(path: str | Path | None = None, start: Path | None = None) -> Co
         if not path.is_file():
             raise InputError(path, "config file not found")
         data = _read_toml(path)
-        table = data.get("tool", {}).get("advisor", {}) if path.name == "pyproject.toml" else data
+        table = (_tool_advisor(data, path) or {}) if path.name == "pyproject.toml" else data
         found = (path, table)
     else:
         found = find_config_file(start)
@@ -202,6 +215,9 @@ def check_rule_options(config: Config, rules: Iterable[Rule]) -> Config:
         except msgspec.ValidationError as exc:
             raise InputError(config.path, _problem(exc, table, rule_options_help(rule.defaults), options)) from None
         typed[rule_id] = {k: getattr(value, k) for k in options}
+        for key, v in typed[rule_id].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0):
+                raise InputError(config.path, f"{table} {key}: expected a finite number of at least 0, got {v!r}")
     return replace(config, rule_options=typed)
 
 

@@ -45,6 +45,7 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from advisor.errors import InputError
+from advisor.files_read import remember
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.host_device import Timeline, timeline
@@ -323,6 +324,7 @@ def user_rules(folder: str | Path) -> list[Rule]:
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
+        remember(path)  # an input like any other file read: never an output
         name = f"advisor_user_rules.{path.stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:

@@ -7,6 +7,7 @@ writer and the reader cannot disagree. See advisor.capture.facts for what each f
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -174,16 +175,20 @@ class FactsProblem(ValueError):
 
 def _fit(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
     """value as the type says, per field for structures and per item for lists of them; what
-    does not fit is None (or left out of its list) and named in problems."""
+    does not fit is None (or left out of its list) and named in problems. A value that fits
+    whole is checked in one msgspec call (a list of 100,000 DataLoaders took 26 s field by
+    field); only one that does not is taken apart to name what is wrong."""
     if value is None:
         return None
+    if _fits_whole(value, tp):
+        return value
     inner = _struct_of(tp)
     if inner is not None:
         if not isinstance(value, dict):
             problems.append(f"{where} is {_short(value)}, expected an object")
             return None
         out = dict(value)  # keys this version does not know are kept: nothing reads them
-        for f in msgspec.structs.fields(inner):
+        for f in _fields(inner):
             if f.encode_name in value:
                 out[f.encode_name] = _fit(value[f.encode_name], f.type, f"{where}.{f.encode_name}", problems)
         return out
@@ -203,6 +208,31 @@ def _fit(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
         problems.append(f"{where} is {value}, expected a finite number")
         return None
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(struct: type) -> tuple[Any, ...]:
+    return msgspec.structs.fields(struct)
+
+
+def _fits_whole(value: Any, tp: Any) -> bool:
+    """VALUE is of type TP throughout, with no NaN or infinity anywhere in it."""
+    try:
+        msgspec.convert(value, tp, strict=True)
+    except (msgspec.ValidationError, TypeError, RecursionError):
+        return False
+    return _all_finite(value)
+
+
+def _all_finite(value: Any) -> bool:
+    t = type(value)
+    if t is float:
+        return math.isfinite(value)
+    if t is list:
+        return all(_all_finite(v) for v in value if type(v) is not int and type(v) is not str)
+    if t is dict:
+        return all(_all_finite(v) for v in value.values() if type(v) is not int and type(v) is not str)
+    return True
 
 
 def _short(value: Any) -> str:

@@ -11,6 +11,13 @@ the advisor prints or writes as text passes through one of these functions:
   removed, line breaks of any kind become spaces, and bidirectional controls (U+202E and
   the like, which reorder what follows them) are removed.
 - `multi_line(s)`: the same, but `\\n` is kept (code snippets).
+- `inert_lines(text)`: any text about to reach a terminal, a CI log or a JUnit file, line by
+  line: a line whose first visible characters are `::` (a GitHub Actions workflow command;
+  the runner trims leading blanks) and a `##[` anywhere in a line (the runner's older command
+  form) get a WORD JOINER (U+2060) between their characters, which shows as nothing and no
+  runner reads as a command. `one_line` and `multi_line` apply it to every string they
+  return; the consoles apply it to each rendered line too, so that wrapping a long name
+  (COLUMNS=40) never starts a line with `::` either.
 - `path_text(p)`: a file name as one line the user can still recognise: control
   characters are shown as `\\n`, `\\x1b`..., and bytes that are not UTF-8 (a Linux file
   name can hold any) as `\\xff`, so the text can be written to a UTF-8 stream at all.
@@ -52,22 +59,59 @@ def _escaped_surrogate(m: re.Match[str]) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
+WORD_JOINER = "\u2060"
+# A workflow command: `::` first on a line (after blanks, and after any SGR colour codes a
+# console puts there), or `##[` anywhere in it.
+_LINE_COMMAND = re.compile(r"(?m)^((?:[ \t\f\v]|\x1b\[[0-9;]*m)*):(?=:)")
+_OLD_COMMAND = re.compile(r"#(?=#\[)")
+
+
+def inert_lines(text: str) -> str:
+    """TEXT with no line a CI runner reads as a command (see the module doc)."""
+    if ":" not in text and "##[" not in text:
+        return text
+    text = _LINE_COMMAND.sub(lambda m: m.group(1) + ":" + WORD_JOINER, text)
+    return _OLD_COMMAND.sub("#" + WORD_JOINER, text) if "##[" in text else text
+
+
 def one_line(value: Any) -> str:
-    """VALUE as one line of plain printable text (see the module doc)."""
+    """VALUE as one line of plain printable text that no CI runner reads as a command (see the module doc)."""
     s = value if isinstance(value, str) else str(value)
-    if s.isprintable():  # the common case: nothing to do
-        return s
+    if s.isprintable():  # the common case: only the commands to neutralise
+        return inert_lines(s)
     s = _ESCAPE_SEQUENCE.sub("", valid_unicode(s))
     s = _LINE_BREAKS.sub(" ", s)
-    return _CONTROL.sub("", s)
+    return inert_lines(_CONTROL.sub("", s))
 
 
 def multi_line(value: Any) -> str:
-    """VALUE as printable text whose only control character is `\\n`."""
+    """VALUE as printable text whose only control character is `\\n`, no line of it a CI command."""
     s = value if isinstance(value, str) else str(value)
     s = _ESCAPE_SEQUENCE.sub("", valid_unicode(s)).replace("\r\n", "\n").replace("\t", "    ")
     s = re.sub(r"[\r\v\f\x85]", "\n", s)
-    return _CONTROL_KEEP_NEWLINE.sub("", s)
+    return inert_lines(_CONTROL_KEEP_NEWLINE.sub("", s))
+
+
+_INERT_CONSOLE: Any = None
+
+
+def inert_console(**kwargs: Any) -> Any:
+    """A rich Console whose every rendered line (printed or exported) passes through
+    `inert_lines`: a table cell or a message wrapped at any width never starts a line with a
+    CI command. rich is imported here, on first use."""
+    global _INERT_CONSOLE
+    if _INERT_CONSOLE is None:
+        from rich.console import Console
+
+        class InertConsole(Console):
+            def _render_buffer(self, buffer: Any) -> str:
+                return inert_lines(super()._render_buffer(buffer))
+
+            def export_text(self, *, clear: bool = True, styles: bool = False) -> str:
+                return inert_lines(super().export_text(clear=clear, styles=styles))
+
+        _INERT_CONSOLE = InertConsole
+    return _INERT_CONSOLE(**kwargs)
 
 
 def _visible(m: re.Match[str]) -> str:
@@ -102,4 +146,4 @@ def clean_strings(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["BIDI_CONTROLS", "clean_strings", "multi_line", "one_line", "path_text", "valid_unicode"]
+__all__ = ["BIDI_CONTROLS", "WORD_JOINER", "clean_strings", "inert_console", "inert_lines", "multi_line", "one_line", "path_text", "valid_unicode"]

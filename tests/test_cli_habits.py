@@ -138,3 +138,17 @@ def test_gate_forbid_takes_a_comma_separated_list(cli, tmp_path):
     assert code == 1, err  # both rules fire on this run, so the budget fails
     settings = json.loads((tmp_path / "g.json").read_text())["settings"]["budgets"]["forbid_rules"]
     assert settings == fired
+
+
+def test_the_advisors_own_failure_has_its_own_exit_code(cli, tmp_path, monkeypatch):
+    """A bug in the advisor ends in 70 (EX_SOFTWARE), never 3: a profiled script's own
+    `sys.exit(3)` is passed through as 3, and CI must tell the two apart."""
+    import advisor.render.text as text
+
+    def broken(*_a, **_k):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(text, "render_text", broken)
+    code, _, err = cli(["report", str(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline")], tmp_path)
+    assert code == 70, err
+    assert err.strip() == "advisor: internal error: ZeroDivisionError: float division by zero (set ADVISOR_DEBUG=1 for the traceback)"

@@ -123,3 +123,39 @@ def test_readme_example_config_is_accepted(tmp_path):
     with pytest.raises(InputError, match="min_shre"):
         (tmp_path / "pyproject.toml").write_text(block.replace("min_share", "min_shre"))
         check_rule_options(load_config(tmp_path / "pyproject.toml"), builtin_rules())
+
+
+@pytest.mark.parametrize(
+    "pyproject, expected",
+    [
+        ("tool = 5\n", "tool must be a table ([tool.advisor]), got a whole number"),
+        ("[tool.advisor]\nselect = " + "[" * 5000 + "]" * 5000 + "\n", "invalid TOML: values nested too deeply"),
+        ("[tool.advisor.rules.dataloader-stall]\nmin_share = nan\n", "[tool.advisor.rules.dataloader-stall] min_share: expected a finite number of at least 0, got nan"),
+        ("[tool.advisor.rules.dataloader-stall]\nmin_share = inf\n", "[tool.advisor.rules.dataloader-stall] min_share: expected a finite number of at least 0, got inf"),
+        ("[tool.advisor.rules.dataloader-stall]\nmin_share = -0.5\n", "[tool.advisor.rules.dataloader-stall] min_share: expected a finite number of at least 0, got -0.5"),
+        ("[tool.advisor.gate]\nmax_step_time_ms = inf\n", "[tool.advisor.gate]: max_step_time_ms must be a positive number, got inf"),
+        ("[tool.advisor.gate]\nmax_peak_memory = inf\n", "[tool.advisor.gate]: max_peak_memory must be a number of bytes"),
+        ("[tool.advisor.gate]\nmin_samples_per_s = nan\n", "[tool.advisor.gate]: min_samples_per_s must be a positive number, got nan"),
+    ],
+)
+def test_configs_that_once_crashed_or_were_taken_are_one_line_exit_2(cli, tmp_path, pyproject, expected):
+    """`tool = 5` and a list nested 5,000 deep ended in exit 3 (AttributeError, RecursionError);
+    NaN, infinite and negative thresholds and budgets were accepted."""
+    (tmp_path / "pyproject.toml").write_text(pyproject)
+    code, out, err = cli(["report", str(CPU_RUN)], cwd=tmp_path)
+    assert code == 2, out + err
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"advisor: error: {tmp_path / 'pyproject.toml'}: {expected}"), line
+
+
+def test_an_infinite_budget_flag_or_budget_file_is_refused(cli, tmp_path):
+    code, _, err = cli(["gate", str(CPU_RUN), "--max-step-time-ms", "inf"], cwd=tmp_path)
+    assert code == 2 and err.strip() == "advisor: error: command line: max_step_time_ms must be a positive number, got inf", err
+    budget = tmp_path / "budget.toml"
+    budget.write_text("max_step_time_ms = inf\n")
+    code, _, err = cli(["gate", str(CPU_RUN), "--budget", str(budget)], cwd=tmp_path)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "max_step_time_ms must be a positive number" in err, err
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    code, _, err = cli(["gate", str(CPU_RUN), "--budget", str(deep)], cwd=tmp_path)
+    assert code == 2 and err.strip() == f"advisor: error: {deep}: invalid TOML: values nested too deeply", err

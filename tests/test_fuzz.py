@@ -32,6 +32,7 @@ import io
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import warnings
@@ -436,7 +437,7 @@ def run_cli(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
 
 
 def assert_one_line_error(code: int, err: str) -> None:
-    assert code != 3 and "internal error" not in err, err
+    assert code != 70 and "internal error" not in err, err
     if code == 2:
         lines = [line for line in err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("advisor: error: "), err
@@ -655,6 +656,200 @@ def test_gate_survives_mutated_baselines(data, fuzz_dir):
     assert_one_line_error(code, err)
 
 
+# --- outputs: devices, FIFOs and links are written into, inputs never replaced --------------
+def _node_kind(path: Path) -> str:
+    import stat
+
+    try:
+        st_l = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISLNK(st_l.st_mode):
+        return "link->" + _node_kind(Path(os.path.realpath(path)))
+    return {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFIFO: "fifo", stat.S_IFCHR: "chardev"}.get(stat.S_IFMT(st_l.st_mode), "other")
+
+
+def _make_node(kind: str, path: Path) -> None:
+    if kind == "file":
+        path.write_text("earlier contents\n")
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "chardev":
+        os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))  # /dev/null's numbers
+    elif kind.startswith("link->"):
+        target = path.with_name(path.name + ".target")
+        _make_node(kind.removeprefix("link->"), target)
+        os.symlink(target.name, path)
+
+
+def _output_command(draw: Callable, out: Path, baseline: str) -> list[str]:
+    which = draw(st.sampled_from(["report", "report-text", "gate-json", "gate-junit", "baseline"]))
+    run = str(RECORDED_RUN)
+    return {
+        "report": ["report", run, "-f", "json", "-o", str(out)],
+        "report-text": ["report", run, "-f", "text", "-o", str(out)],
+        "gate-json": ["gate", run, "-b", baseline, "--json", str(out)],
+        "gate-junit": ["gate", run, "-b", baseline, "--junit", str(out)],
+        "baseline": ["baseline", run, "-o", str(out)],
+    }[which]
+
+
+@needs_recorded_run
+@FUZZ
+@given(data=st.data())
+def test_outputs_onto_devices_fifos_and_links_never_replace_them(data, fuzz_dir):
+    """-o, --json and --junit onto a new file, a file, a folder, a FIFO (read, or with no
+    reader), a character device (as root) or a link to one: a regular file is written or
+    replaced, anything else is written into or refused in one line; none is turned into
+    something else, and no temp file is left beside it."""
+    import threading
+
+    kinds = ["missing", "file", "dir", "fifo", "fifo-no-reader", "link->file", "link->fifo"] + (["chardev", "link->chardev"] if os.geteuid() == 0 else [])
+    kind = data.draw(st.sampled_from(kinds))
+    folder = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    out = folder / "out"
+    _make_node(kind.replace("-no-reader", ""), out)
+    before = _node_kind(out)
+    baseline = folder / "b.json"
+    baseline.write_text(_baseline_source())
+    reader = None
+    got: list[bytes] = []
+    if kind in ("fifo", "link->fifo"):
+        target = os.path.realpath(out)
+
+        def read() -> None:
+            with open(target, "rb") as fh:
+                got.append(fh.read())
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+    args = _output_command(data.draw, out, str(baseline))
+    code, _, err = run_cli(args, {"ADVISOR_CACHE": "off"})
+    if reader is not None:
+        if code == 2:  # refused before opening it: let the reader go
+            with open(os.path.realpath(out), "wb"):
+                pass
+        reader.join(timeout=60)
+        assert not reader.is_alive()
+    assert code in (0, 1, 2), (code, err)
+    assert_one_line_error(code, err)
+    after = _node_kind(out)
+    assert after == ("file" if before == "missing" and code != 2 else before), (kind, before, after, err)
+    if kind in ("fifo", "link->fifo", "chardev", "link->chardev", "missing", "file", "link->file"):
+        assert code in (0, 1), (kind, err)  # written (into it)
+    if reader is not None:
+        assert got and got[0].strip(), kind
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".advisor-")], list(folder.iterdir())
+
+
+_INPUT_NAMES = ["trace", "facts", "pyproject.toml", "baseline", "budget", "other-facts", "fresh"]
+
+
+@needs_recorded_run
+@FUZZ
+@given(data=st.data())
+def test_outputs_never_replace_a_file_the_command_read(data, fuzz_dir):
+    """Every command with every output option, aimed at any file it reads (the trace, the
+    run's facts, the config, the baseline given or configured, a budget file, the baseline
+    run's facts) or at a fresh name: an input is never changed (one line, exit 2)."""
+    import shutil
+
+    work = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    run = work / "run"
+    shutil.copytree(RECORDED_RUN, run)
+    other = work / "other"
+    shutil.copytree(RECORDED_RUN, other)
+    (work / "b.json").write_text(_baseline_source())
+    (work / "budget.toml").write_text("max_step_time_ms = 100000\n")
+    configured = data.draw(st.booleans())
+    (work / "pyproject.toml").write_text('[tool.advisor.gate]\nbaseline = "b.json"\n' if configured else "[tool.advisor]\nignore = []\n")
+    paths = {
+        "trace": next(run.glob("*.pt.trace.json.gz")),
+        "facts": run / "advisor_facts.json",
+        "pyproject.toml": work / "pyproject.toml",
+        "baseline": work / "b.json",
+        "budget": work / "budget.toml",
+        "other-facts": other / "advisor_facts.json",
+    }
+    inputs = {name: p.read_bytes() for name, p in paths.items()}
+    target = data.draw(st.sampled_from(_INPUT_NAMES))
+    out = paths.get(target, work / "fresh.json")
+    if data.draw(st.booleans()):  # the same file by another spelling
+        out = Path(os.path.relpath(out, work))
+    command = data.draw(st.sampled_from(["report", "gate-json", "gate-junit", "gate-budget", "gate-other", "baseline"]))
+    args = {
+        "report": ["report", "run", "-f", "json", "-o", str(out)],
+        "gate-json": ["gate", "run", *([] if configured else ["-b", "b.json"]), "--json", str(out)],
+        "gate-junit": ["gate", "run", *([] if configured else ["-b", "b.json"]), "--junit", str(out)],
+        "gate-budget": ["gate", "run", "--budget", "budget.toml", "--json", str(out)],
+        "gate-other": ["gate", "run", "-b", "other", "--junit", str(out)],
+        "baseline": ["baseline", "run", "-o", str(out)],
+    }[command]
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        code, _, err = run_cli(args, {"ADVISOR_CACHE": "off"})
+    finally:
+        os.chdir(cwd)
+    assert code in (0, 1, 2), (code, err)
+    assert_one_line_error(code, err)
+    reads = {"trace", "facts", "pyproject.toml"} | {
+        "report": set(),
+        "gate-json": {"baseline"},
+        "gate-junit": {"baseline"},
+        "gate-budget": {"budget"} | ({"baseline"} if configured else set()),
+        "gate-other": {"other-facts"},
+        "baseline": set(),
+    }[command]
+    for name in reads:
+        assert paths[name].read_bytes() == inputs[name], (args, name, err)
+    if target in reads:
+        assert code == 2 and "is one of the files this command reads" in err, (args, err)
+
+
+_HOSTILE_PIECES = ["::", "##[", "error", "warning", "set-output name=x", " ", "\n", "\r", "\t", "\x1b", "\x1b[2J", "\x1b]0;t\x07",
+                   "\x07", "\x00", "\x9b", "\x85", "\u2028", "\u202e", ":", "#", "[", "]", "%", "a", "x" * 30, "::error::", "##[error]"]
+
+
+@needs_traces
+@FUZZ
+@given(data=st.data())
+def test_trace_strings_never_issue_ci_commands(data, fuzz_dir):
+    """A kernel name and a device name built from CI command pieces and control characters,
+    in a small real trace, shown by report (text, -v, markdown) and gate (terminal, GitHub
+    annotations, JUnit) at any width: no line a runner reads as a command, no control
+    character, whatever the wrapping."""
+    doc = copy.deepcopy(source_doc("misc/a100_alexnet.json.gz"))
+    hostile = "".join(data.draw(st.lists(st.sampled_from(_HOSTILE_PIECES), min_size=1, max_size=12)))
+    kernels = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("cat") == "kernel"]
+    for e in kernels[: data.draw(st.integers(1, 50))]:
+        e["name"] = hostile + " " + e["name"]
+    for d in doc.get("deviceProperties") or []:
+        d["name"] = data.draw(st.sampled_from([hostile, "A100 " + hostile]))
+    folder = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    trace = folder / "trace.json"
+    trace.write_text(json.dumps(doc))
+    columns = str(data.draw(st.integers(20, 140)))
+    junit = folder / "g.xml"
+    args = data.draw(st.sampled_from([
+        ["report", str(trace)], ["report", str(trace), "-v"], ["report", str(trace), "-f", "markdown", "-v"],
+        ["gate", str(trace), "--max-step-time-ms", "0.001", "--junit", str(junit)],
+    ]))
+    code, out, err = run_cli(args, {"ADVISOR_CACHE": "off", "COLUMNS": columns, "GITHUB_ACTIONS": "true"})
+    assert code in (0, 1, 2), (code, err)
+    assert_one_line_error(code, err)
+    texts = [out, err] + ([junit.read_text(encoding="utf-8")] if junit.exists() else [])
+    for text in texts:
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]", text.replace("\n", "")), repr(text[:200])
+        for line in text.splitlines():
+            assert "##[" not in line, line
+            if line.startswith(("::error title=advisor gate", "::warning title=advisor gate")):
+                continue
+            assert not line.lstrip().startswith("::"), line
+
+
 # --- one fixed case per failure class (regressions, no randomness) ---------------------------
 def _doc_with(change: Callable[[dict], None]) -> dict:
     doc = copy.deepcopy(source_doc("misc/amd_mi250_minitoy.json.gz"))
@@ -741,6 +936,9 @@ LONG_RUN_HARNESSES = [
     "test_pipeline_survives_mutated_facts_of_a_recorded_run",
     "test_reports_survive_mutated_cache_entries",
     "test_gate_survives_mutated_baselines",
+    "test_outputs_onto_devices_fifos_and_links_never_replace_them",
+    "test_outputs_never_replace_a_file_the_command_read",
+    "test_trace_strings_never_issue_ci_commands",
 ]
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import orjson
@@ -88,7 +90,8 @@ def test_a_truncated_gzip_costs_no_memory_and_ends_in_one_line(tmp_path):
 
 
 def test_a_gzip_bomb_stops_at_the_ceiling_in_one_line(tmp_path):
-    bomb = whitespace_bomb(tmp_path / "bomb.json.gz", 1024 * MiB)
+    # (not whitespace: that is squeezed while inflating, see below)
+    bomb = inflated_inside_trace_events(tmp_path / "bomb.json.gz", b'{"ph": "X", "cat": "kernel", "name": "' + b"a" * 4096 + b'", "ts": 1, "dur": 1},', 256 * MiB)
     assert bomb.stat().st_size < 3 * MiB
     code, err, rss = run_measured(["report", str(bomb)], env={"ADVISOR_MAX_TRACE_BYTES": "128M"}, address_space=2 * 2**30)
     assert code == 2, err
@@ -110,6 +113,48 @@ def test_under_the_ceiling_peak_memory_follows_the_decompressed_size(tmp_path):
     code, err, _ = run_measured(["report", "-f", "json", "-o", str(tmp_path / "plain.json"), str(shared_trace(ALEXNET))], env={"ADVISOR_CACHE": "off"})
     assert code == 0, err
     assert report["summary"] == orjson.loads((tmp_path / "plain.json").read_bytes())["summary"]
+
+
+def inflated_inside_trace_events(path: Path, filler: bytes, size: int) -> Path:
+    """A real trace with SIZE bytes of FILLER right after `"traceEvents": [`, streamed as gzip
+    (the filler compresses about 1000:1: a bomb of a few hundred KiB)."""
+    doc = real_trace_bytes()
+    cut = doc.index(b"[", doc.index(b'"traceEvents"')) + 1
+    block = filler * (16 * MiB // len(filler))
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        f.write(deflate.compress(doc[:cut]))
+        for _ in range(size // len(block)):
+            f.write(deflate.compress(block))
+        f.write(deflate.compress(doc[cut:]))
+        f.write(deflate.flush())
+    return path
+
+
+def test_a_whitespace_bomb_inside_trace_events_costs_no_memory_by_default(tmp_path):
+    """1 GiB of whitespace between the events of a real trace (a 1 MiB file) peaked at more
+    than 1 GiB of RSS: the default ceiling was 16 GiB. Long whitespace is squeezed while
+    inflating: the same report as the trace's, at the memory the trace itself costs."""
+    bomb = inflated_inside_trace_events(tmp_path / "bomb.json.gz", b" \n\t ", 1024 * MiB)
+    assert bomb.stat().st_size < 2 * MiB
+    code, err, rss = run_measured(["report", "-f", "json", "-o", str(tmp_path / "r.json"), str(bomb)], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    assert rss < BASE_RSS + 64 * MiB, f"peak RSS {rss / MiB:.0f} MiB"
+    code, err, _ = run_measured(["report", "-f", "json", "-o", str(tmp_path / "plain.json"), str(shared_trace(ALEXNET))], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    assert orjson.loads((tmp_path / "r.json").read_bytes())["summary"] == orjson.loads((tmp_path / "plain.json").read_bytes())["summary"]
+
+
+def test_a_bomb_that_is_not_whitespace_stops_at_a_ratio_of_its_compressed_size(tmp_path):
+    """512 MiB of one kernel name's letters from a 600 KiB file: refused by default once it
+    inflates past 200 times its size (at least 256 MiB), one line, exit 2."""
+    bomb = inflated_inside_trace_events(tmp_path / "bomb.json.gz", b'{"ph": "X", "cat": "kernel", "name": "' + b"a" * 4096 + b'", "ts": 1, "dur": 1},', 512 * MiB)
+    code, err, rss = run_measured(["report", str(bomb)], env={"ADVISOR_CACHE": "off"})
+    assert code == 2, err
+    assert err.strip().splitlines() == [
+        f"advisor: error: {bomb}: gzip inflates to more than 256 MiB of JSON, 200 times its compressed size (a gzip bomb?); set ADVISOR_MAX_TRACE_BYTES to raise the limit"
+    ]
+    assert rss < BASE_RSS + 300 * MiB, f"peak RSS {rss / MiB:.0f} MiB"
 
 
 def test_a_bad_ceiling_setting_is_one_line(tmp_path, cli):
@@ -416,14 +461,15 @@ def baseline_of_recorded_run(cli, tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("steps, problem", [
-    ("1e308", "'step_times_ms' holds 1e+308, not a possible step time (0 to 1e+09 ms)"),
-    ("negative", "'step_times_ms' holds -5.0, not a possible step time (0 to 1e+09 ms)"),
+    ("1e308", "'step_times_ms' holds 1e+308, not a possible step time (0, or 1e-06 to 1e+09 ms)"),
+    ("negative", "'step_times_ms' holds -5.0, not a possible step time (0, or 1e-06 to 1e+09 ms)"),
+    ("1e-300", "'step_times_ms' holds 1e-300, not a possible step time (0, or 1e-06 to 1e+09 ms)"),
     ("2M", "2000000 step times, more than the 10000 a baseline may hold (a profiled window has tens)"),
 ])
 def test_baselines_with_impossible_step_times_are_refused_in_one_line(steps, problem, tmp_path, cli):
     doc = baseline_of_recorded_run(cli, tmp_path)
     n = len(doc["step_times_ms"])
-    doc["step_times_ms"] = {"1e308": [1e308] * n, "negative": [-5.0] * n, "2M": doc["step_times_ms"] * (2_000_000 // n) + doc["step_times_ms"][: 2_000_000 % n]}[steps]
+    doc["step_times_ms"] = {"1e308": [1e308] * n, "negative": [-5.0] * n, "1e-300": [1e-300] * n, "2M": doc["step_times_ms"] * (2_000_000 // n) + doc["step_times_ms"][: 2_000_000 % n]}[steps]
     path = tmp_path / "forged.json"
     path.write_bytes(orjson.dumps(doc))
     code, _, err = cli(["gate", str(RECORDED_RUN), "--baseline", str(path)], tmp_path, {"ADVISOR_CACHE": "off"})
@@ -525,3 +571,32 @@ def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):
         assert analysis_cache.read_analysis_entry(entry, key, files) is None
         code, out, err = cli(report, tmp_path)
         assert (code, out) == (0, plain), err
+
+
+def test_a_tiny_but_possible_baseline_prints_a_factor_not_a_300_digit_percentage(tmp_path, cli):
+    doc = baseline_of_recorded_run(cli, tmp_path)
+    doc["step_times_ms"] = [1e-6] * len(doc["step_times_ms"])  # 1 ns steps: possible, if absurd
+    path = tmp_path / "tiny.json"
+    path.write_bytes(orjson.dumps(doc))
+    code, out, err = cli(["gate", str(RECORDED_RUN), "--baseline", str(path)], tmp_path, {"ADVISOR_CACHE": "off"})
+    assert code in (0, 1), err
+    assert not re.search(r"\d{12}", out + err), out
+    assert re.search(r"\(\d\.\d\de\+\d\dx\)", out), out
+
+
+def test_one_kernel_name_with_a_lone_surrogate_keeps_the_trace(tmp_path, cli):
+    """`"\\ud800"` in one kernel's name (valid JSON, not valid Unicode) rejected the whole
+    trace ("malformed trace events"); the character becomes U+FFFD and the rest is read."""
+    doc = orjson.loads(real_trace_bytes())
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    kernel["name"] = "MARK" + kernel["name"]
+    run = tmp_path / "surrogate"
+    run.mkdir()
+    (run / "trace.json").write_bytes(orjson.dumps(doc).replace(b"MARK", b"\\ud800", 1))
+    report = report_json(cli, run, tmp_path)
+    assert report["summary"] == report_json(cli, shared_trace(ALEXNET), tmp_path)["summary"]
+
+
+def test_a_baseline_of_the_whole_file_system_is_refused_without_walking_it(tmp_path, cli):
+    code, _, err = cli(["gate", str(RECORDED_RUN), "--baseline", "/"], tmp_path, {"ADVISOR_CACHE": "off"})
+    assert (code, err) == (2, "advisor: error: /: holds more than 5,000 folders: not a torch.profiler log dir; give the run's own folder or trace file\n")

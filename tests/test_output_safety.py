@@ -48,13 +48,19 @@ def hostile_run(dest: Path) -> Path:
     return dest
 
 
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def assert_inert(text: str) -> None:
-    """Nothing in TEXT acts on a terminal or a CI runner (our own annotations aside)."""
-    assert "\x1b" not in text and "\x07" not in text and "\r" not in text and RLO not in text
+    """Nothing in TEXT acts on a terminal or a CI runner (our own annotations aside): no
+    control character, no line whose first visible characters are `::`, no `##[` anywhere
+    (GitHub's runner reads it anywhere in a line)."""
+    assert not CONTROLS.search(text.replace("\n", "")) and RLO not in text, CONTROLS.findall(text)
     for line in text.splitlines():
+        assert "##[" not in line, line
         if line.startswith(("::error title=advisor gate", "::warning title=advisor gate")):
             continue
-        assert not line.lstrip().startswith(("::", "##[")), line
+        assert not line.lstrip().startswith("::"), line
 
 
 def test_text_and_markdown_reports_keep_trace_strings_inert(cli, tmp_path: Path):
@@ -66,7 +72,7 @@ def test_text_and_markdown_reports_keep_trace_strings_inert(cli, tmp_path: Path)
         assert_inert(err)
         assert "forged device" in out  # shown, as data
     code, out, _ = cli(["report", str(run)])
-    assert "click ::set-output name=x::y ##[error]" in out  # the kernel's name, on its table row
+    assert "click ::set-output name=x::y #\u2060#[error]" in out  # the kernel's name, on its table row (`##[` broken by a word joiner)
 
 
 def test_gate_terminal_and_annotations_keep_trace_strings_inert(cli, tmp_path: Path):
@@ -187,3 +193,142 @@ def test_a_write_that_fails_leaves_the_earlier_report_whole(tmp_path: Path):
     r = run_advisor(["report", str(CPU_RUN), "--format", "markdown", "-o", str(report)], tmp_path)
     assert r.returncode == 0 and report.read_text().startswith("#")
     assert report.stat().st_mode & 0o777 == 0o640  # a replaced file keeps its permissions
+
+
+# --- devices and FIFOs are written into, never replaced -------------------------------------------
+def test_a_character_device_or_fifo_output_is_written_into_never_replaced(tmp_path: Path):
+    """`-o /dev/null` as root once renamed a temp file over the device. A FIFO (anyone can
+    make one) and, as root, a copy of /dev/null's device node stand in for the real ones."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    outputs = [fifo]
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "null", 0o666 | 0o020000, os.makedev(1, 3))  # /dev/null's numbers
+        outputs.append(tmp_path / "null")
+    base = tmp_path / "base.json"
+    assert run_advisor(["baseline", str(CPU_RUN), "-o", str(base)], tmp_path).returncode == 0
+    for out in outputs:
+        for args in (["report", str(CPU_RUN), "--format", "json", "-o", str(out)], ["gate", str(CPU_RUN), "-b", str(base), "--json", str(out)], ["gate", str(CPU_RUN), "-b", str(base), "--junit", str(out)]):
+            reader = subprocess.Popen(["cat", str(out)], stdout=subprocess.PIPE) if out == fifo else None
+            r = run_advisor(args, tmp_path)
+            got = reader.communicate(timeout=60)[0] if reader else b""
+            assert r.returncode in (0, 1), r.stderr
+            assert not out.is_file() and (out.is_fifo() or out.is_char_device()), args
+            if reader:
+                assert got.lstrip().startswith((b"{", b"<?xml")), got[:100]
+    # a FIFO nobody reads: one line, exit 2, not a hang
+    r = run_advisor(["report", str(CPU_RUN), "--format", "json", "-o", str(fifo)], tmp_path)
+    assert r.returncode == 2 and r.stderr.decode().strip() == f"advisor: error: {fifo}: is a FIFO with no reader; start the reader first"
+    assert fifo.is_fifo()
+
+
+def test_dev_stdout_into_a_pipe_is_written():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ADVISOR_CACHE": "off"}
+    r = subprocess.run([sys.executable, "-m", "advisor", "report", str(CPU_RUN), "--format", "json", "-o", "/dev/stdout"], env=env, capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads(r.stdout)["schema"] == "advisor/report/v1"
+
+
+def test_no_output_ever_replaces_a_file_the_command_read(cli, tmp_path: Path):
+    """Every file read is an input: the default baseline, a baseline named in pyproject.toml,
+    the config, the baseline log dir's facts, the chosen run's own facts, a budget file.
+    Each write is refused in one line, exit 2, and the file stays byte for byte."""
+    work = tmp_path / "work"
+    (work / "perf").mkdir(parents=True)
+    run = work / "run"
+    shutil.copytree(CPU_RUN, run)
+    other = work / "other"
+    shutil.copytree(CPU_RUN, other)
+    multi = work / "multi"
+    shutil.copytree(CPU_RUN, multi / "r1")
+    shutil.copytree(CPU_RUN, multi / "r2")
+    code, _, err = cli(["baseline", str(run), "-o", str(work / "perf" / "baseline.json")], work)
+    assert code == 0, err
+    shutil.copy(work / "perf" / "baseline.json", work / "b2.json")
+    budget = work / "budget.toml"
+    budget.write_text("max_step_time_ms = 100000\n")
+
+    def refused(args: list[str], victim: Path, pyproject: str | None = None) -> None:
+        (work / "pyproject.toml").unlink(missing_ok=True)
+        if pyproject is not None:
+            (work / "pyproject.toml").write_text(pyproject)
+        before = victim.read_bytes()
+        code, _, err = cli(args, work)
+        assert code == 2, (args, err)
+        lines = [line for line in err.strip().splitlines() if not line.startswith("advisor gate: comparing with")]
+        assert lines == [f"advisor: error: {args[-1]}: is one of the files this command reads; it is never overwritten: choose another output file"], args
+        assert victim.read_bytes() == before, args
+
+    refused(["gate", "run", "--json", "perf/baseline.json"], work / "perf" / "baseline.json")
+    refused(["gate", "run", "--junit", "b2.json"], work / "b2.json", '[tool.advisor.gate]\nbaseline = "b2.json"\n')
+    refused(["report", "run", "-o", "pyproject.toml"], work / "pyproject.toml", "[tool.advisor]\nignore = []\n")
+    refused(["gate", "run", "-b", "other", "--json", "other/advisor_facts.json"], other / "advisor_facts.json")
+    refused(["gate", "multi", "--run", "r1", "--max-step-time-ms", "1e6", "--json", "multi/r1/advisor_facts.json"], multi / "r1" / "advisor_facts.json")
+    (work / "perf" / "baseline.json").unlink()
+    refused(["gate", "run", "--budget", "budget.toml", "--junit", "budget.toml"], budget)
+
+
+def test_html_without_output_keeps_an_earlier_report(cli, tmp_path: Path):
+    earlier = tmp_path / "advisor_report.html"
+    earlier.write_text("my earlier report")
+    code, _, err = cli(["report", str(CPU_RUN), "--format", "html"], tmp_path)
+    assert code == 0, err
+    assert earlier.read_text() == "my earlier report"
+    assert err.strip().splitlines()[-1] == "wrote advisor_report-2.html"
+    assert (tmp_path / "advisor_report-2.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+# --- CI commands and control characters from trace and facts strings, at any width -----------------
+WRAPPED_KERNEL = "x" * 25 + " ::error::wrapped\x00\x07\x1b\x9b31m \x85##[warning]mid-line\x90dcs"
+
+
+def wrapped_hostile_run(dest: Path) -> Path:
+    """The recorded H100 run with a kernel name that a 40-column wrap would cut right before
+    `::error::`, and facts strings (device, optimizer, notes) that carry commands too."""
+    hostile_run(dest)
+    trace = next(dest.glob("*.pt.trace.json.gz"))
+    doc = orjson.loads(gzip.decompress(trace.read_bytes()))
+    for e in doc["traceEvents"]:
+        if e.get("name") == KERNEL:
+            e["name"] = WRAPPED_KERNEL
+    trace.write_bytes(gzip.compress(orjson.dumps(doc)))
+    facts = orjson.loads((dest / "advisor_facts.json").read_bytes())
+    facts["device"]["name"] = "H100 ##[error]forged\x9b2J\x00"
+    facts["optimizers"][0]["class"] = "SGD\n::error::optimizer\x07"
+    facts["notes"] = ["note\n  ::error::from the facts\n##[group]x"]
+    (dest / "advisor_facts.json").write_bytes(orjson.dumps(facts))
+    return dest
+
+
+def test_no_width_lets_a_trace_or_facts_string_issue_a_ci_command(cli, tmp_path: Path):
+    run = wrapped_hostile_run(tmp_path / "run")
+    base = tmp_path / "base.json"
+    assert cli(["baseline", str(GPU_RUN), "-o", str(base)])[0] == 0
+    for columns in ("40", "200"):
+        for args in (["report", str(run), "-v"], ["gate", str(run), "-b", str(base), "--max-share", "dataloader=0.05"], ["diff", str(GPU_RUN), str(run)]):
+            code, out, err = cli(args, env={"COLUMNS": columns, "GITHUB_ACTIONS": "true"})
+            assert code in (0, 1), err
+            assert_inert(out)
+            assert_inert(err)
+    wrapped_before_a_command = 0
+    for columns in range(30, 61):  # some width puts the device name's `::error::` first on a line
+        code, out, err = cli(["report", str(run)], env={"COLUMNS": str(columns)})
+        assert code == 0, err
+        assert_inert(out)
+        wrapped_before_a_command += any(line.lstrip().startswith(":\u2060:error::forged") for line in out.splitlines())
+    assert wrapped_before_a_command  # shown, as data, and no runner reads it
+
+
+def test_junit_json_and_html_carry_no_command_line_and_no_control_character(cli, tmp_path: Path):
+    run = wrapped_hostile_run(tmp_path / "run")
+    base = tmp_path / "base.json"
+    assert cli(["baseline", str(GPU_RUN), "-o", str(base)])[0] == 0
+    code, _, err = cli(["gate", str(run), "-b", str(base), "--max-share", "dataloader=0.05", "--junit", str(tmp_path / "g.xml")])
+    assert code == 1, err
+    junit = (tmp_path / "g.xml").read_text(encoding="utf-8")
+    assert_inert(junit)
+    code, _, err = cli(["report", str(run), "--format", "html", "-o", str(tmp_path / "r.html")])
+    assert code == 0, err
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert not CONTROLS.search(page.replace("\n", "")), CONTROLS.findall(page)[:5]
+    assert "wrapped" in page

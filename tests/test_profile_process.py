@@ -203,3 +203,35 @@ def test_a_script_and_arguments_named_with_bytes_that_are_not_utf8(tmp_path: Pat
     f = facts(out)
     assert f["script"] == f"{tmp_path}/tr\\xffain.py" and f["argv"][1:] == ["--tag=\\xfd"]
     assert len(traces(out)) == 1 and "Findings, ranked" in err  # the report, on stderr
+
+
+CLOSES = """
+import os, sys
+import torch
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+{close}
+for step in range(12):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "steps.txt"), "w").write(str(step + 1))
+"""
+
+
+@pytest.mark.parametrize("close", ["sys.stdout.close()", "os.close(1)", "os.close(2)", "sys.stderr.close()", "os.close(1); os.close(2)"])
+def test_a_script_that_closes_its_stdout_or_stderr_meets_the_fate_plain_python_gives_it(tmp_path: Path, close: str):
+    """Closing fd 1 once ended in the advisor's own error (exit 3, "I/O operation on closed
+    file"), closing fd 2 at the start killed the script after one step: the advisor wrote on
+    the script's streams. Same exit code and all 12 steps as under plain Python, and the
+    advisor's lines and report still reach the advisor's own stdout and stderr."""
+    script = write(tmp_path / "closes.py", CLOSES.format(close=close))
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "steps.txt").read_text() == "12"
+    (tmp_path / "steps.txt").unlink()
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "2", "--no-stack", "--full", str(script)], tmp_path, timeout=120)
+    assert r.returncode == plain.returncode, r.stderr
+    assert (tmp_path / "steps.txt").read_text() == "12"
+    assert len(facts(out)["step_times_ms"]) == 12
+    assert "Findings, ranked" in r.stderr
+    assert any("recording" in line for line in advisor_lines(r.stderr)), r.stderr

@@ -90,3 +90,35 @@ def test_view_without_a_browser_prints_the_path(tmp_path):
 def test_view_of_a_missing_run_is_one_line_and_exit_2(tmp_path):
     r = _view([str(tmp_path / "nothing")], tmp_path, {})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "advisor: error:" in r.stderr
+
+
+def _predicted_name(run: Path) -> str:
+    """The report's file name for a run, as anyone can compute it from the run's path."""
+    import hashlib
+
+    return f"{run.name}-{hashlib.sha256(str(run.resolve()).encode()).hexdigest()[:10]}.html"
+
+
+def test_view_never_writes_through_a_link_planted_in_the_shared_temporary_folder(tmp_path):
+    """Another local user plants links where the report would go: in the shared folder the
+    advisor once used, and (as root, chown'd to another user) in a per-user folder they made
+    first. The victim's file stays as it was; the report goes to a folder only the user owns."""
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    shared = tmp_path / "torch-advisor-view"
+    shared.mkdir(mode=0o777)
+    (shared / _predicted_name(run)).symlink_to(victim)
+    if os.geteuid() == 0:  # only root can give a folder to another user
+        theirs = tmp_path / f"torch-advisor-view-{os.geteuid()}"
+        theirs.mkdir(mode=0o777)
+        (theirs / _predicted_name(run)).symlink_to(victim)
+        os.chown(theirs, 65534, 65534)
+        os.lchown(theirs / _predicted_name(run), 65534, 65534)
+    r = _view([str(run), "--no-browser"], tmp_path, {"BROWSER": "false %s"})
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "mine"
+    page = Path(r.stdout.strip())
+    assert page.is_file() and not page.is_symlink() and "dataloader-stall" in page.read_text(encoding="utf-8")
+    folder = page.parent.stat()
+    assert folder.st_uid == os.geteuid() and folder.st_mode & 0o777 == 0o700

@@ -8,12 +8,10 @@ so nothing of ours runs while a step is being recorded).
 
 from __future__ import annotations
 
-import sys
-
-from rich.console import Console
 from rich.text import Text
 
-from advisor.terminal_text import one_line
+from advisor.capture.streams import own_streams
+from advisor.terminal_text import inert_console, one_line
 
 
 class Window:
@@ -49,8 +47,8 @@ class Window:
 
 
 def say_lines(lines: list[str]) -> None:
-    """Print the advisor's own lines on stderr, each prefixed `advisor: `."""
-    console = Console(stderr=True, highlight=False)
+    """Print the advisor's own lines on its stderr (advisor.capture.streams), each prefixed `advisor: `."""
+    console = inert_console(file=own_streams()[1], highlight=False)
     for line in lines:
         console.print(Text("advisor: ", style="bold") + Text(one_line(line)), soft_wrap=True)
 
@@ -71,7 +69,7 @@ class Progress:
     def __init__(self, window: Window, enabled: bool = True) -> None:
         self.window = window
         self.enabled = enabled
-        self.console = Console(stderr=True, highlight=False)
+        self.console = inert_console(file=own_streams()[1], highlight=False)
         self._bar = None
         self._task = None
         self._phase = None
@@ -84,7 +82,6 @@ class Progress:
             self._bar.console.print(line, soft_wrap=True)
         else:
             self.console.print(line, soft_wrap=True)
-        sys.stderr.flush()
 
     def begin(self, what: str) -> None:
         self.say(what)

@@ -233,8 +233,11 @@ def _exit_code(code: object) -> int:
         return 0
     if isinstance(code, int):
         return code & 0xFF if code >= 0 else code % 256
-    sys.stderr.write(f"{code}\n")
-    sys.stderr.flush()
+    try:  # Python prints it on the script's stderr, if it can
+        sys.stderr.write(f"{code}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
     return 1
 
 
@@ -266,6 +269,9 @@ def _print_user_traceback(exc: BaseException) -> None:
         seen.add(id(e))
         e.__traceback__ = _strip(e.__traceback__, leading=e is exc)
         todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-    sys.stdout.flush()
-    sys.excepthook(type(exc), exc, exc.__traceback__)
-    sys.stderr.flush()
+    _flush_streams()
+    try:  # on the script's stderr, as Python would (nothing, where the script closed it)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    except Exception:
+        pass
+    _flush_streams()

@@ -45,6 +45,7 @@ from typing import Any
 from advisor.capture.facts import FactsRecorder, facts_file_name, write_facts
 from advisor.capture.progress import Progress, Window, step_span
 from advisor.capture.runner import Outcome, Target, Terminated, run
+from advisor.capture.streams import own_streams, take_back_streams
 
 def profiler_log_name(rank: int, world_size: int) -> str:
     return f"advisor_profiler.rank{rank}.log" if world_size > 1 else "advisor_profiler.log"
@@ -249,6 +250,7 @@ class _Session:
         enabled = self.torch.autograd._profiler_enabled
         spare = self.torch.empty(4) if self.o.profile_memory and not self._allocator_warned and not enabled() else None
         saved_fd = None
+        closed_fd2 = False  # the script closed fd 2: closed again afterwards
         try:
             sys.stderr.flush()
         except Exception:  # a closed or odd stderr: the redirect is only cosmetic
@@ -259,8 +261,12 @@ class _Session:
             log_fd = None
         try:
             if log_fd is not None:
-                saved_fd = os.dup(2)
-                os.dup2(log_fd, 2)
+                try:
+                    saved_fd = os.dup(2)
+                except OSError:
+                    closed_fd2 = True
+                if log_fd != 2:
+                    os.dup2(log_fd, 2)
             yield
             if spare is not None and enabled():  # recording started: this free is "of unknown size"
                 del spare
@@ -269,6 +275,8 @@ class _Session:
             if saved_fd is not None:
                 os.dup2(saved_fd, 2)
                 os.close(saved_fd)
+            elif closed_fd2 and log_fd != 2:
+                os.close(2)
             if log_fd is not None:
                 os.close(log_fd)
             self._in_profiler -= 1
@@ -441,8 +449,13 @@ class _Session:
 
 
 def capture(target: Target, options: CaptureOptions) -> CaptureResult:
-    """Run TARGET under the profiler into options.out_dir (which must exist); see module doc."""
-    return _Session(target, options).run()
+    """Run TARGET under the profiler into options.out_dir (which must exist); see module doc.
+    What the advisor prints never goes through the script's own streams (capture/streams.py)."""
+    own_streams(fresh=True)
+    try:
+        return _Session(target, options).run()
+    finally:
+        take_back_streams()
 
 
 def summary_lines(result: CaptureResult) -> list[str]:

@@ -21,7 +21,9 @@ from advisor.render.output import run_input_files, write_output
 if TYPE_CHECKING:
     from rich.console import Console
 
-EXIT_INTERNAL = 3
+# The advisor's own failure (a bug: "internal error: ..."): EX_SOFTWARE of sysexits.h, apart
+# from any code a profiled script may choose for itself (`advisor profile` passes those through).
+EXIT_INTERNAL = 70
 
 app = typer.Typer(
     name="advisor",
@@ -73,7 +75,7 @@ def rule_ids(values: List[str]) -> List[str]:
 
 def _version_callback(value: bool) -> None:
     if value:
-        from advisor import __version__
+        from advisor.version import __version__
 
         sys.stdout.write(f"advisor {__version__}\n")
         raise typer.Exit()
@@ -95,9 +97,9 @@ def stdout_console() -> Console:
 
 
 def stderr_console() -> Console:
-    from rich.console import Console
+    from advisor.terminal_text import inert_console
 
-    return Console(stderr=True, highlight=False)
+    return inert_console(stderr=True, highlight=False)
 
 
 def say(console: Console, line: str) -> None:
@@ -123,18 +125,20 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
     elif fmt is Format.html:
         from advisor.render.html import to_html
 
-        write_output(to_html(analysis), output or Path("advisor_report.html"), inputs)
+        from advisor.render.output import unused_default_name
+
+        # without -o: ./advisor_report.html, or a numbered name beside it (an earlier report is kept)
+        write_output(to_html(analysis), output or unused_default_name("advisor_report.html"), inputs)
     else:
         from advisor.render.text import render_text
 
         if output is None:
             render_text(analysis, stdout_console(), verbose=verbose)
         else:
-            from rich.console import Console
-
             from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
+            from advisor.terminal_text import inert_console
 
-            console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
+            console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
             render_text(analysis, console, verbose=verbose)
             write_output(trim_lines(console.export_text()), output, inputs)
 
@@ -315,6 +319,9 @@ def _paths_checked_by_the_stages() -> None:
 
 
 def main() -> None:
+    from advisor.files_read import forget_all
+
+    forget_all()  # one command's inputs (tests run several in one process)
     core = {c.name or c.callback.__name__ for c in app.registered_commands}
     if _named_command(sys.argv[1:]) not in core:
         _register_optional_commands()

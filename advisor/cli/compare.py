@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from advisor.render.console import UNWRAPPED_WIDTH, output_console, trim_lines
 from advisor.render.output import run_input_files, write_output
-from advisor.terminal_text import path_text
+from advisor.terminal_text import inert_console, path_text
 
 
 class DiffFormat(str, Enum):
@@ -47,13 +46,15 @@ def diff(
         render_diff(comparison, "text", output_console())
         return
     if format is DiffFormat.text:
-        console = Console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
+        console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
         render_diff(comparison, "text", console)
         write_output(trim_lines(console.export_text()), output, inputs)
         return
     text = render_diff(comparison, format.value)
     assert text is not None
-    write_output(text, output or (Path("advisor_diff.html") if format is DiffFormat.html else None), inputs)
+    from advisor.render.output import unused_default_name
+
+    write_output(text, output or (unused_default_name("advisor_diff.html") if format is DiffFormat.html else None), inputs)
 
 
 def view(

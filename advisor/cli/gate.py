@@ -32,13 +32,13 @@ from advisor.gate.record import RunRecord, read_record_file, record_from_analysi
 from advisor.gate.verdict import GateResult
 from advisor.render.console import output_console
 from advisor.render.output import run_input_files
-from advisor.terminal_text import one_line, path_text
+from advisor.terminal_text import inert_console, one_line, path_text
 
 DEFAULT_BASELINE = Path("perf/baseline.json")
 
 
 def _stderr() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return inert_console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _config_layer(cfg: Any) -> tuple[str, dict[str, Any]]:
@@ -81,8 +81,9 @@ def _input_files(path: Path, run: Optional[str], baseline: Optional[Path]) -> li
     """What the gate reads: the candidate's trace and facts files, and the baseline file."""
     from advisor.load.discover import find_run
 
-    files = list(find_run(path, run).files)
-    directory = path if path.is_dir() else path.parent
+    found = find_run(path, run)
+    files = list(found.files)
+    directory = found.directory if found.directory is not None else (path if path.is_dir() else path.parent)
     files += sorted(directory.glob("advisor_facts*.json"))
     return files + ([baseline] if baseline is not None else [])
 
@@ -186,8 +187,9 @@ def gate(
         _stderr().print(Text(f"advisor gate: comparing with {DEFAULT_BASELINE}, the baseline `advisor baseline` wrote"))
     result = evaluate_gate(path, settings, cfg, rules_dir=rules_dir, run=run)
 
-    # Files first: CI reads them whatever the verdict.
-    inputs = _input_files(path, run, baseline)
+    # Files first: CI reads them whatever the verdict. Never over a file read: the candidate's
+    # traces and facts (in the chosen run), the baseline, the config, a budget file.
+    inputs = _input_files(path, run, settings.baseline)
     if json_out is not None:
         write_file(json_out, to_json(result), inputs)
     if junit is not None:

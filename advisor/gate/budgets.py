@@ -21,6 +21,7 @@ kind is an InputError naming the file and the key, never a budget silently ignor
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass, field, fields
@@ -30,6 +31,7 @@ from typing import Any
 import orjson
 
 from advisor.errors import InputError
+from advisor.files_read import remember
 from advisor.gate.compare import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MIN_STEPS,
@@ -97,19 +99,24 @@ def parse_size(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float(value) if value > 0 else None
+        return float(value) if 0 < value < math.inf else None
     if isinstance(value, str):
         m = SIZE.match(value)
         if m:
             n = float(m.group(1)) * SIZE_UNITS[(m.group(2) or "b").lower()]
-            return n if n > 0 else None
+            return n if 0 < n < math.inf else None
     return None
 
 
 def _number(value: Any) -> float | None:
+    """A finite number (NaN and the infinities are no budget), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        n = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return n if math.isfinite(n) else None
 
 
 class _Reader:
@@ -226,6 +233,7 @@ def read_budget_file(path: Path) -> dict[str, Any]:
     """A `--budget FILE`: TOML or JSON; its `[tool.advisor.gate]` or `[gate]` table, else the whole file."""
     if not path.is_file():
         raise InputError(path, "budget file not found")
+    remember(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -240,6 +248,8 @@ def read_budget_file(path: Path) -> dict[str, Any]:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InputError(path, f"invalid TOML: {exc}") from None
+        except RecursionError:
+            raise InputError(path, "invalid TOML: values nested too deeply") from None
     if not isinstance(doc, dict):
         raise InputError(path, "a budget file must hold a table of budgets")
     nested = doc.get("tool", {}).get("advisor", {}) if isinstance(doc.get("tool"), dict) else {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from advisor.gate.budgets import GateSettings, budget_checks
@@ -15,9 +16,11 @@ PER_SAMPLE_NOTE = " (so time per sample is compared, not step time)"
 
 def signed_pct(ratio_minus_one: float | None) -> str:
     """+26%, -4.3%: whole percent from 10% on, one decimal below."""
-    if ratio_minus_one is None:
+    if ratio_minus_one is None or not math.isfinite(ratio_minus_one):
         return "n/a"
     v = 100 * ratio_minus_one
+    if abs(v) >= 100_000:  # a thousand times and more: a factor, not a 300-digit percentage
+        return f"{ratio_minus_one + 1:.3g}x"
     return f"{v:+.0f}%" if abs(v) >= 10 else f"{v:+.1f}%"
 
 

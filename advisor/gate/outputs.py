@@ -24,7 +24,7 @@ from rich.text import Text
 
 from advisor.gate.verdict import Check, GateResult
 from advisor.render.output import refuse_overwriting_inputs, to_json_text, write_atomically
-from advisor.terminal_text import one_line, valid_unicode
+from advisor.terminal_text import inert_lines, multi_line, one_line, valid_unicode
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "inconclusive": "yellow", "fail": "bold red"}
 STATUS_ICON = {"pass": "✅", "warn": "⚠️", "inconclusive": "❔", "fail": "❌"}
@@ -63,7 +63,13 @@ def to_json(result: GateResult) -> str:
 
 # --- JUnit XML ------------------------------------------------------------------------------
 def _xml_text(s: str) -> str:
-    return XML_INVALID.sub("\ufffd", s)
+    """Text for an XML element: no control character, no line a CI runner reads as a command
+    (a JUnit report's system-out is often echoed into the job's log), only characters XML holds."""
+    return XML_INVALID.sub("\ufffd", multi_line(s))
+
+
+def _xml_attr(s: str) -> str:
+    return XML_INVALID.sub("\ufffd", one_line(s))
 
 
 def to_junit(result: GateResult, suite_name: str = "advisor gate", timestamp: datetime | None = None) -> str:
@@ -90,7 +96,7 @@ def to_junit(result: GateResult, suite_name: str = "advisor gate", timestamp: da
             "skipped": str(skipped),
             "time": "0",
             "timestamp": stamp,
-            "hostname": _xml_text(socket.gethostname() or "localhost"),
+            "hostname": _xml_attr(socket.gethostname() or "localhost"),
         },
     )
     props = ET.SubElement(suite, "properties")
@@ -102,17 +108,17 @@ def to_junit(result: GateResult, suite_name: str = "advisor gate", timestamp: da
         ("candidate", result.candidate.get("source", "")),
         ("baseline", (result.baseline or {}).get("source", "")),
     ):
-        ET.SubElement(props, "property", {"name": name, "value": _xml_text(str(value))})
+        ET.SubElement(props, "property", {"name": name, "value": _xml_attr(str(value))})
     for c in checks:
-        case = ET.SubElement(suite, "testcase", {"classname": "advisor.gate", "name": _xml_text(f"{c.title} [{c.id}]"), "time": "0"})
+        case = ET.SubElement(suite, "testcase", {"classname": "advisor.gate", "name": _xml_attr(f"{c.title} [{c.id}]"), "time": "0"})
         status = c.effective_status(result.strict)
         body = _xml_text(f"{c.title}: measured {c.measured}, limit {c.limit}\n{c.message}")
         if status == "fail":
             kind = "inconclusive" if c.status == "inconclusive" else c.id
-            el = ET.SubElement(case, "failure", {"message": _xml_text(c.message), "type": _xml_text(kind)})
+            el = ET.SubElement(case, "failure", {"message": _xml_attr(c.message), "type": _xml_attr(kind)})
             el.text = body
         elif status == "inconclusive":
-            ET.SubElement(case, "skipped", {"message": _xml_text("inconclusive: " + c.message)})
+            ET.SubElement(case, "skipped", {"message": _xml_attr("inconclusive: " + c.message)})
         if status in ("warn", "pass"):
             out = ET.SubElement(case, "system-out")
             out.text = body
@@ -125,7 +131,7 @@ def to_junit(result: GateResult, suite_name: str = "advisor gate", timestamp: da
 
 # --- GitHub Actions -------------------------------------------------------------------------
 def _gh_data(s: str) -> str:
-    return CONTROL.sub("", valid_unicode(s)).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return inert_lines(CONTROL.sub("", valid_unicode(s))).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _gh_property(s: str) -> str:

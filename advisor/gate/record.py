@@ -19,6 +19,7 @@ import orjson
 
 from advisor.version import __version__
 from advisor.errors import InputError
+from advisor.files_read import remember
 from advisor.render.output import jsonable
 
 BASELINE_SCHEMA = "advisor/baseline/v1"
@@ -221,6 +222,7 @@ def _need(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Pa
 # loader's limit on one trace's span) is not a step.
 MAX_BASELINE_STEPS = 10_000
 MAX_STEP_MS = 1e9
+MIN_STEP_MS = 1e-6  # 1 ns
 
 
 def _number(value: Any, what: str, path: Path, *, upper: float = math.inf, share: bool = False) -> float | None:
@@ -279,9 +281,11 @@ def _step_times(steps: list[Any], path: Path) -> list[float]:
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
         raise InputError(path, "not a valid baseline: 'step_times_ms' must be a list of numbers")
     values = [float(x) for x in steps]
-    bad = next((v for v in values if not (math.isfinite(v) and 0 <= v < MAX_STEP_MS)), None)
+    # A trace's clock counts nanoseconds at best: a step of less than 1 ns (1e-6 ms) is not a
+    # measurement (1e-300 once made a 300-digit percentage), only 0 (no time) is.
+    bad = next((v for v in values if not (math.isfinite(v) and (v == 0 or MIN_STEP_MS <= v < MAX_STEP_MS))), None)
     if bad is not None:
-        raise InputError(path, f"not a valid baseline: 'step_times_ms' holds {bad!r}, not a possible step time (0 to {MAX_STEP_MS:g} ms)")
+        raise InputError(path, f"not a valid baseline: 'step_times_ms' holds {bad!r}, not a possible step time (0, or {MIN_STEP_MS:g} to {MAX_STEP_MS:g} ms)")
     return values
 
 
@@ -351,6 +355,7 @@ def record_from_report(doc: dict[str, Any], path: Path) -> RunRecord:
 
 def read_record_file(path: Path) -> RunRecord | None:
     """A baseline or report JSON as a record; None when the file is a trace (to be analysed)."""
+    remember(path)
     if path.name.endswith((".gz", ".pt.trace.json")):
         return None
     try:

@@ -200,6 +200,18 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE
 _UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
+# Without ADVISOR_MAX_TRACE_BYTES, a gzip trace may inflate to this many times its compressed
+# size (torch.profiler traces: 13x to 30x), at least GZIP_RATIO_FLOOR, and to no more than
+# half the memory available: a bomb ends in one line, whatever the machine.
+GZIP_RATIO = 200
+GZIP_RATIO_FLOOR = 256 * 2**20
+# Whitespace runs at least this long are kept as one space while inflating (JSON does not
+# need them; a bomb is made of them): memory follows the trace's content, not its padding.
+SQUEEZE_RUN = 1024
+_LONG_WHITESPACE = re.compile(rb"[ \t\r\n]{%d,}" % SQUEEZE_RUN)
+_WHITESPACE = b" \t\r\n"
+
+
 def max_trace_bytes() -> int:
     """The ceiling on a trace's decompressed size: `ADVISOR_MAX_TRACE_BYTES` (bytes, or 500M,
     8G, ...), else 16 GiB. A gzip bomb or a lying gzip trailer stops at this many bytes."""
@@ -230,11 +242,17 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
     hashlib object) is fed the file's bytes as they are read: the cache's key is the hash of
     exactly the bytes that were parsed.
     """
+    bounded = limit is None and not os.environ.get(MAX_TRACE_ENV, "").strip()
     limit = max_trace_bytes() if limit is None else limit
     try:
         with open(path, "rb", buffering=0) as f:
             if f.read(2) != b"\x1f\x8b":
                 return _read_plain(path, f, limit, digest)
+            if bounded:
+                ratio_limit = max(GZIP_RATIO_FLOOR, GZIP_RATIO * os.fstat(f.fileno()).st_size)
+                memory_limit = _available_memory() // 2
+                if min(ratio_limit, memory_limit) < limit:
+                    return _gunzip(path, f, min(ratio_limit, memory_limit), digest, ratio_limit <= memory_limit)
             return _gunzip(path, f, limit, digest)
     except IsADirectoryError:
         raise InputError(path, "is a directory, expected a trace file") from None
@@ -272,7 +290,31 @@ def _read_plain(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
     return out
 
 
-def _gunzip(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
+def _available_memory() -> int:
+    """MemAvailable of /proc/meminfo (cgroup limits aside), or no bound where it is not there."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return DEFAULT_MAX_TRACE_BYTES * 2
+
+
+def _squeezed(piece: bytes) -> bytes:
+    """PIECE with each run of SQUEEZE_RUN or more whitespace bytes as one space. Only pieces
+    that are mostly whitespace are searched (a counting pass in C; a real trace's pieces are
+    a fifth whitespace or less). A run that long inside a JSON string loses its length."""
+    if len(piece) < SQUEEZE_RUN or 2 * (len(piece) - len(piece.translate(None, _WHITESPACE))) < len(piece):
+        return piece
+    return _LONG_WHITESPACE.sub(b" ", piece)
+
+
+def _gunzip(path: Path, f: Any, limit: int, digest: Any, by_ratio: bool | None = None) -> bytearray:
+    """Inflate F (gzip members, then zero padding) into one buffer of at most LIMIT bytes, long
+    whitespace squeezed. BY_RATIO: the limit is the default bound (True: GZIP_RATIO times the
+    compressed size; False: half the available memory), said so when reached."""
     f.seek(0)
     out = bytearray()
     inflate = zlib.decompressobj(wbits=31)
@@ -291,10 +333,13 @@ def _gunzip(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
                     continue
                 inflate = zlib.decompressobj(wbits=31)
             # Bounded pieces: the output buffer is the only large allocation.
-            piece = inflate.decompress(pending, GZIP_PIECE_BYTES)
+            piece = _squeezed(inflate.decompress(pending, GZIP_PIECE_BYTES))
             pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
             if len(out) + len(piece) > limit:
-                raise _too_large(path, limit, "gzip inflates to")
+                if by_ratio is None:
+                    raise _too_large(path, limit, "gzip inflates to")
+                why = f"{GZIP_RATIO} times its compressed size (a gzip bomb?)" if by_ratio else "half the memory available"
+                raise InputError(path, f"gzip inflates to more than {_size_text(limit)} of JSON, {why}; set {MAX_TRACE_ENV} to raise the limit")
             out += piece
     except zlib.error as exc:
         raise InputError(path, f"corrupt gzip ({exc})") from None
@@ -470,9 +515,23 @@ def _arg_kind(t: Any) -> str:
 _ARG_KINDS = {f.encode_name: _arg_kind(f.type) for t in (EventArgs, MemoryArgs) for f in msgspec.structs.fields(t)}
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(s: str) -> str:
+    """A string msgspec can encode: a lone surrogate (`"\\ud800"` in the JSON, which Python's
+    parser accepts) becomes U+FFFD, and the rest of the name and of the trace is kept."""
+    if not _LONE_SURROGATE.search(s):
+        return s
+    return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _clean(v: Any) -> Any:
-    """A JSON value msgspec can encode and decode back: out-of-range numbers become null."""
+    """A JSON value msgspec can encode and decode back: out-of-range numbers become null,
+    lone surrogates U+FFFD."""
     t = type(v)
+    if t is str:
+        return _text(v)
     if t is int:
         return v if INT64_MIN <= v <= INT64_MAX else (float(v) if abs(v) < 2**1023 else None)
     if t is float:
@@ -480,14 +539,14 @@ def _clean(v: Any) -> Any:
     if t is list:
         return [_clean(x) for x in v]
     if t is dict:
-        return {str(k): _clean(x) for k, x in v.items()}
+        return {_text(str(k)): _clean(x) for k, x in v.items()}
     return v
 
 
 _CLEAN_ARG = {
     "int": _int_or_none,
     "float": _float_or_none,
-    "str": lambda v: v if type(v) is str else None,
+    "str": lambda v: _text(v) if type(v) is str else None,
     "raw": _clean,
 }
 
@@ -500,16 +559,16 @@ def _clean_event(e: Any) -> dict[str, Any] | None:
         return None  # not an event the Chrome trace format defines
     out: dict[str, Any] = {"ph": ph}
     if type(v := e.get("cat")) is str:
-        out["cat"] = v
+        out["cat"] = _text(v)
     name = e.get("name")
     if name is not None:
-        out["name"] = name if type(name) is str else str(name)
+        out["name"] = _text(name if type(name) is str else str(name))
     for key in ("ts", "dur"):
         if (v := _float_or_none(e.get(key))) is not None:
             out[key] = v
     tid = e.get("tid")
     if tid is not None:
-        out["tid"] = tid if type(tid) is str or (type(tid) is int and INT64_MIN <= tid <= INT64_MAX) else str(tid)
+        out["tid"] = _text(tid) if type(tid) is str else tid if type(tid) is int and INT64_MIN <= tid <= INT64_MAX else _text(str(tid))
     args = e.get("args")
     if type(args) is dict:
         clean_args = {}

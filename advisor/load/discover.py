@@ -45,15 +45,25 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
 
 
+# A log dir holds a few folders per run (TensorBoard's plugins/profile/<run>/ at most): a walk
+# that meets more folders than this was given something else (`/`, a home folder), and says so.
+MAX_FOLDERS = 5_000
+
+
 def _trace_files(root: Path) -> Iterator[Path]:
-    """Trace files under root, recursively, never inside the frames cache (.advisor-cache)."""
+    """Trace files under root, recursively, never inside the frames cache (.advisor-cache);
+    InputError past MAX_FOLDERS folders (`--baseline /` must not walk the file system)."""
     def unreadable(exc: OSError) -> None:
         # The folder the user named must be readable; a sub-folder that vanishes or is
         # locked while we walk is skipped, not fatal.
         if Path(exc.filename or "") == root:
             raise exc
 
+    seen = 0
     for folder, dirs, files in os.walk(root, onerror=unreadable):
+        seen += 1
+        if seen > MAX_FOLDERS:
+            raise InputError(root, f"holds more than {MAX_FOLDERS:,} folders: not a torch.profiler log dir; give the run's own folder or trace file")
         dirs[:] = [d for d in dirs if d != CACHE_DIR_NAME]
         for name in files:
             p = Path(folder) / name

@@ -33,8 +33,15 @@ from advisor.load.trace import TraceFrames
 T = TypeVar("T")
 Progress = Callable[[Path], None]
 
-# Below this much trace data (bytes on disk) process start-up costs more than it saves.
+# Below this much trace data (bytes on disk) process start-up costs more than it saves...
 PARALLEL_MIN_BYTES = 8 * 2**20
+# ...unless there are more ranks than this: each rank costs its metrics and rules however few
+# events it holds (tens of ms), and 3,000 one-event files ran one after the other.
+SERIAL_MAX_RANKS = 16
+
+
+def _few_and_small(paths: list[Path]) -> bool:
+    return len(paths) <= SERIAL_MAX_RANKS and _total_bytes(paths) < PARALLEL_MIN_BYTES
 
 
 def default_workers(n_tasks: int) -> int:
@@ -110,7 +117,7 @@ def load_frames(
     """
     paths = [Path(p) for p in paths]
     n = default_workers(len(paths)) if workers is None else max(1, min(workers, len(paths)))
-    small = workers is None and _total_bytes(paths) < PARALLEL_MIN_BYTES
+    small = workers is None and _few_and_small(paths)
     if executor is None and (n == 1 or small):
         out = []
         for p in paths:
@@ -139,7 +146,7 @@ def map_ranks(
     items = list(items)
     paths = [_path_of(i) for i in items]
     n = default_workers(len(items)) if workers is None else max(1, min(workers, len(items)))
-    small = workers is None and _total_bytes(paths) < PARALLEL_MIN_BYTES
+    small = workers is None and _few_and_small(paths)
     if executor is None and (n == 1 or small):
         for item, p in zip(items, paths):
             result = fn(item)

@@ -15,6 +15,8 @@ from typing import IO
 
 from rich.console import Console
 
+from advisor.terminal_text import inert_console
+
 # Wide enough that no line of a report wraps; tables and panels are sized to their content.
 UNWRAPPED_WIDTH = 1000
 
@@ -78,5 +80,5 @@ def output_console(stderr: bool = False, soft_wrap: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = output_width(stream)
     if width is None:
-        return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
-    return Console(file=LineEndTrimmer(stream), highlight=False, soft_wrap=soft_wrap, width=width)
+        return inert_console(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
+    return inert_console(file=LineEndTrimmer(stream), highlight=False, soft_wrap=soft_wrap, width=width)

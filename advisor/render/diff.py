@@ -25,7 +25,7 @@ from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.render import svg
 from advisor.render.fmt import batch_size, esc, fmt_bytes, md, pct, signed
 from advisor.render.output import to_json_text
-from advisor.terminal_text import one_line
+from advisor.terminal_text import inert_console, one_line
 
 DIFF_SCHEMA = "advisor/diff/v1"
 STATUSES = ("resolved", "new", "remaining")
@@ -468,7 +468,7 @@ def render_diff(c: Comparison, fmt: str, console: Console | None = None) -> str 
         return diff_markdown(c)
     if fmt == "html":
         return diff_html(c)
-    render_diff_text(c, console or Console(highlight=False))
+    render_diff_text(c, console or inert_console(highlight=False))
     return None
 
 

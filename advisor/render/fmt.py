@@ -20,11 +20,17 @@ from advisor.terminal_text import BIDI_CONTROLS, multi_line, one_line, valid_uni
 NS_PER_MS = 1e6
 
 
+# C0 controls but tab and line breaks, DEL and C1 (ESC, BEL, NUL, CSI...): nothing a page shows,
+# and a page copied into a terminal must not carry them.
+_HTML_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def esc(value: Any) -> str:
     """HTML-escape a value for text or a quoted attribute (`<`, `>`, `&`, `"`, `'`), without
-    bidirectional controls (they would reorder the page's text around the value)."""
+    control characters or bidirectional controls (they would reorder the page's text around
+    the value)."""
     s = valid_unicode(value if isinstance(value, str) else str(value))
-    return html.escape(BIDI_CONTROLS.sub("", s), quote=True)
+    return html.escape(_HTML_CONTROLS.sub("", BIDI_CONTROLS.sub("", s)), quote=True)
 
 
 # CommonMark lets any ASCII punctuation be backslash-escaped. These are the characters that

@@ -145,13 +145,14 @@ def _start_on(logdir: Path, host: str, port: int, timeout_s: float) -> TensorBoa
 
 def launch_tensorboard(logdir: str | Path, host: str = "localhost", port: int = DEFAULT_PORT, wait: bool = True) -> TensorBoardServer:
     """Start TensorBoard with the profiler plugin, print the URL, and (by default) serve until Ctrl+C."""
-    from rich.console import Console
     from rich.text import Text
+
+    from advisor.terminal_text import inert_console
 
     server = start_tensorboard(logdir, host=host, port=port)
     sys.stdout.write(server.url + "\n")
     sys.stdout.flush()
-    Console(stderr=True, highlight=False).print(
+    inert_console(stderr=True, highlight=False).print(
         Text(f"TensorBoard's PyTorch profiler view of {server.logdir} is at {server.url} (Ctrl+C stops it)")
     )
     if wait:
