@@ -635,7 +635,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         gain, best = max(trials, key=lambda t: (t[0], -pool.index(t[1])))
         pool.remove(best)
         alone = best.saving_ms or 0.0
-        best.saving_alone_ms = round(alone, 3)
+        best.saving_alone_ms = alone
         if gain < NO_GAIN_MS:
             above = ", ".join(c.rule for c in chosen)
             best.no_gain = (f"Nothing left for it once the fixes ranked above it are in ({above}): they take the same time. "
@@ -650,7 +650,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         best.saving_pct = gain / base if base > 0 else None
         best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
     for f in symptoms:
-        f.saving_alone_ms = round(f.saving_ms or 0.0, 3)
+        f.saving_alone_ms = f.saving_ms or 0.0
         chosen.append(f)
     if chosen:
         summary.all_fixes_ms = min(replay.replayed_ms(Change.merge([c.change for c in chosen])), base)
@@ -659,7 +659,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     for f in sorted((f for f in findings if f.change is None and f.saving_ms is not None), key=lambda f: -(f.saving_ms or 0.0)):
         if f.saving_ms > left:
             f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the {left:.2f} ms the replayed fixes leave of the step"
-            f.saving_alone_ms = round(f.saving_ms, 3)
+            f.saving_alone_ms = f.saving_ms
             f.saving_ms = max(left, 0.0)
             f.saving_pct = f.saving_ms / base if base > 0 else None
         left -= f.saving_ms

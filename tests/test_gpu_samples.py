@@ -80,7 +80,8 @@ def test_cuda_graphs_keep_the_launch_bound_promise(runs):
     assert "set_to_none=True" in launch.fix.text  # CUDA graphs own the gradients
     assert facts("gpu_cudagraphs")["compile"]["modes"] == ["reduce-overhead"]
     measured = median_step_ms(compiled) - median_step_ms(graphs)
-    assert 0.5 <= measured / launch.saving_ms <= 1.5
+    # the promise of applying this fix alone (its ranked saving is what it adds on top of the fixes above it)
+    assert 0.5 <= measured / (launch.saving_alone_ms or launch.saving_ms) <= 1.5
     assert finding(graphs, "launch-bound") is None and graphs.primary.gpu_utilization > 0.9
 
 
