@@ -121,27 +121,36 @@ def _overview(a: Analysis, console: Console) -> Group:
     return Group(head, Text(""), Text("Step-time breakdown (mean per step)", style="bold"), breakdown_bar(bd, width), legend)
 
 
+class _NamedTable:
+    """A top-N table whose first column is a name (kernel or op) and the rest figures. The
+    figures keep their width (`figures_width` columns with the rules between them); in a
+    terminal the name gets what is left and is cut with "…"; in a pipe or a file (no width to
+    fit) names are whole, so they can be searched for."""
+
+    def __init__(self, title: str, name: str, figures: list[tuple[str, str]], width: int, figures_width: int, whole_names: bool):
+        self.table = Table(title=title, title_justify="left", expand=False, show_edge=False)
+        self.name_width = 1_000_000 if whole_names else max(16, min(70, width - figures_width))
+        self.table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=None if whole_names else self.name_width)
+        for header, justify in figures:
+            self.table.add_column(header, justify=justify, no_wrap=True)
+
+    def add(self, name: str, *figures: str) -> None:
+        name = one_line(name)
+        if len(name) > self.name_width:
+            name = name[: self.name_width - 1] + "…"
+        self.table.add_row(Text(name), *figures)
+
+
 def _kernels_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool = False) -> Table | None:
     k = top_kernels(a.primary.kernels, n)
     if len(k) == 0:
         return None
-    t = Table(title="Top kernels", title_justify="left", expand=False, show_edge=False)
-    # The figures keep their width (about 38 columns with the rules between them); in a
-    # terminal the kernel name gets what is left of it and is cut with "…"; in a pipe or a
-    # file (no width to fit) names are whole, so they can be searched for.
-    name_width = 1_000_000 if whole_names else max(16, min(70, width - 46))
-    t.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=None if whole_names else name_width)
-    t.add_column("calls", justify="right", no_wrap=True)
-    t.add_column("total ms", justify="right", no_wrap=True)
-    t.add_column("share", justify="right", no_wrap=True)
-    t.add_column("TC", justify="center", no_wrap=True)
-    t.add_column("precision", no_wrap=True)
+    figures = [("calls", "right"), ("total ms", "right"), ("share", "right"), ("TC", "center"), ("precision", "left")]
+    t = _NamedTable("Top kernels", "kernel", figures, width, 46, whole_names)
     for r in k.itertuples():
-        name = one_line(demangle(str(r.name)))  # display only: _ZN... symbols as C++
-        if len(name) > name_width:
-            name = name[: name_width - 1] + "…"
-        t.add_row(Text(name), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "", r.precision or "")
-    return t
+        # display only: _ZN... symbols as C++
+        t.add(demangle(str(r.name)), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "", r.precision or "")
+    return t.table
 
 
 def _cpu_ops_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool = False) -> Table | None:
@@ -154,19 +163,11 @@ def _cpu_ops_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     ops = top_self_ops(m.frames, m.steps, n)
     if len(ops) == 0:
         return None
-    t = Table(title="Top CPU ops (self time per step)", title_justify="left", expand=False, show_edge=False)
-    name_width = 1_000_000 if whole_names else max(16, min(70, width - 40))
-    t.add_column("op", overflow="ellipsis", no_wrap=True, max_width=None if whole_names else name_width)
-    t.add_column("calls", justify="right", no_wrap=True)
-    t.add_column("self ms", justify="right", no_wrap=True)
-    t.add_column("total ms", justify="right", no_wrap=True)
-    t.add_column("share", justify="right", no_wrap=True)
+    figures = [("calls", "right"), ("self ms", "right"), ("total ms", "right"), ("share", "right")]
+    t = _NamedTable("Top CPU ops (self time per step)", "op", figures, width, 40, whole_names)
     for r in ops.itertuples():
-        name = one_line(str(r.name))
-        if len(name) > name_width:
-            name = name[: name_width - 1] + "…"
-        t.add_row(Text(name), f"{r.count:g}", f"{r.self_ms:.2f}", f"{r.total_ms:.2f}", f"{100 * r.share:.1f}%")
-    return t
+        t.add(str(r.name), f"{r.count:g}", f"{r.self_ms:.2f}", f"{r.total_ms:.2f}", f"{100 * r.share:.1f}%")
+    return t.table
 
 
 def _considered(a: Analysis) -> list:
