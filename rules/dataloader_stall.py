@@ -221,7 +221,8 @@ def check(ctx: Context):
         ) + ", persistent_workers=True; this trace does not record the DataLoader settings (profile with `advisor profile` to check them)."
         message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
         confidence = "medium"
-        snippet = AFTER
+        # the trace holds neither the batch size nor the workers: the snippet names them
+        snippet = AFTER.replace("batch_size=32", "batch_size=batch_size").replace("num_workers=8", f"num_workers={workers or 'num_workers'}")
     if idle_share is not None:
         message += f" The device is idle {100 * idle_share:.0f}% of that time."
     saving = exposed_ms

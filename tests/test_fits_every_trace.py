@@ -272,3 +272,21 @@ def test_cpu_inference_run_is_told_as_inference(cli):
     assert rules[0] == "cpu-threads" and "aten::addmm" in a.findings[0].evidence["top_pooled_ops"]
     code, out, _ = cli(["report", str(run)])
     assert code == 0 and "Top CPU ops (self time per step)" in out
+
+
+# --- item 8: snippets are built from the finding's own values -----------------------------------
+def test_loader_snippets_show_the_runs_own_values_or_name_them():
+    import re
+
+    baseline = analyze(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline")
+    found = {f.rule: f for f in [*baseline.findings, *baseline.considered]}
+    stall, bigger = found["dataloader-stall"], found["spare-gpu-memory"]
+    # the message's worker count is the snippet's; the run's batch of 32 (its facts file) too
+    (told,) = set(re.findall(r"set num_workers=(\d+)", stall.message))
+    assert f"num_workers={told}," in stall.fix.snippet and "batch_size=32," in stall.fix.snippet
+    # 4x the batch of 32, and no DataLoader workers the run did not have (it had none)
+    assert "batch_size=128" in bigger.fix.snippet and "num_workers" not in bigger.fix.snippet
+    # A trace without a facts file knows neither: the snippet names them instead of inventing numbers.
+    nw0 = analyze(shared_trace("v100_resnet50_nw0"))
+    stall = next(f for f in [*nw0.findings, *nw0.considered] if f.rule == "dataloader-stall")
+    assert "batch_size=batch_size" in stall.fix.snippet and "num_workers=8" not in stall.fix.snippet
