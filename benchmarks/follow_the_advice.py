@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.capture.facts import cpu_name
+from advisor.fix import baseline_step_ms, promise
 from advisor.render.output import to_json_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -452,6 +453,7 @@ def follow(settings: Settings, max_rounds: int, work_dir: Path, say: Callable[[s
         index, p = picked
         finding = current.findings[index]
         assert p.after is not None and p.switch is not None
+        promised = promise(finding, baseline_step_ms(current.report or {}))
         change = Change(
             number=len(walk.changes) + 1,
             rule=p.rule,
@@ -459,8 +461,8 @@ def follow(settings: Settings, max_rounds: int, work_dir: Path, say: Callable[[s
             severity=str(finding.get("severity")),
             switch=p.switch,
             description=p.change(current.switches),
-            promised_ms=finding.get("saving_alone_ms") if finding.get("saving_alone_ms") is not None else finding.get("saving_ms"),  # the fix applied alone
-            promised_pct=finding.get("saving_pct"),
+            promised_ms=promised[0],  # the fix applied alone
+            promised_pct=promised[1],
             before=current,
         )
         nxt = profile_round(p.after, settings, work_dir / f"round{len(walk.rounds)}")
@@ -674,7 +676,8 @@ def verify_changes(walk: Walk, steps: int, warmup: int, say: Callable[[str], Non
         for c in walk.changes:
             if c.after is None:
                 continue
-            plan = plan_fixes(SCRIPT, c.before.findings, select=[c.rule], unsafe=True)
+            report = c.before.report or {}
+            plan = plan_fixes(SCRIPT, c.before.findings, select=[c.rule], unsafe=True, considered=report.get("considered") or [], step_ms=baseline_step_ms(report))
             if not plan.placed:
                 r = plan.results[0] if plan.results else None
                 out[c.number] = {"rule": c.rule, "status": r.status if r else "no finding", "detail": r.detail if r else ""}

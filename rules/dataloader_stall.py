@@ -48,9 +48,10 @@ The DataLoader the finding's line iterates gets the workers the finding recommen
 between epochs (a setting the script took from its own switch is replaced, and the fix says so):
 ```diff
 -loader = DataLoader(train_set, batch_size=32, shuffle=True)
-+loader = DataLoader(train_set, batch_size=32, shuffle=True, num_workers=8, persistent_workers=True)
++loader = DataLoader(train_set, batch_size=32, shuffle=True, num_workers=15, persistent_workers=True)
 ```
-When the workers already use the cores nothing is written (the fix is less work per sample).
+When the workers already use the cores nothing is written (the fix is less work per sample);
+nor when the finding names no worker count (a trace that does not record the host's cores).
 A `transformers` Trainer gets `TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)`.
 
 ## How the saving is estimated

@@ -10,6 +10,7 @@ script still runs to its end on the CPU, and fixing the fixed script changes not
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -54,6 +55,29 @@ def refix(path: Path, text: str, found: list[dict], tmp_path: Path, **kw):
 def run_script(path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=path.parent)
+
+
+def with_facts(run: Path, dest: Path, facts: dict) -> Path:
+    """A copy of a recorded run's trace files, beside a facts file that says `facts`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for trace in run.iterdir():
+        if trace.name.endswith((".pt.trace.json", ".pt.trace.json.gz")):
+            shutil.copy(trace, dest / trace.name)
+    (dest / "advisor_facts.json").write_text(json.dumps({"schema": "advisor/facts/v1", "rank": 0, **facts}))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def nw0_benchmark_off(tmp_path_factory) -> Path:
+    """The V100 ResNet-50 run without workers, with the one fact the trace cannot show: its
+    cudnn.benchmark was off (PyTorch's default), so cudnn-benchmark fires on its fallback kernels."""
+    return with_facts(shared("traces/v100_resnet50_nw0"), tmp_path_factory.mktemp("nw0_off"), {"cudnn_benchmark": False})
+
+
+@pytest.fixture(scope="module")
+def workers_finding() -> dict:
+    """The sample's GPU run on a 16-core host without workers: the finding asks for 15."""
+    return next(f for f in findings(SAMPLE / "runs" / "gpu_baseline") if f["rule"] == "dataloader-stall")
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +145,16 @@ def test_plain_loop_cpu_run_places_the_workers_at_the_loop_it_names(tmp_path):
     assert removed == ["loader = DataLoader(Noisy(), batch_size=32, shuffle=True)  # the input pipeline"]
 
 
-def test_plain_loop_every_safe_fix_diff_runs_and_is_idempotent(tmp_path, nw0, empty_cache_finding):
-    # The V100 ResNet-50 run without workers has five of the safe findings; AlexNet's the sixth.
-    found = findings(nw0) + [empty_cache_finding]
+def test_plain_loop_every_safe_fix_diff_runs_and_is_idempotent(tmp_path, nw0_benchmark_off, empty_cache_finding):
+    # The V100 ResNet-50 run without workers (cudnn.benchmark off) has four of the safe
+    # findings that name their values (its host's cores are not in the trace: the workers come
+    # from the script's own CPU run, which asks for 1); AlexNet's the sixth.
+    cpu_stall = next(f for f in findings(DATA / "runs" / "plain_loop_cpu") if f["rule"] == "dataloader-stall")
+    found = [cpu_stall] + findings(nw0_benchmark_off) + [empty_cache_finding]
     plan = plan_fixes(DATA / "plain_loop.py", found)
     results = by_rule(plan)
     assert {r: results[r].status for r in SAFE_RULES} == {r: PLACED for r in SAFE_RULES}
-    for unsafe in ("unfused-elementwise", "tensor-cores-unused"):
+    for unsafe in ("unfused-elementwise", "spare-gpu-memory"):
         assert results[unsafe].status == UNSAFE_OFF
     added, removed = added_and_removed(plan.diff())
     assert "torch.backends.cudnn.benchmark = True" in added
@@ -136,7 +163,7 @@ def test_plain_loop_every_safe_fix_diff_runs_and_is_idempotent(tmp_path, nw0, em
     assert "optimizer.zero_grad(set_to_none=True)" in added
     assert 'torch.cuda.empty_cache()  # "to keep memory low"' in removed
     loader = next(line for line in added if line.startswith("loader = DataLoader("))
-    assert "pin_memory=True" in loader and "persistent_workers=True" in loader and "num_workers=" in loader
+    assert "pin_memory=True" in loader and "persistent_workers=True" in loader and "num_workers=1" in loader
     assert "# the input pipeline" in loader  # the line's comment stays
     fixed = tmp_path / "plain_loop.py"
     fixed.write_text(plan.fixed_text())
@@ -179,28 +206,49 @@ def test_sample_unsafe_fixes_leave_its_switches_alone():
 
 
 # --- placing safely or not at all ---------------------------------------------------------
-def test_two_loaders_and_no_line_to_tell_them_apart_is_not_guessed(tmp_path, nw0):
+def test_a_fix_that_gains_nothing_on_the_run_is_written_only_when_asked_for(nw0_benchmark_off):
+    # On the V100 run the bf16 replay makes the step longer: the finding is only considered.
+    report = analyze(nw0_benchmark_off).to_dict()
+    [considered] = [f for f in report["considered"] if f["rule"] == "tensor-cores-unused"]
+    everything = plan_fixes(DATA / "plain_loop.py", report["findings"], unsafe=True, considered=report["considered"])
+    assert "tensor-cores-unused" not in by_rule(everything)
+    plan = plan_fixes(DATA / "plain_loop.py", report["findings"], select=["tensor-cores-unused"], unsafe=True, considered=report["considered"])
+    [result] = plan.results
+    assert result.status == PLACED and plan.changed
+    assert result.note.startswith("gains nothing on this run: ") and considered["no_gain"] in result.note
+
+
+def test_a_stall_finding_without_a_worker_count_is_not_guessed(nw0):
+    # The V100 trace does not record its host's cores: the finding asks for (cores / ranks) - 1.
+    stall = next(f for f in findings(nw0) if f["rule"] == "dataloader-stall")
+    assert "(CPU cores / ranks) - 1" in stall["fix"]["text"]
+    plan = plan_fixes(DATA / "plain_loop.py", [stall])
+    [result] = plan.results
+    assert result.status == SKIPPED and "names no worker count" in result.detail and not plan.changed
+
+
+def test_two_loaders_and_no_line_to_tell_them_apart_is_not_guessed(tmp_path, workers_finding):
     text = (DATA / "plain_loop.py").read_text().replace(
         "    loader = DataLoader(Noisy(), batch_size=32, shuffle=True)  # the input pipeline\n",
         "    loader = DataLoader(Noisy(), batch_size=32, shuffle=True)  # the input pipeline\n    other = DataLoader(Noisy(), batch_size=8)\n    for x, y in other:\n        break\n",
     )
     path = tmp_path / "two.py"
     path.write_text(text)
-    result = by_rule(plan_fixes(path, findings(nw0)))["dataloader-stall"]
+    result = by_rule(plan_fixes(path, [workers_finding]))["dataloader-stall"]
     assert result.status == SKIPPED and "2 DataLoader calls" in result.detail
 
 
-def test_formatting_and_comments_survive(tmp_path, nw0):
+def test_formatting_and_comments_survive(tmp_path, workers_finding):
     path = tmp_path / "odd.py"
     path.write_text(
         "import torch\nfrom torch.utils.data import DataLoader\n\n"
         "loader = DataLoader(  # build it\n    range(8),\n    batch_size=4,  # small\n)\n"
         "for x in loader:\n    pass\n"
     )
-    plan = plan_fixes(path, findings(nw0), select=["dataloader-stall"])
+    plan = plan_fixes(path, [workers_finding], select=["dataloader-stall"])
     assert plan.fixed_text() == (
         "import torch\nfrom torch.utils.data import DataLoader\n\n"
-        "loader = DataLoader(  # build it\n    range(8),\n    batch_size=4,  # small\n    num_workers=8,\n    persistent_workers=True,\n)\n"
+        "loader = DataLoader(  # build it\n    range(8),\n    batch_size=4,  # small\n    num_workers=15,\n    persistent_workers=True,\n)\n"
         "for x in loader:\n    pass\n"
     )
 
@@ -262,9 +310,20 @@ def test_cli_profiles_a_script_with_no_earlier_run_then_reuses_it(cli, tmp_path)
     assert len(list((tmp_path / "advisor_runs").iterdir())) == 1
 
 
+def test_cli_writes_a_fix_that_gains_nothing_only_when_selected(cli, tmp_path):
+    # On the Lightning module's CPU run the optimizer's fix takes the DataLoader wait's time:
+    # the wait is only considered. Asked for by name, its fix is written, and says so.
+    script, run = str(DATA / "lightning_module.py"), str(DATA / "runs" / "lightning_module_cpu")
+    code, out, err = cli(["fix", script, "--from", run], cwd=tmp_path)
+    assert code == 0 and "dataloader-stall" not in err and "num_workers" not in out
+    code, out, err = cli(["fix", script, "--from", run, "--select", "dataloader-stall"], cwd=tmp_path)
+    assert code == 0 and "dataloader-stall [safe]: placed" in err and "gains nothing on this run" in err
+    assert "+        return DataLoader(data, batch_size=32, shuffle=True, num_workers=1, persistent_workers=True)\n" in out
+
+
 # --- the rule pages show the fix as `advisor fix` writes it -------------------------------
 PAGE_RUNS = {  # a real run whose finding of the rule carries the values the page shows
-    "dataloader-stall": "nw0", "h2d-pageable-copy": "nw0", "zero-grad-memset": "nw0", "single-tensor-optimizer": "nw0",
+    "dataloader-stall": "sample_gpu", "h2d-pageable-copy": "nw0", "zero-grad-memset": "nw0", "single-tensor-optimizer": "nw0",
     "cudnn-benchmark": "nw0", "empty-cache": "alexnet", "tf32-disabled": "vit", "tensor-cores-unused": "vit",
     "unfused-elementwise": "vit", "spare-gpu-memory": "vit", "channels-last": "sample_gpu_workers",
 }  # fmt: skip
@@ -283,13 +342,13 @@ def page_diff(doc: str) -> tuple[str, str, str]:
     return heading, "\n".join(before) + "\n", "\n".join(after) + "\n"
 
 
-def test_each_rule_page_shows_its_fix_as_written(tmp_path, nw0, empty_cache_finding):
+def test_each_rule_page_shows_its_fix_as_written(tmp_path, nw0_benchmark_off, empty_cache_finding):
     from advisor.engine import find_rule
     from advisor.fix import FIXES
 
     runs = {
-        "nw0": findings(nw0), "alexnet": [empty_cache_finding], "vit": findings(shared("whatif/h100_vit/baseline")),
-        "sample_gpu_workers": findings(SAMPLE / "runs" / "gpu_workers"),
+        "nw0": findings(nw0_benchmark_off), "alexnet": [empty_cache_finding], "vit": findings(shared("whatif/h100_vit/baseline")),
+        "sample_gpu_workers": findings(SAMPLE / "runs" / "gpu_workers"), "sample_gpu": findings(SAMPLE / "runs" / "gpu_baseline"),
     }  # fmt: skip
     assert set(PAGE_RUNS) == set(FIXES)
     for rule, run in PAGE_RUNS.items():
@@ -321,8 +380,8 @@ def test_cli_bad_input_is_one_line(cli, tmp_path):
     assert code == 2 and "--verify" in err and len(err.strip().splitlines()) == 1
 
 
-def test_prefetch_factor_only_when_the_finding_names_a_value_other_than_the_default(nw0):
-    stall = next(f for f in findings(nw0) if f["rule"] == "dataloader-stall")
+def test_prefetch_factor_only_when_the_finding_names_a_value_other_than_the_default(workers_finding):
+    stall = workers_finding
     assert "prefetch_factor=2" in stall["fix"]["snippet"]  # the default: not written
     plain = plan_fixes(DATA / "plain_loop.py", [stall])
     assert "prefetch_factor" not in plain.diff()
@@ -330,4 +389,4 @@ def test_prefetch_factor_only_when_the_finding_names_a_value_other_than_the_defa
     # test_rules_transfer): the fix writes the value the finding names.
     edited = {**stall, "fix": {**stall["fix"], "snippet": stall["fix"]["snippet"].replace("prefetch_factor=2", "prefetch_factor=4")}}
     added, _ = added_and_removed(plan_fixes(DATA / "plain_loop.py", [edited]).diff())
-    assert added == ["loader = DataLoader(Noisy(), batch_size=32, shuffle=True, num_workers=8, persistent_workers=True, prefetch_factor=4)  # the input pipeline"]
+    assert added == ["loader = DataLoader(Noisy(), batch_size=32, shuffle=True, num_workers=15, persistent_workers=True, prefetch_factor=4)  # the input pipeline"]

@@ -10,7 +10,6 @@ Each fixed script still trains to its end on the CPU, and a second fix changes n
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from advisor.analysis import analyze
 from advisor.fix import DONE, PLACED, SETTING, plan_fixes
-from conftest import shared
+from conftest import SAMPLE_RUNS, shared
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "fix"
@@ -49,24 +48,38 @@ def site_packages_untouched(plan) -> None:
 def test_lightning_cpu_run_finding_in_the_library_edits_the_modules_own_loader(tmp_path):
     pytest.importorskip("lightning")
     # A real CPU profile: the DataLoader wait's line is inside Lightning (its combined loader),
-    # the DataLoader itself is built in the module's train_dataloader().
-    found = findings(DATA / "runs" / "lightning_module_cpu")
-    stall = next(f for f in found if f["rule"] == "dataloader-stall")
+    # the DataLoader itself is built in the module's train_dataloader(). On this run the
+    # optimizer's fix takes the same time, so the wait is only considered: its fix is written
+    # when asked for, and says that it gains nothing here.
+    report = analyze(DATA / "runs" / "lightning_module_cpu").to_dict()
+    found, considered = report["findings"], report["considered"]
+    stall = next(f for f in considered if f["rule"] == "dataloader-stall")
     assert all(s.startswith("lightning/") for s in stall["evidence"]["source"])
-    plan = plan_fixes(DATA / "lightning_module.py", found)
+    assert "dataloader-stall" not in by_rule(plan_fixes(DATA / "lightning_module.py", found, considered=considered))
+    plan = plan_fixes(DATA / "lightning_module.py", found, select=["dataloader-stall"], considered=considered)
     result = by_rule(plan)["dataloader-stall"]
     assert result.status == PLACED and "not in this script" in result.note and "lightning/" in result.note
+    assert "gains nothing on this run" in result.note and result.promised_ms == stall["saving_alone_ms"]
     added = [l for l in plan.diff().splitlines()[2:] if l.startswith("+")]
     assert added == ["+        return DataLoader(data, batch_size=32, shuffle=True, num_workers=1, persistent_workers=True)"]
     fixed = tmp_path / "lightning_module.py"
     fixed.write_text(plan.fixed_text())
     runs_to_the_end(fixed)
-    assert not plan_fixes(fixed, found).changed
+    assert not plan_fixes(fixed, found, select=["dataloader-stall"], considered=considered).changed
 
 
-def test_lightning_safe_fixes_and_the_trainers_own_settings(tmp_path, nw0):
+@pytest.fixture(scope="module")
+def nw0_benchmark_off(tmp_path_factory) -> Path:
+    from test_fix import with_facts
+
+    return with_facts(shared("traces/v100_resnet50_nw0"), tmp_path_factory.mktemp("nw0_off"), {"cudnn_benchmark": False})
+
+
+def test_lightning_safe_fixes_and_the_trainers_own_settings(tmp_path, nw0_benchmark_off):
     pytest.importorskip("lightning")
-    found = findings(nw0)
+    # The V100 run without workers, whose facts say cudnn.benchmark was off.
+    report = analyze(nw0_benchmark_off).to_dict()
+    found = report["findings"]
     plan = plan_fixes(DATA / "lightning_module.py", found, unsafe=True)
     results = by_rule(plan)
     assert results["single-tensor-optimizer"].status == PLACED
@@ -74,29 +87,35 @@ def test_lightning_safe_fixes_and_the_trainers_own_settings(tmp_path, nw0):
     assert results["h2d-pageable-copy"].status == PLACED and "library moves it" in results["h2d-pageable-copy"].note
     # Lightning zeroes the gradients and sets the precision: its settings, not an edit.
     assert results["zero-grad-memset"].status == SETTING and "set_to_none=True" in results["zero-grad-memset"].detail
-    assert results["tensor-cores-unused"].status == SETTING and 'Trainer(precision="bf16-mixed")' in results["tensor-cores-unused"].detail
+    # bf16 makes this run's step longer (its replay): the setting is given only when asked for.
+    assert "tensor-cores-unused" not in results
+    [bf16] = plan_fixes(DATA / "lightning_module.py", found, select=["tensor-cores-unused"], unsafe=True, considered=report["considered"]).results
+    assert bf16.status == SETTING and 'Trainer(precision="bf16-mixed")' in bf16.detail and "gains nothing on this run" in bf16.note
     assert results["unfused-elementwise"].status == SETTING and "torch.compile(model)" in results["unfused-elementwise"].detail
     text = plan.fixed_text()
     assert "        return torch.optim.AdamW(self.parameters(), lr=1e-3, foreach=True)\n" in text
     assert "import lightning as L\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\ntorch.backends.cudnn.benchmark = True\n" in text
     site_packages_untouched(plan)
     fixed = tmp_path / "lightning_module.py"
-    fixed.write_text(text.replace("num_workers=8", "num_workers=1"))  # the V100 host's 8 workers; this one has 2 cores
+    fixed.write_text(text)
     runs_to_the_end(fixed)
     again = plan_fixes(tmp_path / "lightning_module.py", found, unsafe=True)
     assert {r.rule for r in again.results if r.status == DONE} >= {"single-tensor-optimizer", "cudnn-benchmark", "h2d-pageable-copy"}
 
 
 # --- transformers -------------------------------------------------------------------------
-def test_transformers_trainer_gets_training_arguments(tmp_path, nw0):
+def test_transformers_trainer_gets_training_arguments(tmp_path, nw0_benchmark_off):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    found = findings(nw0) + findings(shared("whatif/h100_vit/baseline"))
+    # The workers from the sample's GPU run (its host's cores are recorded; the V100 trace's
+    # are not), the rest from the V100 run (cudnn.benchmark off) and the H100 ViT run.
+    stall = next(f for f in findings(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline") if f["rule"] == "dataloader-stall")
+    found = [stall] + findings(nw0_benchmark_off) + findings(shared("whatif/h100_vit/baseline"))
     plan = plan_fixes(DATA / "hf_trainer.py", found, unsafe=True)
     results = by_rule(plan)
-    stall = next(f for f in found if f["rule"] == "dataloader-stall")
-    # nw0 records no DataLoader settings: the value is the one in the finding's own snippet
-    workers = int(re.search(r"num_workers=(\d+)", stall["fix"]["snippet"]).group(1))
+    # the value is the one the finding asks for (cores - 1 on one rank)
+    workers = stall["evidence"]["cpu_count"] - 1
+    assert f"num_workers={workers}" in stall["fix"]["snippet"]
     expected = {
         "dataloader-stall": f"transformers: TrainingArguments(dataloader_num_workers={workers}, dataloader_persistent_workers=True)",
         "h2d-pageable-copy": "transformers: TrainingArguments(dataloader_pin_memory=True)",

@@ -8,7 +8,9 @@
 The findings come from the script's last `advisor profile` in this folder (the newest
 advisor_runs/<script>-<time>/ whose facts name the same script), from `--from LOGDIR`, or from
 a new profile when there is none. What each fix did goes to stderr; the diff, or the
-verification table, to stdout.
+verification table, to stdout. A fix promises what applying it alone saves (the finding's
+saving alone, else its ranked saving). A finding whose fix gains nothing on the run (listed
+as considered in the report) is fixed only when --select names it, and the result says so.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from advisor.terminal_text import path_text
 def fix(
     ctx: typer.Context,
     script: Path = typer.Argument(..., help="The training script to fix (its own arguments go after `--`)."),
-    select: List[str] = typer.Option([], "--select", help="Only these rules' fixes (repeatable, or comma-separated: a,b)."),
+    select: List[str] = typer.Option([], "--select", help="Only these rules' fixes (repeatable, or comma-separated: a,b); also a finding whose fix gains nothing on the run."),
     diff: bool = typer.Option(False, "--diff", help="Print the unified diff (the default)."),
     write: bool = typer.Option(False, "--write", help="Edit the script in place, keeping the original as SCRIPT.orig."),
     unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="Also the fixes that change numerics: TF32, bf16 autocast, torch.compile, channels-last, a larger batch."),
@@ -63,12 +65,15 @@ def fix(
     err = stderr_console()
 
     analysis, where = findings_source(script, from_run, args, lambda line: say(err, f"advisor: {line}"))
-    findings = analysis.to_dict()["findings"]
+    report = analysis.to_dict()
+    findings = report["findings"]
     say(err, f"advisor: findings from {path_text(where)}")
 
-    from advisor.fix import plan_fixes
+    from advisor.fix import baseline_step_ms, plan_fixes
 
-    plan = plan_fixes(script, findings, select=chosen or None, unsafe=unsafe_fixes)
+    plan = plan_fixes(
+        script, findings, select=chosen or None, unsafe=unsafe_fixes, considered=report.get("considered") or [], step_ms=baseline_step_ms(report)
+    )
     for line in result_lines(plan):
         say(err, line)
     if verify:
@@ -172,13 +177,16 @@ def findings_source(script: Path, from_run: Optional[Path], args: list[str], not
 
 
 def new_profile(script: Path, args: list[str], note) -> Path:
-    from advisor.cli.profile import prepare_out_dir
+    """A new `advisor profile` of the script, into ./advisor_runs/<script>-<time>/ (its report
+    is advisor_report.json there). The run is stopped after the recorded window, as `advisor
+    profile` stops it (exit 124: the findings need no more of it), or ends by itself (exit 0)."""
+    from advisor.cli.profile import EXIT_STOPPED, has_traces, prepare_out_dir
 
     out = prepare_out_dir(None, script.stem)
     note(f"no earlier profile of {path_text(script)} here: profiling it now → {path_text(out)}")
-    cmd = [sys.executable, "-m", "advisor.cli.profile_main", "--out", str(out), "--format", "json", str(script), "--", *args]
+    cmd = [sys.executable, "-m", "advisor.cli.profile_main", "--out", str(out), "-o", str(out / "advisor_report.json"), str(script), "--", *args]
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0 or not any(p.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) for p in out.iterdir()):
+    if proc.returncode not in (0, EXIT_STOPPED) or not has_traces(out):
         last = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         raise InputError(script, f"the profile run failed ({last[0][:200]}); run `advisor profile {script}` to see why")
     return out

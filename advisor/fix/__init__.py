@@ -25,9 +25,9 @@ from pathlib import Path
 
 from advisor.fix import backends, batch, empty_cache, loader, model, optimizer, precision  # noqa: F401  (they register their fixers)
 from advisor.fix.base import FIXES, SAFE, UNSAFE, Done, Placed, Setting, Skipped
-from advisor.fix.source import Edits, Script
+from advisor.fix.source import Edits, Script, recorded_frames
 
-__all__ = ["FIXES", "SAFE", "UNSAFE", "FixResult", "Plan", "plan_fixes"]
+__all__ = ["FIXES", "SAFE", "UNSAFE", "FixResult", "Plan", "baseline_step_ms", "plan_fixes", "promise"]
 
 # What each result's status means, as printed.
 PLACED, DONE, SKIPPED, SETTING, UNSAFE_OFF, NO_FIX = "placed", "already", "not placed", "library setting", "unsafe (not asked for)", "no code fix"
@@ -92,36 +92,84 @@ class Plan:
         )
 
 
-def plan_fixes(path: Path, findings: list[dict], select: list[str] | None = None, unsafe: bool = False, script: Script | None = None) -> Plan:
-    """Each finding (report JSON dicts, ranked) mapped to its fix on the script at `path`."""
+def promise(finding: dict, step_ms: float | None = None) -> tuple[float | None, float | None]:
+    """(ms, share of the step) one finding's fix promises applied alone: its `saving_alone_ms`
+    where the replay set one, else its `saving_ms` (its ranked saving counts the fixes above
+    it as done). The share is against `step_ms` (the replay's baseline step), else scaled from
+    the finding's own ranked share."""
+    ms, pct, alone = finding.get("saving_ms"), finding.get("saving_pct"), finding.get("saving_alone_ms")
+    if not isinstance(alone, (int, float)):
+        return ms, pct
+    if step_ms:
+        return alone, alone / step_ms
+    if isinstance(ms, (int, float)) and ms > 0 and isinstance(pct, (int, float)):
+        return alone, pct * alone / ms
+    return alone, None
+
+
+def baseline_step_ms(report: dict) -> float | None:
+    """The step a report's savings are shares of (its what-if replay's baseline), if any."""
+    whatif = report.get("whatif")
+    value = whatif.get("baseline_ms") if isinstance(whatif, dict) else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def plan_fixes(
+    path: Path,
+    findings: list[dict],
+    select: list[str] | None = None,
+    unsafe: bool = False,
+    script: Script | None = None,
+    considered: list[dict] | None = None,
+    step_ms: float | None = None,
+) -> Plan:
+    """Each finding (report JSON dicts, ranked) mapped to its fix on the script at `path`.
+
+    `considered` are the report's findings whose fix gains nothing on the run: their fixes are
+    planned only when `select` names them, and the result says that the run gains nothing."""
     script = script or Script.read(path)
     results: list[FixResult] = []
     seen: set[str] = set()
-    for finding in findings:
+    asked = [f for f in considered or [] if select and str(f.get("rule")) in select]
+    for finding in [*findings, *asked]:
+        before = len(results)
         rule = str(finding.get("rule"))
         if (select and rule not in select) or rule in seen:
             continue
         seen.add(rule)
-        promised = dict(promised_ms=finding.get("saving_ms"), promised_pct=finding.get("saving_pct"))
+        ms, pct = promise(finding, step_ms)
+        promised = dict(promised_ms=ms, promised_pct=pct)
         kind = FIXES.get(rule)
         if kind is None:
             fix_text = str((finding.get("fix") or {}).get("text") or "")
             results.append(FixResult(rule, "", "", NO_FIX, "the advisor writes no code for this rule" + (f"; the finding says: {fix_text}" if fix_text else ""), **promised))
-            continue
-        if kind.safety == UNSAFE and not unsafe:
+        elif kind.safety == UNSAFE and not unsafe:
             results.append(FixResult(rule, kind.name, kind.safety, UNSAFE_OFF, "changes the numerics: written only with --unsafe-fixes", **promised))
-            continue
-        out = kind.fixer(script, finding)
-        if isinstance(out, Placed):
-            frames = [str(f) for f in (finding.get("evidence") or {}).get("source") or []]
-            if frames and not script.frames(finding) and not out.note:
-                out.note = f"the finding's line is {frames[0].split(': ')[0]}, not in this script: the script's own code that drives it is edited, never the library"
-            results.append(FixResult(rule, kind.name, kind.safety, PLACED, out.what, out.note, edits=out.edits, **promised))
-        elif isinstance(out, Done):
-            results.append(FixResult(rule, kind.name, kind.safety, DONE, out.what, **promised))
-        elif isinstance(out, Setting):
-            results.append(FixResult(rule, kind.name, kind.safety, SETTING, f"{out.library}: {out.setting}", out.note, **promised))
         else:
-            assert isinstance(out, Skipped)
-            results.append(FixResult(rule, kind.name, kind.safety, SKIPPED, out.reason, **promised))
+            results.append(_result(script, finding, rule, kind, promised))
+        if finding.get("no_gain") is not None:
+            for r in results[before:]:
+                r.note = _with_no_gain(r.note, str(finding["no_gain"]))
     return Plan(script, results)
+
+
+def _result(script: Script, finding: dict, rule: str, kind, promised: dict) -> FixResult:
+    """The outcome of the rule's fixer on the script, as a result."""
+    out = kind.fixer(script, finding)
+    if isinstance(out, Placed):
+        frames = [f for f, _ in recorded_frames(finding)]
+        if frames and not script.frames(finding, enclosing=True) and not out.note:
+            out.note = f"the finding's line is {frames[0].split(': ')[0]}, not in this script: the script's own code that drives it is edited, never the library"
+        return FixResult(rule, kind.name, kind.safety, PLACED, out.what, out.note, edits=out.edits, **promised)
+    if isinstance(out, Done):
+        return FixResult(rule, kind.name, kind.safety, DONE, out.what, **promised)
+    if isinstance(out, Setting):
+        return FixResult(rule, kind.name, kind.safety, SETTING, f"{out.library}: {out.setting}", out.note, **promised)
+    assert isinstance(out, Skipped)
+    return FixResult(rule, kind.name, kind.safety, SKIPPED, out.reason, **promised)
+
+
+def _with_no_gain(note: str, no_gain: str) -> str:
+    """A result's note, led by the finding's reason when its fix gains nothing on the run."""
+    said = f"gains nothing on this run: {no_gain}" if no_gain else "gains nothing on this run"
+    return f"{said}; {note}" if note else said

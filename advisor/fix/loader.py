@@ -6,7 +6,8 @@ made earlier and in other processes, or copied from other memory.
 default of 2 (a range such as "2-4" is advice, not a value, and is left to the user).
 
 Which DataLoader: the one the finding's line iterates (`for x, y in loader:` at the line of
-the script in the finding's evidence), else the only DataLoader call of the script, else the
+the script in the finding's evidence, or the loop its Python stack stops at where the user's
+line is not in the trace), else the only DataLoader call of the script, else the
 one a Lightning module's `train_dataloader()` returns. With several and nothing to tell them
 apart, the fix is not placed and says so.
 """
@@ -54,7 +55,7 @@ def training_loader(script: Script, finding: dict) -> cst.Call | Skipped | None:
     calls = dataloader_calls(script)
     if not calls:
         return None
-    lines = set(script.frames(finding))
+    lines = set(script.frames(finding, enclosing=True))  # the loop open since profiling started counts
     for loop in script.nodes(cst.For):
         if script.line(loop) in lines and (name := _iterated_name(loop.iter)):
             call = _loader_of_name(script, name, calls)
@@ -107,8 +108,13 @@ def _library_or_skip(script: Script, rule: str, finding: dict, value: object = N
 def fix_workers(script: Script, finding: dict) -> Outcome:
     text = text_of(finding)
     wanted = wanted_workers(finding)
-    if "already uses the cores" in text or wanted is None:
+    if "already uses the cores" in text:
         return Skipped("the finding asks for less work per sample (prepare the data once, lighter augmentation), not for a DataLoader setting")
+    if wanted is None:
+        return Skipped(
+            "the finding names no worker count (its trace does not record the host's CPU cores): set num_workers to about "
+            "(CPU cores / ranks) - 1 by hand, or fix from a run of `advisor profile`, which records them"
+        )
     call = training_loader(script, finding)
     if call is None:
         return _library_or_skip(script, "dataloader-stall", finding, wanted)

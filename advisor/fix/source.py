@@ -19,8 +19,12 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from advisor.errors import InputError
+from advisor.metrics.source import NOT_IN_TRACE
 
 FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
+# "user line not in the trace: its Python stack stops at FILE(LINE): FUNC, where profiling
+# started": the frame named is one already open when profiling started (the script's loop).
+OPEN_AT_START = re.compile("^" + re.escape(NOT_IN_TRACE).replace(re.escape("{frame}"), "(?P<frame>.+)") + "$")
 LOOPS = (cst.For, cst.While)
 
 
@@ -216,12 +220,15 @@ class Script:
                 out.append(node)
         return out
 
-    def frames(self, finding: dict) -> list[int]:
-        """The lines of this script among a finding's `evidence.source` frames."""
+    def frames(self, finding: dict, enclosing: bool = False) -> list[int]:
+        """The lines of this script among a finding's `evidence.source` frames. With
+        `enclosing`, also the line of the frame the stack stops at where the user's line is not
+        in the trace: a frame open since profiling started, such as the loop that iterates the
+        DataLoader (a place to look, not the line behind the op)."""
         out = []
-        for frame in (finding.get("evidence") or {}).get("source") or []:
-            m = FRAME.match(str(frame))
-            if m and _same_file(m.group("file"), self.path):
+        for frame, opened in recorded_frames(finding):
+            m = FRAME.match(frame)
+            if m and (enclosing or not opened) and _same_file(m.group("file"), self.path):
                 out.append(int(m.group("line")))
         return out
 
@@ -230,6 +237,16 @@ class Script:
         if edits.empty:
             return self.text
         return self.module.visit(_Apply(edits)).code
+
+
+def recorded_frames(finding: dict) -> list[tuple[str, bool]]:
+    """Each `evidence.source` frame of a finding, and whether it is only the frame its stack
+    stops at (open since profiling started) rather than the user's line behind the op."""
+    out = []
+    for text in (finding.get("evidence") or {}).get("source") or []:
+        m = OPEN_AT_START.match(str(text))
+        out.append((m.group("frame"), True) if m else (str(text), False))
+    return out
 
 
 def _same_file(recorded: str, path: Path) -> bool:
