@@ -552,7 +552,7 @@ def _other_run_entry() -> tuple[str, ...]:
 
     from advisor import cache as store
 
-    work = Path(tempfile.mkdtemp(prefix="advisor-fuzz-other-"))
+    work = _work_dir("advisor-fuzz-other-")
     run = work / "other"
     run.mkdir()
     shutil.copyfile(shared_trace("misc/a100_alexnet.json.gz"), run / "a100_alexnet.json.gz")
