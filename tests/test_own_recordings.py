@@ -106,3 +106,25 @@ def test_rules_run_on_every_own_recording_with_sane_findings(run):
 
     rendered = orjson.loads(to_json(a))  # every evidence value survives the JSON report
     assert [f["rule"] for f in rendered["findings"]] == [f.rule for f in a.findings]
+
+
+def test_a_loader_worker_on_a_busy_two_core_cpu_run_is_paid_with_a_compute_thread():
+    """The quick start on a 2-core machine (recorded here: 2 intra-op threads, num_workers=0).
+    No core is idle, so the fix trades a compute thread for the worker: the model's host work
+    grows by p/(p-1) beside the loading. The replayed saving keeps to that trade's own bound
+    (the step now minus max(model at one thread fewer, loading)), never the whole DataLoader
+    wait as if a core were free."""
+    a = run_analysis(RUNS / "cpu_two_threads")
+    facts = a.facts[0]
+    assert facts["cpu_count"] == 2 and facts["torch_threads"]["intra_op"] == 2
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "dataloader-stall")
+    assert f.evidence["cores"]["free_cores"] == 0
+    import re
+
+    # the trade as the finding states it: "the model's R ms per step ... beside the L ms of loading"
+    rest, loader = (float(x) for x in re.search(r"the model's ([\d.]+) ms per step .* beside the ([\d.]+) ms of loading", f.message).groups())
+    traded = max(rest * 2, loader)  # two threads -> one, perfect scaling: the worst case
+    bound = max(loader + rest - traded, 0.0)
+    alone = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
+    assert alone <= bound * 1.05 + 0.5, (alone, bound)
+    assert alone < 0.5 * loader  # not the loading time, as if a core were idle

@@ -193,20 +193,30 @@ def _effective(g: StepGraph, change: Change):
         s = np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_remove])
         e = np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_remove])
         # Fractions: windows of the same fraction merge; the largest fraction wins where they overlap.
-        removed = np.zeros(len(gap))
-        added = np.zeros(len(gap))
-        kept = np.ones(len(gap))  # share of added time that a removal in the same gap leaves
+        from advisor.metrics.intervals import intersect
+
+        windows = {}
         for frac in sorted({f for _, _, f in change.host_remove}):
             sel = np.concatenate([np.full(len(a), f == frac) for a, _, f in change.host_remove])
-            ms, me = merge(s[sel], e[sel])
-            ov = host_time(ms, me)
+            windows[frac] = merge(s[sel], e[sel])
+        removed = np.zeros(len(gap))
+        added = np.zeros(len(gap))
+        for frac, (ms, me) in windows.items():
             if frac >= 0:
-                removed = np.maximum(removed, ov * frac)  # the largest removal wins where fixes overlap
-                kept = np.where(ov > 0, np.minimum(kept, 1.0 - frac), kept)
-            else:
-                added -= ov * frac  # a negative fraction adds host time (more samples per step)
-        removed -= added * kept  # time a fix removes is not added back by a larger batch
-        gap = np.maximum(gap - removed, 0.0)
+                removed = np.maximum(removed, host_time(ms, me) * frac)  # the largest removal wins where fixes overlap
+                continue
+            # A negative fraction adds host time (more samples per step, a compute thread
+            # fewer), except where a removal takes the same time away: time a fix removes is not
+            # added back. Counted on the windows' overlap, not per gap: one gap can hold both
+            # (a CPU step is one gap, its loading and its compute).
+            grown = host_time(ms, me) * -frac
+            back = np.zeros(len(gap))
+            for pf, (ps, pe) in windows.items():
+                if pf > 0:
+                    both = intersect(ms, me, ps, pe)
+                    back = np.maximum(back, host_time(*both) * -frac * min(pf, 1.0))
+            added += grown - back
+        gap = np.maximum(gap - removed + added, 0.0)
     kept = 1.0 - min(max(change.remainder_share, 0.0), 1.0)
     for node, ns in change.untimed_host.items():
         if 0 <= node < len(gap):
