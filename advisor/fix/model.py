@@ -50,31 +50,40 @@ def _mentions(script: Script, text: str) -> bool:
     return text in script.text
 
 
-@register("unfused-elementwise", "torch.compile(model)", UNSAFE)
-def fix_compile(script: Script, finding: dict) -> Outcome:
-    anchor = model_anchor(script, "unfused-elementwise", finding)
+def _after_the_model(script: Script, rule: str, finding: dict, already: Outcome | None, line: str, what: str, note: str) -> Outcome:
+    """Insert `line` (NAME standing for the model's name) after the model is built, unless the
+    script already does it (`already`)."""
+    anchor = model_anchor(script, rule, finding)
     if not isinstance(anchor, tuple):
         return anchor
+    if already is not None:
+        return already
     name, stmt = anchor
+    edits = Edits()
+    edits.insert_after(stmt, [line.replace("NAME", name)])
+    return Placed(edits, f"{what.replace('NAME', name)} after line {script.line(stmt)}", note)
+
+
+@register("unfused-elementwise", "torch.compile(model)", UNSAFE)
+def fix_compile(script: Script, finding: dict) -> Outcome:
+    already = None
     compiles = script.calls(name="torch.compile")
     if compiles:
         conditional = [c for c in compiles if any(isinstance(a, cst.If) for a in script.ancestors(c))]
         if len(conditional) == len(compiles):
-            return Skipped(f"the script compiles the model under a condition (line {script.line(compiles[0])}): switch it on there")
-        return Done("the script already calls torch.compile")
-    edits = Edits()
-    edits.insert_after(stmt, [f"{name} = torch.compile({name})"])
-    return Placed(edits, f"{name} = torch.compile({name}) after line {script.line(stmt)}", "compiling takes a while on the first steps; numerics differ at rounding level")
+            already = Skipped(f"the script compiles the model under a condition (line {script.line(compiles[0])}): switch it on there")
+        else:
+            already = Done("the script already calls torch.compile")
+    return _after_the_model(
+        script, "unfused-elementwise", finding, already, "NAME = torch.compile(NAME)", "NAME = torch.compile(NAME)",
+        "compiling takes a while on the first steps; numerics differ at rounding level",
+    )
 
 
 @register("channels-last", "channels-last memory format for the model", UNSAFE)
 def fix_channels_last(script: Script, finding: dict) -> Outcome:
-    anchor = model_anchor(script, "channels-last", finding)
-    if not isinstance(anchor, tuple):
-        return anchor
-    name, stmt = anchor
-    if _mentions(script, "torch.channels_last"):
-        return Done("the script already uses torch.channels_last")
-    edits = Edits()
-    edits.insert_after(stmt, [f"{name} = {name}.to(memory_format=torch.channels_last)"])
-    return Placed(edits, f"{name}.to(memory_format=torch.channels_last) after line {script.line(stmt)}", "inputs follow the weights' layout inside the first convolution; x.to(memory_format=torch.channels_last) saves that conversion too")
+    already = Done("the script already uses torch.channels_last") if _mentions(script, "torch.channels_last") else None
+    return _after_the_model(
+        script, "channels-last", finding, already, "NAME = NAME.to(memory_format=torch.channels_last)", "NAME.to(memory_format=torch.channels_last)",
+        "inputs follow the weights' layout inside the first convolution; x.to(memory_format=torch.channels_last) saves that conversion too",
+    )
