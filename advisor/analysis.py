@@ -391,10 +391,17 @@ class RankResult:
     span_us: tuple[float, float] = (0.0, 0.0)  # when it was recorded (_time_span_us)
     error_path: str | None = None
     problem: str | None = None
+    too_small: bool = False  # fewer than MIN_RANK_EVENTS events: counted in the job, its rules not run
 
     @property
     def error(self) -> InputError | None:
         return InputError(self.error_path, self.problem) if self.problem is not None else None
+
+
+# A rank's trace with fewer events than this holds no step's work to explain (a step is a
+# step annotation, its ops and their launches): its rules are not run. Per rank they cost
+# about 70 ms of fixed work whatever the trace holds, which thousands of such files multiply.
+MIN_RANK_EVENTS = 8
 
 
 def provisional_rank(frames: TraceFrames, index: int) -> int:
@@ -429,9 +436,12 @@ def analyze_rank(task: RankTask) -> RankResult:
     warnings += [f"{frames.path.name}: {w}" for w in frames.load_warnings]
     frames = _complete_steps_only(frames, facts, warnings)
     metrics = compute_metrics(frames, rank, facts)
-    rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
     replayed: list[RankWhatIf] = []
-    found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed)
+    too_small = frames.event_count < MIN_RANK_EVENTS
+    found: RankFindings = []
+    if not too_small:
+        rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
+        found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed)
     try:
         mtime = task.path.stat().st_mtime
     except OSError:
@@ -453,6 +463,7 @@ def analyze_rank(task: RankTask) -> RankResult:
         content_sha256=frames.content_sha256,
         signature=_job_signature(frames),
         span_us=_time_span_us(frames),
+        too_small=too_small,
     )
 
 
@@ -570,6 +581,13 @@ def analyze(
     for r in results:
         warnings += r.warnings
     warnings += [r.timing_warning for r in results if r.timing_warning]
+    small = [r.path.name for r in results if r.too_small]
+    if small:
+        named = ", ".join(small[:3]) + (f" and {len(small) - 3:,} more" if len(small) > 3 else "")
+        warnings.append(
+            f"{named}: fewer than {MIN_RANK_EVENTS} events in {'each' if len(small) > 1 else 'it'}, too few to hold a step's work: "
+            "counted in the job (step time, ranks), no rule run on them"
+        )
     per_rank = sorted(((r.metrics, r.findings) for r in results), key=lambda x: x[0].rank)
     metrics = [m for m, _ in per_rank]
     waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None

@@ -12,7 +12,9 @@ profiled window, from the facts file), so neither side carries the profiler's co
 
 Two thread settings: torch's own (on a 2-core machine: 2 intra-op threads, the quick start's
 setting, where a loader worker can only take a core from the model) and OMP_NUM_THREADS=1
-(one core left idle for a worker). The acceptance: the promise is within ±50% of the measured
+(one core left idle for a worker). The after run applies the whole fix the finding gives:
+where it says `torch.set_num_threads(k)` (a compute thread handed to the worker), the after
+run gets k threads (OMP_NUM_THREADS=k). The acceptance: the promise is within ±50% of the measured
 gain, or the finding promises no gain where the measurement shows none is there.
 
 Timings are wall-clock medians of a small, possibly shared machine: every pair is repeated
@@ -22,9 +24,11 @@ and the table gives the spread (min-max of the measured gains).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -53,6 +57,12 @@ def promise_of(f: dict | None) -> float:
     return float(alone if alone is not None else (f.get("saving_ms") or 0.0))
 
 
+def threads_of(f: dict | None) -> int | None:
+    """The compute threads the fix leaves the model (`torch.set_num_threads(k)` in its text), if any."""
+    m = re.search(r"set_num_threads\((\d+)\)", ((f or {}).get("fix") or {}).get("text") or "")
+    return int(m.group(1)) if m else None
+
+
 def workers_of(f: dict | None, cpu_count: int) -> int:
     cores = ((f or {}).get("evidence") or {}).get("cores") or {}
     n = cores.get("workers_after")
@@ -71,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         f"dataloader-stall on the CPU sample: promise (before run) vs measured (unprofiled medians), {cpus} cores, "
         f"load average at start {os.getloadavg()[0]:.2f}",
         "",
-        f"{'threads':>8} {'rep':>3} {'workers':>7} {'before ms':>9} {'after ms':>9} {'measured':>9} {'promise':>8}  finding",
+        f"{'threads':>8} {'rep':>3} {'workers':>7} {'after threads':>13} {'before ms':>9} {'after ms':>9} {'measured':>9} {'promise':>8}  finding",
     ]
     print("\n".join(lines), flush=True)
     verdicts = []
@@ -84,14 +94,18 @@ def main(argv: list[str] | None = None) -> int:
                 before = bench.profile_round(bench.Switches(), settings, Path(tmp) / "before")
                 f = stall_of(before)
                 n = workers_of(f, cpus)
-                after = bench.profile_round(bench.Switches(workers=n), settings, Path(tmp) / "after")
+                # the whole fix: where it hands a compute thread to the worker, the after run
+                # gets that many threads (OMP_NUM_THREADS sets torch.get_num_threads())
+                k = threads_of(f)
+                after_settings = dataclasses.replace(settings, threads=k) if k else settings
+                after = bench.profile_round(bench.Switches(workers=n), after_settings, Path(tmp) / "after")
             b, af = before.after_window_ms(settings.window), after.after_window_ms(settings.window)
             gain, promise = b - af, promise_of(f)
             gains.append(gain)
             befores.append(b)
             promises.append(promise)
             how = "none" if f is None else ("considered: " + (f.get("no_gain") or "")[:70] if f.get("no_gain") else "ranked")
-            line = f"{t or 'torch':>8} {rep + 1:>3} {n:>7} {b:>9.1f} {af:>9.1f} {gain:>+9.1f} {promise:>8.1f}  {how}"
+            line = f"{t or 'torch':>8} {rep + 1:>3} {n:>7} {k or t or 'torch':>13} {b:>9.1f} {af:>9.1f} {gain:>+9.1f} {promise:>8.1f}  {how}"
             if not (before.ok and after.ok):
                 line += f"  (failed: {before.error or after.error})"
             lines.append(line)

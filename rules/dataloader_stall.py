@@ -66,9 +66,15 @@ cores when it computes on the CPU; a worker hides loading only on a core left ov
 beside the rest of the step (`R` ms): the share of the wait that goes is
 `1 - max(L / n - R, 0) / L`. With no core left over the fix is not promised (the finding is
 listed as considered, no gain, with the reason), except on a CPU-only run whose model uses
-`p >= 2` threads when handing one of them to a worker pays: the model's work at best
-`p / (p - 1)` times as long, beside the loading, is shorter than the step now (the replay
-grows the step's other host time by that factor and takes the loading off the path). The saving is how much shorter the
+`p >= 2` threads when handing one of them to a worker pays. With one thread fewer the
+model's work takes between 1× (its thread `p` gave it nothing) and `p / (p - 1)`× as long
+(the threads scale perfectly), and the message gives that range. The promise is Amdahl's
+law on the trace: op calls whose own time is at least 20 µs (long enough for
+`at::parallel_for` to split them, `PARALLEL_CALL_MIN_NS`) run `p / (p - 1)`× as long, the
+rest of the step's host time (the loop's Python, dispatch, small ops) as it is. The trade
+pays when that work, beside the loading, is shorter than the step now (the replay grows the
+step's other host time by that factor and takes the loading off the path);
+`benchmarks/dataloader_cores.py` measures it on the sample. The saving is how much shorter the
 replayed step is: less than the DataLoader time where the device was still busy with the
 previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
 the exposed DataLoader time per step, the mean `dataloader` slice of the breakdown. For a stall the window hid or
@@ -255,11 +261,10 @@ def check(ctx: Context):
             message += " " + budget.sentence()
         elif budget.trade_gain_ms > 0:
             # No idle core, but loading costs more than a compute thread gives: one thread
-            # fewer for the model (its host work grows by p/(p-1) at best), a worker in its place.
+            # fewer for the model (its host work grows by 1 to p/(p-1)), a worker in its place.
             hs = m.steps["host_start"].to_numpy(np.int64)
             ws, we = subtract(*merge(hs, np.maximum(m.steps["host_end"].to_numpy(np.int64), hs)), dl_s, dl_e)
-            grow = budget.busy_main / (budget.busy_main - 1)
-            change = Change(host_remove=[(dl_s, dl_e, 1.0), (ws, we, 1.0 - grow)])
+            change = Change(host_remove=[(dl_s, dl_e, 1.0), (ws, we, 1.0 - budget.expected_growth)])
             message += " " + budget.sentence()
             fix = f"{fix.rstrip('.')}, with torch.set_num_threads({budget.busy_main - 1}) so the worker has a core."
         else:
@@ -280,6 +285,7 @@ class CoreBudget:
     workers_after: int
     loader_ms: float  # per step, the DataLoader's time in the window (single-process loading)
     rest_ms: float  # the rest of the step, that a worker's loading can run beside
+    parallel_ms: float = 0.0  # of the rest, op time the intra-op threads share (CPU runs)
 
     @property
     def free_cores(self) -> int:
@@ -310,8 +316,25 @@ class CoreBudget:
         return max(self.rest_ms * self.busy_main / (self.busy_main - 1), self.loader_ms)
 
     @property
+    def expected_growth(self) -> float:
+        """How much longer the model's work takes with one compute thread fewer (Amdahl): its
+        ops long enough for the intra-op threads (`parallel_ms`) p/(p-1) as long, the rest (the
+        loop's Python, dispatch, small ops) as it is. Between 1 and p/(p-1)."""
+        if self.busy_main < 2 or self.rest_ms <= 0:
+            return 1.0
+        par = min(max(self.parallel_ms, 0.0), self.rest_ms)
+        return 1.0 + par / self.rest_ms / (self.busy_main - 1)
+
+    @property
+    def expected_step_ms(self) -> float | None:
+        """The step with the trade, the model's work at `expected_growth`, the loading beside it."""
+        if self.busy_main < 2:
+            return None
+        return max(self.rest_ms * self.expected_growth, self.loader_ms)
+
+    @property
     def trade_gain_ms(self) -> float:
-        t = self.traded_step_ms
+        t = self.expected_step_ms
         return 0.0 if t is None or self.loaders >= 1 else max(self.loader_ms + self.rest_ms - t, 0.0)
 
     def sentence(self) -> str:
@@ -330,7 +353,10 @@ class CoreBudget:
                 f"would take up to {self.rest_ms * self.busy_main / (self.busy_main - 1):.1f} ms beside the {self.loader_ms:.1f} ms of loading"
             )
             if self.trade_gain_ms > 0:
-                return out + trade + f", a step of ~{t:.1f} ms at worst."
+                return out + trade + (
+                    f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now; with "
+                    f"{self.parallel_ms:.1f} ms of its ops long enough to share the threads and the rest on one, ~{self.expected_step_ms:.1f} ms."
+                )
             return out + trade + (
                 f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now, depending on what the model's "
                 f"thread {self.busy_main} gives it, so no gain is promised: try it and measure, or make the per-sample work cheaper "
@@ -369,4 +395,5 @@ def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int |
         busy = int(intra) if isinstance(intra, int) and intra > 0 else cores
     loader_ms = m.breakdown_mean_ms["dataloader"]
     rest_ms = max(ctx.step_ms - loader_ms, 0.0)
-    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms)
+    parallel_ms = 0.0 if m.has_device else m.parallel_op_ms
+    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms)

@@ -198,3 +198,26 @@ def test_the_report_says_when_the_cluster_workers_keep_profiles(cli, two_ranks):
         assert code == 0, err
         assert len(json.loads(out)["ranks"]) == 2  # the note is not part of the report
         assert ("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False" in err) is profiling, err
+
+
+def test_ranks_too_small_to_hold_a_step_are_counted_not_analysed(tmp_path):
+    """A job of many one-event rank files (each the CPU sample's header and one of its events,
+    its own rank): each rank counts in the job, none has rules run on it (they
+    cost tens of ms per rank whatever it holds), one warning names them; a whole rank beside
+    them is still analysed."""
+    src = sorted((Path(__file__).parent.parent / "sample_runs" / "resnet18_cifar" / "runs" / "cpu_baseline").glob("*.pt.trace.json.gz"))[0]
+    doc = load_events(src)
+    one = next(e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    head = {k: v for k, v in doc.items() if k != "traceEvents"}
+    n = 40
+    for r in range(n):
+        write_trace({**head, "traceEvents": [one], "distributedInfo": {"rank": r, "world_size": n}}, tmp_path / f"rank{r}.json")
+    a = analyze(tmp_path)
+    assert len(a.ranks) == n
+    assert a.findings == []
+    (w,) = [w for w in a.warnings if "fewer than" in w]
+    assert "rank0.json" in w and f"{n - 3} more" in w
+    assert analysis.MIN_RANK_EVENTS <= 16
+    # the rank's own recording, whole, next to one-event files: its rules run
+    whole = analyze(src)
+    assert whole.findings and not any("fewer than" in w for w in whole.warnings)

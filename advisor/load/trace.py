@@ -116,6 +116,11 @@ class TraceFrames:
         return int(rank) if rank == int(rank) and 0 <= rank < 2**31 else None
 
     @property
+    def event_count(self) -> int:
+        """Host, runtime, device and memory events (the rows the metrics and rules read)."""
+        return len(self.host) + len(self.runtime) + len(self.device) + len(self.memory)
+
+    @property
     def has_device(self) -> bool:
         return len(self.device) > 0
 

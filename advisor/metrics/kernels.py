@@ -157,18 +157,16 @@ def top_ops(frames: TraceFrames, n: int = 10) -> pd.DataFrame:
     return g.sort_values("total_ns", ascending=False).head(n).reset_index()
 
 
-def top_self_ops(frames: TraceFrames, steps: pd.DataFrame, n: int = 10) -> pd.DataFrame:
-    """Host ops inside the steps by self time (their time less their child ops'), per step:
-    name, count, self_ms, total_ms (inclusive), share (of the steps' summed self time). What a
-    CPU run spends its time in: the table the device's kernels would be on a GPU run."""
+def _step_op_self_times(frames: TraceFrames, steps: pd.DataFrame) -> pd.DataFrame:
+    """Host ops inside the steps with their self time (their time less their child ops') and
+    their inclusive time, ns: name, self, dur (empty without ops or steps)."""
     from advisor.metrics.hierarchy import op_tree
     from advisor.metrics.steps import step_of
 
-    cols = ["name", "count", "self_ms", "total_ms", "share"]
     tree = op_tree(frames)
     ops = tree.ops
     if len(ops) == 0 or len(steps) == 0:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame({"name": pd.Series(dtype=str), "self": pd.Series(dtype=np.int64), "dur": pd.Series(dtype=np.int64)})
     dur = (ops["end"] - ops["ts"]).to_numpy(np.int64)
     child = np.zeros(len(ops), dtype=np.int64)
     has = tree.parent >= 0
@@ -176,10 +174,18 @@ def top_self_ops(frames: TraceFrames, steps: pd.DataFrame, n: int = 10) -> pd.Da
     self_ns = np.maximum(dur - child, 0)
     inside = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), ops["ts"].to_numpy(np.int64)) >= 0
     is_op = (ops["kind"].astype(str) == "op").to_numpy() & inside
-    if not is_op.any():
+    return pd.DataFrame({"name": ops["name"].astype(str).to_numpy()[is_op], "self": self_ns[is_op], "dur": dur[is_op]})
+
+
+def top_self_ops(frames: TraceFrames, steps: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """Host ops inside the steps by self time, per step: name, count, self_ms, total_ms
+    (inclusive), share (of the steps' summed self time). What a CPU run spends its time in:
+    the table the device's kernels would be on a GPU run."""
+    cols = ["name", "count", "self_ms", "total_ms", "share"]
+    t = _step_op_self_times(frames, steps)
+    if len(t) == 0:
         return pd.DataFrame(columns=cols)
     k = len(steps)
-    t = pd.DataFrame({"name": ops["name"].astype(str).to_numpy()[is_op], "self": self_ns[is_op], "dur": dur[is_op]})
     g = t.groupby("name").agg(count=("self", "size"), self_ns=("self", "sum"), total_ns=("dur", "sum"))
     total = float(g["self_ns"].sum()) or 1.0
     g = g.sort_values("self_ns", ascending=False).head(n).reset_index()
@@ -194,6 +200,22 @@ def top_self_ops(frames: TraceFrames, steps: pd.DataFrame, n: int = 10) -> pd.Da
     )
 
 
+# An op call whose own work is shorter than this cannot be split over intra-op threads:
+# at::parallel_for runs below 32,768 elements (GRAIN_SIZE) on the calling thread, about 10 us
+# of fp32 elementwise work, and a parallel region costs a few microseconds to open.
+PARALLEL_CALL_MIN_NS = 20_000
+
+
+def parallel_op_ms(frames: TraceFrames, steps: pd.DataFrame) -> float:
+    """Per step, the host ops' self time in calls long enough to run on the intra-op threads
+    (PARALLEL_CALL_MIN_NS): the part of a CPU step that thread count speeds up; the rest (the
+    Python loop, dispatch, small ops) runs on one thread whatever the setting."""
+    t = _step_op_self_times(frames, steps)
+    if len(t) == 0:
+        return 0.0
+    return float(t["self"].to_numpy()[t["self"].to_numpy() >= PARALLEL_CALL_MIN_NS].sum()) / 1e6 / len(steps)
+
+
 def fp32_gemm_share(kernels: pd.DataFrame) -> float:
     total = kernels["dur"].sum()
     return float(kernels.loc[kernels["fp32_gemm"], "dur"].sum() / total) if total > 0 else 0.0
@@ -205,6 +227,7 @@ __all__ = [
     "top_kernels",
     "top_ops",
     "top_self_ops",
+    "parallel_op_ms",
     "tensor_core_shares",
     "fp32_gemm_share",
     "launching_ops",

@@ -121,6 +121,13 @@ class Metrics:
         return self.frames.has_device
 
     @property
+    def parallel_op_ms(self) -> float:
+        """Per step, host op time in calls long enough for the intra-op threads (see `kernels.parallel_op_ms`)."""
+        from advisor.metrics.kernels import parallel_op_ms
+
+        return self.shared("ops.parallel_ms", lambda: parallel_op_ms(self.frames, self.steps))
+
+    @property
     def step_ms(self) -> np.ndarray:
         return self.steps["duration"].to_numpy(np.float64) / NS_PER_MS
 

@@ -37,7 +37,9 @@ import pandas as pd
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import _matches
 
-WAIT_CALL = re.compile(r"^(cuda|hip)((Stream|Device|Event|Ctx)Synchronize|Memcpy\w*|Free)$")
+# CUDA's and HIP's synchronize, blocking copy and free calls; MTIA's runtime names its
+# synchronize calls without a prefix (`synchronize`, `synchronizeStream`).
+WAIT_CALL = re.compile(r"^((cuda|hip)((Stream|Device|Event|Ctx)Synchronize|Memcpy\w*|Free)|synchronize(Stream|Device|Event)?)$")
 MARK_START, MARK_END, CALL = 1, 2, 0
 # An op that started more than this after its stream went idle measures the launch latency.
 QUEUED_NS = 3_000

@@ -20,7 +20,7 @@ import numpy as np
 
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import own_device_end
-from advisor.whatif.graph import CALL, MARK_END, MARK_START, StepGraph
+from advisor.whatif.graph import CALL, HELD_NS, MARK_END, MARK_START, StepGraph
 
 
 # The fastest host the calibration tries (a share of its window figure), and how close to that
@@ -252,6 +252,16 @@ def _effective(g: StepGraph, change: Change):
     d_dur = g.d_dur.astype(np.float64) * change.device_scale_all
     delay = g.d_delay.astype(np.float64)
     d_gap = g.d_gap.astype(np.float64)
+    if change.device_scale_all != 1.0:
+        # A long bubble between queued ops that no op of this rank ends before is a wait on
+        # device work outside the trace (the peer ranks' work before a collective): every rank
+        # runs the same script, so that work scales with this rank's.
+        # So is an op's wait past a launch latency onto an idle stream (a launch takes
+        # microseconds: a stream whose ops all start later, a collective's, waits on its peers).
+        d_gap = np.where(d_gap >= HELD_NS, d_gap * change.device_scale_all, d_gap)
+        lat = np.minimum(g.d_latency, HELD_NS)
+        past = delay - lat
+        delay = np.where(past >= HELD_NS, lat + past * change.device_scale_all, delay)
     if change.device_scale or change.tight_launch or change.device_add:
         pos_of = np.full(int(g.device_row.max()) + 1 if len(g.device_row) else 0, -1, dtype=np.int64)
         pos_of[g.device_row] = np.arange(len(g.device_row))

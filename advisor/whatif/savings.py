@@ -159,7 +159,9 @@ class RankReplay:
                         c.host_own.append((dl_s, dl_e, self.loader_scale))
                     return c
 
-                base = build(calibrate(self.graph, self._unprofiled, build))
+                # Without device work nothing can hide the host: the scale that meets the
+                # unprofiled step is the only reading (the fastest host is for a device that may bound it).
+                base = build(calibrate(self.graph, self._unprofiled, build, fastest=len(self.graph.d_dur) > 0))
                 # What the scaled host and the device do not explain (the replay of the
                 # fastest host still short of the unprofiled step) stays as it is per step,
                 # unless that is a large part of the step: then the host is the likelier
