@@ -398,9 +398,10 @@ class RankResult:
         return InputError(self.error_path, self.problem) if self.problem is not None else None
 
 
-# A rank's trace with fewer events than this holds no step's work to explain (a step is a
-# step annotation, its ops and their launches): its rules are not run. Per rank they cost
-# about 70 ms of fixed work whatever the trace holds, which thousands of such files multiply.
+# In a job of several ranks, a rank's trace with fewer events than this holds no step's work
+# to explain (a step is a step annotation, its ops and their launches): its rules are not run.
+# Per rank they cost about 70 ms of fixed work whatever the trace holds, which thousands of
+# such files multiply. A run of one trace is always analysed, however small.
 MIN_RANK_EVENTS = 8
 
 
@@ -437,7 +438,7 @@ def analyze_rank(task: RankTask) -> RankResult:
     frames = _complete_steps_only(frames, facts, warnings)
     metrics = compute_metrics(frames, rank, facts)
     replayed: list[RankWhatIf] = []
-    too_small = frames.event_count < MIN_RANK_EVENTS
+    too_small = task.world_size > 1 and frames.event_count < MIN_RANK_EVENTS
     found: RankFindings = []
     if not too_small:
         rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)

@@ -221,3 +221,9 @@ def test_ranks_too_small_to_hold_a_step_are_counted_not_analysed(tmp_path):
     # the rank's own recording, whole, next to one-event files: its rules run
     whole = analyze(src)
     assert whole.findings and not any("fewer than" in w for w in whole.warnings)
+
+
+def test_a_single_small_trace_is_still_analysed():
+    """The small-rank shortcut is for jobs: one 7-event public trace alone gets its rules run."""
+    a = analyze(shared_trace("misc/a100_triton.json.gz"))
+    assert not any("fewer than" in w for w in a.warnings)

@@ -53,6 +53,10 @@ RELEASE_NS = 20_000
 # An op that started this long after its launch and its stream's previous op allowed waited
 # for something else (another stream's op, when one ended just before it).
 HELD_NS = 20_000
+# A call that holds the launches of device work returned because that work was done when it
+# returned this soon after the last of it ended (its own epilogue: results read back, freed).
+CONTAINER_RELEASE_NS = 1_000_000
+CONTAINER_RELEASE_SHARE = 0.05
 # A launch blocked on a full queue waited for an op at least this many launches earlier (a
 # slow call that returns as the op just before it ends is not back-pressure).
 MIN_QUEUE_LAG = 32
@@ -334,6 +338,62 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
     )
 
 
+def _container_waits(h_ts, h_end, h_tid, is_call, first_q, waited, launch, op_end):
+    """Calls (not launches, not waits already) longer than BLOCKED_NS that hold, on their own
+    thread, the launch calls of device ops and return within CONTAINER_RELEASE of the last of
+    those ops ending (and not before it): each such node and the op it waited for."""
+    no = np.zeros(0, dtype=np.int64)
+    cand_all = np.nonzero(is_call & (first_q == np.iinfo(np.int64).max) & ~waited & (h_end - h_ts > BLOCKED_NS))[0]
+    if len(cand_all) == 0 or len(launch) == 0:
+        return no, no
+    out_node, out_op = [], []
+    op_tid = h_tid[launch]
+    for tid in np.unique(h_tid[cand_all]):
+        nodes = np.nonzero(h_tid == tid)[0]  # this thread's nodes, ascending
+        ops = np.nonzero(op_tid == tid)[0]
+        if len(ops) == 0:
+            continue
+        ops = ops[np.argsort(launch[ops], kind="stable")]
+        op_launch, ends = launch[ops], op_end[ops]
+        cand = cand_all[h_tid[cand_all] == tid]
+        # ops launched by this thread's nodes after the call and starting before it returns: [lo, hi)
+        lo = np.searchsorted(op_launch, cand, side="right")
+        inside = np.searchsorted(h_ts[nodes], h_end[cand], side="left") - 1
+        hi = np.searchsorted(op_launch, nodes[np.maximum(inside, 0)], side="right")
+        has = (hi > lo) & (inside >= 0)
+        cand, lo, hi = cand[has], lo[has], hi[has]
+        if len(cand) == 0:
+            continue
+        best = _range_argmax(ends, lo, hi)
+        after = h_end[cand] - ends[best]
+        ok = (after >= 0) & (after <= np.maximum(CONTAINER_RELEASE_NS, CONTAINER_RELEASE_SHARE * (h_end[cand] - h_ts[cand])))
+        out_node.append(cand[ok])
+        out_op.append(ops[best[ok]])
+    if not out_node:
+        return no, no
+    return np.concatenate(out_node), np.concatenate(out_op)
+
+
+def _range_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Index of the largest value in each [lo, hi) (non-empty), by a sparse table."""
+    n = len(values)
+    table = [np.arange(n)]
+    k = 1
+    while (1 << k) <= n:
+        prev = table[-1]
+        half = 1 << (k - 1)
+        a, b = prev[: n - (1 << k) + 1], prev[half : half + n - (1 << k) + 1]
+        table.append(np.where(values[a] >= values[b], a, b))
+        k += 1
+    level = np.floor(np.log2(hi - lo)).astype(np.int64)
+    best = np.empty(len(lo), dtype=np.int64)
+    for lv in np.unique(level):
+        sel = level == lv
+        a, b = table[lv][lo[sel]], table[lv][hi[sel] - (1 << lv)]
+        best[sel] = np.where(values[a] >= values[b], a, b)
+    return best
+
+
 def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, end, orphan, n_streams):
     """Which device ops each host node waits for, the time from their end to the node's end,
     each node's unblocked cost, and the run's launch-queue depth (see the module docstring).
@@ -411,6 +471,18 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
             pairs_node.append(blocked)
             pairs_op.append(blocked_op)
             measured_wait[blocked] = True
+        # 3. a call that launches nothing itself but holds the launches of device work (a
+        # graph-execution call: MTIA's `gif_merge`) and returns as the last of that work ends
+        # ran it to completion: it waited for that op.
+        h_tid = np.full(n_h, -1, dtype=np.int64)
+        if len(rt):
+            tid_codes, _ = pd.factorize(rt["tid"].astype(str).to_numpy())
+            h_tid[is_call] = tid_codes[runtime_row[is_call]]
+        cont, cont_op = _container_waits(h_ts, h_end, h_tid, is_call, first_q, measured_wait, launch, end)
+        if len(cont):
+            pairs_node.append(cont)
+            pairs_op.append(cont_op)
+            measured_wait[cont] = True
         rest = enq[~measured_wait[enq]]
         q = first_q[rest] - depth
         okq = q >= 0
