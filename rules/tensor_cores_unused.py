@@ -269,8 +269,10 @@ def check(ctx: Context):
         c = casts.casts
         cast_change = added_work(ctx.events, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())
         change = Change.merge([kernels_change, cast_change])
-        full, kernels_only = ctx.replayed_saving(change), ctx.replayed_saving(kernels_change)
-        cost_ms = None if full is None or kernels_only is None else max(kernels_only - full, 0.0)
+        # the casts' cost: the replayed step with them minus without them (unclamped: where the
+        # casts outweigh the kernels' gain, the finding states the whole of what they add)
+        r = ctx.replay
+        cost_ms = max(r.replayed_ms(change) - r.replayed_ms(kernels_change), 0.0) if r.available else None
         if after_tf32.any():  # autocast alone, TF32 left off: every candidate kernel at the 16-bit rate
             alone = ctx.replayed_saving(Change.merge([scale_device(k.index.to_numpy()[candidates_mask], to_half[candidates_mask]), cast_change]))
             if alone is not None:

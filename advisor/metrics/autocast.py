@@ -12,7 +12,13 @@ An fp32 trace recorded with `record_shapes=True` holds each op's input types and
 which tensor flows where, so the dtype autocast would give the activation is followed along
 the forward's top-level ops in order: an autocast op makes it 16-bit; an fp32-list op, or an
 op with a second floating tensor input (a residual, a position embedding), makes it fp32;
-anything else (views, unary elementwise ops, dropout, reductions) keeps it. The inputs after
+anything else (views, unary elementwise ops, dropout, reductions, batch norm, whose fp32
+weights and statistics do not promote a 16-bit input) keeps it. An op that mixes the
+activation with a second tensor of the batch (same leading dimension and rank: a residual
+add) gives the lower precision only where both are 16 bit: the second is the residual
+stream, whose dtype is the last such op's result (a ResNet's stays 16 bit; a ViT's is fp32
+from its position embedding on); a second tensor that is not the batch's (a position
+embedding, a bias) is an fp32 parameter and promotes. The inputs after
 the first of linear, convolution and RNN ops are parameters: fp32, cast every step. Two
 16-bit activations multiplied together read as a promotion: the walk over-counts there.
 
@@ -51,6 +57,9 @@ FP32_CAST_OP = re.compile(
 )
 # Ops autocast asks for an fp32 result without a separate cast (the kernel reads 16 bit).
 FP32_OUTPUT_OP = re.compile(r"^aten::(softmax|log_softmax|_softmax|_log_softmax|sum|prod|cumsum|cumprod|norm)$")
+# Ops whose output keeps the activation's dtype whatever their parameters' (batch norm runs a
+# 16-bit input with fp32 weights and statistics, and returns 16 bit): not a promotion.
+KEEPS_DTYPE_OP = re.compile(r"^aten::(batch_norm|instance_norm|_batch_norm_impl_index|native_batch_norm|cudnn_batch_norm|miopen_batch_norm)$")
 # Host spans that are not the forward pass: backward nodes, the optimizer, the DataLoader.
 NOT_FORWARD = re.compile(r"^autograd::engine::evaluate_function|^Optimizer\.|DataLoader|^enumerate\(")
 BACKWARD_NODE = re.compile(r"^autograd::engine::evaluate_function: ")
@@ -116,10 +125,10 @@ def _numel(dims) -> int:
     return int(np.prod(dims)) if dims else 1
 
 
-def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int]]]:
+def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int, int]]]:
     """_float_inputs of each row, worked out once per distinct (types, shapes): a run repeats the
     same ops every step, and equal shapes are one object in the frames."""
-    memo: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    memo: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     out = []
     for i in rows:
         d = dims[i]
@@ -131,15 +140,15 @@ def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray)
     return out
 
 
-def _float_inputs(types: tuple[str, ...], dims) -> list[tuple[int, int, int]]:
-    """(position, number of dimensions, numel) of the floating tensor inputs."""
+def _float_inputs(types: tuple[str, ...], dims) -> list[tuple[int, int, int, int]]:
+    """(position, number of dimensions, numel, leading dimension) of the floating tensor inputs."""
     dims = dims if isinstance(dims, list) else []
     out = []
     for i, t in enumerate(types):
         if t in FLOATING and i < len(dims) and isinstance(dims[i], list):
             n = _numel(dims[i])
             if n > 0:
-                out.append((i, len(dims[i]), n))
+                out.append((i, len(dims[i]), n, int(dims[i][0]) if dims[i] else 1))
     return out
 
 
@@ -171,6 +180,7 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     param_op = _matches(ops["name"], PARAMETER_OP)
     fp32_cast = _matches(ops["name"], FP32_CAST_OP)
     fp32_out = _matches(ops["name"], FP32_OUTPUT_OP)
+    keeps = _matches(ops["name"], KEEPS_DTYPE_OP)
     # Where each step's backward starts (backward casts happen there), else its forward op.
     nodes = np.nonzero(tree.mask(BACKWARD_NODE) & in_step)[0]
     bw_start = np.full(len(steps), -1, dtype=np.int64)
@@ -183,6 +193,7 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     inputs_of = dict(zip(top.tolist(), _float_inputs_of(types_text, dims, top)))
     for s in np.unique(step[top]):
         low = False  # the activation's dtype under autocast: 16 bit or fp32 (data arrive in fp32)
+        stream_low: bool | None = None  # the residual stream's: the last mixing op's result, from the first autocast op's
         touched = False  # a parameter or a second tensor has joined: activations require grad
         back = int(bw_start[s])
         for i in top[step[top] == s].tolist():
@@ -192,26 +203,35 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
             t, name = int(ts[i]), names[i]
             back_ts = back if back >= 0 else t
             if lower[i]:
-                for pos, _, n in inputs:
+                for pos, _, n, _ in inputs:
                     parameter = param_op[i] and pos > 0
                     if parameter or not low:
                         rows.append((s, t, "forward", name, n))
                         if parameter or touched:
                             rows.append((s, back_ts, "backward", name, n))
                 low, touched = True, True
+                if stream_low is None:
+                    stream_low = True
             elif fp32_cast[i]:
                 if low:
-                    pos, _, n = inputs[0]
+                    pos, _, n, _ = inputs[0]
                     rows.append((s, t, "forward", name, n))
                     if touched:
                         rows.append((s, back_ts, "backward", name, n))
                 low = False
             elif fp32_out[i]:
                 low = False
-            elif sum(1 for _, ndim, _ in inputs if ndim > 0) >= 2:  # a 0-dim tensor does not promote
-                if low and touched:
+            elif keeps[i]:
+                touched = True  # its weights require grad; the activation keeps its dtype
+            elif sum(1 for _, ndim, _, _ in inputs if ndim > 0) >= 2:  # a 0-dim tensor does not promote
+                # The second tensor: another activation of the batch (a residual: the stream's
+                # dtype), or a parameter (a position embedding, a bias: fp32).
+                second = next(x for x in inputs[1:] if x[1] > 0)
+                other_low = bool(stream_low) if second[3] == inputs[0][3] and inputs[0][1] == second[1] else False
+                out_low = low and other_low
+                if low and not out_low and touched:
                     rows.append((s, back_ts, "promote", name, inputs[0][2]))
-                low, touched = False, True
+                low, touched, stream_low = out_low, True, out_low
     casts = pd.DataFrame(rows, columns=["step", "ts", "kind", "op", "numel"])
     casts["bytes"] = casts["numel"].astype(np.int64) * per_elem
     return AutocastCasts(casts, _copy_ns(metrics, tree, in_step), _node_ns(tree, in_step), _copy_bandwidth(metrics, tree, types_text), len(steps))
