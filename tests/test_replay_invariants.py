@@ -73,11 +73,12 @@ TRACES = _ids()
 
 # Where an invariant does not hold yet, and why (the test still runs: it must keep failing).
 KNOWN = {
-    ("halving", "shared/traces/misc/mtia_inference.json.gz"): "the step is an annotation on one thread of a "
-    "multi-threaded inference server; its end follows the start of a graph-execution call (`gif_merge`) on another "
-    "thread by a fixed 10-16 ms. The synchronize calls and the graph-execution calls that run their device work to "
-    "completion are read as waits, but which thread's result the annotation's thread waited for is not in the trace, "
-    "so the step keeps those offsets as host time",
+    ("halving", "shared/traces/misc/mtia_inference.json.gz"): "an inference server's trace: its steps are "
+    "the iterations of a repeated request-handling span (no ProfilerStep), and each starts when the next request "
+    "is handed to a worker thread, not when the device finishes the last one; the replay keeps each iteration's "
+    "start at its measured offset from the spans running on other threads (which thread's result it waited for "
+    "is not in the trace), so a faster device shortens the waits inside the iterations (the synchronize and "
+    "graph-execution calls are read as waits) but not the time between them",
 }
 
 
