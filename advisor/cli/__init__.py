@@ -338,15 +338,15 @@ def main() -> None:
     from advisor.files_read import forget_all
 
     forget_all()  # one command's inputs (tests run several in one process)
-    from advisor.cli.warm import fast_report
-
-    if fast_report(sys.argv[1:]):  # a report rendered before: written before the parser is built
-        return
-    core = {c.name or c.callback.__name__ for c in app.registered_commands}
-    if _named_command(sys.argv[1:]) not in core:
-        _register_optional_commands()
-    _paths_checked_by_the_stages()
     try:
+        from advisor.cli.warm import fast_report
+
+        if fast_report(sys.argv[1:]):  # a report rendered before: written before the parser is built
+            return
+        core = {c.name or c.callback.__name__ for c in app.registered_commands}
+        if _named_command(sys.argv[1:]) not in core:
+            _register_optional_commands()
+        _paths_checked_by_the_stages()
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
