@@ -33,6 +33,12 @@ an entry shipped along with a log dir, copied from another run, edited or damage
 served: the report is made again. Every error in the cache reads as a miss; the cache never
 fails a report. Nothing is pickled.
 
+An analysis entry also keeps the reports rendered from it to stdout (text, JSON, Markdown;
+see "rendered reports" below): a second `advisor report` asked for in the same way writes the
+stored text before the command line parser is built (advisor.cli.warm), in about 0.1 s at
+any trace size, importing neither pandas, pyarrow nor rich; this module imports NumPy,
+pandas and the trace loader only where an entry's tables are read or written.
+
 Size: the entries under a cache folder are kept under `ADVISOR_CACHE_MAX_BYTES` (default 2G;
 `500M`, `8G`, ...): after each write the least recently used entries (a hit marks an entry
 used) are removed first. `advisor cache info` shows the folder, its entries and their size;
@@ -735,7 +741,8 @@ def load_cached(path: str | Path, cache: bool = True, min_parse_seconds: float =
 # --- analysis entries ----------------------------------------------------------------------------
 ANALYSIS_META = "analysis.json"
 ANALYSIS_FORMAT = 5  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep
-# Analyses faster than this are not worth an entry.
+# Analyses faster than this are not worth an entry, unless a report rendered from it is kept
+# there (`analyze(store=True)`: a report to stdout, which a warm report then writes as it is).
 MIN_ANALYSIS_SECONDS = 0.5
 TABLES = ("steps", "breakdown", "utilization", "kernels")
 COMM_TABLES = ("collectives", "compute")  # a rank's RankComm, when it was measured
@@ -994,6 +1001,7 @@ def analysis_entry(run: RunFiles, key: AnalysisKey) -> Path | None:
 # report never outlives the analysis it was rendered from), and carries its own HMAC over that
 # name and its text: an entry sealed again around an edited report still does not serve it.
 REPORT_PREFIX = "report-"
+MAX_REPORTS = 16  # per entry (a terminal of each new size adds one): the least recently written go first
 
 
 def _report_name(files: dict[str, bytes], fields: dict[str, Any]) -> str:
@@ -1034,10 +1042,14 @@ def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: s
     name = _report_name(files, fields)
     data = orjson.dumps({"name": name, "text": text, "mac": _report_mac(secret_key, name, text)})
     try:
+        reports = sorted((n for n in files if n.startswith(REPORT_PREFIX) and n != name), key=lambda n: (folder / n).stat().st_mtime_ns)
+        dropped = reports[: max(0, len(reports) + 1 - MAX_REPORTS)]
         tmp = folder / f".{name}.{os.getpid()}"
         tmp.write_bytes(data)
         os.replace(tmp, folder / name)
-        seal(folder, "analysis", key.digest, secret_key, {**files, name: data})
+        seal(folder, "analysis", key.digest, secret_key, {**{n: b for n, b in files.items() if n not in dropped}, name: data})
+        for n in dropped:
+            (folder / n).unlink(missing_ok=True)
     except OSError:
         return None
     evict(folder.parent, keep=folder)

@@ -14,13 +14,16 @@ after another so the machine's load falls on all of them alike:
   the entry sealed again): the analysis read from its Parquet tables and rendered, as every
   warm report was before reports were stored (that run stores the report again).
 
-Wall and cpu seconds (user + sys, from wait4) of each process; medians of the repeats. stdout goes to a pipe that is read whole (not a terminal). The load average is
-recorded before and after: wall time on a shared machine varies with the neighbours.
+Wall and cpu seconds (user + sys, from wait4) of each process; medians of the repeats. The
+first report of each format is listed too (the first format's analyses the run; the others'
+read its analysis entry). stdout goes to a pipe that is read whole (not a terminal). The
+load average is recorded per trace, before and after: wall time on a shared machine varies
+with the neighbours.
 
 Traces: `sample` is sample_runs/resnet18_cifar/runs/cpu_baseline (a 0.6 MB CPU recording);
 34 MB is ../shared/traces/v100_resnet50_nw0 as it is (gzip); 51MB and 87MB are the scaled
 copies report_vs_peers.py uses (57 and 86 MB of JSON, made by make_large_trace.py under
-$ADVISOR_BENCH_DIR, default /tmp/advisor-bench).
+$ADVISOR_BENCH_DIR, default /tmp/advisor-bench); `--sizes 1GB` adds the 1 GB copy (36 copies).
 """
 
 from __future__ import annotations
@@ -157,15 +160,22 @@ def main() -> None:
     ap.add_argument("--formats", default="text,json,markdown")
     ap.add_argument("--out", default=str(RESULTS / "warm_report"))
     args = ap.parse_args()
-    load_before = os.getloadavg()
-    rows = []
-    for size in args.sizes.split(","):
-        rows.append(bench(size, args.repeat, args.formats.split(",")))
-        print("\n".join(table(rows[-1:])), flush=True)
-    machine = machine_info() | {"load_average_at_start": list(load_before), "load_average_at_end": list(os.getloadavg())}
+    sizes = args.sizes.split(",")
     out = Path(args.out)
+    # rows of other sizes measured before are kept (each row says when it was measured)
+    rows = [r for r in (json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else []) if r["size"] not in sizes]
+    for size in sizes:
+        load_before = os.getloadavg()
+        row = bench(size, args.repeat, args.formats.split(","))
+        row["measured"] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_at_start": list(load_before), "load_average_at_end": list(os.getloadavg())}
+        rows.append(row)
+        print("\n".join(table([row])), flush=True)
+    order = {s: i for i, s in enumerate(["sample", "34MB", "51MB", "87MB", "1GB"])}
+    rows.sort(key=lambda r: order.get(r["size"], 99))
+    machine = machine_info()
     out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
-    out.with_suffix(".txt").write_text("\n".join([__doc__.splitlines()[0], f"machine: {json.dumps(machine)}", *table(rows)]) + "\n")
+    loads = [f"{r['size']}: load average {r['measured']['load_average_at_start'][0]:.2f} at start, {r['measured']['load_average_at_end'][0]:.2f} at end ({r['measured']['date']})" for r in rows]
+    out.with_suffix(".txt").write_text("\n".join([__doc__.splitlines()[0], f"machine: {json.dumps(machine)}", *table(rows), "", *loads]) + "\n")
 
 
 if __name__ == "__main__":

@@ -211,3 +211,21 @@ def test_a_warm_report_imports_no_frames_library(tmp_path):
         assert "pandas" in cold.stderr.splitlines()[-1]
         assert warm.stderr.splitlines()[-1] == "imported: ", warm.stderr
         assert warm.stdout == cold.stdout
+
+
+def test_an_entry_keeps_its_newest_reports(tmp_path, cli, analyses, monkeypatch):
+    """A terminal of each new width adds a report to the entry; past MAX_REPORTS the least
+    recently written goes (and is made again when asked for)."""
+    monkeypatch.setattr(store, "MAX_REPORTS", 2)
+    run = copy_run(SAMPLE_RUN, tmp_path)
+    widths = ("100", "90", "80")
+    texts = {w: cli(["report", str(run)], tmp_path, {"COLUMNS": w})[1] for w in widths}
+    (entry,) = user_entries()
+    assert len(list(entry.glob(f"{store.REPORT_PREFIX}*"))) == 2
+    analyses.forbid()
+    for w in widths[1:]:
+        assert cli(["report", str(run)], tmp_path, {"COLUMNS": w})[1] == texts[w]
+    analyses.forbid(False)
+    before = analyses.n
+    assert cli(["report", str(run)], tmp_path, {"COLUMNS": "100"})[1] == texts["100"]
+    assert analyses.n == before + 1
