@@ -56,6 +56,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -749,23 +750,31 @@ COMM_TABLES = ("collectives", "compute")  # a rank's RankComm, when it was measu
 TAG = "$t"
 
 
+# The libraries whose versions can change an analysis or how a report is written.
+LIBRARIES = ("numpy", "pandas", "pyarrow", "rich", "orjson", "msgspec")
+
+
 def _libraries() -> str:
-    """The installed NumPy, pandas and pyarrow, read from their files (their distributions'
-    names and version, and their top module's size and mtime) rather than imported: the key
-    of a warm report is made without importing them."""
-    out = []
-    for name in ("numpy", "pandas", "pyarrow"):
+    """The installed libraries that make or write an analysis, read from their files (their
+    distributions' names and versions, and their top module's size and mtime) rather than
+    imported: the key of a warm report is made without importing them."""
+    out, listed = [], {}
+    for name in LIBRARIES:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             out.append(f"{name} -")
             continue
         origin = Path(spec.origin)
+        site = origin.parent.parent if origin.name == "__init__.py" else origin.parent
         try:
+            if site not in listed:
+                listed[site] = sorted(os.listdir(site))
             st = origin.stat()
-            dists = sorted(n for n in os.listdir(origin.parent.parent) if n.lower().startswith(f"{name}-") and n.endswith((".dist-info", ".egg-info")))
         except OSError:
-            st, dists = None, []
-        out.append(f"{name} {origin} {dists} {st.st_size if st else -1} {st.st_mtime_ns if st else -1}")
+            out.append(f"{name} {origin} ?")
+            continue
+        dists = [n for n in listed[site] if n.lower().startswith(f"{name}-") and n.endswith((".dist-info", ".egg-info"))]
+        out.append(f"{name} {origin} {dists} {st.st_size} {st.st_mtime_ns}")
     return "; ".join(out)
 
 
@@ -774,7 +783,7 @@ def _code_fingerprint() -> str:
     roots = [Path(__file__).resolve().parent]
     spec = importlib.util.find_spec("advisor.rules")
     roots += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    h = hashlib.sha256(f"{__version__} {_libraries()}".encode())
+    h = hashlib.sha256(f"{__version__} {sys.version} {_libraries()}".encode())
     for root in roots:
         for p in sorted(root.rglob("*.py")):
             st = p.stat()
