@@ -82,6 +82,8 @@ def test_a_warm_report_is_the_cold_report_byte_for_byte(source, tmp_path, cli, a
     # holding one report per format and option set
     (entry,) = user_entries()
     assert len(list(entry.glob(f"{store.REPORT_PREFIX}*"))) == len(FORMATS)
+    code, out, _ = cli(["cache", "info"], tmp_path)
+    assert code == 0 and f"reports kept in the analyses: {len(FORMATS)} " in out
 
 
 def test_what_the_text_depends_on_is_in_its_key(tmp_path, cli, analyses):
