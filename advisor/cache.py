@@ -119,6 +119,21 @@ if not TYPE_CHECKING:
     np = _OnFirstUse("numpy")
     pd = _OnFirstUse("pandas")
 
+# Names this module gave from the loader before it imported the loader on first use.
+_FROM_LOADER = {"load_trace": "advisor.load.trace", "TraceFrames": "advisor.load.trace", "HOST_KINDS": "advisor.load.trace", "DEVICE_KINDS": "advisor.load.trace"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_LOADER:
+        import importlib
+
+        return getattr(importlib.import_module(_FROM_LOADER[name]), name)
+    if name == "FIELDS":
+        return loader_fields()
+    if name == "FIXED_CATEGORIES":
+        return fixed_categories()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
