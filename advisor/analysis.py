@@ -51,6 +51,10 @@ class Analysis:
     # Findings whose fix gains nothing on this run (Finding.no_gain says why): not ranked,
     # listed as considered. Taken out of `findings` when the analysis is made.
     considered: list[Finding] = field(default_factory=list)
+    # The analysis entry it was read from or stored in, and its key (None: not cached): where
+    # the report rendered from it is kept (advisor.cache.store_report).
+    cache_key: AnalysisKey | None = field(default=None, repr=False, compare=False)
+    cache_entry: Path | None = field(default=None, repr=False, compare=False)
 
     def headline(self) -> RankWhatIf | None:
         """The slowest rank's replay: its measured step and the step with every fix replayed."""
@@ -525,6 +529,7 @@ def analyze(
     progress: Callable[[Path], None] | None = None,
     cache: bool = False,
     executor: Executor | None = None,
+    store: bool = False,
 ) -> Analysis:
     """The analysis of a run: each rank analysed where it is loaded (`analyze_rank`, on a local
     process pool or `executor`), the job put together from what the ranks send back. The
@@ -532,7 +537,8 @@ def analyze(
 
     With `cache`, an unchanged run analysed the same way before comes back from the analysis
     cache. Either way the ranks carry a FramesHeader, not frames; `Analysis.with_primary_frames`
-    loads the one rank the HTML report draws."""
+    loads the one rank the HTML report draws. With `store` too, the analysis is stored however
+    quickly it was made (its rendered report will be kept in its entry)."""
     config = config if config is not None else load_config()
     if config.rule_options:  # checked before the cache: a mistake in them is reported every time
         config = check_rule_options(config, all_rules(rules_dir))
@@ -551,7 +557,10 @@ def analyze(
             if any(JOB_SPLIT_NOTE in w for w in hit.warnings):
                 chosen = {m.frames.path for m in hit.ranks}
                 run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
-            return Analysis(source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif, rule_options=config.rule_options)
+            return Analysis(
+                source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif,
+                rule_options=config.rule_options, cache_key=key, cache_entry=hit.folder,
+            )
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)  # bad ids fail here, once
     started = time.perf_counter()
     fact_warnings: list[str] = []
@@ -594,11 +603,15 @@ def analyze(
     waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None
     whatif = [r.whatif for r in sorted(results, key=lambda r: r.rank) if r.whatif is not None]
     findings = combine_findings(rules, per_rank, job_findings(rules, metrics, waits, facts, config.rule_options))
-    if key is not None and time.perf_counter() - started >= cache_store.MIN_ANALYSIS_SECONDS:
+    entry = None
+    if key is not None and (store or time.perf_counter() - started >= cache_store.MIN_ANALYSIS_SECONDS):
         # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
         if key.parsed_as_keyed(results):
-            write_analysis(run_files, key, metrics, findings, warnings, whatif)
-    return Analysis(source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif, rule_options=config.rule_options)
+            entry = write_analysis(run_files, key, metrics, findings, warnings, whatif)
+    return Analysis(
+        source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif,
+        rule_options=config.rule_options, cache_key=key if entry is not None else None, cache_entry=entry,
+    )
 
 
 def _cache_key(run: RunFiles, config: Config, select: list[str], ignore: list[str], rules_dir: str | Path | None) -> AnalysisKey | None:

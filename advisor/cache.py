@@ -33,6 +33,12 @@ an entry shipped along with a log dir, copied from another run, edited or damage
 served: the report is made again. Every error in the cache reads as a miss; the cache never
 fails a report. Nothing is pickled.
 
+An analysis entry also keeps the reports rendered from it to stdout (text, JSON, Markdown;
+see "rendered reports" below): a second `advisor report` asked for in the same way writes the
+stored text before the command line parser is built (advisor.cli.warm), in about 0.1 s at
+any trace size, importing neither pandas, pyarrow nor rich; this module imports NumPy,
+pandas and the trace loader only where an entry's tables are read or written.
+
 Size: the entries under a cache folder are kept under `ADVISOR_CACHE_MAX_BYTES` (default 2G;
 `500M`, `8G`, ...): after each write the least recently used entries (a hit marks an entry
 used) are removed first. `advisor cache info` shows the folder, its entries and their size;
@@ -50,24 +56,25 @@ import os
 import re
 import shutil
 import stat
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
-import numpy as np
 import orjson
-import pandas as pd
 
 from advisor.version import __version__
 from advisor.facts import FACTS_FILE
-from advisor.load.decode import EventArgs, MemoryArgs
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
-from advisor.load.trace import DEVICE_KINDS, HOST_KINDS, TraceFrames, load_trace
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
     from advisor.engine import Finding
+    from advisor.load.trace import TraceFrames
     from advisor.metrics.summary import DeviceInfo, Metrics
     from advisor.whatif.savings import RankWhatIf
 
@@ -93,6 +100,39 @@ class BadEntry(Exception):
 
 class Unstorable(Exception):
     """A value JSON cannot carry back exactly; the run is not cached."""
+
+
+class _OnFirstUse:
+    """A module imported when one of its names is first read: a warm report (its rendered
+    text served from an entry) never imports NumPy, pandas or the trace loader."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
+
+if not TYPE_CHECKING:
+    np = _OnFirstUse("numpy")
+    pd = _OnFirstUse("pandas")
+
+# Names this module gave from the loader before it imported the loader on first use.
+_FROM_LOADER = {"load_trace": "advisor.load.trace", "TraceFrames": "advisor.load.trace", "HOST_KINDS": "advisor.load.trace", "DEVICE_KINDS": "advisor.load.trace"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_LOADER:
+        import importlib
+
+        return getattr(importlib.import_module(_FROM_LOADER[name]), name)
+    if name == "FIELDS":
+        return loader_fields()
+    if name == "FIXED_CATEGORIES":
+        return fixed_categories()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _sha(data: bytes) -> str:
@@ -309,10 +349,14 @@ def seal(folder: Path, kind: str, key_digest: str, key: bytes | None = None, fil
     if key is None:
         raise OSError("no cache secret")
     if files is None:
-        files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != SEAL_FILE and p.is_file()}
+        files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != SEAL_FILE and not p.name.startswith(".") and p.is_file()}
     digests = {name: _sha(data) for name, data in sorted(files.items())}
     doc = {"kind": kind, "key": key_digest, "files": digests, "mac": _mac(key, kind, key_digest, digests)}
-    (folder / SEAL_FILE).write_bytes(orjson.dumps(doc))
+    tmp = folder / f".{SEAL_FILE}.{os.getpid()}"
+    tmp.write_bytes(orjson.dumps(doc))
+    os.replace(tmp, folder / SEAL_FILE)  # a reader sees the old seal or the new one, whole
+    now = time.time_ns()
+    os.utime(folder / SEAL_FILE, ns=(now, now))  # written now (see _open_entry)
 
 
 def _open_entry(folder: Path, kind: str, key_digest: str) -> dict[str, bytes] | None:
@@ -338,7 +382,8 @@ def _open_entry(folder: Path, kind: str, key_digest: str) -> dict[str, bytes] | 
                 return None  # changed after it was sealed
             out[name] = data
         try:
-            os.utime(folder / SEAL_FILE)  # used now: the last to be evicted
+            now = time.time_ns()  # the clock's, finer than the file system's own stamp
+            os.utime(folder / SEAL_FILE, ns=(now, now))  # used now: the last to be evicted
         except OSError:
             pass
         return out
@@ -451,10 +496,22 @@ FRAMES_META = "advisor_cache.json"
 FRAMES_FORMAT = 5  # 4: one sealed cache, keyed on content alone; 5: the profiler session's end in the metadata
 FRAME_TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
 JSON_COLUMNS = {"host": ("input_dims",)}
-FIXED_CATEGORIES = {("host", "kind"): HOST_KINDS, ("device", "kind"): DEVICE_KINDS}
+@functools.cache
+def fixed_categories() -> dict[tuple[str, str], list[str]]:
+    from advisor.load.trace import DEVICE_KINDS, HOST_KINDS
+
+    return {("host", "kind"): HOST_KINDS, ("device", "kind"): DEVICE_KINDS}
+
+
+
 DEVICE_PROPERTY_COLUMNS = ["id", "name", "total_memory_bytes", "compute_capability", "num_sms"]
 # The trace fields the loader reads: a loader that reads one more (or one less) makes new entries.
-FIELDS = hashlib.sha256(repr((EventArgs.__struct_encode_fields__, MemoryArgs.__struct_encode_fields__)).encode()).hexdigest()[:12]
+@functools.cache
+def loader_fields() -> str:
+    from advisor.load.decode import EventArgs, MemoryArgs
+
+    return hashlib.sha256(repr((EventArgs.__struct_encode_fields__, MemoryArgs.__struct_encode_fields__)).encode()).hexdigest()[:12]
+
 # Traces that parse faster than this (about 100 MB of JSON) are not worth an entry.
 MIN_PARSE_SECONDS = 0.5
 
@@ -466,7 +523,7 @@ class CacheKey:
     sha256: str
     advisor_version: str = __version__
     format: int = FRAMES_FORMAT
-    fields: str = FIELDS
+    fields: str = field(default_factory=loader_fields)
 
     @classmethod
     def of_frames(cls, frames: TraceFrames) -> CacheKey | None:
@@ -540,7 +597,7 @@ def _check_table(name: str, df: pd.DataFrame) -> None:
     for col, kind in expected.items():
         if kind == "category" and len(df[col].cat.categories) and not all(isinstance(c, str) for c in df[col].cat.categories):
             raise BadEntry(f"{name}.{col}")
-    fixed = FIXED_CATEGORIES.get((name, "kind"))
+    fixed = fixed_categories().get((name, "kind"))
     if fixed is not None and list(df["kind"].cat.categories) != fixed:
         raise BadEntry(f"{name}.kind")
     if "dur" in expected:
@@ -584,7 +641,7 @@ def _frames_of(files: dict[str, bytes], key: CacheKey, path: Path) -> TraceFrame
                     df[col] = _from_json_text(df[col])
             for col in df.columns:  # Parquet cannot tell an empty string dictionary from an empty object one
                 if isinstance(df[col].dtype, pd.CategoricalDtype) and len(df[col].cat.categories) == 0:
-                    df[col] = df[col].cat.set_categories(pd.Index(FIXED_CATEGORIES.get((name, col), []), dtype="str"))
+                    df[col] = df[col].cat.set_categories(pd.Index(fixed_categories().get((name, col), []), dtype="str"))
             _check_table(name, df)
             tables[name] = df
         window = meta["window"]
@@ -598,6 +655,8 @@ def _frames_of(files: dict[str, bytes], key: CacheKey, path: Path) -> TraceFrame
             raise BadEntry("distributed")
         if not (isinstance(load_warnings, list) and all(isinstance(w, str) for w in load_warnings)):
             raise BadEntry("load_warnings")
+        from advisor.load.trace import TraceFrames
+
         return TraceFrames(
             path=path,
             schema=schema,
@@ -688,6 +747,8 @@ def load_cached(path: str | Path, cache: bool = True, min_parse_seconds: float =
         if hit is not None:
             return hit
     started = time.perf_counter()
+    from advisor.load.trace import load_trace
+
     frames = load_trace(path)
     if cache and time.perf_counter() - started >= min_parse_seconds:
         write_cached(frames)
@@ -696,11 +757,40 @@ def load_cached(path: str | Path, cache: bool = True, min_parse_seconds: float =
 # --- analysis entries ----------------------------------------------------------------------------
 ANALYSIS_META = "analysis.json"
 ANALYSIS_FORMAT = 5  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep
-# Analyses faster than this are not worth an entry.
+# Analyses faster than this are not worth an entry, unless a report rendered from it is kept
+# there (`analyze(store=True)`: a report to stdout, which a warm report then writes as it is).
 MIN_ANALYSIS_SECONDS = 0.5
 TABLES = ("steps", "breakdown", "utilization", "kernels")
 COMM_TABLES = ("collectives", "compute")  # a rank's RankComm, when it was measured
 TAG = "$t"
+
+
+# The libraries whose versions can change an analysis or how a report is written.
+LIBRARIES = ("numpy", "pandas", "pyarrow", "rich", "orjson", "msgspec")
+
+
+def _libraries() -> str:
+    """The installed libraries that make or write an analysis, read from their files (their
+    distributions' names and versions, and their top module's size and mtime) rather than
+    imported: the key of a warm report is made without importing them."""
+    out, listed = [], {}
+    for name in LIBRARIES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            out.append(f"{name} -")
+            continue
+        origin = Path(spec.origin)
+        site = origin.parent.parent if origin.name == "__init__.py" else origin.parent
+        try:
+            if site not in listed:
+                listed[site] = sorted(os.listdir(site))
+            st = origin.stat()
+        except OSError:
+            out.append(f"{name} {origin} ?")
+            continue
+        dists = [n for n in listed[site] if n.lower().startswith(f"{name}-") and n.endswith((".dist-info", ".egg-info"))]
+        out.append(f"{name} {origin} {dists} {st.st_size} {st.st_mtime_ns}")
+    return "; ".join(out)
 
 
 def _code_fingerprint() -> str:
@@ -708,7 +798,7 @@ def _code_fingerprint() -> str:
     roots = [Path(__file__).resolve().parent]
     spec = importlib.util.find_spec("advisor.rules")
     roots += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    h = hashlib.sha256(f"{__version__} pandas {pd.__version__} numpy {np.__version__}".encode())
+    h = hashlib.sha256(f"{__version__} {sys.version} {_libraries()}".encode())
     for root in roots:
         for p in sorted(root.rglob("*.py")):
             st = p.stat()
@@ -830,6 +920,7 @@ class CachedRun:
     findings: list[Finding]
     warnings: list[str]
     whatif: list[RankWhatIf]
+    folder: Path | None = None  # the entry it came from
 
 
 def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
@@ -905,7 +996,12 @@ def write_analysis(
 def read_analysis(run: RunFiles, key: AnalysisKey) -> CachedRun | None:
     """The stored analysis of this run if a sealed entry matches the key, else None."""
     found = read_entry("analysis", key.digest, run.directory)
-    return None if found is None else _analysis_of(found[1], key, run)
+    if found is None:
+        return None
+    hit = _analysis_of(found[1], key, run)
+    if hit is not None:
+        hit.folder = found[0]
+    return hit
 
 
 def read_analysis_entry(folder: Path, key: AnalysisKey, run: RunFiles) -> CachedRun | None:
@@ -918,6 +1014,70 @@ def analysis_entry(run: RunFiles, key: AnalysisKey) -> Path | None:
     """The folder of the analysis entry this run would read or write (None: cache off)."""
     roots = cache_roots(run.directory)
     return roots[0] / entry_name("analysis", key.digest) if roots else None
+
+
+# --- rendered reports ---------------------------------------------------------------------------
+# An analysis entry also keeps the reports rendered from it (text, JSON, Markdown to stdout), one
+# file each, under the entry's seal: a second `advisor report` of an unchanged run writes the
+# stored text without importing pandas, pyarrow or the rules. A report's file is named by the
+# digest of what its text depends on beyond the analysis (`fields`: format, options, the path as
+# given and the files found, where it is written) and of the entry's analysis files (so a
+# report never outlives the analysis it was rendered from), and carries its own HMAC over that
+# name and its text: an entry sealed again around an edited report still does not serve it.
+REPORT_PREFIX = "report-"
+MAX_REPORTS = 16  # per entry (a terminal of each new size adds one): the least recently written go first
+
+
+def _report_name(files: dict[str, bytes], fields: dict[str, Any]) -> str:
+    analysis = sorted((n, _sha(b)) for n, b in files.items() if not n.startswith(REPORT_PREFIX))
+    body = orjson.dumps({"analysis": analysis, "report": fields}, option=orjson.OPT_SORT_KEYS, default=str)
+    return f"{REPORT_PREFIX}{_sha(body)[:40]}.json"
+
+
+def _report_mac(key: bytes, name: str, text: str) -> str:
+    return hmac.new(key, orjson.dumps(["report", name, text]), hashlib.sha256).hexdigest()
+
+
+def read_report(run: RunFiles, key: AnalysisKey, fields: dict[str, Any]) -> str | None:
+    """The report rendered before for this analysis key and these fields, from a sealed entry
+    whose every file still matches its seal; None otherwise."""
+    found = read_entry("analysis", key.digest, run.directory)
+    secret_key = secret()
+    if found is None or secret_key is None or ANALYSIS_META not in found[1]:
+        return None
+    name = _report_name(found[1], fields)
+    try:
+        doc = orjson.loads(found[1][name])
+        text, mac = doc["text"], doc["mac"]
+        if doc.get("name") != name or not isinstance(text, str) or not isinstance(mac, str):
+            return None
+        return text if hmac.compare_digest(mac, _report_mac(secret_key, name, text)) else None
+    except (KeyError, TypeError, orjson.JSONDecodeError):
+        return None
+
+
+def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: str) -> Path | None:
+    """Add a rendered report to the analysis entry in `folder` (the one the report was rendered
+    from) and seal it again over the files as verified now; the report's file, or None."""
+    secret_key = secret()
+    files = _open_entry(folder, "analysis", key.digest) if secret_key is not None else None
+    if files is None or ANALYSIS_META not in files:
+        return None
+    name = _report_name(files, fields)
+    data = orjson.dumps({"name": name, "text": text, "mac": _report_mac(secret_key, name, text)})
+    try:
+        reports = sorted((n for n in files if n.startswith(REPORT_PREFIX) and n != name), key=lambda n: (folder / n).stat().st_mtime_ns)
+        dropped = reports[: max(0, len(reports) + 1 - MAX_REPORTS)]
+        tmp = folder / f".{name}.{os.getpid()}"
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / name)
+        seal(folder, "analysis", key.digest, secret_key, {**{n: b for n, b in files.items() if n not in dropped}, name: data})
+        for n in dropped:
+            (folder / n).unlink(missing_ok=True)
+    except OSError:
+        return None
+    evict(folder.parent, keep=folder)
+    return folder / name
 
 
 # What analysis.json holds, as types: an entry whose values do not fit is a miss.

@@ -9,7 +9,9 @@ falls on all of them alike; medians of the repeats are reported:
 
 - advisor cold: `python -m advisor report TRACE --format json`, `ADVISOR_CACHE=off`.
 - advisor warm: the same with the cache in a scratch folder, after one cold run filled it
-  (the analysis entry: no parse, no metrics, no rules).
+  (the report stored in the analysis entry, written as it is; results committed before
+  reports were stored measured the analysis entry: no parse, no metrics, no rules; see
+  warm_report.py for both).
 - TensorBoard plugin (torch-tb-profiler, the `view` extra): `RunProfileData.parse` and
   `RunGenerator.generate_run_profile`, what the plugin does for each worker it shows.
 - HTA (`pip install HolisticTraceAnalysis`, a benchmark-only install, never a dependency):

@@ -192,11 +192,27 @@ def report(
         engine = cluster_executor(address, note=lambda line: say(stderr_console(), f"advisor: {line}"))
     else:
         engine = nullcontext(None)
+    # A report to stdout rendered before for this run and these options is written as it was
+    # (advisor.cli.warm); one made now is kept in its analysis entry for the next time.
+    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard
+    if warm:
+        from advisor.cli.warm import keep, recording, serve, stored_report
+
+        text = stored_report(path, run, cfg, rule_ids(select), rule_ids(ignore), format.value, verbose)
+        if text is not None:
+            serve(text)
+            return
     with engine as executor:
         # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
         analysis = analyze_with_progress(
-            path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=format is not Format.html, executor=executor
+            path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=format is not Format.html,
+            executor=executor, store=warm,
         )
+    if warm:
+        with recording() as written:
+            emit_report(analysis, format, output, verbose)
+        keep(analysis, path, run, format.value, verbose, written[0])
+        return
     emit_report(analysis, format, output, verbose)
     if tensorboard:
         from advisor.render.tensorboard import launch_tensorboard
@@ -322,11 +338,15 @@ def main() -> None:
     from advisor.files_read import forget_all
 
     forget_all()  # one command's inputs (tests run several in one process)
-    core = {c.name or c.callback.__name__ for c in app.registered_commands}
-    if _named_command(sys.argv[1:]) not in core:
-        _register_optional_commands()
-    _paths_checked_by_the_stages()
     try:
+        from advisor.cli.warm import fast_report
+
+        if fast_report(sys.argv[1:]):  # a report rendered before: written before the parser is built
+            return
+        core = {c.name or c.callback.__name__ for c in app.registered_commands}
+        if _named_command(sys.argv[1:]) not in core:
+            _register_optional_commands()
+        _paths_checked_by_the_stages()
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)

@@ -30,7 +30,7 @@ def cache(
     action: CacheAction = typer.Argument(..., help="info: where the cache is, its entries and their size; clear: remove every entry."),
     path: Optional[Path] = typer.Argument(None, help="A trace or log dir: with ADVISOR_CACHE=beside, its .advisor-cache/ folder too."),
 ) -> None:
-    """Show or clear the cache of parsed frames and finished analyses."""
+    """Show or clear the cache of parsed frames, finished analyses and their reports."""
     roots = _roots(path)
     out = sys.stdout
     if not roots:
@@ -45,10 +45,12 @@ def cache(
             continue
         kinds = {k: sum(1 for e in found if e.kind == k) for k in store.KINDS}
         total = sum(e.bytes for e in found)
+        reports = sum(len(list(e.path.glob(f"{store.REPORT_PREFIX}*"))) for e in found if e.kind == "analysis")
         out.write(
             f"cache: {root}\n"
             f"  entries: {len(found)} ({kinds['frames']} frames, {kinds['analysis']} analyses), {_size(total)} "
             f"of at most {_size(store.max_cache_bytes())} ({store.MAX_BYTES_ENV}); least recently used removed first\n"
+            f"  reports kept in the analyses: {reports} (the same report asked for again is written from them)\n"
         )
     if action is CacheAction.info:
         home = store.user_cache_root() or store.cache_dir_setting()

@@ -1,0 +1,167 @@
+"""A warm `advisor report`: the report rendered before, served from the analysis entry.
+
+A text, JSON or Markdown report written to stdout is kept in the analysis entry it was rendered
+from (advisor.cache.store_report), keyed on everything its text depends on beyond the analysis:
+the format and --verbose, the path as given and the run's files as found (the report names
+them), and where it is written (stdout a terminal or not, its encoding, the terminal's size, and
+the environment variables the console reads: COLUMNS, NO_COLOR, FORCE_COLOR, TERM, ...). The
+next report asked for in the same way writes the stored text as it is: no parse, no metrics,
+no rules, no rendering, and neither pandas, pyarrow nor rich imported.
+
+`advisor report PATH [-f FORMAT] [-v]` is answered here before the command line parser is
+built; other options (--select, --ignore, --run, --config) reach the same stored text after
+parsing. Anything this module does not recognise, and every miss, takes the full path, which
+gives errors their usual messages.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+# What the console (rich) reads from the environment when it decides widths and colours.
+CONSOLE_ENV = (
+    "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "COLORTERM", "TTY_COMPATIBLE", "TTY_INTERACTIVE",
+    "JUPYTER_COLUMNS", "JUPYTER_LINES", "CLICOLOR", "CLICOLOR_FORCE", "WT_SESSION", "WINDIR",
+)
+FORMATS = {"text": "text", "txt": "text", "json": "json", "markdown": "markdown", "md": "markdown"}
+
+
+def destination(fmt: str) -> dict[str, Any]:
+    """Where the report goes, as far as its text depends on it."""
+    out = sys.stdout
+    try:
+        tty = bool(out.isatty())
+    except (AttributeError, ValueError):
+        tty = False
+    where: dict[str, Any] = {"encoding": getattr(out, "encoding", None), "errors": getattr(out, "errors", None)}
+    if fmt == "text":
+        sizes = []
+        for fd in (0, 1, 2):  # the console takes the first of these that is a terminal
+            try:
+                sizes.append(list(os.get_terminal_size(fd)))
+            except (OSError, ValueError):
+                sizes.append(None)
+        where.update(tty=tty, env={k: os.environ.get(k) for k in CONSOLE_ENV}, sizes=sizes if tty or os.environ.get("COLUMNS") else None, platform=sys.platform)
+    return where
+
+
+def report_fields(fmt: str, verbose: bool, source: Path, run: Any) -> dict[str, Any]:
+    """What a rendered report depends on beyond its analysis (see advisor.cache.read_report)."""
+    return {
+        "format": fmt,
+        "verbose": bool(verbose),
+        "source": str(source),
+        "run": [run.name, str(run.directory), [str(p) for p in run.files], list(run.other_runs), list(run.notes)],
+        "to": destination(fmt),
+    }
+
+
+def stored_report(path: Path, run: str | None, config: Any, select: list[str], ignore: list[str], fmt: str, verbose: bool) -> str | None:
+    """The text of this report rendered before, or None (then the report is made)."""
+    from advisor import cache
+    from advisor.load.discover import find_run
+
+    if fmt not in ("text", "json", "markdown") or not cache.cache_enabled():
+        return None
+    try:
+        run_files = find_run(path, run)
+        key = cache.AnalysisKey.of(run_files, config.rule_options, select or config.select, [*ignore, *config.ignore], None)
+        if key is None:
+            return None
+        return cache.read_report(run_files, key, report_fields(fmt, verbose, path, run_files))
+    except Exception:  # noqa: BLE001 - any doubt: the report is made (and errors told) the usual way
+        return None
+
+
+def serve(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def fast_report(args: list[str]) -> bool:
+    """Answer `report PATH [-f FORMAT | --format FORMAT] [-v | --verbose]` from a stored report
+    (True), before the command line parser is built; False: not that command line, or a miss."""
+    if len(args) < 2 or args[0] != "report":
+        return False
+    fmt = path = None
+    verbose = False
+    rest = args[1:]
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a in ("-v", "--verbose") and not verbose:
+            verbose = True
+        elif a in ("-f", "--format") and fmt is None and i + 1 < len(rest):
+            fmt, i = rest[i + 1], i + 1
+        elif a.startswith("--format=") and fmt is None:
+            fmt = a.split("=", 1)[1]
+        elif a and not a.startswith("-") and path is None:
+            path = a
+        else:
+            return False
+        i += 1
+    fmt = FORMATS.get((fmt or "text").lower())
+    if fmt is None or path is None:
+        return False
+    try:
+        from advisor.config import load_config
+
+        config = load_config(None)
+    except Exception:  # noqa: BLE001 - a bad config file: the full path says what is wrong
+        return False
+    if config.scheduler or config.rule_options:
+        return False  # a cluster to reach, options to check against the rules: the full path
+    text = stored_report(Path(path), None, config, [], [], fmt, verbose)
+    if text is None:
+        return False
+    serve(text)
+    return True
+
+
+class _Recorder:
+    """stdout as it is, keeping a copy of what is written to it."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        n = self._stream.write(text)
+        self.parts.append(text)
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def recording() -> Iterator[list[str | None]]:
+    """What a report writes to stdout, as one text (None when it also wrote to stderr, whose
+    lines a stored report would not repeat)."""
+    out, err = _Recorder(sys.stdout), _Recorder(sys.stderr)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+    got: list[str | None] = [None]
+    try:
+        yield got
+    finally:
+        sys.stdout, sys.stderr = saved
+    got[0] = None if err.parts else "".join(out.parts)
+
+
+def keep(analysis: Any, path: Path, run: str | None, fmt: str, verbose: bool, text: str | None) -> None:
+    """Store the report just written in the analysis entry it was rendered from, under the
+    fields stored_report will ask for (the run as find_run gives it for this path)."""
+    if text is None or analysis.cache_entry is None or analysis.cache_key is None or analysis.rule_options:
+        return
+    from advisor import cache
+    from advisor.load.discover import find_run
+
+    try:
+        cache.store_report(analysis.cache_entry, analysis.cache_key, report_fields(fmt, verbose, path, find_run(path, run)), text)
+    except Exception:  # noqa: BLE001 - the cache never fails a report
+        pass
