@@ -27,7 +27,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "transfer": ("h2d-copy-volume", "h2d-pageable-copy", "cpu-tensor-then-copy", "d2d-copy-volume"),
     "memory": ("allocator-churn", "empty-cache", "memory-growth", "memory-near-limit", "spare-gpu-memory"),
     "compute": ("channels-last", "cudnn-benchmark", "tensor-cores-unused", "tf32-disabled", "unfused-elementwise"),
-    "host": ("cpu-threads", "gpu-idle", "host-sync", "launch-bound"),
+    "host": ("cpu-threads", "gpu-idle", "host-sync", "inference-mode", "launch-bound"),
     "optimizer": ("cpu-optimizer", "single-tensor-optimizer", "zero-grad-memset"),
     "distributed": ("communication-exposed", "data-parallel", "straggler", "unbucketed-allreduce"),
     "window": ("step-time-variance",),

@@ -47,6 +47,7 @@ MINE = [
     "step-time-variance",
     "cudnn-benchmark",
     "gpu-idle",
+    "inference-mode",
 ]
 CAUSES: list[str] = []
 
