@@ -26,7 +26,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "input": ("dataloader-stall", "epoch-end"),
     "transfer": ("h2d-copy-volume", "h2d-pageable-copy", "cpu-tensor-then-copy", "d2d-copy-volume"),
     "memory": ("allocator-churn", "empty-cache", "memory-growth", "memory-near-limit", "spare-gpu-memory"),
-    "compute": ("channels-last", "cudnn-benchmark", "tensor-cores-unused", "tf32-disabled", "unfused-elementwise"),
+    "compute": ("channels-last", "cpu-autocast", "cudnn-benchmark", "tensor-cores-unused", "tf32-disabled", "unfused-elementwise"),
     "host": ("cpu-threads", "gpu-idle", "host-sync", "inference-mode", "launch-bound"),
     "optimizer": ("cpu-optimizer", "single-tensor-optimizer", "zero-grad-memset"),
     "distributed": ("communication-exposed", "data-parallel", "straggler", "unbucketed-allreduce"),

@@ -68,8 +68,6 @@ from advisor.metrics.intervals import merge
 from advisor.metrics.steps import step_of
 from advisor.whatif import Change
 
-HOST_SCALE_FLOOR = 0.05  # the most the fix takes off the host: it keeps the ops' own work
-
 ID = "inference-mode"
 TITLE = "Inference runs with autograd recording a graph"
 DOCS = "https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"
@@ -107,7 +105,7 @@ def check(ctx: Context):
         return None
     s, e = merge(ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64))  # outermost: nested ops count once
     window_ms = float((e - s).sum()) / 1e6 / n
-    change = _host_shorter_by(ctx, estimate)
+    change = ctx.replay.host_shorter_by(estimate)
     replayed = ctx.replayed_saving(change) if change is not None else None
     saving = replayed if replayed is not None else min(estimate, ctx.step_ms)
     if saving / ctx.step_ms < ctx.options["min_share"]:
@@ -131,19 +129,3 @@ def check(ctx: Context):
     )
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, snippet=AFTER, change=change)
 
-
-def _host_shorter_by(ctx: Context, ms: float) -> Change | None:
-    """The host's work made shorter by `ms` per replayed step, spread over all of it: the
-    bookkeeping is in every op that goes through autograd, and a fix that makes those ops
-    faster (more threads) leaves it whole. The replay is linear in the host's scale, so one
-    trial replay gives the scale that takes `ms` off the step."""
-    if not ctx.replay.available:
-        return None
-    base = ctx.replay.baseline_ms
-    if base <= ms:
-        return None
-    trial = Change(host_scale=1.0 - ms / base)
-    got = ctx.replay.saving_ms(trial)
-    if got <= 1e-9:
-        return trial
-    return Change(host_scale=max(1.0 - (ms / base) * (ms / got), HOST_SCALE_FLOOR))

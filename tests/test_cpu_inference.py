@@ -1,16 +1,21 @@
-"""CPU inference advice (issue 22, item 9): `inference_mode` for an inference loop that runs with
-grad mode on.
+"""CPU advice (issue 22, item 9): `inference_mode` for an inference loop that runs with grad mode
+on, bf16 autocast for fp32 matrix ops on a CPU with native bf16.
 
 The recordings are real: tests/data/cpu_inference_grad/infer.py (an 8-block MLP in eval mode,
-batch 8, one thread) profiled on a 2-core AMD EPYC with `advisor profile --full`, as it is
-(runs/grad: grad mode on) and with the fix (runs/inference_mode). What the fix gains against
-what the rule promises is measured in benchmarks/inference_mode_cost.py, not here.
+one thread) profiled on a 2-core AMD EPYC (avx512_bf16) with `advisor profile --full`: at
+batch 8 as it is (runs/grad: grad mode on) and with the fix (runs/inference_mode); at batch
+256 under inference_mode in fp32 (runs/batch256) and with the forward under bf16 autocast
+(runs/batch256_bf16). What each fix gains against what its rule promises is measured in
+benchmarks/inference_mode_cost.py and benchmarks/cpu_bf16_speedup.py, not here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import orjson
+import re
+import shutil
+
 from conftest import REPO, SAMPLE_RUNS
 
 from advisor.analysis import analyze
@@ -85,3 +90,75 @@ def test_the_report_and_the_rule_page(cli):
     assert code == 0 and "inference-mode" in out and "Top CPU ops (self time per step)" in out
     code, out, _ = cli(["explain", RULE])
     assert code == 0 and "Sequence number" in out and "node_us" in out
+
+
+# --- bf16 autocast on a CPU with native bf16 --------------------------------------------------
+FP32, BF16 = RUNS / "batch256", RUNS / "batch256_bf16"
+AUTOCAST = "cpu-autocast"
+
+
+def with_facts(run, dest, edit):
+    """The real run copied, its facts file edited by `edit` (a dict -> None)."""
+    shutil.copytree(run, dest)
+    facts = orjson.loads((dest / "advisor_facts.json").read_bytes())
+    edit(facts)
+    (dest / "advisor_facts.json").write_bytes(orjson.dumps(facts))
+    return dest
+
+
+def test_the_facts_record_the_cpus_bf16_flags():
+    from advisor.capture.facts import CPU_FLAGS, cpu_flags
+
+    facts = orjson.loads((FP32 / "advisor_facts.json").read_bytes())
+    assert "avx512_bf16" in facts["cpu_features"]["flags"] and facts["cpu_features"]["capability"]
+    assert facts["autocast"]["used"] is False
+    assert cpu_flags("/nonexistent/cpuinfo") is None
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return
+    line = next(line for line in text.splitlines() if line.startswith("flags"))
+    assert cpu_flags() == [f for f in CPU_FLAGS if f in line.split(":", 1)[1].split()]
+
+
+def test_cpu_autocast_fires_on_fp32_linear_layers_and_is_silent_under_autocast():
+    a = analyze(FP32)
+    f = found(a, AUTOCAST)
+    assert f is not None and f in a.findings
+    assert f.evidence["cpu_flags"] == ["avx512_bf16"]
+    # the model's 9 linear layers (8 blocks and the head), one forward pass per step
+    assert f.evidence["calls_per_step"] == 9 and list(f.evidence["fp32_matrix_ops"]) == ["aten::linear"]
+    # 256 x 256 -> 256 products: about 0.6 of their fp32 time under autocast (the rule's table)
+    assert 0.5 < f.evidence["autocast_over_fp32"] < 0.7
+    assert 'torch.autocast("cpu", dtype=torch.bfloat16)' in f.fix.snippet and "avx512_bf16" in f.message
+    assert "learning rate" not in f.message.lower() and "(and the loss)" not in f.message  # an inference run
+    after = analyze(BF16)
+    assert found(after, AUTOCAST) is None
+    assert orjson.loads((BF16 / "advisor_facts.json").read_bytes())["autocast"]["dtypes"] == ["bfloat16"]
+
+
+def test_cpu_autocast_needs_the_cpus_own_word(tmp_path):
+    # The same trace without the flags in its facts: the trace cannot say what the CPU supports.
+    no_flags = with_facts(FP32, tmp_path / "no_flags", lambda f: f.pop("cpu_features"))
+    assert found(analyze(no_flags), AUTOCAST) is None
+    # A CPU without avx512_bf16 / amx_bf16: silent too.
+    avx2 = with_facts(FP32, tmp_path / "avx2", lambda f: f["cpu_features"].update(flags=["avx2", "avx512f"]))
+    assert found(analyze(avx2), AUTOCAST) is None
+
+
+def test_cpu_autocast_is_silent_where_the_products_are_too_small_to_gain(tmp_path):
+    # Batch 8: 8 x 256 -> 256 products of ~25 us, which autocast makes slower (the casts and
+    # the bf16 kernel's fixed cost): told the CPU has bf16, the rule still says nothing.
+    small = with_facts(GRAD, tmp_path / "small", lambda f: f.update(cpu_features={"capability": "AVX512", "flags": ["avx512f", "avx512_bf16"]}))
+    loose = Config(rule_options={AUTOCAST: {"min_share": 0.0}})
+    assert found(analyze(small, config=loose, select=[AUTOCAST]), AUTOCAST) is None
+    # while the fp32 run at batch 256, with the same facts, is told
+    assert found(analyze(FP32, config=loose, select=[AUTOCAST]), AUTOCAST) is not None
+
+
+def test_cpu_autocast_page_shows_the_table_the_code_uses():
+    from advisor.engine import builtin_rules
+
+    rule = next(r for r in builtin_rules() if r.id == AUTOCAST)
+    rows = re.findall(r"^\| (\d+) \| ([0-9.]+) \|$", rule.doc, flags=re.M)
+    assert [(int(t), float(r)) for t, r in rows] == [(t, r) for t, r in rule.module.RATIO_TABLE]

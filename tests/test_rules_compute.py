@@ -48,6 +48,7 @@ MINE = [
     "cudnn-benchmark",
     "gpu-idle",
     "inference-mode",
+    "cpu-autocast",
 ]
 CAUSES: list[str] = []
 
