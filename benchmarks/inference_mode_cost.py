@@ -127,6 +127,8 @@ def promise(run: Path) -> float | None:
 
     a = analyze(run)
     f = next((f for f in [*a.findings, *a.considered] if f.rule == RULE), None)
+    if f is None:
+        print(f"  {run.name}: {RULE} silent; findings {[x.rule for x in a.findings]}, warnings {a.warnings}", flush=True)
     return None if f is None else f.saving_alone_ms
 
 
