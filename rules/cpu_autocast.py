@@ -6,7 +6,8 @@ products of their backward) take fp32 inputs, on a CPU that computes in bf16 nat
 facts file of `advisor profile` records the CPU's flags, and one of them must be `avx512_bf16`
 or `amx_bf16` (the trace does not say what the CPU supports: without that record the rule
 stays silent). The facts must not say that bf16 autocast was in use. It fires when the time
-the fix saves is at least `min_share` (5%) of the step.
+the fix saves is at least `min_share` (5%) of the step (the unprofiled step where the facts
+record one: the saving is unprofiled time).
 
 ## Why it is slow
 An fp32 matrix product on the CPU runs on AVX-512 (or AVX2) fused multiply-adds, 16 fp32
@@ -148,14 +149,16 @@ def check(ctx: Context):
     fp32_ms = float(own_us.sum()) / 1e3 / n
     gain_us = own_us * (1 - ratio)
     estimate = float(gain_us.sum()) / 1e3 / n
-    if estimate / ctx.step_ms < ctx.options["min_share"]:
+    # The estimate is unprofiled time: a share of the unprofiled step (the replay's baseline).
+    step_ms = ctx.replay.baseline_ms if ctx.replay.available else ctx.step_ms
+    if step_ms <= 0 or estimate / step_ms < ctx.options["min_share"]:
         return None
     # On a CPU-only run the host is the step: the calls' gain shortens it, composing with more
     # threads (which shorten the same calls) by multiplying.
     change = ctx.replay.host_shorter_by(estimate)
     replayed = ctx.replayed_saving(change) if change is not None else None
     saving = replayed if replayed is not None else estimate
-    if saving / ctx.step_ms < ctx.options["min_share"]:
+    if saving / step_ms < ctx.options["min_share"]:
         return None
     names = ops["name"].astype(str).to_numpy()[keep]
     by_op = {k: round(float(own_us[names == k].sum()) / 1e3 / n, 3) for k in sorted(set(names), key=lambda k: -own_us[names == k].sum())[:5]}
@@ -175,7 +178,7 @@ def check(ctx: Context):
     }
     trains = _trains(ctx)
     training = " (and the loss)" if trains else ""
-    base = ctx.replay.baseline_ms if ctx.replay.available else ctx.step_ms
+    base = step_ms
     outcome = (f"{100 * saving / base:.0f}% of the step" if trains else
                f"{100 * saving / base:.0f}% less latency per batch, throughput ×{base / max(base - saving, 1e-9):.2f}")
     message = (

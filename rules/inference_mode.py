@@ -6,7 +6,8 @@ recorded) whose steps dispatch their ops through autograd with grad mode on: the
 gives such an op autograd's sequence number (`Sequence number` in the trace), and the number
 goes up by one for every graph node autograd creates. Ops under `torch.inference_mode()` or
 `torch.no_grad()` carry none. It fires when the steps create at least `min_nodes` (4) graph
-nodes each and the time the fix saves is at least `min_share` (2%) of the step.
+nodes each and the time the fix saves is at least `min_share` (2%) of the step (the
+unprofiled step where the facts record one: the saving is unprofiled time).
 
 ## Why it is slow
 With grad mode on, every op on a tensor that requires grad (the model's parameters do)
@@ -101,14 +102,16 @@ def check(ctx: Context):
     if nodes < ctx.options["min_nodes"]:
         return None
     estimate = nodes * float(ctx.options["node_us"]) / 1e3  # ms per step, unprofiled
-    if estimate / ctx.step_ms < ctx.options["min_share"]:
+    # The estimate is unprofiled time: a share of the unprofiled step (the replay's baseline).
+    step_ms = ctx.replay.baseline_ms if ctx.replay.available else ctx.step_ms
+    if step_ms <= 0 or estimate / step_ms < ctx.options["min_share"]:
         return None
     s, e = merge(ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64))  # outermost: nested ops count once
     window_ms = float((e - s).sum()) / 1e6 / n
     change = ctx.replay.host_shorter_by(estimate)
     replayed = ctx.replayed_saving(change) if change is not None else None
-    saving = replayed if replayed is not None else min(estimate, ctx.step_ms)
-    if saving / ctx.step_ms < ctx.options["min_share"]:
+    saving = replayed if replayed is not None else min(estimate, step_ms)
+    if saving / step_ms < ctx.options["min_share"]:
         return None
     per_op = ops["name"].astype(str).value_counts()
     evidence = {
@@ -120,7 +123,7 @@ def check(ctx: Context):
         "top_autograd_ops": {k: round(int(v) / n, 1) for k, v in per_op.head(5).items()},
         "steps": sorted(set(int(st["step"].iloc[i]) for i in ops["step"])),
     }
-    base = ctx.replay.baseline_ms if ctx.replay.available else ctx.step_ms
+    base = step_ms
     faster = base / max(base - saving, 1e-9)
     message = (
         f"The inference steps run with grad mode on: {len(ops) / n:.0f} ops per step go through autograd and record "
