@@ -41,7 +41,8 @@ with bf16); check the model's accuracy on a validation run.
 ## How the saving is estimated
 Each fp32 matrix op's call of t µs takes t × r(t) under autocast, its casts included, with r
 interpolated (in log t) from this table, measured by `benchmarks/cpu_bf16_speedup.py` on an
-AMD EPYC with avx512_bf16, one thread (benchmarks/results/cpu_bf16_speedup.txt):
+AMD EPYC with avx512_bf16, one thread, load average 1.8 (the committed
+benchmarks/results/cpu_bf16_speedup.txt, measured at load 2.7, is within 0.1 of it):
 
 | fp32 call (µs) | autocast / fp32 |
 | --- | --- |
@@ -57,12 +58,15 @@ AMD EPYC with avx512_bf16, one thread (benchmarks/results/cpu_bf16_speedup.txt):
 
 Below the first row the ratio is the first row's, above the last the last's. Each call's time
 is taken without the profiler's cost of the events it holds (`PROFILER_NS_PER_EVENT`, central
-figure, per nested op or Python function). The fix is replayed as a host `ms` shorter per
+figure, per nested op or Python function), and a window that ran slower than the unprofiled
+steps beyond that cost (another process on the cores) is brought to their pace. The fix is replayed as a host `ms` shorter per
 step, the sum over the calls of t × (1 - r) (calls that autocast makes slower count against
 it): on a CPU-only run the host is the step, and a faster kernel composes with more threads
 by multiplying. CPUs with AMX gain more than this table says: a lower bound there. On the
-8-block MLP of tests/data/cpu_inference_grad at batch 256 the promise was 1.3 to 1.4 times
-the measured gain of the same script under autocast (benchmarks/results/cpu_bf16_speedup.txt).
+8-block MLP of tests/data/cpu_inference_grad at batch 256 the promise was 1.0 to 1.3 times
+the measured gain of the same script under autocast on four pairs of runs, median 1.04 over
+six (two whose fp32 run was slowed by other work measured far more: 0.26 and 0.36);
+benchmarks/results/cpu_bf16_speedup.txt.
 The confidence is medium.
 
 Reference: https://pytorch.org/docs/stable/amp.html#cpu-op-specific-behavior

@@ -47,10 +47,10 @@ Each graph node costs `node_us` (2.0 µs by default) of host time, unprofiled: c
 node, saving its tensors and freeing the graph with the output. The figure is measured by
 `benchmarks/inference_mode_cost.py` on the forward passes of small eval-mode models on one
 core of an AMD EPYC (two MLPs, a CNN, hand-written attention blocks), grad mode against
-`inference_mode`: 0.9 to 5.2 µs per node (more for ops that save large tensors), median
-1.8 to 2.1 µs over repeated runs (benchmarks/results/inference_mode_cost.txt). On the 8-block
-MLP of tests/data/cpu_inference_grad (its nodes save more than most) the promise was 0.55 to
-0.69 of the measured gain: a low estimate.
+`inference_mode`: 0.8 to 10 µs per node by model (more for ops that save large tensors, such
+as convolutions), median 1.8 to 2.3 µs over repeated runs (benchmarks/results/
+inference_mode_cost.txt). On the 8-block MLP of tests/data/cpu_inference_grad the promise
+was 0.3 to 1.25 of the measured gain over six pairs of runs, median 0.61: a low estimate.
 The fix is replayed: the host's work is made shorter by nodes × `node_us` per step, spread
 over all of it (the bookkeeping is in every op that goes through autograd, and a fix that
 makes the ops' arithmetic faster, such as more threads, leaves it whole). The rule speaks
