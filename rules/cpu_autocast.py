@@ -21,8 +21,9 @@ fixed cost outweigh the faster arithmetic, and the estimate counts that loss.
 ## Evidence used
 - from the facts file: `cpu_features.flags` (avx512_bf16, amx_bf16), `autocast`;
 - the host ops that autocast turns to bf16 (outermost `aten::linear`, `matmul`, `mm`, `bmm`,
-  `addmm`, `baddbmm`, `conv*`, `convolution`), their inputs' dtype (`Input type`, fp32) and
-  each call's duration.
+  `addmm`, `baddbmm`, `conv*`, `convolution`), their inputs' dtype (`Input type`, fp32),
+  each call's duration, and whether it runs inside a backward node (`*Backward*`,
+  `autograd::engine::evaluate_function`).
 
 ## Example
 Before:
@@ -44,18 +45,21 @@ interpolated (in log t) from this table, measured by `benchmarks/cpu_bf16_speedu
 AMD EPYC with avx512_bf16, one thread, load average 1.8 (the committed
 benchmarks/results/cpu_bf16_speedup.txt, measured at load 2.7, is within 0.1 of it):
 
-| fp32 call (µs) | autocast / fp32 |
-| --- | --- |
-| 23 | 2.04 |
-| 53 | 1.17 |
-| 93 | 0.89 |
-| 173 | 0.71 |
-| 334 | 0.60 |
-| 654 | 0.55 |
-| 1360 | 0.52 |
-| 2800 | 0.51 |
-| 22000 | 0.49 |
+| fp32 call (µs) | autocast / fp32 | bf16 / fp32 |
+| --- | --- | --- |
+| 23 | 2.04 | 1.42 |
+| 53 | 1.17 | 0.88 |
+| 93 | 0.89 | 0.72 |
+| 173 | 0.71 | 0.59 |
+| 334 | 0.60 | 0.53 |
+| 654 | 0.55 | 0.50 |
+| 1360 | 0.52 | 0.48 |
+| 2800 | 0.51 | 0.45 |
+| 22000 | 0.49 | 0.45 |
 
+The autocast column (its casts included) is for the forward pass's calls; the bf16 column
+(inputs already bf16, no casts) for the products of a backward pass, whose inputs (the
+activations autocast saved, the gradients) are bf16 already.
 Below the first row the ratio is the first row's, above the last the last's. Each call's time
 is taken without the profiler's cost of the events it holds (`PROFILER_NS_PER_EVENT`, central
 figure, per nested op or Python function), and a window that ran slower than the unprofiled
@@ -80,6 +84,7 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
+from advisor.metrics.intervals import merge
 from advisor.metrics.steps import step_of
 from advisor.whatif import Change
 from advisor.whatif.savings import PROFILER_NS_PER_EVENT
@@ -97,11 +102,14 @@ MATRIX_OP = re.compile(r"^aten::(linear|matmul|mm|bmm|addmm|baddbmm|addbmm|conv\
 # fp32 time of one call (µs) -> its time under bf16 autocast over its fp32 time, casts included
 # (benchmarks/results/cpu_bf16_speedup.txt; the rule page shows the same table).
 RATIO_TABLE = ((23, 2.04), (53, 1.17), (93, 0.89), (173, 0.71), (334, 0.60), (654, 0.55), (1360, 0.52), (2800, 0.51), (22000, 0.49))
+# the same with inputs already bf16 (no casts): a backward pass's products under autocast
+BF16_TABLE = ((23, 1.42), (53, 0.88), (93, 0.72), (173, 0.59), (334, 0.53), (654, 0.50), (1360, 0.48), (2800, 0.45), (22000, 0.45))
+BACKWARD_SPAN = re.compile(r"(Backward\d*$|^autograd::engine::evaluate_function)")
 
 
-def autocast_ratio(us: np.ndarray) -> np.ndarray:
+def autocast_ratio(us: np.ndarray, table=RATIO_TABLE) -> np.ndarray:
     """r(t): the table interpolated in log t, flat outside it."""
-    t, r = np.array([p[0] for p in RATIO_TABLE], dtype=np.float64), np.array([p[1] for p in RATIO_TABLE])
+    t, r = np.array([p[0] for p in table], dtype=np.float64), np.array([p[1] for p in table])
     return np.interp(np.log(np.maximum(us, 1e-3)), np.log(t), r)
 
 
@@ -149,7 +157,12 @@ def check(ctx: Context):
     if ctx.replay.available and ctx.replay.host_scale < 1.0 and own_window > 0:
         pace = float(np.clip(ctx.replay.baseline_ms / own_window, 0.2, 1.0))
     own_us = own_us * pace
-    ratio = autocast_ratio(own_us)
+    # Calls inside a backward node take bf16 inputs under autocast: no casts.
+    bw = host[_matches(host["name"], BACKWARD_SPAN)]
+    bs, be = merge(bw["ts"].to_numpy(np.int64), bw["end"].to_numpy(np.int64))
+    at = np.searchsorted(bs, s, side="right") - 1
+    backward = (at >= 0) & (s < be[np.maximum(at, 0)]) if len(bs) else np.zeros(len(s), dtype=bool)
+    ratio = np.where(backward, autocast_ratio(own_us, BF16_TABLE), autocast_ratio(own_us))
     fp32_ms = float(own_us.sum()) / 1e3 / n
     gain_us = own_us * (1 - ratio)
     estimate = float(gain_us.sum()) / 1e3 / n
@@ -172,6 +185,7 @@ def check(ctx: Context):
         "cpu_capability": ctx.fact("cpu_features", "capability"),
         "fp32_matrix_ms_per_step": round(fp32_ms, 3),
         "calls_per_step": round(int(keep.sum()) / n, 1),
+        "backward_calls_per_step": round(int(backward.sum()) / n, 1),
         "median_call_us": round(float(np.median(own_us)), 1),
         "window_pace": round(pace, 3),
         "autocast_over_fp32": round(float((own_us * ratio).sum() / own_us.sum()), 3),

@@ -160,5 +160,23 @@ def test_cpu_autocast_page_shows_the_table_the_code_uses():
     from advisor.engine import builtin_rules
 
     rule = next(r for r in builtin_rules() if r.id == AUTOCAST)
-    rows = re.findall(r"^\| (\d+) \| ([0-9.]+) \|$", rule.doc, flags=re.M)
-    assert [(int(t), float(r)) for t, r in rows] == [(t, r) for t, r in rule.module.RATIO_TABLE]
+    rows = re.findall(r"^\| (\d+) \| ([0-9.]+) \| ([0-9.]+) \|$", rule.doc, flags=re.M)
+    assert len(rows) == len(rule.module.RATIO_TABLE)
+    assert [(int(t), float(r)) for t, r, _ in rows] == [(t, r) for t, r in rule.module.RATIO_TABLE]
+    assert [(int(t), float(r)) for t, _, r in rows] == [(t, r) for t, r in rule.module.BF16_TABLE]
+
+
+def test_cpu_autocast_on_a_training_run_counts_the_backward_products():
+    # sample_runs/cpu_transformer/train.py --threads 1, recorded with advisor profile --full
+    # --active 3 (tests/data/cpu_transformer_train/runs/fp32): AdamW training in fp32.
+    run = REPO / "tests" / "data" / "cpu_transformer_train" / "runs" / "fp32"
+    a = analyze(run)
+    f = found(a, AUTOCAST)
+    assert f is not None and f in a.findings
+    assert "(and the loss)" in f.message
+    # Each product of the forward pass has two in the backward pass (the gradients of its
+    # input and of its weight), counted at the cast-free bf16 ratio.
+    ev = f.evidence
+    forward = ev["calls_per_step"] - ev["backward_calls_per_step"]
+    assert forward > 0 and ev["backward_calls_per_step"] == 2 * forward
+    assert {"aten::mm", "aten::linear"} <= set(ev["fp32_matrix_ops"])
