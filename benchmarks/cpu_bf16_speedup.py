@@ -34,11 +34,14 @@ import argparse
 import copy
 import importlib.util
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
-import statistics
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(fn, calls: int) -> float:
