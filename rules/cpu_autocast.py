@@ -67,7 +67,8 @@ figure, per nested op or Python function), and a window that ran slower than the
 steps beyond that cost (another process on the cores) is brought to their pace. The fix is
 replayed as a host `ms` shorter per step, the sum over the calls of t × (1 - r) (calls that
 autocast makes slower count against it): on a CPU-only run the host is the step, and a
-faster kernel composes with more threads by multiplying. CPUs with AMX gain more than this table says: a lower bound there.
+faster kernel composes with more threads by multiplying. CPUs with AMX gain more than this
+table says: a lower bound there.
 
 Measured (benchmarks/results/cpu_bf16_speedup.txt, fresh pairs of runs, fp32 against the fix,
 unprofiled medians): on the 8-block MLP of tests/data/cpu_inference_grad at batch 256
