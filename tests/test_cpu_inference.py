@@ -146,6 +146,13 @@ def test_cpu_autocast_needs_the_cpus_own_word(tmp_path):
     assert found(analyze(avx2), AUTOCAST) is None
 
 
+def test_a_malformed_cpu_record_is_read_as_unknown_with_a_warning(tmp_path):
+    bad = with_facts(FP32, tmp_path / "bad", lambda f: f.update(cpu_features={"capability": 3, "flags": "avx512_bf16"}))
+    a = analyze(bad)
+    assert found(a, AUTOCAST) is None
+    assert any("cpu_features.flags" in w and "read as unknown" in w for w in a.warnings)
+
+
 def test_cpu_autocast_is_silent_where_the_products_are_too_small_to_gain(tmp_path):
     # Batch 8: 8 x 256 -> 256 products of ~25 us, which autocast makes slower (the casts and
     # the bf16 kernel's fixed cost): told the CPU has bf16, the rule still says nothing.
