@@ -88,6 +88,11 @@ class ThreadFacts(_Facts):
     omp_num_threads_env: str | None = None
 
 
+class CpuFeatureFacts(_Facts):
+    capability: str | None = None
+    flags: list[str] | None = None
+
+
 class AutocastFacts(_Facts):
     used: bool | None = None
     dtypes: list[str] | None = None
@@ -145,6 +150,7 @@ class FactsFile(_Facts):
     versions: VersionFacts | None = None
     cpu_count: PositiveInt | None = None
     torch_threads: ThreadFacts | None = None
+    cpu_features: CpuFeatureFacts | None = None
     dataloaders: list[DataLoaderFacts] | None = None
     batch_size: PositiveInt | None = None
     autocast: AutocastFacts | None = None

@@ -47,6 +47,8 @@ MINE = [
     "step-time-variance",
     "cudnn-benchmark",
     "gpu-idle",
+    "inference-mode",
+    "cpu-autocast",
 ]
 CAUSES: list[str] = []
 

@@ -18,6 +18,9 @@ Fields (all always present; unknown values are null):
     step_times_ms, profiled_steps, step_source, wall_time_s
 
 and, beyond v1's list, `torch_threads` {intra_op, inter_op, omp_num_threads_env},
+`cpu_features` {capability (torch's CPU kernels' instruction set: `torch.backends.cpu.
+get_cpu_capability()`, "AVX512", "AVX2", ...), flags (the host CPU's flags among
+`CPU_FLAGS`, from /proc/cpuinfo: Linux only, else null)},
 `outcome` (finished | stopped | exit | error | interrupted), `exit_code`, `mode` (training
 once a backward pass or an optimizer step ran, inference when steps were found without
 either, else null; training-only rules stay silent on inference runs),
@@ -195,6 +198,7 @@ class FactsRecorder:
             "versions": version_facts(),
             "cpu_count": cpu_count(),
             "torch_threads": thread_facts(),
+            "cpu_features": cpu_feature_facts(),
             "dataloaders": list(self.dataloaders.values()),
             "autocast": {"used": bool(self.autocast_dtypes), "dtypes": list(self.autocast_dtypes)},
             "grad_scaler": self.grad_scaler,
@@ -247,6 +251,34 @@ def thread_facts() -> dict[str, Any]:
         "inter_op": torch.get_num_interop_threads(),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
+
+
+# The CPU flags a rule may read: the 16-bit matrix instructions and the vector widths.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> list[str] | None:
+    """The host CPU's flags among CPU_FLAGS (the first processor's), or None where the file is absent."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [f for f in CPU_FLAGS if f in have]
+    except OSError:
+        return None
+    return None
+
+
+def cpu_feature_facts() -> dict[str, Any]:
+    """What the CPU's kernels can use: torch's dispatch capability and the CPU's own flags."""
+    import torch
+
+    try:
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # pragma: no cover - older torch
+        capability = None
+    return {"capability": capability, "flags": cpu_flags()}
 
 
 def version_facts() -> dict[str, Any]:

@@ -88,6 +88,10 @@ MAX_REMAINDER_SHARE = 0.5
 STEP_HOST_FIT = 0.003
 
 
+# Secant steps host_shorter_by takes at most to find the host scale.
+HOST_SHORTER_STEPS = 4
+
+
 class RankReplay:
     """One rank's graph and calibrated baseline, built on first use (shared by the rules)."""
 
@@ -242,6 +246,33 @@ class RankReplay:
     def saving_ms(self, change: Change) -> float:
         """Baseline minus the replay with `change` (never below 0)."""
         return max(self.baseline_ms - self.replayed_ms(change), 0.0)
+
+    def host_shorter_by(self, ms: float) -> Change | None:
+        """A change that makes the host's work `ms` shorter per replayed step, spread over all
+        of it as a host scale: for a fix whose gain is in every host op (autograd's
+        bookkeeping, a CPU-only run's arithmetic), so that it composes with another fix of the
+        same ops by multiplying (more threads and a faster kernel each shorten what the other
+        leaves) rather than the larger of two removals winning. None where the step is
+        shorter than `ms` or the run cannot be replayed."""
+        if not self.available or ms <= 0:
+            return None
+        base = self.baseline_ms
+        if base <= ms:
+            return None
+        from advisor.whatif.replay import HOST_SCALE_FLOOR
+
+        # The saving grows with 1 - scale, not quite in proportion (the DataLoader's own
+        # scale, the remainder): secant steps from the proportional guess, to 2% of `ms`.
+        x0, y0 = 0.0, 0.0
+        x1 = ms / base
+        y1 = self.saving_ms(Change(host_scale=1.0 - x1))
+        for _ in range(HOST_SHORTER_STEPS):
+            if abs(y1 - ms) <= 0.02 * ms or abs(y1 - y0) <= 1e-9:
+                break
+            x0, y0, x1 = x1, y1, x1 + (ms - y1) * (x1 - x0) / (y1 - y0)
+            x1 = min(max(x1, 0.0), 1.0 - HOST_SCALE_FLOOR)
+            y1 = self.saving_ms(Change(host_scale=1.0 - x1))
+        return Change(host_scale=1.0 - x1)
 
     def summary(self) -> RankWhatIf:
         measured = float(np.median(self.metrics.steps["duration"].to_numpy(np.float64))) / 1e6

@@ -10,11 +10,13 @@ seconds on a laptop:
     --steps N        steps to run (default 40)
     --threads N      torch.set_num_threads(N) before training (default: PyTorch's own choice)
     --inference      run the model forward only, under torch.inference_mode()
+    --bf16           run the forward pass and the loss under torch.autocast("cpu", dtype=torch.bfloat16)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -41,7 +43,9 @@ def main():
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--inference", action="store_true")
+    p.add_argument("--bf16", action="store_true")
     args = p.parse_args()
+    precision = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.bf16 else contextlib.nullcontext
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -54,7 +58,8 @@ def main():
         with torch.inference_mode():
             while step < args.steps:
                 for (batch,) in loader:
-                    model(batch[:, :-1])
+                    with precision():
+                        model(batch[:, :-1])
                     step += 1
                     if step >= args.steps:
                         break
@@ -65,8 +70,9 @@ def main():
     step = 0
     while step < args.steps:
         for (batch,) in loader:
-            logits = model(batch[:, :-1])
-            loss = criterion(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+            with precision():
+                logits = model(batch[:, :-1])
+                loss = criterion(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
