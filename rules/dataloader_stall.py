@@ -50,7 +50,9 @@ between epochs (a setting the script took from its own switch is replaced, and t
 -loader = DataLoader(train_set, batch_size=32, shuffle=True)
 +loader = DataLoader(train_set, batch_size=32, shuffle=True, num_workers=15, persistent_workers=True)
 ```
-When the workers already use the cores nothing is written (the fix is less work per sample);
+Where no core is idle and the finding trades a compute thread for the worker, the fix also
+writes `torch.set_num_threads(N)` after the DataLoader (or says where, when the script sets
+its threads itself). When the workers already use the cores nothing is written (the fix is less work per sample);
 nor when the finding names no worker count (a trace that does not record the host's cores).
 A `transformers` Trainer gets `TrainingArguments(dataloader_num_workers=N, dataloader_persistent_workers=True)`.
 

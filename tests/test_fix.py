@@ -390,3 +390,36 @@ def test_prefetch_factor_only_when_the_finding_names_a_value_other_than_the_defa
     edited = {**stall, "fix": {**stall["fix"], "snippet": stall["fix"]["snippet"].replace("prefetch_factor=2", "prefetch_factor=4")}}
     added, _ = added_and_removed(plan_fixes(DATA / "plain_loop.py", [edited]).diff())
     assert added == ["loader = DataLoader(Noisy(), batch_size=32, shuffle=True, num_workers=15, persistent_workers=True, prefetch_factor=4)  # the input pipeline"]
+
+
+def test_cli_profiles_again_when_threads_or_arguments_differ(cli, tmp_path):
+    """A profile made with other script arguments or another OMP_NUM_THREADS is not the run being
+    fixed (its batch, its cores): `advisor fix` profiles the script as it is run now."""
+    script = tmp_path / "plain_loop.py"
+    shutil.copy(DATA / "plain_loop.py", script)
+    code, _, err = cli(["fix", str(script), "--select", "dataloader-stall", "--", "--steps", "30"], cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert code == 0 and "profiling it now" in err, err
+    # the same arguments and threads: reused
+    code, _, err = cli(["fix", str(script), "--select", "dataloader-stall", "--", "--steps", "30"], cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert code == 0 and "profiling" not in err, err
+    # other arguments: profiled again
+    code, _, err = cli(["fix", str(script), "--select", "dataloader-stall", "--", "--steps", "31"], cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert code == 0 and "profiling it now" in err, err
+    # another thread count: profiled again
+    code, _, err = cli(["fix", str(script), "--select", "dataloader-stall", "--", "--steps", "30"], cwd=tmp_path, env={"OMP_NUM_THREADS": "2"})
+    assert code == 0 and "profiling it now" in err, err
+    assert len(list((tmp_path / "advisor_runs").iterdir())) == 3
+
+
+def test_cli_hands_a_compute_thread_to_the_worker_where_no_core_is_idle(cli, tmp_path):
+    """The quick start recorded with torch's two threads on two cores: the finding trades a
+    compute thread for the worker, and the fix writes that trade (without it the worker takes
+    its core from the model). Recorded with one thread, a core is idle: no thread setting."""
+    script = tmp_path / "train.py"
+    shutil.copy(SAMPLE / "train.py", script)
+    code, out, err = cli(["fix", str(script), "--from", str(SAMPLE / "runs" / "cpu_two_threads"), "--select", "dataloader-stall"])
+    assert code == 0, err
+    assert "+        num_workers=1,\n" in out and "+    torch.set_num_threads(1)  # a core for the loader worker\n" in out
+    assert "torch.set_num_threads(1) after it" in err
+    code, out, err = cli(["fix", str(script), "--from", str(SAMPLE / "runs" / "cpu_baseline"), "--select", "dataloader-stall"])
+    assert code == 0 and "+        num_workers=1,\n" in out and "set_num_threads" not in out

@@ -6,8 +6,9 @@
     advisor fix train.py --verify --steps 30 -o fix.json -- --lr 0.1
 
 The findings come from the script's last `advisor profile` in this folder (the newest
-advisor_runs/<script>-<time>/ whose facts name the same script), from `--from LOGDIR`, or from
-a new profile when there is none. What each fix did goes to stderr; the diff, or the
+advisor_runs/<script>-<time>/ whose facts name the same script, run with the same
+OMP_NUM_THREADS and, where arguments are given after `--`, the same arguments), from
+`--from LOGDIR`, or from a new profile when there is none. What each fix did goes to stderr; the diff, or the
 verification table, to stdout. A fix promises what applying it alone saves (the finding's
 saving alone, else its ranked saving). A finding whose fix gains nothing on the run (listed
 as considered in the report) is fixed only when --select names it, and the result says so.
@@ -146,22 +147,35 @@ def _git_dirty(script: Path) -> bool:
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-def last_profile(script: Path, runs_dir: Path | None = None) -> Path | None:
-    """The newest log dir of `advisor profile` (./advisor_runs/<stem>-<time>/) for this script."""
+def last_profile(script: Path, args: list[str] | None = None, runs_dir: Path | None = None) -> Path | None:
+    """The newest log dir of `advisor profile` (./advisor_runs/<stem>-<time>/) for this script,
+    run as now: with the same script arguments where any are given, and the same
+    OMP_NUM_THREADS (the thread count the findings about cores were made for)."""
+    import os
+
     from advisor.cli.profile import RUNS_DIR
 
     base = runs_dir or RUNS_DIR
     if not base.is_dir():
         return None
     mine = script.resolve()
+    threads_now = os.environ.get("OMP_NUM_THREADS")
     found = []
     for d in base.glob(f"{script.stem}-*"):
         facts = d / "advisor_facts.json"
         try:
-            recorded = json.loads(facts.read_text()).get("script")
+            doc = json.loads(facts.read_text())
+            recorded, argv = doc.get("script"), doc.get("argv")
+            threads = (doc.get("torch_threads") or {}).get("omp_num_threads_env")
         except (OSError, ValueError, AttributeError):
             continue
-        if isinstance(recorded, str) and Path(recorded).resolve() == mine and any(p.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) for p in d.iterdir()):
+        if not (isinstance(recorded, str) and Path(recorded).resolve() == mine):
+            continue
+        if args and not (isinstance(argv, list) and argv[1:] == args):
+            continue
+        if threads != threads_now:
+            continue
+        if any(p.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) for p in d.iterdir()):
             found.append((facts.stat().st_mtime, d))
     return max(found)[1] if found else None
 
@@ -170,7 +184,7 @@ def findings_source(script: Path, from_run: Optional[Path], args: list[str], not
     """(analysis, where): the run whose findings are fixed."""
     from advisor.analysis import analyze
 
-    where = from_run or last_profile(script)
+    where = from_run or last_profile(script, args)
     if where is None:
         where = new_profile(script, args, note)
     return analyze(where), where

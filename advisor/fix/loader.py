@@ -2,6 +2,9 @@
 non-blocking copies (h2d-pageable-copy). Both safe: the batches are the same, they are only
 made earlier and in other processes, or copied from other memory.
 
+Where no core is idle for the worker, the finding hands it one of the model's compute
+threads: `torch.set_num_threads(N)` is written after the DataLoader's statement.
+
 `prefetch_factor` is written when the finding names one value for it other than PyTorch's
 default of 2 (a range such as "2-4" is advice, not a value, and is left to the user).
 
@@ -18,7 +21,7 @@ import re
 
 import libcst as cst
 
-from advisor.fix.base import SAFE, Done, Outcome, Placed, Setting, Skipped, literal, register, text_of
+from advisor.fix.base import SAFE, Done, Outcome, Placed, Setting, Skipped, literal, number_after, register, text_of
 from advisor.fix.libraries import library_of
 from advisor.fix.source import Edits, Script, has_star_kwargs, keyword
 
@@ -139,10 +142,22 @@ def fix_workers(script: Script, finding: dict) -> Outcome:
         return Done(f"the DataLoader at line {script.line(call)} already has num_workers={value}" + (", persistent_workers=True" if persistent_on else ""))
     edits = Edits()
     edits.set_keywords(call, values)
-    note = ""
+    notes = []
     if current is not None and value is ...:
-        note = f"num_workers={script.module.code_for_node(current.value)} (the script's own setting) becomes {wanted}, the value the finding recommends"
-    return Placed(edits, f"DataLoader at line {script.line(call)}: " + ", ".join(f"{k}={v}" for k, v in values.items()), note)
+        notes.append(f"num_workers={script.module.code_for_node(current.value)} (the script's own setting) becomes {wanted}, the value the finding recommends")
+    what = f"DataLoader at line {script.line(call)}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+    threads = number_after(r"torch\.set_num_threads\(", finding)
+    if threads is not None:
+        # No idle core: the finding's fix hands a compute thread to the worker; without it the
+        # worker takes its core from the model's threads and the step gets longer.
+        if script.calls(name="torch.set_num_threads"):
+            notes.append(f"the script sets its threads itself: set them to {threads} there, so the worker has a core")
+        elif not script.imports_torch_as_torch():
+            notes.append(f"add torch.set_num_threads({threads}) before training, so the worker has a core (`torch` is not imported as torch here)")
+        else:
+            edits.insert_after(script.statement_of(call), [f"torch.set_num_threads({threads})  # a core for the loader worker"])
+            what += f"; torch.set_num_threads({threads}) after it"
+    return Placed(edits, what, "; ".join(notes))
 
 
 def _to_calls_in(script: Script, loop: cst.For) -> list[cst.Call]:
