@@ -122,6 +122,7 @@ class Rule:
     source: str  # "builtin" or the user's folder
     training_only: bool = False
     scope: str = "rank"  # "rank": one rank's metrics and frames; "job": every rank, no frames
+    group: str = ""  # the rule file's GROUP (`--select input`); "" where it declares none
 
     def check(self, ctx: "Context") -> list[Finding]:
         out = self.module.check(ctx)
@@ -299,6 +300,7 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
         source=source,
         training_only=bool(getattr(mod, "TRAINING_ONLY", False)),
         scope=scope,
+        group=str(getattr(mod, "GROUP", "") or "").strip().lower(),
     )
     _LOADED[rule.id] = rule
     return rule

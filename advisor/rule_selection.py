@@ -5,7 +5,8 @@ A selector is one of
 
 - a rule id: `dataloader-stall`;
 - a group: `memory`, `input`, `transfer`, `compute`, `host`, `optimizer`, `distributed`,
-  `window` (the table below; `advisor rules` shows each rule's group);
+  `window`: the `GROUP` each rule file declares (a rule of the user's own may declare one too,
+  an existing group or a new one; `advisor rules` shows each rule's group);
 - a prefix of rule ids, ending at a dash: `h2d` selects `h2d-copy-volume` and
   `h2d-pageable-copy`, `memory` the memory group and `memory-growth`, `memory-near-limit`;
 - `all`.
@@ -22,60 +23,52 @@ from typing import Iterable, Protocol, TypeVar
 
 from advisor.errors import InputError
 
-GROUPS: dict[str, tuple[str, ...]] = {
-    "input": ("dataloader-stall", "epoch-end"),
-    "transfer": ("h2d-copy-volume", "h2d-pageable-copy", "cpu-tensor-then-copy", "d2d-copy-volume"),
-    "memory": ("allocator-churn", "empty-cache", "memory-growth", "memory-near-limit", "spare-gpu-memory"),
-    "compute": ("channels-last", "cpu-autocast", "cudnn-benchmark", "tensor-cores-unused", "tf32-disabled", "unfused-elementwise"),
-    "host": ("cpu-threads", "gpu-idle", "host-sync", "inference-mode", "launch-bound"),
-    "optimizer": ("cpu-optimizer", "single-tensor-optimizer", "zero-grad-memset"),
-    "distributed": ("communication-exposed", "data-parallel", "straggler", "unbucketed-allreduce"),
-    "window": ("step-time-variance",),
-}
-GROUP_OF = {rid: group for group, ids in GROUPS.items() for rid in ids}
 ALL = "all"
 
 
-class HasId(Protocol):
+class HasIdAndGroup(Protocol):
     id: str
+    group: str
 
 
-R = TypeVar("R", bound=HasId)
+R = TypeVar("R", bound=HasIdAndGroup)
 
 
-def group_of(rule_id: str) -> str:
-    """The rule's group ("" for a rule of the user's own that no group lists)."""
-    return GROUP_OF.get(rule_id, "")
+def groups(rules: Iterable[HasIdAndGroup]) -> dict[str, list[str]]:
+    """Group name -> its rules' ids, from each rule file's GROUP."""
+    out: dict[str, list[str]] = {}
+    for r in rules:
+        if r.group:
+            out.setdefault(r.group, []).append(r.id)
+    return out
 
 
-def matching(selector: str, ids: list[str]) -> list[str]:
-    """The rule ids a selector names, in `ids` order (empty when it names none)."""
+def matching(selector: str, rules: list[R]) -> list[str]:
+    """The rule ids a selector names, in `rules` order (empty when it names none)."""
     s = selector.strip().lower()
     if s == ALL:
-        return list(ids)
-    members = set(GROUPS.get(s, ()))
-    return [rid for rid in ids if rid == s or rid in members or rid.startswith(s + "-")]
+        return [r.id for r in rules]
+    return [r.id for r in rules if r.id == s or r.group == s or r.id.startswith(s + "-")]
 
 
-def did_you_mean(word: str, ids: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest rule id or group, or ''."""
-    close = difflib.get_close_matches(word.lower(), [*ids, *GROUPS], n=1, cutoff=0.6)
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of the names (rule ids, groups), or ''."""
+    close = difflib.get_close_matches(word.lower(), list(names), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def resolve(rules: list[R], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[R]:
     """The rules to run, in their order; a selector that names no rule is an InputError."""
-    ids = [r.id for r in rules]
     chosen: set[str] = set()
     dropped: set[str] = set()
     select, ignore = list(select), list(ignore)
     for bucket, selectors, what in ((chosen, select, "select"), (dropped, ignore, "ignore")):
         for sel in selectors:
-            hit = matching(sel, ids)
+            hit = matching(sel, rules)
             if not hit:
                 raise InputError(
                     None,
-                    f"unknown rule, group or prefix {sel!r} in {what}{did_you_mean(sel, ids)}; "
+                    f"unknown rule, group or prefix {sel!r} in {what}{did_you_mean(sel, [*(r.id for r in rules), *groups(rules)])}; "
                     "run `advisor rules` to list them",
                 )
             bucket.update(hit)

@@ -58,6 +58,7 @@ from advisor.metrics.source import source_lines
 
 ID = "allocator-churn"
 TITLE = "GPU memory is allocated from the driver after warm-up"
+GROUP = "memory"
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
 DEFAULTS = {"min_share": 0.001, "warmup_steps": 1}
 FIX = "Keep shapes stable (pad to a few sizes), size the cache with one worst-case step first, and set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."

@@ -57,6 +57,7 @@ from advisor.metrics.compute import kernel_evidence, kernel_exposure, step_kerne
 
 ID = "channels-last"
 TITLE = "Convolutions pay for NCHW ↔ NHWC layout transposes"
+GROUP = "compute"
 DOCS = "https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"
 DEFAULTS = {"min_share": 0.02}
 FIX = "Put the model and its input in channels-last memory format: model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)."

@@ -78,6 +78,7 @@ from advisor.metrics.intervals import intersect, merge, subtract
 
 ID = "communication-exposed"
 TITLE = "Communication is not overlapped with computation"
+GROUP = "distributed"
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 DEFAULTS = {"min_share": 0.05}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs

@@ -58,6 +58,7 @@ from advisor.metrics.source import source_lines
 
 ID = "cpu-tensor-then-copy"
 TITLE = "Tensors are made on the CPU and copied to the GPU each step"
+GROUP = "transfer"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#create-tensors-directly-on-the-target-device"
 DEFAULTS = {"min_share": 0.002}
 FIX = "Create the tensor on the GPU: pass device= to the factory (torch.zeros(..., device=device)) or use *_like(x)."

@@ -105,6 +105,7 @@ from advisor.whatif.savings import dataloader_spans
 
 ID = "dataloader-stall"
 TITLE = "The input pipeline starves the device"
+GROUP = "input"
 DOCS = "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading"
 DEFAULTS = {"min_share": 0.05}
 FIX = "Load batches in worker processes: num_workers, persistent_workers, prefetch_factor; move augmentation to the GPU if workers are not enough."

@@ -69,6 +69,7 @@ from advisor.engine import Context
 
 ID = "epoch-end"
 TITLE = "Epoch ends restart the DataLoader workers and run a short batch"
+GROUP = "input"
 DOCS = "https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"
 DEFAULTS = {"min_share": 0.02, "max_restart_steps": 5}
 AFTER = """loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, num_workers=WORKERS,

@@ -55,6 +55,7 @@ from advisor.metrics.steps import step_of
 
 ID = "memory-near-limit"
 TITLE = "Device memory peaks close to capacity"
+GROUP = "memory"
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#memory-management"
 DEFAULTS = {"min_share": 0.90}
 FIX = "Make room: activation checkpointing (torch.utils.checkpoint), mixed precision, or a smaller micro-batch with gradient accumulation."

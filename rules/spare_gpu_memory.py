@@ -99,6 +99,7 @@ from advisor.metrics.memory_use import FACTS, LOWER_BOUND, memory_use
 
 ID = "spare-gpu-memory"
 TITLE = "GPU memory is mostly unused: the batch could be larger"
+GROUP = "memory"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 DEFAULTS = {"max_share": 0.25, "max_utilization": 0.80, "max_batch_factor": 4, "usable_share": 0.80, "min_share": 0.03}
 # Per-step overhead that these fixes remove is no longer there for a larger batch to spread.

@@ -63,6 +63,7 @@ from advisor.engine import JobContext
 
 ID = "straggler"
 TITLE = "A slow rank makes the others wait in their collectives"
+GROUP = "distributed"
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 SCOPE = "job"
 DEFAULTS = {"min_share": 0.02, "min_rank_share": 0.5}

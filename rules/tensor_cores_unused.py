@@ -145,6 +145,7 @@ __doc__ = with_precision_page(__doc__)
 
 ID = "tensor-cores-unused"
 TITLE = "Matrix work runs in fp32, not on fp16/bf16 Tensor Cores"
+GROUP = "compute"
 DOCS = "https://pytorch.org/docs/stable/amp.html"
 DEFAULTS = {"min_capability": 7.0, "min_eligible_share": 0.10, "max_half_share": 0.10, "min_share": 0.05}
 FIX = "Run the forward pass and the loss under torch.autocast (fp16 with a GradScaler before Ampere, bf16 from Ampere on)."

@@ -66,6 +66,7 @@ from advisor.metrics.source import source_lines
 
 ID = "zero-grad-memset"
 TITLE = "zero_grad() zeroes every gradient instead of dropping it"
+GROUP = "optimizer"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-parameter-grad-none-instead-of-model-zero-grad-or-optimizer-zero-grad"
 DEFAULTS = {"min_share": 0.005}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs

@@ -227,6 +227,22 @@ def test_select_takes_groups_and_prefixes(tmp_path):
     )
 
 
+def test_a_users_rule_declares_its_group_like_the_shipped_ones(tmp_path):
+    """A group is what each rule file's GROUP says: a user's rule joins an existing group (and
+    `--select input` runs it with dataloader-stall) or starts a new one."""
+    rules = tmp_path / "my_rules"
+    rules.mkdir()
+    (rules / "slow_batches.py").write_text('"""Mine."""\nID = "slow-batches"\nTITLE = "Mine"\nGROUP = "input"\n\ndef check(ctx):\n    return None\n')
+    (rules / "team_rule.py").write_text('"""Mine."""\nID = "team-rule"\nTITLE = "Ours"\nGROUP = "team"\n\ndef check(ctx):\n    return None\n')
+    r = advisor(["rules", "--rules", str(rules), "--format", "json", "--select", "input"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(x["id"] for x in json.loads(r.stdout)) == ["dataloader-stall", "epoch-end", "slow-batches"]
+    r = advisor(["rules", "--rules", str(rules), "--format", "json", "--select", "team"], tmp_path)
+    assert r.returncode == 0 and [x["id"] for x in json.loads(r.stdout)] == ["team-rule"], r.stderr
+    r = advisor(["rules", "--format", "json", "--select", "team"], tmp_path)  # without the rule, no such group
+    assert r.returncode == 2
+
+
 def test_rules_as_json_list_every_rule_with_its_group_and_options(tmp_path):
     r = advisor(["rules", "--format", "json"], tmp_path)
     assert r.returncode == 0, r.stderr

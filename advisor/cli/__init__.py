@@ -228,7 +228,6 @@ def list_rules(
 ) -> None:
     """List the rules the advisor checks, with their group (`--select GROUP` runs a group)."""
     from advisor.engine import all_rules, select_rules
-    from advisor.rule_selection import group_of
 
     if format not in ("text", "json"):
         raise typer.BadParameter(f"{format!r} is not one of text, json", param_hint="'--format'")
@@ -237,7 +236,7 @@ def list_rules(
         from advisor.render.output import to_json_text
 
         doc = [
-            {"id": r.id, "title": r.title, "group": group_of(r.id) or None, "source": r.source, "training_only": r.training_only,
+            {"id": r.id, "title": r.title, "group": r.group or None, "source": r.source, "training_only": r.training_only,
              "scope": r.scope, "options": r.defaults, "docs_url": r.docs_url or None}
             for r in rules
         ]
@@ -252,7 +251,7 @@ def list_rules(
     t.add_column("what it finds", overflow="fold")
     t.add_column("source", style="bright_black")
     for r in rules:
-        t.add_row(r.id, group_of(r.id), Text(r.title), r.source)
+        t.add_row(r.id, r.group, Text(r.title), r.source)
     stdout_console().print(t)
 
 

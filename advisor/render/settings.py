@@ -28,7 +28,6 @@ def _toml_value(v: Any) -> str:
 def settings_text(config: Any, select: list[str], ignore: list[str], rules_dir: Path | None, scheduler: str | None) -> str:
     from advisor.config import check_rule_options
     from advisor.engine import all_rules, select_rules
-    from advisor.rule_selection import group_of
 
     rules = all_rules(rules_dir)
     if config.rule_options:
@@ -47,7 +46,7 @@ def settings_text(config: Any, select: list[str], ignore: list[str], rules_dir: 
     for r in chosen:
         given = config.rule_options.get(r.id, {})
         lines.append("")
-        lines.append(f"[tool.advisor.rules.{r.id}]  # group: {group_of(r.id) or 'none'}, source: {r.source}")
+        lines.append(f"[tool.advisor.rules.{r.id}]  # group: {r.group or 'none'}, source: {r.source}")
         if not r.defaults:
             lines.append("# no options")
         for name, default in r.defaults.items():
