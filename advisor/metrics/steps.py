@@ -75,6 +75,9 @@ class Iterations:
     how: str  # what repeats, as the report says it
     warmup_ms: float | None  # the first iteration's length, when it was left out as the warm-up
     warmup_named: bool
+    # Other threads that run the same span while this thread's iterations run (a server
+    # handling requests concurrently): 0 for a loop on one thread.
+    concurrent_threads: int = 0
 
 
 def _outermost(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -108,13 +111,14 @@ def _main_tid(host: pd.DataFrame, rows: np.ndarray) -> object:
     return tids.value_counts().index[0]
 
 
-def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, np.ndarray, str]]:
-    """(how, host rows, mode) for each pattern that repeats at least twice, best first."""
-    out: list[tuple[str, np.ndarray, str]] = []
+def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, np.ndarray, str, np.ndarray]]:
+    """(how, host rows, mode, every row of the pattern on any thread) for each pattern that
+    repeats at least twice, best first."""
+    out: list[tuple[str, np.ndarray, str, np.ndarray]] = []
     for how, pattern, mode in ITERATION_ANCHORS:
         rows = np.flatnonzero(_matches(host["name"], pattern))
         if len(rows) >= 2:
-            out.append((how, rows, mode))
+            out.append((how, rows, mode, rows))
     span = max(window[1] - window[0], 1)
     dur = (host["end"] - host["ts"]).to_numpy(np.int64)
     kinds = host["kind"].astype(str).to_numpy()
@@ -132,12 +136,12 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
         keys = pd.Series(keys_all[sel])
         groups = []
         for _, idx in keys.groupby(keys, sort=False).groups.items():
-            rows = sel[np.asarray(idx)]
-            rows = rows[_outermost(host["ts"].to_numpy(np.int64)[rows], host["end"].to_numpy(np.int64)[rows])]
+            every = sel[np.asarray(idx)]
+            rows = every[_outermost(host["ts"].to_numpy(np.int64)[every], host["end"].to_numpy(np.int64)[every])]
             if len(rows) >= 2:
-                groups.append((int(dur[rows].sum()), rows))
-        for _, rows in sorted(groups, key=lambda g: -g[0])[:1]:
-            out.append((f"the repeated {label} {names.iloc[rows[-1]]}", rows, "start"))
+                groups.append((int(dur[rows].sum()), rows, every))
+        for _, rows, every in sorted(groups, key=lambda g: -g[0])[:1]:
+            out.append((f"the repeated {label} {names.iloc[rows[-1]]}", rows, "start", every))
     return out
 
 
@@ -146,8 +150,9 @@ def find_iterations(frames: TraceFrames) -> Iterations | None:
     host = frames.host
     if len(host) == 0:
         return None
-    for how, rows, mode in _candidates(host, frames.window):
+    for how, rows, mode, every in _candidates(host, frames.window):
         tid = _main_tid(host, rows)
+        others = _concurrent_threads(host, every, host["tid"].iloc[every].astype(str).to_numpy(), tid)
         rows = rows[host["tid"].iloc[rows].astype(str).to_numpy() == tid]
         ts = host["ts"].to_numpy(np.int64)[rows]
         end = host["end"].to_numpy(np.int64)[rows]
@@ -186,8 +191,23 @@ def find_iterations(frames: TraceFrames) -> Iterations | None:
         )
         if len(steps) == 0:
             continue
-        return Iterations(steps, how, float(dur[0]) / 1e6 if warm else None, named)
+        return Iterations(steps, how, float(dur[0]) / 1e6 if warm else None, named, others)
     return None
+
+
+def _concurrent_threads(host: pd.DataFrame, rows: np.ndarray, row_tids: np.ndarray, tid: object) -> int:
+    """Threads other than `tid` whose spans of the repeated pattern overlap `tid`'s in time."""
+    from advisor.metrics.intervals import merge, overlap_with
+
+    ts, end = host["ts"].to_numpy(np.int64)[rows], host["end"].to_numpy(np.int64)[rows]
+    mine = row_tids == tid
+    if mine.all():
+        return 0
+    ms, me = merge(ts[mine], end[mine])
+    return sum(
+        int(overlap_with(ms, me, *merge(ts[row_tids == other], end[row_tids == other])).sum() > 0)
+        for other in np.unique(row_tids[~mine])
+    )
 
 
 def step_of(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray, te: np.ndarray | None = None) -> np.ndarray:
@@ -280,6 +300,13 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
             host_steps = found.steps
             n_found = len(found.steps) + (found.warmup_ms is not None)
             note = f"no ProfilerStep markers: {n_found} iterations found from {found.how}"
+            if found.concurrent_threads:
+                note += (
+                    f", on one thread while {found.concurrent_threads} other thread{'s' if found.concurrent_threads > 1 else ''} "
+                    "ran the same span at the same time (a server handling requests concurrently): a step is the time between "
+                    "that thread's requests, which their arrival sets as much as the work, and the savings shorten each "
+                    "request's work, not the time between requests"
+                )
             if found.warmup_ms is not None:
                 why = "named so" if found.warmup_named else "longer than 1.5x the others"
                 costs = "CUDA context creation, cuDNN autotuning, first allocations" if frames.has_device else "lazy initialisation, first allocations"
