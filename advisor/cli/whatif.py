@@ -84,4 +84,4 @@ def whatif(
     for rule in wanted:
         say(out, f"  {rule:<26} alone: {alone[rule]:6.2f} ms/step")
     if apply is None and analysis.considered:
-        say(out, "Considered, no gain on this run: " + ", ".join(f.rule for f in analysis.considered))
+        say(out, "Considered, not ranked: " + ", ".join(f.rule for f in analysis.considered))

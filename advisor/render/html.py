@@ -261,7 +261,7 @@ def _considered(a: Analysis) -> str:
     if not a.considered:
         return ""
     items = "".join(f"<li><code>{esc(f.rule)}</code> {esc(f.no_gain or '')}</li>" for f in a.considered)
-    return f'<h3 id="considered">Considered, no gain on this run</h3><ul class="considered">{items}</ul>'
+    return f'<h3 id="considered">Considered, not ranked</h3><ul class="considered">{items}</ul>'
 
 
 def breakdown_segments(bd_ms: dict[str, float]) -> list[svg.Segment]:

@@ -76,7 +76,7 @@ def _considered(a: Analysis) -> list[str]:
     """The findings whose fix gains nothing on this run: not ranked, each with its reason."""
     if not a.considered:
         return []
-    return ["**Considered, no gain on this run**", "", *(f"- {md(f.rule)}: {md(f.no_gain or '')}" for f in a.considered), ""]
+    return ["**Considered, not ranked**", "", *(f"- {md(f.rule)}: {md(f.no_gain or '')}" for f in a.considered), ""]
 
 
 def _findings(a: Analysis, verbose: bool, details: bool = True) -> list[str]:

@@ -174,7 +174,7 @@ def _considered(a: Analysis) -> list:
     """The findings whose fix gains nothing on this run: not ranked, each with its reason."""
     if not a.considered:
         return []
-    out: list = [Text("Considered, no gain on this run", style="bold")]
+    out: list = [Text("Considered, not ranked", style="bold")]
     for f in a.considered:
         out.append(Text.assemble("  - ", (one_line(f.rule), "bold"), "  ", one_line(f.no_gain or "")))
     return out
