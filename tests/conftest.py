@@ -84,3 +84,29 @@ def cli(monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+class CallCounter:
+    """How many times a patched function ran; `forbid()` makes a call fail with `message`."""
+
+    def __init__(self, message: str) -> None:
+        self.n = 0
+        self.forbidden = False
+        self.message = message
+
+    def forbid(self, on: bool = True) -> None:
+        self.forbidden = on
+
+
+def count_calls(monkeypatch, module, name: str, message: str) -> CallCounter:
+    """Patch `module.name` to count its calls (and fail them once forbidden)."""
+    counter = CallCounter(message)
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        assert not counter.forbidden, counter.message
+        counter.n += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return counter

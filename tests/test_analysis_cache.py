@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import shared_trace
+from conftest import count_calls, shared_trace
 
 from advisor import analysis
 from advisor import cache as analysis_cache
@@ -35,24 +35,7 @@ def private_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def loads(monkeypatch):
     """How many times frames were loaded; `loads.forbid()` makes loading fail (only a hit passes)."""
-
-    class Counter:
-        n = 0
-        forbidden = False
-
-        def forbid(self, on: bool = True) -> None:
-            self.forbidden = on
-
-    counter = Counter()
-    real = analysis.analyze_ranks
-
-    def counted(*args, **kwargs):
-        assert not counter.forbidden, "frames loaded: the analysis cache was missed"
-        counter.n += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(analysis, "analyze_ranks", counted)
-    return counter
+    return count_calls(monkeypatch, analysis, "analyze_ranks", "frames loaded: the analysis cache was missed")
 
 
 def copy_run(name: str, tmp_path: Path) -> Path:

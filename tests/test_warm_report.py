@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import shared_trace
+from conftest import count_calls, shared_trace
 
 from advisor import analysis
 from advisor import cache as store
@@ -35,24 +35,7 @@ def private_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def analyses(monkeypatch):
     """How many analyses were made; `analyses.forbid()` makes analysing fail (only a stored report passes)."""
-
-    class Counter:
-        n = 0
-        forbidden = False
-
-        def forbid(self, on: bool = True) -> None:
-            self.forbidden = on
-
-    counter = Counter()
-    real = analysis.analyze
-
-    def counted(*args, **kwargs):
-        assert not counter.forbidden, "analysed: the stored report was not served"
-        counter.n += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(analysis, "analyze", counted)
-    return counter
+    return count_calls(monkeypatch, analysis, "analyze", "analysed: the stored report was not served")
 
 
 def copy_run(source: Path, tmp_path: Path, name: str = "run") -> Path:
