@@ -34,13 +34,9 @@ class HasIdAndGroup(Protocol):
 R = TypeVar("R", bound=HasIdAndGroup)
 
 
-def groups(rules: Iterable[HasIdAndGroup]) -> dict[str, list[str]]:
-    """Group name -> its rules' ids, from each rule file's GROUP."""
-    out: dict[str, list[str]] = {}
-    for r in rules:
-        if r.group:
-            out.setdefault(r.group, []).append(r.id)
-    return out
+def group_names(rules: Iterable[HasIdAndGroup]) -> set[str]:
+    """The groups the rule files declare (their GROUP)."""
+    return {r.group for r in rules if r.group}
 
 
 def matching(selector: str, rules: list[R]) -> list[str]:
@@ -68,7 +64,7 @@ def resolve(rules: list[R], select: Iterable[str] = (), ignore: Iterable[str] = 
             if not hit:
                 raise InputError(
                     None,
-                    f"unknown rule, group or prefix {sel!r} in {what}{did_you_mean(sel, [*(r.id for r in rules), *groups(rules)])}; "
+                    f"unknown rule, group or prefix {sel!r} in {what}{did_you_mean(sel, [*(r.id for r in rules), *group_names(rules)])}; "
                     "run `advisor rules` to list them",
                 )
             bucket.update(hit)

@@ -109,22 +109,28 @@ print(json.dumps({"replay_cpu_s": spent[0], "process_cpu_s": time.process_time()
 """
 
 
-def measured(cmd: list[str], env: dict[str, str]) -> dict:
-    """Wall, cpu (user + sys) and peak RSS of one process, from wait4."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    return {
-        "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_rss_mb": usage.ru_maxrss / 1024,
-        "rc": proc.returncode,
-        "stderr": err.decode(errors="replace")[-600:],
-    }
+def measured(cmd: list[str], env: dict[str, str], capture: bool = False) -> dict:
+    """Wall, cpu (user + sys) and peak RSS of one process, from wait4; with `capture`, what
+    it wrote to stdout too (`out`, bytes: through a file, so neither pipe can fill)."""
+    with tempfile.TemporaryFile() as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out if capture else subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        result = {
+            "wall_s": wall,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mb": usage.ru_maxrss / 1024,
+            "rc": proc.returncode,
+            "stderr": err.decode(errors="replace")[-600:],
+        }
+        if capture:
+            out.seek(0)
+            result["out"] = out.read()
+    return result
 
 
 def trace_for(size: str) -> Path:

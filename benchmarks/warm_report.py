@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,38 +43,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from load_speed import machine_info  # noqa: E402
+from report_vs_peers import measured, trace_for  # noqa: E402
 
 SAMPLE = REPO / "sample_runs" / "resnet18_cifar" / "runs" / "cpu_baseline"
 RESULTS = REPO / "benchmarks" / "results"
-BENCH = Path(os.environ.get("ADVISOR_BENCH_DIR", "/tmp/advisor-bench"))
-SOURCE = REPO.parent / "shared" / "traces" / "v100_resnet50_nw0"
 PY = sys.executable
-
-
-def trace_for(size: str) -> Path:
-    """The trace of a size, as report_vs_peers.py has it (made there when missing)."""
-    if size.upper() == "34MB":
-        return next(SOURCE.glob("*.pt.trace.json.gz"))
-    path = BENCH / f"scaled_{size}.pt.trace.json"
-    if not path.exists():
-        BENCH.mkdir(parents=True, exist_ok=True)
-        subprocess.run([PY, str(REPO / "benchmarks" / "make_large_trace.py"), "--size", size, "--out", str(path)], check=True)
-    return path
-
-
-def run_once(cmd: list[str], env: dict[str, str]) -> dict:
-    """Wall and cpu (user + sys) seconds of one process (wait4), and what it wrote."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    chunks = []
-    assert proc.stdout is not None and proc.stderr is not None
-    while chunk := proc.stdout.read(1 << 16):
-        chunks.append(chunk)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rc": proc.returncode, "out": b"".join(chunks), "err": err}
 
 
 def strip_reports(root: Path) -> int:
@@ -118,9 +90,9 @@ def bench(size: str, repeat: int, formats: list[str]) -> dict:
         off = {}
         for fmt in formats:
             cmd = [PY, "-m", "advisor", "report", str(target), *([] if fmt == "text" else ["--format", fmt])]
-            off[fmt] = run_once(cmd, {**env, "ADVISOR_CACHE": "off"})
-            first = run_once(cmd, env)
-            assert first["rc"] == 0, first["err"]
+            off[fmt] = measured(cmd, {**env, "ADVISOR_CACHE": "off"}, capture=True)
+            first = measured(cmd, env, capture=True)
+            assert first["rc"] == 0, first["stderr"]
             row["formats"][fmt] = {"first": {k: first[k] for k in ("wall_s", "cpu_s")}}
         stored: dict[str, list[dict]] = {f: [] for f in formats}
         entry_only: dict[str, list[dict]] = {f: [] for f in formats}
@@ -128,10 +100,10 @@ def bench(size: str, repeat: int, formats: list[str]) -> dict:
             for fmt in formats:
                 cmd = [PY, "-m", "advisor", "report", str(target), *([] if fmt == "text" else ["--format", fmt])]
                 strip_reports(root)
-                a = run_once(cmd, env)
-                b = run_once(cmd, env)
+                a = measured(cmd, env, capture=True)
+                b = measured(cmd, env, capture=True)
                 for r in (a, b):
-                    assert r["rc"] == 0, r["err"]
+                    assert r["rc"] == 0, r["stderr"]
                     assert r["out"] == off[fmt]["out"], f"{size} {fmt}: the warm report differs from ADVISOR_CACHE=off"
                 entry_only[fmt].append(a)
                 stored[fmt].append(b)

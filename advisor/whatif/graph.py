@@ -398,13 +398,16 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
     """Which device ops each host node waits for, the time from their end to the node's end,
     each node's unblocked cost, and the run's launch-queue depth (see the module docstring).
 
-    Three kinds of wait, all from the trace:
+    Four kinds of wait, all from the trace:
     - a wait call (synchronize, blocking copy, free) waits for the last op of each stream
       launched before it that finished while it ran;
     - an enqueue call (launch, memset, async copy) that lasted far longer than its kind's
       median and returned just as an op MIN_QUEUE_LAG or more queue entries earlier finished
       was blocked on a full queue: it waited for that op. The run's depth is the median lag
       of those calls;
+    - a call that launches nothing itself but holds, on its thread, the launches of device
+      work and returns within CONTAINER_RELEASE of the last of it ending ran that work to
+      completion (`_container_waits`);
     - every other enqueue call waits for the op `depth` entries earlier in the queue (it
       cannot be queued before that op leaves), unless the trace shows it did not (the queue
       was deeper there: several streams, a driver that batches).
@@ -471,9 +474,7 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
             pairs_node.append(blocked)
             pairs_op.append(blocked_op)
             measured_wait[blocked] = True
-        # 3. a call that launches nothing itself but holds the launches of device work (a
-        # graph-execution call: MTIA's `gif_merge`) and returns as the last of that work ends
-        # ran it to completion: it waited for that op.
+        # 3. calls that run the device work they launch to completion (MTIA's `gif_merge`)
         h_tid = np.full(n_h, -1, dtype=np.int64)
         if len(rt):
             tid_codes, _ = pd.factorize(rt["tid"].astype(str).to_numpy())

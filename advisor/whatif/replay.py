@@ -253,11 +253,10 @@ def _effective(g: StepGraph, change: Change):
     delay = g.d_delay.astype(np.float64)
     d_gap = g.d_gap.astype(np.float64)
     if change.device_scale_all != 1.0:
-        # A long bubble between queued ops that no op of this rank ends before is a wait on
-        # device work outside the trace (the peer ranks' work before a collective): every rank
-        # runs the same script, so that work scales with this rank's.
-        # So is an op's wait past a launch latency onto an idle stream (a launch takes
-        # microseconds: a stream whose ops all start later, a collective's, waits on its peers).
+        # A long bubble between queued ops that no op of this rank ends before, and an op's wait
+        # past a launch latency (microseconds) onto an idle stream, wait on device work outside
+        # the trace (the peer ranks' before a collective): every rank runs the same script, so
+        # that work scales with this rank's.
         d_gap = np.where(d_gap >= HELD_NS, d_gap * change.device_scale_all, d_gap)
         lat = np.minimum(g.d_latency, HELD_NS)
         past = delay - lat
