@@ -633,7 +633,8 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     chosen: list[Finding] = []
     step = base
     while pool:
-        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change])), f) for f in pool]
+        # the first round is each fix alone: the replays its saving came from (cached)
+        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in pool]
         gain, best = max(trials, key=lambda t: (t[0], -pool.index(t[1])))
         pool.remove(best)
         alone = best.saving_ms or 0.0
@@ -655,7 +656,9 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         f.saving_alone_ms = f.saving_ms or 0.0
         chosen.append(f)
     if chosen:
-        summary.all_fixes_ms = min(replay.replayed_ms(Change.merge([c.change for c in chosen])), base)
+        # without symptoms the last round replayed every chosen fix together: `step` is that replay
+        together = step if not symptoms else replay.replayed_ms(Change.merge([c.change for c in chosen]))
+        summary.all_fixes_ms = min(together, base)
     # Findings without a replayed fix: their estimates, in turn, never past the step the fixes leave.
     left = summary.all_fixes_ms if summary.all_fixes_ms is not None else base
     for f in sorted((f for f in findings if f.change is None and f.saving_ms is not None), key=lambda f: -(f.saving_ms or 0.0)):
