@@ -290,6 +290,9 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
     scope = getattr(mod, "SCOPE", "rank")
     if scope not in SCOPES:
         raise InputError(getattr(mod, "__file__", mod.__name__), f"SCOPE must be one of {', '.join(SCOPES)}, not {scope!r}")
+    group = getattr(mod, "GROUP", "")
+    if not isinstance(group, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*|", group.strip().lower()):
+        raise InputError(getattr(mod, "__file__", mod.__name__), f"GROUP must be a group name (letters, digits, dashes), not {group!r}")
     rule = Rule(
         id=mod.ID,
         title=mod.TITLE,
@@ -300,7 +303,7 @@ def _rule_from_module(mod: ModuleType, source: str) -> Rule:
         source=source,
         training_only=bool(getattr(mod, "TRAINING_ONLY", False)),
         scope=scope,
-        group=str(getattr(mod, "GROUP", "") or "").strip().lower(),
+        group=group.strip().lower(),
     )
     _LOADED[rule.id] = rule
     return rule

@@ -241,6 +241,10 @@ def test_a_users_rule_declares_its_group_like_the_shipped_ones(tmp_path):
     assert r.returncode == 0 and [x["id"] for x in json.loads(r.stdout)] == ["team-rule"], r.stderr
     r = advisor(["rules", "--format", "json", "--select", "team"], tmp_path)  # without the rule, no such group
     assert r.returncode == 2
+    # a GROUP that is not a name: one line naming the file, exit 2
+    (rules / "team_rule.py").write_text('"""Mine."""\nID = "team-rule"\nTITLE = "Ours"\nGROUP = ["team"]\n\ndef check(ctx):\n    return None\n')
+    r = advisor(["rules", "--rules", str(rules)], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "team_rule.py" in r.stderr and "GROUP" in r.stderr, r.stderr
 
 
 def test_rules_as_json_list_every_rule_with_its_group_and_options(tmp_path):
