@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -338,3 +339,31 @@ def test_device_bound_run_halved_saves_a_third_of_its_median_step():
     base = replay(r.graph).median_ms
     half = replay(r.graph, Change(device_scale_all=0.5)).median_ms
     assert (base - half) / base >= 0.35, (base, half)
+
+
+def test_calls_that_run_their_device_work_to_completion_wait_for_it():
+    """mtia_inference's `predictor_executor::run` calls launch their device work from inside
+    themselves and return just after it ends. Counted straight from the trace's rows (the calls
+    on the same thread inside each one, their ops by correlation id), those that returned within
+    1 ms after their last op ended are the ones the graph reads as waits, and the others are not."""
+    trace = "shared/traces/misc/mtia_inference.json.gz"
+    frames = load_cached(find_run(_path(trace), None).files[0])
+    (r,) = ranks(trace)
+    g = r.graph
+    rt, dev = frames.runtime, frames.device
+    name = rt["name"].astype(str).to_numpy()
+    tid = rt["tid"].astype(str).to_numpy()
+    ts, end, corr = rt["ts"].to_numpy(np.int64), rt["end"].to_numpy(np.int64), rt["correlation"].to_numpy(np.int64)
+    op_end = pd.Series(np.maximum(dev["end"], dev["ts"]).to_numpy(np.int64)).groupby(dev["correlation"].to_numpy(np.int64)).max()
+    node_of_row = {int(row): i for i, row in enumerate(g.runtime_row) if row >= 0}
+    expected, read = [], []
+    for i in np.nonzero(np.char.startswith(name.astype(str), "predictor_executor::run"))[0]:
+        inside = (tid == tid[i]) & (ts > ts[i]) & (ts < end[i])
+        ends = op_end.reindex(corr[inside]).dropna()
+        if len(ends) == 0 or int(i) not in node_of_row:
+            continue
+        after = end[i] - ends.max()
+        expected.append(0 <= after <= max(1_000_000, 0.05 * (end[i] - ts[i])))
+        read.append(bool(g.h_waited[node_of_row[int(i)]]))
+    assert len(expected) >= 20 and sum(expected) >= 20  # most of them ran their work to completion
+    assert read == expected

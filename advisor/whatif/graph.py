@@ -474,7 +474,7 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
             pairs_node.append(blocked)
             pairs_op.append(blocked_op)
             measured_wait[blocked] = True
-        # 3. calls that run the device work they launch to completion (MTIA's `gif_merge`)
+        # 3. calls that run the device work they launch to completion (MTIA's `predictor_executor::run`)
         h_tid = np.full(n_h, -1, dtype=np.int64)
         if len(rt):
             tid_codes, _ = pd.factorize(rt["tid"].astype(str).to_numpy())
