@@ -118,6 +118,7 @@ def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
     assert f["autocast"] == {"used": False, "dtypes": []} and f["compile"] == {"used": False, "modes": []}
     assert f["window"] == {"wait": 1, "warmup": 1, "active": 2, "repeat": 1}
     assert len(f["step_times_ms"]) == 4 and all(t > 0 for t in f["step_times_ms"])
+    assert f["device_step_times_ms"] is None  # no CUDA device: nothing for the device clock to time
     assert f["profiled_steps"] == [2, 3] and f["step_source"] == "optimizer"
     assert f["stopped_early"] is True and f["outcome"] == "stopped"
     assert any("stopped" in line and "on purpose" in line for line in advisor_lines(r.stderr))
@@ -512,9 +513,12 @@ def _cuda_available() -> bool:
 def test_cuda_device_is_profiled(tmp_path: Path):
     out = tmp_path / "run"
     r = profile(["--out", str(out), "--device", "cuda", "--wait", "1", "--warmup", "1", "--active", "2", str(SAMPLE), "--", "--steps", "10"], tmp_path)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == STOPPED, r.stderr  # stopped after the window, as without a GPU
     f = facts(out)
     assert f["device"]["type"] == "cuda" and f["device"]["compute_capability"] and f["device"]["max_memory_allocated_bytes"]
+    # the device clock times every step after the one that first touched CUDA
+    device = f["device_step_times_ms"]
+    assert len(device) == len(f["step_times_ms"]) and all(t is not None and t > 0 for t in device[2:])
     doc = json.loads(gzip.decompress(traces(out)[0].read_bytes()))
     assert any(e.get("cat") == "kernel" for e in doc["traceEvents"])
 

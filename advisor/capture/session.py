@@ -110,6 +110,7 @@ class _Session:
             tensorboard_trace_handler,
         )
 
+        from advisor.capture.device_clock import DeviceStepClock
         from advisor.capture.hooks import Hooks
 
         self.torch = torch
@@ -128,6 +129,7 @@ class _Session:
         self.progress = Progress(self.window, enabled=options.progress)
         self.step_times_ms: list[float] = []
         self.loader_wait_ms: list[float] = []  # per step, the time spent in DataLoader.__next__
+        self.device_clock = DeviceStepClock(torch) if options.device == "cuda" else None
         self.window_complete = False
         self.own_profiler = False
         self.own_traces: list[str] = []
@@ -165,6 +167,8 @@ class _Session:
         now = time.perf_counter()
         self.step_times_ms.append((now - self._last_end) * 1e3)
         self.loader_wait_ms.append(self.hooks.take_loader_wait_ms())
+        if self.device_clock is not None:
+            self.device_clock.mark()
         done = len(self.step_times_ms)
         if done <= self.window.length:
             self.facts.sample_flags()
@@ -381,6 +385,10 @@ class _Session:
         result.facts_path = self._write_facts(result)
         return result
 
+    def _device_step_times(self) -> list[float | None] | None:
+        times = self.device_clock.step_times_ms() if self.device_clock is not None else None
+        return None if times is None else [None if t is None else round(t, 3) for t in times]
+
     def _drop_empty_log(self) -> None:
         log = self._log_path
         try:
@@ -433,6 +441,7 @@ class _Session:
             "stopped_early": result.outcome.how == "stopped",
             "step_times_ms": [round(t, 3) for t in self.step_times_ms],
             "loader_wait_ms": [round(t, 3) for t in self.loader_wait_ms],
+            "device_step_times_ms": self._device_step_times(),
             "profiled_steps": result.recorded_steps,
             "step_source": result.step_source,
             "mode": self.hooks.mode,

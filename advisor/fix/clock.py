@@ -4,9 +4,10 @@ script's steps without the profiler.
 The script runs as `python SCRIPT ARGS` would run it (advisor.capture.runner), with the step
 detection of `advisor profile` (advisor.capture.hooks: a step ends when the optimizer steps)
 and nothing else: no profiler, no stacks, no shapes. After WARMUP + STEPS steps the run is
-stopped; the step times go to RESULT.json. EXTRA_PATH (or "-") goes on sys.path after the
-script's own folder: a fixed copy of a script, run from another folder, still imports its
-neighbours.
+stopped; the step times go to RESULT.json, each the device's where the script ran on a CUDA
+device (advisor.capture.device_clock: the host's clock runs ahead of a device-bound step).
+EXTRA_PATH (or "-") goes on sys.path after the script's own folder: a fixed copy of a script,
+run from another folder, still imports its neighbours.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class Enough(BaseException):
 def main(argv: list[str]) -> int:
     result_path, warmup, steps, extra, script, *args = argv
     total = int(warmup) + int(steps)
+    import torch
+
+    from advisor.capture.device_clock import DeviceStepClock
     from advisor.capture.facts import FactsRecorder
     from advisor.capture.hooks import Hooks
     from advisor.capture.runner import Target, run
@@ -31,12 +35,14 @@ def main(argv: list[str]) -> int:
     times: list[float] = []
     last = [time.perf_counter()]
     pid = os.getpid()
+    device_clock = DeviceStepClock(torch)
 
     def on_step() -> None:
         if os.getpid() != pid:
             return
         now = time.perf_counter()
         times.append((now - last[0]) * 1e3)
+        device_clock.mark()
         last[0] = time.perf_counter()
         if len(times) >= total:
             raise Enough()
@@ -52,8 +58,11 @@ def main(argv: list[str]) -> int:
     finally:
         hooks.uninstall()
     wall = time.perf_counter() - started
+    device = device_clock.step_times_ms()
+    if device is not None:
+        times = [d if d is not None and d > 0 else t for t, d in zip(times, device)]
     with open(result_path, "w", encoding="utf-8") as fh:
-        json.dump({"step_times_ms": times, "warmup": int(warmup), "outcome": outcome.how, "exit_code": outcome.exit_code, "wall_s": wall, "step_source": hooks.source}, fh)
+        json.dump({"step_times_ms": times, "clock": "host" if device is None else "device", "warmup": int(warmup), "outcome": outcome.how, "exit_code": outcome.exit_code, "wall_s": wall, "step_source": hooks.source}, fh)
     return 0 if outcome.how in ("stopped", "finished") else (outcome.exit_code or 1)
 
 

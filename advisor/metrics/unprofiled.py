@@ -67,7 +67,10 @@ class UnprofiledSteps:
 def unprofiled_steps(facts: dict[str, Any] | None) -> UnprofiledSteps | None:
     """The steps after the window, when the facts hold at least 3 of them.
 
-    The first step after the window is left out: the trace is written while it runs.
+    The first step after the window is left out: the trace is written while it runs. A step
+    the device clock timed (`device_step_times_ms`, CUDA runs) takes the device's time: the
+    host's own clock swings around it on a device-bound run and runs ahead of it under CUDA
+    graphs (advisor.capture.device_clock).
     """
     times = (facts or {}).get("step_times_ms")
     waits = (facts or {}).get("loader_wait_ms")
@@ -82,10 +85,21 @@ def unprofiled_steps(facts: dict[str, Any] | None) -> UnprofiledSteps | None:
         wait_ms = np.asarray(waits, dtype=np.float64) if isinstance(waits, list) and len(waits) == len(times) else None
     except (TypeError, ValueError):
         return None
+    device = _device_times(facts, len(times))
+    if device is not None:
+        all_ms = np.where(np.isfinite(device) & (device > 0), device, all_ms)
     after = all_ms[first:]
     if len(after) < MIN_UNPROFILED_STEPS or not np.isfinite(after).all() or (after <= 0).any():
         return None
     return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:])
+
+
+def _device_times(facts: dict[str, Any] | None, n: int) -> np.ndarray | None:
+    """The device clock's step times aligned with the host's (NaN where it did not time a step)."""
+    device = (facts or {}).get("device_step_times_ms")
+    if not isinstance(device, list) or len(device) != n:
+        return None
+    return np.array([float(d) if isinstance(d, (int, float)) and not isinstance(d, bool) else np.nan for d in device], dtype=np.float64)
 
 
 def profiler_overhead(facts: dict[str, Any] | None) -> ProfilerOverhead | None:

@@ -1,0 +1,77 @@
+"""Runs the replay was never tuned on: the sample ResNet-18 and the ViT on an H200.
+
+sample_runs/heldout_h200 holds them (README.md there says how each was recorded);
+benchmarks/promise_heldout.py prints every pair's promise against its measured gain. These
+tests hold the step clock to what the device did and the promises that the runs measured
+clearly (beyond their noise) to their gains.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import orjson
+import pytest
+from conftest import SAMPLE_RUNS
+
+from advisor.analysis import analyze
+from advisor.metrics.unprofiled import unprofiled_steps
+
+HELD_OUT = SAMPLE_RUNS / "heldout_h200"
+
+
+def facts(run: str) -> dict:
+    return orjson.loads((HELD_OUT / run / "advisor_facts.json").read_bytes())
+
+
+def unprofiled_median(run: str) -> float:
+    return float(statistics.median(unprofiled_steps(facts(run)).step_ms))
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return analyze(HELD_OUT / "resnet18_device_clock" / "fed_reduce_overhead")
+
+
+def test_a_cuda_graph_step_is_not_shorter_than_the_device_work_it_holds(graphs):
+    """With one graph launch per step the host runs ahead of the device: its own clock reads
+    steps shorter than the kernels they launch. The device clock reads the device's step."""
+    f = facts("resnet18_device_clock/fed_reduce_overhead")
+    assert f["compile"]["modes"] == ["reduce-overhead"]
+    summary = graphs.primary
+    busy_ms = float(summary.steps["duration"].median()) / 1e6 * summary.gpu_utilization
+    assert summary.gpu_utilization > 0.95 and busy_ms > 20  # the window is device-bound
+    first = max(f["profiled_steps"]) + 2
+    host_median = statistics.median(f["step_times_ms"][first:])
+    assert host_median < 0.8 * busy_ms  # what the host's clock alone would report
+    assert unprofiled_median("resnet18_device_clock/fed_reduce_overhead") >= 0.95 * busy_ms
+    replay, _ = graphs.stated_fixes()
+    assert replay.baseline_ms >= 0.95 * busy_ms  # the replay is calibrated to the device's step
+
+
+def test_the_device_clock_agrees_with_the_host_where_the_host_waits():
+    """The fed baseline without graphs: the launch queue holds the host to the device, so
+    over the run the two clocks give the same mean step."""
+    f = facts("resnet18_device_clock/fed")
+    first = max(f["profiled_steps"]) + 2
+    host, device = f["step_times_ms"][first:], f["device_step_times_ms"][first:]
+    assert abs(statistics.mean(host) - statistics.mean(device)) < 0.02 * statistics.mean(host)
+
+
+def test_cuda_graphs_keep_their_promise_on_the_h200():
+    """reduce-overhead compiles the model, records CUDA graphs and sets gradients to None:
+    the fixes of unfused-elementwise, launch-bound and zero-grad-memset, replayed together."""
+    base = analyze(HELD_OUT / "resnet18_device_clock" / "fed")
+    promised = base.replayed_saving(["launch-bound", "unfused-elementwise", "zero-grad-memset"])
+    measured = unprofiled_median("resnet18_device_clock/fed") - unprofiled_median("resnet18_device_clock/fed_reduce_overhead")
+    assert measured > 2.0 and promised is not None
+    assert abs(promised - measured) <= 0.25 * measured
+
+
+def test_the_starved_run_leads_with_its_input_and_the_workers_keep_the_promise():
+    base = analyze(HELD_OUT / "resnet18_host_clock" / "starved")
+    assert base.findings[0].rule == "dataloader-stall"
+    measured = unprofiled_median("resnet18_host_clock/starved") - unprofiled_median("resnet18_host_clock/starved_workers")
+    assert measured > 20
+    lead = base.findings[0]
+    assert abs((lead.saving_alone_ms or lead.saving_ms) - measured) <= 0.25 * measured
