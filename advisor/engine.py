@@ -615,6 +615,8 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
         # reported longer than the step without them.
         summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
         in_rank_order(replay, base, kept, summary)
+        for f in kept:  # a symptom's causes are the fixes that stay ranked
+            f.causes = [c for c in f.causes if c in summary.fixes]
     if whatif is not None:
         whatif.append(summary)
     return kept
@@ -626,12 +628,6 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
 
     The replayed fixes are taken greedily: first the one that saves most alone, then the one
     that saves most with it, and so on; a symptom's saving is already what the others leave.
-    The greedy is lazy: a fix's saving on top of more fixes is rarely more than on top of fewer
-    (they share the time they save), so each fix keeps the last saving replayed for it as its
-    bound, and only the one with the highest bound is replayed again on top of the fixes chosen
-    so far; it is taken when it still beats every other bound. Every saving shown is a replay
-    on top of exactly the fixes above it, and the run takes about one replay per fix instead
-    of one per fix and position.
     Its saving alone (the promise of applying only that fix) stays in `saving_alone_ms` and in
     the headline's `savings`. A fix that gains nothing once the fixes above it are in is not
     ranked (the same time is theirs; it is listed as considered, with its saving alone). A
@@ -641,18 +637,10 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     symptoms = [f for f in findings if f.change is not None and f.no_gain is None and f.symptom and f.rule in summary.fixes]
     chosen: list[Finding] = []
     step = base
-    # each fix alone: the replays its saving came from (cached); (bound, replayed on top of `chosen`)
-    bound = {id(f): (step - replay.replayed_ms(f.change), True) for f in pool}
     while pool:
-        ranked = sorted(range(len(pool)), key=lambda i: (-bound[id(pool[i])][0], i))
-        best = pool[ranked[0]]
-        gain, fresh = bound[id(best)]
-        if not fresh:
-            gain = step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), best.change]))
-            bound[id(best)] = (gain, True)
-            runner_up = bound[id(pool[ranked[1]])][0] if len(ranked) > 1 else float("-inf")
-            if gain < runner_up:
-                continue
+        # the first round is each fix alone: the replays its saving came from (cached)
+        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in pool]
+        gain, best = max(trials, key=lambda t: (t[0], -pool.index(t[1])))
         pool.remove(best)
         alone = best.saving_ms or 0.0
         best.saving_alone_ms = alone
@@ -669,7 +657,6 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         best.saving_ms = gain
         best.saving_pct = gain / base if base > 0 else None
         best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
-        bound = {k: (b, False) for k, (b, _) in bound.items()}
     for f in symptoms:
         f.saving_alone_ms = f.saving_ms or 0.0
         chosen.append(f)

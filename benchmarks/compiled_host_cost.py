@@ -33,7 +33,7 @@ from advisor.metrics.host_device import LAUNCH_CALL  # noqa: E402
 from advisor.metrics.intervals import covers, merge  # noqa: E402
 from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL  # noqa: E402
 from advisor.whatif.savings import rank_replay  # noqa: E402
-from rules.unfused_elementwise import COMPILED_REGION  # noqa: E402
+from advisor.metrics.elementwise import COMPILED_REGION  # noqa: E402
 
 SOURCE = ROOT / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_compiled"
 CROSS_CHECKS = {"h100_vit/compile": "whatif/h100_vit/compile", "h100_vit/all": "whatif/h100_vit/all"}

@@ -40,20 +40,23 @@ kernels.
 ```
 
 ## How the saving is estimated
-The time of the transpose kernels per step, times the share of kernel time on the timeline.
-The NHWC convolution kernels are often faster too; that is not counted.
+The transpose kernels and their launch calls go, and the step is replayed without them: the
+saving is how much shorter the replayed step is, so device time saved where the host bounds
+the step does not count. The rule's own estimate (evidence `estimate_ms`) is the transposes'
+time per step times the share of kernel time on the timeline. The NHWC convolution kernels
+are often faster too; that is not counted.
 
 Reference: https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html
 """
 
 from __future__ import annotations
 
-import re
-
+import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
-from advisor.metrics.compute import kernel_evidence, kernel_exposure, step_kernels
+from advisor.metrics.compute import LAYOUT_TRANSPOSE_KERNEL, kernel_evidence, kernel_exposure, step_kernels
+from advisor.whatif.changes import remove_launches
 
 ID = "channels-last"
 TITLE = "Convolutions pay for NCHW ↔ NHWC layout transposes"
@@ -66,7 +69,6 @@ for x, y in loader:
     x = x.cuda(non_blocking=True).to(memory_format=torch.channels_last)
     ...
 """
-LAYOUT_TRANSPOSE_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|NchwToNhwc|NhwcToNchw|nchw2nhwc|nhwc2nchw")
 
 
 def check(ctx: Context):
@@ -95,4 +97,5 @@ def check(ctx: Context):
         f"{len(transposes) / n_steps:.0f} NCHW↔NHWC transposes per step around convolutions take {transpose_ms:.1f} ms/step "
         f"({100 * transpose_ms / kernel_ms:.0f}% of kernel time). Model and input in torch.channels_last: ~{saving_ms:.1f} ms/step."
     )
-    return ctx.finding(message, saving_ms, confidence="high", evidence=evidence)
+    change = remove_launches(ctx.events, ctx.events.device["correlation"].to_numpy(np.int64)[transposes.index.to_numpy()])
+    return ctx.finding(message, saving_ms, confidence="high", evidence=evidence, change=change)

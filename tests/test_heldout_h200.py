@@ -58,14 +58,35 @@ def test_the_device_clock_agrees_with_the_host_where_the_host_waits():
     assert abs(statistics.mean(host) - statistics.mean(device)) < 0.02 * statistics.mean(host)
 
 
-def test_cuda_graphs_keep_their_promise_on_the_h200():
-    """reduce-overhead compiles the model, records CUDA graphs and sets gradients to None:
-    the fixes of unfused-elementwise, launch-bound and zero-grad-memset, replayed together."""
+def finding(a, rule: str):
+    return next((f for f in [*a.findings, *getattr(a, "considered", [])] if f.rule == rule), None)
+
+
+def test_graph_breaks_are_found_where_the_capture_used_to_make_them():
+    """Before the capture's module hooks stopped breaking graphs, a compiled ViT ran as three
+    compiled frames with its transformer blocks eager between them; recorded again after the
+    fix it is one frame, and the same rule is silent."""
+    broken = analyze(HELD_OUT / "vit" / "compile")
+    f = finding(broken, "compile-graph-breaks")
+    assert f is not None and f.evidence["compiled_frames"] >= 2
+    assert f.evidence["share_of_kernel_time"] > 0.10 and f.saving_ms > 1.0
+    assert finding(broken, "unfused-elementwise") is None  # compiled code ran: not "nothing is fused"
+    fixed = analyze(HELD_OUT / "hooks_fixed" / "fed_compile")
+    assert finding(fixed, "compile-graph-breaks") is None
+    assert sum(1 for n in fixed.primary.kernels["name"] if str(n).startswith("triton")) > 50  # distinct Triton kernels
+
+
+def test_compile_keeps_its_promise_on_a_resnet():
+    """torch.compile lays ResNet-18's convolutions out channels-last, fuses its elementwise
+    chains and generates batch norms that stream at the memory's speed: 11.4 ms per step
+    measured on the H200 (recorded after the capture stopped breaking graphs). The promise
+    counts all three: within 25%."""
     base = analyze(HELD_OUT / "resnet18_device_clock" / "fed")
-    promised = base.replayed_saving(["launch-bound", "unfused-elementwise", "zero-grad-memset"])
-    measured = unprofiled_median("resnet18_device_clock/fed") - unprofiled_median("resnet18_device_clock/fed_reduce_overhead")
-    assert measured > 2.0 and promised is not None
-    assert abs(promised - measured) <= 0.25 * measured
+    f = finding(base, "unfused-elementwise")
+    measured = unprofiled_median("hooks_fixed/fed") - unprofiled_median("hooks_fixed/fed_compile")
+    assert measured > 8.0
+    assert f.evidence["layout_transposes_per_step"] > 100 and f.evidence["batch_norm_ms_saved_per_step"] > 2.0
+    assert abs((f.saving_alone_ms or f.saving_ms) - measured) <= 0.25 * measured
 
 
 def test_the_starved_run_leads_with_its_input_and_the_workers_keep_the_promise():

@@ -550,6 +550,45 @@ def test_compiled_model_is_recorded_without_stacks_unless_asked(tmp_path: Path):
 
 
 @needs_torch
+@pytest.mark.parametrize("loop", ["training", "inference"])
+def test_a_compiled_model_keeps_its_one_graph_under_the_profiler(tmp_path: Path, loop: str):
+    """The advisor's hooks must not change the compiled model it records: no graph break at
+    its submodules (each a hook Dynamo may not trace), no recompile when the hooks go."""
+    body = {
+        "training": """
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(8):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        """,
+        "inference": """
+            with torch.no_grad():
+                for _ in range(8):
+                    model(torch.randn(4, 8))
+        """,
+    }[loop]
+    script = write(tmp_path / "compiled.py", textwrap.dedent("""
+        import json, sys
+        import torch, torch.nn as nn
+        from torch._dynamo.utils import counters
+        model = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 2)), backend="eager")
+    """) + textwrap.dedent(body) + textwrap.dedent("""
+        with open(sys.argv[1], "w") as fh:
+            json.dump({"graph_breaks": sum(counters["graph_break"].values()), "graphs": counters["stats"]["unique_graphs"]}, fh)
+    """))
+    out = tmp_path / "run"
+    r = profile(["--out", str(out), "--full", "--wait", "1", "--warmup", "1", "--active", "2", str(script), "--", str(tmp_path / "dynamo.json")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "dynamo.json").read_text()) == {"graph_breaks": 0, "graphs": 1}
+    f = facts(out)
+    # steps still found: the optimizer's, or the loop's calls of the compiled model (from its second call)
+    assert (f["step_source"], len(f["step_times_ms"]), f["mode"]) == (
+        ("optimizer", 8, "training") if loop == "training" else ("forward", 7, "inference")
+    )
+
+
+@needs_torch
 def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_path: Path):
     """Workers fill their prefetch buffer during a slow first step; the window trains from it,
     and only the unprofiled steps after it show the input pipeline cannot keep up."""

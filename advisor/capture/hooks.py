@@ -61,6 +61,15 @@ except AttributeError:  # pragma: no cover - older torch
         return fn
 
 
+def _compiling() -> bool:
+    """True while Dynamo traces: the global module hooks then return at once. Dynamo reads this
+    call as a constant and inlines the hook to nothing; a hook it may not trace
+    (`torch._disable_dynamo`) would instead break the graph at every submodule call, and the
+    run recorded would not be the compiled model the script asked for."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ADVISOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # torch warns that global module hooks fire once more for a torch.compile wrapper: ours expect it.
@@ -236,7 +245,10 @@ class Hooks:
             def compile(*args, **kwargs):
                 if p.active:
                     hooks._compiled(kwargs.get("mode"), kwargs.get("backend"))
-                return original(*args, **kwargs)
+                compiled = original(*args, **kwargs)
+                if p.active:
+                    hooks._watch_compiled(compiled)
+                return compiled
 
             return compile
 
@@ -427,8 +439,9 @@ class Hooks:
             and not self._in_fetch and os.getpid() == self._pid
         )
 
-    @_no_dynamo
     def _module_pre_hook(self, module: Any, args: Any) -> None:
+        if _compiling():  # a submodule inside a compiled model: not the loop's call
+            return
         depth = self._module_depth
         self._module_depth += 1
         if depth or not self._forward_counts():
@@ -444,8 +457,9 @@ class Hooks:
         self._driver_module_hook = module.register_forward_pre_hook(self._driver_pre_hook)
         self._forward_step()
 
-    @_no_dynamo
     def _module_post_hook(self, module: Any, args: Any, output: Any) -> None:
+        if _compiling():
+            return
         self._module_depth = max(self._module_depth - 1, 0)
 
     @_no_dynamo
@@ -483,6 +497,20 @@ class Hooks:
 
     def _compiled(self, mode: Any, backend: Any) -> None:
         self.facts.saw_compile(mode, backend)
+
+    def _watch_compiled(self, compiled: Any) -> None:
+        """Move the search for the loop's model call off the global module hooks before the
+        compiled code first runs. Dynamo guards on the number of global hooks, so hooks still
+        there when it compiles and dropped later (at the first backward pass) would recompile
+        the model once more; a compiled module's own hooks run outside its graph."""
+        if not self._module_hooks:
+            return
+        self._drop_module_hooks()
+        if isinstance(compiled, torch.nn.Module) and self._forward_counts():
+            self._module_hooks = [
+                compiled.register_forward_pre_hook(self._module_pre_hook),
+                compiled.register_forward_hook(self._module_post_hook, always_call=True),
+            ]
 
     def _parallel_built(self, kind: str) -> None:
         self.facts.parallel[kind] = True

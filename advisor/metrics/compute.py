@@ -39,6 +39,9 @@ class Capability:
     nvidia: bool
 
 
+# cuDNN's transposes between NCHW tensors and the NHWC layout its convolution kernels use
+LAYOUT_TRANSPOSE_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|NchwToNhwc|NhwcToNchw|nchw2nhwc|nhwc2nchw")
+
 def device_capability(metrics, facts_capability: str | float | None = None) -> Capability:
     """Compute capability of the rank's device: trace properties, else facts, else kernel names.
 
@@ -260,6 +263,7 @@ __all__ = [
     "is_conv",
     "step_kernels",
     "kernel_exposure",
+    "LAYOUT_TRANSPOSE_KERNEL",
     "launched_inside",
     "short_kernel_name",
     "eligible_op_rows",

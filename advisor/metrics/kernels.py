@@ -55,7 +55,8 @@ def launching_op_table(frames: TraceFrames) -> pd.DataFrame:
     by_id = ext.map(names)
     if by_id.notna().mean() >= 0.5 or len(rt) == 0 or len(host) == 0:
         types = ext.map(pd.Series(_input_types(ops), index=ext_ids))
-        return pd.DataFrame({"op": by_id, "op_input_types": types}, index=frames.device.index)
+        dims = ext.map(pd.Series(_input_dims(ops), index=ext_ids))
+        return pd.DataFrame({"op": by_id, "op_input_types": types, "op_input_dims": dims}, index=frames.device.index)
     return _launching_ops_by_time(frames, rt)
 
 
@@ -65,21 +66,29 @@ def _input_types(ops: pd.DataFrame) -> np.ndarray:
     return ops["input_types"].astype(object).to_numpy()
 
 
+def _input_dims(ops: pd.DataFrame) -> np.ndarray:
+    if "input_dims" not in ops:
+        return np.full(len(ops), np.nan, dtype=object)
+    return ops["input_dims"].astype(object).to_numpy()
+
+
 def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.DataFrame:
     tree = op_tree(frames)
     if len(tree.ops) == 0:  # only step markers on the host: no op can have launched anything
-        return pd.DataFrame({"op": np.nan, "op_input_types": np.nan}, index=frames.device.index, dtype=object)
+        return pd.DataFrame({"op": np.nan, "op_input_types": np.nan, "op_input_dims": np.nan}, index=frames.device.index, dtype=object)
     pos = tree.innermost(rt["ts"].to_numpy(np.int64), text_of(rt["tid"]))
     found = pos >= 0
     at = np.clip(pos, 0, None)
     names = text_of(tree.ops["name"])
     op_name = np.where(found, names[at], None)
     op_types = np.where(found, _input_types(tree.ops)[at], None)
+    op_dims = np.where(found, _input_dims(tree.ops)[at], None)
     corr = frames.device["correlation"]
     return pd.DataFrame(
         {
             "op": corr.map(pd.Series(op_name, index=rt["correlation"].to_numpy())),
             "op_input_types": corr.map(pd.Series(op_types, index=rt["correlation"].to_numpy())),
+            "op_input_dims": corr.map(pd.Series(op_dims, index=rt["correlation"].to_numpy())),
         },
         index=frames.device.index,
     )
@@ -95,6 +104,7 @@ def kernel_table(frames: TraceFrames, capability: float | None = None, switches:
     launched_by = launching_op_table(frames)[mask]
     k["op"] = launched_by["op"].to_numpy()
     k["op_input_types"] = launched_by["op_input_types"].to_numpy()
+    k["op_input_dims"] = launched_by["op_input_dims"].to_numpy()
     if capability is None:
         capability = capability_from_kernels(k["name"]) if len(k) else None
     k[["family", "precision", "tensor_core", "precision_source"]] = classify_kernels(k, capability, switches)

@@ -1,0 +1,175 @@
+"""Eager elementwise kernels, their chains, and where compiled code ran.
+
+Shared by the rules that price fusing elementwise work: `unfused-elementwise` (nothing was
+compiled) and `compile-graph-breaks` (compiled graphs ran, and much elementwise work stayed
+eager between them). A chain is a run of consecutive eager elementwise kernels on a stream
+inside a step that no other kernel interrupts: Inductor fuses such a run into one kernel that
+costs about what its costliest member costs (they are memory-bound).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from advisor.metrics.breakdown import _matches
+
+# cuDNN's batch-norm kernels (forward in training, backward), and the passes over the
+# activation a bandwidth-bound kernel needs: forward reads it for the statistics and again to
+# normalise, and writes the output (3); backward reads the input and the output's gradient
+# for the reductions and again for the input's gradient, which it writes (5).
+BATCH_NORM_KERNEL = re.compile(r"cudnn::bn_(?:fw|bw)|bn_fw_|bn_bw_")
+BATCH_NORM_PASSES = {"forward": 3, "backward": 5}
+# Ops whose kernels stream whole tensors once: the trace's own bandwidth is read off them.
+BANDWIDTH_PROBE_OP = re.compile(r"^aten::(?:add_?|mul_?|relu_?|clamp_min_?|threshold_backward)$")
+ELEMENT_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2, "half": 2, "bfloat16": 2}
+MIN_PROBE_BYTES = 1 << 20
+MIN_PROBES = 20
+
+ELEMENTWISE_KERNEL = re.compile(
+    r"at::native::.*(elementwise_kernel|reduce_kernel|_norm_|norm_kernel|[Ss]oft[Mm]ax|dropout|LayerNorm|GroupNorm|"
+    r"batch_norm|BatchNorm|welford|Welford)|cunn_\w*SoftMax|cudnn::bn_(fw|bw)|bn_fw_|bn_bw_"
+)
+COMPILED_KERNEL = re.compile(r"^triton_|^triton__|^Torch-Compiled|^CompiledFunction")
+# Host spans of compiled regions: the compiled graph's autograd function (forward and
+# backward), Dynamo's region marker, Inductor's call of its generated graph.
+COMPILED_REGION = re.compile(
+    r"^(CompiledFunction|CompiledFunctionBackward|autograd::engine::evaluate_function: CompiledFunctionBackward|"
+    r"Torch-Compiled Region|torch-compiled region|## Call CompiledFxGraph)",
+    re.IGNORECASE,
+)
+
+
+# The spans that hold a compiled graph's own launches, and no eager code: the graph's autograd
+# function (forward and backward) and Inductor's call of its generated code. Dynamo's
+# `Torch-Compiled Region` marker is left out: it also spans the eager code between graph breaks.
+COMPILED_GRAPH = re.compile(
+    r"^(CompiledFunction|CompiledFunctionBackward|autograd::engine::evaluate_function: CompiledFunctionBackward|"
+    r"## Call CompiledFxGraph)",
+    re.IGNORECASE,
+)
+
+
+def compiled_regions_ran(kernels: pd.DataFrame, host: pd.DataFrame) -> bool:
+    """Whether the trace shows compiled code: Triton kernels, or the host spans of compiled
+    regions (whatever kernels the backend generated, and named)."""
+    if len(kernels) and _matches(kernels["name"], COMPILED_KERNEL).any():
+        return True
+    return bool(len(host)) and bool(_matches(host["name"], COMPILED_REGION).any())
+
+
+def in_chain(k, eligible: np.ndarray) -> np.ndarray:
+    """Eligible kernels whose run (see `fused_chain_members`) has at least two members."""
+    run = runs(k, eligible)
+    sizes = np.bincount(run[eligible]) if eligible.any() else np.zeros(0, dtype=np.int64)
+    out = np.zeros(len(k), dtype=bool)
+    out[eligible] = sizes[run[eligible]] >= 2
+    return out
+
+
+def runs(k, eligible: np.ndarray) -> np.ndarray:
+    """Run number of each kernel in (step, stream, start) order; a run is a maximal stretch of
+    eligible kernels, broken by any other kernel, a new stream or a new step. Positional."""
+    order = np.lexsort((k["ts"].to_numpy(np.int64), k["stream"].to_numpy(np.int64), k["step_index"].to_numpy(np.int64)))
+    e = eligible[order]
+    stream = k["stream"].to_numpy(np.int64)[order]
+    step = k["step_index"].to_numpy(np.int64)[order]
+    brk = np.ones(len(e), dtype=bool)
+    brk[1:] = (e[1:] != e[:-1]) | (stream[1:] != stream[:-1]) | (step[1:] != step[:-1])
+    run = np.empty(len(e), dtype=np.int64)
+    run[order] = np.cumsum(brk) - 1
+    return run
+
+
+def fused_chain_members(k, eligible: np.ndarray) -> np.ndarray:
+    """Mask over `k` (step kernels): eligible kernels that a fused chain absorbs, i.e. every
+    member of a run of consecutive eligible kernels but its costliest (see `runs`)."""
+    out = np.zeros(len(k), dtype=bool)
+    if not eligible.any():
+        return out
+    run = runs(k, eligible)
+    pos = np.nonzero(eligible)[0]
+    dur = k["dur"].to_numpy(np.float64)[pos]
+    frame = {"run": run[pos], "dur": dur, "pos": pos}
+    df = pd.DataFrame(frame)
+    keep = df.sort_values(["run", "dur"], ascending=[True, False], kind="stable").drop_duplicates("run")["pos"].to_numpy()
+    out[pos] = True
+    out[keep] = False
+    return out
+
+
+
+def _first_tensor(dims: object) -> int:
+    """Elements of the op's first input tensor (0 when not recorded)."""
+    if not isinstance(dims, (list, tuple)) or not dims or not isinstance(dims[0], (list, tuple)) or not dims[0]:
+        return 0
+    try:
+        return int(np.prod([int(d) for d in dims[0]]))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _same_size_tensors(dims: object, numel: int) -> int:
+    if not isinstance(dims, (list, tuple)) or numel <= 0:
+        return 0
+    n = 0
+    for d in dims:
+        try:
+            n += isinstance(d, (list, tuple)) and bool(d) and int(np.prod([int(x) for x in d])) == numel
+        except (TypeError, ValueError):
+            continue
+    return n
+
+
+def _element_bytes(types: object) -> int:
+    text = str(types) if types is not None else ""
+    m = re.search(r"[A-Za-z0-9_:]+", text.replace('"', " "))
+    return ELEMENT_BYTES.get(m.group(0), 4) if m else 4
+
+
+def achieved_bandwidth(k: pd.DataFrame) -> float | None:
+    """Bytes per ns the device's memory gave this run's simple elementwise kernels (their 90th
+    percentile: the kernels that streamed at full speed), from the launching ops' input
+    shapes; None where the trace has too few of them (no shapes recorded)."""
+    if "op_input_dims" not in k or len(k) == 0:
+        return None
+    probe = k[_matches(k["op"].astype(str), BANDWIDTH_PROBE_OP) & (k["dur"].to_numpy() > 0)]
+    if len(probe) < MIN_PROBES:
+        return None
+    numel = np.array([_first_tensor(d) for d in probe["op_input_dims"]], dtype=np.float64)
+    size = np.array([_element_bytes(t) for t in probe["op_input_types"]], dtype=np.float64)
+    reads = np.array([_same_size_tensors(d, int(n)) for d, n in zip(probe["op_input_dims"], numel)], dtype=np.float64)
+    writes = (~probe["op"].astype(str).str.endswith("_")).to_numpy(np.float64)  # in-place ops write an input
+    moved = (reads + writes) * numel * size
+    ok = moved >= MIN_PROBE_BYTES
+    if np.count_nonzero(ok) < MIN_PROBES:
+        return None
+    return float(np.percentile(moved[ok] / probe["dur"].to_numpy(np.float64)[ok], 90))
+
+
+def batch_norm_roofline_share(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """For the kernels at positions `rows` of `k`: the share of its time a cuDNN batch-norm
+    kernel would take at the run's own memory bandwidth (its passes over the activation,
+    see BATCH_NORM_PASSES), at most 1; 1 for every other kernel and where shapes are missing.
+    A compiler's generated batch norm streams at that speed; cuDNN's NCHW kernels do not."""
+    share = np.ones(len(rows), dtype=np.float64)
+    bandwidth = achieved_bandwidth(k)
+    if bandwidth is None or len(rows) == 0:
+        return share
+    sub = k.iloc[rows]
+    names = sub["name"].astype(str)
+    is_bn = np.asarray(_matches(names, BATCH_NORM_KERNEL), dtype=bool)
+    for i in np.nonzero(is_bn)[0]:
+        numel = _first_tensor(sub["op_input_dims"].iat[i])
+        dur = float(sub["dur"].iat[i])
+        if numel <= 0 or dur <= 0:
+            continue
+        backward = "bw" in names.iat[i] or "backward" in str(sub["op"].iat[i])
+        passes = BATCH_NORM_PASSES["backward" if backward else "forward"]
+        share[i] = min(passes * numel * _element_bytes(sub["op_input_types"].iat[i]) / bandwidth / dur, 1.0)
+    return share
+
+
+__all__ = ["BATCH_NORM_KERNEL", "achieved_bandwidth", "batch_norm_roofline_share", "COMPILED_GRAPH", "COMPILED_KERNEL", "COMPILED_REGION", "ELEMENTWISE_KERNEL", "compiled_regions_ran", "fused_chain_members", "in_chain", "runs"]
