@@ -62,6 +62,7 @@ BESIDE_TRACES = [
 VIT = ["all", "baseline", "batch256", "bf16", "compile", "foreach", "no_sync", "pin_memory", "tf32", "workers"]
 SAMPLE = ["cpu_baseline", "cpu_workers", "gpu_baseline", "gpu_compiled", "gpu_cudagraphs", "gpu_input_bound", "gpu_walk_final", "gpu_workers"]
 KERNELS = ["defaults", "fp32", "tf32", "bf16", "fp16"]
+HELD_OUT = ["resnet18_host_clock/starved", "resnet18_device_clock/fed", "resnet18_device_clock/fed_reduce_overhead", "hooks_fixed/fed_compile", "vit/baseline"]
 
 
 def _ids() -> list[str]:
@@ -70,13 +71,20 @@ def _ids() -> list[str]:
     out += [f"kernels/h100/{k}.pt.trace.json.gz" for k in KERNELS]
     out += [f"sample_runs/resnet18_cifar/runs/{s}" for s in SAMPLE]
     out += ["tests/data/allreduce_gloo/runs/ddp", "tests/data/allreduce_gloo/runs/manual"]
+    out += [f"sample_runs/heldout_h200/{h}" for h in HELD_OUT]
     return out
 
 
 TRACES = _ids()
 
 # Where an invariant does not hold yet, and why (the test still runs: it must keep failing).
-KNOWN: dict[tuple[str, str], str] = {}
+KNOWN: dict[tuple[str, str], str] = {
+    ("halving", "sample_runs/heldout_h200/resnet18_device_clock/fed"): (
+        "a device-bound window whose profiled host work is 95% of the step (23 of 24.3 ms): the unprofiled "
+        "steps are device-bound too, so they cannot say how much faster the host ran without the profiler; "
+        "the replay keeps the profiled host, and halving the device replays to it (7% saved)"
+    ),
+}
 
 
 def traces_for(invariant: str) -> list:
