@@ -89,8 +89,7 @@ from advisor.metrics.breakdown import _matches
 from advisor.metrics.compute import kernel_evidence, kernel_exposure, launched_inside, step_kernels
 from advisor.metrics.elementwise import COMPILED_GRAPH, ELEMENTWISE_KERNEL, batch_norm_roofline_share, compiled_regions_ran, fused_chain_members
 from advisor.metrics.host_device import OPTIMIZER_SPAN
-from advisor.whatif.changes import remove_launches
-from advisor.whatif.replay import Change
+from advisor.whatif.changes import fused
 
 ID = "compile-graph-breaks"
 TITLE = "torch.compile ran, but graph breaks leave the elementwise work eager"
@@ -159,9 +158,5 @@ def check(ctx: Context):
         f"hand that code back to eager PyTorch. Without the breaks its chains fuse ({evidence['fused_away_kernels_per_step']:.0f} "
         f"fewer kernels per step): ~{saving_ms:.1f} ms/step. TORCH_LOGS=\"graph_breaks\" names each break and its line."
     )
-    faster = bn_share < 1.0
-    change = Change.merge([
-        remove_launches(ctx.events, ctx.events.device["correlation"].to_numpy(np.int64)[gone.index.to_numpy()]),
-        Change(device_scale={int(r): float(f) for r, f in zip(k.index.to_numpy()[kept][faster], bn_share[faster])}),
-    ])
+    change = fused(ctx.events, k, fused_away, kept, bn_share)
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, change=change)

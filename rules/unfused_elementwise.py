@@ -99,7 +99,7 @@ import re
 
 import numpy as np
 
-from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL, compiled, remove_launches
+from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL, compiled, fused
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import dataloader_spans
 
@@ -201,10 +201,8 @@ def check(ctx: Context):
     kept_host = host[_matches(host["name"], OPTIMIZER_SPAN) | _matches(host["name"], COMM_OP_NAME) | _matches(host["name"], DDP_REDUCER)]
     dl_s, dl_e = dataloader_spans(ctx.events)
     exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
-    faster = bn_share < 1.0
     change = Change.merge(
-        [remove_launches(ctx.events, ctx.events.device["correlation"].to_numpy(np.int64)[gone.index.to_numpy()]),
-         Change(device_scale={int(r): float(f) for r, f in zip(k.index.to_numpy()[kept][faster], bn_share[faster])}),
+        [fused(ctx.events, k, fused_away, kept, bn_share),
          compiled(ctx.events, region.index.to_numpy(), launch_ts_of(m, region.index.to_numpy()), region["step_index"].to_numpy(np.int64),
                   ~fused_away[~in_optimizer], exclude)]
     )

@@ -71,6 +71,18 @@ def remove_launches(events: RankEvents, correlations) -> Change:
     )
 
 
+def fused(events: RankEvents, kernels: pd.DataFrame, fused_away: np.ndarray, kept: np.ndarray, kept_share: np.ndarray) -> Change:
+    """Elementwise chains fused by a compiler: the kernels in `fused_away` (a mask over the
+    kernel rows) and their launch calls go; the kept kernels at positions `kept` run at
+    `kept_share` of their time (a generated batch norm at the memory's speed)."""
+    rows = kernels.index.to_numpy()
+    faster = kept_share < 1.0
+    return Change.merge([
+        remove_launches(events, events.device["correlation"].to_numpy(np.int64)[rows[fused_away]]),
+        Change(device_scale={int(r): float(f) for r, f in zip(rows[kept][faster], kept_share[faster])}),
+    ])
+
+
 def graphed(events: RankEvents, device_rows, host_windows=None, host_share: float = 0.0) -> Change:
     """Device ops issued as one graph or compiled region: back to back on their streams, their
     launch calls reduced to a small share, and (optionally) `host_share` of the host time in
