@@ -63,7 +63,7 @@ cuDNN batch-norm kernel is the exception: Inductor generates its own, which stre
 memory's speed, so it costs its passes over the activation (3 forward, 5 backward, from the
 launching op's input shape) at the bandwidth this run's simple elementwise kernels reached
 (their 90th percentile: 4.3 TB/s on the H200, whose memory is rated 4.8); on the H200
-ResNet-18 cuDNN's took 3.4 times that (`sample_runs/heldout_h200`). Without recorded shapes
+ResNet-18 cuDNN's took 3.6 times that (`sample_runs/heldout_h200`). Without recorded shapes
 it keeps its time. Inductor
 also lays convolutions out channels-last (its layout optimisation), so cuDNN's NCHW↔NHWC
 transpose kernels around them go too (the kernels `channels-last` counts). The
