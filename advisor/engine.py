@@ -615,8 +615,6 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
         # reported longer than the step without them.
         summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
         in_rank_order(replay, base, kept, summary)
-        for f in kept:  # a symptom's causes are the fixes that stay ranked
-            f.causes = [c for c in f.causes if c in summary.fixes]
     if whatif is not None:
         whatif.append(summary)
     return kept
@@ -657,6 +655,8 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         best.saving_ms = gain
         best.saving_pct = gain / base if base > 0 else None
         best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
+    for f in findings:  # a symptom's causes: the fixes that stay ranked
+        f.causes = [c for c in f.causes if c in summary.fixes]
     for f in symptoms:
         f.saving_alone_ms = f.saving_ms or 0.0
         chosen.append(f)

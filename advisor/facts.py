@@ -176,6 +176,16 @@ class FactsFile(_Facts):
     notes: list[str] | None = None
 
 
+def steps_as_run(host_ms: list, device_ms: object) -> list:
+    """Each step's time as the run took it: the device clock's (`device_step_times_ms`) where it
+    timed the step, else the host's. The host's clock runs ahead of a device-bound step (by up
+    to the launch queue's depth, and by whole steps under CUDA graphs); see
+    advisor.capture.device_clock."""
+    if not isinstance(device_ms, list) or len(device_ms) != len(host_ms):
+        return list(host_ms)
+    return [d if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0 else h for h, d in zip(host_ms, device_ms)]
+
+
 class FactsProblem(ValueError):
     """Not a facts file at all (not an object, or no advisor/facts schema)."""
 
@@ -278,4 +288,4 @@ def read_facts(path: Path) -> dict[str, Any]:
     return orjson.loads(Path(path).read_bytes())
 
 
-__all__ = ["FACTS_FILE", "SCHEMA", "FactsFile", "FactsProblem", "facts_file_name", "read_facts", "validate_facts", "write_facts"]
+__all__ = ["FACTS_FILE", "SCHEMA", "FactsFile", "FactsProblem", "facts_file_name", "read_facts", "steps_as_run", "validate_facts", "write_facts"]

@@ -34,8 +34,8 @@ either, else null; training-only rules stay silent on inference runs),
 holds the script's start-up (imports, building the model and data) because a step starts
 where the previous one ended. `device_step_times_ms[k]` (CUDA runs; null elsewhere, and null
 for a step it could not time) is step k as the device ran it: the interval between CUDA events
-recorded at the ends of steps k-1 and k (advisor.capture.device_clock). Flags that can change while the script runs (cudnn.benchmark,
-TF32) are sampled at every step end up to the end of the profiled window, so they say what
+recorded at the ends of steps k-1 and k (advisor.capture.device_clock). Flags that can change
+while the script runs (cudnn.benchmark, TF32) are sampled at every step end up to the end of the profiled window, so they say what
 was in force while it was recorded. This module imports torch only inside functions.
 """
 

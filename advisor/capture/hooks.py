@@ -61,13 +61,11 @@ except AttributeError:  # pragma: no cover - older torch
         return fn
 
 
-def _compiling() -> bool:
-    """True while Dynamo traces: the global module hooks then return at once. Dynamo reads this
-    call as a constant and inlines the hook to nothing; a hook it may not trace
-    (`torch._disable_dynamo`) would instead break the graph at every submodule call, and the
-    run recorded would not be the compiled model the script asked for."""
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(is_compiling()) if is_compiling is not None else False
+# True while Dynamo traces: the global module hooks then return at once. Dynamo reads this call
+# as a constant and inlines the hook to nothing; a hook it may not trace (`torch._disable_dynamo`)
+# would instead break the graph at every submodule call, and the run recorded would not be the
+# compiled model the script asked for.
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep

@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
     from advisor.capture.facts import FactsRecorder
     from advisor.capture.hooks import Hooks
     from advisor.capture.runner import Target, run
+    from advisor.facts import steps_as_run
 
     times: list[float] = []
     last = [time.perf_counter()]
@@ -59,8 +60,7 @@ def main(argv: list[str]) -> int:
         hooks.uninstall()
     wall = time.perf_counter() - started
     device = device_clock.step_times_ms()
-    if device is not None:
-        times = [d if d is not None and d > 0 else t for t, d in zip(times, device)]
+    times = steps_as_run(times, device)
     with open(result_path, "w", encoding="utf-8") as fh:
         json.dump({"step_times_ms": times, "clock": "host" if device is None else "device", "warmup": int(warmup), "outcome": outcome.how, "exit_code": outcome.exit_code, "wall_s": wall, "step_source": hooks.source}, fh)
     return 0 if outcome.how in ("stopped", "finished") else (outcome.exit_code or 1)

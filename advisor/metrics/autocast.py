@@ -111,7 +111,7 @@ class AutocastCasts:
 
 
 @lru_cache(maxsize=8192)
-def _types(text: str) -> tuple[str, ...]:
+def input_type_names(text: str) -> tuple[str, ...]:
     try:
         out = orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -119,7 +119,7 @@ def _types(text: str) -> tuple[str, ...]:
     return tuple(t if isinstance(t, str) else "" for t in out) if isinstance(out, list) else ()
 
 
-def _numel(dims) -> int:
+def numel(dims) -> int:
     if not isinstance(dims, list) or any(not isinstance(d, int) for d in dims):
         return 0
     return int(np.prod(dims)) if dims else 1
@@ -135,7 +135,7 @@ def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray)
         key = (types_text[i], id(d))
         got = memo.get(key)
         if got is None:
-            got = memo[key] = _float_inputs(_types(types_text[i]), d)
+            got = memo[key] = _float_inputs(input_type_names(types_text[i]), d)
         out.append(got)
     return out
 
@@ -146,7 +146,7 @@ def _float_inputs(types: tuple[str, ...], dims) -> list[tuple[int, int, int, int
     out = []
     for i, t in enumerate(types):
         if t in FLOATING and i < len(dims) and isinstance(dims[i], list):
-            n = _numel(dims[i])
+            n = numel(dims[i])
             if n > 0:
                 out.append((i, len(dims[i]), n, int(dims[i][0]) if dims[i] else 1))
     return out
@@ -287,7 +287,7 @@ def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
         return 0.0
     dims = ops["input_dims"].to_numpy()
     nbytes = np.array(
-        [sum(DTYPE_BYTES.get(t, 0) * _numel(d) for t, d in zip(_types(types_text[i])[:2], (dims[i] or [])[:2])) for i in sel],
+        [sum(DTYPE_BYTES.get(t, 0) * numel(d) for t, d in zip(input_type_names(types_text[i])[:2], (dims[i] or [])[:2])) for i in sel],
         dtype=np.float64,
     )
     keep = nbytes >= MIN_BANDWIDTH_BYTES

@@ -14,19 +14,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from advisor.metrics.autocast import DTYPE_BYTES, input_type_names, numel
 from advisor.metrics.breakdown import _matches
-
-# cuDNN's batch-norm kernels (forward in training, backward), and the passes over the
-# activation a bandwidth-bound kernel needs: forward reads it for the statistics and again to
-# normalise, and writes the output (3); backward reads the input and the output's gradient
-# for the reductions and again for the input's gradient, which it writes (5).
-BATCH_NORM_KERNEL = re.compile(r"cudnn::bn_(?:fw|bw)|bn_fw_|bn_bw_")
-BATCH_NORM_PASSES = {"forward": 3, "backward": 5}
-# Ops whose kernels stream whole tensors once: the trace's own bandwidth is read off them.
-BANDWIDTH_PROBE_OP = re.compile(r"^aten::(?:add_?|mul_?|relu_?|clamp_min_?|threshold_backward)$")
-ELEMENT_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2, "half": 2, "bfloat16": 2}
-MIN_PROBE_BYTES = 1 << 20
-MIN_PROBES = 20
 
 ELEMENTWISE_KERNEL = re.compile(
     r"at::native::.*(elementwise_kernel|reduce_kernel|_norm_|norm_kernel|[Ss]oft[Mm]ax|dropout|LayerNorm|GroupNorm|"
@@ -100,33 +89,42 @@ def fused_chain_members(k, eligible: np.ndarray) -> np.ndarray:
     return out
 
 
-
-def _first_tensor(dims: object) -> int:
-    """Elements of the op's first input tensor (0 when not recorded)."""
-    if not isinstance(dims, (list, tuple)) or not dims or not isinstance(dims[0], (list, tuple)) or not dims[0]:
-        return 0
-    try:
-        return int(np.prod([int(d) for d in dims[0]]))
-    except (TypeError, ValueError):
-        return 0
-
-
-def _same_size_tensors(dims: object, numel: int) -> int:
-    if not isinstance(dims, (list, tuple)) or numel <= 0:
-        return 0
-    n = 0
-    for d in dims:
-        try:
-            n += isinstance(d, (list, tuple)) and bool(d) and int(np.prod([int(x) for x in d])) == numel
-        except (TypeError, ValueError):
-            continue
-    return n
+# cuDNN's batch-norm kernels (forward in training, backward), and the passes over the
+# activation a bandwidth-bound kernel needs: forward reads it for the statistics and again to
+# normalise, and writes the output (3); backward reads the input and the output's gradient
+# for the reductions and again for the input's gradient, which it writes (5).
+BATCH_NORM_KERNEL = re.compile(r"cudnn::bn_(?:fw|bw)|bn_fw_|bn_bw_")
+BATCH_NORM_PASSES = {"forward": 3, "backward": 5}
+# Ops whose kernels stream whole tensors once: the trace's own bandwidth is read off them.
+BANDWIDTH_PROBE_OP = re.compile(r"^aten::(?:add_?|mul_?|relu_?|clamp_min_?|threshold_backward)$")
+MIN_PROBE_BYTES = 1 << 20
+MIN_PROBES = 20
 
 
-def _element_bytes(types: object) -> int:
-    text = str(types) if types is not None else ""
-    m = re.search(r"[A-Za-z0-9_:]+", text.replace('"', " "))
-    return ELEMENT_BYTES.get(m.group(0), 4) if m else 4
+def _first_input(types_text: object, dims: object) -> tuple[int, int, int]:
+    """(elements, bytes per element, inputs of that many elements) of an op's first input;
+    zeros where its shape or dtype is not recorded."""
+    types = input_type_names(types_text) if isinstance(types_text, str) else ()
+    if not isinstance(dims, list) or not dims or not types:
+        return 0, 0, 0
+    n = numel(dims[0])
+    if n <= 0:
+        return 0, 0, 0
+    return n, DTYPE_BYTES.get(types[0], 0), sum(1 for d in dims if numel(d) == n)
+
+
+def _first_inputs(k: pd.DataFrame) -> np.ndarray:
+    """_first_input of each kernel's launching op, worked out once per distinct (types,
+    shapes): a run repeats the same ops every step, and equal shapes are one object."""
+    memo: dict[tuple[object, int], tuple[int, int, int]] = {}
+    out = np.zeros((len(k), 3), dtype=np.float64)
+    for i, (t, d) in enumerate(zip(k["op_input_types"].to_numpy(), k["op_input_dims"].to_numpy())):
+        key = (t, id(d))
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = _first_input(t, d)
+        out[i] = got
+    return out
 
 
 def achieved_bandwidth(k: pd.DataFrame) -> float | None:
@@ -138,11 +136,9 @@ def achieved_bandwidth(k: pd.DataFrame) -> float | None:
     probe = k[_matches(k["op"].astype(str), BANDWIDTH_PROBE_OP) & (k["dur"].to_numpy() > 0)]
     if len(probe) < MIN_PROBES:
         return None
-    numel = np.array([_first_tensor(d) for d in probe["op_input_dims"]], dtype=np.float64)
-    size = np.array([_element_bytes(t) for t in probe["op_input_types"]], dtype=np.float64)
-    reads = np.array([_same_size_tensors(d, int(n)) for d, n in zip(probe["op_input_dims"], numel)], dtype=np.float64)
+    elems, size, reads = _first_inputs(probe).T
     writes = (~probe["op"].astype(str).str.endswith("_")).to_numpy(np.float64)  # in-place ops write an input
-    moved = (reads + writes) * numel * size
+    moved = (reads + writes) * elems * size
     ok = moved >= MIN_PROBE_BYTES
     if np.count_nonzero(ok) < MIN_PROBES:
         return None
@@ -161,14 +157,15 @@ def batch_norm_roofline_share(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     sub = k.iloc[rows]
     names = sub["name"].astype(str)
     is_bn = np.asarray(_matches(names, BATCH_NORM_KERNEL), dtype=bool)
-    for i in np.nonzero(is_bn)[0]:
-        numel = _first_tensor(sub["op_input_dims"].iat[i])
-        dur = float(sub["dur"].iat[i])
-        if numel <= 0 or dur <= 0:
-            continue
-        backward = "bw" in names.iat[i] or "backward" in str(sub["op"].iat[i])
-        passes = BATCH_NORM_PASSES["backward" if backward else "forward"]
-        share[i] = min(passes * numel * _element_bytes(sub["op_input_types"].iat[i]) / bandwidth / dur, 1.0)
+    if not is_bn.any():
+        return share
+    elems, size, _ = _first_inputs(sub[is_bn]).T
+    backward = names[is_bn].str.contains("bw").to_numpy() | sub["op"][is_bn].astype(str).str.contains("backward").to_numpy()
+    passes = np.where(backward, BATCH_NORM_PASSES["backward"], BATCH_NORM_PASSES["forward"])
+    dur = sub["dur"].to_numpy(np.float64)[is_bn]
+    roofline = passes * elems * size / bandwidth
+    known = (roofline > 0) & (dur > 0)
+    share[np.nonzero(is_bn)[0][known]] = np.minimum(roofline[known] / dur[known], 1.0)
     return share
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from advisor.facts import steps_as_run
+
 MIN_UNPROFILED_STEPS = 3
 NOTABLE_SLOWDOWN = 1.25
 
@@ -79,27 +81,17 @@ def unprofiled_steps(facts: dict[str, Any] | None) -> UnprofiledSteps | None:
         return None
     if not all(isinstance(i, int) and 0 <= i < len(times) for i in profiled):
         return None
+    times = steps_as_run(times, (facts or {}).get("device_step_times_ms"))
     first = max(profiled) + 2
     try:
         all_ms = np.asarray(times, dtype=np.float64)
         wait_ms = np.asarray(waits, dtype=np.float64) if isinstance(waits, list) and len(waits) == len(times) else None
     except (TypeError, ValueError):
         return None
-    device = _device_times(facts, len(times))
-    if device is not None:
-        all_ms = np.where(np.isfinite(device) & (device > 0), device, all_ms)
     after = all_ms[first:]
     if len(after) < MIN_UNPROFILED_STEPS or not np.isfinite(after).all() or (after <= 0).any():
         return None
     return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:])
-
-
-def _device_times(facts: dict[str, Any] | None, n: int) -> np.ndarray | None:
-    """The device clock's step times aligned with the host's (NaN where it did not time a step)."""
-    device = (facts or {}).get("device_step_times_ms")
-    if not isinstance(device, list) or len(device) != n:
-        return None
-    return np.array([float(d) if isinstance(d, (int, float)) and not isinstance(d, bool) else np.nan for d in device], dtype=np.float64)
 
 
 def profiler_overhead(facts: dict[str, Any] | None) -> ProfilerOverhead | None:
