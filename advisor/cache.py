@@ -495,7 +495,7 @@ def clear(root: Path) -> tuple[int, int]:
 FRAMES_META = "advisor_cache.json"
 FRAMES_FORMAT = 5  # 4: one sealed cache, keyed on content alone; 5: the profiler session's end in the metadata
 FRAME_TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
-JSON_COLUMNS = {"host": ("input_dims",)}
+JSON_COLUMNS = {"host": ("input_dims", "concrete_inputs")}
 @functools.cache
 def fixed_categories() -> dict[tuple[str, str], list[str]]:
     from advisor.load.trace import DEVICE_KINDS, HOST_KINDS
