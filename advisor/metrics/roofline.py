@@ -394,7 +394,7 @@ def _broadcast(a, b) -> list[int] | None:
     return out
 
 
-def _cost_elementwise(name: str, types: tuple, dims) -> Cost | None:
+def _cost_elementwise(name: str, types: tuple, dims, concrete=None) -> Cost | None:
     if name in UNARY_OPS:
         x = _shape(dims, 0)
         if x is None or not types:
@@ -429,7 +429,10 @@ def _cost_elementwise(name: str, types: tuple, dims) -> Cost | None:
         if not bpe:
             return None
         n_el = _prod(x)
-        return Cost("reduce", float(n_el), float(n_el * bpe), types[0], _fmt(x))
+        dim = _ints(concrete, 1)
+        kept = [d for i, d in enumerate(x) if dim and i not in {j % max(len(x), 1) for j in dim}] if dim else []
+        n_out = _prod(kept) if kept or dim else 1
+        return Cost("reduce", float(n_el), float(n_el * bpe + n_out * bpe), types[0], _fmt(x))
     return None
 
 
@@ -477,7 +480,7 @@ def op_cost(op: str, types: tuple, dims, concrete) -> Cost | None:
     name = op[6:]
     try:
         return (_cost_gemm(name, types, dims) or _cost_conv(name, types, dims, concrete) or _cost_attention(name, types, dims, concrete)
-                or _cost_norm(name, types, dims, concrete) or _cost_elementwise(name, types, dims))
+                or _cost_norm(name, types, dims, concrete) or _cost_elementwise(name, types, dims, concrete))
     except (TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError):
         return None  # a damaged or unexpected shape: no figure rather than a wrong one
 
