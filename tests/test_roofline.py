@@ -95,13 +95,12 @@ def test_device_table_names_its_sources_and_knows_the_recorded_devices():
 
 # --- real GEMMs against their raw kernels ----------------------------------------------------------
 def _raw_gemm_rate(doc: dict, op: str, dims: list) -> float:
-    """TFLOP/s of an op's kernels, from the raw events: the op's External id, its runtime calls'
-    correlation ids, the kernels with those ids."""
+    """TFLOP/s of an op's kernels, from the raw events: the op's External id and the kernels
+    that carry it (Kineto copies the launching op's id onto its kernels)."""
     ev = doc["traceEvents"]
     ext = {e["args"]["External id"] for e in ev if e.get("cat") == "cpu_op" and e.get("name") == op and e["args"].get("Input Dims", [])[-2:] == dims[-2:]}
-    corr = {e["args"]["correlation"]: e["args"]["External id"] for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("args", {}).get("External id") in ext}
-    kernels = [e for e in ev if e.get("cat") == "kernel" and e["args"].get("correlation") in corr]
-    calls = len({corr[e["args"]["correlation"]] for e in kernels})  # an op nested in one of its name launches nothing itself
+    kernels = [e for e in ev if e.get("cat") == "kernel" and e["args"].get("External id") in ext]
+    calls = len({e["args"]["External id"] for e in kernels})  # an op nested in one of its name launches nothing itself
     dur_us = sum(e["dur"] for e in kernels)
     m, k = dims[-2]
     n = dims[-1][1]
@@ -188,3 +187,41 @@ def test_unknown_device_has_columns_but_no_ceiling(cli, tmp_path):
     assert ops["ceiling"] is None and ops["ops"]
     assert all(r["ceiling_share"] is None and r["tflops"] is not None for r in ops["ops"])
     assert any("not in the device table" in n for n in ops["notes"])
+
+
+def test_h200_vit_gemms_run_at_the_rate_the_h100_corpus_measured(cli, tmp_path):
+    # The H200 has the H100 SXM's compute (datasheets): the held-out ViT's largest fp32 GEMMs
+    # (9216×2048×512 and the like) can run no faster than cuBLAS's 4096² fp32 GEMM measured on
+    # the H100 (plus 10%), and, being large, not slower than half of it.
+    corpus = _raw_gemm_rate(_with_one_step(_events(H100 / "fp32.pt.trace.json.gz")), "aten::mm", [[2048, 4096], [4096, 4096]])
+    assert 40 < corpus < 67  # the datasheet's fp32 peak is 67 TFLOP/s
+    code, out, err = cli(["report", str(REPO / "sample_runs" / "heldout_h200" / "vit" / "baseline"), "--ops", "-f", "json"], cwd=tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["ceiling"]["name"] == "H200 SXM"
+    gemms = sorted((r for r in doc["ops"] if r["kind"] == "gemm" and r["precision"] == "fp32"), key=lambda r: -r["flops"])[:4]
+    assert len(gemms) == 4
+    for r in gemms:
+        assert 0.5 * corpus < r["tflops"] < 1.1 * corpus, r
+
+
+def test_ops_json_validates_against_its_schema(cli, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    from advisor.schemas import check, json_schema
+
+    path = _write(_with_one_step(_events(BF16)), tmp_path / "bf16.pt.trace.json")
+    code, out, err = cli(["report", str(path), "--ops", "-f", "json"], cwd=tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    jsonschema.Draft202012Validator(json_schema("ops")).validate(doc)
+    check("ops", doc)
+
+
+def test_advisor_profile_records_shapes_by_default():
+    # the sample runs were recorded by `advisor profile` with its defaults: their facts say so,
+    # and their traces give the roofline its shapes
+    from advisor.capture.session import CaptureOptions
+
+    assert CaptureOptions(out_dir=Path(".")).record_shapes is True
+    facts = json.loads((REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline" / "advisor_facts.json").read_text())
+    assert facts["profiler"]["record_shapes"] is True

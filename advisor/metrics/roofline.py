@@ -593,14 +593,16 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
     g = pd.DataFrame({"code": codes[idx], "pos": idx, "dur": k["dur"].to_numpy(np.float64)[idx],
                       "ext": k["external_id"].to_numpy(np.int64)[idx] if "external_id" in k else np.full(len(idx), -1)})
     first = g.drop_duplicates("code")
-    agg = g.groupby("code", sort=False).agg(dur=("dur", "sum"), kernels=("dur", "size"))
+    prec_all = k["precision"].astype(str).to_numpy()[idx] if "precision" in k else np.full(len(idx), "", dtype=object)
+    g["tf32"] = prec_all == "tf32"  # an fp32 op any of whose kernels ran TF32 (cuDNN's default for convolutions)
+    agg = g.groupby("code", sort=False).agg(dur=("dur", "sum"), kernels=("dur", "size"), tf32=("tf32", "any"))
     with_ext = g[g["ext"] >= 0].groupby("code", sort=False)["ext"].nunique()
     calls = agg["kernels"].astype(np.float64).copy()
     calls.loc[with_ext.index] = with_ext.astype(np.float64)
-    prec_col = k["precision"].astype(str).to_numpy() if "precision" in k else np.full(len(k), "", dtype=object)
     op_col, types_col = k["op"].to_numpy(dtype=object), k["op_input_types"].to_numpy(dtype=object)
     dims_col = k["op_input_dims"].to_numpy(dtype=object)
     conc_col = k["op_concrete_inputs"].to_numpy(dtype=object) if "op_concrete_inputs" in k else np.full(len(k), None, dtype=object)
+    tf32_of = agg["tf32"].to_dict()
     rows = []
     for code, pos in zip(first["code"].to_numpy(), first["pos"].to_numpy()):
         types = input_type_names(types_col[pos]) if isinstance(types_col[pos], str) else ()
@@ -608,7 +610,7 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
         cost = op_cost(op_col[pos], types, dims_col[pos], conc)
         if cost is None or cost.flops <= 0 and cost.bytes <= 0:
             continue
-        rows.append((code, op_col[pos], cost, prec_col[pos]))
+        rows.append((code, op_col[pos], cost, "tf32" if tf32_of[code] else ""))
     if not rows:
         return Roofline(empty, ceiling, device_name, True, 0.0, kernel_ms, notes=notes), np.full(len(k), -1), empty
     codes_kept = np.array([r[0] for r in rows], dtype=np.int64)
