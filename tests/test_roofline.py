@@ -225,3 +225,19 @@ def test_advisor_profile_records_shapes_by_default():
     assert CaptureOptions(out_dir=Path(".")).record_shapes is True
     facts = json.loads((REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline" / "advisor_facts.json").read_text())
     assert facts["profiler"]["record_shapes"] is True
+
+
+def test_html_report_draws_the_roofline_with_escaped_labels(cli, tmp_path):
+    doc = _with_one_step(_events(BF16))
+    for p in doc.get("deviceProperties", []):
+        p["name"] = "NVIDIA H100 <img src=x onerror=alert(1)>"
+    out = tmp_path / "report.html"
+    code, _, err = cli(["report", str(_write(doc, tmp_path / "bf16.pt.trace.json")), "-o", str(out)], cwd=tmp_path)
+    assert code == 0, err
+    page = out.read_text()
+    section = page[page.index('<h2 id="roofline">'):]
+    assert '<svg class="roofline"' in section and section.count('<circle class="op"') >= 10
+    assert 'class="roof"' in section  # the H100's memory roof and compute ceilings
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in section
+    key = section[section.index('<ol class="roofline-key">'):section.index("</ol>")]
+    assert key.count("<li>") == 6 and "aten::" in key
