@@ -216,17 +216,55 @@ _CONV_ARGS = {
 }
 
 
-def _cost_conv(name: str, types: tuple, dims, concrete) -> Cost | None:
+def _key(*shapes) -> tuple:
+    return tuple(tuple(x) for x in shapes)
+
+
+def conv_shapes(host_ops_dims) -> dict[tuple, list[int]]:
+    """What the backward convolutions of a training trace tell about each convolution's shapes,
+    for traces without scalar arguments (stride, padding): from (op name, Input Dims) of the
+    backward ops, keyed ("out", x, w) -> output, ("x", gy, w) -> input, ("w", gy, x) -> weight."""
+    out: dict[tuple, list[int]] = {}
+    for name, dims in host_ops_dims:
+        if name == "aten::convolution_backward":
+            gy, x, w = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
+        elif name in ("aten::cudnn_convolution_backward", "aten::miopen_convolution_backward"):
+            x, gy, w = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
+        else:
+            continue
+        if gy and x and w and len(gy) == len(x) == len(w) >= 3:
+            out[("out",) + _key(x, w)] = gy
+            out[("x",) + _key(gy, w)] = x
+            out[("w",) + _key(gy, x)] = w
+    return out
+
+
+def _cost_conv(name: str, types: tuple, dims, concrete, known: dict | None = None) -> Cost | None:
+    known = known or {}
+    if name in ("cudnn_convolution_backward_input", "cudnn_convolution_backward_weight"):
+        gy, other = _shape(dims, 1), _shape(dims, 2)
+        if not gy or not other or len(types) < 3:
+            return None
+        found = known.get(("x" if name.endswith("input") else "w",) + _key(gy, other))
+        if not found:
+            return None
+        x, w = (found, other) if name.endswith("input") else (other, found)
+        bpe = BPE.get(types[1], 0)
+        if not bpe:
+            return None
+        fwd = _conv_fwd(x, w, gy, False, bpe, types[1])
+        return Cost("conv", fwd.flops, (_prod(gy) + _prod(w) + _prod(x)) * bpe, types[1], fwd.shape)
     if name in _CONV_ARGS:
         x, w = _shape(dims, 0), _shape(dims, 1)
         if not x or not w or len(x) < 3 or not types:
             return None
         s, p, d, t, op_, b = _CONV_ARGS[name]
         stride, padding, dilation = _ints(concrete, s), _ints(concrete, p), _ints(concrete, d)
-        if stride is None and padding is None:
-            return None  # no scalar arguments recorded: the output's size is unknown
         transposed = bool(_flag(concrete, t)) if t is not None else False
-        out = _conv_out(x, w, stride, padding, dilation, transposed, _ints(concrete, op_) if op_ is not None else None)
+        if stride is None and padding is None:
+            out = known.get(("out",) + _key(x, w))  # no scalar arguments: the backward's gradient has the output's shape
+        else:
+            out = _conv_out(x, w, stride, padding, dilation, transposed, _ints(concrete, op_) if op_ is not None else None)
         bpe = BPE.get(types[0], 0)
         if not out or not bpe:
             return None
@@ -467,10 +505,11 @@ def _cost_optimizer(op: str, types: tuple, dims) -> Cost | None:
     return None
 
 
-def op_cost(op: str, types: tuple, dims, concrete) -> Cost | None:
+def op_cost(op: str, types: tuple, dims, concrete, known_convs: dict | None = None) -> Cost | None:
     """The FLOPs and bytes of one call of `op` with these input types, shapes (`Input Dims`)
     and scalar arguments (`Concrete Inputs`, or None); None where there is no model for it or
-    its shapes are missing."""
+    its shapes are missing. `known_convs` (conv_shapes) fills in convolution shapes a trace
+    without scalar arguments leaves out."""
     if not isinstance(op, str) or not isinstance(dims, list):
         return None
     if op.startswith("aten::_fused_") or op.startswith("aten::_foreach_"):
@@ -479,7 +518,7 @@ def op_cost(op: str, types: tuple, dims, concrete) -> Cost | None:
         return None
     name = op[6:]
     try:
-        return (_cost_gemm(name, types, dims) or _cost_conv(name, types, dims, concrete) or _cost_attention(name, types, dims, concrete)
+        return (_cost_gemm(name, types, dims) or _cost_conv(name, types, dims, concrete, known_convs) or _cost_attention(name, types, dims, concrete)
                 or _cost_norm(name, types, dims, concrete) or _cost_elementwise(name, types, dims, concrete))
     except (TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError):
         return None  # a damaged or unexpected shape: no figure rather than a wrong one
@@ -566,7 +605,7 @@ def group_codes(k: pd.DataFrame) -> np.ndarray:
 
 
 def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shapes_recorded: bool, bandwidth_bpns: float | None = None,
-             sm_count: int | None = None) -> tuple[Roofline, np.ndarray, pd.DataFrame]:
+             sm_count: int | None = None, known_convs: dict | None = None) -> tuple[Roofline, np.ndarray, pd.DataFrame]:
     """The run's roofline from its kernel table (`metrics.kernels.kernel_table`), and for the
     rules, each kernel's row in the full table of groups (-1: not costed) and that table."""
     ceiling = device_ceiling(device_name)
@@ -607,7 +646,7 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
     for code, pos in zip(first["code"].to_numpy(), first["pos"].to_numpy()):
         types = input_type_names(types_col[pos]) if isinstance(types_col[pos], str) else ()
         conc = conc_col[pos] if isinstance(conc_col[pos], list) else None
-        cost = op_cost(op_col[pos], types, dims_col[pos], conc)
+        cost = op_cost(op_col[pos], types, dims_col[pos], conc, known_convs)
         if cost is None or cost.flops <= 0 and cost.bytes <= 0:
             continue
         rows.append((code, op_col[pos], cost, "tf32" if tf32_of[code] else ""))

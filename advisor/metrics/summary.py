@@ -293,7 +293,24 @@ def _roofline(frames: TraceFrames, kernels: pd.DataFrame, steps: pd.DataFrame, d
     bandwidth = achieved_bandwidth(kernels) if recorded and len(kernels) else None
     props = frames.device_properties
     sms = pd.to_numeric(props["num_sms"], errors="coerce").dropna() if "num_sms" in props and len(props) else pd.Series(dtype=float)
-    return roofline(kernels, steps, device.name, recorded, bandwidth, int(sms.iloc[0]) if len(sms) and sms.iloc[0] > 0 else None)
+    return roofline(kernels, steps, device.name, recorded, bandwidth, int(sms.iloc[0]) if len(sms) and sms.iloc[0] > 0 else None,
+                    _known_convs(frames) if recorded else None)
+
+
+def _known_convs(frames: TraceFrames) -> dict:
+    """Convolution shapes the backward ops give (roofline.conv_shapes), one per distinct shape set."""
+    from advisor.metrics.roofline import conv_shapes
+
+    host = frames.host
+    if "input_dims" not in host or len(host) == 0:
+        return {}
+    names = host["name"].astype(str) if not isinstance(host["name"].dtype, pd.CategoricalDtype) else host["name"]
+    rows = host[names.isin(["aten::convolution_backward", "aten::cudnn_convolution_backward", "aten::miopen_convolution_backward"]).to_numpy()]
+    if len(rows) == 0:
+        return {}
+    dims = rows["input_dims"].to_numpy(dtype=object)
+    first = pd.Series(np.fromiter(map(id, dims), dtype=np.int64, count=len(dims))).drop_duplicates().index.to_numpy()
+    return conv_shapes(zip(rows["name"].astype(str).to_numpy()[first], dims[first]))
 
 
 def _facts_capability(facts: dict[str, Any] | None) -> float | None:
