@@ -241,3 +241,21 @@ def test_html_report_draws_the_roofline_with_escaped_labels(cli, tmp_path):
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in section
     key = section[section.index('<ol class="roofline-key">'):section.index("</ol>")]
     assert key.count("<li>") == 6 and "aten::" in key
+
+
+def test_convolutions_without_scalar_arguments_take_shapes_from_their_backward(cli, tmp_path):
+    # The 2021 V100 ResNet-50 trace records shapes but no scalar arguments (stride, padding):
+    # each forward convolution's output is the gradient shape its backward received.
+    from conftest import shared_trace
+
+    run = shared_trace("v100_resnet50_nw0")
+    code, out, err = cli(["report", str(run), "--ops", "-f", "json"], cwd=tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    fwd = [r for r in doc["ops"] if r["op"] == "aten::cudnn_convolution"]
+    assert fwd
+    for r in fwd:
+        x, w, y = (json.loads("[" + part.split("[", 1)[1]) for part in r["shape"].replace(" → ", " ").split(" "))
+        assert y[0] == x[0] and y[1] == w[0]  # batch kept, one output channel per filter
+        assert r["flops"] == 2 * w[1] * w[2] * w[3] * y[0] * y[1] * y[2] * y[3]
+    assert doc["modelled_ms_per_step"] > 0.9 * doc["kernel_ms_per_step"]
