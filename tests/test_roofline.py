@@ -259,3 +259,23 @@ def test_convolutions_without_scalar_arguments_take_shapes_from_their_backward(c
         assert y[0] == x[0] and y[1] == w[0]  # batch kept, one output channel per filter
         assert r["flops"] == 2 * w[1] * w[2] * w[3] * y[0] * y[1] * y[2] * y[3]
     assert doc["modelled_ms_per_step"] > 0.9 * doc["kernel_ms_per_step"]
+
+
+def test_small_gemm_and_slow_memory_bound_findings_on_the_h100_recording(cli, tmp_path):
+    doc = _with_one_step(_events(BF16))
+    config = tmp_path / "advisor.toml"
+    config.write_text("[rules.small-gemm]\nmin_share = 0.0\n[rules.memory-bound-slow]\nmin_share = 0.0\n")
+    code, out, err = cli(["report", str(_write(doc, tmp_path / "bf16.pt.trace.json")), "-f", "json", "--config", str(config)], cwd=tmp_path)
+    assert code == 0, err
+    report = json.loads(out)
+    found = {f["rule"]: f for f in report["findings"] + report["considered"]}
+    small = found["small-gemm"]["evidence"]
+    sms = small["sm_count"]
+    assert sms == 132 and small["sm_count_recorded"]  # an H100 SXM: 132 SMs in its deviceProperties
+    for s in small["shapes"]:
+        m, n = (int(v) for v in s["shape"].split("×")[-3:-1])
+        assert -(-m // 128) * -(-n // 128) == s["tiles"] < sms
+        assert "4096" not in s["shape"]
+    slow = found["memory-bound-slow"]["evidence"]
+    assert slow["ops"] and all(o["tbps"] < 0.3 * slow["reference_tbps"] for o in slow["ops"])
+    assert found["memory-bound-slow"]["saving_ms"] is None or found["memory-bound-slow"]["saving_ms"] >= 0
