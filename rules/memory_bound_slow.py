@@ -1,12 +1,17 @@
 """Memory-bound ops run far below the device's memory bandwidth.
 
 ## What it detects
-Ops whose arithmetic intensity puts them under the memory roof (norms, softmax, elementwise
-ops, reductions, copies, optimizer updates; metrics.roofline) moving at least `min_bytes`
+Vector ops (norms, softmax, elementwise ops, reductions, copies, optimizer updates;
+metrics.roofline), which sit under the memory roof, moving at least `min_bytes`
 (1 MiB) per call, yet streaming at less than `max_bandwidth_share` (30%) of the bandwidth
 this run's own simple elementwise kernels reached (the datasheet's bandwidth where the run
 shows none), and whose time at that bandwidth would save at least `min_share` (2%) of the
 step.
+
+GEMMs, convolutions and attention far from their ceilings are left to `tensor-core-tile`
+and `small-gemm`; cuDNN's and MIOpen's batch norms to the fusing findings
+(`unfused-elementwise`, `compile-graph-breaks`), which price them at the same bandwidth.
+A symptom: it is saved only what the other findings' fixes leave.
 
 ## Why it is slow
 A memory-bound op can go no faster than its bytes over the memory's bandwidth; one far
@@ -34,7 +39,8 @@ model = torch.compile(model)                          # fused, coalesced kernels
 ```
 
 ## How the saving is estimated
-Per op shape: its bytes per step at the reference bandwidth, against its measured time; the
+Per op shape: its bytes per step at the reference bandwidth (no faster than its FLOPs on the
+fp32 units), against its measured time; the
 fix is replayed as its kernels running at that share of their time. The bytes are a lower
 bound on what the op must move, so the saving is what reaching the bandwidth would give.
 
@@ -54,6 +60,8 @@ TITLE = "Memory-bound ops run far below the memory bandwidth"
 GROUP = "compute"
 DOCS = "https://docs.nvidia.com/deeplearning/performance/dl-performance-memory-limited/index.html"
 DEFAULTS = {"min_share": 0.02, "max_bandwidth_share": 0.30, "min_bytes": 1 << 20}
+SYMPTOM = True  # its fixes (layout, fusing) overlap the other findings': saved only what theirs leave
+CUDNN_BATCH_NORM_OPS = ["aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm", "aten::miopen_batch_norm_backward"]
 FIX = "Make the slow memory-bound ops stream: keep tensors contiguous in the layout their kernels expect (channels_last for convolutional models), avoid permute+contiguous copies, and fuse them with torch.compile."
 AFTER = """model = model.to(memory_format=torch.channels_last)
 model = torch.compile(model)   # fused, coalesced memory-bound kernels
@@ -76,11 +84,16 @@ def check(ctx: Context):
     time_ms = table["time_ms"].to_numpy(np.float64)
     moved = table["bytes"].to_numpy(np.float64)
     calls = table["calls"].to_numpy(np.float64)
-    memory = (table["bound"] == "memory").to_numpy() | ~table["kind"].isin(["gemm", "conv", "attention"]).to_numpy()
-    slow = memory & (moved >= opts["min_bytes"]) & (tbps < opts["max_bandwidth_share"] * reference) & (time_ms > 0)
+    # Matrix work far from its ceilings is the tile and size findings' business; cuDNN's batch
+    # norms are priced at the memory's speed by the fusing findings (metrics.elementwise).
+    vector = ~table["kind"].isin(["gemm", "conv", "attention"]).to_numpy()
+    priced = table["op"].isin(CUDNN_BATCH_NORM_OPS).to_numpy()
+    slow = vector & ~priced & (moved >= opts["min_bytes"]) & (tbps < opts["max_bandwidth_share"] * reference) & (time_ms > 0)
     if not slow.any():
         return None
     new_ms = moved * calls / (reference * 1e9)  # bytes per step / (TB/s): ms
+    if r.device is not None:  # and never faster than the fp32 units allow
+        new_ms = np.maximum(new_ms, table["flops"].to_numpy(np.float64) * calls / (r.device.fp32 * 1e9))
     rows = np.nonzero(slow)[0]
     factors = new_ms[rows] / time_ms[rows]
     saving_ms = float((time_ms[rows] - new_ms[rows]).sum())
