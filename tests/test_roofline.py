@@ -285,3 +285,13 @@ def test_small_gemm_and_slow_memory_bound_findings_on_the_h100_recording(cli, tm
     assert not any(o["op"].startswith("aten::cudnn_batch_norm") for o in slow["ops"])
     assert slow["ops"] and all(o["tbps"] < 0.3 * slow["reference_tbps"] for o in slow["ops"])
     assert found["memory-bound-slow"]["saving_ms"] is None or found["memory-bound-slow"]["saving_ms"] >= 0
+
+
+@pytest.mark.parametrize("rule_id", ["tensor-core-tile", "small-gemm", "memory-bound-slow"])
+def test_roofline_rule_pages_have_every_section(rule_id):
+    from advisor.engine import builtin_rules
+
+    rule = next(r for r in builtin_rules() if r.id == rule_id)
+    doc = rule.module.__doc__
+    for section in ("## What it detects", "## Why it is slow", "## Evidence used", "## Example", "## How the saving is estimated"):
+        assert section in doc, (rule_id, section)
