@@ -697,7 +697,8 @@ def write_cached(frames: TraceFrames) -> Path | None:
             if df is None:
                 continue
             for col in JSON_COLUMNS.get(name, ()):
-                df = df.assign(**{col: _to_json_text(df[col])})
+                if col in df.columns:
+                    df = df.assign(**{col: _to_json_text(df[col])})
             sink = pa.BufferOutputStream()
             pq.write_table(pa.Table.from_pandas(df, preserve_index=False), sink, compression="zstd", compression_level=1)
             files[f"{name}.parquet"] = sink.getvalue().to_pybytes()
