@@ -495,7 +495,7 @@ def clear(root: Path) -> tuple[int, int]:
 FRAMES_META = "advisor_cache.json"
 FRAMES_FORMAT = 5  # 4: one sealed cache, keyed on content alone; 5: the profiler session's end in the metadata
 FRAME_TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
-JSON_COLUMNS = {"host": ("input_dims",)}
+JSON_COLUMNS = {"host": ("input_dims", "concrete_inputs")}
 @functools.cache
 def fixed_categories() -> dict[tuple[str, str], list[str]]:
     from advisor.load.trace import DEVICE_KINDS, HOST_KINDS
@@ -697,7 +697,8 @@ def write_cached(frames: TraceFrames) -> Path | None:
             if df is None:
                 continue
             for col in JSON_COLUMNS.get(name, ()):
-                df = df.assign(**{col: _to_json_text(df[col])})
+                if col in df.columns:
+                    df = df.assign(**{col: _to_json_text(df[col])})
             sink = pa.BufferOutputStream()
             pq.write_table(pa.Table.from_pandas(df, preserve_index=False), sink, compression="zstd", compression_level=1)
             files[f"{name}.parquet"] = sink.getvalue().to_pybytes()
@@ -940,7 +941,29 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "peak_memory": to_plain(m.peak_memory),
         "notes": to_plain(m.notes),
         "comm": m.comm is not None,
+        "roofline": _roofline_meta(m),
     }
+
+
+def _roofline_meta(m: Metrics) -> dict[str, Any] | None:
+    r = m.roofline
+    if r is None:
+        return None
+    return to_plain({"device_name": r.device_name, "shapes_recorded": bool(r.shapes_recorded), "modelled_ms": float(r.modelled_ms),
+                     "kernel_ms": float(r.kernel_ms), "bandwidth_tbps": r.bandwidth_tbps, "sm_count": r.sm_count, "notes": list(r.notes)})
+
+
+def _roofline_of(meta: dict[str, Any] | None, table: pd.DataFrame | None):
+    from advisor.metrics.devices import device_ceiling
+    from advisor.metrics.roofline import ROOFLINE_COLUMNS, Roofline
+
+    if meta is None or table is None:
+        return None
+    if list(table.columns) != ROOFLINE_COLUMNS:
+        raise BadEntry("roofline")
+    return Roofline(table, device_ceiling(meta.get("device_name")), meta.get("device_name"), bool(meta.get("shapes_recorded")),
+                    float(meta.get("modelled_ms") or 0.0), float(meta.get("kernel_ms") or 0.0), meta.get("bandwidth_tbps"), meta.get("sm_count"),
+                    list(meta.get("notes") or []))
 
 
 def _tables(m: Metrics) -> dict[str, pd.DataFrame]:
@@ -954,6 +977,8 @@ def _tables(m: Metrics) -> dict[str, pd.DataFrame]:
     }
     if m.comm is not None:
         tables.update(collectives=m.comm.collectives, compute=m.comm.compute)
+    if m.roofline is not None:
+        tables["roofline"] = m.roofline.ops
     return tables
 
 
@@ -1138,6 +1163,7 @@ class RankEntry(_Entry):
     peak_memory: dict[int, dict[str, NonNegative | None]]
     notes: list[str]
     comm: bool = False  # the rank's collectives and compute tables are stored
+    roofline: dict[str, Any] | None = None  # the roofline's figures (its ops are the `roofline` table)
 
 
 class WhatIfEntry(_Entry):
@@ -1238,7 +1264,7 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
             return None  # ranks twice, or files the run does not have
         ranks = []
         for i, r in enumerate(meta.ranks):
-            names = TABLES + (COMM_TABLES if r.comm else ())
+            names = TABLES + (COMM_TABLES if r.comm else ()) + (("roofline",) if r.roofline is not None else ())
             t = {name: pq.read_table(pa.BufferReader(files[f"{i}.{name}.parquet"])).to_pandas() for name in names}
             check_tables(t)
             ranks.append(
@@ -1258,6 +1284,7 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
                     peak_memory=r.peak_memory,
                     notes=r.notes,
                     comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,
+                    roofline=_roofline_of(r.roofline, t.get("roofline")),
                 )
             )
         findings = []

@@ -146,6 +146,61 @@ class Report(_Out):
     warnings: list[str]
 
 
+# --- advisor/ops/v1 (`advisor report --ops --format json`) ---------------------------------------
+class OpRoofline(_Out):
+    """One distinct (op, types, shapes, scalar arguments) of the slowest rank, per step: FLOPs
+    and bytes per call from its shapes, its kernels' time, the rates and the device's ceiling
+    (null where the device is unknown or the op's precision has none)."""
+
+    op: str
+    kind: Literal["gemm", "conv", "attention", "norm", "softmax", "elementwise", "reduce", "optimizer"]
+    shape: str
+    dtype: str
+    precision: str
+    calls: float
+    time_ms: float
+    flops: float
+    bytes: float
+    tflops: Optional[float]
+    tbps: Optional[float]
+    intensity: Optional[float]
+    peak_tflops: Optional[float]
+    peak_tbps: Optional[float]
+    attainable_tflops: Optional[float]
+    ceiling_share: Optional[float]
+    bound: Literal["compute", "memory", ""]
+    m: int
+    n: int
+    k: int
+    batch: int
+
+
+class DeviceCeiling(_Out):
+    """The device's datasheet ceilings (advisor.metrics.devices): dense TFLOP/s per precision, TB/s."""
+
+    name: str
+    peak_tflops: dict[str, Optional[float]]
+    memory_tbps: float
+    source: str
+
+
+class OpsReport(_Out):
+    """`advisor report --ops --format json`."""
+
+    schema: Literal["advisor/ops/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    rank: int
+    device: Optional[str]
+    ceiling: Optional[DeviceCeiling]
+    shapes_recorded: bool
+    modelled_ms_per_step: float
+    kernel_ms_per_step: float
+    ops: list[OpRoofline]
+    notes: list[str]
+
+
 # --- advisor/baseline/v1 --------------------------------------------------------------------
 class BaselineMetrics(_Out):
     steps: int
@@ -308,7 +363,7 @@ class GateResult(_Out):
     settings: GateSettings
 
 
-SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord}
+SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport}
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -143,6 +143,26 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
             write_output(trim_lines(console.export_text()), output, inputs)
 
 
+def emit_ops(analysis, fmt: Format, output: Optional[Path]) -> None:
+    """`report --ops`: the ops on the roofline, in text, JSON or Markdown."""
+    from advisor.render import ops as ops_render
+
+    inputs = run_input_files(analysis)
+    if fmt is Format.json:
+        write_output(ops_render.to_ops_json(analysis), output, inputs)
+    elif fmt is Format.markdown:
+        write_output(ops_render.to_ops_markdown(analysis), output, inputs)
+    elif output is None:
+        ops_render.render_ops_text(analysis, stdout_console())
+    else:
+        from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
+        from advisor.terminal_text import inert_console
+
+        console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
+        ops_render.render_ops_text(analysis, console)
+        write_output(trim_lines(console.export_text()), output, inputs)
+
+
 def analyze_with_progress(path: Path, **kwargs):
     """analyze() with a progress bar on stderr when there is more than one rank to analyse."""
     from advisor.analysis import analyze
@@ -172,6 +192,7 @@ def report(
     show_settings: bool = typer.Option(False, "--show-settings", help="Print the resolved configuration (config file, rules that run, their options, cache) and exit."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; needs torch-advisor[cluster])."),
+    ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it)."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
     from contextlib import nullcontext
@@ -194,7 +215,7 @@ def report(
         engine = nullcontext(None)
     # A report to stdout rendered before for this run and these options is written as it was
     # (advisor.cli.warm); one made now is kept in its analysis entry for the next time.
-    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard
+    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard and not ops
     if warm:
         from advisor.cli.warm import keep, recording, serve, stored_report
 
@@ -213,7 +234,10 @@ def report(
             emit_report(analysis, format, output, verbose)
         keep(analysis, path, run, format.value, verbose, written[0])
         return
-    emit_report(analysis, format, output, verbose)
+    if ops and format is not Format.html:
+        emit_ops(analysis, format, output)
+    else:
+        emit_report(analysis, format, output, verbose)
     if tensorboard:
         from advisor.render.tensorboard import launch_tensorboard
 

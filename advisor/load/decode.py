@@ -74,6 +74,7 @@ class EventArgs(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = _arg("Input Dims", NULL)
     input_dims_lower: msgspec.Raw = _arg("Input dims", NULL)
     input_types: msgspec.Raw = _arg("Input type", NULL)  # dtypes of an op's inputs (record_shapes=True)
+    concrete_inputs: msgspec.Raw = _arg("Concrete Inputs", NULL)  # scalar arguments as text (stride, padding, is_causal)
     sequence: int = _arg("Sequence number", -1)  # autograd's sequence number: the op ran with grad mode on
     msg_nelems: Any = _arg("In msg nelems", None)  # a collective kernel's message: elements and their dtype
     msg_dtype: Any = _arg("dtype", None)

@@ -413,6 +413,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     dims = [a.input_dims for a in rows]
     dims_lower = [a.input_dims_lower for a in rows]
     types = [a.input_types for a in rows]
+    concrete = [a.concrete_inputs for a in rows]
     seq = [a.sequence for a in rows]
     if dims_lower.count(NULL) != len(dims_lower):
         dims = [d if d is not NULL else dl for d, dl in zip(dims, dims_lower)]
@@ -422,9 +423,10 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         "call_stack": object_categorical(stacks),
         "input_dims": decoded_raw(dims),
         "input_types": raw_json_categorical(types),
+        "concrete_inputs": decoded_raw(concrete),
         "sequence": ids(seq),
     })
-    del ext, ext_lower, stacks, dims, dims_lower, types, seq
+    del ext, ext_lower, stacks, dims, dims_lower, types, concrete, seq
 
     # runtime
     idx = np.flatnonzero(group == RUNTIME)

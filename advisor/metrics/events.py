@@ -30,6 +30,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "call_stack": "the user's Python stack where recorded",
         "input_dims": "operator input shapes where recorded (list, None when absent)",
         "input_types": "operator input dtypes where recorded",
+        "concrete_inputs": "operator scalar arguments as text where recorded (list: stride, padding, is_causal; None when absent)",
         "sequence": "autograd's sequence number: set on an op dispatched through autograd with grad mode on (int64, -1 when absent)",
     },
     "runtime": {

@@ -79,7 +79,8 @@ class OpTree:
 def op_tree(frames: TraceFrames) -> OpTree:
     host = frames.host
     keep = (host["kind"] != "python").to_numpy() & ~_matches(host["name"], STEP_NAME)
-    ops = host.loc[keep, ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims", "input_types"]].reset_index(drop=True)
+    cols = ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims", "input_types"]
+    ops = host.loc[keep, cols + (["concrete_inputs"] if "concrete_inputs" in host else [])].reset_index(drop=True)
     ops["name"] = ops["name"].astype(str).astype("category")
     ops["tid"] = ops["tid"].astype(str)
     n = len(ops)

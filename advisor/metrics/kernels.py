@@ -56,7 +56,8 @@ def launching_op_table(frames: TraceFrames) -> pd.DataFrame:
     if by_id.notna().mean() >= 0.5 or len(rt) == 0 or len(host) == 0:
         types = ext.map(pd.Series(_input_types(ops), index=ext_ids))
         dims = ext.map(pd.Series(_input_dims(ops), index=ext_ids))
-        return pd.DataFrame({"op": by_id, "op_input_types": types, "op_input_dims": dims}, index=frames.device.index)
+        concrete = ext.map(pd.Series(_column(ops, "concrete_inputs"), index=ext_ids))
+        return pd.DataFrame({"op": by_id, "op_input_types": types, "op_input_dims": dims, "op_concrete_inputs": concrete}, index=frames.device.index)
     return _launching_ops_by_time(frames, rt)
 
 
@@ -64,6 +65,13 @@ def _input_types(ops: pd.DataFrame) -> np.ndarray:
     if "input_types" not in ops:  # frames built before the loader read `Input type`
         return np.full(len(ops), np.nan, dtype=object)
     return ops["input_types"].astype(object).to_numpy()
+
+
+def _column(ops: pd.DataFrame, name: str) -> np.ndarray:
+    """An object column of the ops, NaN where the frames do not have it (an older cache entry)."""
+    if name not in ops:
+        return np.full(len(ops), np.nan, dtype=object)
+    return ops[name].astype(object).to_numpy()
 
 
 def _input_dims(ops: pd.DataFrame) -> np.ndarray:
@@ -75,7 +83,7 @@ def _input_dims(ops: pd.DataFrame) -> np.ndarray:
 def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.DataFrame:
     tree = op_tree(frames)
     if len(tree.ops) == 0:  # only step markers on the host: no op can have launched anything
-        return pd.DataFrame({"op": np.nan, "op_input_types": np.nan, "op_input_dims": np.nan}, index=frames.device.index, dtype=object)
+        return pd.DataFrame({"op": np.nan, "op_input_types": np.nan, "op_input_dims": np.nan, "op_concrete_inputs": np.nan}, index=frames.device.index, dtype=object)
     pos = tree.innermost(rt["ts"].to_numpy(np.int64), text_of(rt["tid"]))
     found = pos >= 0
     at = np.clip(pos, 0, None)
@@ -83,12 +91,14 @@ def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.DataFram
     op_name = np.where(found, names[at], None)
     op_types = np.where(found, _input_types(tree.ops)[at], None)
     op_dims = np.where(found, _input_dims(tree.ops)[at], None)
+    op_concrete = np.where(found, _column(tree.ops, "concrete_inputs")[at], None)
     corr = frames.device["correlation"]
     return pd.DataFrame(
         {
             "op": corr.map(pd.Series(op_name, index=rt["correlation"].to_numpy())),
             "op_input_types": corr.map(pd.Series(op_types, index=rt["correlation"].to_numpy())),
             "op_input_dims": corr.map(pd.Series(op_dims, index=rt["correlation"].to_numpy())),
+            "op_concrete_inputs": corr.map(pd.Series(op_concrete, index=rt["correlation"].to_numpy())),
         },
         index=frames.device.index,
     )
@@ -105,6 +115,7 @@ def kernel_table(frames: TraceFrames, capability: float | None = None, switches:
     k["op"] = launched_by["op"].to_numpy()
     k["op_input_types"] = launched_by["op_input_types"].to_numpy()
     k["op_input_dims"] = launched_by["op_input_dims"].to_numpy()
+    k["op_concrete_inputs"] = launched_by["op_concrete_inputs"].to_numpy()
     if capability is None:
         capability = capability_from_kernels(k["name"]) if len(k) else None
     k[["family", "precision", "tensor_core", "precision_source"]] = classify_kernels(k, capability, switches)

@@ -102,6 +102,8 @@ class Metrics:
     kernel_time_by_precision_ms: dict[str, float] = field(default_factory=dict)
     # Collectives and compute kernels per step, for comparing ranks (None: not measured).
     comm: RankComm | None = None
+    # Ops against the device's ceilings (metrics.roofline); None: not measured (an older cache entry).
+    roofline: Any = None
     # Intermediate results several rules share (op tree, idle timeline), built once per rank.
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -259,7 +261,8 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     if not device.has_tensor_cores:
         tc = eligible = None  # NVIDIA's Tensor Core kernel names say nothing about other devices
         by_precision = {}
-    return Metrics(
+    roof, roof_rows, roof_table = _roofline(frames, kernels, steps, device)
+    out = Metrics(
         rank=rank,
         frames=frames,
         steps=steps,
@@ -275,7 +278,39 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
         notes=notes,
         kernel_time_by_precision_ms=by_precision,
         comm=comm,
+        roofline=roof,
     )
+    out.derived["roofline.kernel_row"] = roof_rows  # each kernel's row of roofline.table (-1: not costed)
+    out.derived["roofline.table"] = roof_table  # every costed group, not only the stored ones
+    return out
+
+
+def _roofline(frames: TraceFrames, kernels: pd.DataFrame, steps: pd.DataFrame, device: DeviceInfo):
+    from advisor.metrics.elementwise import achieved_bandwidth
+    from advisor.metrics.roofline import roofline, shapes_recorded
+
+    recorded = shapes_recorded(frames)
+    bandwidth = achieved_bandwidth(kernels) if recorded and len(kernels) else None
+    props = frames.device_properties
+    sms = pd.to_numeric(props["num_sms"], errors="coerce").dropna() if "num_sms" in props and len(props) else pd.Series(dtype=float)
+    return roofline(kernels, steps, device.name, recorded, bandwidth, int(sms.iloc[0]) if len(sms) and sms.iloc[0] > 0 else None,
+                    _known_convs(frames) if recorded else None)
+
+
+def _known_convs(frames: TraceFrames) -> dict:
+    """Convolution shapes the backward ops give (roofline.conv_shapes), one per distinct shape set."""
+    from advisor.metrics.roofline import conv_shapes
+
+    host = frames.host
+    if "input_dims" not in host or len(host) == 0:
+        return {}
+    names = host["name"].astype(str) if not isinstance(host["name"].dtype, pd.CategoricalDtype) else host["name"]
+    rows = host[names.isin(["aten::convolution_backward", "aten::cudnn_convolution_backward", "aten::miopen_convolution_backward"]).to_numpy()]
+    if len(rows) == 0:
+        return {}
+    dims = rows["input_dims"].to_numpy(dtype=object)
+    first = pd.Series(np.fromiter(map(id, dims), dtype=np.int64, count=len(dims))).drop_duplicates().index.to_numpy()
+    return conv_shapes(zip(rows["name"].astype(str).to_numpy()[first], dims[first]))
 
 
 def _facts_capability(facts: dict[str, Any] | None) -> float | None:
@@ -307,6 +342,7 @@ def without_frames(m: Metrics) -> Metrics:
         notes=m.notes,
         kernel_time_by_precision_ms=m.kernel_time_by_precision_ms,
         comm=m.comm,
+        roofline=m.roofline,
     )
 
 

@@ -532,6 +532,49 @@ def _ops(a: Analysis) -> str:
     return "".join(out)
 
 
+def _roofline(a: Analysis) -> str:
+    """The slowest rank's ops on the device's roofline (metrics.roofline, stored with the
+    analysis): the chart and the table of the biggest time sinks."""
+    from advisor.render.ops import heading
+    from advisor.render.roofline_svg import roofline_chart
+
+    m = a.primary
+    r = getattr(m, "roofline", None)
+    if not m.has_device or r is None:
+        return ""
+    out = ['<h2 id="roofline">Roofline</h2>']
+    out += [f'<p class="muted">{esc(line)}</p>' for line in heading(a)]
+    if not r.available:
+        return "".join(out)
+    ops = r.ops
+    peaks = {}
+    if r.device is not None:
+        for p in ops["precision"].dropna().unique():
+            v = r.device.peak_tflops(str(p))
+            if v:
+                peaks[str(p)] = v
+    chart, labelled = roofline_chart(ops, r.device.memory_tbps if r.device else None, peaks, label="ops on the device's roofline")
+    if chart:
+        key = "".join(
+            f"<li>{esc(ops.at[i, 'op'])} {esc(ops.at[i, 'shape'])}: {ops.at[i, 'time_ms']:.3f} ms/step, {ops.at[i, 'tflops']:.3g} TFLOP/s</li>" for i in labelled
+        )
+        caption = ("Each point: one op with one set of shapes (area: its time per step; hover for figures). Lines: the memory roof and the "
+                   "compute ceiling of each precision the ops use (datasheet figures). Numbered: the biggest time sinks.")
+        out.append(f'<figure>{chart}<figcaption>{esc(caption)}<ol class="roofline-key">{key}</ol></figcaption></figure>')
+    cols = [Column("op", name=True), Column("shape", name=True), Column("precision"), Column("ms/step", True), Column("TFLOP/s", True), Column("TB/s", True), Column("FLOP/B", True), Column("bound"), Column("of ceiling", True)]
+
+    def cell(v, fmt):
+        return (fmt.format(v), float(v)) if v is not None and pd.notna(v) and np.isfinite(v) else ("—", None)
+
+    rows = [
+        [(str(o.op), None), (str(o.shape), None), (str(o.precision or o.dtype), None), cell(o.time_ms, "{:.3f}"), cell(o.tflops, "{:.2f}"),
+         cell(o.tbps, "{:.3f}"), cell(o.intensity, "{:.1f}"), (str(o.bound or "—"), None), cell(None if pd.isna(o.ceiling_share) else 100 * o.ceiling_share, "{:.0f}%")]
+        for o in ops.head(TOP_OPS).itertuples()
+    ]
+    out.append(sortable_table(cols, rows, "roofline"))
+    return "".join(out)
+
+
 def _ranks(a: Analysis) -> str:
     if len(a.ranks) < 2:
         return ""
@@ -656,6 +699,7 @@ def to_html(analysis: Analysis) -> str:
             _timeline(analysis),
             _memory(analysis),
             _kernels(analysis),
+            _roofline(analysis),
             _ops(analysis),
             _ranks(analysis),
             _notes(analysis),
