@@ -12,6 +12,10 @@ OMP_NUM_THREADS and, where arguments are given after `--`, the same arguments), 
 verification table, to stdout. A fix promises what applying it alone saves (the finding's
 saving alone, else its ranked saving). A finding whose fix gains nothing on the run (listed
 as considered in the report) is fixed only when --select names it, and the result says so.
+
+Exit status: 0 done (a diff, a write, nothing to change, every verified fix kept); with
+--verify, 1 when a fix missed its promise and 4 when a run failed; 2 bad input, a refused
+write, or a fixed script that would not compile (one line).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ alternating, and compare the step times with what each finding promised.
 Each variant (the original, each placed fix alone, and all of them together when there are
 several) runs `rounds` times (2 by default), in turn: original, fix 1, ..., original, fix 1,
 ... so that a machine that gets busier or quieter during the measurement shifts every variant
-alike. A run is timed by advisor.fix.clock: `warmup` steps are dropped, the next `steps` are
+alike. The fixed copies are kept in a temp folder and each runs as the script itself (its
+`__file__`, folder on sys.path and working directory), so a script that reads files beside
+itself runs fixed as it runs unfixed, and nothing is written beside it. A run is timed by advisor.fix.clock: `warmup` steps are dropped, the next `steps` are
 kept; its figure is their median. A fix's saving is the original's median step minus the
 fixed copy's, over all the kept steps of their runs; its spread is the range of the saving
 round by round (each round's original run against the same round's fixed run).
