@@ -873,13 +873,13 @@ _WORKERS = {  # num_workers's value -> the lines that set it up
 }  # fmt: skip
 
 
+BARE = ("x for x in", "p for p in")  # a generator without its own parentheses: only as a call's sole argument
+
+
 def _call(draw: Callable, name: str, args: list[str], indent: str = "") -> list[str]:
     """The source lines of one call, in a drawn layout."""
-    if len(args) == 1 and draw(st.booleans()) and name in ("DataLoader", "torch.optim.AdamW"):
-        gen = "x for x in ds" if name == "DataLoader" else "p for p in model.parameters() if p.requires_grad"
-        args = [gen]  # a bare generator: only as the sole argument
     layout = draw(st.sampled_from(["line", "per-line", "hanging"])) if args else "line"
-    trailing = draw(st.booleans()) and args and not any(a.startswith("x for") or a.startswith("p for") for a in args)
+    trailing = draw(st.booleans()) and args and not any(a.startswith(BARE) for a in args)  # a bare generator takes no comma
     comment = [draw(st.sampled_from(["", "  # note", "  # (a, b=1)"])) for _ in args]
     if layout == "line":
         return [f"{indent}{name}(" + ", ".join(args) + ("," if trailing else "") + ")" + comment[-1:][0] if args else f"{indent}{name}()"]
@@ -922,17 +922,19 @@ def _script(draw: Callable) -> tuple[str, list[tuple[int, int]]]:
     opt_pos = draw(st.sampled_from([["model.parameters()"], ["list(model.parameters())", "0.1"], ["(p for p in model.parameters())"]]))
     opt_kw = draw(st.lists(st.sampled_from([("lr", "0.1"), ("weight_decay", "0.0"), ("foreach", "False"), ("foreach", "None")]), max_size=2, unique_by=lambda kv: kv[0]))
     if draw(st.booleans()):
-        opt_kw = []
+        opt_pos, opt_kw = ["p for p in model.parameters() if p.requires_grad"], []
     statement("opt = ", "torch.optim.AdamW", opt_pos, opt_kw)
     dl_pos = draw(st.sampled_from([["ds"], ["ds", "4"], ["(x for x in ds)"], ["*[ds]"], []]))
     dl_kw = [("num_workers", workers)] if draw(st.booleans()) or workers not in ("0", "2", "4") else []
     dl_kw += draw(st.lists(st.sampled_from([("batch_size", "4"), ("shuffle", "False"), ("persistent_workers", "False"), ("pin_memory", "False")]), max_size=3, unique_by=lambda kv: kv[0]))
     if not dl_pos:
         dl_kw = [("dataset", "ds"), *dl_kw]
-    statement("loader = ", "DataLoader", dl_pos, dl_kw, star=draw(st.integers(0, 9)) == 0)  # **kwargs: the fix is not placed
+    if draw(st.integers(0, 3)) == 0:
+        dl_pos, dl_kw = ["x for x in ds"], []
+    statement("loader = ", "DataLoader", dl_pos, dl_kw, star=bool(dl_kw) and draw(st.integers(0, 9)) == 0)  # **kwargs: the fix is not placed
     lines.append("for x in loader:")
     if draw(st.booleans()):
-        statement("    x = ", "x.to", ["device"], draw(st.sampled_from([[], [("non_blocking", "False")]])), indent="")
+        statement("x = ", "x.to", ["device"], draw(st.sampled_from([[], [("non_blocking", "False")]])), indent="    ")
     statement("", "opt.zero_grad", [], draw(st.sampled_from([[], [("set_to_none", "False")], [("set_to_none", "True")]])), indent="    ")
     lines.append("    opt.step()  # the step")
     lines.append("")
