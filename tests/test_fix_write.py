@@ -260,3 +260,27 @@ def test_a_script_that_is_not_utf8_is_one_line(tmp_path, stall):
     with pytest.raises(InputError) as exc:
         plan_fixes(path, [stall])
     assert "train.py" in exc.value.line() and "cannot read the script" in exc.value.line()
+
+
+def test_a_pinned_memory_setting_of_the_script_that_is_replaced_is_said(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT.replace("num_workers=args.workers)", "pin_memory=args.pin)"))
+    pinned = {"rule": "h2d-pageable-copy", "message": "", "fix": {"text": "pin_memory=True"}}
+    [result] = plan_fixes(path, [pinned]).results
+    assert result.status == PLACED and "pin_memory=args.pin (the script's own setting) becomes True" in result.note
+
+
+def test_run_folders_whose_facts_are_not_files_are_passed_over(tmp_path, monkeypatch):
+    """`advisor fix` looks for the script's last profile in ./advisor_runs/: a facts file that
+    is a FIFO or leads to /dev/zero is passed over at once, never read."""
+    from advisor.cli.fix import last_profile
+
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    runs = tmp_path / "advisor_runs"
+    for name, make in (("train-1", lambda p: os.mkfifo(p)), ("train-2", lambda p: p.symlink_to("/dev/zero"))):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "x.pt.trace.json").write_text("{}")
+        make(runs / name / "advisor_facts.json")
+    monkeypatch.chdir(tmp_path)
+    assert last_profile(path, runs_dir=runs) is None

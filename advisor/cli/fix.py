@@ -98,11 +98,11 @@ def fix(
     from advisor.fix.files import orig_path
 
     if not plan.changed:
+        said = f"nothing to change: {_why_unchanged(plan)}"
         if write:
             kept = f"; {path_text(orig_path(script))} is left as it is" if os.path.lexists(orig_path(script)) else ""
-            note(f"nothing to change: the script already has every fix asked for; {path_text(script)} is not written{kept}")
-        else:
-            note("nothing to change")
+            said += f"; {path_text(script)} is not written{kept}"
+        note(said)
         return
     assert fixed is not None
     if write:
@@ -110,6 +110,20 @@ def fix(
         note(f"wrote {path_text(script)} (the original is {path_text(orig_path(script))})")
         return
     sys.stdout.write(plan.diff())
+
+
+def _why_unchanged(plan) -> str:
+    """Why a plan changes nothing: the script already has the fixes (a fixed script fixed
+    again), or none could be written (each result above says why)."""
+    from advisor.fix import DONE
+
+    done = [r.rule for r in plan.results if r.status == DONE]
+    others = [r for r in plan.results if r.status != DONE]
+    if done and not others:
+        return f"the script already has every fix asked for ({', '.join(done)})"
+    if done:
+        return f"the script already has {', '.join(done)}; no other fix is written (each says why above)"
+    return "no fix is written (each says why above)" if plan.results else "no finding of the run has a fix to write"
 
 
 def _check_rules(chosen: list[str]) -> None:

@@ -265,6 +265,7 @@ def fix_pinned(script: Script, finding: dict) -> Outcome:
         done.append(f"the DataLoader at line {script.line(call)} already pins memory")
     else:
         edits.set_keywords(call, {"pin_memory": "True"})
+    own = pin is not None and literal(pin.value) is ...  # the script's own setting: it becomes True, and it says so
     copies = [c for loop in loops_over(script, call) for c in _to_calls_in(script, loop)]
     for c in copies:
         nb = keyword(c, "non_blocking")
@@ -279,4 +280,7 @@ def fix_pinned(script: Script, finding: dict) -> Outcome:
     note = "" if copies else "no `.to(device)` of the loop's batch in the script (the library moves it): only the pinning is written"
     if not copies and library_of(script) is None:
         note = "no `x.to(device)` of the loop's own names found: copy the batch with non_blocking=True where it is moved"
+    if own and call in edits.keywords:
+        said = f"pin_memory={code_of(pin.value)} (the script's own setting) becomes True: that setting no longer turns pinning off"
+        note = f"{said}; {note}" if note else said
     return Placed(edits, "; ".join(what), note)
