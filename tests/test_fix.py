@@ -27,6 +27,7 @@ from conftest import SAMPLE_RUNS, shared
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = SAMPLE_RUNS / "resnet18_cifar"
 DATA = REPO / "tests" / "data" / "fix"
+WORKERS_DEFAULT_1 = '+    p.add_argument("--workers", type=int, default=1, help="DataLoader num_workers")\n'
 SAFE_RULES = ["dataloader-stall", "h2d-pageable-copy", "zero-grad-memset", "single-tensor-optimizer", "cudnn-benchmark", "empty-cache"]
 
 
@@ -101,15 +102,17 @@ def test_sample_gpu_findings_become_the_safe_edits_and_the_fixed_script_runs(tmp
     assert results["dataloader-stall"].promised_ms == stall["saving_ms"]
     workers = stall["evidence"]["cpu_count"] - 1  # the finding's own value: cores - 1 on one rank
     added, removed = added_and_removed(plan.diff())
-    assert f"num_workers={workers}," in added and "persistent_workers=True," in added and "pin_memory=True," in added
-    assert "num_workers=args.workers," in removed and "pin_memory=args.pin_memory," in removed
+    # num_workers comes from the script's --workers switch: its default changes, the switch keeps working
+    assert f'p.add_argument("--workers", type=int, default={workers}, help="DataLoader num_workers")' in added
+    assert "persistent_workers=args.workers > 0," in added and "pin_memory=True," in added
+    assert "pin_memory=args.pin_memory," in removed and not any("num_workers=" in line for line in added + removed)
     assert "images = images.to(device, non_blocking=True)" in added and "labels = labels.to(device, non_blocking=True)" in added
     assert "optimizer.zero_grad(set_to_none=True)" in added
     assert len(added) == 6 and len(removed) == 5  # nothing else moves: comments and layout are kept
     # The fixed script trains to its end (on the CPU, pinned memory is a no-op).
     fixed = tmp_path / "train.py"
-    fixed.write_text(plan.fixed_text().replace(f"num_workers={workers},", "num_workers=1,"))  # 2 cores here
-    done = run_script(fixed, "--steps", "3", "--device", "cpu", "--cpu-variant")
+    fixed.write_text(plan.fixed_text())
+    done = run_script(fixed, "--steps", "3", "--device", "cpu", "--cpu-variant", "--workers", "1")  # 2 cores here: the switch still sets them
     assert done.returncode == 0 and "3 steps in" in done.stdout, done.stderr[-2000:]
     again = refix(SAMPLE / "train.py", plan.fixed_text(), found, tmp_path)
     assert not again.changed
@@ -121,10 +124,10 @@ def test_sample_cpu_run_asks_for_the_workers_of_this_machine():
     found = findings(SAMPLE / "runs" / "cpu_baseline")
     plan = plan_fixes(SAMPLE / "train.py", found, select=["dataloader-stall"])
     [result] = plan.results
-    assert result.status == PLACED and "num_workers=1" in result.detail
-    assert "args.workers" in result.note  # the script's own switch is replaced, and it says so
+    assert result.status == PLACED and "0 becomes 1" in result.detail
+    assert "--workers switch" in result.detail and "num_workers=args.workers is kept" in result.detail  # it says which it changed
     added, _ = added_and_removed(plan.diff())
-    assert added == ["num_workers=1,", "persistent_workers=True,"]
+    assert added == ['p.add_argument("--workers", type=int, default=1, help="DataLoader num_workers")', "persistent_workers=args.workers > 0,"]
 
 
 def test_fixes_a_rule_never_fired_are_not_written():
@@ -273,7 +276,7 @@ def test_cli_diff_write_orig_and_git_guard(cli, tmp_path):
         subprocess.run(["git", *cmd], cwd=work, check=True)
     run = str(SAMPLE / "runs" / "cpu_baseline")
     code, out, err = cli(["fix", str(script), "--from", run])
-    assert code == 0 and out.startswith(f"--- {script.as_posix()}\n+++ {script.as_posix()}\n") and "+        num_workers=1,\n" in out
+    assert code == 0 and out.startswith(f"--- {script.as_posix()}\n+++ {script.as_posix()}\n") and WORKERS_DEFAULT_1 in out
     assert "dataloader-stall [safe]: placed" in err
     assert script.read_text() == (SAMPLE / "train.py").read_text()  # a diff writes nothing
     # A script with changes git has not seen is not written over without --force: one line, exit 2.
@@ -286,7 +289,7 @@ def test_cli_diff_write_orig_and_git_guard(cli, tmp_path):
     code, out, err = cli(["fix", str(script), "--from", run, "--write"])
     assert code == 0 and out == ""
     assert (work / "train.py.orig").read_text() == before
-    assert "num_workers=1," in script.read_text() and script.read_text().endswith("# my own edit\n")
+    assert "default=1, help=" in script.read_text() and script.read_text().endswith("# my own edit\n")
     code, out, err = cli(["fix", str(script), "--from", run])
     assert code == 0 and out == "" and "nothing to change" in err  # fixing the fixed script: no change
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "fixed"], cwd=work, check=True)
@@ -404,12 +407,14 @@ def test_cli_profiles_again_when_threads_or_arguments_differ(cli, tmp_path):
     # the same arguments and threads: reused
     code, _, err = cli(["fix", str(script), "--select", "dataloader-stall", "--", "--steps", "30"], cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert code == 0 and "profiling" not in err, err
-    # other arguments: profiled again
+    # other arguments: profiled again, and one line says why the earlier profile was passed over
     code, _, err = cli(["fix", str(script), "--select", "dataloader-stall", "--", "--steps", "31"], cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
-    assert code == 0 and "profiling it now" in err, err
-    # another thread count: profiled again
+    [why] = [line for line in err.splitlines() if "profiling" in line]
+    assert code == 0 and "plain_loop.py again, since advisor_runs/plain_loop-" in why and "was profiled with the arguments `--steps 30`, not `--steps 31`" in why, err
+    # another thread count: profiled again, and said why
     code, _, err = cli(["fix", str(script), "--select", "dataloader-stall", "--", "--steps", "30"], cwd=tmp_path, env={"OMP_NUM_THREADS": "2"})
-    assert code == 0 and "profiling it now" in err, err
+    [why] = [line for line in err.splitlines() if "profiling" in line]
+    assert code == 0 and "was profiled with OMP_NUM_THREADS=1, and it is 2 now" in why, err
     assert len(list((tmp_path / "advisor_runs").iterdir())) == 3
 
 
@@ -421,7 +426,7 @@ def test_cli_hands_a_compute_thread_to_the_worker_where_no_core_is_idle(cli, tmp
     shutil.copy(SAMPLE / "train.py", script)
     code, out, err = cli(["fix", str(script), "--from", str(SAMPLE / "runs" / "cpu_two_threads"), "--select", "dataloader-stall"])
     assert code == 0, err
-    assert "+        num_workers=1,\n" in out and "+    torch.set_num_threads(1)  # a core for the loader worker\n" in out
+    assert WORKERS_DEFAULT_1 in out and "+    torch.set_num_threads(1)  # a core for the loader worker\n" in out
     assert "torch.set_num_threads(1) after it" in err
     code, out, err = cli(["fix", str(script), "--from", str(SAMPLE / "runs" / "cpu_baseline"), "--select", "dataloader-stall"])
-    assert code == 0 and "+        num_workers=1,\n" in out and "set_num_threads" not in out
+    assert code == 0 and WORKERS_DEFAULT_1 in out and "set_num_threads" not in out

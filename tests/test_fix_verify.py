@@ -50,7 +50,9 @@ def verified(tmp_path_factory):
 
 def test_verify_prints_the_promise_the_measured_saving_and_a_verdict(verified):
     done, record = verified
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert record is not None, done.stderr[-3000:]
+    # the exit status follows the verdict: 0 kept, 1 missed (a CI step fails on a missed promise)
+    assert done.returncode == {"kept": 0, "missed": 1}[record["verify"]["fixes"][0]["verdict"]], done.stderr[-3000:]
     report = analyze(RUN).to_dict()
     stall = next(f for f in report["findings"] if f["rule"] == "dataloader-stall")
     # the promise of applying this fix alone: its saving alone, as a share of the replay's step
@@ -106,3 +108,76 @@ def test_verify_record_fits_its_schema_and_the_gate_reads_it(verified, cli, tmp_
 def test_verify_with_nothing_placed_is_one_line(cli, tmp_path):
     code, out, err = cli(["fix", str(SAMPLE / "train.py"), "--from", str(SAMPLE / "runs" / "cpu_workers"), "--select", "zero-grad-memset", "--verify"])
     assert code == 2 and "nothing to verify" in err.strip().splitlines()[-1]
+
+
+# --- the fixed copy runs as the script; a failed run writes no record; -o checked first -------
+BESIDE = """\
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+rows = Path(__file__).with_name("rows.txt").read_text().split()  # a file beside the script
+if len(sys.argv) > 1 and sys.argv[1] == "--fail":
+    sys.exit(3)
+data = [torch.full((4,), float(r)) for r in rows]
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(data, batch_size=2)
+for epoch in range(50):
+    for x in loader:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+"""
+PLAIN_RUN = Path(__file__).resolve().parent / "data" / "fix" / "runs" / "plain_loop_cpu"
+
+
+def _beside(tmp_path: Path) -> Path:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "rows.txt").write_text(" ".join(str(i) for i in range(16)))
+    (folder / "train.py").write_text(BESIDE)
+    return folder / "train.py"
+
+
+def _verify(cli, script: Path, *extra: str) -> tuple[int, str, str]:
+    return cli(["fix", str(script), "--from", str(PLAIN_RUN), "--select", "dataloader-stall", "--verify", "--steps", "3", "--warmup", "1", "--rounds", "1", *extra],
+               cwd=script.parent.parent, env={"OMP_NUM_THREADS": "1"})
+
+
+def test_verify_runs_the_fixed_copy_as_the_script_and_leaves_no_file(cli, tmp_path):
+    """The fixed copy reads a file beside the script through __file__, as the original does;
+    nothing is written beside the script, and nothing is left behind."""
+    pytest.importorskip("torch")
+    script = _beside(tmp_path)
+    before = sorted(p.name for p in script.parent.iterdir())
+    code, out, err = _verify(cli, script)
+    runs = [line for line in err.splitlines() if line.startswith("advisor: round 1/1 ")]
+    assert len(runs) == 2 and not any("failed" in line for line in runs), err
+    assert code in (0, 1) and out.splitlines()[-1].split(": ")[1] in ("kept", "missed"), err
+    assert sorted(p.name for p in script.parent.iterdir()) == before
+
+
+def test_a_failed_verification_exits_4_and_writes_no_record(cli, tmp_path):
+    pytest.importorskip("torch")
+    script = _beside(tmp_path)
+    record = tmp_path / "verify.json"
+    code, out, err = _verify(cli, script, "-o", str(record), "--", "--fail")
+    assert code == 4, err
+    assert "dataloader-stall: failed: " in out and not record.exists()
+    assert f"no record written to {record}: the fixed copy did not run its steps" in err
+
+
+def test_an_output_that_is_one_of_the_runs_files_is_refused_before_measuring(cli, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(PLAIN_RUN, run)
+    facts = run / "advisor_facts.json"
+    before = facts.read_bytes()
+    script = _beside(tmp_path)
+    code, out, err = cli(["fix", str(script), "--from", str(run), "--select", "dataloader-stall", "--verify", "-o", str(facts)])
+    assert code == 2 and "is one of the files this command reads" in err and len(err.strip().splitlines()) == 1
+    assert "round" not in err and out == "" and facts.read_bytes() == before

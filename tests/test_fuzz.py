@@ -852,6 +852,145 @@ def test_trace_strings_never_issue_ci_commands(data, fuzz_dir):
             assert not line.lstrip().startswith("::"), line
 
 
+# --- advisor fix over generated call shapes ---------------------------------------------------
+# Findings as `advisor fix` reads them from a report (one worker asked for, the optimizer's
+# multi-tensor step, set_to_none, pinned memory), and scripts generated around the calls they
+# edit: positional and keyword arguments in any mix, a bare generator as the only argument,
+# `*args` and `**kwargs`, one line or one argument per line, trailing commas, comments after
+# arguments, the closing bracket on its own line, num_workers from a literal, an argparse
+# switch, a plain name or a config object; LF or CRLF line endings, with or without a BOM.
+FIX_FINDINGS = [
+    {"rule": "dataloader-stall", "message": "", "fix": {"text": "set num_workers=2"}},
+    {"rule": "single-tensor-optimizer", "message": "", "fix": {"text": "foreach=True"}},
+    {"rule": "zero-grad-memset", "message": "", "fix": {"text": "set_to_none=True"}},
+    {"rule": "h2d-pageable-copy", "message": "", "fix": {"text": "pin_memory=True"}},
+]
+_WORKERS = {  # num_workers's value -> the lines that set it up
+    "0": [], "2": [], "4": [],
+    "args.workers": ["import argparse", "p = argparse.ArgumentParser()", 'p.add_argument("--workers", type=int, default=0)', "args = p.parse_args([])"],
+    "w": ["w = 0"],
+    "cfg.workers": ["class cfg:", "    workers = 0"],
+}  # fmt: skip
+
+
+BARE = ("x for x in", "p for p in")  # a generator without its own parentheses: only as a call's sole argument
+
+
+def _call(draw: Callable, name: str, args: list[str], indent: str = "") -> list[str]:
+    """The source lines of one call, in a drawn layout."""
+    layout = draw(st.sampled_from(["line", "per-line", "hanging"])) if args else "line"
+    trailing = draw(st.booleans()) and args and not any(a.startswith(BARE) for a in args)  # a bare generator takes no comma
+    comment = [draw(st.sampled_from(["", "  # note", "  # (a, b=1)"])) for _ in args]
+    if layout == "line":
+        return [f"{indent}{name}(" + ", ".join(args) + ("," if trailing else "") + ")" + comment[-1:][0] if args else f"{indent}{name}()"]
+    if layout == "per-line":
+        lines = [f"{indent}{name}(" + draw(st.sampled_from(["", "  # open"]))]
+        for i, a in enumerate(args):
+            comma = "," if i < len(args) - 1 or trailing else ""
+            lines.append(f"{indent}    {a}{comma}{comment[i]}")
+        lines.append(f"{indent})")
+        return lines
+    first, rest = args[0], args[1:]
+    head = f"{indent}{name}("
+    lines = [head + first + ("," if rest or trailing else "") + (comment[0] if rest else "")]
+    for i, a in enumerate(rest):
+        comma = "," if i < len(rest) - 1 or trailing else ""
+        lines.append(" " * len(head) + a + comma + (comment[i + 1] if i < len(rest) - 1 else ""))
+    lines[-1] += ")"
+    return lines
+
+
+def _script(draw: Callable) -> tuple[str, list[tuple[int, int]]]:
+    """(source with LF endings, the line ranges (1-based, inclusive) of the statements the fixes may edit)."""
+    lines = [draw(st.sampled_from(["", "# a training script", '"""Docstring."""']))]
+    lines += ["import torch", "from torch.utils.data import DataLoader", ""]
+    workers = draw(st.sampled_from(sorted(_WORKERS)))
+    editable: list[tuple[int, int]] = []
+    for line in _WORKERS[workers]:
+        lines.append(line)
+        if "add_argument" in line or line == "w = 0":
+            editable.append((len(lines), len(lines)))
+    lines += ["ds = [torch.zeros(2) for _ in range(8)]", "device = 'cpu'", "model = torch.nn.Linear(2, 2)"]
+
+    def statement(prefix: str, name: str, positional: list[str], keywords: list[tuple[str, str]], indent: str = "", star: bool = False) -> None:
+        body = _call(draw, name, positional + [f"{k}={v}" for k, v in keywords] + (["**{}"] if star else []), indent)
+        body[0] = body[0][: len(indent)] + prefix + body[0][len(indent):]
+        start = len(lines) + 1
+        lines.extend(body)
+        editable.append((start, len(lines)))
+
+    opt_pos = draw(st.sampled_from([["model.parameters()"], ["list(model.parameters())", "0.1"], ["(p for p in model.parameters())"]]))
+    opt_kw = draw(st.lists(st.sampled_from([("lr", "0.1"), ("weight_decay", "0.0"), ("foreach", "False"), ("foreach", "None")]), max_size=2, unique_by=lambda kv: kv[0]))
+    if draw(st.booleans()):
+        opt_pos, opt_kw = ["p for p in model.parameters() if p.requires_grad"], []
+    statement("opt = ", "torch.optim.AdamW", opt_pos, opt_kw)
+    dl_pos = draw(st.sampled_from([["ds"], ["ds", "4"], ["(x for x in ds)"], ["*[ds]"], []]))
+    dl_kw = [("num_workers", workers)] if draw(st.booleans()) or workers not in ("0", "2", "4") else []
+    dl_kw += draw(st.lists(st.sampled_from([("batch_size", "4"), ("shuffle", "False"), ("persistent_workers", "False"), ("pin_memory", "False")]), max_size=3, unique_by=lambda kv: kv[0]))
+    if not dl_pos:
+        dl_kw = [("dataset", "ds"), *dl_kw]
+    if draw(st.integers(0, 3)) == 0:
+        dl_pos, dl_kw = ["x for x in ds"], []
+    statement("loader = ", "DataLoader", dl_pos, dl_kw, star=bool(dl_kw) and draw(st.integers(0, 9)) == 0)  # **kwargs: the fix is not placed
+    lines.append("for x in loader:")
+    if draw(st.booleans()):
+        statement("x = ", "x.to", ["device"], draw(st.sampled_from([[], [("non_blocking", "False")]])), indent="    ")
+    statement("", "opt.zero_grad", [], draw(st.sampled_from([[], [("set_to_none", "False")], [("set_to_none", "True")]])), indent="    ")
+    lines.append("    opt.step()  # the step")
+    lines.append("")
+    return "\n".join(lines), editable
+
+
+@FUZZ
+@given(data=st.data())
+def test_fix_writes_code_that_compiles_and_changes_only_the_fixs_lines(data):
+    """A generated script, fixed and written as `advisor fix --write` writes it: the written
+    file compiles, keeps its line endings and byte order mark, differs from the original only
+    in the lines of the statements the fixes edit, and fixing it again changes nothing."""
+    import codecs
+    import difflib
+
+    from advisor.cli.fix import write_fixed
+    from advisor.fix import plan_fixes
+
+    text, editable = _script(data.draw)
+    newline = data.draw(st.sampled_from(["\n", "\r\n"]))
+    bom = data.draw(st.booleans())
+    original = (codecs.BOM_UTF8 if bom else b"") + text.replace("\n", newline).encode()
+    compile(original, "train.py", "exec")  # the generated script itself is valid Python
+    folder = Path(tempfile.mkdtemp(prefix="advisor-fuzz-fix-"))
+    try:
+        path = folder / "train.py"
+        path.write_bytes(original)
+        chosen = data.draw(st.lists(st.sampled_from(FIX_FINDINGS), min_size=1, max_size=4, unique_by=lambda f: f["rule"]))
+        plan = plan_fixes(path, chosen)
+        if not plan.changed:
+            return
+        write_fixed(plan, plan.fixed_bytes(), force=False)  # InputError here (it would not compile) fails the test
+        written = path.read_bytes()
+        assert (folder / "train.py.orig").read_bytes() == original
+        compile(written, "train.py", "exec")
+        assert written.startswith(codecs.BOM_UTF8) == bom
+        if newline == "\r\n":
+            assert written.count(b"\n") == written.count(b"\r\n"), written
+        else:
+            assert b"\r" not in written, written
+        before = original.decode("utf-8-sig").split(newline)
+        after = written.decode("utf-8-sig").split(newline)
+        allowed = {n for a, b in editable for n in range(a, b + 1)}
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes():
+            if tag == "equal":
+                continue
+            touched = set(range(i1 + 1, i2 + 1)) if i2 > i1 else {i1, i1 + 1}  # an insertion: beside an edited line
+            assert touched & allowed if i2 == i1 else touched <= allowed, (tag, before[i1:i2], after[j1:j2], text)
+        again = plan_fixes(path, chosen)
+        assert not again.changed, (again.diff(), text)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # --- one fixed case per failure class (regressions, no randomness) ---------------------------
 def _doc_with(change: Callable[[dict], None]) -> dict:
     doc = copy.deepcopy(source_doc("misc/amd_mi250_minitoy.json.gz"))
@@ -941,6 +1080,7 @@ LONG_RUN_HARNESSES = [
     "test_outputs_onto_devices_fifos_and_links_never_replace_them",
     "test_outputs_never_replace_a_file_the_command_read",
     "test_trace_strings_never_issue_ci_commands",
+    "test_fix_writes_code_that_compiles_and_changes_only_the_fixs_lines",
 ]
 
 

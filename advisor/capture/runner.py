@@ -40,6 +40,7 @@ class Target:
     kind: str  # "script" | "module"
     name: str
     args: list[str] = field(default_factory=list)
+    source: str | None = None  # a script's code from this file instead (a fixed copy run as the script itself)
 
     @property
     def stem(self) -> str:
@@ -141,7 +142,7 @@ def run(target: Target, on_purpose: tuple[type[BaseException], ...] = (), owner_
     try:
         try:
             if target.kind == "script":
-                _run_script(target.name)
+                _run_script(target.name, target.source)
             else:
                 runpy.run_module(target.name, run_name="__main__", alter_sys=True)
             outcome = Outcome("finished", 0)
@@ -167,10 +168,11 @@ def run(target: Target, on_purpose: tuple[type[BaseException], ...] = (), owner_
             sys.modules["__main__"] = saved_main
 
 
-def _run_script(path: str) -> None:
-    """exec the script in a fresh module registered as __main__, like `python path` does."""
+def _run_script(path: str, source_path: str | None = None) -> None:
+    """exec the script in a fresh module registered as __main__, like `python path` does
+    (with SOURCE_PATH's code, where given, as the script's own)."""
     filename = os.path.abspath(path)
-    with open(filename, "rb") as fh:  # io.open_code in CPython; same bytes
+    with open(source_path or filename, "rb") as fh:  # io.open_code in CPython; same bytes
         source = fh.read()
     code = compile(source, path, "exec", dont_inherit=True)
     module = types.ModuleType("__main__")

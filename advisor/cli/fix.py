@@ -12,11 +12,16 @@ OMP_NUM_THREADS and, where arguments are given after `--`, the same arguments), 
 verification table, to stdout. A fix promises what applying it alone saves (the finding's
 saving alone, else its ranked saving). A finding whose fix gains nothing on the run (listed
 as considered in the report) is fixed only when --select names it, and the result says so.
+
+Exit status: 0 done (a diff, a write, nothing to change, every verified fix kept); with
+--verify, 1 when a fix missed its promise and 4 when a run failed; 2 bad input, a refused
+write, or a fixed script that would not compile (one line).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,33 +66,64 @@ def fix(
         raise InputError(script, "not a Python script")
     chosen = rule_ids(select)
     _check_rules(chosen)
-    if write and not force:
-        refuse_unsafe_write(script)  # before any work: the answer is the same either way
     err = stderr_console()
+    note = lambda line: say(err, f"advisor: {line}")  # noqa: E731
 
-    analysis, where = findings_source(script, from_run, args, lambda line: say(err, f"advisor: {line}"))
+    if write and not force and from_run is None and last_profile(script, args) is None:
+        refuse_unsafe_write(script)  # before profiling it: the answer is the same either way
+    analysis, where = findings_source(script, from_run, args, note)
     report = analysis.to_dict()
     findings = report["findings"]
-    say(err, f"advisor: findings from {path_text(where)}")
+    if output is not None:
+        from advisor.render.output import refuse_overwriting_inputs
+
+        refuse_overwriting_inputs(output, [script])  # before the measurement, not after it
 
     from advisor.fix import baseline_step_ms, plan_fixes
 
     plan = plan_fixes(
         script, findings, select=chosen or None, unsafe=unsafe_fixes, considered=report.get("considered") or [], step_ms=baseline_step_ms(report)
     )
+    fixed = plan.fixed_bytes() if plan.changed else None  # compiles, or one line and exit 2: never broken code
+    if write and not force and plan.changed:
+        refuse_unsafe_write(script)  # one line, before anything else is said
+    say(err, f"advisor: findings from {path_text(where)}")
     for line in result_lines(plan):
         say(err, line)
     if verify:
-        _verify(plan, findings, analysis, args, steps, warmup, rounds, output, lambda line: say(err, f"advisor: {line}"))
+        code = _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
+        if code:
+            raise SystemExit(code)  # SystemExit: typer.Exit is swallowed by a non-standalone app
         return
+    from advisor.fix.files import orig_path
+
     if not plan.changed:
-        say(err, "advisor: nothing to change")
+        said = f"nothing to change: {_why_unchanged(plan)}"
+        if write:
+            kept = f"; {path_text(orig_path(script))} is left as it is" if os.path.lexists(orig_path(script)) else ""
+            said += f"; {path_text(script)} is not written{kept}"
+        note(said)
         return
+    assert fixed is not None
     if write:
-        write_fixed(script, plan.fixed_text(), force)
-        say(err, f"advisor: wrote {path_text(script)} (the original is {path_text(orig_path(script))})")
+        write_fixed(plan, fixed, force)
+        note(f"wrote {path_text(script)} (the original is {path_text(orig_path(script))})")
         return
     sys.stdout.write(plan.diff())
+
+
+def _why_unchanged(plan) -> str:
+    """Why a plan changes nothing: the script already has the fixes (a fixed script fixed
+    again), or none could be written (each result above says why)."""
+    from advisor.fix import DONE
+
+    done = [r.rule for r in plan.results if r.status == DONE]
+    others = [r for r in plan.results if r.status != DONE]
+    if done and not others:
+        return f"the script already has every fix asked for ({', '.join(done)})"
+    if done:
+        return f"the script already has {', '.join(done)}; no other fix is written (each says why above)"
+    return "no fix is written (each says why above)" if plan.results else "no finding of the run has a fix to write"
 
 
 def _check_rules(chosen: list[str]) -> None:
@@ -112,92 +148,106 @@ def result_lines(plan) -> list[str]:
     return out
 
 
-def orig_path(script: Path) -> Path:
-    return script.with_name(script.name + ".orig")
+def write_fixed(plan, fixed: bytes, force: bool) -> None:
+    """Edit in place, keeping SCRIPT.orig (advisor.fix.files); refuse a file git shows as
+    changed, or a script changed on disk since it was read, unless forced."""
+    from advisor.fix.files import keep_original, write_script
 
-
-def write_fixed(script: Path, text: str, force: bool) -> None:
-    """Edit in place, keeping SCRIPT.orig; refuse a file git shows as changed, unless forced."""
+    script = plan.script.path
     if not force:
         refuse_unsafe_write(script)
-    from advisor.render.output import write_atomically
-
-    original = script.read_bytes()
+    original = plan.script.encode(plan.script.text)
     try:
-        orig_path(script).write_bytes(original)
-        write_atomically(script, text)  # whole or not at all, with the file's own permissions
+        now = script.read_bytes()
     except OSError as exc:
-        raise InputError(script, f"cannot write: {exc.strerror or exc}") from None
+        raise InputError(script, f"cannot read the script: {exc.strerror or exc}") from None
+    if now != original:
+        raise InputError(script, "changed on disk while it was being fixed; run the command again")
+    keep_original(script, original, force)
+    write_script(script, fixed)  # whole or not at all, with the file's own permissions
 
 
 def refuse_unsafe_write(script: Path) -> None:
-    if _git_dirty(script):
+    from advisor.fix.files import git_dirty, orig_path
+
+    if git_dirty(script):
         raise InputError(script, "has uncommitted changes (git status); commit them first, or pass --force")
-    if orig_path(script).exists():
+    if os.path.lexists(orig_path(script)):
         raise InputError(orig_path(script), "already exists; move it away, or pass --force to replace it")
 
 
-def _git_dirty(script: Path) -> bool:
-    try:
-        proc = subprocess.run(
-            ["git", "status", "--porcelain", "--", script.name], cwd=script.resolve().parent, capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False  # no git: nothing to protect beyond SCRIPT.orig
-    return proc.returncode == 0 and bool(proc.stdout.strip())
-
-
-def last_profile(script: Path, args: list[str] | None = None, runs_dir: Path | None = None) -> Path | None:
+def last_profile(script: Path, args: list[str] | None = None, runs_dir: Path | None = None, passed_over: list[str] | None = None) -> Path | None:
     """The newest log dir of `advisor profile` (./advisor_runs/<stem>-<time>/) for this script,
     run as now: with the same script arguments where any are given, and the same
-    OMP_NUM_THREADS (the thread count the findings about cores were made for)."""
-    import os
+    OMP_NUM_THREADS (the thread count the findings about cores were made for). The newest
+    profile of the script that is passed over for that is said, with why, in PASSED_OVER.
 
+    A facts file is read only when it is a small regular file (advisor.fix.files): a FIFO or
+    a device in a run folder is passed over, never opened for reading."""
     from advisor.cli.profile import RUNS_DIR
+    from advisor.fix.files import read_small_file
 
     base = runs_dir or RUNS_DIR
     if not base.is_dir():
         return None
     mine = script.resolve()
     threads_now = os.environ.get("OMP_NUM_THREADS")
-    found = []
+    found, other = [], []
     for d in base.glob(f"{script.stem}-*"):
         facts = d / "advisor_facts.json"
+        raw = read_small_file(facts)
+        if raw is None:
+            continue
         try:
-            doc = json.loads(facts.read_text())
+            doc = json.loads(raw)
             recorded, argv = doc.get("script"), doc.get("argv")
             threads = (doc.get("torch_threads") or {}).get("omp_num_threads_env")
-        except (OSError, ValueError, AttributeError):
+            mtime = facts.stat().st_mtime
+            traced = any(p.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) for p in d.iterdir())
+        except (OSError, ValueError, AttributeError, TypeError):
             continue
-        if not (isinstance(recorded, str) and Path(recorded).resolve() == mine):
+        if not (isinstance(recorded, str) and Path(recorded).resolve() == mine) or not traced:
             continue
         if args and not (isinstance(argv, list) and argv[1:] == args):
-            continue
-        if threads != threads_now:
-            continue
-        if any(p.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) for p in d.iterdir()):
-            found.append((facts.stat().st_mtime, d))
+            shown = " ".join(map(str, argv[1:])) if isinstance(argv, list) else "unknown"
+            other.append((0, mtime, d, f"with the arguments `{shown or '(none)'}`, not `{' '.join(args)}`"))
+        elif threads != threads_now:  # the same arguments: the closer one, said first
+            other.append((1, mtime, d, f"with OMP_NUM_THREADS={_shown(threads)}, and it is {_shown(threads_now)} now"))
+        else:
+            found.append((mtime, d))
+    if not found and other and passed_over is not None:
+        *_, d, why = max(other, key=lambda o: (o[0], o[1]))
+        passed_over.append(f"{path_text(d)} was profiled {why}")
     return max(found)[1] if found else None
+
+
+def _shown(threads: object) -> str:
+    return "unset" if threads is None else str(threads)
 
 
 def findings_source(script: Path, from_run: Optional[Path], args: list[str], note):
     """(analysis, where): the run whose findings are fixed."""
     from advisor.analysis import analyze
 
-    where = from_run or last_profile(script, args)
+    passed_over: list[str] = []
+    where = from_run or last_profile(script, args, passed_over=passed_over)
     if where is None:
-        where = new_profile(script, args, note)
+        where = new_profile(script, args, note, passed_over[0] if passed_over else None)
     return analyze(where), where
 
 
-def new_profile(script: Path, args: list[str], note) -> Path:
+def new_profile(script: Path, args: list[str], note, why: str | None = None) -> Path:
     """A new `advisor profile` of the script, into ./advisor_runs/<script>-<time>/ (its report
     is advisor_report.json there). The run is stopped after the recorded window, as `advisor
-    profile` stops it (exit 124: the findings need no more of it), or ends by itself (exit 0)."""
+    profile` stops it (exit 124: the findings need no more of it), or ends by itself (exit 0).
+    WHY: the earlier profile passed over, and why, said on the same line."""
     from advisor.cli.profile import EXIT_STOPPED, has_traces, prepare_out_dir
 
     out = prepare_out_dir(None, script.stem)
-    note(f"no earlier profile of {path_text(script)} here: profiling it now → {path_text(out)}")
+    if why:
+        note(f"profiling {path_text(script)} again, since {why} → {path_text(out)}")
+    else:
+        note(f"no earlier profile of {path_text(script)} here: profiling it now → {path_text(out)}")
     cmd = [sys.executable, "-m", "advisor.cli.profile_main", "--out", str(out), "-o", str(out / "advisor_report.json"), str(script), "--", *args]
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode not in (0, EXIT_STOPPED) or not has_traces(out):
@@ -206,8 +256,10 @@ def new_profile(script: Path, args: list[str], note) -> Path:
     return out
 
 
-def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note) -> None:
-    from advisor.fix.verify import record, table_lines, verify
+def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note) -> int:
+    """Measure, print the table, write the record where asked; the exit status
+    (advisor.fix.verify.exit_status: 0 every promise kept, 1 one missed, 4 a run failed)."""
+    from advisor.fix.verify import exit_status, record, record_gap, table_lines, verify
     from advisor.gate.record import environment_of
     from advisor.render.output import to_json_text
 
@@ -216,10 +268,15 @@ def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
     if output is not None:
         from advisor.render.output import refuse_overwriting_inputs, write_atomically
 
-        doc = record(v, plan, findings, environment_of(analysis))
-        refuse_overwriting_inputs(output, [plan.script.path])
-        try:
-            write_atomically(output, to_json_text(doc))
-        except OSError as exc:
-            raise InputError(output, f"cannot write: {exc.strerror or exc}") from None
-        note(f"wrote {path_text(output)} (a baseline for `advisor gate --baseline {path_text(output)}`)")
+        gap = record_gap(v)
+        if gap:
+            note(f"no record written to {path_text(output)}: {gap}")
+        else:
+            doc = record(v, plan, findings, environment_of(analysis))
+            refuse_overwriting_inputs(output, [plan.script.path])
+            try:
+                write_atomically(output, to_json_text(doc))
+            except OSError as exc:
+                raise InputError(output, f"cannot write: {exc.strerror or exc}") from None
+            note(f"wrote {path_text(output)} (a baseline for `advisor gate --baseline {path_text(output)}`)")
+    return exit_status(v)

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from advisor.fix import backends, batch, empty_cache, loader, model, optimizer, precision  # noqa: F401  (they register their fixers)
 from advisor.fix.base import FIXES, SAFE, UNSAFE, Done, Placed, Setting, Skipped
-from advisor.fix.source import Edits, Script, recorded_frames
+from advisor.errors import InputError
+from advisor.fix.source import Edits, Script, compile_error, recorded_frames
 
 __all__ = ["FIXES", "SAFE", "UNSAFE", "FixResult", "Plan", "baseline_step_ms", "plan_fixes", "promise"]
 
@@ -79,6 +80,18 @@ class Plan:
                 assert r.edits is not None
                 edits.merge(r.edits)
         return self.script.apply(edits)
+
+    def fixed_bytes(self, rules: list[str] | None = None) -> bytes:
+        """The fixed script as the file's bytes (its line endings and byte order mark kept),
+        checked to compile: InputError, naming the script, where it would not."""
+        data = self.script.encode(self.fixed_text(rules))
+        why = compile_error(data, self.script.path)
+        if why is not None:
+            before = compile_error(self.script.encode(self.script.text), self.script.path)
+            if before is not None:
+                raise InputError(self.script.path, f"does not compile as Python ({before}); nothing is written")
+            raise InputError(self.script.path, f"the fixed script would not compile ({why}); nothing is written: please report this script's shape")
+        return data
 
     @property
     def changed(self) -> bool:

@@ -1,4 +1,4 @@
-"""`python -m advisor.fix.clock RESULT.json WARMUP STEPS EXTRA_PATH SCRIPT [ARGS...]`: time a
+"""`python -m advisor.fix.clock RESULT.json WARMUP STEPS SOURCE SCRIPT [ARGS...]`: time a
 script's steps without the profiler.
 
 The script runs as `python SCRIPT ARGS` would run it (advisor.capture.runner), with the step
@@ -6,8 +6,9 @@ detection of `advisor profile` (advisor.capture.hooks: a step ends when the opti
 and nothing else: no profiler, no stacks, no shapes. After WARMUP + STEPS steps the run is
 stopped; the step times go to RESULT.json, each the device's where the script ran on a CUDA
 device (advisor.capture.device_clock: the host's clock runs ahead of a device-bound step).
-EXTRA_PATH (or "-") goes on sys.path after the script's own folder: a fixed copy of a script,
-run from another folder, still imports its neighbours.
+SOURCE (or "-" for SCRIPT's own) is the file whose code runs as SCRIPT: a fixed copy, kept in
+a temp folder, runs as the script itself (its `__file__`, its folder first on sys.path, its
+`sys.argv[0]`), so it imports its neighbours and reads the files beside it as the script does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class Enough(BaseException):
 
 
 def main(argv: list[str]) -> int:
-    result_path, warmup, steps, extra, script, *args = argv
+    result_path, warmup, steps, source, script, *args = argv
     total = int(warmup) + int(steps)
     import torch
 
@@ -49,13 +50,11 @@ def main(argv: list[str]) -> int:
             raise Enough()
 
     hooks = Hooks(FactsRecorder(script, [script, *args]), on_step)
-    if extra != "-":
-        sys.path.append(extra)
     started = time.perf_counter()
     hooks.install()
     try:
         last[0] = time.perf_counter()
-        outcome = run(Target("script", script, list(args)), on_purpose=(Enough,), owner_pid=pid)
+        outcome = run(Target("script", script, list(args), source=None if source == "-" else source), on_purpose=(Enough,), owner_pid=pid)
     finally:
         hooks.uninstall()
     wall = time.perf_counter() - started

@@ -23,7 +23,7 @@ import libcst as cst
 
 from advisor.fix.base import SAFE, Done, Outcome, Placed, Setting, Skipped, literal, number_after, register, text_of
 from advisor.fix.libraries import library_of
-from advisor.fix.source import Edits, Script, has_star_kwargs, keyword
+from advisor.fix.source import Edits, Script, code_of, has_star_kwargs, keyword
 
 WORKERS = (r"set num_workers=(\d+)", r"raise it towards (\d+)", r"num_workers to about (\d+)", r"\(about (\d+) here\)", r"about (\d+)")
 
@@ -127,25 +127,47 @@ def fix_workers(script: Script, finding: dict) -> Outcome:
         return Skipped(f"the DataLoader call at line {script.line(call)} passes **kwargs: num_workers may be set there")
     current = keyword(call, "num_workers")
     value = literal(current.value) if current is not None else 0
+    edits = Edits()
+    notes = []
+    what_first: list[str] = []
+    expr = None  # the script's own expression for num_workers, kept
+    if current is not None and value is ...:
+        expr = code_of(current.value)
+        source = _setting_of(script, current.value)
+        if source is None:
+            return Skipped(
+                f"num_workers={expr} at line {script.line(call)} is the script's own setting, and no command-line switch or "
+                f"assignment here sets it: make it {wanted} where {expr} is set (with persistent_workers=True)"
+            )
+        node, default, described = source
+        if not (isinstance(default, int) and not isinstance(default, bool) and default >= wanted):
+            if isinstance(node, cst.Call):
+                edits.set_keywords(node, {"default": str(wanted)})
+            else:
+                edits.values[node] = str(wanted)
+            what_first.append(f"{described} at line {script.line(node)}: {default!r} becomes {wanted} (num_workers={expr} is kept)")
+            if isinstance(node, cst.Call):
+                notes.append(f"the switch still sets the workers: `{flag_of(node) or expr} N` on the command line overrides the new default")
+        value = default
     persistent = keyword(call, "persistent_workers")
-    persistent_on = persistent is not None and literal(persistent.value) is True
+    on_when = f"{expr} > 0" if expr is not None else "True"  # no persistent workers without workers
+    persistent_on = persistent is not None and (literal(persistent.value) is True or code_of(persistent.value) == on_when)
     values: dict[str, str] = {}
-    if not (isinstance(value, int) and value >= wanted):
+    if expr is None and not (isinstance(value, int) and value >= wanted):
         values["num_workers"] = str(wanted)
     if wanted > 0 and not persistent_on:
-        values["persistent_workers"] = "True"
+        values["persistent_workers"] = on_when
     prefetch = prefetch_factor(finding)
     current_prefetch = keyword(call, "prefetch_factor")
-    if wanted > 0 and prefetch is not None and prefetch != 2 and (current_prefetch is None or literal(current_prefetch.value) != prefetch):
-        values["prefetch_factor"] = str(prefetch)
-    if not values:
-        return Done(f"the DataLoader at line {script.line(call)} already has num_workers={value}" + (", persistent_workers=True" if persistent_on else ""))
-    edits = Edits()
-    edits.set_keywords(call, values)
-    notes = []
-    if current is not None and value is ...:
-        notes.append(f"num_workers={script.module.code_for_node(current.value)} (the script's own setting) becomes {wanted}, the value the finding recommends")
-    what = f"DataLoader at line {script.line(call)}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+    prefetch_code = str(prefetch) if expr is None else f"{prefetch} if {expr} > 0 else None"
+    if wanted > 0 and prefetch is not None and prefetch != 2 and (current_prefetch is None or (literal(current_prefetch.value) != prefetch and code_of(current_prefetch.value) != prefetch_code)):
+        values["prefetch_factor"] = prefetch_code
+    if not values and edits.empty:
+        shown = expr if expr is not None else value
+        return Done(f"the DataLoader at line {script.line(call)} already has num_workers={shown}" + (f", persistent_workers={code_of(persistent.value)}" if persistent_on else ""))
+    if values:
+        edits.set_keywords(call, values)
+    what = "; ".join(what_first + ([f"DataLoader at line {script.line(call)}: " + ", ".join(f"{k}={v}" for k, v in values.items())] if values else []))
     threads = number_after(r"torch\.set_num_threads\(", finding)
     if threads is not None:
         # No idle core: the finding's fix hands a compute thread to the worker; without it the
@@ -158,6 +180,49 @@ def fix_workers(script: Script, finding: dict) -> Outcome:
             edits.insert_after(script.statement_of(call), [f"torch.set_num_threads({threads})  # a core for the loader worker"])
             what += f"; torch.set_num_threads({threads}) after it"
     return Placed(edits, what, "; ".join(notes))
+
+
+def _setting_of(script: Script, node: cst.BaseExpression) -> tuple[cst.CSTNode, object, str] | None:
+    """Where the script's own num_workers expression is set, so that the fix changes it there
+    and the expression stays: (node to edit, its current value, what it is in words).
+
+    `args.workers`: the argparse switch that makes the attribute (`add_argument("--workers",
+    ...)`, `"--num-workers"` for `num_workers`, or `dest="workers"`), whose `default=` is
+    changed; a plain name: its one assignment to a literal number (`workers = 0`). None
+    where neither is found (a config object, a function's parameter): not guessed."""
+    if isinstance(node, cst.Attribute):
+        attr = node.attr.value
+        found = []
+        for call in script.calls(method="add_argument"):
+            if has_star_kwargs(call):
+                continue
+            flags = [literal(a.value) for a in call.args if a.keyword is None]
+            dest = keyword(call, "dest")
+            dest_value = literal(dest.value) if dest is not None else None
+            longs = [f for f in flags if isinstance(f, str) and f.startswith("--")]
+            named = dest_value if isinstance(dest_value, str) else (longs[0][2:].replace("-", "_") if longs else None)
+            if named == attr:
+                found.append(call)
+        if len(found) != 1:
+            return None
+        call = found[0]
+        default = keyword(call, "default")
+        action = keyword(call, "action")
+        if action is not None or (default is not None and literal(default.value) is ...):
+            return None  # a counting or store_const switch, or a computed default: not guessed
+        flag = flag_of(call) or attr
+        return call, (literal(default.value) if default is not None else None), f"the script's {flag} switch"
+    if isinstance(node, cst.Name):
+        assigns = script.assignments(node.value)
+        if len(assigns) == 1 and len(assigns[0].targets) == 1 and isinstance(literal(assigns[0].value), int):
+            return assigns[0], literal(assigns[0].value), f"`{node.value} = ...`"
+    return None
+
+
+def flag_of(call: cst.Call) -> str | None:
+    """The long option of an `add_argument` call (`--workers`), if any."""
+    longs = [f for f in (literal(a.value) for a in call.args if a.keyword is None) if isinstance(f, str) and f.startswith("--")]
+    return longs[0] if longs else None
 
 
 def _to_calls_in(script: Script, loop: cst.For) -> list[cst.Call]:
@@ -200,6 +265,7 @@ def fix_pinned(script: Script, finding: dict) -> Outcome:
         done.append(f"the DataLoader at line {script.line(call)} already pins memory")
     else:
         edits.set_keywords(call, {"pin_memory": "True"})
+    own = pin is not None and literal(pin.value) is ...  # the script's own setting: it becomes True, and it says so
     copies = [c for loop in loops_over(script, call) for c in _to_calls_in(script, loop)]
     for c in copies:
         nb = keyword(c, "non_blocking")
@@ -214,4 +280,7 @@ def fix_pinned(script: Script, finding: dict) -> Outcome:
     note = "" if copies else "no `.to(device)` of the loop's batch in the script (the library moves it): only the pinning is written"
     if not copies and library_of(script) is None:
         note = "no `x.to(device)` of the loop's own names found: copy the batch with non_blocking=True where it is moved"
+    if own and call in edits.keywords:
+        said = f"pin_memory={code_of(pin.value)} (the script's own setting) becomes True: that setting no longer turns pinning off"
+        note = f"{said}; {note}" if note else said
     return Placed(edits, "; ".join(what), note)

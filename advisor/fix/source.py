@@ -11,7 +11,9 @@ become one call), and `apply` writes them all in one pass.
 
 from __future__ import annotations
 
+import codecs
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,9 +87,10 @@ class Edits:
 class Script:
     """One parsed source file, with positions and parents of its nodes."""
 
-    def __init__(self, path: Path, text: str) -> None:
+    def __init__(self, path: Path, text: str, bom: bool = False) -> None:
         self.path = path
-        self.text = text
+        self.text = text  # as in the file: its own line endings (CRLF stays CRLF), without a BOM
+        self.bom = bom  # the file starts with a UTF-8 byte order mark, which the written file keeps
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError as exc:
@@ -101,11 +104,20 @@ class Script:
 
     @classmethod
     def read(cls, path: Path) -> Script:
+        """The script as its bytes say: line endings as they are (no newline translation) and a
+        UTF-8 byte order mark noted, so that the written file differs only in the fix's lines."""
         try:
-            text = path.read_text(encoding="utf-8")
+            raw = path.read_bytes()
+            bom = raw.startswith(codecs.BOM_UTF8)
+            text = raw[len(codecs.BOM_UTF8):].decode("utf-8") if bom else raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(path, f"cannot read the script: {getattr(exc, 'strerror', None) or exc}") from None
-        return cls(path, text)
+        return cls(path, text, bom)
+
+    def encode(self, text: str) -> bytes:
+        """TEXT (this script or a fixed version of it) as the file's bytes: UTF-8, with the
+        byte order mark where the script has one."""
+        return (codecs.BOM_UTF8 if self.bom else b"") + text.encode("utf-8")
 
     # --- finding nodes -----------------------------------------------------------------------
     def nodes(self, kind: type | tuple[type, ...]) -> list:
@@ -239,6 +251,19 @@ class Script:
         return self.module.visit(_Apply(edits)).code
 
 
+def compile_error(data: bytes, path: Path) -> str | None:
+    """Why DATA (a script's bytes) does not compile as Python, in a few words; None when it does."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the script's own invalid escapes and the like
+            compile(data, str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{exc.msg} (line {exc.lineno})"
+    except (ValueError, TypeError) as exc:  # null bytes and the like
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
 def recorded_frames(finding: dict) -> list[tuple[str, bool]]:
     """Each `evidence.source` frame of a finding, and whether it is only the frame its stack
     stops at (open since profiling started) rather than the user's line behind the op."""
@@ -278,6 +303,9 @@ def _with_keywords(call: cst.Call, values: dict[str, str]) -> cst.Call:
         if a.keyword is not None and a.keyword.value in remaining:
             args[i] = a.with_changes(value=cst.parse_expression(remaining.pop(a.keyword.value)))
     if remaining:
+        # `f(x for x in y)`: a bare generator is only valid as the call's sole argument; with
+        # another argument beside it, it gets its own parentheses: `f((x for x in y), k=v)`.
+        args = [_parenthesised(a) for a in args]
         no_space = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
         one_per_line = len(args) >= 2 and all(isinstance(a.comma, cst.Comma) and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace) for a in args[-2:])
         if one_per_line:  # the new arguments go on lines of their own; the last one's comment stays with it
@@ -285,6 +313,19 @@ def _with_keywords(call: cst.Call, values: dict[str, str]) -> cst.Call:
             tail = _uncommented(args[-1].comma)
             own = args[-1].comma.whitespace_after.first_line
             args[-1] = args[-1].with_changes(comma=sep.with_changes(whitespace_after=sep.whitespace_after.with_changes(first_line=own)))
+        elif args and isinstance(args[-1].whitespace_after_arg, cst.ParenthesizedWhitespace):
+            # the closing bracket on a line of its own: each new argument on its own line, at
+            # the last argument's indentation; the last argument's comment stays with it
+            after = args[-1].whitespace_after_arg
+            before = args[-2].comma.whitespace_after if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else call.whitespace_before_args
+            indent = before.last_line if isinstance(before, cst.ParenthesizedWhitespace) else after.last_line
+            line = cst.ParenthesizedWhitespace(first_line=cst.TrailingWhitespace(), empty_lines=[], indent=after.indent, last_line=indent)
+            sep = cst.Comma(whitespace_after=line)
+            tail = cst.MaybeSentinel.DEFAULT
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=line.with_changes(first_line=after.first_line)), whitespace_after_arg=cst.SimpleWhitespace(""))
+            new = [cst.Arg(value=cst.parse_expression(code), keyword=cst.Name(k), equal=no_space, comma=sep) for k, code in remaining.items()]
+            new[-1] = new[-1].with_changes(comma=tail, whitespace_after_arg=after.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[]))
+            return call.with_changes(args=args + new)
         elif args:
             sep = _uncommented(args[-2].comma) if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             tail = args[-1].comma
@@ -295,6 +336,13 @@ def _with_keywords(call: cst.Call, values: dict[str, str]) -> cst.Call:
         new[-1] = new[-1].with_changes(comma=tail)
         args += new
     return call.with_changes(args=args)
+
+
+def _parenthesised(arg: cst.Arg) -> cst.Arg:
+    value = arg.value
+    if isinstance(value, cst.GeneratorExp) and not value.lpar:
+        return arg.with_changes(value=value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
+    return arg
 
 
 def _uncommented(comma: cst.Comma) -> cst.Comma:

@@ -4,7 +4,9 @@ alternating, and compare the step times with what each finding promised.
 Each variant (the original, each placed fix alone, and all of them together when there are
 several) runs `rounds` times (2 by default), in turn: original, fix 1, ..., original, fix 1,
 ... so that a machine that gets busier or quieter during the measurement shifts every variant
-alike. A run is timed by advisor.fix.clock: `warmup` steps are dropped, the next `steps` are
+alike. The fixed copies are kept in a temp folder and each runs as the script itself (its
+`__file__`, folder on sys.path and working directory), so a script that reads files beside
+itself runs fixed as it runs unfixed, and nothing is written beside it. A run is timed by advisor.fix.clock: `warmup` steps are dropped, the next `steps` are
 kept; its figure is their median. A fix's saving is the original's median step minus the
 fixed copy's, over all the kept steps of their runs; its spread is the range of the saving
 round by round (each round's original run against the same round's fixed run).
@@ -41,6 +43,9 @@ from advisor.gate.record import Environment, FindingRecord, RunRecord
 
 KEPT_SHARE = 0.5  # a promise is kept when at least this share of it is measured
 ALL = "all fixes"
+# `advisor fix --verify`'s exit status: every promise kept; a fix missed its promise (every
+# run ran); a run failed (the original or a fixed copy did not run its steps).
+EXIT_KEPT, EXIT_MISSED, EXIT_FAILED = 0, 1, 4
 
 
 @dataclass
@@ -104,11 +109,13 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 4)
 
 
-def time_script(path: Path, args: list[str], warmup: int, steps: int, extra_path: Path | None, timeout_s: float) -> tuple[list[float], float, str]:
-    """One run of the script under the step clock: (kept step times, wall seconds, error or "")."""
+def time_script(path: Path, args: list[str], warmup: int, steps: int, source: Path | None, timeout_s: float) -> tuple[list[float], float, str]:
+    """One run of the script under the step clock: (kept step times, wall seconds, error or "").
+    SOURCE, where given, is the code that runs as the script (a fixed copy kept elsewhere): it
+    runs as PATH itself, with PATH's `__file__`, folder on sys.path and `sys.argv[0]`."""
     with tempfile.TemporaryDirectory(prefix="advisor-clock-") as tmp:
         result = Path(tmp) / "clock.json"
-        cmd = [sys.executable, "-m", "advisor.fix.clock", str(result), str(warmup), str(steps), str(extra_path or "-"), str(path), *args]
+        cmd = [sys.executable, "-m", "advisor.fix.clock", str(result), str(warmup), str(steps), str(source or "-"), str(path), *args]
         started = time.perf_counter()
         try:
             proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout_s)
@@ -140,21 +147,20 @@ def verify(
     if not placed:
         raise InputError(plan.script.path, "nothing to verify: no fix was placed in the script")
     path = plan.script.path
-    variants: dict[str, str] = {r.rule: plan.fixed_text([r.rule]) for r in placed}
+    variants: dict[str, bytes] = {r.rule: plan.fixed_bytes([r.rule]) for r in placed}  # each compiles, or InputError
     if len(placed) > 1:
-        variants[ALL] = plan.fixed_text()
+        variants[ALL] = plan.fixed_bytes()
     out = Verification(str(path), steps, warmup, rounds)
+    # The fixed copies are kept in a temp folder (nothing is written beside the script) and
+    # each runs as the script itself: its `__file__`, its folder first on sys.path.
     with tempfile.TemporaryDirectory(prefix="advisor-fix-") as tmp:
         copies: dict[str, Path] = {}
-        for i, (name, text) in enumerate(variants.items()):
-            folder = Path(tmp) / f"v{i}"
-            folder.mkdir()
-            copies[name] = folder / path.name
-            copies[name].write_text(text, encoding="utf-8")
+        for i, (name, data) in enumerate(variants.items()):
+            copies[name] = Path(tmp) / f"v{i}.py"
+            copies[name].write_bytes(data)
         for k in range(rounds):
             for name in ["original", *variants]:
-                target = path if name == "original" else copies[name]
-                times, wall, error = time_script(target, args, warmup, steps, None if name == "original" else path.resolve().parent, timeout_s)
+                times, wall, error = time_script(path, args, warmup, steps, None if name == "original" else copies[name], timeout_s)
                 run = Timed(name, k + 1, times, wall, error)
                 out.runs.append(run)
                 say(f"round {k + 1}/{rounds} {name}: " + (f"median step {run.median_ms:.1f} ms over {len(times)} steps ({wall:.0f} s)" if not error else f"failed: {error}"))
@@ -205,10 +211,34 @@ def _ms(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:.1f}"
 
 
+def exit_status(v: Verification) -> int:
+    """EXIT_FAILED where any run failed, else EXIT_MISSED where a fix missed, else EXIT_KEPT."""
+    if any(r.error for r in v.runs) or any(f.verdict == "failed" for f in v.fixes):
+        return EXIT_FAILED
+    return EXIT_MISSED if any(f.verdict != "kept" for f in v.fixes) else EXIT_KEPT
+
+
+def _recorded_variant(v: Verification) -> str:
+    return ALL if any(r.variant == ALL for r in v.runs) else v.fixes[0].rule
+
+
+def record_gap(v: Verification) -> str:
+    """Why no record can be written (the fixed copy it is of has no clean runs), or ""."""
+    variant = _recorded_variant(v)
+    runs = [r for r in v.runs if r.variant == variant]
+    bad = next((r for r in runs if r.error or not r.step_times_ms), None)
+    if bad is None and runs:
+        return ""
+    what = "the fixed copy" if variant != ALL else "the copy with all the fixes"
+    return f"{what} did not run its steps ({bad.error if bad is not None and bad.error else 'no steps measured'})"
+
+
 def record(v: Verification, plan: Plan, findings: list[dict], environment: Environment) -> dict[str, Any]:
     """The baseline document of the fixed script, with the verification under `verify`."""
     fixed = {f.rule for f in v.fixes}
-    variant = ALL if any(r.variant == ALL for r in v.runs) else next(iter(fixed))
+    variant = _recorded_variant(v)
+    if record_gap(v):
+        raise ValueError(f"no record of a verification whose fixed copy did not run: {record_gap(v)}")
     open_findings = [
         FindingRecord(rule=str(f.get("rule")), severity=str(f.get("severity") or "low"), title=str(f.get("title") or ""), saving_ms=f.get("saving_ms"), saving_pct=f.get("saving_pct"), message=str(f.get("message") or ""))
         for f in findings
