@@ -67,6 +67,7 @@ import orjson
 
 from advisor.version import __version__
 from advisor.facts import FACTS_FILE
+from advisor.files import replace_file
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 
 if TYPE_CHECKING:
@@ -200,9 +201,7 @@ def remember_digest(path: Path, sha: str, before: list[int] | None) -> None:
         return
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-        tmp.write_bytes(orjson.dumps({"stat": before, "sha256": sha, "mac": _digest_mac(key, memo, before, sha)}))
-        os.replace(tmp, memo)
+        replace_file(memo, orjson.dumps({"stat": before, "sha256": sha, "mac": _digest_mac(key, memo, before, sha)}), sync=False)
     except OSError:
         pass
 
@@ -352,9 +351,7 @@ def seal(folder: Path, kind: str, key_digest: str, key: bytes | None = None, fil
         files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != SEAL_FILE and not p.name.startswith(".") and p.is_file()}
     digests = {name: _sha(data) for name, data in sorted(files.items())}
     doc = {"kind": kind, "key": key_digest, "files": digests, "mac": _mac(key, kind, key_digest, digests)}
-    tmp = folder / f".{SEAL_FILE}.{os.getpid()}"
-    tmp.write_bytes(orjson.dumps(doc))
-    os.replace(tmp, folder / SEAL_FILE)  # a reader sees the old seal or the new one, whole
+    replace_file(folder / SEAL_FILE, orjson.dumps(doc), sync=False)  # a reader sees the old seal or the new one, whole
     now = time.time_ns()
     os.utime(folder / SEAL_FILE, ns=(now, now))  # written now (see _open_entry)
 
@@ -1068,9 +1065,7 @@ def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: s
     try:
         reports = sorted((n for n in files if n.startswith(REPORT_PREFIX) and n != name), key=lambda n: (folder / n).stat().st_mtime_ns)
         dropped = reports[: max(0, len(reports) + 1 - MAX_REPORTS)]
-        tmp = folder / f".{name}.{os.getpid()}"
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / name)
+        replace_file(folder / name, data, sync=False)
         seal(folder, "analysis", key.digest, secret_key, {**{n: b for n, b in files.items() if n not in dropped}, name: data})
         for n in dropped:
             (folder / n).unlink(missing_ok=True)

@@ -120,7 +120,7 @@ def write_fixed(script: Path, text: str, force: bool) -> None:
     """Edit in place, keeping SCRIPT.orig; refuse a file git shows as changed, unless forced."""
     if not force:
         refuse_unsafe_write(script)
-    from advisor.render.output import write_atomically
+    from advisor.files import write_atomically
 
     original = script.read_bytes()
     try:
@@ -214,7 +214,8 @@ def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
     v = verify(plan, args, steps=steps, warmup=warmup, rounds=rounds, say=note)
     sys.stdout.write("\n".join(table_lines(v)) + "\n")
     if output is not None:
-        from advisor.render.output import refuse_overwriting_inputs, write_atomically
+        from advisor.files import write_atomically
+        from advisor.render.output import refuse_overwriting_inputs
 
         doc = record(v, plan, findings, environment_of(analysis))
         refuse_overwriting_inputs(output, [plan.script.path])
