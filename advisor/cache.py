@@ -68,6 +68,7 @@ import orjson
 from advisor.version import __version__
 from advisor.facts import FACTS_FILE
 from advisor.files import replace_file
+from advisor.sizes import parse_size
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 
 if TYPE_CHECKING:
@@ -89,8 +90,6 @@ ON_WORDS = ("on", "", "1", "yes", "true", "user")
 BESIDE = "beside"
 MAX_BYTES_ENV = "ADVISOR_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 * 2**30
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 KINDS = ("frames", "analysis")
 DIGESTS_DIR = "digests"  # per trace path: the hash of its bytes as of its stat (trace_digest)
 
@@ -274,10 +273,10 @@ def cache_roots(directory: Path | None = None) -> list[Path]:
 def max_cache_bytes() -> int:
     """ADVISOR_CACHE_MAX_BYTES (bytes, or 500M, 8G, ...), else 2 GiB; an unreadable value is
     the default (the cache never fails a report)."""
-    m = _SIZE.match(os.environ.get(MAX_BYTES_ENV, ""))
-    if not m:
+    try:
+        return parse_size(os.environ.get(MAX_BYTES_ENV, ""))
+    except ValueError:
         return DEFAULT_MAX_BYTES
-    return int(float(m.group(1)) * _UNIT[m.group(2).lower()])
 
 
 def writable(folder: Path) -> bool:

@@ -22,7 +22,6 @@ kind is an InputError naming the file and the key, never a budget silently ignor
 from __future__ import annotations
 
 import math
-import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -40,6 +39,7 @@ from advisor.gate.compare import (
 from advisor.gate.record import SEVERITY_ORDER, RunRecord
 from advisor.gate.verdict import Check
 from advisor.metrics.breakdown import CATEGORIES
+from advisor.sizes import format_bytes, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,8 +47,6 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 SEVERITY_LIMITS = ("none", "low", "medium", "high")
-SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
-SIZE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 @dataclass
@@ -94,20 +92,6 @@ class GateSettings:
 
 
 # --- parsing --------------------------------------------------------------------------------
-def parse_size(value: Any) -> float | None:
-    """Bytes from a number of bytes or a string like "12 GiB" / "800MB"; None if neither."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if 0 < value < math.inf else None
-    if isinstance(value, str):
-        m = SIZE.match(value)
-        if m:
-            n = float(m.group(1)) * SIZE_UNITS[(m.group(2) or "b").lower()]
-            return n if 0 < n < math.inf else None
-    return None
-
-
 def _number(value: Any) -> float | None:
     """A finite number (NaN and the infinities are no budget), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -169,8 +153,11 @@ def parse_gate_table(table: Any, where: str | Path, base_dir: Path | None, table
                 shares[cat] = r.fraction(f"{key}.{cat}", frac)
             out[key] = shares
         elif key == "max_peak_memory":
-            size = parse_size(value)
-            if size is None:
+            try:
+                size = parse_size(value)
+            except ValueError:
+                size = 0
+            if size <= 0:
                 raise r.fail(key, f"must be a number of bytes or a size like \"16 GiB\", got {value!r}")
             out[key] = size
         elif key == "max_severity":
@@ -290,15 +277,6 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
-def _bytes(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if v >= size:
-            return f"{v / size:.2f} {unit}"
-    return f"{v:.0f} B"
-
-
 def _status(ok: bool) -> str:
     return "pass" if ok else "fail"
 
@@ -365,7 +343,7 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
         )
     if b.max_peak_memory is not None:
         peak = record.peak_memory_bytes
-        limit = f"<= {_bytes(b.max_peak_memory)}"
+        limit = f"<= {format_bytes(b.max_peak_memory, digits=2)}"
         if peak is None:
             checks.append(
                 Check("max-peak-memory", "peak device memory", "inconclusive", "n/a", limit, "no device memory recorded (a CPU-only run, or profiled without profile_memory=True)")
@@ -377,9 +355,9 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
                     "max-peak-memory",
                     "peak device memory",
                     _status(ok),
-                    _bytes(peak),
+                    format_bytes(peak, digits=2),
                     limit,
-                    f"peak allocated device memory {_bytes(peak)}",
+                    f"peak allocated device memory {format_bytes(peak, digits=2)}",
                     {"peak_bytes": peak, "budget_bytes": b.max_peak_memory},
                 )
             )
