@@ -229,10 +229,10 @@ def test_the_early_reading_of_a_report_line_agrees_with_the_parser(line):
     or nothing (then the parser decides)."""
     import typer.main
 
-    from advisor.cli import app, format_option
+    from advisor.cli import app, format_option, report
     from advisor.cli.warm import ANSWERED_EARLY, _report_arguments
 
-    early = _report_arguments(line)
+    early = _report_arguments(line, report)
     try:
         parsed = typer.main.get_command(app).commands["report"].make_context("report", list(line)).params
     except Exception:  # noqa: BLE001 - a usage error: the early reading must not answer it either

@@ -22,7 +22,7 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # What the console (rich) reads from the environment when it decides widths and colours.
 CONSOLE_ENV = (
@@ -85,16 +85,16 @@ def serve(text: str) -> None:
     sys.stdout.flush()
 
 
-def fast_report(args: list[str]) -> bool:
+def fast_report(args: list[str], command: Callable[..., Any], format_option: Callable[[str | None], str | None]) -> bool:
     """Answer `report PATH [-f FORMAT | --format FORMAT] [-v | --verbose]` from a stored report
-    (True), before the command line parser is built; False: not that command line, or a miss."""
+    (True), before the command line parser is built; False: not that command line, or a miss.
+    COMMAND: the report command's function (its options are read from its declaration);
+    FORMAT_OPTION: its --format callback (the formats and their aliases)."""
     if len(args) < 2 or args[0] != "report":
         return False
     import typer
 
-    from advisor.cli import format_option
-
-    given = _report_arguments(args[1:])
+    given = _report_arguments(args[1:], command)
     if given is None or "path" not in given or not set(given) <= set(ANSWERED_EARLY):
         return False
     try:
@@ -117,26 +117,24 @@ def fast_report(args: list[str]) -> bool:
     return True
 
 
-def _report_options() -> dict[str, tuple[str, bool]]:
-    """The report command's option strings, from its declaration: the parameter each sets, and
+def _report_options(command: Callable[..., Any]) -> dict[str, tuple[str, bool]]:
+    """The command's option strings, from its declaration: the parameter each sets, and
     whether it takes a value (a flag's default is a bool)."""
     import inspect
 
-    from advisor.cli import report
-
     options = {}
-    for name, param in inspect.signature(report).parameters.items():
+    for name, param in inspect.signature(command).parameters.items():
         info = param.default
         for decl in getattr(info, "param_decls", None) or ():
             options[decl] = (name, not isinstance(getattr(info, "default", None), bool))
     return options
 
 
-def _report_arguments(args: list[str]) -> dict[str, Any] | None:
+def _report_arguments(args: list[str], command: Callable[..., Any]) -> dict[str, Any] | None:
     """{parameter: value} of a report command line, as its parser would read it; None for
     anything less plain (an option given twice, a value glued to a short option, `--`, a
     second path), which the full parser then reads."""
-    options = _report_options()
+    options = _report_options(command)
     given: dict[str, Any] = {}
     rest = iter(args)
     for a in rest:
