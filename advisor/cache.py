@@ -53,7 +53,6 @@ import hmac
 import importlib.util
 import math
 import os
-import re
 import shutil
 import stat
 import sys
@@ -857,7 +856,7 @@ class AnalysisKey:
     def parsed_as_keyed(self, frames: list[Any]) -> bool:
         """True when every trace the analysis read had the bytes this key hashed (the hashes
         computed while the frames were read): an answer is never stored under other bytes."""
-        keyed = {path: sha for path, (_, sha) in zip(self.paths, self.fields["files"])}
+        keyed = {path: sha for path, (_, sha) in zip(self.paths, self.fields["files"], strict=True)}
         try:
             return all(f.content_sha256 is not None and keyed.get(str(Path(f.path).resolve())) == f.content_sha256 for f in frames)
         except (OSError, RuntimeError):

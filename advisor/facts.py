@@ -181,7 +181,7 @@ def steps_as_run(host_ms: list, device_ms: object) -> list:
     advisor.capture.device_clock."""
     if not isinstance(device_ms, list) or len(device_ms) != len(host_ms):
         return list(host_ms)
-    return [d if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0 else h for h, d in zip(host_ms, device_ms)]
+    return [d if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0 else h for h, d in zip(host_ms, device_ms, strict=True)]
 
 
 class FactsProblem(ValueError):

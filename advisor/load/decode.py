@@ -397,7 +397,7 @@ def _raw_batches(path: Path, raws: list[msgspec.Raw], buffer: Any, batch_bytes: 
     sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
     cuts = np.searchsorted(np.cumsum(sizes), np.arange(batch_bytes, int(sizes.sum()) + batch_bytes, batch_bytes), side="left") + 1
     bounds = np.unique(np.clip(np.concatenate(([0], cuts, [len(raws)])), 0, len(raws)))
-    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         yield _decode_batch(path, raws, buffer, start, stop)
 
 
