@@ -584,7 +584,7 @@ def analyze(
     warnings += fact_warnings
     ranks = _assign_ranks([r.distributed_rank for r in results], [r.path.name for r in results])
     # A rank that guessed its number (or the world size) wrong is analysed again as what it is.
-    again = [replace(tasks[r.index], rank=rank, world_size=len(results)) for r, rank in zip(results, ranks) if r.rank != rank or r.world_size != len(results)]
+    again = [replace(tasks[r.index], rank=rank, world_size=len(results)) for r, rank in zip(results, ranks, strict=True) if r.rank != rank or r.world_size != len(results)]
     if again:
         redone = {x.index: x for x in analyze_ranks(again, None, executor)}
         results = [redone.get(r.index, r) for r in results]

@@ -53,7 +53,6 @@ import hmac
 import importlib.util
 import math
 import os
-import re
 import shutil
 import stat
 import sys
@@ -67,6 +66,8 @@ import orjson
 
 from advisor.version import __version__
 from advisor.facts import FACTS_FILE
+from advisor.files import replace_file
+from advisor.sizes import parse_size
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 
 if TYPE_CHECKING:
@@ -88,8 +89,6 @@ ON_WORDS = ("on", "", "1", "yes", "true", "user")
 BESIDE = "beside"
 MAX_BYTES_ENV = "ADVISOR_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 * 2**30
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 KINDS = ("frames", "analysis")
 DIGESTS_DIR = "digests"  # per trace path: the hash of its bytes as of its stat (trace_digest)
 
@@ -200,9 +199,7 @@ def remember_digest(path: Path, sha: str, before: list[int] | None) -> None:
         return
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-        tmp.write_bytes(orjson.dumps({"stat": before, "sha256": sha, "mac": _digest_mac(key, memo, before, sha)}))
-        os.replace(tmp, memo)
+        replace_file(memo, orjson.dumps({"stat": before, "sha256": sha, "mac": _digest_mac(key, memo, before, sha)}), sync=False)
     except OSError:
         pass
 
@@ -275,10 +272,10 @@ def cache_roots(directory: Path | None = None) -> list[Path]:
 def max_cache_bytes() -> int:
     """ADVISOR_CACHE_MAX_BYTES (bytes, or 500M, 8G, ...), else 2 GiB; an unreadable value is
     the default (the cache never fails a report)."""
-    m = _SIZE.match(os.environ.get(MAX_BYTES_ENV, ""))
-    if not m:
+    try:
+        return parse_size(os.environ.get(MAX_BYTES_ENV, ""))
+    except ValueError:
         return DEFAULT_MAX_BYTES
-    return int(float(m.group(1)) * _UNIT[m.group(2).lower()])
 
 
 def writable(folder: Path) -> bool:
@@ -352,9 +349,7 @@ def seal(folder: Path, kind: str, key_digest: str, key: bytes | None = None, fil
         files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != SEAL_FILE and not p.name.startswith(".") and p.is_file()}
     digests = {name: _sha(data) for name, data in sorted(files.items())}
     doc = {"kind": kind, "key": key_digest, "files": digests, "mac": _mac(key, kind, key_digest, digests)}
-    tmp = folder / f".{SEAL_FILE}.{os.getpid()}"
-    tmp.write_bytes(orjson.dumps(doc))
-    os.replace(tmp, folder / SEAL_FILE)  # a reader sees the old seal or the new one, whole
+    replace_file(folder / SEAL_FILE, orjson.dumps(doc), sync=False)  # a reader sees the old seal or the new one, whole
     now = time.time_ns()
     os.utime(folder / SEAL_FILE, ns=(now, now))  # written now (see _open_entry)
 
@@ -862,7 +857,7 @@ class AnalysisKey:
     def parsed_as_keyed(self, frames: list[Any]) -> bool:
         """True when every trace the analysis read had the bytes this key hashed (the hashes
         computed while the frames were read): an answer is never stored under other bytes."""
-        keyed = {path: sha for path, (_, sha) in zip(self.paths, self.fields["files"])}
+        keyed = {path: sha for path, (_, sha) in zip(self.paths, self.fields["files"], strict=True)}
         try:
             return all(f.content_sha256 is not None and keyed.get(str(Path(f.path).resolve())) == f.content_sha256 for f in frames)
         except (OSError, RuntimeError):
@@ -1093,9 +1088,7 @@ def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: s
     try:
         reports = sorted((n for n in files if n.startswith(REPORT_PREFIX) and n != name), key=lambda n: (folder / n).stat().st_mtime_ns)
         dropped = reports[: max(0, len(reports) + 1 - MAX_REPORTS)]
-        tmp = folder / f".{name}.{os.getpid()}"
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / name)
+        replace_file(folder / name, data, sync=False)
         seal(folder, "analysis", key.digest, secret_key, {**{n: b for n, b in files.items() if n not in dropped}, name: data})
         for n in dropped:
             (folder / n).unlink(missing_ok=True)

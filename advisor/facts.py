@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import re
 import typing
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Annotated, Any
 import msgspec
 import orjson
 
+from advisor.files import replace_file
 from advisor.terminal_text import clean_strings
 
 SCHEMA = "advisor/facts/v1"
@@ -34,9 +34,7 @@ def write_facts(path: Path, document: dict[str, Any]) -> None:
 
     Strings that are not valid Unicode (a script or argument named with bytes that are not
     UTF-8) are written with those bytes as `\\xNN`."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(clean_strings(document), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str))
-    os.replace(tmp, path)
+    replace_file(path, orjson.dumps(clean_strings(document), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str))
 
 
 # --- reading: the file is input too ---------------------------------------------------------
@@ -183,7 +181,7 @@ def steps_as_run(host_ms: list, device_ms: object) -> list:
     advisor.capture.device_clock."""
     if not isinstance(device_ms, list) or len(device_ms) != len(host_ms):
         return list(host_ms)
-    return [d if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0 else h for h, d in zip(host_ms, device_ms)]
+    return [d if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0 else h for h, d in zip(host_ms, device_ms, strict=True)]
 
 
 class FactsProblem(ValueError):

@@ -77,10 +77,10 @@ def measure(rounds: int = 5) -> list[tuple[str, float, float, float]]:
             xh = x.bfloat16()
             fp32, bf16, native = [], [], []
             for _ in range(rounds):
-                fp32.append(timed(lambda: module(x), calls))
+                fp32.append(timed(lambda module=module, x=x: module(x), calls))
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    bf16.append(timed(lambda: module(x), calls))
-                native.append(timed(lambda: half(xh), calls))
+                    bf16.append(timed(lambda module=module, x=x: module(x), calls))
+                native.append(timed(lambda half=half, xh=xh: half(xh), calls))
             out.append((name, statistics.median(fp32), statistics.median(bf16), statistics.median(native)))
     return out
 

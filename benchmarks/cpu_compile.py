@@ -42,7 +42,7 @@ def main() -> None:
             compiled(x)
         lines.append(f"batch {batch}: compile (first call) {time.time() - t0:.1f} s wall")
 
-        def run(f, n=300):
+        def run(f, n=300, x=x):
             cpu, wall = [], []
             with torch.inference_mode():
                 for _ in range(n):

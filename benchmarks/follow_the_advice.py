@@ -341,7 +341,7 @@ def parse_report(stderr: str) -> dict[str, Any] | None:
     """The JSON report that `advisor profile --format json` prints on stderr (stdout is the
     script's), after its own lines."""
     match = None
-    for match in REPORT_START.finditer(stderr):
+    for match in REPORT_START.finditer(stderr):  # noqa: B007 - the last one
         pass
     if match is None:
         return None

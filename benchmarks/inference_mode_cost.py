@@ -96,7 +96,7 @@ def node_costs(passes: int, rounds: int) -> list[tuple[str, int, float, float, f
     for name, model, x in models():
         nodes = graph_nodes(model(x))
 
-        def timed(mode) -> float:
+        def timed(mode, model=model, x=x) -> float:
             times = []
             with mode():
                 for _ in range(passes):

@@ -54,7 +54,7 @@ def case_kernel_ns(trace: Path) -> pd.Series:
     launch = kernels["correlation"].map(pd.Series(rt["ts"].to_numpy(), index=rt["correlation"].to_numpy())).to_numpy(np.float64)
     dur = kernels["dur"].to_numpy(np.float64)
     out: dict[str, float] = {}
-    for name, ts, end in zip(cases["name"].astype(str), cases["ts"], cases["end"]):
+    for name, ts, end in zip(cases["name"].astype(str), cases["ts"], cases["end"], strict=True):
         inside = (launch >= ts) & (launch < end)
         out[name.removeprefix("case:")] = out.get(name.removeprefix("case:"), 0.0) + float(dur[inside].sum())
     return pd.Series(out, dtype=np.float64)

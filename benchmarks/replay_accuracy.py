@@ -75,7 +75,7 @@ def main() -> int:
             if after is not None:
                 rr = RankReplay(m, f)
                 rr._graph = g
-                rr.base  # calibrates
+                _ = rr.base  # calibrates
                 unprof = f"{rr._unprofiled:.2f}"
                 scale, loader, rest = f"{rr.host_scale:.2f}", f"{rr.loader_scale:.2f}", f"{rr.remainder_ms + rr.step_host_ms:.2f}{'h' if rr.step_host_ms else ''}"
             name = str(path.relative_to(ROOT.parent) if path.is_relative_to(ROOT.parent) else path)

@@ -64,7 +64,7 @@ def main() -> int:
             name = trace[-48:]
             lines.append(f"{name:<48} {r.rank:>4} {err:>7.2%} {mono:>6.0f} {got:>9.2f} {host:>9.2f} {lo:>9.2f} {span:>9.2f} {hi:>9.2f} {s4:>10.1%}")
             print(lines[-1], flush=True)
-            known = lambda inv_name: (inv_name, trace) in inv.KNOWN  # noqa: E731
+            known = lambda inv_name, trace=trace: (inv_name, trace) in inv.KNOWN  # noqa: E731
             for key, val, bad in (
                 ("1", err, err > worst["1"]),
                 ("2", mono, mono > max(worst["2"], 0.5)),

@@ -224,9 +224,9 @@ def measure_job(cmd: list[str], env: dict, cluster: int | None = None, timeout: 
 
     def sample() -> None:
         while not done.is_set():
-            now = dict(zip(("client", "pool"), tree_rss_parts_mb(proc.pid)))
+            now = dict(zip(("client", "pool"), tree_rss_parts_mb(proc.pid), strict=True))
             if cluster is not None:
-                now.update(zip(("scheduler", "cluster_workers"), tree_rss_parts_mb(cluster)))
+                now.update(zip(("scheduler", "cluster_workers"), tree_rss_parts_mb(cluster), strict=True))
             for k, v in now.items():
                 peak[k] = max(peak[k], v)
             peak["total"] = max(peak["total"], sum(now.values()))

@@ -121,7 +121,7 @@ def link_bandwidth(kernels, kind, world: int | None, device_name: str | None) ->
         return None
     k = kernels[sized]
     kinds = kind[sized]
-    bus_bytes = float(sum(float(b) * BUS_FACTOR[c](world) for b, c in zip(k["msg_bytes"], kinds)))
+    bus_bytes = float(sum(float(b) * BUS_FACTOR[c](world) for b, c in zip(k["msg_bytes"], kinds, strict=True)))
     gbps = bus_bytes / float(k["dur"].sum())  # bytes/ns == GB/s
     out = {"bus_gbps": round(gbps, 2), "collectives_sized": int(sized.sum()), "ranks": int(world)}
     for pattern, link, expect in GPU_LINK_GBPS:

@@ -94,7 +94,6 @@ from advisor.engine import Context
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.intervals import merge
 from advisor.metrics.steps import step_of
-from advisor.whatif import Change
 from advisor.whatif.savings import PROFILER_NS_PER_EVENT
 
 ID = "cpu-autocast"

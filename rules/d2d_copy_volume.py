@@ -62,7 +62,6 @@ from advisor.metrics.host_device import device_exposed_fraction, op_tree_of, per
 from advisor.metrics.events import rank_events
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
 from advisor.metrics.source import source_lines
 
 ID = "d2d-copy-volume"

@@ -155,7 +155,6 @@ def idle_by_activity(ctx: Context, s: np.ndarray, e: np.ndarray) -> dict[str, fl
     blocking copy, in a DataLoader span, launching a host→device copy, launching kernels;
     the rest of the time the host ran its own code (or nothing the profiler recorded)."""
     events = ctx.events
-    m = ctx.metrics
     rt = events.runtime
     rt_name = rt["name"]
     calls = {

@@ -118,7 +118,7 @@ def check(ctx: Context):
 
     elem = size / big["numel"].to_numpy(np.float64)
     shapes = [first_input_shape(tree, int(p)) for p in big["copy_op"].to_numpy()]
-    plans = [_shrink(e, s) for e, s in zip(elem, shapes)]
+    plans = [_shrink(e, s) for e, s in zip(elem, shapes, strict=True)]
     factor = np.array([p[0] for p in plans])
     saving_ns = (cost * (1.0 - 1.0 / factor)).sum()
     saving = per_step(saving_ns, tl)

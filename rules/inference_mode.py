@@ -67,7 +67,6 @@ import numpy as np
 from advisor.engine import Context, is_training
 from advisor.metrics.intervals import merge
 from advisor.metrics.steps import step_of
-from advisor.whatif import Change
 
 ID = "inference-mode"
 TITLE = "Inference runs with autograd recording a graph"

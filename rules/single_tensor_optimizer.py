@@ -169,7 +169,7 @@ def check(ctx: Context):
     change = Change(
         host_remove=[(ws, we, 1.0 - kept)],
         call_scale={int(r): kept for r in calls},
-        device_scale={int(r): float(f) for r, f in zip(rows, scale)},
+        device_scale={int(r): float(f) for r, f in zip(rows, scale, strict=True)},
         tight_launch={int(r) for r in rows},
         remainder_share=host_work_share(ctx.events, m.steps, ws, we, 1.0 - kept),
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SAMPLE_RUNS, shared, shared_trace
+from conftest import SAMPLE_RUNS, shared_trace
 
 from advisor.analysis import Analysis, analyze
 from advisor.config import Config

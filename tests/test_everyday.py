@@ -100,7 +100,7 @@ def test_the_documented_gate_example_passes_on_the_sample_runs(doc, tmp_path):
     blocks = _shown_commands(text, "<!-- gate example -->")
     assert [c[0][:2] for c in blocks] == [["advisor", "baseline"], ["advisor", "gate"]]
     shutil.copytree(REPO / "sample_runs", tmp_path / "sample_runs")
-    for (cmd, shown), expected in zip(blocks, (0, 0)):
+    for (cmd, shown), expected in zip(blocks, (0, 0), strict=True):
         r = advisor(cmd[1:], tmp_path)
         assert r.returncode == expected, r.stdout + r.stderr
         printed = [line.rstrip() for line in (r.stdout + r.stderr).splitlines()]

@@ -7,7 +7,6 @@ recording made for it (tests/data/, with the script that made it).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from conftest import REPO, SAMPLE_RUNS, shared_trace
 
@@ -51,7 +50,7 @@ def test_autograd_profiler_recording_steps_come_from_the_dataloader():
     host = a.with_primary_frames().primary.frames.host
     opt = host[host["name"].astype(str).str.startswith("Optimizer.step#")]
     starts, ends = m.steps["start"].to_numpy(), m.steps["end"].to_numpy()
-    per_step = [int(((opt["ts"] >= s) & (opt["end"] <= e)).sum()) for s, e in zip(starts, ends)]
+    per_step = [int(((opt["ts"] >= s) & (opt["end"] <= e)).sum()) for s, e in zip(starts, ends, strict=True)]
     assert per_step == [1] * 5
     # The input pipeline (batch 16 of HandAugment, no workers) leads.
     assert rules_of(a)[0] == "dataloader-stall"

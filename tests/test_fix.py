@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from advisor.analysis import analyze
-from advisor.fix import DONE, PLACED, SETTING, SKIPPED, UNSAFE_OFF, plan_fixes
+from advisor.fix import DONE, PLACED, SKIPPED, UNSAFE_OFF, plan_fixes
 from advisor.fix.source import Script
 from conftest import SAMPLE_RUNS, shared
 

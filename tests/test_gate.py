@@ -25,10 +25,10 @@ from rich.console import Console
 
 from advisor.errors import InputError
 from advisor.gate.budgets import (
+    KNOWN_KEYS,
     GateSettings,
     build_settings,
     parse_gate_table,
-    parse_size,
     read_budget_file,
 )
 from advisor.gate.compare import (
@@ -354,10 +354,17 @@ def test_baseline_goes_where_the_config_points_and_warns_on_few_steps(cli, tmp_p
 
 
 def test_size_and_budget_file_layouts(tmp_path):
-    assert parse_size("16 GiB") == 16 * 2**30
-    assert parse_size("800MB") == 800e6
-    assert parse_size(1024) == 1024
-    assert parse_size("12 parsecs") is None and parse_size(True) is None and parse_size(-1) is None
+    # (the units themselves: tests/test_sizes.py)
+    assert parse_gate_table({"max_peak_memory": "16 GiB"}, None, None) == {"max_peak_memory": 16.0 * 2**30}
+    assert parse_gate_table({"max_peak_memory": "800MB"}, None, None) == {"max_peak_memory": 800 * 10**6}
+    for bad in ("12 parsecs", True, -1, 0, "0 GiB"):
+        with pytest.raises(InputError, match="max_peak_memory must be a number of bytes"):
+            parse_gate_table({"max_peak_memory": bad}, None, None)
+    # every setting refuses a value of the wrong type in one line naming the file and the key
+    for key in KNOWN_KEYS:
+        with pytest.raises(InputError) as info:
+            parse_gate_table({key: [None]}, tmp_path / "b.toml", None, "[gate]")
+        assert str(info.value).startswith(f"{tmp_path / 'b.toml'}: [gate]: {key} must be ") and "\n" not in str(info.value)
     (tmp_path / "pyproject.toml").write_text("[tool.advisor.gate]\nmax_step_time_ms = 100\n")
     (tmp_path / "advisor.toml").write_text("[gate]\nmax_severity = 'low'\n")
     (tmp_path / "plain.json").write_text('{"forbid_rules": ["dataloader-stall"]}')

@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -96,7 +95,7 @@ def test_a_gzip_bomb_stops_at_the_ceiling_in_one_line(tmp_path):
     code, err, rss = run_measured(["report", str(bomb)], env={"ADVISOR_MAX_TRACE_BYTES": "128M"}, address_space=2 * 2**30)
     assert code == 2, err
     assert err.strip().splitlines() == [
-        f"advisor: error: {bomb}: gzip inflates to more than 128 MiB of JSON (the limit; set ADVISOR_MAX_TRACE_BYTES to raise it)"
+        f"advisor: error: {bomb}: gzip inflates to more than 128.0 MiB of JSON (the limit; set ADVISOR_MAX_TRACE_BYTES to raise it)"
     ]
     assert rss < BASE_RSS + 128 * MiB, f"peak RSS {rss / MiB:.0f} MiB"
 
@@ -152,7 +151,7 @@ def test_a_bomb_that_is_not_whitespace_stops_at_a_ratio_of_its_compressed_size(t
     code, err, rss = run_measured(["report", str(bomb)], env={"ADVISOR_CACHE": "off"})
     assert code == 2, err
     assert err.strip().splitlines() == [
-        f"advisor: error: {bomb}: gzip inflates to more than 256 MiB of JSON, 200 times its compressed size (a gzip bomb?); set ADVISOR_MAX_TRACE_BYTES to raise the limit"
+        f"advisor: error: {bomb}: gzip inflates to more than 256.0 MiB of JSON, 200 times its compressed size (a gzip bomb?); set ADVISOR_MAX_TRACE_BYTES to raise the limit"
     ]
     assert rss < BASE_RSS + 300 * MiB, f"peak RSS {rss / MiB:.0f} MiB"
 

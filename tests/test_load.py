@@ -217,7 +217,7 @@ def test_ranks_come_from_distributed_info_then_file_names_then_order(tmp_path):
     two = sorted(shared_trace("a100_two_ranks").glob("*.json.gz"))
     assert [m.rank for m in analyze(shared_trace("a100_two_ranks")).ranks] == [0, 1]
     # without distributedInfo: the number in the file name
-    for i, (src, name) in enumerate(zip(two, ["worker7.pt.trace.json", "worker3.pt.trace.json"])):
+    for src, name in zip(two, ["worker7.pt.trace.json", "worker3.pt.trace.json"], strict=True):
         doc = orjson.loads(gzip.decompress(src.read_bytes()))
         doc.pop("distributedInfo")
         (tmp_path / "named").mkdir(exist_ok=True)
@@ -225,7 +225,7 @@ def test_ranks_come_from_distributed_info_then_file_names_then_order(tmp_path):
     assert sorted(m.rank for m in analyze(tmp_path / "named").ranks) == [3, 7]
     # neither: file order
     (tmp_path / "plain").mkdir()
-    for name, src in zip(["first.json", "second.json"], sorted((tmp_path / "named").iterdir())):
+    for name, src in zip(["first.json", "second.json"], sorted((tmp_path / "named").iterdir()), strict=True):
         shutil.copyfile(src, tmp_path / "plain" / name)
     assert sorted(m.rank for m in analyze(tmp_path / "plain").ranks) == [0, 1]
 
@@ -404,6 +404,6 @@ def test_parallel_loading_matches_serial_and_reports_each_file(tmp_path):
     assert sorted(seen) == sorted(paths)
     assert [r.path for r in parallel] == paths
     assert parallel[2].frames is None and "truncated JSON" in parallel[2].error.line()
-    for result, path in zip(parallel[:2], paths[:2]):
+    for result, path in zip(parallel[:2], paths[:2], strict=True):
         assert result.error is None
         assert_same_frames(result.frames, load_trace(path))

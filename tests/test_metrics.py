@@ -135,12 +135,12 @@ def test_interval_overlap_matches_brute_force():
     e = s + rng.integers(0, 300, 500)
     ms, me = merge(s, e)
     covered = np.zeros(11_000, dtype=bool)
-    for a, b in zip(s, e):
+    for a, b in zip(s, e, strict=True):
         covered[a:b] = True
     lo = rng.integers(0, 10_000, 50)
     hi = lo + rng.integers(0, 2_000, 50)
     got = overlap_with(ms, me, lo, hi)
-    want = [covered[a:b].sum() for a, b in zip(lo, hi)]
+    want = [covered[a:b].sum() for a, b in zip(lo, hi, strict=True)]
     np.testing.assert_array_equal(got, want)
 
 

@@ -111,7 +111,7 @@ def test_epoch_ends_found_in_the_h100_walk_facts():
     f = finding(run(SAMPLE_RUNS / "gpu_walk_final"), "epoch-end")
     assert f is not None and f.evidence["epoch_starts"] == [20, 40]
     # The first step of each new epoch waits for freshly started workers: most of a second.
-    for start, extra in zip([20, 40], f.evidence["worker_restart_ms"]):
+    for start, extra in zip([20, 40], f.evidence["worker_restart_ms"], strict=True):
         assert wait[start] - 1 <= extra <= wait[start] + wait[start + 1]
         assert extra > 500
     assert f.evidence["short_last_batch"] == 10000 % 512

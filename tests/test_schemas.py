@@ -28,7 +28,7 @@ def validate(name: str, doc: dict) -> None:
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_published_schema_is_the_generated_one(name):
     published = REPO / "docs" / "schemas" / f"{name}.schema.json"
-    assert published.read_text() == schema_text(name), f"regenerate with: python -m advisor.schemas docs/schemas"
+    assert published.read_text() == schema_text(name), "regenerate with: python -m advisor.schemas docs/schemas"
     jsonschema.Draft202012Validator.check_schema(json.loads(published.read_text()))
 
 

@@ -1,5 +1,8 @@
 """The project's stages depend one way: read from the source of every module, not assumed.
 
+The layers are the import-linter contract in pyproject.toml (`.ci/run` runs lint-imports);
+this file reads the same contract and checks it with its own reading of the imports, which
+also sees imports inside functions and rules/ under its shipped name advisor.rules.
 rules/ holds rule pages only; measurements live in advisor/metrics/ (which never import a
 rule or the engine), the what-if stage below the rules, and no stage imports the commands in
 advisor/cli/.
@@ -8,12 +11,28 @@ advisor/cli/.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 from advisor.engine import builtin_rules
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ["capture", "load", "metrics", "whatif", "render", "gate"]
+STAGES = ["capture", "load", "metrics", "whatif", "render", "gate"]  # bottom up, as in the contract
+
+
+def layers_contract() -> tuple[list[list[str]], set[tuple[str, str]]]:
+    """The layers (top first, each a list of sibling modules) and the imports it lets pass."""
+    doc = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    [contract] = [c for c in doc["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    layers = [[m.strip() for m in re.split(r"[|:]", layer)] for layer in contract["layers"]]
+    ignored = {tuple(part.strip() for part in line.split("->")) for line in contract.get("ignore_imports", [])}
+    return layers, ignored  # type: ignore[return-value]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -39,6 +58,42 @@ def hits(imports: dict[str, set[str]], prefix: str) -> list[str]:
 def test_no_stage_imports_the_commands():
     for stage in STAGES:
         assert hits(imports_of(f"advisor/{stage}"), "advisor.cli") == [], stage
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_every_import_follows_the_layers_of_the_contract():
+    """No module imports one of a higher layer (pyproject.toml's [tool.importlinter] layers),
+    imports inside functions included; every module of advisor/ and rules/ is in a layer."""
+    layers, ignored = layers_contract()
+    # (an import of the bare package is the engine's of advisor.rules, which this reader sees by name)
+    ignored = {(a, b) for a, b in ignored if b != "advisor"}
+    assert [["advisor.cli", "advisor.api", "advisor.schemas"]] == layers[:1], "the commands are on top"
+    # STAGES, first to last, are the contract's layers from the bottom up, one layer each
+    index = {m.removeprefix("advisor."): i for i, layer in enumerate(layers) for m in layer}
+    order = [index[s] for s in STAGES]
+    assert order == sorted(set(order), reverse=True), order
+
+    def layer_of(module: str) -> int | None:
+        module = "rules" + module[len("advisor.rules") :] if _within(module, "advisor.rules") else module
+        return next((i for i, layer in enumerate(layers) for m in layer if _within(module, m)), None)
+
+    wrong, outside = [], []
+    for folder, package in (("advisor", "advisor"), ("rules", "rules")):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            name = ".".join((package, *path.relative_to(REPO / folder).with_suffix("").parts)).removesuffix(".__init__")
+            mine = layer_of(name)
+            if mine is None:
+                if name not in ("advisor", "advisor.__main__", "rules"):
+                    outside.append(name)
+                continue
+            for d in imported_modules(path):
+                theirs = layer_of(d)
+                if theirs is not None and theirs < mine and not any(_within(name, a) and _within(d, b) for a, b in ignored):
+                    wrong.append(f"{name} imports {d}")
+    assert outside == [] and sorted(set(wrong)) == []
 
 
 def test_measurements_and_the_replay_import_no_rule_and_no_engine():

@@ -214,3 +214,36 @@ def test_an_entry_keeps_its_newest_reports(tmp_path, cli, analyses, monkeypatch)
     before = analyses.n
     assert cli(["report", str(run)], tmp_path, {"COLUMNS": "100"})[1] == texts["100"]
     assert analyses.n == before + 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        ["run"], ["run", "-f", "md"], ["-v", "run", "--format", "json"], ["run", "--format=markdown", "-v"], ["run", "-f", "TXT"],
+        ["run", "-f", "html"], ["run", "-f", "pdf"], ["run", "-o", "r.md"], ["run", "--select", "a"], ["run", "-v", "-v"],
+        ["run", "-f"], ["run", "-fmd"], ["run", "-f=md"], ["run", "--verbose=1"], ["run", "other"], ["--", "run"], ["-", "run"],
+    ],
+)
+def test_the_early_reading_of_a_report_line_agrees_with_the_parser(line):
+    """What the warm path reads before the parser is built is what the parser itself reads,
+    or nothing (then the parser decides)."""
+    import typer.main
+
+    from advisor.cli import app, format_option, report
+    from advisor.cli.warm import ANSWERED_EARLY, _report_arguments
+
+    early = _report_arguments(line, report)
+    try:
+        parsed = typer.main.get_command(app).commands["report"].make_context("report", list(line)).params
+    except Exception:  # noqa: BLE001 - a usage error: the early reading must not answer it either
+        parsed = None
+    if early is None:
+        return
+    if parsed is None:  # only a format the parser refuses gets this far, and it is refused early too
+        with pytest.raises(typer.BadParameter):
+            format_option(early.get("format"))
+        return
+    assert str(parsed["path"]) == early["path"] and parsed["verbose"] == bool(early.get("verbose"))
+    assert parsed["format"] == format_option(early.get("format"))
+    only_early = all(parsed[k] in (None, False, []) for k in parsed if k not in ANSWERED_EARLY)
+    assert only_early == (set(early) <= set(ANSWERED_EARLY))

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 from typing import Any
 
 from advisor.facts import SCHEMA, FactsFile, FactsProblem, facts_file_name, read_facts, validate_facts, write_facts

@@ -256,7 +256,7 @@ def _strip(tb: types.TracebackType | None, leading: bool) -> types.TracebackType
         if not (_ours(tb) or (leading and not kept and fname == _RUNPY)):
             kept.append(tb)
         tb = tb.tb_next
-    for a, b in zip(kept, kept[1:] + [None]):
+    for a, b in zip(kept, kept[1:] + [None], strict=True):
         a.tb_next = b
     return kept[0] if kept else None
 

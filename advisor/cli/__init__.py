@@ -364,7 +364,7 @@ def main() -> None:
     try:
         from advisor.cli.warm import fast_report
 
-        if fast_report(sys.argv[1:]):  # a report rendered before: written before the parser is built
+        if fast_report(sys.argv[1:], report, format_option):  # a report rendered before: written before the parser is built
             return
         core = {c.name or c.callback.__name__ for c in app.registered_commands}
         if _named_command(sys.argv[1:]) not in core:

@@ -10,15 +10,12 @@ from typing import Optional
 import typer
 
 import advisor.cache as store
+from advisor.sizes import format_bytes
 
 
 class CacheAction(str, Enum):
     info = "info"
     clear = "clear"
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
 
 
 def _roots(path: Optional[Path]) -> list[Path]:
@@ -41,15 +38,15 @@ def cache(
         found = store.entries(root)
         if action is CacheAction.clear:
             n, size = store.clear(root)
-            out.write(f"cache: {root}: removed {n} entr{'y' if n == 1 else 'ies'} ({_size(size)})\n")
+            out.write(f"cache: {root}: removed {n} entr{'y' if n == 1 else 'ies'} ({format_bytes(size, digits=2)})\n")
             continue
         kinds = {k: sum(1 for e in found if e.kind == k) for k in store.KINDS}
         total = sum(e.bytes for e in found)
         reports = sum(len(list(e.path.glob(f"{store.REPORT_PREFIX}*"))) for e in found if e.kind == "analysis")
         out.write(
             f"cache: {root}\n"
-            f"  entries: {len(found)} ({kinds['frames']} frames, {kinds['analysis']} analyses), {_size(total)} "
-            f"of at most {_size(store.max_cache_bytes())} ({store.MAX_BYTES_ENV}); least recently used removed first\n"
+            f"  entries: {len(found)} ({kinds['frames']} frames, {kinds['analysis']} analyses), {format_bytes(total, digits=2)} "
+            f"of at most {format_bytes(store.max_cache_bytes(), digits=2)} ({store.MAX_BYTES_ENV}); least recently used removed first\n"
             f"  reports kept in the analyses: {reports} (the same report asked for again is written from them)\n"
         )
     if action is CacheAction.info:

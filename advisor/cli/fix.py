@@ -266,7 +266,8 @@ def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
     v = verify(plan, args, steps=steps, warmup=warmup, rounds=rounds, say=note)
     sys.stdout.write("\n".join(table_lines(v)) + "\n")
     if output is not None:
-        from advisor.render.output import refuse_overwriting_inputs, write_atomically
+        from advisor.files import write_atomically
+        from advisor.render.output import refuse_overwriting_inputs
 
         gap = record_gap(v)
         if gap:

@@ -9,7 +9,9 @@ next report asked for in the same way writes the stored text as it is: no parse,
 no rules, no rendering, and neither pandas, pyarrow nor rich imported.
 
 `advisor report PATH [-f FORMAT] [-v]` is answered here before the command line parser is
-built; other options (--select, --ignore, --run, --config) reach the same stored text after
+built (building it costs more than serving the report); the option names and the format's
+aliases are read from the report command's own declaration in advisor.cli, so the two never
+differ. Other options (--select, --ignore, --run, --config) reach the same stored text after
 parsing. Anything this module does not recognise, and every miss, takes the full path, which
 gives errors their usual messages.
 """
@@ -20,14 +22,15 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # What the console (rich) reads from the environment when it decides widths and colours.
 CONSOLE_ENV = (
     "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "COLORTERM", "TTY_COMPATIBLE", "TTY_INTERACTIVE",
     "JUPYTER_COLUMNS", "JUPYTER_LINES", "CLICOLOR", "CLICOLOR_FORCE", "WT_SESSION", "WINDIR",
 )
-FORMATS = {"text": "text", "txt": "text", "json": "json", "markdown": "markdown", "md": "markdown"}
+# The report's parameters answered before the parser is built; any other option takes the full path.
+ANSWERED_EARLY = ("path", "format", "verbose")
 
 
 def destination(fmt: str) -> dict[str, Any]:
@@ -82,31 +85,23 @@ def serve(text: str) -> None:
     sys.stdout.flush()
 
 
-def fast_report(args: list[str]) -> bool:
+def fast_report(args: list[str], command: Callable[..., Any], format_option: Callable[[str | None], str | None]) -> bool:
     """Answer `report PATH [-f FORMAT | --format FORMAT] [-v | --verbose]` from a stored report
-    (True), before the command line parser is built; False: not that command line, or a miss."""
+    (True), before the command line parser is built; False: not that command line, or a miss.
+    COMMAND: the report command's function (its options are read from its declaration);
+    FORMAT_OPTION: its --format callback (the formats and their aliases)."""
     if len(args) < 2 or args[0] != "report":
         return False
-    fmt = path = None
-    verbose = False
-    rest = args[1:]
-    i = 0
-    while i < len(rest):
-        a = rest[i]
-        if a in ("-v", "--verbose") and not verbose:
-            verbose = True
-        elif a in ("-f", "--format") and fmt is None and i + 1 < len(rest):
-            fmt, i = rest[i + 1], i + 1
-        elif a.startswith("--format=") and fmt is None:
-            fmt = a.split("=", 1)[1]
-        elif a and not a.startswith("-") and path is None:
-            path = a
-        else:
-            return False
-        i += 1
-    fmt = FORMATS.get((fmt or "text").lower())
-    if fmt is None or path is None:
+    import typer
+
+    given = _report_arguments(args[1:], command)
+    if given is None or "path" not in given or not set(given) <= set(ANSWERED_EARLY):
         return False
+    try:
+        fmt = format_option(given.get("format")) or "text"
+    except typer.BadParameter:
+        return False
+    path, verbose = given["path"], bool(given.get("verbose"))
     try:
         from advisor.config import load_config
 
@@ -120,6 +115,44 @@ def fast_report(args: list[str]) -> bool:
         return False
     serve(text)
     return True
+
+
+def _report_options(command: Callable[..., Any]) -> dict[str, tuple[str, bool]]:
+    """The command's option strings, from its declaration: the parameter each sets, and
+    whether it takes a value (a flag's default is a bool)."""
+    import inspect
+
+    options = {}
+    for name, param in inspect.signature(command).parameters.items():
+        info = param.default
+        for decl in getattr(info, "param_decls", None) or ():
+            options[decl] = (name, not isinstance(getattr(info, "default", None), bool))
+    return options
+
+
+def _report_arguments(args: list[str], command: Callable[..., Any]) -> dict[str, Any] | None:
+    """{parameter: value} of a report command line, as its parser would read it; None for
+    anything less plain (an option given twice, a value glued to a short option, `--`, a
+    second path), which the full parser then reads."""
+    options = _report_options(command)
+    given: dict[str, Any] = {}
+    rest = iter(args)
+    for a in rest:
+        if not a.startswith("-"):
+            if not a or "path" in given:
+                return None
+            given["path"] = a
+            continue
+        decl, eq, value = a.partition("=")
+        name, takes_value = options.get(decl, (None, False))
+        if name is None or name in given or (eq and (not takes_value or not decl.startswith("--"))):
+            return None
+        if takes_value and not eq:
+            value = next(rest, None)
+            if value is None:
+                return None
+        given[name] = value if takes_value else True
+    return given
 
 
 class _Recorder:

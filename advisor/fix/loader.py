@@ -21,7 +21,7 @@ import re
 
 import libcst as cst
 
-from advisor.fix.base import SAFE, Done, Outcome, Placed, Setting, Skipped, literal, number_after, register, text_of
+from advisor.fix.base import SAFE, Done, Outcome, Placed, Skipped, literal, number_after, register, text_of
 from advisor.fix.libraries import library_of
 from advisor.fix.source import Edits, Script, code_of, has_star_kwargs, keyword
 

@@ -369,7 +369,7 @@ class _Apply(cst.CSTTransformer):
         out = []
         wrapping: tuple[cst.CSTNode, str] | None = None
         wrapped: list = []
-        for orig, new in zip(originals, updated_body):
+        for orig, new in zip(originals, updated_body, strict=False):
             if orig in self.e.wrap and wrapping is None:
                 wrapping = self.e.wrap[orig]
             if wrapping is not None:

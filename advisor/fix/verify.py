@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -177,7 +176,7 @@ def judge(v: Verification, r: FixResult) -> FixVerdict:
     fixed = statistics.median(v.steps_of(r.rule)) if v.steps_of(r.rule) else math.nan
     saving = original - fixed
     share = saving / original if original > 0 else math.nan
-    rounds = [b.median_ms - f.median_ms for b, f in zip(base_runs, fixed_runs) if math.isfinite(b.median_ms - f.median_ms)]
+    rounds = [b.median_ms - f.median_ms for b, f in zip(base_runs, fixed_runs, strict=False) if math.isfinite(b.median_ms - f.median_ms)]
     verdict_args = dict(rule=r.rule, fix=r.fix, safety=r.safety, promised_ms=r.promised_ms, promised_pct=r.promised_pct, original_ms=original, fixed_ms=fixed, saving_ms=saving, saving_pct=share, round_savings_ms=rounds)
     if failed:
         return FixVerdict(**verdict_args, verdict="failed", why=failed)

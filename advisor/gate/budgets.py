@@ -21,13 +21,13 @@ kind is an InputError naming the file and the key, never a budget silently ignor
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import orjson
 
 from advisor.errors import InputError
@@ -40,6 +40,7 @@ from advisor.gate.compare import (
 from advisor.gate.record import SEVERITY_ORDER, RunRecord
 from advisor.gate.verdict import Check
 from advisor.metrics.breakdown import CATEGORIES
+from advisor.sizes import format_bytes, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,8 +48,6 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 SEVERITY_LIMITS = ("none", "low", "medium", "high")
-SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
-SIZE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 @dataclass
@@ -94,139 +93,119 @@ class GateSettings:
 
 
 # --- parsing --------------------------------------------------------------------------------
-def parse_size(value: Any) -> float | None:
-    """Bytes from a number of bytes or a string like "12 GiB" / "800MB"; None if neither."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if 0 < value < math.inf else None
-    if isinstance(value, str):
-        m = SIZE.match(value)
-        if m:
-            n = float(m.group(1)) * SIZE_UNITS[(m.group(2) or "b").lower()]
-            return n if 0 < n < math.inf else None
-    return None
+# Each layer's table is decoded into GateTable: a typo, a value of the wrong type or out of
+# range is refused by msgspec, and the error becomes one line naming the file and the key
+# with what the key must be (MUST_BE). UNSET marks a key the layer does not set.
+_FINITE = sys.float_info.max  # NaN and the infinities are no budget
+Positive = Annotated[float, msgspec.Meta(gt=0, le=_FINITE)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Maybe = msgspec.UnsetType
+UNSET = msgspec.UNSET
+
+# [max_share]: a fraction per breakdown category, nothing else
+MaxShare = msgspec.defstruct("MaxShare", [(c, Fraction | Maybe, UNSET) for c in CATEGORIES], forbid_unknown_fields=True, kw_only=True)
 
 
-def _number(value: Any) -> float | None:
-    """A finite number (NaN and the infinities are no budget), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        n = float(value)
-    except OverflowError:  # an integer beyond any float
-        return None
-    return n if math.isfinite(n) else None
+class GateTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One layer of gate settings, as written ([tool.advisor.gate], a --budget file, the flags)."""
+
+    baseline: Annotated[str, msgspec.Meta(min_length=1)] | Maybe = UNSET  # relative to the file
+    tolerance: Annotated[float, msgspec.Meta(ge=0, lt=1)] | Maybe = UNSET
+    confidence: Annotated[float, msgspec.Meta(ge=0.5, lt=1)] | Maybe = UNSET
+    min_steps: Annotated[int, msgspec.Meta(ge=3)] | Maybe = UNSET
+    strict: bool | Maybe = UNSET
+    fail_on_new_findings: bool | Maybe = UNSET
+    batch_size: Annotated[int, msgspec.Meta(gt=0)] | Maybe = UNSET
+    max_step_time_ms: Positive | Maybe = UNSET
+    min_gpu_utilization: Fraction | Maybe = UNSET
+    max_share: MaxShare | Maybe = UNSET  # type: ignore[valid-type]
+    max_peak_memory: int | float | str | Maybe = UNSET  # bytes or a size (advisor.sizes), checked below
+    max_severity: Literal[SEVERITY_LIMITS] | Maybe = UNSET  # type: ignore[valid-type]
+    forbid_rules: list[str] | Maybe = UNSET
+    min_samples_per_s: Positive | Maybe = UNSET
+    max_ms_per_sample: Positive | Maybe = UNSET
 
 
-class _Reader:
-    """Validates one layer's table; errors name the file and the key."""
-
-    def __init__(self, where: str | Path, table_name: str):
-        self.where = where
-        self.table_name = table_name
-
-    def fail(self, key: str, problem: str) -> InputError:
-        return InputError(self.where, f"{self.table_name}: {key} {problem}")
-
-    def positive(self, key: str, value: Any) -> float:
-        n = _number(value)
-        if n is None or not n > 0:
-            raise self.fail(key, f"must be a positive number, got {value!r}")
-        return n
-
-    def fraction(self, key: str, value: Any, *, upper_open: bool = False) -> float:
-        n = _number(value)
-        ok = n is not None and 0 <= n and (n < 1 if upper_open else n <= 1)
-        if not ok:
-            raise self.fail(key, f"must be a fraction between 0 and 1 (0.05 = 5%), got {value!r}")
-        return n  # type: ignore[return-value]
-
-    def boolean(self, key: str, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, got {value!r}")
-        return value
+KNOWN_KEYS = GateTable.__struct_fields__
+_FRACTION = "must be a fraction between 0 and 1 (0.05 = 5%)"
+_CATEGORIES = f"categories: {', '.join(CATEGORIES)}"
+# What each key must be, for the one-line error ("got VALUE" is added where a value was given).
+MUST_BE = {
+    "baseline": "must be a path",
+    "tolerance": _FRACTION,
+    "confidence": "must be between 0.5 and 1 (0.95 = 95%)",
+    "min_steps": "must be a whole number of at least 3",
+    "strict": "must be true or false",
+    "fail_on_new_findings": "must be true or false",
+    "batch_size": "must be a positive whole number",
+    "max_step_time_ms": "must be a positive number",
+    "min_gpu_utilization": _FRACTION,
+    "max_share": f"must be a table of category = fraction, {_CATEGORIES}",
+    "max_share.": _FRACTION,  # each category's share
+    "max_peak_memory": 'must be a number of bytes or a size like "16 GiB"',
+    "max_severity": f"must be one of {', '.join(SEVERITY_LIMITS)}",
+    "forbid_rules": "must be a list of rule ids",
+    "min_samples_per_s": "must be a positive number",
+    "max_ms_per_sample": "must be a positive number",
+}
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`(?: - at `\$\.(?P<at>[^`]*)`)?$")
+_AT = re.compile(r" - at `\$\.(?P<at>[^`\[]*)[^`]*`$")
 
 
-def parse_gate_table(table: Any, where: str | Path, base_dir: Path | None, table_name: str = "[tool.advisor.gate]") -> dict[str, Any]:
+def parse_gate_table(table: Any, where: str | Path | None, base_dir: Path | None, table_name: str = "[tool.advisor.gate]") -> dict[str, Any]:
     """Validate one layer of gate settings; returns only the keys it sets (budget keys flat)."""
-    r = _Reader(where, table_name)
     if not isinstance(table, dict):
         raise InputError(where, f"{table_name} must be a table")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key == "max_step_time_ms":
-            out[key] = r.positive(key, value)
-        elif key == "min_gpu_utilization":
-            out[key] = r.fraction(key, value)
-        elif key == "max_share":
-            if not isinstance(value, dict) or not value:
-                raise r.fail(key, f"must be a table of category = fraction, categories: {', '.join(CATEGORIES)}")
-            shares = {}
-            for cat, frac in value.items():
-                if cat not in CATEGORIES:
-                    raise r.fail(f"{key}.{cat}", f"is not a breakdown category; categories: {', '.join(CATEGORIES)}")
-                shares[cat] = r.fraction(f"{key}.{cat}", frac)
-            out[key] = shares
-        elif key == "max_peak_memory":
-            size = parse_size(value)
-            if size is None:
-                raise r.fail(key, f"must be a number of bytes or a size like \"16 GiB\", got {value!r}")
-            out[key] = size
-        elif key == "max_severity":
-            if value not in SEVERITY_LIMITS:
-                raise r.fail(key, f"must be one of {', '.join(SEVERITY_LIMITS)}, got {value!r}")
-            out[key] = value
-        elif key == "forbid_rules":
-            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-                raise r.fail(key, "must be a list of rule ids")
-            out[key] = list(value)
-        elif key in ("min_samples_per_s", "max_ms_per_sample"):
-            out[key] = r.positive(key, value)
-        elif key == "baseline":
-            if not isinstance(value, str) or not value:
-                raise r.fail(key, "must be a path")
-            p = Path(value)
-            out[key] = p if p.is_absolute() or base_dir is None else base_dir / p
-        elif key == "tolerance":
-            out[key] = r.fraction(key, value, upper_open=True)
-        elif key == "confidence":
-            n = _number(value)
-            if n is None or not 0.5 <= n < 1:
-                raise r.fail(key, f"must be between 0.5 and 1 (0.95 = 95%), got {value!r}")
-            out[key] = n
-        elif key == "min_steps":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 3:
-                raise r.fail(key, f"must be a whole number of at least 3, got {value!r}")
-            out[key] = value
-        elif key in ("strict", "fail_on_new_findings"):
-            out[key] = r.boolean(key, value)
-        elif key == "batch_size":
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise r.fail(key, f"must be a positive whole number, got {value!r}")
-            out[key] = value
-        else:
-            raise r.fail(key, "is not a gate setting; known: " + ", ".join(KNOWN_KEYS))
+    try:
+        typed = msgspec.convert(table, GateTable)
+        out = {k: getattr(typed, k) for k in KNOWN_KEYS if getattr(typed, k) is not UNSET}
+        if "max_share" in out:
+            out["max_share"] = {c: v for c in CATEGORIES if (v := getattr(out["max_share"], c)) is not UNSET}
+            if not out["max_share"]:
+                raise _Refused("max_share")
+        if "max_peak_memory" in out:
+            try:
+                out["max_peak_memory"] = float(parse_size(out["max_peak_memory"]))
+            except ValueError:
+                out["max_peak_memory"] = 0
+            if out["max_peak_memory"] <= 0:
+                raise _Refused("max_peak_memory")
+    except msgspec.ValidationError as exc:  # the first mistake, in the table's order
+        raise InputError(where, f"{table_name}: {_problem(str(exc), table)}") from None
+    except _Refused as exc:
+        raise InputError(where, f"{table_name}: {_problem_at(exc.key, table)}") from None
+    if "baseline" in out:
+        p = Path(out["baseline"])
+        out["baseline"] = p if p.is_absolute() or base_dir is None else base_dir / p
     return out
 
 
-KNOWN_KEYS = (
-    "baseline",
-    "tolerance",
-    "confidence",
-    "min_steps",
-    "strict",
-    "fail_on_new_findings",
-    "batch_size",
-    "max_step_time_ms",
-    "min_gpu_utilization",
-    "max_share",
-    "max_peak_memory",
-    "max_severity",
-    "forbid_rules",
-    "min_samples_per_s",
-    "max_ms_per_sample",
-)
+class _Refused(Exception):
+    """A value of the right type that is still no setting (an empty max_share, a size of 0)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _problem(text: str, table: dict[str, Any]) -> str:
+    """msgspec's error as "KEY must be ..., got VALUE" or "KEY is not a gate setting; known: ..."."""
+    m = _UNKNOWN.match(text)
+    if m and m["at"] == "max_share":
+        return f"max_share.{m['key']} is not a breakdown category; {_CATEGORIES}"
+    if m:
+        return f"{m['key']} is not a gate setting; known: {', '.join(KNOWN_KEYS)}"
+    m = _AT.search(text)
+    return _problem_at(m["at"], table) if m else text
+
+
+def _problem_at(key: str, table: dict[str, Any]) -> str:
+    top, _, category = key.partition(".")
+    value = table.get(top)
+    if not category:
+        shown = "" if top in ("baseline", "forbid_rules", "max_share") else f", got {value!r}"
+        return f"{key} {MUST_BE[top]}{shown}"
+    value = value.get(category) if isinstance(value, dict) else None
+    return f"{key} {MUST_BE[top + '.']}, got {value!r}"
 
 
 def read_budget_file(path: Path) -> dict[str, Any]:
@@ -288,15 +267,6 @@ def _ms(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
-
-
-def _bytes(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if v >= size:
-            return f"{v / size:.2f} {unit}"
-    return f"{v:.0f} B"
 
 
 def _status(ok: bool) -> str:
@@ -365,7 +335,7 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
         )
     if b.max_peak_memory is not None:
         peak = record.peak_memory_bytes
-        limit = f"<= {_bytes(b.max_peak_memory)}"
+        limit = f"<= {format_bytes(b.max_peak_memory, digits=2)}"
         if peak is None:
             checks.append(
                 Check("max-peak-memory", "peak device memory", "inconclusive", "n/a", limit, "no device memory recorded (a CPU-only run, or profiled without profile_memory=True)")
@@ -377,9 +347,9 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
                     "max-peak-memory",
                     "peak device memory",
                     _status(ok),
-                    _bytes(peak),
+                    format_bytes(peak, digits=2),
                     limit,
-                    f"peak allocated device memory {_bytes(peak)}",
+                    f"peak allocated device memory {format_bytes(peak, digits=2)}",
                     {"peak_bytes": peak, "budget_bytes": b.max_peak_memory},
                 )
             )

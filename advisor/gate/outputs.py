@@ -23,7 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from advisor.gate.verdict import Check, GateResult
-from advisor.render.output import refuse_overwriting_inputs, to_json_text, write_atomically
+from advisor.files import write_atomically
+from advisor.render.output import refuse_overwriting_inputs, to_json_text
 from advisor.terminal_text import inert_lines, multi_line, one_line, valid_unicode
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "inconclusive": "yellow", "fail": "bold red"}

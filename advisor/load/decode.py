@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 
 from advisor.errors import InputError
+from advisor.sizes import format_bytes, parse_size
 
 NAN = math.nan
 NULL = msgspec.Raw(b"null")  # default of raw fields; `is NULL` means "key absent"
@@ -198,8 +199,6 @@ class DecodedTrace:
 # --- bytes ------------------------------------------------------------------------------------
 MAX_TRACE_ENV = "ADVISOR_MAX_TRACE_BYTES"
 DEFAULT_MAX_TRACE_BYTES = 16 * 2**30
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
 # Without ADVISOR_MAX_TRACE_BYTES, a gzip trace may inflate to this many times its compressed
@@ -220,18 +219,17 @@ def max_trace_bytes() -> int:
     setting = os.environ.get(MAX_TRACE_ENV, "").strip()
     if not setting:
         return DEFAULT_MAX_TRACE_BYTES
-    m = _SIZE.match(setting)
-    if not m or float(m.group(1)) <= 0:
+    try:
+        limit = parse_size(setting)
+    except ValueError:
+        limit = 0
+    if limit <= 0:
         raise InputError(None, f"{MAX_TRACE_ENV}={setting!r}: expected a size in bytes such as 500M or 8G")
-    return int(float(m.group(1)) * _UNIT[m.group(2).lower()])
-
-
-def _size_text(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
+    return limit
 
 
 def _too_large(path: Path, limit: int, what: str) -> InputError:
-    return InputError(path, f"{what} more than {_size_text(limit)} of JSON (the limit; set {MAX_TRACE_ENV} to raise it)")
+    return InputError(path, f"{what} more than {format_bytes(limit)} of JSON (the limit; set {MAX_TRACE_ENV} to raise it)")
 
 
 def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -> bytes | bytearray:
@@ -341,7 +339,7 @@ def _gunzip(path: Path, f: Any, limit: int, digest: Any, by_ratio: bool | None =
                 if by_ratio is None:
                     raise _too_large(path, limit, "gzip inflates to")
                 why = f"{GZIP_RATIO} times its compressed size (a gzip bomb?)" if by_ratio else "half the memory available"
-                raise InputError(path, f"gzip inflates to more than {_size_text(limit)} of JSON, {why}; set {MAX_TRACE_ENV} to raise the limit")
+                raise InputError(path, f"gzip inflates to more than {format_bytes(limit)} of JSON, {why}; set {MAX_TRACE_ENV} to raise the limit")
             out += piece
     except zlib.error as exc:
         raise InputError(path, f"corrupt gzip ({exc})") from None
@@ -400,7 +398,7 @@ def _raw_batches(path: Path, raws: list[msgspec.Raw], buffer: Any, batch_bytes: 
     sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
     cuts = np.searchsorted(np.cumsum(sizes), np.arange(batch_bytes, int(sizes.sum()) + batch_bytes, batch_bytes), side="left") + 1
     bounds = np.unique(np.clip(np.concatenate(([0], cuts, [len(raws)])), 0, len(raws)))
-    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         yield _decode_batch(path, raws, buffer, start, stop)
 
 

@@ -148,7 +148,7 @@ def map_ranks(
     n = default_workers(len(items)) if workers is None else max(1, min(workers, len(items)))
     small = workers is None and _few_and_small(paths)
     if executor is None and (n == 1 or small):
-        for item, p in zip(items, paths):
+        for item, p in zip(items, paths, strict=True):
             result = fn(item)
             if progress:
                 progress(p)

@@ -290,7 +290,7 @@ def _message_bytes(nelems: list[Any], dtypes: list[Any]) -> np.ndarray:
     """A collective kernel's message size in bytes (`In msg nelems` x the dtype's size), NaN
     where either is absent, not a number or an unknown dtype."""
     out = np.full(len(nelems), np.nan)
-    for i, (n, d) in enumerate(zip(nelems, dtypes)):
+    for i, (n, d) in enumerate(zip(nelems, dtypes, strict=True)):
         if n is None:
             continue
         size = DTYPE_BYTES.get(d.lower()) if isinstance(d, str) else None
@@ -416,7 +416,7 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     concrete = [a.concrete_inputs for a in rows]
     seq = [a.sequence for a in rows]
     if dims_lower.count(NULL) != len(dims_lower):
-        dims = [d if d is not NULL else dl for d, dl in zip(dims, dims_lower)]
+        dims = [d if d is not NULL else dl for d, dl in zip(dims, dims_lower, strict=True)]
     host = batch.part(idx, {
         "kind": pd.Categorical.from_codes(kind_of_cat[cat_codes[idx]], categories=HOST_KINDS),
         "external_id": _ids_pair(ext, ext_lower),

@@ -190,7 +190,7 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     dims = ops["input_dims"].to_numpy()
     rows: list[tuple[int, int, str, str, int]] = []
     per_elem = 4 + half_bytes
-    inputs_of = dict(zip(top.tolist(), _float_inputs_of(types_text, dims, top)))
+    inputs_of = dict(zip(top.tolist(), _float_inputs_of(types_text, dims, top), strict=True))
     for s in np.unique(step[top]):
         low = False  # the activation's dtype under autocast: 16 bit or fp32 (data arrive in fp32)
         stream_low: bool | None = None  # the residual stream's: the last mixing op's result, from the first autocast op's
@@ -287,7 +287,7 @@ def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
         return 0.0
     dims = ops["input_dims"].to_numpy()
     nbytes = np.array(
-        [sum(DTYPE_BYTES.get(t, 0) * numel(d) for t, d in zip(input_type_names(types_text[i])[:2], (dims[i] or [])[:2])) for i in sel],
+        [sum(DTYPE_BYTES.get(t, 0) * numel(d) for t, d in zip(input_type_names(types_text[i])[:2], (dims[i] or [])[:2], strict=False)) for i in sel],
         dtype=np.float64,
     )
     keep = nbytes >= MIN_BANDWIDTH_BYTES

@@ -118,7 +118,7 @@ def _first_inputs(k: pd.DataFrame) -> np.ndarray:
     shapes): a run repeats the same ops every step, and equal shapes are one object."""
     memo: dict[tuple[object, int], tuple[int, int, int]] = {}
     out = np.zeros((len(k), 3), dtype=np.float64)
-    for i, (t, d) in enumerate(zip(k["op_input_types"].to_numpy(), k["op_input_dims"].to_numpy())):
+    for i, (t, d) in enumerate(zip(k["op_input_types"].to_numpy(), k["op_input_dims"].to_numpy(), strict=True)):
         key = (t, id(d))
         got = memo.get(key)
         if got is None:

@@ -109,7 +109,7 @@ def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: boo
         starts = cand["ts"].to_numpy(np.int64)
         ends = cand["end"].to_numpy(np.int64)
         names_ = text_of(cand["name"])
-        for ts, end in zip(grp["ts"].to_numpy(np.int64), grp["end"].to_numpy(np.int64)):
+        for ts, end in zip(grp["ts"].to_numpy(np.int64), grp["end"].to_numpy(np.int64), strict=True):
             # innermost enclosing user frame: the latest-starting one that still covers the row
             i = np.searchsorted(starts, ts, side="right") - 1
             while i >= 0 and ends[i] < end:

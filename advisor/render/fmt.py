@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from advisor.analysis import Analysis
+from advisor.sizes import format_bytes
 from advisor.terminal_text import BIDI_CONTROLS, multi_line, one_line, valid_unicode
 
 NS_PER_MS = 1e6
@@ -54,17 +55,7 @@ def md_code_block(code: str, lang: str = "") -> str:
     return f"{fence}{lang}\n{code.rstrip()}\n{fence}"
 
 
-def fmt_bytes(n: float | None) -> str:
-    if n is None or (isinstance(n, float) and not math.isfinite(n)):
-        return "n/a"
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    # binary multiples, so binary names (IEC): 1 GiB = 2**30 bytes
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{int(n)} B" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.1f} TiB"
+fmt_bytes = format_bytes  # memory sizes in binary units (advisor.sizes)
 
 
 def pct(x: float | None, digits: int = 1) -> str:

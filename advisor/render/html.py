@@ -77,7 +77,7 @@ def sortable_table(columns: list[Column], rows: list[list[tuple[str, float | str
     body = []
     for row in rows:
         cells = []
-        for c, (shown, key) in zip(columns, row):
+        for c, (shown, key) in zip(columns, row, strict=True):
             attr = f' data-v="{esc(key)}"' if key is not None else ""
             if c.numeric:
                 cells.append(f'<td class="n"{attr}>{esc(shown)}</td>')

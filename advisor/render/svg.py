@@ -127,11 +127,11 @@ def stacked_columns(
     label_every = max(1, math.ceil(n / 30))
     cats = list(table.columns)
     values = table.to_numpy(np.float64)
-    for i, (label, row, tot) in enumerate(zip(table.index, values, totals)):
+    for i, (label, row, tot) in enumerate(zip(table.index, values, totals, strict=True)):
         x = left + slot * i + (slot - bw) / 2
         y = top + ph
         parts = []
-        for c, v in zip(cats, row):
+        for c, v in zip(cats, row, strict=True):
             if v <= 0:
                 continue
             h = ph * v / y_top
@@ -192,8 +192,8 @@ def minmax_downsample(x: np.ndarray, y: np.ndarray, x_max: float, columns: int =
     col = np.clip((x / x_max * columns).astype(np.int64), 0, columns - 1)
     starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
     ends = np.r_[starts[1:], len(x)] - 1
-    idx_min = np.array([s + int(np.argmin(y[s : e + 1])) for s, e in zip(starts, ends)], dtype=np.int64)
-    idx_max = np.array([s + int(np.argmax(y[s : e + 1])) for s, e in zip(starts, ends)], dtype=np.int64)
+    idx_min = np.array([s + int(np.argmin(y[s : e + 1])) for s, e in zip(starts, ends, strict=True)], dtype=np.int64)
+    idx_max = np.array([s + int(np.argmax(y[s : e + 1])) for s, e in zip(starts, ends, strict=True)], dtype=np.int64)
     keep = np.unique(np.concatenate([starts, ends, idx_min, idx_max]))
     return x[keep], y[keep]
 
@@ -232,7 +232,7 @@ def line_chart(c: LineChart, width: int = 1000, height: int = 300) -> str:
     for s in c.series:
         if len(s.x) == 0:
             continue
-        pts = " ".join(f"{num(a)},{num(b)}" for a, b in zip(px(s.x), py(s.y)))
+        pts = " ".join(f"{num(a)},{num(b)}" for a, b in zip(px(s.x), py(s.y), strict=True))
         out.append(f'<polyline class="line c-{esc(s.key)}" points="{pts}">{title(s.label)}</polyline>')
     for h in c.lines:
         y = float(py(h.value))
@@ -262,7 +262,7 @@ def _lane_rects(spans: pd.DataFrame, duration_ns: float, y: int, unit_name: str)
     xs = 100.0 * s / d
     ws = 100.0 * (e - s) / d
     out = []
-    for x, w, a, b, busy, name, cls, count in zip(xs, ws, s, e, covered, spans["name"], spans["cls"], spans["count"]):
+    for x, w, a, b, busy, name, cls, count in zip(xs, ws, s, e, covered, spans["name"], spans["cls"], spans["count"], strict=True):
         where = f"at {a / 1e6:.3f} ms"
         if count > 1:
             tip = f"{count} {unit_name}: {busy / 1e6:.3f} ms within {(b - a) / 1e6:.3f} ms {where}; longest: {demangle(name)}"
@@ -316,7 +316,7 @@ def timeline(lanes: Sequence, idle: pd.DataFrame, duration_ns: int, step_label: 
         d = float(duration_ns) or 1.0
         # A faint band over the device lanes marks the gaps wide enough to see.
         wide = idle[(idle["end"] - idle["start"]) >= d / 1000] if len(idle) else idle
-        for a, b in zip(wide["start"].to_numpy(np.float64), wide["end"].to_numpy(np.float64)):
+        for a, b in zip(wide["start"].to_numpy(np.float64), wide["end"].to_numpy(np.float64), strict=True):
             body.append(f'<rect class="idle-band" x="{100.0 * a / d:.4f}%" y="{top}" width="{100.0 * (b - a) / d:.4f}%" height="{y - top}"/>')
         for r in _lane_rects(idle, d, y, "idle gaps"):
             body.append(r.replace('<rect class="ev c-idle"', f'<rect class="ev idle" fill="url(#{esc(uid)}-hatch)"', 1))

@@ -60,7 +60,7 @@ def scale_device(rows, factor) -> Change:
     """These device ops take `factor` of their time (an array or one number); 0 removes them."""
     rows = np.asarray(rows, dtype=np.int64)
     f = np.broadcast_to(np.asarray(factor, dtype=np.float64), rows.shape)
-    return Change(device_scale={int(r): float(x) for r, x in zip(rows, f)})
+    return Change(device_scale={int(r): float(x) for r, x in zip(rows, f, strict=True)})
 
 
 def remove_launches(events: RankEvents, correlations) -> Change:
@@ -79,7 +79,7 @@ def fused(events: RankEvents, kernels: pd.DataFrame, fused_away: np.ndarray, kep
     faster = kept_share < 1.0
     return Change.merge([
         remove_launches(events, events.device["correlation"].to_numpy(np.int64)[rows[fused_away]]),
-        Change(device_scale={int(r): float(f) for r, f in zip(rows[kept][faster], kept_share[faster])}),
+        Change(device_scale={int(r): float(f) for r, f in zip(rows[kept][faster], kept_share[faster], strict=True)}),
     ])
 
 

@@ -340,7 +340,7 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
     last = [float("-inf")] * max(g.n_streams, 1)
     t0 = float(g.h_ts[0]) if n_h else 0.0
     nxt = first_op[1:]
-    for i, (a, ser, gp, ow, tl, w, mw, k0, k1) in enumerate(zip(anchor, serial, gap_l, own_l, tail_l, wone, many, first_op, nxt)):
+    for i, (a, ser, gp, ow, tl, w, mw, k0, k1) in enumerate(zip(anchor, serial, gap_l, own_l, tail_l, wone, many, first_op, nxt, strict=False)):
         if a < 0:
             s = t0
         elif ser:

@@ -11,7 +11,7 @@ rank (`RankWhatIf`), small and picklable for per-rank workers.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -339,7 +339,7 @@ def _rows_in(d: dict[int, float], inside: np.ndarray) -> dict[int, float]:
     if ok.all():
         return d
     values = np.fromiter(d.values(), dtype=np.float64, count=len(d))
-    return dict(zip(keys[ok].tolist(), values[ok].tolist()))
+    return dict(zip(keys[ok].tolist(), values[ok].tolist(), strict=True))
 
 
 def _set_in(rows: set[int], inside: np.ndarray) -> set[int]:
@@ -377,7 +377,7 @@ def resume_nodes(g: StepGraph, base: Change) -> np.ndarray:
     last[g.h_step[em]] = em
     waited = np.where(np.diff(g.wait_ptr) > 0, end - start - g.h_dur * base.host_scale, 0.0)
     out = []
-    for f, e in zip(first, last):
+    for f, e in zip(first, last, strict=True):
         if f < 0 or e <= f:
             continue
         w = waited[f:e]
