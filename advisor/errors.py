@@ -28,3 +28,23 @@ class InputError(Exception):
 
         problem = one_line(self.problem)
         return f"{path_text(self.path)}: {problem}" if self.path else problem
+
+
+class OutputClosed(Exception):
+    """stdout was closed by its reader (`advisor report RUN | head -1`): not a failure of the
+    command. Not an OSError, so no layer on the way (the command line parser) turns it into
+    an exit status of its own."""
+
+
+# The exit status when stdout closes before the output is written: 0, or a verdict already
+# reached (a gate that failed stays failed; `set_status_if_output_closes`).
+_STATUS_IF_OUTPUT_CLOSES = [0]
+
+
+def set_status_if_output_closes(code: int) -> None:
+    """The command's result is known before its output is written: a closed pipe keeps it."""
+    _STATUS_IF_OUTPUT_CLOSES[0] = int(code)
+
+
+def status_if_output_closes() -> int:
+    return _STATUS_IF_OUTPUT_CLOSES[0]

@@ -110,6 +110,12 @@ def inert_console(**kwargs: Any) -> Any:
             def export_text(self, *, clear: bool = True, styles: bool = False) -> str:
                 return inert_lines(super().export_text(clear=clear, styles=styles))
 
+            def on_broken_pipe(self) -> None:
+                # rich's own answer is exit status 1; a closed pipe is the reader's choice
+                from advisor.errors import OutputClosed
+
+                raise OutputClosed()
+
         _INERT_CONSOLE = InertConsole
     return _INERT_CONSOLE(**kwargs)
 

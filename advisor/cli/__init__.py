@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from advisor.errors import EXIT_BAD_INPUT, InputError
+from advisor.errors import EXIT_BAD_INPUT, InputError, OutputClosed, set_status_if_output_closes, status_if_output_closes
 from advisor.render.output import run_input_files, write_output
 
 if TYPE_CHECKING:
@@ -333,10 +333,59 @@ def _paths_checked_by_the_stages() -> None:
                 param.default.readable = False
 
 
+class _ClosedPipeGuard:
+    """stdout as it is, with a write into a pipe its reader closed raised as OutputClosed (the
+    command line parser would turn a BrokenPipeError into exit status 1)."""
+
+    def __init__(self, stream: object):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)  # type: ignore[attr-defined,no-any-return]
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()  # type: ignore[attr-defined]
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _output_closed() -> None:
+    """`advisor report RUN | head -1`: the reader has what it wanted. What is left unwritten
+    goes to /dev/null (no second error when Python flushes stdout at exit), and the command
+    ends with its own result: 0, or a verdict reached before the output (a failed gate: 1)."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.__stdout__.fileno())  # type: ignore[union-attr]
+        os.close(fd)
+    except (OSError, AttributeError, ValueError):
+        pass
+    sys.exit(status_if_output_closes())
+
+
 def main() -> None:
     from advisor.files_read import forget_all
 
     forget_all()  # one command's inputs (tests run several in one process)
+    set_status_if_output_closes(0)
+    stdout = sys.stdout
+    sys.stdout = _ClosedPipeGuard(stdout)  # type: ignore[assignment]
+    try:
+        _main()
+    except (OutputClosed, BrokenPipeError):
+        _output_closed()
+    finally:
+        if isinstance(sys.stdout, _ClosedPipeGuard):
+            sys.stdout = stdout
+
+
+def _main() -> None:
     try:
         from advisor.cli.warm import fast_report
 
@@ -358,6 +407,8 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except SystemExit:
+        raise
+    except (OutputClosed, BrokenPipeError):
         raise
     except Exception as exc:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # usage errors from the CLI parser

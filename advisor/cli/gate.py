@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from advisor.errors import InputError
+from advisor.errors import InputError, set_status_if_output_closes
 from advisor.gate.budgets import (
     GateSettings,
     build_settings,
@@ -194,6 +194,7 @@ def gate(
         write_file(json_out, to_json(result), inputs)
     if junit is not None:
         write_file(junit, to_junit(result), inputs)
+    set_status_if_output_closes(result.exit_code)  # a closed stdout keeps the verdict
     render_terminal(result, output_console())
     emit_github(result, sys.stdout)
     sys.stdout.flush()
