@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,17 @@ VENDORED = REPO / "tests" / "data" / "shared"
 BESIDE = REPO.parent / "shared"
 SHARED_TRACES = BESIDE / "traces"
 SAMPLE_RUNS = REPO / "sample_runs"
+
+# The suite never writes into the user's own cache folder (nor into one ADVISOR_CACHE names):
+# each test process caches in a temporary folder of its own, removed at its end, and the
+# user cache folder the advisor falls back on (XDG_CACHE_HOME) is a temporary one too.
+_TEST_CACHE = Path(tempfile.mkdtemp(prefix="advisor-test-cache-"))
+os.environ["ADVISOR_CACHE"] = str(_TEST_CACHE / "advisor")
+os.environ["XDG_CACHE_HOME"] = str(_TEST_CACHE / "xdg")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_TEST_CACHE, ignore_errors=True)
 
 
 def _holds_a_trace(folder: Path) -> bool:
