@@ -488,7 +488,7 @@ def summary_lines(result: CaptureResult) -> list[str]:
     elif how == "stopped":
         lines.append(
             f"stopped {t} on purpose after step {result.steps - 1}, the window recorded ({recorded}): the rest of it "
-            f"did not run, so its own exit status is not known (exit 124; --full runs it to its end)"
+            f"did not run, so its own exit status is not known (--full runs it to its end and exits with it)"
         )
     elif how in ("interrupted", "terminated"):
         kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded yet"
