@@ -94,3 +94,33 @@ def test_the_suite_caches_in_a_folder_of_its_own(tmp_path):
         assert temp in p.resolve().parents, f"{p} is not under {temp}"
         assert Path.home() / ".cache" not in p.resolve().parents
     assert "entries: 0 " not in r.stdout  # the report above was cached there
+
+
+# --- small things stay small ---------------------------------------------------------------------
+def test_version_imports_none_of_the_command_lines_modules(tmp_path):
+    """`advisor --version` (the console script's entry point, and `python -m advisor`) prints
+    the version without importing typer, rich, pandas, NumPy or torch."""
+    from advisor.version import __version__
+
+    probe = (
+        "import sys; sys.argv = ['advisor', '--version']\n"
+        "from advisor.__main__ import program\n"
+        "program()\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'click', 'rich', 'pandas', 'numpy', 'torch', 'pyarrow', 'advisor.cli'})\n"
+        "print(heavy, 'advisor.cli' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"advisor {__version__}", "[] False"]
+    r = subprocess.run([*advisor_program(), "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, f"advisor {__version__}\n")
+    # the console script the package declares is that entry point
+    from conftest import REPO
+
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["advisor"] == "advisor.__main__:program"

@@ -301,11 +301,12 @@ OPTIONAL_COMMANDS = {
 }
 
 
-def _register_optional_commands() -> None:
-    """Add the optional commands to `app` (once; a module that fails to import is skipped)."""
+def _register_optional_commands(only: str | None = None) -> None:
+    """Add the optional commands to `app` (once; a module that fails to import is skipped):
+    the one a command line names (`only`), else all of them (for --help, a misspelt name)."""
     registered = {c.name for c in app.registered_commands}
     for name, (module, settings) in OPTIONAL_COMMANDS.items():
-        if name in registered:
+        if name in registered or (only is not None and name != only):
             continue
         try:
             fn = getattr(__import__(module, fromlist=[name]), name, None)
@@ -373,6 +374,11 @@ def main() -> None:
     from advisor.files_read import forget_all
 
     forget_all()  # one command's inputs (tests run several in one process)
+    if sys.argv[1:] == ["--version"]:  # answered before any command's module is imported
+        from advisor.version import __version__
+
+        sys.stdout.write(f"advisor {__version__}\n")
+        return
     set_status_if_output_closes(0)
     stdout = sys.stdout
     sys.stdout = _ClosedPipeGuard(stdout)  # type: ignore[assignment]
@@ -392,8 +398,10 @@ def _main() -> None:
         if fast_report(sys.argv[1:]):  # a report rendered before: written before the parser is built
             return
         core = {c.name or c.callback.__name__ for c in app.registered_commands}
-        if _named_command(sys.argv[1:]) not in core:
-            _register_optional_commands()
+        named = _named_command(sys.argv[1:])
+        if named not in core:
+            # `advisor whatif RUN` imports the whatif command's module, not the gate's or fix's
+            _register_optional_commands(named if named in OPTIONAL_COMMANDS and "--help" not in sys.argv[1:2] else None)
         _paths_checked_by_the_stages()
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
