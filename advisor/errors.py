@@ -30,12 +30,6 @@ class InputError(Exception):
         return f"{path_text(self.path)}: {problem}" if self.path else problem
 
 
-class OutputClosed(Exception):
-    """stdout was closed by its reader (`advisor report RUN | head -1`): not a failure of the
-    command. Not an OSError, so no layer on the way (the command line parser) turns it into
-    an exit status of its own."""
-
-
 # The exit status when stdout closes before the output is written: 0, or a verdict already
 # reached (a gate that failed stays failed; `set_status_if_output_closes`).
 _STATUS_IF_OUTPUT_CLOSES = [0]

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from advisor.errors import EXIT_BAD_INPUT, InputError, OutputClosed, set_status_if_output_closes, status_if_output_closes
+from advisor.errors import EXIT_BAD_INPUT, InputError, set_status_if_output_closes, status_if_output_closes
+from advisor.terminal_text import OutputClosed
 from advisor.render.output import run_input_files, write_output
 
 if TYPE_CHECKING:
