@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import SAMPLE_RUNS
 from test_everyday import advisor, advisor_program
@@ -171,10 +172,10 @@ def test_the_dataloader_verdict_on_the_quick_start_reads_the_run_and_says_when_i
     trace), whatever the machine running the report is doing; a window the facts say was timed
     beside other work keeps that verdict (the trade is taken at the middle of its range, not
     at op times inflated by waits for a core) and is called noisy, in the finding and the notes."""
-    import advisor
+    import advisor as api
 
     run = _with_other_work(tmp_path, RUNS / "cpu_two_threads", other)
-    a = advisor.analyze(run)
+    a = api.analyze(run)
     assert list(a.findings["rule"])[0] == "dataloader-stall"
     finding = a.findings.iloc[0]
     noisy = other is not None and other >= 0.5
@@ -214,3 +215,129 @@ def test_the_profile_extra_declares_what_the_sample_imports():
     third_party = modules - set(sys.stdlib_module_names) - {"__future__"}
     assert third_party == {"PIL", "numpy", "torch"}, third_party
     assert {distribution[m] for m in third_party} <= declared
+
+
+# --- one step time and one throughput everywhere -------------------------------------------------
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}" if x >= 10 else f"{x:,.2f}"
+
+
+def _mean_and_batch(run: Path) -> tuple[float, int]:
+    """The mean of the run's steps (the API's per-step frame) and the batch its facts file records."""
+    import json
+
+    import advisor as api
+
+    steps = api.analyze(run).steps
+    batch = json.loads((run / "advisor_facts.json").read_text())["dataloaders"][0]["batch_size"]
+    return float(steps["duration_ms"].mean()), batch
+
+
+def test_every_command_and_format_gives_the_mean_step_and_its_throughput(cli, tmp_path):
+    """One definition of step time (the mean step) and throughput (batch / mean step), with
+    one rounding, in report (text, Markdown, HTML, JSON), diff, whatif, gate and the API."""
+    import json
+
+    import advisor as api
+
+    before, after = RUNS / "gpu_baseline", RUNS / "gpu_walk_final"
+    b_mean, b_bs = _mean_and_batch(before)
+    a_mean, a_bs = _mean_and_batch(after)
+    assert abs(b_mean - float(np.median(api.analyze(before).steps["duration_ms"]))) > 1  # mean and median differ here
+    b_rate, a_rate = b_bs / b_mean * 1000, a_bs / a_mean * 1000
+
+    code, out, err = cli(["report", str(before)])
+    assert code == 0, err
+    assert f"Step time        {b_mean:.2f} ms mean (median " in out
+    assert f"Throughput       {_rate(b_rate)} samples/s (batch {b_bs} / {b_mean:.2f} ms mean step)" in out
+    code, out, _ = cli(["report", str(before), "-f", "md"])
+    assert f"{b_mean:.2f} ms/step (mean)" in out and f" · {_rate(b_rate)} samples/s · " in out
+    code, out, _ = cli(["report", str(before), "-f", "html", "-o", str(tmp_path / "r.html")])
+    page = (tmp_path / "r.html").read_text()
+    assert f"{_rate(b_rate)} samples/s" in page and "Step time (mean)" in page and "median step time" not in page
+    code, out, _ = cli(["report", str(before), "-f", "json"])
+    doc = json.loads(out)
+    assert doc["summary"]["step_time_ms"]["mean"] == pytest.approx(b_mean, abs=0.01)
+    alone = {f["rule"]: f["saving_alone_ms"] for f in doc["findings"]}
+
+    code, out, _ = cli(["diff", str(before), str(after)])
+    assert f"{b_mean:.2f} ms → {a_mean:.2f} ms mean" in out
+    assert f"{_rate(b_rate)} → {_rate(a_rate)} samples/s, from the mean step" in out
+    code, out, _ = cli(["diff", str(before), str(after), "-f", "md"])
+    assert f"| throughput (mean step) | {_rate(b_rate)} samples/s | {_rate(a_rate)} samples/s |" in out
+
+    code, out, _ = cli(["whatif", str(before)])
+    assert f"Measured step    {b_mean:.2f} ms mean over the profiled window" in out
+    for rule, ms in alone.items():  # the report's own figure for each fix alone, rounded alike
+        if ms is not None and f"  {rule} " in out:
+            assert re.search(rf"  {re.escape(rule)}\s+alone:\s+{ms:.2f} ms/step", out), (rule, ms, out)
+
+    r = advisor(["gate", str(after), "--max-ms-per-sample", "1", "--min-samples-per-s", "1", "--max-step-time-ms", "1000"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    per_sample = next(line for line in r.stdout.splitlines() if line.startswith("time per sample "))
+    assert f"{1000 * a_mean / a_bs:.1f} µs/sample" in per_sample and f"{_rate(a_rate)} samples/s" in per_sample
+    assert f"{_rate(a_rate)} samples/s" in next(line for line in r.stdout.splitlines() if line.startswith("throughput "))
+    assert f"{a_mean:.2f} ms" in next(line for line in r.stdout.splitlines() if line.startswith("mean step time "))
+
+    assert f"{b_mean:.2f} ms mean step" in repr(api.analyze(before))
+
+
+def test_the_gates_per_sample_line_is_one_over_its_throughput(tmp_path):
+    """Against a baseline of another batch size, the per-sample figure and the throughput
+    beside it are the same measurement (mean step / samples per step, and its inverse)."""
+    r = advisor(["baseline", str(RUNS / "gpu_workers"), "-o", "base.json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = advisor(["gate", str(RUNS / "gpu_walk_final"), "--baseline", "base.json", "--min-steps", "3"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("time per sample vs baseline"))
+    pairs = re.search(r"mean step per sample ([\d.]+) µs -> ([\d.]+) µs .*throughput ([\d,]+) -> ([\d,]+) samples/s", row)
+    assert pairs, row
+    for us, rate in ((pairs[1], pairs[3]), (pairs[2], pairs[4])):
+        assert 1e6 / float(us) == pytest.approx(float(rate.replace(",", "")), rel=2e-3)
+    assert "the test on each step: median per sample" in row  # the statistic, labelled as such
+
+
+def test_the_documented_failing_gate_runs_on_the_shipped_runs(tmp_path):
+    """docs/gate.md's first example runs on a copy of sample_runs/ (what a clone has) and
+    prints the lines it shows, with the gate's exit status 1."""
+    import shutil
+
+    from conftest import REPO
+    from test_everyday import _shown_commands
+
+    text = (REPO / "docs" / "gate.md").read_text(encoding="utf-8")
+    blocks = _shown_commands(text, "<!-- gate failing example -->")
+    assert [c[0][:2] for c in blocks] == [["advisor", "baseline"], ["advisor", "gate"]]
+    shutil.copytree(REPO / "sample_runs", tmp_path / "sample_runs")
+    for (cmd, shown), expected in zip(blocks, (0, 1)):
+        assert all(not a.startswith("/") and "shared" not in a for a in cmd)
+        r = advisor(cmd[1:], tmp_path)
+        assert r.returncode == expected, r.stdout + r.stderr
+        printed = [line.rstrip() for line in (r.stdout + r.stderr).splitlines()]
+        for line in shown:
+            if line.strip() and not line.startswith("━"):
+                assert line.rstrip() in printed, f"docs/gate.md shows a line the command does not print: {line!r}\n{printed}"
+
+
+def test_the_documented_diff_runs_on_the_shipped_runs(tmp_path):
+    """docs/reports.md's `advisor diff` example runs on a copy of sample_runs/ and prints the
+    lines it shows, in order."""
+    import shutil
+
+    from conftest import REPO
+
+    text = (REPO / "docs" / "reports.md").read_text(encoding="utf-8")
+    body = re.search(r"<!-- diff example -->\n```console\n\$ (advisor [^\n]+)\n(.*?)```", text, re.S)
+    assert body, "no diff example"
+    cmd = body[1].split()
+    assert all(not a.startswith("/") and "shared" not in a for a in cmd)
+    shutil.copytree(REPO / "sample_runs", tmp_path / "sample_runs")
+    r = advisor(cmd[1:], tmp_path)
+    assert r.returncode == 0, r.stderr
+    printed = [line.rstrip() for line in r.stdout.splitlines()]
+    at = 0
+    for line in body[2].splitlines():
+        if line in ("...", ""):
+            continue
+        assert line.rstrip() in printed[at:], f"docs/reports.md shows a line the command does not print after line {at}: {line!r}"
+        at = printed.index(line.rstrip(), at) + 1
