@@ -341,3 +341,27 @@ def test_the_documented_diff_runs_on_the_shipped_runs(tmp_path):
             continue
         assert line.rstrip() in printed[at:], f"docs/reports.md shows a line the command does not print after line {at}: {line!r}"
         at = printed.index(line.rstrip(), at) + 1
+
+
+# --- docs a clone can follow -------------------------------------------------------------------------
+def test_the_readme_says_what_the_shared_data_set_is_and_names_every_source():
+    """The README tells a clone what ../shared is and names every public repository the data
+    set's manifest and corpus/SOURCES.tsv take traces from (read from the data set itself)."""
+    from conftest import BESIDE, REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "../shared/traces/" in readme and "MANIFEST.md" in readme and "corpus/SOURCES.tsv" in readme
+    sources = BESIDE / "traces" / "corpus" / "SOURCES.tsv"
+    manifest = BESIDE / "traces" / "MANIFEST.md"
+    if not sources.is_file() or not manifest.is_file():
+        pytest.skip(f"the data set is not beside the clone: {sources.parent.parent} (the README's pointers are checked above)")
+    lines = sources.read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("\t")
+    repos = {row.split("\t")[header.index("repo")] for row in lines[1:] if row.strip()}
+    # the manifest's own tables: the source column names "owner/name `path`"
+    repos |= set(re.findall(r"\| ([A-Za-z0-9][\w.-]*/[\w.-]+) `", manifest.read_text(encoding="utf-8")))
+    repos = {r for r in repos if "/" in r}
+    short = {"HTA": "facebookresearch/HolisticTraceAnalysis"}
+    assert repos, "no repository read from the data set"
+    missing = sorted(r for r in repos if r not in readme and not any(k in r for k in short if short[k] in readme))
+    assert not missing, f"the README does not name: {missing}"
