@@ -365,3 +365,47 @@ def test_the_readme_says_what_the_shared_data_set_is_and_names_every_source():
     assert repos, "no repository read from the data set"
     missing = sorted(r for r in repos if r not in readme and not any(k in r for k in short if short[k] in readme))
     assert not missing, f"the README does not name: {missing}"
+
+
+def test_sample_readmes_point_only_at_files_a_clone_has():
+    """Every file a sample README names is in the repository (beside the README or from its
+    root); the data set's files are named as such (../shared/, said to be outside it)."""
+    from conftest import REPO
+
+    readmes = sorted(SAMPLE_RUNS.glob("*/README.md"))
+    assert readmes
+    for readme in readmes:
+        text = readme.read_text(encoding="utf-8")
+        assert "SCENARIO.md" not in text
+        for ref in re.findall(r"`([\w./-]+\.(?:md|py|sh|txt|toml))`", text):
+            if ref.startswith("../shared/"):
+                assert "not in this repository" in text, (readme, ref)
+                continue
+            assert (REPO / ref).exists() or (readme.parent / ref).exists(), f"{readme.relative_to(REPO)} names {ref}, which a clone lacks"
+
+
+def test_the_sample_readme_tables_say_what_the_advisor_says_now():
+    """sample_runs/resnet18_cifar/README.md: the first finding of each GPU log, the CPU logs'
+    step, DataLoader share and throughput, as the advisor gives them for the shipped runs."""
+    import json
+
+    import advisor as api
+
+    text = (SAMPLE_RUNS / "resnet18_cifar" / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(gpu_\w+)` \| [^|]* \| `([\w-]+)`([^|]*)\|", text, re.M)
+    assert {r[0] for r in rows} == {p.name for p in RUNS.glob("gpu_*")}
+    for run, rule, rest in rows:
+        a = api.analyze(RUNS / run)
+        assert a.findings["rule"].iloc[0] == rule, (run, list(a.findings["rule"]))
+        if run == "gpu_baseline":  # "54 ms of a 79 ms mean step"
+            loader = float(a.breakdown.set_index("category").loc["dataloader", "ms_per_step"])
+            assert f"{loader:.0f} ms of a {a.steps['duration_ms'].mean():.0f} ms mean step" in rest
+    cpu = re.findall(r"^\| `(cpu_\w+)` \([^)]*\) \| (\d+) ms \| (\d+) % \((\d+) ms\) \| (\d+) samples/s \|", text, re.M)
+    assert {r[0] for r in cpu} == {"cpu_baseline", "cpu_workers"}
+    for run, step, share, loader_ms, rate in cpu:
+        a = api.analyze(RUNS / run)
+        mean = float(a.steps["duration_ms"].mean())
+        loader = float(a.breakdown.set_index("category").loc["dataloader", "ms_per_step"])
+        batch = json.loads((RUNS / run / "advisor_facts.json").read_text())["dataloaders"][0]["batch_size"]
+        assert (int(step), int(loader_ms), int(rate)) == (round(mean), round(loader), round(batch / mean * 1000)), run
+        assert int(share) == round(100 * loader / mean), run
