@@ -409,3 +409,33 @@ def test_the_sample_readme_tables_say_what_the_advisor_says_now():
         batch = json.loads((RUNS / run / "advisor_facts.json").read_text())["dataloaders"][0]["batch_size"]
         assert (int(step), int(loader_ms), int(rate)) == (round(mean), round(loader), round(batch / mean * 1000)), run
         assert int(share) == round(100 * loader / mean), run
+
+
+def test_a_folder_of_sample_runs_reports_the_one_recorded_last_whatever_the_checkout_did(tmp_path):
+    """`advisor report sample_runs/resnet18_cifar`: ten runs, which a clone checks out at one
+    time; the report is of the run whose trace names the latest recording time (derived here
+    from the names), even when modification times say the opposite, and says how it chose."""
+    import json
+    import shutil
+
+    folder = tmp_path / "resnet18_cifar"
+    shutil.copytree(SAMPLE_RUNS / "resnet18_cifar", folder)
+    recorded = {}
+    for trace in folder.glob("runs/*/*.pt.trace.json.gz"):
+        recorded[trace.parent.name] = int(trace.name.split(".")[1])
+    assert len(recorded) >= 10
+    newest = max(recorded, key=recorded.get)
+    for i, run in enumerate(sorted(recorded, key=recorded.get, reverse=True)):  # newest recording, oldest file
+        for f in (folder / "runs" / run).iterdir():
+            os.utime(f, (1_600_000_000 + i * 1000, 1_600_000_000 + i * 1000))
+    r = advisor(["report", str(folder), "-f", "json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["run"] == f"runs/{newest}"
+    assert any(f"reporting 'runs/{newest}' (the newest, by the time in its trace file names)" in n for n in doc["notes"])
+
+
+def test_whatif_offers_the_closest_rule_for_a_misspelt_apply(tmp_path):
+    r = advisor(["whatif", str(RUNS / "cpu_baseline"), "--apply", "dataloader-stal"], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "unknown rule 'dataloader-stal' in --apply (did you mean 'dataloader-stall'?)" in r.stderr

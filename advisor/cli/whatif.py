@@ -39,10 +39,12 @@ def whatif(
         wanted = [r for r in ranked if head is not None and r in head.fixes and r in modelled]
     else:
         wanted = [r.strip() for r in apply.split(",") if r.strip()]
+        from advisor.rule_selection import did_you_mean
+
         known = {r.id for r in all_rules()}
         for rule in wanted:
             if rule not in known:
-                raise InputError(None, f"unknown rule {rule!r} in --apply; run `advisor rules` to list them")
+                raise InputError(None, f"unknown rule {rule!r} in --apply{did_you_mean(rule, known)}; run `advisor rules` to list them")
             if rule not in modelled:
                 found = ", ".join(modelled) or "none"
                 raise InputError(path, f"no finding of {rule!r} with a fix to replay on this run (replayable here: {found})")
