@@ -358,6 +358,11 @@ class _ClosedPipeGuard:
         return getattr(self._stream, name)
 
 
+# Commands that run the user's script in this process: its sys.stdout is left as Python
+# makes it (a script may catch BrokenPipeError itself).
+RUNS_A_SCRIPT = {"profile", "fix"}
+
+
 def _output_closed() -> None:
     """`advisor report RUN | head -1`: the reader has what it wanted. What is left unwritten
     goes to /dev/null (no second error when Python flushes stdout at exit), and the command
@@ -382,7 +387,8 @@ def main() -> None:
         return
     set_status_if_output_closes(0)
     stdout = sys.stdout
-    sys.stdout = _ClosedPipeGuard(stdout)  # type: ignore[assignment]
+    if _named_command(sys.argv[1:]) not in RUNS_A_SCRIPT:  # a script's stdout stays the one Python gives it
+        sys.stdout = _ClosedPipeGuard(stdout)  # type: ignore[assignment]
     try:
         _main()
     except (OutputClosed, BrokenPipeError):
