@@ -80,9 +80,10 @@ step's other host time by that factor and takes the loading off the path);
 (`advisor profile` records, per step, how many cores other processes kept busy: at least half
 a core on average) does not decide the trade on its op times, which then include waits for a
 core: the promise takes the middle of the range (`1 + 0.5 / (p - 1)`), so a momentary load on
-the machine does not turn the advice around, and the message says the window was noisy. The saving is how much shorter the
-replayed step is: less than the DataLoader time where the device was still busy with the
-previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
+the machine does not turn the advice around, and the message says the window was noisy.
+
+The saving is how much shorter the replayed step is: less than the DataLoader time where
+the device was still busy with the previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
 the exposed DataLoader time per step, the mean `dataloader` slice of the breakdown. For a stall the window hid or
 understated, the
 share of the step the unprofiled steps after the window spent waiting (their mean wait over
