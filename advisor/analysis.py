@@ -26,7 +26,7 @@ from advisor.errors import InputError
 from advisor.facts import FACTS_FILE, validate_facts
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
-from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
+from advisor.metrics.unprofiled import ProfilerOverhead, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
 from advisor.whatif.savings import RankReplay, RankWhatIf
@@ -178,6 +178,9 @@ class Analysis:
         note = overhead.note((self.run_facts() or {}).get("profiler", {}).get("with_stack", True)) if overhead else None
         if note:
             out.append(note)
+        noisy = noisy_window_note(self.run_facts())
+        if noisy:
+            out.append(noisy)
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -144,13 +144,13 @@ class RunAnalysis:
     # --- display ---------------------------------------------------------------------------
     def __repr__(self) -> str:
         st = self.summary["step_time_ms"]
-        step = f"{st['mean']:.2f} ms/step" if st.get("mean") is not None else "no steps"
+        step = f"{st['mean']:.2f} ms mean step" if st.get("mean") is not None else "no steps"
         return f"<advisor analysis of {self.analysis.run.name!r}: {step}, {len(self.analysis.findings)} finding(s)>"
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the headline, the findings and the breakdown (every trace string escaped)."""
         st = self.summary["step_time_ms"]
-        head = f"{st['mean']:.2f} ms per step (median {st['median']:.2f}) over {self.summary['steps']} steps" if st.get("mean") is not None else "no steps"
+        head = f"{st['mean']:.2f} ms mean step (median {st['median']:.2f}) over {self.summary['steps']} steps" if st.get("mean") is not None else "no steps"
         findings = self.findings[["rule", "severity", "saving_ms", "saving_pct", "message"]]
         breakdown = self.breakdown[self.breakdown["ms_per_step"] > 0]
         return (

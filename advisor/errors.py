@@ -28,3 +28,17 @@ class InputError(Exception):
 
         problem = one_line(self.problem)
         return f"{path_text(self.path)}: {problem}" if self.path else problem
+
+
+# The exit status when stdout closes before the output is written: 0, or a verdict already
+# reached (a gate that failed stays failed; `set_status_if_output_closes`).
+_STATUS_IF_OUTPUT_CLOSES = [0]
+
+
+def set_status_if_output_closes(code: int) -> None:
+    """The command's result is known before its output is written: a closed pipe keeps it."""
+    _STATUS_IF_OUTPUT_CLOSES[0] = int(code)
+
+
+def status_if_output_closes() -> int:
+    return _STATUS_IF_OUTPUT_CLOSES[0]

@@ -95,6 +95,12 @@ def multi_line(value: Any) -> str:
 _INERT_CONSOLE: Any = None
 
 
+class OutputClosed(Exception):
+    """stdout was closed by its reader (`advisor report RUN | head -1`): not a failure of the
+    command. Not an OSError, so no layer on the way (the command line parser) turns it into
+    an exit status of its own."""
+
+
 def inert_console(**kwargs: Any) -> Any:
     """A rich Console whose every rendered line (printed or exported) passes through
     `inert_lines`: a table cell or a message wrapped at any width never starts a line with a
@@ -109,6 +115,10 @@ def inert_console(**kwargs: Any) -> Any:
 
             def export_text(self, *, clear: bool = True, styles: bool = False) -> str:
                 return inert_lines(super().export_text(clear=clear, styles=styles))
+
+            def on_broken_pipe(self) -> None:
+                # rich's own answer is exit status 1; a closed pipe is the reader's choice
+                raise OutputClosed()
 
         _INERT_CONSOLE = InertConsole
     return _INERT_CONSOLE(**kwargs)

@@ -76,9 +76,14 @@ law on the trace: op calls whose own time is at least 20 µs (long enough for
 rest of the step's host time (the loop's Python, dispatch, small ops) as it is. The trade
 pays when that work, beside the loading, is shorter than the step now (the replay grows the
 step's other host time by that factor and takes the loading off the path);
-`benchmarks/dataloader_cores.py` measures it on the sample. The saving is how much shorter the
-replayed step is: less than the DataLoader time where the device was still busy with the
-previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
+`benchmarks/dataloader_cores.py` measures it on the sample. A window timed beside other work
+(`advisor profile` records, per step, how many cores other processes kept busy: at least half
+a core on average) does not decide the trade on its op times, which then include waits for a
+core: the promise takes the middle of the range (`1 + 0.5 / (p - 1)`), so a momentary load on
+the machine does not turn the advice around, and the message says the window was noisy.
+
+The saving is how much shorter the replayed step is: less than the DataLoader time where
+the device was still busy with the previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
 the exposed DataLoader time per step, the mean `dataloader` slice of the breakdown. For a stall the window hid or
 understated, the
 share of the step the unprofiled steps after the window spent waiting (their mean wait over
@@ -99,7 +104,7 @@ from advisor.engine import Context
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
-from advisor.metrics.unprofiled import UnprofiledSteps, unprofiled_steps
+from advisor.metrics.unprofiled import NOISY_OTHER_CORES, UnprofiledSteps, unprofiled_steps, window_other_cores
 from advisor.whatif import Change
 from advisor.whatif.savings import dataloader_spans
 
@@ -289,6 +294,13 @@ class CoreBudget:
     loader_ms: float  # per step, the DataLoader's time in the window (single-process loading)
     rest_ms: float  # the rest of the step, that a worker's loading can run beside
     parallel_ms: float = 0.0  # of the rest, op time the intra-op threads share (CPU runs)
+    other_cores: float | None = None  # cores other processes kept busy during the window (facts)
+
+    @property
+    def noisy(self) -> bool:
+        """The window was timed beside other work (at least half a core of it on average): its
+        op times include waits for the cores, so they cannot tell what a thread gives the model."""
+        return self.other_cores is not None and self.other_cores >= NOISY_OTHER_CORES
 
     @property
     def free_cores(self) -> int:
@@ -325,6 +337,8 @@ class CoreBudget:
         loop's Python, dispatch, small ops) as it is. Between 1 and p/(p-1)."""
         if self.busy_main < 2 or self.rest_ms <= 0:
             return 1.0
+        if self.noisy:  # op times inflated by other work: the middle of the range, not Amdahl on them
+            return 1.0 + 0.5 / (self.busy_main - 1)
         par = min(max(self.parallel_ms, 0.0), self.rest_ms)
         return 1.0 + par / self.rest_ms / (self.busy_main - 1)
 
@@ -355,6 +369,11 @@ class CoreBudget:
                 f"; with torch.set_num_threads({self.busy_main - 1}) and one worker the model's {self.rest_ms:.1f} ms per step "
                 f"would take up to {self.rest_ms * self.busy_main / (self.busy_main - 1):.1f} ms beside the {self.loader_ms:.1f} ms of loading"
             )
+            if self.trade_gain_ms > 0 and self.noisy:
+                return out + trade + (
+                    f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now, ~{self.expected_step_ms:.1f} ms "
+                    "in the middle of that range." + self.noise_sentence()
+                )
             if self.trade_gain_ms > 0:
                 return out + trade + (
                     f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now; with "
@@ -363,15 +382,25 @@ class CoreBudget:
             return out + trade + (
                 f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now, depending on what the model's "
                 f"thread {self.busy_main} gives it, so no gain is promised: try it and measure, or make the per-sample work cheaper "
-                "(prepare the data once)."
+                "(prepare the data once)." + self.noise_sentence()
             )
         return (
             f"{self.loaders} worker{'s' if self.loaders != 1 else ''} with a core each load a {self.loader_ms:.1f} ms batch beside "
             f"{self.rest_ms:.1f} ms of the rest of the step, so {100 * self.hidden_share:.0f}% of the wait can go."
         )
 
+    def noise_sentence(self) -> str:
+        if not self.noisy:
+            return ""
+        return (
+            f" The window was timed beside other work: other processes kept {self.other_cores:.1f} of the {self.cores} cores busy, "
+            "so its op times include waits for a core and cannot tell what the model's second thread gives it; the promise takes "
+            "the middle of the range instead (profile again on an idle machine to measure it)."
+        )
+
     def evidence(self) -> dict:
         return {
+            "other_cpu_cores": self.other_cores,
             "cores": self.cores,
             "busy_main_threads": self.busy_main,
             "workers_after": self.workers_after,
@@ -399,4 +428,4 @@ def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int |
     loader_ms = m.breakdown_mean_ms["dataloader"]
     rest_ms = max(ctx.step_ms - loader_ms, 0.0)
     parallel_ms = 0.0 if m.has_device else m.parallel_op_ms
-    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms)
+    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms, window_other_cores(ctx.facts))

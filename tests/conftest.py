@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,25 @@ VENDORED = REPO / "tests" / "data" / "shared"
 BESIDE = REPO.parent / "shared"
 SHARED_TRACES = BESIDE / "traces"
 SAMPLE_RUNS = REPO / "sample_runs"
+
+# The suite never writes into the user's own cache folder (nor into one ADVISOR_CACHE names):
+# each pytest process (each xdist worker) caches in a temporary folder of its own, removed at
+# its end, and the user cache folder the advisor falls back on (XDG_CACHE_HOME) is a temporary
+# one too. Set when pytest starts, not on import: a worker process that imports this module
+# (a process pool's child) inherits the folder instead of leaving one of its own behind.
+_TEST_CACHE: list[Path] = []
+
+
+def pytest_configure(config):
+    folder = Path(tempfile.mkdtemp(prefix="advisor-test-cache-"))
+    _TEST_CACHE.append(folder)
+    os.environ["ADVISOR_CACHE"] = str(folder / "advisor")
+    os.environ["XDG_CACHE_HOME"] = str(folder / "xdg")
+
+
+def pytest_unconfigure(config):
+    for folder in _TEST_CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _holds_a_trace(folder: Path) -> bool:

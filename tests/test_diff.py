@@ -84,7 +84,7 @@ def test_json_markdown_html_carry_the_same_numbers(comparison):
     stall = next(f for f in comparison.findings if f.rule == "dataloader-stall")
     assert f"| dataloader-stall | resolved | {stall.before_ms:.2f} ms" in md
     # The promise and the measurement side by side.
-    assert f"promised {comparison.promised_ms:.2f} ms per step; the step time fell by 36.52 ms" in md
+    assert f"promised {comparison.promised_ms:.2f} ms per step; the mean step fell by 36.52 ms" in md
 
     html = diff_html(comparison)
     assert html.startswith("<!DOCTYPE html>") and "http-equiv=\"Content-Security-Policy\"" in html

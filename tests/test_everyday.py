@@ -69,7 +69,7 @@ def test_gate_without_the_baselines_batch_never_passes_a_faster_step(tmp_path):
 
 
 def test_gate_time_per_sample_budget(tmp_path):
-    # gpu_walk_final: median step 33.7 ms over batch 512 = 65.8 µs per sample
+    # gpu_walk_final: mean step 33.69 ms over batch 512 = 65.8 µs per sample
     r = advisor(["gate", str(RUNS / "gpu_walk_final"), "--max-ms-per-sample", "0.07"], tmp_path)
     assert r.returncode == 0 and "65.8 µs/sample" in r.stdout, r.stdout + r.stderr
     r = advisor(["gate", str(RUNS / "gpu_walk_final"), "--max-ms-per-sample", "0.06"], tmp_path)
@@ -175,13 +175,14 @@ def script(tmp_path: Path) -> Path:
 
 @needs_torch
 def test_profile_keeps_stdout_the_scripts_and_says_how_the_script_ended(tmp_path, script):
-    """Default: stopped after the window: said once, exit 124 (never the 0 of a script that
-    would have exited 7); the JSON report goes to -o, stdout holds only the script's lines."""
+    """Default: stopped after the window: said once, exit 0 (the window recorded and the report
+    written is what was asked for; the script's own 7 is not known); the JSON report goes to
+    -o, stdout holds only the script's lines."""
     r = advisor(["profile", "--out", "run", *WINDOW, "-o", "report.json", str(script)], tmp_path)
-    assert r.returncode == 124, r.stderr
+    assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["step 0", "step 1"]  # stopped in the window's last optimizer step
     said = [line for line in r.stderr.splitlines() if "on purpose" in line]
-    assert len(said) == 1 and "its own exit status is not known (exit 124" in said[0]
+    assert len(said) == 1 and "its own exit status is not known (--full runs it to its end" in said[0]
     assert r.stderr.count("--full") == 1  # said once, where the stop is told, not in the report
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["schema"] == "advisor/report/v1" and report["summary"]["steps"] == 2
@@ -197,7 +198,7 @@ def test_profile_keeps_stdout_the_scripts_and_says_how_the_script_ended(tmp_path
 @needs_torch
 def test_profile_takes_the_rule_options_of_report(tmp_path, script):
     r = advisor(["profile", "--out", "run", *WINDOW, "--select", "window,memory", "-o", "r.json", str(script)], tmp_path)
-    assert r.returncode == 124, r.stderr
+    assert r.returncode == 0, r.stderr
     rules = {f["rule"] for f in json.loads((tmp_path / "r.json").read_text())["findings"]}
     assert rules <= {"step-time-variance", "allocator-churn", "empty-cache", "memory-growth", "memory-near-limit", "spare-gpu-memory"}
 

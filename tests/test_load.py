@@ -193,18 +193,25 @@ def _copy_run(src_files: list[Path], folder: Path, names: list[str] | None = Non
 
 @needs_traces
 def test_folder_of_runs_reports_the_newest_and_says_so(tmp_path, cli):
+    """Newest by the time tensorboard_trace_handler writes into each trace's name, which a
+    clone keeps, not by modification times (here the other way round, as a checkout may
+    leave them); traces whose names carry no time: the command asks which run."""
     alexnet, triton = shared_trace("misc/a100_alexnet.json.gz"), shared_trace("misc/a100_triton.json.gz")
-    _copy_run([alexnet], tmp_path / "log" / "older", mtime=1_600_000_000)
-    _copy_run([triton], tmp_path / "log" / "newer", mtime=1_700_000_000)
+    _copy_run([alexnet], tmp_path / "log" / "older", ["host_1.1600000000000000000.pt.trace.json.gz"], mtime=1_700_000_000)
+    _copy_run([triton], tmp_path / "log" / "newer", ["host_2.1700000000000.pt.trace.json.gz"], mtime=1_600_000_000)  # ms, older torch
     code, out, err = cli(["report", "--format", "json", str(tmp_path / "log")])
     assert code == 0, err
     report = json.loads(out)
     assert report["run"] == "newer"
-    assert any("'newer' (the newest)" in n and "--run" in n for n in report["notes"])
+    assert any("'newer' (the newest, by the time in its trace file names)" in n and "--run" in n for n in report["notes"])
+    _copy_run([alexnet], tmp_path / "log" / "custom", ["trace.json.gz"], mtime=1_800_000_000)
+    code, _, err = cli(["report", str(tmp_path / "log")])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "holds 3 runs" in err and "--run NAME" in err and "custom, newer, older" in err
     code, out, err = cli(["report", "--format", "json", "--run", "older", str(tmp_path / "log")])
     assert code == 0, err
     report = json.loads(out)
-    assert report["run"] == "older" and report["files"][0].endswith("a100_alexnet.json.gz")
+    assert report["run"] == "older" and report["files"][0].endswith("host_1.1600000000000000000.pt.trace.json.gz")
     assert any("'older' (as asked)" in n for n in report["notes"])
     code, _, err = cli(["report", "--run", "nope", str(tmp_path / "log")])
     assert code == 2 and "no run named 'nope'" in err and "newer" in err

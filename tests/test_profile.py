@@ -27,7 +27,7 @@ SAMPLE = REPO / "sample_runs" / "resnet18_cifar" / "train.py"
 # The scripts these tests profile import torch; the file itself does not (it collects without it).
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install 'torch-advisor[profile]')")
 QUICK = ["--wait", "0", "--warmup", "1", "--active", "1", "--no-stack"]
-STOPPED = 124  # advisor profile stopped the script after the window (advisor/cli/profile.py EXIT_STOPPED)
+STOPPED = 0  # advisor profile stopped the script after the window and wrote the report
 
 TRAIN = """
 import os, sys
@@ -188,6 +188,27 @@ def test_script_traceback_and_exit_code_come_back(tmp_path: Path):
     assert "advisor" not in tb.split("ValueError: boom in the script")[0]  # none of our frames
     f = facts(out)
     assert f["outcome"] == "error" and f["exit_code"] == 1 and len(f["step_times_ms"]) == 3
+
+
+@needs_torch
+def test_a_window_recorded_and_reported_exits_0_so_set_e_and_and_go_on(tmp_path: Path):
+    """Stopping the script after the window is the command's purpose: exit 0 once the window
+    is recorded and the report written (a shell's `set -e` and `&&` go on); a script that
+    fails after the window under --full ends with its own status."""
+    script = write(tmp_path / "train.py", TRAIN + "\nsys.exit(5)\n")
+    cmd = f"set -e; {sys.executable} -m advisor.cli.profile_main --out run --wait 0 --warmup 1 --active 2 --no-stack -o r.json train.py && echo next"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run(["/bin/sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "next"
+    assert orjson.loads((tmp_path / "r.json").read_bytes())["summary"]["steps"] == 2
+    f = facts(tmp_path / "run")
+    assert f["outcome"] == "stopped"
+    if sys.platform.startswith("linux"):  # per step, the cores other processes kept busy (/proc)
+        assert len(f["other_cpu_cores"]) == len(f["step_times_ms"]) and all(v >= 0 for v in f["other_cpu_cores"] if v is not None)
+    r = profile(["--out", "full", "--wait", "0", "--warmup", "1", "--active", "2", "--no-stack", "--full", str(script)], tmp_path)
+    assert r.returncode == 5, r.stderr  # the script's own sys.exit(5), after its 12 steps
+    assert "finished 12 steps" in r.stdout
 
 
 @needs_torch

@@ -30,6 +30,10 @@ either, else null; training-only rules stay silent on inference runs),
 (each epoch): the step then running takes the epoch's first batch; `batches_per_epoch` is
 `len(loader)` (null for an iterable dataset without a length).
 
+`other_cpu_cores[k]` (Linux; null elsewhere) is how many of the cores the script may use
+other processes kept busy during step k, on average (advisor.capture.machine_load): a window
+timed beside other work is inflated, and the rules say so.
+
 `step_times_ms[k]` is the wall time of step k (ProfilerStep#k in the trace); step 0 also
 holds the script's start-up (imports, building the model and data) because a step starts
 where the previous one ended. `device_step_times_ms[k]` (CUDA runs; null elsewhere, and null

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.capture.facts import FactsRecorder, facts_file_name, write_facts
+from advisor.capture.machine_load import OtherWork
 from advisor.capture.progress import Progress, Window, step_span
 from advisor.capture.runner import Outcome, Target, Terminated, run
 from advisor.capture.streams import own_streams, take_back_streams
@@ -129,6 +130,7 @@ class _Session:
         self.progress = Progress(self.window, enabled=options.progress)
         self.step_times_ms: list[float] = []
         self.loader_wait_ms: list[float] = []  # per step, the time spent in DataLoader.__next__
+        self.other_work = OtherWork()  # per step, the cores other processes kept busy
         self.device_clock = DeviceStepClock(torch) if options.device == "cuda" else None
         self.window_complete = False
         self.own_profiler = False
@@ -167,6 +169,7 @@ class _Session:
         now = time.perf_counter()
         self.step_times_ms.append((now - self._last_end) * 1e3)
         self.loader_wait_ms.append(self.hooks.take_loader_wait_ms())
+        self.other_work.mark()
         if self.device_clock is not None:
             self.device_clock.mark()
         done = len(self.step_times_ms)
@@ -441,6 +444,7 @@ class _Session:
             "stopped_early": result.outcome.how == "stopped",
             "step_times_ms": [round(t, 3) for t in self.step_times_ms],
             "loader_wait_ms": [round(t, 3) for t in self.loader_wait_ms],
+            "other_cpu_cores": self.other_work.per_step if any(v is not None for v in self.other_work.per_step) else None,
             "device_step_times_ms": self._device_step_times(),
             "profiled_steps": result.recorded_steps,
             "step_source": result.step_source,
@@ -488,7 +492,7 @@ def summary_lines(result: CaptureResult) -> list[str]:
     elif how == "stopped":
         lines.append(
             f"stopped {t} on purpose after step {result.steps - 1}, the window recorded ({recorded}): the rest of it "
-            f"did not run, so its own exit status is not known (exit 124; --full runs it to its end)"
+            f"did not run, so its own exit status is not known (--full runs it to its end and exits with it)"
         )
     elif how in ("interrupted", "terminated"):
         kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded yet"

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from advisor.errors import EXIT_BAD_INPUT, InputError
+from advisor.errors import EXIT_BAD_INPUT, InputError, set_status_if_output_closes, status_if_output_closes
+from advisor.terminal_text import OutputClosed
 from advisor.render.output import run_input_files, write_output
 
 if TYPE_CHECKING:
@@ -325,11 +326,12 @@ OPTIONAL_COMMANDS = {
 }
 
 
-def _register_optional_commands() -> None:
-    """Add the optional commands to `app` (once; a module that fails to import is skipped)."""
+def _register_optional_commands(only: str | None = None) -> None:
+    """Add the optional commands to `app` (once; a module that fails to import is skipped):
+    the one a command line names (`only`), else all of them (for --help, a misspelt name)."""
     registered = {c.name for c in app.registered_commands}
     for name, (module, settings) in OPTIONAL_COMMANDS.items():
-        if name in registered:
+        if name in registered or (only is not None and name != only):
             continue
         try:
             fn = getattr(__import__(module, fromlist=[name]), name, None)
@@ -357,18 +359,80 @@ def _paths_checked_by_the_stages() -> None:
                 param.default.readable = False
 
 
+class _ClosedPipeGuard:
+    """stdout as it is, with a write into a pipe its reader closed raised as OutputClosed (the
+    command line parser would turn a BrokenPipeError into exit status 1)."""
+
+    def __init__(self, stream: object):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)  # type: ignore[attr-defined,no-any-return]
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()  # type: ignore[attr-defined]
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+# Commands that run the user's script in this process: its sys.stdout is left as Python
+# makes it (a script may catch BrokenPipeError itself).
+RUNS_A_SCRIPT = {"profile", "fix"}
+
+
+def _output_closed() -> None:
+    """`advisor report RUN | head -1`: the reader has what it wanted. What is left unwritten
+    goes to /dev/null (no second error when Python flushes stdout at exit), and the command
+    ends with its own result: 0, or a verdict reached before the output (a failed gate: 1)."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.__stdout__.fileno())  # type: ignore[union-attr]
+        os.close(fd)
+    except (OSError, AttributeError, ValueError):
+        pass
+    sys.exit(status_if_output_closes())
+
+
 def main() -> None:
     from advisor.files_read import forget_all
 
     forget_all()  # one command's inputs (tests run several in one process)
+    if sys.argv[1:] == ["--version"]:  # answered before any command's module is imported
+        from advisor.version import __version__
+
+        sys.stdout.write(f"advisor {__version__}\n")
+        return
+    set_status_if_output_closes(0)
+    stdout = sys.stdout
+    if _named_command(sys.argv[1:]) not in RUNS_A_SCRIPT:  # a script's stdout stays the one Python gives it
+        sys.stdout = _ClosedPipeGuard(stdout)  # type: ignore[assignment]
+    try:
+        _main()
+    except (OutputClosed, BrokenPipeError):
+        _output_closed()
+    finally:
+        if isinstance(sys.stdout, _ClosedPipeGuard):
+            sys.stdout = stdout
+
+
+def _main() -> None:
     try:
         from advisor.cli.warm import fast_report
 
         if fast_report(sys.argv[1:], report, format_option):  # a report rendered before: written before the parser is built
             return
         core = {c.name or c.callback.__name__ for c in app.registered_commands}
-        if _named_command(sys.argv[1:]) not in core:
-            _register_optional_commands()
+        named = _named_command(sys.argv[1:])
+        if named not in core:
+            # `advisor whatif RUN` imports the whatif command's module, not the gate's or fix's
+            _register_optional_commands(named if named in OPTIONAL_COMMANDS and "--help" not in sys.argv[1:2] else None)
         _paths_checked_by_the_stages()
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
@@ -382,6 +446,8 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except SystemExit:
+        raise
+    except (OutputClosed, BrokenPipeError):
         raise
     except Exception as exc:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # usage errors from the CLI parser

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from advisor.cli import format_option
 from advisor.render.console import UNWRAPPED_WIDTH, output_console, trim_lines
 from advisor.render.output import run_input_files, write_output
 from advisor.terminal_text import inert_console, path_text
@@ -25,7 +26,7 @@ class DiffFormat(str, Enum):
 def diff(
     before: Path = typer.Argument(..., help="The run before the change: a log dir or trace file."),
     after: Path = typer.Argument(..., help="The run after the change: a log dir or trace file."),
-    format: Optional[DiffFormat] = typer.Option(None, "--format", "-f", help="text, json, markdown or html (default: from the -o suffix, else text)."),
+    format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format; html: advisor_diff.html)."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
@@ -38,7 +39,7 @@ def diff(
     from advisor.cli import format_for
 
     cfg = load_config(config)
-    format = DiffFormat(format_for(format.value if format else None, output))
+    format = DiffFormat(format_for(format, output))
     first, second = analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True)
     comparison = compare(first, second, cfg.rule_options)
     inputs = run_input_files(first) + run_input_files(second)

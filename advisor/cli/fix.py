@@ -239,7 +239,7 @@ def findings_source(script: Path, from_run: Optional[Path], args: list[str], not
 def new_profile(script: Path, args: list[str], note, why: str | None = None) -> Path:
     """A new `advisor profile` of the script, into ./advisor_runs/<script>-<time>/ (its report
     is advisor_report.json there). The run is stopped after the recorded window, as `advisor
-    profile` stops it (exit 124: the findings need no more of it), or ends by itself (exit 0).
+    profile` stops it (exit 0: the findings need no more of it), or ends by itself (its own status).
     WHY: the earlier profile passed over, and why, said on the same line."""
     from advisor.cli.profile import EXIT_STOPPED, has_traces, prepare_out_dir
 

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from advisor.errors import InputError
+from advisor.errors import InputError, set_status_if_output_closes
 from advisor.gate.budgets import (
     GateSettings,
     build_settings,
@@ -136,14 +136,14 @@ def gate(
     tolerance: Optional[float] = typer.Option(None, "--tolerance", help="Step-time slowdown allowed against the baseline (0.05 = 5%, the default)."),
     strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help="Count an inconclusive result as a failure."),
     min_steps: Optional[int] = typer.Option(None, "--min-steps", help="Fewest steps per run to judge step time (default 5)."),
-    max_step_time_ms: Optional[float] = typer.Option(None, "--max-step-time-ms", help="Budget: median step time in ms."),
+    max_step_time_ms: Optional[float] = typer.Option(None, "--max-step-time-ms", help="Budget: mean step time in ms."),
     min_gpu_utilization: Optional[float] = typer.Option(None, "--min-gpu-utilization", help="Budget: GPU busy share of the step (0.6 = 60%)."),
     max_share: List[str] = typer.Option([], "--max-share", metavar="CATEGORY=FRACTION", help="Budget: CATEGORY=FRACTION of the step time, e.g. dataloader=0.05 (repeatable)."),
     max_peak_memory: Optional[str] = typer.Option(None, "--max-peak-memory", metavar="SIZE", help="Budget: peak device memory, e.g. '20 GiB' or bytes."),
     max_severity: Optional[str] = typer.Option(None, "--max-severity", metavar="LEVEL", help="Budget: worst finding severity allowed (none, low, medium, high)."),
     forbid: List[str] = typer.Option([], "--forbid", metavar="RULE", help="Budget: a rule that must not fire (repeatable, or comma-separated: a,b)."),
     min_samples_per_s: Optional[float] = typer.Option(None, "--min-samples-per-s", help="Budget: throughput; needs the batch size."),
-    max_ms_per_sample: Optional[float] = typer.Option(None, "--max-ms-per-sample", help="Budget: median step time per sample in ms; needs the batch size."),
+    max_ms_per_sample: Optional[float] = typer.Option(None, "--max-ms-per-sample", help="Budget: mean step time per sample in ms (1 / throughput); needs the batch size."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size per rank, when no facts file records it (used for a run that does not record its own)."),
     fail_on_new_findings: Optional[bool] = typer.Option(
         None, "--fail-on-new-findings/--no-fail-on-new-findings", help="Fail when a rule fires that did not fire on the baseline."
@@ -194,6 +194,7 @@ def gate(
         write_file(json_out, to_json(result), inputs)
     if junit is not None:
         write_file(junit, to_junit(result), inputs)
+    set_status_if_output_closes(result.exit_code)  # a closed stdout keeps the verdict
     render_terminal(result, output_console())
     emit_github(result, sys.stdout)
     sys.stdout.flush()
@@ -224,11 +225,11 @@ def baseline(
     write_file(target, orjson.dumps(record.to_baseline(), option=orjson.OPT_INDENT_2).decode() + "\n", run_input_files(analysis))
     err = _stderr()
     env = record.environment
-    med = record.median_step_ms
+    mean = record.mean_step_ms
     where = f" on {env.device_name}" if env.device_name else ""
     findings = ", ".join(f.rule for f in record.findings) or "none"
     shown = path_text(target)
-    err.print(Text(one_line(f"wrote {shown}: {record.steps} steps, median {med:.1f} ms{where}; findings: {findings}") if med else f"wrote {shown}"))
+    err.print(Text(one_line(f"wrote {shown}: {record.steps} steps, mean step {mean:.2f} ms{where}; findings: {findings}") if mean else f"wrote {shown}"))
     for w in analysis.warnings:
         err.print(Text(one_line(f"warning: {w}"), style="yellow"))
     if record.steps < settings.min_steps:

@@ -17,10 +17,12 @@ is printed. stdout is the script's alone: everything `advisor` says goes to stde
 does the report unless `-o FILE` names a file for it (as with `advisor report`, its suffix
 sets the format). The log dir is `--out DIR` (or `--log-dir DIR`).
 
-Exit status: the script's own when it ended by itself (0 when it finished, its sys.exit
-status, 1 for an exception); `EXIT_STOPPED` (124, as `timeout` uses for a command it
-stopped) when the advisor stopped it after the window, where the rest of the script did not
-run and its own status is not known; 143 for a SIGTERM; 2 for bad input.
+Exit status: 0 when the advisor stopped the script after the window, as it does by default,
+and wrote the report: that is what the command was asked for (the rest of the script did
+not run, and its own status is not known: said in one line); the script's own status when it
+ended by itself before that, or with `--full` (0 when it finished, its sys.exit status, 1 for
+an exception); 1 when it was stopped but left no trace to report on; 143 for a SIGTERM; 2
+for bad input.
 
 This module does not import torch at import time (`advisor report` must never load it).
 """
@@ -49,7 +51,8 @@ class Device(str, Enum):
 
 
 RUNS_DIR = Path("advisor_runs")
-EXIT_STOPPED = 124  # stopped on purpose after the window: the script's own status is not known
+EXIT_STOPPED = 0  # stopped on purpose after the window and reported on: what was asked for
+EXIT_NOTHING_REPORTED = 1  # stopped after the window, but no trace was written to report on
 REPORT_SUFFIXES = (".txt", ".json", ".md", ".markdown", ".html", ".htm")
 
 
@@ -144,6 +147,7 @@ def profile(
         from advisor.capture.launch import launch
 
         exit_code = launch(target, options, nproc_per_node)
+        stopped = False  # each rank's own status: 0 when stopped on purpose
         terminated = exit_code == SIGTERM_EXIT
         report_wanted = not terminated
     else:
@@ -151,7 +155,8 @@ def profile(
 
         result = capture(target, options)
         say_lines(summary_lines(result))
-        exit_code = EXIT_STOPPED if result.outcome.how == "stopped" else result.exit_code
+        stopped = result.outcome.how == "stopped"
+        exit_code = EXIT_STOPPED if stopped else result.exit_code
         terminated = result.outcome.how == "terminated"
         report_wanted = bool(result.recorded_steps or result.own_traces) and not terminated
     sys.stdout.flush()
@@ -160,6 +165,9 @@ def profile(
         end_by_sigterm()
     if report_wanted and has_traces(out_dir):
         print_report(out_dir, fmt, verbose, output, **report_options)
+    elif stopped:
+        say_lines([f"no trace was written to {path_text(out_dir)}, so there is no report"])
+        exit_code = EXIT_NOTHING_REPORTED
     if exit_code:
         raise SystemExit(exit_code)  # SystemExit: typer.Exit is swallowed by a non-standalone app
 

@@ -39,10 +39,12 @@ def whatif(
         wanted = [r for r in ranked if head is not None and r in head.fixes and r in modelled]
     else:
         wanted = [r.strip() for r in apply.split(",") if r.strip()]
+        from advisor.rule_selection import did_you_mean
+
         known = {r.id for r in all_rules()}
         for rule in wanted:
             if rule not in known:
-                raise InputError(None, f"unknown rule {rule!r} in --apply; run `advisor rules` to list them")
+                raise InputError(None, f"unknown rule {rule!r} in --apply{did_you_mean(rule, known)}; run `advisor rules` to list them")
             if rule not in modelled:
                 found = ", ".join(modelled) or "none"
                 raise InputError(path, f"no finding of {rule!r} with a fix to replay on this run (replayable here: {found})")
@@ -51,7 +53,9 @@ def whatif(
     out = stdout_console()
     head = replay.summary()
     say(out, f"Run              {analysis.run.name}" + (f" (rank {primary.rank})" if len(analysis.ranks) > 1 else ""))
-    say(out, f"Measured step    {head.measured_ms:.2f} ms (median of the profiled window)")
+    mean = analysis.summary()["step_time_ms"]["mean"]
+    replayed_one = f"; the replay takes its median step, {head.measured_ms:.2f} ms"
+    say(out, f"Measured step    {mean:.2f} ms mean over the profiled window{replayed_one}" if mean is not None else f"Measured step    {head.measured_ms:.2f} ms (median of the profiled window)")
     if head.unprofiled_ms is not None and head.host_scale < 1.0:
         say(
             out,
@@ -74,7 +78,12 @@ def whatif(
     report = analysis.headline()
     if apply is None and report is not None and report.all_fixes_ms is not None:
         # The report's own figures: each finding's saving and the step with every ranked fix.
-        alone = {rule: report.savings.get(rule, 0.0) for rule in wanted}
+        # (each finding's own figure, as the report prints it, not the headline's rounded copy)
+        by_rule = {f.rule: f for f in analysis.findings}
+        alone = {
+            rule: by_rule[rule].saving_alone_ms if rule in by_rule and by_rule[rule].saving_alone_ms is not None else report.savings.get(rule, 0.0)
+            for rule in wanted
+        }
         together = report.all_fixes_ms
     else:
         alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}

@@ -41,6 +41,8 @@ from advisor.gate.record import SEVERITY_ORDER, RunRecord
 from advisor.gate.verdict import Check
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.sizes import format_bytes, parse_size
+from advisor.units import rate as rate_text
+from advisor.units import step_ms
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -262,7 +264,7 @@ def build_settings(layers: list[tuple[str, dict[str, Any]]]) -> GateSettings:
 
 # --- checking -------------------------------------------------------------------------------
 def _ms(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1f} ms"
+    return step_ms(v)
 
 
 def _pct(v: float | None) -> str:
@@ -278,21 +280,23 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
     checks: list[Check] = []
     b = budgets
     if b.max_step_time_ms is not None:
-        med = record.median_step_ms
+        mean = record.mean_step_ms
         limit = f"<= {b.max_step_time_ms:g} ms"
-        if med is None:
-            checks.append(Check("max-step-time", "median step time", "inconclusive", "n/a", limit, "the run has no steps (no ProfilerStep spans)"))
+        if mean is None:
+            checks.append(Check("max-step-time", "mean step time", "inconclusive", "n/a", limit, "the run has no steps (no ProfilerStep spans)"))
         else:
-            ok = med <= b.max_step_time_ms
+            ok = mean <= b.max_step_time_ms
+            med = record.median_step_ms
             checks.append(
                 Check(
                     "max-step-time",
-                    "median step time",
+                    "mean step time",
                     _status(ok),
-                    _ms(med),
+                    _ms(mean),
                     limit,
-                    f"median of {record.steps} steps is {_ms(med)}" + ("" if ok else f", {med / b.max_step_time_ms - 1:+.0%} over budget"),
-                    {"median_ms": med, "budget_ms": b.max_step_time_ms, "steps": record.steps},
+                    f"mean of {record.steps} steps is {_ms(mean)}" + (f" (median {_ms(med)})" if med is not None else "")
+                    + ("" if ok else f", {mean / b.max_step_time_ms - 1:+.0%} over budget"),
+                    {"mean_ms": mean, "median_ms": med, "budget_ms": b.max_step_time_ms, "steps": record.steps},
                 )
             )
     if b.min_gpu_utilization is not None:
@@ -408,7 +412,7 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
                     "min-samples-per-s",
                     "throughput",
                     _status(ok),
-                    f"{rate:.0f} samples/s",
+                    f"{rate_text(rate)} samples/s",
                     limit,
                     f"batch {bs} x {record.environment.world_size or 1} rank(s) / mean step {_ms(record.mean_step_ms)}",
                     {"samples_per_s": rate, "batch_size": bs, "budget": b.min_samples_per_s},
@@ -417,13 +421,13 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
     if b.max_ms_per_sample is not None:
         limit = f"<= {1000 * b.max_ms_per_sample:.1f} µs/sample"
         bs = record.environment.batch_size or batch_size
-        med = record.median_step_ms
-        if not bs or med is None:
+        mean = record.mean_step_ms
+        if not bs or mean is None:
             why = "the batch size is unknown: profile with `advisor profile` (it records it) or set batch_size" if not bs else "the run has no steps"
             checks.append(Check("max-ms-per-sample", "time per sample", "inconclusive", "n/a", limit, why))
         else:
             n = bs * (record.environment.world_size or 1)
-            per = med / n
+            per = mean / n  # 1 / throughput
             ok = per <= b.max_ms_per_sample
             checks.append(
                 Check(
@@ -432,7 +436,7 @@ def budget_checks(record: RunRecord, budgets: Budgets, batch_size: int | None = 
                     _status(ok),
                     f"{1000 * per:.1f} µs/sample",
                     limit,
-                    f"median step {_ms(med)} / {n} samples per step (batch {bs} x {record.environment.world_size or 1} rank(s))",
+                    f"mean step {_ms(mean)} / {n} samples per step (batch {bs} x {record.environment.world_size or 1} rank(s)), {rate_text(n / mean * 1000.0)} samples/s",
                     {"ms_per_sample": per, "samples_per_step": n, "budget": b.max_ms_per_sample},
                 )
             )

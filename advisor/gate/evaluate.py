@@ -9,6 +9,7 @@ from advisor.gate.budgets import GateSettings, budget_checks
 from advisor.gate.compare import compare_step_times
 from advisor.gate.record import RunRecord
 from advisor.gate.verdict import Check, GateResult
+from advisor.units import rate as rate_text
 
 
 PER_SAMPLE_NOTE = " (so time per sample is compared, not step time)"
@@ -71,21 +72,27 @@ def _per_sample_check(baseline: RunRecord, candidate: RunRecord, settings: GateS
     )
     us = lambda ms: f"{1000 * ms:.1f} µs"  # noqa: E731
     parts = [f"samples per step {b_n} -> {c_n}"]
+    # The headline is the mean step per sample, 1 / throughput; the test reads each step's time
+    # per sample (medians, rank test), and is given after it as such.
+    b_mean, c_mean = baseline.mean_step_ms, candidate.mean_step_ms
+    if b_mean and c_mean:
+        parts.append(
+            f"mean step per sample {us(b_mean / b_n)} -> {us(c_mean / c_n)} ({_change((c_mean / c_n) / (b_mean / b_n))}), "
+            f"throughput {rate_text(b_n / b_mean * 1000.0)} -> {rate_text(c_n / c_mean * 1000.0)} samples/s"
+        )
     if cmp.baseline_median_ms is not None and cmp.candidate_median_ms is not None:
-        part = f"median per sample {us(cmp.baseline_median_ms)} -> {us(cmp.candidate_median_ms)} ({_change(cmp.ratio)}"
+        part = f"the test on each step: median per sample {us(cmp.baseline_median_ms)} -> {us(cmp.candidate_median_ms)} ({_change(cmp.ratio)}"
         if cmp.lower is not None and cmp.upper is not None:
             part += f"; {cmp.confidence:.0%} bounds {_change(cmp.lower)} to {_change(cmp.upper)}"
         parts.append(part + ")")
-    b_rate, c_rate = baseline.samples_per_s(), candidate.samples_per_s(settings.batch_size)
-    if b_rate and c_rate:
-        parts.append(f"throughput {b_rate:,.0f} -> {c_rate:,.0f} samples/s")
-    if baseline.median_step_ms and candidate.median_step_ms:
-        parts.append(f"step median {baseline.median_step_ms:.1f} -> {candidate.median_step_ms:.1f} ms")
     if cmp.p_slower is not None:
         parts.append(f"rank test p={cmp.p_slower:.3g}")
     parts.append(f"{cmp.baseline_steps} vs {cmp.candidate_steps} steps")
     message = ", ".join(parts) + f": {cmp.reason}"
-    measured = f"{us(cmp.candidate_median_ms)}/sample ({_change(cmp.ratio)})" if cmp.candidate_median_ms is not None else "n/a"
+    if b_mean and c_mean:
+        measured = f"{us(c_mean / c_n)}/sample, {rate_text(c_n / c_mean * 1000.0)} samples/s"
+    else:
+        measured = f"{us(cmp.candidate_median_ms)}/sample (median)" if cmp.candidate_median_ms is not None else "n/a"
     details = {**cmp.to_dict(), "unit": "ms per sample", "baseline_samples_per_step": b_n, "candidate_samples_per_step": c_n}
     return Check("step-time-regression", title, cmp.verdict, measured, limit, message, details)
 
@@ -93,14 +100,14 @@ def _per_sample_check(baseline: RunRecord, candidate: RunRecord, settings: GateS
 def _step_check(baseline: RunRecord, candidate: RunRecord, settings: GateSettings, limit: str) -> Check:
     title = "step time vs baseline"
     if not baseline.step_times_ms:
-        med = baseline.median_step_ms
-        cmed = candidate.median_step_ms
-        change = f" (median {med:.1f} -> {cmed:.1f} ms, {_change(cmed / med)})" if med and cmed else ""
+        med = baseline.mean_step_ms
+        cmed = candidate.mean_step_ms
+        change = f" (mean step {med:.2f} -> {cmed:.2f} ms, {_change(cmed / med)})" if med and cmed else ""
         return Check(
             "step-time-regression",
             title,
             "inconclusive",
-            f"{cmed:.1f} ms" if cmed else "n/a",
+            f"{cmed:.2f} ms mean" if cmed else "n/a",
             limit,
             f"the baseline has no per-step times{change}: write it with `advisor baseline` or pass a log dir",
         )
@@ -112,18 +119,21 @@ def _step_check(baseline: RunRecord, candidate: RunRecord, settings: GateSetting
         min_steps=settings.min_steps,
     )
     parts = []
+    if cmp.mean_ratio is not None:
+        parts.append(f"mean step {cmp.baseline_mean_ms:.2f} -> {cmp.candidate_mean_ms:.2f} ms ({_change(cmp.mean_ratio)})")
     if cmp.baseline_median_ms is not None and cmp.candidate_median_ms is not None:
-        parts.append(f"median {cmp.baseline_median_ms:.1f} -> {cmp.candidate_median_ms:.1f} ms ({_change(cmp.ratio)}")
+        parts.append(f"the test on each step: median {cmp.baseline_median_ms:.2f} -> {cmp.candidate_median_ms:.2f} ms ({_change(cmp.ratio)}")
         if cmp.lower is not None and cmp.upper is not None:
             parts[-1] += f"; {cmp.confidence:.0%} bounds {_change(cmp.lower)} to {_change(cmp.upper)}"
         parts[-1] += ")"
-    if cmp.mean_ratio is not None:
-        parts.append(f"mean {cmp.baseline_mean_ms:.1f} -> {cmp.candidate_mean_ms:.1f} ms ({_change(cmp.mean_ratio)})")
     if cmp.p_slower is not None:
         parts.append(f"rank test p={cmp.p_slower:.3g}")
     parts.append(f"{cmp.baseline_steps} vs {cmp.candidate_steps} steps")
     message = ", ".join(parts) + f": {cmp.reason}"
-    measured = f"{cmp.candidate_median_ms:.1f} ms ({_change(cmp.ratio)})" if cmp.candidate_median_ms is not None else "n/a"
+    if cmp.mean_ratio is not None:
+        measured = f"{cmp.candidate_mean_ms:.2f} ms mean ({_change(cmp.mean_ratio)})"
+    else:
+        measured = f"{cmp.candidate_median_ms:.2f} ms median ({_change(cmp.ratio)})" if cmp.candidate_median_ms is not None else "n/a"
     return Check("step-time-regression", title, cmp.verdict, measured, limit, message, cmp.to_dict())
 
 

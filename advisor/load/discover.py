@@ -2,7 +2,11 @@
 
 A directory whose files are traces is one run (its files are ranks or workers); a directory
 whose sub-directories each hold traces is several runs (`log/<run>/...`), of which the newest
-is reported unless one is named. Whether a folder's traces really are one job's ranks is
+is reported unless one is named: newest by the time torch.profiler's
+`tensorboard_trace_handler` writes into each trace's name (`<worker>.<time>.pt.trace.json`),
+which a copy or a clone keeps; never by the files' modification times, which a clone sets
+to the time of the checkout. Where a run's traces carry no such time, the command asks
+which run, listing them (`--run NAME`). Whether a folder's traces really are one job's ranks is
 decided once they are loaded (advisor.analysis groups them by device, distributed settings
 and time); `--run` also takes a trace file's name, to report one of them alone.
 """
@@ -71,8 +75,22 @@ def _trace_files(root: Path) -> Iterator[Path]:
                 yield p
 
 
-def _mtime(paths: list[Path]) -> float:
-    return max(p.stat().st_mtime for p in paths)
+# `<worker>.<time>.pt.trace.json[.gz]`: tensorboard_trace_handler's time, in ns (torch >= 2.0)
+# or in ms (older releases)
+_RECORDED_AT = re.compile(r"\.(\d{13}|\d{19})\.pt\.trace\.json(?:\.gz)?$")
+
+
+def recorded_ns(paths: list[Path]) -> int | None:
+    """When the run was recorded, from its trace files' names (the latest); None when a name
+    carries no time."""
+    times = []
+    for p in paths:
+        m = _RECORDED_AT.search(p.name)
+        if m is None:
+            return None
+        t = int(m.group(1))
+        times.append(t * 1_000_000 if len(m.group(1)) == 13 else t)
+    return max(times) if times else None
 
 
 def find_run(path: str | Path, run: str | None = None) -> RunFiles:
@@ -114,14 +132,24 @@ def find_run(path: str | Path, run: str | None = None) -> RunFiles:
             names = ", ".join(p.name for files in runs.values() for p in files[:20])
             raise InputError(path, f"no run named {run!r}; runs here: {', '.join(sorted(runs))}; trace files: {names}")
         chosen = run
+    elif len(runs) == 1:
+        chosen = next(iter(runs))
     else:
-        chosen = max(runs, key=lambda r: (_mtime(runs[r]), r))
+        when = {r: recorded_ns(files) for r, files in runs.items()}
+        if any(t is None for t in when.values()):
+            listed = ", ".join(sorted(runs)[:30]) + (", ..." if len(runs) > 30 else "")
+            raise InputError(
+                path,
+                f"holds {len(runs)} runs and their trace names do not say when each was recorded: "
+                f"choose one with --run NAME (or give its folder): {listed}",
+            )
+        chosen = max(runs, key=lambda r: (when[r], r))
     files = runs[chosen]
     others = sorted(r for r in runs if r != chosen)
     directory = path / chosen if chosen != "." else path
     name = path.name if chosen == "." else chosen
     notes = []
     if others:
-        how = "as asked" if run is not None else "the newest"
+        how = "as asked" if run is not None else "the newest, by the time in its trace file names"
         notes.append(f"{len(runs)} runs under {path}; reporting {chosen!r} ({how}); choose with --run NAME")
     return RunFiles(name=name, directory=directory, files=files, other_runs=others, notes=notes)

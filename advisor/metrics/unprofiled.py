@@ -100,3 +100,32 @@ def profiler_overhead(facts: dict[str, Any] | None) -> ProfilerOverhead | None:
     if after is None:
         return None
     return ProfilerOverhead(float(np.median(after.window_ms)), float(np.median(after.step_ms)), len(after.step_ms))
+
+
+# Cores other processes kept busy, on average over the window, from which it is called noisy.
+NOISY_OTHER_CORES = 0.5
+
+
+def window_other_cores(facts: dict[str, Any] | None) -> float | None:
+    """The cores other processes kept busy during the profiled steps, on average (the facts
+    file's `other_cpu_cores`, recorded per step by `advisor profile`); None when not recorded."""
+    per_step = (facts or {}).get("other_cpu_cores")
+    steps = (facts or {}).get("profiled_steps")
+    if not isinstance(per_step, list) or not isinstance(steps, list):
+        return None
+    got = [per_step[k] for k in steps if isinstance(k, int) and 0 <= k < len(per_step) and isinstance(per_step[k], (int, float))]
+    return round(sum(got) / len(got), 2) if got else None
+
+
+def noisy_window_note(facts: dict[str, Any] | None) -> str | None:
+    """A note when the window was timed beside other work: its step and op times are inflated
+    by waits for a core, the more so the more threads the training runs."""
+    other = window_other_cores(facts)
+    if other is None or other < NOISY_OTHER_CORES:
+        return None
+    cores = (facts or {}).get("cpu_count")
+    of = f" of the {cores} cores" if isinstance(cores, int) else ""
+    return (
+        f"the window was timed beside other work: other processes kept {other:.1f}{of} busy while it was recorded, so its "
+        "step and op times include waits for a core (noisy); profile again on an idle machine to measure this run's own times"
+    )

@@ -23,7 +23,7 @@ from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.render import svg
-from advisor.render.fmt import batch_size, esc, fmt_bytes, md, pct, signed
+from advisor.render.fmt import batch_size, esc, fmt_bytes, md, pct, rate, signed
 from advisor.render.output import to_json_text
 from advisor.terminal_text import inert_console, one_line
 
@@ -294,7 +294,7 @@ def promise_sentence(c: Comparison) -> str | None:
         return f"Resolved {names}: promised {c.promised_ms:.2f} ms per step; no steps to measure."
     moved = f"fell by {m:.2f} ms" if m >= 0 else f"rose by {-m:.2f} ms"
     share = f" ({c.realised * 100:.0f}% of the promise)" if c.realised is not None and m > 0 else ""
-    what = "the median step after the profiled window" if c.measured_from_unprofiled else "the step time"
+    what = "the median step after the profiled window" if c.measured_from_unprofiled else "the mean step"
     return f"Resolved {names}: promised {c.promised_ms:.2f} ms per step; {what} {moved}{share}.{movers_sentence(c)}"
 
 
@@ -330,7 +330,7 @@ def render_diff_text(c: Comparison, console: Console) -> None:
     head.add_row("", Text(f"median {_num(b.median_ms)} → {_num(a.median_ms)} ms" + (f"; noise ±{c.noise_ms:.2f} ms" if c.noise_ms is not None else "")))
     tb, ta = b.throughput(unit), a.throughput(unit)
     if tb and ta:
-        head.add_row("Throughput", Text(f"{tb:,.2f} → {ta:,.2f} {unit}  ({signed(100 * (c.throughput_change_pct or 0), '%', 1)})"))
+        head.add_row("Throughput", Text(f"{rate(tb)} → {rate(ta)} {unit}, from the mean step  ({signed(100 * (c.throughput_change_pct or 0), '%', 1)})"))
     if b.gpu_utilization is not None or a.gpu_utilization is not None:
         head.add_row("GPU utilisation", Text(f"{pct(b.gpu_utilization)} → {pct(a.gpu_utilization)}"))
     if b.peak_memory_bytes is not None or a.peak_memory_bytes is not None:
@@ -372,7 +372,7 @@ def diff_markdown(c: Comparison) -> str:
     out.append(f"| step time, median | {_num(b.median_ms)} ms | {_num(a.median_ms)} ms | {signed((a.median_ms or 0) - (b.median_ms or 0), 'ms') if a.median_ms is not None and b.median_ms is not None else 'n/a'} |")
     tb, ta = b.throughput(unit), a.throughput(unit)
     if tb and ta:
-        out.append(f"| throughput | {tb:,.2f} {unit} | {ta:,.2f} {unit} | {signed(100 * (c.throughput_change_pct or 0), '%', 1)} |")
+        out.append(f"| throughput (mean step) | {rate(tb)} {unit} | {rate(ta)} {unit} | {signed(100 * (c.throughput_change_pct or 0), '%', 1)} |")
     if b.gpu_utilization is not None or a.gpu_utilization is not None:
         out.append(f"| GPU utilisation | {pct(b.gpu_utilization)} | {pct(a.gpu_utilization)} | |")
     for name, bv, av, dv in _breakdown_lines(c):
@@ -418,7 +418,7 @@ def diff_html(c: Comparison) -> str:
     ]
     tb, ta = b.throughput(unit), a.throughput(unit)
     if tb and ta:
-        body.append(tile("Throughput", f"{ta:,.2f} {unit}", f"was {tb:,.2f} ({signed(100 * (c.throughput_change_pct or 0), '%', 1)})"))
+        body.append(tile("Throughput", f"{rate(ta)} {unit}", f"was {rate(tb)} ({signed(100 * (c.throughput_change_pct or 0), '%', 1)}), from the mean step"))
     if b.gpu_utilization is not None or a.gpu_utilization is not None:
         body.append(tile("GPU utilisation", pct(a.gpu_utilization), f"was {pct(b.gpu_utilization)}"))
     if c.with_status("resolved"):

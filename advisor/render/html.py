@@ -26,7 +26,7 @@ from advisor.metrics.kernels import top_ops
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
 from advisor.render.demangle import demangle
-from advisor.render.fmt import alone_note, esc, finding_rank, fmt_bytes, ms, pct, short_value, throughput
+from advisor.render.fmt import alone_note, esc, finding_rank, fmt_bytes, ms, pct, rate, short_value, throughput
 from advisor.render.timeline import StepTimeline, replayed_timeline, step_timeline
 
 TOP_KERNELS = 40
@@ -112,11 +112,11 @@ def _header(a: Analysis) -> str:
         f'<p class="sub"><bdi>{esc(device)}</bdi>{esc(ranks)} · {files} trace file{"s" if files != 1 else ""} · <bdi>{esc(a.source)}</bdi></p>',
     ]
     tiles = []
-    if st["median"] is not None:
-        tiles.append(tile("Step time (median)", ms(st["median"]), f"p90 {st['p90']:.2f} · {s['steps']} step{'s' if s['steps'] != 1 else ''}"))
+    if st["mean"] is not None:
+        tiles.append(tile("Step time (mean)", ms(st["mean"]), f"median {st['median']:.2f} · p90 {st['p90']:.2f} · {s['steps']} step{'s' if s['steps'] != 1 else ''}"))
     tp = throughput(a)
     if tp:
-        tiles.append(tile("Throughput", f"{tp[0]:,.1f} {tp[1]}" if tp[0] < 100 else f"{tp[0]:,.0f} {tp[1]}", "from the median step time"))
+        tiles.append(tile("Throughput", f"{rate(tp[0])} {tp[1]}", "from the mean step time"))
     if m.has_device:
         tiles.append(tile(f"{dev.short_kind} utilisation", pct(s["gpu_utilization"]), "of step time with device activity"))
         if dev.has_tensor_cores:
@@ -159,13 +159,13 @@ def _verdict(a: Analysis) -> str:
     and the caveats that change how far to trust those figures."""
     s = a.summary()
     st = s["step_time_ms"]
-    if st["median"] is None:
+    if st["mean"] is None:
         return '<section class="verdict" id="verdict"><p class="answer">No complete step in this trace: nothing to measure.</p></section>'
     bd = s["breakdown_ms"]
     total = sum(bd.values()) or 1.0
     top = max(CATEGORIES, key=lambda c: bd.get(c, 0.0))
     answer = (
-        f"<b>{st['median']:.2f} ms per step</b> (median of {s['steps']}), bound by <b>{esc(BOUND_BY.get(top, top))}</b>: "
+        f"<b>{st['mean']:.2f} ms per step</b> (mean of {s['steps']}), bound by <b>{esc(BOUND_BY.get(top, top))}</b>: "
         f"{bd[top]:.2f} ms of it ({pct(bd[top] / total)})."
     )
     replayed = a.headline()

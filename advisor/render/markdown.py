@@ -20,6 +20,7 @@ from advisor.render.fmt import (
     md,
     md_code_block,
     pct,
+    rate,
     short_value,
     throughput,
 )
@@ -33,14 +34,14 @@ def _headline(a: Analysis) -> list[str]:
     s = a.summary()
     st = s["step_time_ms"]
     m = a.primary
-    step = f"{st['median']:.1f} ms/step (median)" if st["median"] is not None else "no steps"
+    step = f"{st['mean']:.2f} ms/step (mean)" if st["mean"] is not None else "no steps"
     replayed = a.headline()
     could = ""
     if a.findings and replayed is not None and replayed.all_fixes_ms is not None:
         saved = replayed.all_fixes_saving_ms or 0.0
         could = (
             f" — {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}; with the fixes replayed together "
-            f"{replayed.all_fixes_ms:.1f} ms/step ({pct(saved / replayed.baseline_ms, 0)} less)"
+            f"{replayed.all_fixes_ms:.2f} ms/step ({pct(saved / replayed.baseline_ms, 0)} less)"
         )
     out = [f"### advisor: {md(a.run.name)} — {step}{could}", ""]
     facts = []
@@ -51,12 +52,12 @@ def _headline(a: Analysis) -> list[str]:
     if len(a.ranks) > 1:
         facts.append(f"{len(a.ranks)} ranks (figures of rank {m.rank}, the slowest; each finding names its rank)")
     if st["mean"] is not None:
-        facts.append(f"{s['steps']} steps: median {st['median']:.2f} ms, p90 {st['p90']:.2f}")
+        facts.append(f"{s['steps']} steps: mean {st['mean']:.2f} ms (median {st['median']:.2f}, p90 {st['p90']:.2f})")
     if replayed is not None:
         facts.append(f"replayed {replayed.baseline_ms:.2f} ms")
     tp = throughput(a)
     if tp:
-        facts.append(f"{tp[0]:,.1f} {tp[1]}")
+        facts.append(f"{rate(tp[0])} {tp[1]}")
     if m.has_device:
         facts.append(f"{m.device.short_kind} busy {pct(s['gpu_utilization'])}")
         if m.device.has_tensor_cores:

@@ -21,7 +21,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
-from advisor.render.fmt import alone_note, batch_size, finding_rank, fmt_bytes, pct, ranks_line, short_value
+from advisor.render.fmt import alone_note, batch_size, finding_rank, fmt_bytes, pct, ranks_line, rate, short_value, step_time_text, throughput
 from advisor.terminal_text import multi_line, one_line
 
 COLOURS = {
@@ -69,16 +69,15 @@ def _overview(a: Analysis, console: Console) -> Group:
     if len(a.ranks) > 1:
         head.add_row("Ranks", Text(ranks_line(a)))
     if st["mean"] is not None:
-        head.add_row(
-            "Step time",
-            Text(f"{st['median']:.2f} ms median, p90 {st['p90']:.2f}, min {st['min']:.2f}, max {st['max']:.2f}  over {s['steps']} steps"),
-        )
+        head.add_row("Step time", Text(step_time_text(st, s["steps"])))
     replayed = a.headline()
     if replayed is not None:
         head.add_row("Replayed step", Text(replayed.headline()))
-    bs = batch_size(a)
-    if bs and st["median"]:
-        head.add_row("Throughput", Text(f"{bs / st['median'] * 1000:,.0f} samples/s (batch {bs}, median step)"))
+    tp = throughput(a)
+    if tp:
+        bs = batch_size(a)
+        per = f"batch {bs} / {st['mean']:.2f} ms mean step" if bs else f"1 / {st['mean']:.2f} ms mean step"
+        head.add_row("Throughput", Text(f"{rate(tp[0])} {tp[1]} ({per})"))
     if m.has_device:
         head.add_row(f"{dev.short_kind} utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
         if dev.has_tensor_cores:
