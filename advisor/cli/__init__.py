@@ -171,21 +171,21 @@ def report(
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     show_settings: bool = typer.Option(False, "--show-settings", help="Print the resolved configuration (config file, rules that run, their options, cache) and exit."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
-    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; needs torch-advisor[cluster])."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; also ADVISOR_SCHEDULER, never from a config merely found; needs torch-advisor[cluster])."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
     from contextlib import nullcontext
 
     from advisor.config import load_config
 
-    cfg = load_config(config)
+    cfg = load_config(config, scheduler=scheduler)
     if show_settings:
         from advisor.render.settings import settings_text
 
         sys.stdout.write(settings_text(cfg, rule_ids(select), rule_ids(ignore), rules_dir, scheduler))
         return
     format = Format(format_for(format, output))
-    address = scheduler or cfg.scheduler
+    address = cfg.scheduler
     if address:
         from advisor.load.cluster import cluster_executor
 
