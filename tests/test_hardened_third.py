@@ -132,3 +132,85 @@ def test_a_found_config_path_never_replaces_a_file_that_is_not_a_baseline(cli, t
     code, _, err = cli(["baseline", str(CPU_RUN), "-o", str(precious)], cwd=repo)
     assert code == 0, err
     assert json.loads(precious.read_text())["schema"] == "advisor/baseline/v1"
+
+
+# --- 2. the cache removes only what it sealed, and follows no link --------------------------------
+def _foreign(folder: Path) -> dict[str, bytes]:
+    """Folders named as the cache names its own, and a digests/ folder, that the advisor did not make."""
+    made = {}
+    for rel in ("analysis-0123abcd/notes.txt", "frames-photos/2024.jpg", ".analysis-x.tmp-1/draft.txt", "digests/0123456789abcdef0123456789abcdef", "digests/mine.txt"):
+        p = folder / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"the user's own " + rel.encode() * 50)
+        made[rel] = p.read_bytes()
+    (folder / "analysis-0123abcd" / "seal.json").write_text('{"kind": "analysis", "key": "0123abcd", "files": {}, "mac": "00"}')
+    made["analysis-0123abcd/seal.json"] = (folder / "analysis-0123abcd" / "seal.json").read_bytes()
+    return made
+
+
+def _still_there(folder: Path, made: dict[str, bytes]) -> None:
+    for rel, data in made.items():
+        assert (folder / rel).read_bytes() == data, rel
+
+
+def _log_dir(tmp_path: Path) -> Path:
+    log = tmp_path / "log"
+    log.mkdir()
+    for p in CPU_RUN.iterdir():
+        if p.is_file():
+            (log / p.name).write_bytes(p.read_bytes())
+    return log
+
+
+def test_cache_clear_and_eviction_remove_only_sealed_entries(cli, tmp_path):
+    """The reproducer: with ADVISOR_CACHE=DIR, `advisor cache clear` and the size cap deleted
+    any folder in DIR named analysis-*, frames-* or digests/."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    made = _foreign(cache)
+    env = {"ADVISOR_CACHE": str(cache)}
+    code, _, err = cli(["report", str(CPU_RUN), "-f", "json"], env=env)
+    assert code == 0, err
+    own = [p for p in cache.iterdir() if p.name.startswith("analysis-") and (p / "seal.json").is_file() and p.name != "analysis-0123abcd"]
+    assert own, "the report made an entry of its own"
+    # A cap of one byte: eviction after the next write removes every entry but the one written, never a foreign one.
+    code, _, err = cli(["report", str(CPU_RUN), "-f", "md"], env={**env, "ADVISOR_CACHE_MAX_BYTES": "1"})
+    assert code == 0, err
+    _still_there(cache, made)
+    code, out, err = cli(["cache", "clear"], env=env)
+    assert code == 0, err
+    assert not any(p.exists() for p in own), "the advisor's own entries are removed"
+    _still_there(cache, made)
+
+
+def test_a_cache_link_shipped_with_a_log_dir_is_not_followed(cli, tmp_path):
+    """The reproducer: a log dir shipping `.advisor-cache -> VICTIM` got entries written into
+    VICTIM and VICTIM's analysis-* folders evicted. The link is not used: nothing in VICTIM is
+    written, replaced or removed, by a report, the size cap or `advisor cache clear`."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    made = _foreign(victim)
+    before = sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*"))
+    log = _log_dir(tmp_path)
+    (log / ".advisor-cache").symlink_to(victim, target_is_directory=True)
+    env = {"ADVISOR_CACHE": "beside", "ADVISOR_CACHE_MAX_BYTES": "1"}
+    for fmt in ("json", "md"):
+        code, _, err = cli(["report", str(log), "-f", fmt], env=env)
+        assert code == 0, err
+    code, _, err = cli(["cache", "clear", str(log)], env=env)
+    assert code == 0, err
+    assert sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*")) == before
+    _still_there(victim, made)
+    # An entry inside a cache folder that is a link: not read through, not replaced, not removed.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    code, _, err = cli(["report", str(CPU_RUN), "-f", "json"], env={"ADVISOR_CACHE": str(cache)})
+    (entry,) = [p for p in cache.iterdir() if p.name.startswith("analysis-")]
+    moved = tmp_path / "moved"
+    entry.rename(moved)
+    entry.symlink_to(moved, target_is_directory=True)
+    kept = sorted(p.name for p in moved.iterdir())
+    code, _, err = cli(["report", str(CPU_RUN), "-f", "json"], env={"ADVISOR_CACHE": str(cache), "ADVISOR_CACHE_MAX_BYTES": "1"})
+    assert code == 0, err
+    code, _, err = cli(["cache", "clear"], env={"ADVISOR_CACHE": str(cache)})
+    assert code == 0 and entry.is_symlink() and sorted(p.name for p in moved.iterdir()) == kept, err
