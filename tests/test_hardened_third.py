@@ -214,3 +214,132 @@ def test_a_cache_link_shipped_with_a_log_dir_is_not_followed(cli, tmp_path):
     assert code == 0, err
     code, _, err = cli(["cache", "clear"], env={"ADVISOR_CACHE": str(cache)})
     assert code == 0 and entry.is_symlink() and sorted(p.name for p in moved.iterdir()) == kept, err
+
+
+# --- 6. files that are not files -----------------------------------------------------------------
+@pytest.fixture
+def within():
+    """within(seconds, fn, *args): fn's result, or the test fails when it has not returned by then (a hang)."""
+    import signal
+
+    def run(seconds, fn, *args, **kwargs):
+        def late(signum, frame):
+            raise TimeoutError(f"still running after {seconds} s: a hang")
+
+        old = signal.signal(signal.SIGALRM, late)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+    return run
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "sparse"])
+def test_a_facts_file_that_is_not_a_file_is_a_warning_not_a_hang(cli, tmp_path, within, kind):
+    """The reproducers: an advisor_facts.json that is a FIFO hung the report; one linked to
+    /dev/zero read 3.46 GB, then "internal error: MemoryError" (exit 70). Now the facts file is
+    ignored with a warning naming it and what it is, and the report goes on (exit 0)."""
+    log = _log_dir(tmp_path)
+    facts = log / "advisor_facts.json"
+    facts.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(facts)
+    elif kind == "dev-zero":
+        facts.symlink_to("/dev/zero")
+    else:
+        with open(facts, "wb") as f:
+            f.truncate(6 * 2**30)  # 6 GB of nothing, on disk as a few blocks
+    before = _peak_rss()
+    for env in ({"ADVISOR_CACHE": "off"}, {"ADVISOR_CACHE": str(tmp_path / "cache")}):
+        code, out, err = within(60, cli, ["report", str(log), "-f", "json"], env=env)
+        assert code == 0, err
+        warnings = [w for w in json.loads(out)["warnings"] if "advisor_facts.json" in w]
+        assert len(warnings) == 1 and ("not a regular file" in warnings[0] or "too large" in warnings[0]), warnings
+    assert _peak_rss() - before < 2**30, "nothing of the size of the file was read"
+
+
+def test_advisor_fix_scanning_its_runs_skips_facts_that_are_not_files(tmp_path, within):
+    """`advisor fix` looks for the script's last profile in advisor_runs/: a FIFO or a /dev/zero
+    link there as a run's facts file is skipped, and the real run beside them is found."""
+    from advisor.cli.fix import last_profile
+
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    runs = tmp_path / "advisor_runs"
+    for name, make in (("train-1", os.mkfifo), ("train-2", lambda p: p.symlink_to("/dev/zero"))):
+        (runs / name).mkdir(parents=True)
+        make(runs / name / "advisor_facts.json")
+        (runs / name / "x.pt.trace.json").write_text("{}")
+    assert within(20, last_profile, script, runs_dir=runs) is None
+    good = runs / "train-3"
+    good.mkdir()
+    (good / "advisor_facts.json").write_text(json.dumps({"schema": "advisor/facts/v1", "script": str(script), "argv": [str(script)]}))
+    (good / "x.pt.trace.json").write_text("{}")
+    assert within(20, last_profile, script, runs_dir=runs) == good
+
+
+@pytest.mark.parametrize("name", ["secret.key", "seal.json", "digest"])
+def test_a_fifo_in_the_cache_never_hangs_a_report(cli, tmp_path, within, name):
+    """The reproducer: a FIFO `secret.key` or `seal.json` in the cache hung every report. Each is
+    read as a miss now (or as no secret): the report is made again."""
+    cache = tmp_path / "cache"
+    env = {"ADVISOR_CACHE": str(cache)}
+    code, first, err = cli(["report", str(CPU_RUN), "-f", "json"], env=env)
+    assert code == 0, err
+    home = Path(os.environ["XDG_CACHE_HOME"]) / "torch-advisor"  # the secret and the remembered hashes live there
+    if name == "secret.key":
+        targets = [home / "secret.key"]
+    elif name == "seal.json":
+        targets = [p / "seal.json" for p in cache.iterdir() if p.is_dir() and (p / "seal.json").is_file()]
+    else:
+        targets = list((home / "digests").iterdir())
+    assert targets
+    for t in targets:
+        t.unlink()
+        os.mkfifo(t)
+    for args in (["report", str(CPU_RUN), "-f", "json"], ["cache", "info"], ["cache", "clear"]):
+        code, out, err = within(60, cli, args, env=env)
+        assert code == 0, err
+        if args[0] == "report":
+            assert json.loads(out)["findings"] == json.loads(first)["findings"]
+    assert all(t.exists() for t in targets), "a FIFO the advisor did not make is not removed"
+
+
+def test_a_sparse_plain_trace_larger_than_half_the_memory_is_refused_before_it_is_read(tmp_path):
+    """The reproducer: a sparse 6 GB plain trace (`truncate -s 6G`) reached 6.4 GB resident
+    before exit 2 (plain files were capped at 16 GiB only). A plain trace larger than half the
+    memory available is refused in one line before a byte of it is read (here the available
+    memory is made 2 GiB, so the 6 GB file is over it on any machine)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    trace = tmp_path / "big.pt.trace.json"
+    with open(trace, "wb") as f:
+        f.truncate(6 * 2**30)
+    probe = (
+        "import resource, sys\n"
+        "import advisor.load.decode as d\n"
+        "d._available_memory = lambda: 2 * 2**30\n"
+        "from advisor.cli import main\n"
+        "sys.argv = ['advisor', 'report', sys.argv[1]]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ADVISOR_CACHE": "off"}
+    p = subprocess.run([sys.executable, "-c", probe, str(trace)], capture_output=True, text=True, env=env, timeout=120)
+    code, rss = p.stdout.split()
+    assert code == "2", p.stderr
+    [line] = p.stderr.strip().splitlines()
+    assert str(trace) in line and "more than half the memory available" in line and "ADVISOR_MAX_TRACE_BYTES" in line, line
+    assert int(rss) < 1024 * 2**20, f"peak RSS {int(rss) / 2**20:.0f} MiB: the file was read"

@@ -16,7 +16,6 @@ as considered in the report) is fixed only when --select names it, and the resul
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +153,7 @@ def last_profile(script: Path, args: list[str] | None = None, runs_dir: Path | N
     import os
 
     from advisor.cli.profile import RUNS_DIR
+    from advisor.facts import read_facts
 
     base = runs_dir or RUNS_DIR
     if not base.is_dir():
@@ -164,7 +164,7 @@ def last_profile(script: Path, args: list[str] | None = None, runs_dir: Path | N
     for d in base.glob(f"{script.stem}-*"):
         facts = d / "advisor_facts.json"
         try:
-            doc = json.loads(facts.read_text())
+            doc = read_facts(facts)  # never a FIFO, a device or gigabytes
             recorded, argv = doc.get("script"), doc.get("argv")
             threads = (doc.get("torch_threads") or {}).get("omp_num_threads_env")
         except (OSError, ValueError, AttributeError):

@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 
 from advisor.errors import InputError
+from advisor.files_read import open_regular
 
 NAN = math.nan
 NULL = msgspec.Raw(b"null")  # default of raw fields; `is NULL` means "key absent"
@@ -246,8 +247,17 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
     bounded = limit is None and not os.environ.get(MAX_TRACE_ENV, "").strip()
     limit = max_trace_bytes() if limit is None else limit
     try:
-        with open(path, "rb", buffering=0) as f:
+        with open_regular(path) as f:  # a FIFO or a link to a device is refused, never read
             if f.read(2) != b"\x1f\x8b":
+                if bounded:
+                    # sized up front: half the memory available at most, before a byte is read
+                    # (a sparse file of many GB would otherwise be read whole into memory)
+                    memory_limit = _available_memory() // 2
+                    if memory_limit < limit and os.fstat(f.fileno()).st_size > memory_limit:
+                        size = os.fstat(f.fileno()).st_size
+                        raise InputError(
+                            path, f"the file holds {_size_text(size)}, more than half the memory available ({_size_text(memory_limit)}); set {MAX_TRACE_ENV} to raise the limit"
+                        )
                 return _read_plain(path, f, limit, digest)
             if bounded:
                 ratio_limit = max(GZIP_RATIO_FLOOR, GZIP_RATIO * os.fstat(f.fileno()).st_size)
