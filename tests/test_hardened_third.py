@@ -343,3 +343,57 @@ def test_a_sparse_plain_trace_larger_than_half_the_memory_is_refused_before_it_i
     [line] = p.stderr.strip().splitlines()
     assert str(trace) in line and "more than half the memory available" in line and "ADVISOR_MAX_TRACE_BYTES" in line, line
     assert int(rss) < 1024 * 2**20, f"peak RSS {int(rss) / 2**20:.0f} MiB: the file was read"
+
+
+# --- 7. numbers from broken traces, and where the report goes --------------------------------------
+def test_report_dash_o_dash_writes_stdout_not_a_file_named_dash(cli, tmp_path):
+    """The reproducer: `report -o -` wrote a file named `-`. It is stdout, as without -o, in every format."""
+    code, plain, err = cli(["report", str(CPU_RUN), "-f", "json"], cwd=tmp_path, env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    for fmt in ("json", "md", "text", "html"):
+        code, out, err = cli(["report", str(CPU_RUN), "-f", fmt, "-o", "-"], cwd=tmp_path, env={"ADVISOR_CACHE": "off"})
+        assert code == 0, err
+        assert not (tmp_path / "-").exists() and not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+        if fmt == "json":
+            assert out == plain
+        elif fmt == "html":
+            assert out.lstrip().lower().startswith("<!doctype html")
+        else:
+            assert "dataloader-stall" in out
+
+
+def test_a_loading_bound_cpu_run_is_never_promised_a_step_below_its_loading(tmp_path):
+    """The reproducer: a loading-bound CPU script (2 cores, 2 compute threads, num_workers=0)
+    read "a step of 37.9 to 37.9 ms ... ~34.5 ms" and was promised a step shorter than the
+    loading that remains. Built from this project's 2-thread recording with 300 ms inserted
+    into each DataLoader span: the one worker the fix adds still loads every batch, so the
+    replayed step is at least the loading, and the message states one step time, not a range
+    of one number, and no step time that the replayed saving then overwrites."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from trace_edit import events, insert_time, load_events, write_trace
+
+    from advisor.analysis import analyze
+    from advisor.config import Config
+
+    src = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_two_threads"
+    (tmp_path / "advisor_facts.json").write_bytes((src / "advisor_facts.json").read_bytes())
+    doc = load_events(next(src.glob("*.pt.trace.json.gz")))
+    spans = sorted((e for e in events(doc) if "DataLoader" in str(e.get("name", "")) and e.get("ph") == "X"), key=lambda e: e["ts"])
+    assert spans
+    for e in reversed(spans):
+        insert_time(doc, e["ts"] + e["dur"] / 2, 300_000.0)
+    write_trace(doc, tmp_path / "loading.pt.trace.json.gz")
+    a = analyze(tmp_path, config=Config(), cache=False)
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "dataloader-stall")
+    assert f.evidence["cores"]["free_cores"] == 0
+    loading = float(re.search(r"beside the ([\d.]+) ms of loading", f.message).group(1))
+    assert loading > 300 * 0.9  # the inserted time is loading
+    assert not re.search(r"a step of ([\d.]+) to \1 ms", f.message), f.message
+    assert f"a step of {loading:.1f} ms" in f.message, f.message
+    w = a.whatif[0]
+    scale = w.baseline_ms / w.measured_ms  # the replay's units
+    alone = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
+    assert w.baseline_ms - alone >= loading * scale * 0.98, (w.baseline_ms, alone, loading, scale)

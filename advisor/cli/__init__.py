@@ -185,6 +185,8 @@ def report(
         sys.stdout.write(settings_text(cfg, rule_ids(select), rule_ids(ignore), rules_dir, scheduler))
         return
     format = Format(format_for(format, output))
+    if output is not None and str(output) == "-" and format is not Format.html:
+        output = None  # `-o -`: stdout, as without -o (HTML too goes to stdout: write_output)
     address = cfg.scheduler
     if address:
         from advisor.load.cluster import cluster_executor
