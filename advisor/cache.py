@@ -593,7 +593,7 @@ def _clear_digests(folder: Path) -> None:
 
 # --- frames entries ------------------------------------------------------------------------------
 FRAMES_META = "advisor_cache.json"
-FRAMES_FORMAT = 5  # 4: one sealed cache, keyed on content alone; 5: the profiler session's end in the metadata
+FRAMES_FORMAT = 6  # 4: one sealed cache, keyed on content alone; 5: the profiler session's end in the metadata; 6: impossible copies, memory figures and shared correlation ids read as unknown
 FRAME_TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
 JSON_COLUMNS = {"host": ("input_dims",)}
 @functools.cache

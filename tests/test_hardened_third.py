@@ -397,3 +397,124 @@ def test_a_loading_bound_cpu_run_is_never_promised_a_step_below_its_loading(tmp_
     scale = w.baseline_ms / w.measured_ms  # the replay's units
     alone = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
     assert w.baseline_ms - alone >= loading * scale * 0.98, (w.baseline_ms, alone, loading, scale)
+
+
+GPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"  # this project's H100 recording
+
+
+def _edited_gpu_run(tmp_path: Path, name: str, edit, as_json_text: bool = False) -> Path:
+    """GPU_RUN's trace with `edit(doc)` applied, alone in a folder (its facts file left out)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from trace_edit import load_events, write_trace
+
+    doc = load_events(next(GPU_RUN.glob("*.pt.trace.json*")))
+    edit(doc)
+    folder = tmp_path / name
+    folder.mkdir()
+    if as_json_text:  # Python's json writes NaN and Infinity, as a broken exporter might
+        (folder / "t.pt.trace.json").write_text(json.dumps(doc))
+    else:
+        write_trace(doc, folder / "t.pt.trace.json")
+    return folder
+
+
+def _report(cli, folder: Path) -> dict:
+    code, out, err = cli(["report", str(folder), "-f", "json"], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _kernels(doc) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
+
+
+def test_correlation_ids_that_are_all_one_never_merge_the_steps(cli, tmp_path):
+    """The reproducer: every correlation id set to 1 made 8 steps of 9.9 ms one of 75.04 ms
+    (every kernel was charged to the first launch). The ids are dropped with a warning and the
+    steps are those of the recording: as many, as long (within 1%)."""
+    def all_one(doc):
+        for e in doc["traceEvents"]:
+            if isinstance(e.get("args"), dict) and "correlation" in e["args"]:
+                e["args"]["correlation"] = 1
+
+    clean = _report(cli, _edited_gpu_run(tmp_path, "clean", lambda doc: None))
+    ones = _report(cli, _edited_gpu_run(tmp_path, "ones", all_one))
+    assert ones["summary"]["steps"] == clean["summary"]["steps"] >= 2
+    a, b = ones["summary"]["step_time_ms"]["mean"], clean["summary"]["step_time_ms"]["mean"]
+    assert abs(a - b) <= 0.01 * b, (a, b)
+    assert sum("correlation ids are not unique" in w for w in ones["warnings"]) == 1, ones["warnings"]
+    assert not any("correlation" in w for w in clean["warnings"])
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("ts", -1.0), ("ts", float("nan")), ("ts", 1e20), ("dur", -5.0), ("dur", float("nan")), ("dur", 1e20)],
+)
+def test_kernels_with_impossible_times_are_left_out_with_a_warning_that_counts_them(cli, tmp_path, field, value):
+    """The reproducer: a kernel with a negative, NaN or 1e20 ts or dur was dropped silently (GPU
+    utilisation 50.5% -> 44.2%, no warning). Five such kernels: the report is that of the
+    trace without them, and one warning says 5 events were left out."""
+    picked = []
+
+    def broken(doc):
+        ks = _kernels(doc)
+        for e in ks[10:15]:
+            e[field] = value
+            picked.append((e["ts"], e["name"]))
+
+    def removed(doc):
+        ks = _kernels(doc)[10:15]
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if not any(e is k for k in ks)]
+
+    bad = _report(cli, _edited_gpu_run(tmp_path, "bad", broken, as_json_text=True))
+    gone = _report(cli, _edited_gpu_run(tmp_path, "gone", removed))
+    assert len(picked) == 5
+    assert bad["summary"] == gone["summary"] and [f["rule"] for f in bad["findings"]] == [f["rule"] for f in gone["findings"]]
+    said = [w for w in bad["warnings"] if "left out 5 event(s)" in w]
+    assert len(said) == 1, bad["warnings"]
+
+
+def test_a_copy_faster_than_any_link_is_not_reported_as_measured(cli, tmp_path):
+    """The reproducer: a 2^52-byte copy in 1 µs was reported as measured (4.5 PB/s). Its bytes
+    read as unknown, with a warning; the report is that of the trace whose copy has no byte count."""
+    def huge(doc):
+        c = next(e for e in doc["traceEvents"] if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", ""))
+        c["args"]["bytes"], c["dur"] = 2**52, 1.0
+
+    def unknown(doc):
+        c = next(e for e in doc["traceEvents"] if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", ""))
+        del c["args"]["bytes"]
+        c["dur"] = 1.0
+
+    bad = _report(cli, _edited_gpu_run(tmp_path, "huge", huge))
+    base = _report(cli, _edited_gpu_run(tmp_path, "unknown", unknown))
+    assert bad["summary"] == base["summary"]
+    assert sum("move more bytes than any link can" in w and w.split(": ", 1)[1].startswith("1 copy") for w in bad["warnings"]) == 1, bad["warnings"]
+    assert "4503599627370496" not in json.dumps(bad)
+
+
+def test_a_peak_larger_than_the_device_is_not_reported_as_measured(cli, tmp_path):
+    """The reproducer: a 5 TB peak on an 80 GB device was reported as the run's peak memory.
+    Memory figures larger than the device (its totalGlobalMem in the trace) read as unknown, with
+    one warning; the peak is the largest possible one recorded."""
+    def memory_events(doc):
+        return [e for e in doc["traceEvents"] if e.get("name") == "[memory]" and isinstance(e.get("args"), dict) and e["args"].get("Device Type") == 1]
+
+    def five_tb(doc):
+        memory_events(doc)[len(memory_events(doc)) // 2]["args"]["Total Allocated"] = 5 * 10**12
+
+    clean_doc = {}
+
+    def keep(doc):
+        clean_doc.update(doc)
+
+    clean = _report(cli, _edited_gpu_run(tmp_path, "clean", keep))
+    bad = _report(cli, _edited_gpu_run(tmp_path, "five_tb", five_tb))
+    device_memory = clean_doc["deviceProperties"][0]["totalGlobalMem"]
+    expected = max(e["args"]["Total Allocated"] for e in memory_events(clean_doc))  # from the raw events
+    assert 0 < expected < device_memory
+    assert clean["summary"]["peak_memory_bytes"] == expected
+    assert bad["summary"]["peak_memory_bytes"] == expected, bad["summary"]["peak_memory_bytes"]
+    assert sum("larger than the device's own memory" in w and "impossible" in w for w in bad["warnings"]) == 1, bad["warnings"]
