@@ -518,3 +518,19 @@ def test_a_peak_larger_than_the_device_is_not_reported_as_measured(cli, tmp_path
     assert clean["summary"]["peak_memory_bytes"] == expected
     assert bad["summary"]["peak_memory_bytes"] == expected, bad["summary"]["peak_memory_bytes"]
     assert sum("larger than the device's own memory" in w and "impossible" in w for w in bad["warnings"]) == 1, bad["warnings"]
+
+
+def test_a_sparse_trace_is_refused_whatever_the_memory(cli, tmp_path):
+    """The same 6 GB of holes where half the memory would hold it: refused as a sparse file, in
+    one line, without reading it (no profiler writes a file that is mostly holes)."""
+    trace = tmp_path / "big.pt.trace.json"
+    with open(trace, "wb") as f:
+        f.truncate(6 * 2**30)
+    if os.stat(trace).st_blocks * 512 * 256 >= os.stat(trace).st_size:
+        pytest.skip("this file system does not keep holes")
+    before = _peak_rss()
+    code, out, err = cli(["report", str(trace)], env={"ADVISOR_CACHE": "off"})
+    assert code == 2, out + err
+    [line] = err.strip().splitlines()
+    assert str(trace) in line and ("sparse file" in line or "half the memory" in line), line
+    assert _peak_rss() - before < 2**30

@@ -258,6 +258,7 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
                         raise InputError(
                             path, f"the file holds {_size_text(size)}, more than half the memory available ({_size_text(memory_limit)}); set {MAX_TRACE_ENV} to raise the limit"
                         )
+                _refuse_sparse(path, os.fstat(f.fileno()))
                 return _read_plain(path, f, limit, digest)
             if bounded:
                 ratio_limit = max(GZIP_RATIO_FLOOR, GZIP_RATIO * os.fstat(f.fileno()).st_size)
@@ -271,6 +272,19 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
         raise InputError(path, f"not enough memory to read the trace (set {MAX_TRACE_ENV} to refuse traces this large sooner)") from None
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+# A file this long with under 1/SPARSE_RATIO of it stored on disk is mostly holes (`truncate
+# -s 6G`): no profiler writes one, and reading it would fill memory with zeros. (A compressing
+# file system stores JSON in a tenth to a thirtieth of its length, far above this.)
+SPARSE_MIN_BYTES = 64 * 2**20
+SPARSE_RATIO = 256
+
+
+def _refuse_sparse(path: Path, st: os.stat_result) -> None:
+    blocks = getattr(st, "st_blocks", None)
+    if blocks is not None and st.st_size >= SPARSE_MIN_BYTES and blocks * 512 * SPARSE_RATIO < st.st_size:
+        raise InputError(path, f"a sparse file ({_size_text(st.st_size)} long, {_size_text(blocks * 512)} of it on disk): not a trace")
 
 
 def _read_plain(path: Path, f: Any, limit: int, digest: Any) -> bytearray:
