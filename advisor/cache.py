@@ -363,12 +363,16 @@ def secret(create: bool = False) -> bytes | None:
         return secret(create=False)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         owner_ok = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
         if not stat.S_ISREG(st.st_mode) or not owner_ok or (os.name == "posix" and st.st_mode & 0o077):
-            return None  # a key others can read or write is no secret
-        key = f.read(KEY_BYTES + 1)
+            return None  # a key others can read or write is no secret (nor a folder or a FIFO)
+        key = os.read(fd, KEY_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return key if len(key) == KEY_BYTES else None
 
 
