@@ -103,7 +103,8 @@ _UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 KINDS = ("frames", "analysis")
 DIGESTS_DIR = "digests"  # per trace path: the hash of its bytes as of its stat (trace_digest)
 # A folder being written carries this marker (an HMAC under the secret) until it is sealed:
-# a folder left behind by a run that died is recognised as the advisor's, and removed.
+# a folder left behind by a run that died is recognised as the advisor's, and removed. A
+# sealed entry holds no marker (its seal says whose it is).
 MAKING_FILE = ".advisor-making"
 # The cache's own small files: a seal or a remembered hash larger than this is not one.
 SMALL_FILE_BYTES = 4 * 2**20
@@ -467,6 +468,7 @@ def write_entry(kind: str, key_digest: str, directory: Path | None, files: dict[
             for name, data in files.items():
                 (tmp / name).write_bytes(data)
             seal(tmp, kind, key_digest, key, files)
+            os.unlink(tmp / MAKING_FILE)  # sealed now: the seal says whose it is
             if os.path.lexists(entry):
                 shutil.rmtree(entry, ignore_errors=True)
             os.replace(tmp, entry)
@@ -501,12 +503,16 @@ def _made_here(folder: Path, kind: str, key: bytes | None) -> bool:
     try:
         if not stat.S_ISDIR(os.lstat(folder).st_mode):
             return False
-        if folder.name.startswith("."):
+        being_written = folder.name.startswith(".")
+        if being_written and os.path.lexists(folder / MAKING_FILE):
             mark = read_regular(folder / MAKING_FILE, SMALL_FILE_BYTES, follow=False)
             return hmac.compare_digest(mark, _making_mark(key).encode())
         doc = orjson.loads(read_regular(folder / SEAL_FILE, SMALL_FILE_BYTES, follow=False))
         files, digest = doc["files"], doc["key"]
-        if doc.get("kind") != kind or not isinstance(digest, str) or entry_name(kind, digest) != folder.name:
+        if doc.get("kind") != kind or not isinstance(digest, str):
+            return False
+        name = entry_name(kind, digest)
+        if not (folder.name.startswith(f".{name}.tmp-") if being_written else folder.name == name):
             return False
         if not (isinstance(files, dict) and isinstance(doc.get("mac"), str)):
             return False

@@ -534,3 +534,27 @@ def test_a_sparse_trace_is_refused_whatever_the_memory(cli, tmp_path):
     [line] = err.strip().splitlines()
     assert str(trace) in line and ("sparse file" in line or "half the memory" in line), line
     assert _peak_rss() - before < 2**30
+
+
+def test_a_folder_left_half_written_by_the_advisor_is_still_its_own_to_remove(cli, tmp_path):
+    """A run that died while writing an entry leaves `.analysis-<digest>.tmp-<pid>-<random>`
+    with its marker (an HMAC under the secret): `cache clear` removes it; the same folder with
+    a marker the secret did not make, or none, stays."""
+    import advisor.cache as store
+
+    cache = tmp_path / "cache"
+    env = {"ADVISOR_CACHE": str(cache)}
+    code, _, err = cli(["report", str(CPU_RUN), "-f", "json"], env=env)
+    assert code == 0, err
+    key = store.secret()
+    assert key is not None
+    ours, forged, bare = (cache / f".analysis-{c * 40}.tmp-1-00000000" for c in "abc")
+    for folder, mark in ((ours, store._making_mark(key)), (forged, "0" * 64), (bare, None)):
+        folder.mkdir()
+        (folder / "analysis.json").write_text("{}")
+        if mark is not None:
+            (folder / store.MAKING_FILE).write_text(mark)
+    assert not any(p.name == store.MAKING_FILE for e in cache.iterdir() if not e.name.startswith(".") for p in e.iterdir())
+    code, _, err = cli(["cache", "clear"], env=env)
+    assert code == 0, err
+    assert not ours.exists() and forged.is_dir() and bare.is_dir()
