@@ -418,7 +418,7 @@ def _open_entry(folder: Path, kind: str, key_digest: str) -> dict[str, bytes] | 
         for name, digest in files.items():
             if "/" in name or "\\" in name or name.startswith("."):
                 return None
-            data = read_regular(folder / name, max_cache_bytes(), follow=False)
+            data = read_regular(folder / name, max(max_cache_bytes(), DEFAULT_MAX_BYTES), follow=False)  # never GBs of a sparse file
             if not hmac.compare_digest(_sha(data), digest):
                 return None  # changed after it was sealed
             out[name] = data
