@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import orjson
 
 from advisor.version import __version__
 import advisor.cache as cache_store
@@ -23,7 +22,7 @@ from advisor.files_read import remember_all
 from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, check_rank_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
-from advisor.facts import FACTS_FILE, validate_facts
+from advisor.facts import FACTS_FILE, read_facts, validate_facts
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, noisy_window_note, profiler_overhead
@@ -239,7 +238,7 @@ def _read_facts(directory: Path, warnings: list[str], sources: dict[int, Path] |
 
 def _facts_file(p: Path) -> tuple[dict[str, Any], list[str]]:
     """A facts file read and checked with its types: wrong values read as null, and what was wrong."""
-    return validate_facts(orjson.loads(p.read_bytes()))
+    return validate_facts(read_facts(p))
 
 
 def _assign_ranks(distributed: list[int | None], names: list[str]) -> list[int]:

@@ -33,6 +33,15 @@ an entry shipped along with a log dir, copied from another run, edited or damage
 served: the report is made again. Every error in the cache reads as a miss; the cache never
 fails a report. Nothing is pickled.
 
+Only what the advisor made is ever removed or written into: eviction and `advisor cache
+clear` remove an entry only when its seal verifies under the secret (a folder being written
+carries a marker made with the same secret), and the remembered trace hashes only when their
+own seal does; a folder named `analysis-*` or `frames-*` that the advisor did not seal is left
+alone. No symbolic link is followed: a `.advisor-cache` beside the traces that is a link is
+not used at all, an entry that is a link is neither read, replaced nor removed, and the
+cache's own files (seals, the secret, the hashes) are opened without following links and
+without blocking (a FIFO there is a miss, never a hang).
+
 An analysis entry also keeps the reports rendered from it to stdout (text, JSON, Markdown;
 see "rendered reports" below): a second `advisor report` asked for in the same way writes the
 stored text before the command line parser is built (advisor.cli.warm), in about 0.1 s at
@@ -53,6 +62,7 @@ import hmac
 import importlib.util
 import math
 import os
+import re
 import shutil
 import stat
 import sys
@@ -67,6 +77,7 @@ import orjson
 from advisor.version import __version__
 from advisor.facts import FACTS_FILE
 from advisor.files import replace_file
+from advisor.files_read import read_regular
 from advisor.sizes import parse_size
 from advisor.load.discover import CACHE_DIR_NAME, RunFiles
 
@@ -91,6 +102,13 @@ MAX_BYTES_ENV = "ADVISOR_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 * 2**30
 KINDS = ("frames", "analysis")
 DIGESTS_DIR = "digests"  # per trace path: the hash of its bytes as of its stat (trace_digest)
+# A folder being written carries this marker (an HMAC under the secret) until it is sealed:
+# a folder left behind by a run that died is recognised as the advisor's, and removed. A
+# sealed entry holds no marker (its seal says whose it is).
+MAKING_FILE = ".advisor-making"
+# The cache's own small files: a seal or a remembered hash larger than this is not one.
+SMALL_FILE_BYTES = 4 * 2**20
+_MEMO_NAME = re.compile(r"^\.?([0-9a-f]{32})(?:\.\d+)?$")
 
 
 class BadEntry(Exception):
@@ -140,8 +158,10 @@ def _sha(data: bytes) -> str:
 
 def content_digest(path: Path) -> str:
     """SHA-256 of a file's bytes, read in pieces (about 1.5 GB/s)."""
+    from advisor.files_read import open_regular
+
     h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
+    with open_regular(path) as f:  # a FIFO or device is an OSError, never a hang
         while chunk := f.read(HASH_READ_BYTES):
             h.update(chunk)
     return h.hexdigest()
@@ -180,7 +200,7 @@ def trace_digest(path: Path) -> str:
     before = _stat_of(path)
     if memo is not None and key is not None and before is not None:
         try:
-            doc = orjson.loads(memo.read_bytes())
+            doc = orjson.loads(read_regular(memo, SMALL_FILE_BYTES, follow=False))
             if doc["stat"] == before and hmac.compare_digest(doc["mac"], _digest_mac(key, memo, before, doc["sha256"])):
                 return doc["sha256"]
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
@@ -199,9 +219,25 @@ def remember_digest(path: Path, sha: str, before: list[int] | None) -> None:
         return
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(memo, orjson.dumps({"stat": before, "sha256": sha, "mac": _digest_mac(key, memo, before, sha)}), sync=False)
+        if memo.parent.is_symlink():
+            return  # never written through a link
+        replace_file(memo, orjson.dumps({"stat": before, "sha256": sha, "mac": _digest_mac(key, memo, before, sha)}), sync=False, mode=0o600)
     except OSError:
         pass
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """DATA into a new file at PATH (a stale one of ours is replaced; a link is never followed)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise
+        os.unlink(path)  # left by an earlier process of the same id
+        fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 # --- where entries go -------------------------------------------------------------------------
@@ -264,8 +300,8 @@ def cache_roots(directory: Path | None = None) -> list[Path]:
         return [chosen] if chosen is not None else []
     user = user_cache_root()
     roots = [user] if user is not None else []
-    if setting == BESIDE and directory is not None:
-        roots.insert(0, directory / CACHE_DIR_NAME)
+    if setting == BESIDE and directory is not None and not os.path.islink(directory / CACHE_DIR_NAME):
+        roots.insert(0, directory / CACHE_DIR_NAME)  # a link shipped with a log dir is not followed
     return roots
 
 
@@ -310,7 +346,7 @@ def secret(create: bool = False) -> bytes | None:
         return None
     path = home / KEY_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))  # a FIFO never hangs
     except FileNotFoundError:
         if not create:
             return None
@@ -326,12 +362,16 @@ def secret(create: bool = False) -> bytes | None:
         return secret(create=False)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         owner_ok = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
         if not stat.S_ISREG(st.st_mode) or not owner_ok or (os.name == "posix" and st.st_mode & 0o077):
-            return None  # a key others can read or write is no secret
-        key = f.read(KEY_BYTES + 1)
+            return None  # a key others can read or write is no secret (nor a folder or a FIFO)
+        key = os.read(fd, KEY_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return key if len(key) == KEY_BYTES else None
 
 
@@ -349,7 +389,7 @@ def seal(folder: Path, kind: str, key_digest: str, key: bytes | None = None, fil
         files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != SEAL_FILE and not p.name.startswith(".") and p.is_file()}
     digests = {name: _sha(data) for name, data in sorted(files.items())}
     doc = {"kind": kind, "key": key_digest, "files": digests, "mac": _mac(key, kind, key_digest, digests)}
-    replace_file(folder / SEAL_FILE, orjson.dumps(doc), sync=False)  # a reader sees the old seal or the new one, whole
+    replace_file(folder / SEAL_FILE, orjson.dumps(doc), sync=False, mode=0o600)  # a reader sees the old seal or the new one, whole
     now = time.time_ns()
     os.utime(folder / SEAL_FILE, ns=(now, now))  # written now (see _open_entry)
 
@@ -360,7 +400,9 @@ def _open_entry(folder: Path, kind: str, key_digest: str) -> dict[str, bytes] | 
     if key is None:
         return None
     try:
-        doc = orjson.loads((folder / SEAL_FILE).read_bytes())
+        if os.path.islink(folder):
+            return None  # an entry is a folder of the cache's own, never a link to one
+        doc = orjson.loads(read_regular(folder / SEAL_FILE, SMALL_FILE_BYTES, follow=False))
         files = doc["files"]
         if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
             return None
@@ -372,7 +414,7 @@ def _open_entry(folder: Path, kind: str, key_digest: str) -> dict[str, bytes] | 
         for name, digest in files.items():
             if "/" in name or "\\" in name or name.startswith("."):
                 return None
-            data = (folder / name).read_bytes()
+            data = read_regular(folder / name, max(max_cache_bytes(), DEFAULT_MAX_BYTES), follow=False)  # never GBs of a sparse file
             if not hmac.compare_digest(_sha(data), digest):
                 return None  # changed after it was sealed
             out[name] = data
@@ -410,17 +452,25 @@ def write_entry(kind: str, key_digest: str, directory: Path | None, files: dict[
         entry = root / entry_name(kind, key_digest)
         if not may_write_under(entry):
             continue
-        tmp = root / f".{entry.name}.tmp-{os.getpid()}"
+        if os.path.lexists(entry) and not _made_here(entry, kind, key):
+            continue  # a folder (or link) the advisor did not seal: never replaced
+        tmp = root / f".{entry.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        made = False
         try:
-            tmp.mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()  # new: never an existing folder or a link planted at its name
+            made = True
+            _write_new(tmp / MAKING_FILE, _making_mark(key).encode())
             for name, data in files.items():
                 (tmp / name).write_bytes(data)
             seal(tmp, kind, key_digest, key, files)
-            if entry.exists():
+            os.unlink(tmp / MAKING_FILE)  # sealed now: the seal says whose it is
+            if os.path.lexists(entry):
                 shutil.rmtree(entry, ignore_errors=True)
             os.replace(tmp, entry)
         except Exception:  # noqa: BLE001 - read-only folder, full disk: skip caching, keep the report
-            shutil.rmtree(tmp, ignore_errors=True)
+            if made:
+                shutil.rmtree(tmp, ignore_errors=True)
             continue
         evict(root, keep=entry)
         return entry
@@ -436,16 +486,49 @@ class EntryInfo:
     last_used: float
 
 
+def _making_mark(key: bytes) -> str:
+    return hmac.new(key, b"torch-advisor cache entry being written", hashlib.sha256).hexdigest()
+
+
+def _made_here(folder: Path, kind: str, key: bytes | None) -> bool:
+    """FOLDER is a cache entry the advisor made: a real folder (not a link) whose seal verifies
+    under the secret (for this kind and the digest in its name), or, being written or left by a
+    run that died, whose marker does. Nothing else is ever removed or replaced."""
+    if key is None:
+        return False
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return False
+        being_written = folder.name.startswith(".")
+        if being_written and os.path.lexists(folder / MAKING_FILE):
+            mark = read_regular(folder / MAKING_FILE, SMALL_FILE_BYTES, follow=False)
+            return hmac.compare_digest(mark, _making_mark(key).encode())
+        doc = orjson.loads(read_regular(folder / SEAL_FILE, SMALL_FILE_BYTES, follow=False))
+        files, digest = doc["files"], doc["key"]
+        if doc.get("kind") != kind or not isinstance(digest, str):
+            return False
+        name = entry_name(kind, digest)
+        if not (folder.name.startswith(f".{name}.tmp-") if being_written else folder.name == name):
+            return False
+        if not (isinstance(files, dict) and isinstance(doc.get("mac"), str)):
+            return False
+        return hmac.compare_digest(doc["mac"], _mac(key, kind, digest, files))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def entries(root: Path) -> list[EntryInfo]:
-    """The entries under a cache folder (complete or not), least recently used first."""
+    """The entries the advisor made under a cache folder (complete or being written, see
+    _made_here), least recently used first."""
     out = []
     try:
         children = list(root.iterdir())
     except OSError:
         return []
+    key = secret()
     for child in children:
         kind = child.name.lstrip(".").split("-", 1)[0]
-        if kind not in KINDS or not child.is_dir() or child.is_symlink():
+        if kind not in KINDS or not _made_here(child, kind, key):
             continue
         size, used = 0, 0.0
         try:
@@ -470,6 +553,8 @@ def evict(root: Path, keep: Path | None = None, limit: int | None = None) -> lis
             break
         if keep is not None and e.path == keep:
             continue
+        if os.path.islink(e.path):
+            continue
         shutil.rmtree(e.path, ignore_errors=True)
         total -= e.bytes
         removed.append(e.path)
@@ -477,18 +562,44 @@ def evict(root: Path, keep: Path | None = None, limit: int | None = None) -> lis
 
 
 def clear(root: Path) -> tuple[int, int]:
-    """Remove every entry under a cache folder, and the remembered trace hashes (the secret
-    stays); (entries, bytes) removed."""
+    """Remove every entry the advisor made under a cache folder, and the trace hashes it
+    remembered (the secret stays); (entries, bytes) removed."""
     found = entries(root)
     for e in found:
-        shutil.rmtree(e.path, ignore_errors=True)
-    shutil.rmtree(root / DIGESTS_DIR, ignore_errors=True)
+        if not os.path.islink(e.path):
+            shutil.rmtree(e.path, ignore_errors=True)
+    _clear_digests(root / DIGESTS_DIR)
     return len(found), sum(e.bytes for e in found)
+
+
+def _clear_digests(folder: Path) -> None:
+    """Remove the remembered hashes whose seal verifies (a real folder, never through a link)."""
+    key = secret()
+    try:
+        if key is None or not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return
+        children = list(folder.iterdir())
+    except OSError:
+        return
+    for p in children:
+        m = _MEMO_NAME.match(p.name)
+        if not m:
+            continue
+        try:
+            doc = orjson.loads(read_regular(p, SMALL_FILE_BYTES, follow=False))
+            if hmac.compare_digest(doc["mac"], _digest_mac(key, folder / m.group(1), doc["stat"], doc["sha256"])):
+                p.unlink()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    try:
+        folder.rmdir()  # only when empty: what the advisor did not write stays
+    except OSError:
+        pass
 
 
 # --- frames entries ------------------------------------------------------------------------------
 FRAMES_META = "advisor_cache.json"
-FRAMES_FORMAT = 5  # 4: one sealed cache, keyed on content alone; 5: the profiler session's end in the metadata
+FRAMES_FORMAT = 6  # 4: one sealed cache, keyed on content alone; 5: the profiler session's end in the metadata; 6: impossible copies, memory figures and shared correlation ids read as unknown
 FRAME_TABLES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")
 JSON_COLUMNS = {"host": ("input_dims", "concrete_inputs")}
 @functools.cache
@@ -806,7 +917,16 @@ def _folder_files(folder: Path, keep) -> list[list[str]]:
     """[name, sha256 of bytes] of the files in a folder that `keep` accepts, by name."""
     if not folder.is_dir():
         return []
-    return [[p.name, _sha(p.read_bytes())] for p in sorted(folder.iterdir()) if keep(p.name) and p.is_file()]
+    from advisor.facts import read_facts_bytes
+
+    out = []
+    for p in sorted(folder.iterdir()):
+        if keep(p.name) and p.is_file():
+            try:
+                out.append([p.name, _sha(read_facts_bytes(p))])
+            except OSError as exc:  # too large: ignored by the analysis too, with a warning
+                out.append([p.name, f"unread: {exc}"])
+    return out
 
 
 @dataclass(frozen=True)
@@ -1088,7 +1208,7 @@ def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: s
     try:
         reports = sorted((n for n in files if n.startswith(REPORT_PREFIX) and n != name), key=lambda n: (folder / n).stat().st_mtime_ns)
         dropped = reports[: max(0, len(reports) + 1 - MAX_REPORTS)]
-        replace_file(folder / name, data, sync=False)
+        replace_file(folder / name, data, sync=False, mode=0o600)
         seal(folder, "analysis", key.digest, secret_key, {**{n: b for n, b in files.items() if n not in dropped}, name: data})
         for n in dropped:
             (folder / n).unlink(missing_ok=True)

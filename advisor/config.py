@@ -10,6 +10,14 @@ linters find theirs (from the current directory upwards).
     [tool.advisor.gate]
     max_step_time_ms = 120                               # budgets for `advisor gate`
 
+A setting that reaches or runs something (`scheduler`: a Dask cluster whose results the
+advisor reads back) is taken from the command line (`--scheduler`), the environment
+(`ADVISOR_SCHEDULER`), a config named with `--config`, or the user's own config
+(`advisor.toml` in the platform's user config folder, `~/.config/torch-advisor/` on Linux);
+never from a config merely found in the current folder or above it (a cloned repository's
+pyproject.toml): there it is refused in one line that names the file and the ways to pass it
+(exit 2). The user's own config is also the config where no project config is found.
+
 The table and every rule's options are typed structures that refuse what they do not know: a
 misspelt key, an option a rule does not have, a rule that does not exist or a value of the
 wrong type ends in one line naming the file, the key and what was expected (exit code 2),
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field, replace
@@ -59,6 +68,7 @@ class Config:
     gate: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
     # A Dask scheduler (tcp://HOST:PORT) to analyse the ranks on; None: a local process pool.
+    # Only ever from the command line, ADVISOR_SCHEDULER, a --config file or the user's config.
     scheduler: str | None = None
 
     def table_name(self, sub: str = "") -> str:
@@ -110,8 +120,34 @@ def find_config_file(start: Path | None = None) -> tuple[Path, dict[str, Any]] |
     return None
 
 
-def load_config(path: str | Path | None = None, start: Path | None = None) -> Config:
-    """The config in PATH (an advisor.toml or pyproject.toml) or the nearest one found."""
+SCHEDULER_ENV = "ADVISOR_SCHEDULER"
+USER_CONFIG_NAME = "advisor.toml"
+# Keys that reach or run something: never read from a config that was merely found.
+REACHING_KEYS = ("scheduler",)
+
+
+def user_config_path() -> Path | None:
+    """The user's own config: advisor.toml in the platform's user config folder (platformdirs)."""
+    try:
+        import platformdirs
+
+        return Path(platformdirs.user_config_dir("torch-advisor", appauthor=False)) / USER_CONFIG_NAME
+    except Exception:  # noqa: BLE001 - no home folder: no user config
+        return None
+
+
+def _user_config() -> tuple[Path, Any] | None:
+    where = user_config_path()
+    if where is None or not _is_file(where):
+        return None
+    return where, _read_toml(where)
+
+
+def load_config(path: str | Path | None = None, start: Path | None = None, scheduler: str | None = None) -> Config:
+    """The config in PATH (an advisor.toml or pyproject.toml), else the nearest one found, else
+    the user's own; `scheduler`: the command line's --scheduler, which wins over every other."""
+    explicit = path is not None
+    user = _user_config()
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -121,9 +157,30 @@ def load_config(path: str | Path | None = None, start: Path | None = None) -> Co
         found = (path, table)
     else:
         found = find_config_file(start)
+        if found is None:
+            found, explicit = user, True  # the user's own config: trusted like --config
+    given = scheduler or os.environ.get(SCHEDULER_ENV, "").strip() or None
     if found is None:
-        return Config()
-    where, table = found
+        return Config(scheduler=given)
+    config = _typed_config(*found)
+    if not explicit:
+        reaching = [k for k in REACHING_KEYS if isinstance(found[1], dict) and k in found[1]]
+        if reaching and given is None:
+            where = user_config_path()
+            raise InputError(
+                found[0],
+                f"{_at(config.table_name(), reaching[0])}: not read from a config found in this folder or above (it reaches another machine); "
+                f"pass --{reaching[0]} ADDRESS, set {SCHEDULER_ENV}, name this file with --config, or put it in your own config"
+                + (f" ({where})" if where is not None else ""),
+            )
+        config = replace(config, scheduler=None)
+        if given is None and user is not None and user[0] != found[0]:
+            given = _typed_config(*user).scheduler  # the user's own choice of cluster, in every folder
+    return replace(config, scheduler=given or config.scheduler)
+
+
+def _typed_config(where: Path, table: Any) -> Config:
+    """The table of WHERE checked and typed (InputError naming the file and key on a mistake)."""
     shell = Config(path=where)
     if not isinstance(table, dict):
         raise InputError(where, f"{shell.table_name()} must be a table")

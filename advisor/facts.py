@@ -283,8 +283,21 @@ def validate_facts(doc: Any) -> tuple[dict[str, Any], list[str]]:
     return _fit(doc, FactsFile, "facts", problems), [p.replace("facts.", "", 1) for p in problems]
 
 
+# A facts file is kilobytes (a million steps' times: tens of MB); one larger than this is not read.
+MAX_FACTS_BYTES = 256 * 2**20
+
+
+def read_facts_bytes(path: Path) -> bytes:
+    """A facts file's bytes: never a FIFO (no hang), a device (a link to /dev/zero) or more than
+    MAX_FACTS_BYTES; OSError says which. Every reader of facts files goes through here."""
+    from advisor.files_read import read_regular
+
+    return read_regular(path, MAX_FACTS_BYTES)
+
+
 def read_facts(path: Path) -> dict[str, Any]:
-    return orjson.loads(Path(path).read_bytes())
+    """A facts file parsed (OSError as read_facts_bytes, ValueError for invalid JSON)."""
+    return orjson.loads(read_facts_bytes(Path(path)))
 
 
-__all__ = ["FACTS_FILE", "SCHEMA", "FactsFile", "FactsProblem", "facts_file_name", "read_facts", "steps_as_run", "validate_facts", "write_facts"]
+__all__ = ["FACTS_FILE", "MAX_FACTS_BYTES", "SCHEMA", "FactsFile", "FactsProblem", "facts_file_name", "read_facts", "read_facts_bytes", "steps_as_run", "validate_facts", "write_facts"]

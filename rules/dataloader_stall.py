@@ -272,7 +272,8 @@ def check(ctx: Context):
             # fewer for the model (its host work grows by 1 to p/(p-1)), a worker in its place.
             hs = m.steps["host_start"].to_numpy(np.int64)
             ws, we = subtract(*merge(hs, np.maximum(m.steps["host_end"].to_numpy(np.int64), hs)), dl_s, dl_e)
-            change = Change(host_remove=[(dl_s, dl_e, 1.0), (ws, we, 1.0 - budget.expected_growth)])
+            change = Change(host_remove=[(dl_s, dl_e, budget.traded_hidden_share), (ws, we, 1.0 - budget.expected_growth)])
+            saving = min(saving, budget.trade_gain_ms)  # the step stays at least the loading
             message += " " + budget.sentence()
             fix = f"{fix.rstrip('.')}, with torch.set_num_threads({budget.busy_main - 1}) so the worker has a core."
         else:
@@ -350,6 +351,14 @@ class CoreBudget:
         return max(self.rest_ms * self.expected_growth, self.loader_ms)
 
     @property
+    def traded_hidden_share(self) -> float:
+        """Share of the loading the trade's one worker hides: it loads each batch (`loader_ms`)
+        while the model's grown work runs, so the step never gets shorter than the loading."""
+        if self.loader_ms <= 0:
+            return 1.0
+        return min(self.rest_ms * self.expected_growth / self.loader_ms, 1.0)
+
+    @property
     def trade_gain_ms(self) -> float:
         t = self.expected_step_ms
         return 0.0 if t is None or self.loaders >= 1 else max(self.loader_ms + self.rest_ms - t, 0.0)
@@ -369,15 +378,18 @@ class CoreBudget:
                 f"; with torch.set_num_threads({self.busy_main - 1}) and one worker the model's {self.rest_ms:.1f} ms per step "
                 f"would take up to {self.rest_ms * self.busy_main / (self.busy_main - 1):.1f} ms beside the {self.loader_ms:.1f} ms of loading"
             )
+            now = self.loader_ms + self.rest_ms
+            if f"{best:.1f}" == f"{t:.1f}":  # the loading sets the step, however the model's threads scale
+                return out + trade + f": a step of {t:.1f} ms (the loading the worker still does for each batch) against {now:.1f} ms now."
             if self.trade_gain_ms > 0 and self.noisy:
                 return out + trade + (
-                    f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now, ~{self.expected_step_ms:.1f} ms "
+                    f": a step of {best:.1f} to {t:.1f} ms against {now:.1f} ms now, about {self.expected_step_ms:.1f} ms "
                     "in the middle of that range." + self.noise_sentence()
                 )
             if self.trade_gain_ms > 0:
                 return out + trade + (
-                    f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now; with "
-                    f"{self.parallel_ms:.1f} ms of its ops long enough to share the threads and the rest on one, ~{self.expected_step_ms:.1f} ms."
+                    f": a step of {best:.1f} to {t:.1f} ms against {now:.1f} ms now; with "
+                    f"{self.parallel_ms:.1f} ms of its ops long enough to share the threads and the rest on one, about {self.expected_step_ms:.1f} ms."
                 )
             return out + trade + (
                 f": a step of {best:.1f} to {t:.1f} ms against {self.loader_ms + self.rest_ms:.1f} ms now, depending on what the model's "

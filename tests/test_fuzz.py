@@ -12,7 +12,9 @@ each finding's saving, and all fixes replayed together, within the step).
 The same holds for the other files a report reads: a recorded run's `advisor_facts.json`
 with values of the wrong type, cache entries (frames and analysis) with any value replaced,
 and a baseline written by `advisor baseline` with any value replaced (`advisor gate` then
-ends in a verdict or one line, exit 0, 1 or 2, never 3).
+ends in a verdict or one line, exit 0, 1 or 2, never 3). Special files (FIFOs, links to
+/dev/zero or to another folder, sparse files) where a log dir or the cache has files never
+hang a command, never have gigabytes read, and never get another folder written or emptied.
 
 Bounded for CI: a few hundred hypothesis examples on small traces (deterministic when CI is
 set). A long run, any number of minutes over every harness, counting examples and failures:
@@ -746,6 +748,121 @@ def test_outputs_onto_devices_fifos_and_links_never_replace_them(data, fuzz_dir)
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".advisor-")], list(folder.iterdir())
 
 
+# --- special files in log dirs and caches: no hang, no gigabytes read, nothing of others touched ----
+SPECIAL_PLACES = ["facts", "trace", "beside-cache", "secret", "seal", "entry-file", "digest", "entry", "foreign-entry"]
+SPECIAL_KINDS = ["fifo", "dev-zero", "sparse", "dir", "dangling", "link->victim-dir", "link->victim-file"]
+
+
+@functools.cache
+def _populated_cache() -> str:
+    """A cache (ADVISOR_CACHE folder and user cache with its secret and hashes) holding the
+    recorded run's entries, made once; each example works on a copy."""
+    work = _work_dir("advisor-fuzz-special-")
+    env = {"ADVISOR_CACHE": str(work / "cache"), "XDG_CACHE_HOME": str(work / "xdg")}
+    code, _, err = run_cli(["report", "-f", "json", str(RECORDED_RUN)], env)
+    assert code == 0, err
+    return str(work)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    return {p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() and not p.is_symlink() else None) for p in sorted(folder.rglob("*"))}
+
+
+def _within(seconds: float, fn: Callable, *args: Any) -> Any:
+    """fn(*args), or TimeoutError when it has not returned in time (a FIFO read would hang)."""
+    import signal
+
+    def late(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+
+    old = signal.signal(signal.SIGALRM, late)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@needs_recorded_run
+@settings(FUZZ, max_examples=max(FUZZ.max_examples // 2, 1))
+@given(data=st.data())
+def test_special_files_in_log_dirs_and_caches_never_hang_or_reach_elsewhere(data, fuzz_dir):
+    """A FIFO, a link to /dev/zero, a sparse 6 GiB file, a folder, a dangling link or a link to
+    someone else's folder or file, put where a report reads or the cache keeps its files (the
+    facts file, a trace, `.advisor-cache` beside the traces, the secret, a seal, an entry's
+    file, a remembered hash, an entry, a folder named like one): `report`, `cache info` and
+    `cache clear` end (exit 0, or 2 with one line) without hanging or reading gigabytes, the
+    node is left where it was (the advisor did not make it; only an entry whose seal still
+    holds is removed whole, the node inside it with it, never what a link in it points to),
+    and nothing in the other folder is written, replaced or removed."""
+    import resource
+    import shutil
+
+    place, kind = data.draw(st.sampled_from(SPECIAL_PLACES)), data.draw(st.sampled_from(SPECIAL_KINDS))
+    folder = Path(tempfile.mkdtemp(dir=fuzz_dir))
+    state = folder / "state"
+    shutil.copytree(_populated_cache(), state, symlinks=True)
+    cache, xdg = state / "cache", state / "xdg"
+    home = xdg / "torch-advisor"
+    log = folder / "log"
+    log.mkdir()
+    for p in RECORDED_RUN.iterdir():
+        if p.name.endswith(".json.gz"):
+            os.symlink(p, log / p.name)
+        elif p.is_file():
+            shutil.copyfile(p, log / p.name)
+    victim = folder / "victim"
+    (victim / "analysis-0000").mkdir(parents=True)
+    (victim / "analysis-0000" / "seal.json").write_text('{"kind": "analysis"}')
+    (victim / "notes.txt").write_text("someone else's\n")
+    before = _snapshot(victim)
+    entries = sorted(p for p in cache.iterdir() if p.name.startswith(("analysis-", "frames-")))
+    target = {
+        "facts": log / "advisor_facts.json",
+        "trace": log / "extra.pt.trace.json",
+        "beside-cache": log / ".advisor-cache",
+        "secret": home / "secret.key",
+        "seal": entries[0] / "seal.json",
+        "entry-file": entries[0] / data.draw(st.sampled_from(sorted(p.name for p in entries[0].iterdir() if p.name != "seal.json"))),
+        "digest": sorted((home / "digests").iterdir())[0],
+        "entry": entries[0],
+        "foreign-entry": cache / ("analysis-" + "ab" * 20),
+    }[place]
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif os.path.lexists(target):
+        target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", target)
+    elif kind == "sparse":
+        with open(target, "wb") as f:
+            f.truncate(6 * 2**30)
+    elif kind == "dir":
+        target.mkdir()
+    elif kind == "dangling":
+        os.symlink(folder / "nowhere", target)
+    else:
+        os.symlink(victim if kind == "link->victim-dir" else victim / "notes.txt", target)
+    env = {
+        "ADVISOR_CACHE": "beside" if place == "beside-cache" else str(cache),
+        "XDG_CACHE_HOME": str(xdg),
+        "ADVISOR_CACHE_MAX_BYTES": data.draw(st.sampled_from(["1", "2G"])),
+    }
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    for args in (["report", "-f", "json", str(log)], ["cache", "info", str(log)], ["cache", "clear", str(log)]):
+        code, _, err = _within(60, run_cli, args, env)
+        assert code in (0, 2), (place, kind, args, code, err)
+        assert_one_line_error(code, err)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak
+    assert grown < 2**30, (place, kind, f"peak RSS grew {grown / 2**20:.0f} MiB")
+    assert _snapshot(victim) == before, (place, kind)
+    if place != "entry-file":  # inside an entry still sealed, the whole entry is the advisor's to remove
+        assert os.path.lexists(target), (place, kind, "removed a node the advisor did not make")
+
+
 _INPUT_NAMES = ["trace", "facts", "pyproject.toml", "baseline", "budget", "other-facts", "fresh"]
 
 
@@ -1081,6 +1198,7 @@ LONG_RUN_HARNESSES = [
     "test_outputs_never_replace_a_file_the_command_read",
     "test_trace_strings_never_issue_ci_commands",
     "test_fix_writes_code_that_compiles_and_changes_only_the_fixs_lines",
+    "test_special_files_in_log_dirs_and_caches_never_hang_or_reach_elsewhere",
 ]
 
 

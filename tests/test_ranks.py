@@ -183,10 +183,12 @@ def test_a_dask_cluster_gives_the_same_report(cli, slowed_job, two_ranks, tmp_pa
             assert code == 0, err
             assert remote == local[run]
         assert "straggler" in {f["rule"] for f in json.loads(remote)["findings"]}
-        # The same through the config key.
+        # The same through the config key of a config named with --config, and the environment.
         (tmp_path / "advisor.toml").write_text(f'scheduler = "{cluster.scheduler_address}"\n')
-        code, via_config, err = cli(["report", str(slowed_job), "-f", "json"], cwd=tmp_path, env={"ADVISOR_CACHE": "off"})
+        code, via_config, err = cli(["report", str(slowed_job), "-f", "json", "--config", str(tmp_path / "advisor.toml")], env={"ADVISOR_CACHE": "off"})
         assert code == 0 and via_config == local[slowed_job]
+        code, via_env, err = cli(["report", str(slowed_job), "-f", "json"], env={"ADVISOR_CACHE": "off", "ADVISOR_SCHEDULER": cluster.scheduler_address})
+        assert code == 0 and via_env == local[slowed_job]
 
 
 def test_the_report_says_when_the_cluster_workers_keep_profiles(cli, two_ranks):

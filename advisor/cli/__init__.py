@@ -192,7 +192,7 @@ def report(
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
     show_settings: bool = typer.Option(False, "--show-settings", help="Print the resolved configuration (config file, rules that run, their options, cache) and exit."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
-    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; needs torch-advisor[cluster])."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; also ADVISOR_SCHEDULER, never from a config merely found; needs torch-advisor[cluster])."),
     ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it)."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
@@ -200,14 +200,16 @@ def report(
 
     from advisor.config import load_config
 
-    cfg = load_config(config)
+    cfg = load_config(config, scheduler=scheduler)
     if show_settings:
         from advisor.render.settings import settings_text
 
         sys.stdout.write(settings_text(cfg, rule_ids(select), rule_ids(ignore), rules_dir, scheduler))
         return
     format = Format(format_for(format, output))
-    address = scheduler or cfg.scheduler
+    if output is not None and str(output) == "-" and format is not Format.html:
+        output = None  # `-o -`: stdout, as without -o (HTML too goes to stdout: write_output)
+    address = cfg.scheduler
     if address:
         from advisor.load.cluster import cluster_executor
 

@@ -20,7 +20,6 @@ write, or a fixed script that would not compile (one line).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -185,7 +184,7 @@ def last_profile(script: Path, args: list[str] | None = None, runs_dir: Path | N
     A facts file is read only when it is a small regular file (advisor.fix.files): a FIFO or
     a device in a run folder is passed over, never opened for reading."""
     from advisor.cli.profile import RUNS_DIR
-    from advisor.fix.files import read_small_file
+    from advisor.facts import read_facts
 
     base = runs_dir or RUNS_DIR
     if not base.is_dir():
@@ -195,11 +194,8 @@ def last_profile(script: Path, args: list[str] | None = None, runs_dir: Path | N
     found, other = [], []
     for d in base.glob(f"{script.stem}-*"):
         facts = d / "advisor_facts.json"
-        raw = read_small_file(facts)
-        if raw is None:
-            continue
         try:
-            doc = json.loads(raw)
+            doc = read_facts(facts)  # never a FIFO, a device or gigabytes
             recorded, argv = doc.get("script"), doc.get("argv")
             threads = (doc.get("torch_threads") or {}).get("omp_num_threads_env")
             mtime = facts.stat().st_mtime

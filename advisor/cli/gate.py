@@ -210,14 +210,22 @@ def baseline(
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
+    force: bool = typer.Option(False, "--force", help="Replace the file the config names (or perf/baseline.json) even when it is not a baseline the advisor wrote."),
 ) -> None:
     """Record a run as the baseline a later `advisor gate` compares with (schema advisor/baseline/v1)."""
+    import os
+
     from advisor.cli import analyze_with_progress
     from advisor.config import load_config
+    from advisor.gate.record import is_advisor_baseline
 
     cfg = load_config(config)
     settings = build_settings([_config_layer(cfg)])
     target = output or settings.baseline or DEFAULT_BASELINE
+    if output is None and not force and os.path.lexists(target) and not is_advisor_baseline(target):
+        # A path from a config (perhaps one found in a cloned repository) never replaces a file
+        # the advisor did not write: only -o or --force, typed by the user, do.
+        raise InputError(target, "exists and is not a baseline `advisor baseline` wrote: not replaced (name it with -o, or pass --force)")
     analysis = analyze_with_progress(path, run=run, config=cfg, rules_dir=rules_dir, cache=True)
     record = record_from_analysis(analysis)
     import orjson

@@ -19,10 +19,12 @@ import orjson
 
 from advisor.version import __version__
 from advisor.errors import InputError
-from advisor.files_read import remember
+from advisor.files_read import read_regular, remember
 from advisor.render.output import jsonable
 
 BASELINE_SCHEMA = "advisor/baseline/v1"
+# A baseline or report JSON larger than this is not one (the step times of a million steps fit).
+MAX_RECORD_BYTES = 512 * 2**20
 REPORT_SCHEMA_PREFIX = "advisor/report/"
 SEVERITY_ORDER = {"low": 1, "medium": 2, "high": 3}
 
@@ -353,13 +355,22 @@ def record_from_report(doc: dict[str, Any], path: Path) -> RunRecord:
     )
 
 
+def is_advisor_baseline(path: Path) -> bool:
+    """PATH is a regular file (not a link) holding a baseline `advisor baseline` wrote."""
+    try:
+        doc = orjson.loads(read_regular(path, MAX_RECORD_BYTES, follow=False))
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("schema"), str) and doc["schema"].startswith("advisor/baseline/")
+
+
 def read_record_file(path: Path) -> RunRecord | None:
     """A baseline or report JSON as a record; None when the file is a trace (to be analysed)."""
     remember(path)
     if path.name.endswith((".gz", ".pt.trace.json")):
         return None
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_RECORD_BYTES)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     try:

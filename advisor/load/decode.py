@@ -35,6 +35,7 @@ import numpy as np
 
 from advisor.errors import InputError
 from advisor.sizes import format_bytes, parse_size
+from advisor.files_read import open_regular
 
 NAN = math.nan
 NULL = msgspec.Raw(b"null")  # default of raw fields; `is NULL` means "key absent"
@@ -245,8 +246,18 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
     bounded = limit is None and not os.environ.get(MAX_TRACE_ENV, "").strip()
     limit = max_trace_bytes() if limit is None else limit
     try:
-        with open(path, "rb", buffering=0) as f:
+        with open_regular(path) as f:  # a FIFO or a link to a device is refused, never read
             if f.read(2) != b"\x1f\x8b":
+                if bounded:
+                    # sized up front: half the memory available at most, before a byte is read
+                    # (a sparse file of many GB would otherwise be read whole into memory)
+                    memory_limit = _available_memory() // 2
+                    if memory_limit < limit and os.fstat(f.fileno()).st_size > memory_limit:
+                        size = os.fstat(f.fileno()).st_size
+                        raise InputError(
+                            path, f"the file holds {format_bytes(size)}, more than half the memory available ({format_bytes(memory_limit)}); set {MAX_TRACE_ENV} to raise the limit"
+                        )
+                _refuse_sparse(path, os.fstat(f.fileno()))
                 return _read_plain(path, f, limit, digest)
             if bounded:
                 ratio_limit = max(GZIP_RATIO_FLOOR, GZIP_RATIO * os.fstat(f.fileno()).st_size)
@@ -260,6 +271,19 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
         raise InputError(path, f"not enough memory to read the trace (set {MAX_TRACE_ENV} to refuse traces this large sooner)") from None
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+# A file this long with under 1/SPARSE_RATIO of it stored on disk is mostly holes (`truncate
+# -s 6G`): no profiler writes one, and reading it would fill memory with zeros. (A compressing
+# file system stores JSON in a tenth to a thirtieth of its length, far above this.)
+SPARSE_MIN_BYTES = 64 * 2**20
+SPARSE_RATIO = 256
+
+
+def _refuse_sparse(path: Path, st: os.stat_result) -> None:
+    blocks = getattr(st, "st_blocks", None)
+    if blocks is not None and st.st_size >= SPARSE_MIN_BYTES and blocks * 512 * SPARSE_RATIO < st.st_size:
+        raise InputError(path, f"a sparse file ({format_bytes(st.st_size)} long, {format_bytes(blocks * 512)} of it on disk): not a trace")
 
 
 def _read_plain(path: Path, f: Any, limit: int, digest: Any) -> bytearray:

@@ -79,6 +79,9 @@ COPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
 # and their sums stay far from overflowing. Byte counts from 2**53 up are not real sizes.
 MAX_SPAN_US = 1e12
 MAX_BYTES = float(2**53)
+# No link or memory moves bytes faster than this (GB/s; HBM3e is about 8,000): a copy that
+# claims more in its recorded time has a byte count or a duration that cannot be measured.
+MAX_COPY_GBPS = 50_000.0
 
 HOST_KINDS = ["op", "annotation", "python"]
 DEVICE_KINDS = ["kernel", "memcpy", "memset"]
@@ -535,11 +538,14 @@ def _times(ts: np.ndarray, dur: np.ndarray, base_us: float) -> tuple[np.ndarray,
     return ts_ns, dur_ns, keep
 
 
-def _frame_columns(parts: list[_Part], base_us: float, order: str) -> dict[str, Any]:
-    """Columns of one frame from its pieces: times in ns from base_us, rows sorted, timeless rows dropped."""
+def _frame_columns(parts: list[_Part], base_us: float, order: str, dropped: list[int] | None = None) -> dict[str, Any]:
+    """Columns of one frame from its pieces: times in ns from base_us, rows sorted, timeless
+    rows dropped (their count appended to `dropped`, for the report's warning)."""
     ts_us = _concat([p.ts for p in parts])
     dur_us = _concat([p.dur for p in parts])
     ts, dur, keep = _times(ts_us, dur_us, base_us)
+    if dropped is not None:
+        dropped.append(int(len(keep) - np.count_nonzero(keep)))
     cols: dict[str, Any] = {"name": _concat([p.name for p in parts]), "tid": _concat([p.tid for p in parts]), "ts": ts, "dur": dur}
     for key in parts[0].cols:
         cols[key] = _concat([p.cols[key] for p in parts])
@@ -554,8 +560,8 @@ def _frame_columns(parts: list[_Part], base_us: float, order: str) -> dict[str, 
     return {k: (v.take(sort) if isinstance(v, pd.Categorical) else v[sort]) for k, v in cols.items()}
 
 
-def _frame(parts: list[_Part], base_us: float, order: str) -> pd.DataFrame:
-    return pd.DataFrame(_frame_columns(parts, base_us, order), copy=False)
+def _frame(parts: list[_Part], base_us: float, order: str, dropped: list[int] | None = None) -> pd.DataFrame:
+    return pd.DataFrame(_frame_columns(parts, base_us, order, dropped), copy=False)
 
 
 def _copy_parts(name: str) -> tuple[str | None, str | None, str | None]:
@@ -563,9 +569,10 @@ def _copy_parts(name: str) -> tuple[str | None, str | None, str | None]:
     return (m.group(1), m.group(2), m.group(3)) if m else (None, None, None)
 
 
-def _device_frame(parts: list[_Part], base_us: float) -> tuple[pd.DataFrame, int]:
-    """The device frame, and how many rows had a byte count no copy can have (made NaN)."""
-    cols = _frame_columns(parts, base_us, "ts")
+def _device_frame(parts: list[_Part], base_us: float, dropped: list[int] | None = None, too_fast: list[int] | None = None) -> tuple[pd.DataFrame, int]:
+    """The device frame, and how many rows had a byte count no copy can have (made NaN); a copy
+    faster than MAX_COPY_GBPS has its bytes made NaN too (counted in `too_fast`)."""
+    cols = _frame_columns(parts, base_us, "ts", dropped)
     # Copy direction and memory kinds come from the name: "Memcpy HtoD (Pageable -> Device)".
     names = cols["name"]
     copy = np.array([_copy_parts(c) for c in names.categories] + [(None, None, None)], dtype=object).reshape(-1, 3)
@@ -577,6 +584,12 @@ def _device_frame(parts: list[_Part], base_us: float) -> tuple[pd.DataFrame, int
     cols["bytes"] = np.where(impossible, np.nan, cols["bytes"])
     with np.errstate(divide="ignore", invalid="ignore"):
         cols["bandwidth_gbps"] = np.where(cols["dur"] > 0, cols["bytes"] / cols["dur"], np.nan)  # bytes/ns == GB/s
+        fast = cols["bandwidth_gbps"] > MAX_COPY_GBPS
+    if fast.any():
+        cols["bytes"] = np.where(fast, np.nan, cols["bytes"])
+        cols["bandwidth_gbps"] = np.where(fast, np.nan, cols["bandwidth_gbps"])
+    if too_fast is not None:
+        too_fast.append(int(fast.sum()))
     frame = pd.DataFrame(cols, copy=False)
     return frame, int(impossible.sum())
 
@@ -695,6 +708,56 @@ def _base_time(profiler_ts: np.ndarray) -> tuple[float, int]:
     return float(math.floor(profiler_ts[plausible].min())), int((~plausible).sum())
 
 
+def _impossible_memory(memory: pd.DataFrame, properties: pd.DataFrame) -> list[str]:
+    """Memory figures larger than the device that holds them (a 5 TB peak on an 80 GB device):
+    made NaN in place (unknown, never a measured peak), with one warning that counts them.
+    Only devices whose memory the trace states are checked."""
+    if not len(memory) or not len(properties) or "device_id" not in memory:
+        return []
+    sizes = properties.dropna(subset=["total_memory_bytes"])
+    sizes = sizes[sizes["total_memory_bytes"] > 0]
+    if not len(sizes):
+        return []
+    cap = memory["device_id"].map(pd.Series(sizes["total_memory_bytes"].to_numpy(np.float64), index=sizes["id"].to_numpy())).to_numpy(np.float64)
+    gpu = memory["device_type"].to_numpy() > 0  # type 0 is the host's memory
+    bad = 0
+    for key in ("total_allocated", "total_reserved", "bytes"):
+        if key not in memory:
+            continue
+        values = memory[key].to_numpy(np.float64)
+        with np.errstate(invalid="ignore"):
+            over = gpu & (np.abs(values) > cap)  # NaN cap (a device not listed): never over
+        if over.any():
+            memory[key] = np.where(over, np.nan, values)
+            bad += int(over.sum())
+    if not bad:
+        return []
+    largest = float(sizes["total_memory_bytes"].max())
+    return [f"{bad} memory figure(s) larger than the device's own memory ({largest / 2**30:.0f} GiB): impossible, read as unknown"]
+
+
+def _unlinked_if_not_unique(runtime: pd.DataFrame, device: pd.DataFrame) -> list[str]:
+    """Correlation ids link each runtime call to the device work it launched, one id per call
+    (a CUDA graph's launch has several kernels under one id, never one id for many calls). When
+    fewer than half the calls have an id of their own (a damaged or rewritten trace: every id
+    set to 1), linking by them would charge every kernel to the first call and merge the steps:
+    the ids are dropped (-1, in place) and the warning says so; steps and device work are then
+    placed by time alone. A few shared ids (MTIA traces reuse some) are kept."""
+    ids = runtime["correlation"].to_numpy()
+    ids = ids[ids >= 0]
+    if len(ids) < 4:
+        return []
+    distinct = len(np.unique(ids))
+    if 2 * distinct >= len(ids):
+        return []
+    runtime["correlation"] = np.int64(-1)
+    device["correlation"] = np.int64(-1)
+    return [
+        f"correlation ids are not unique ({distinct} distinct among {len(ids)} runtime calls): device work is not matched "
+        "to the calls that launched it, and steps and kernels are placed by time alone"
+    ]
+
+
 def _impossible_values(props: Any, bad_bytes: int) -> list[str]:
     """Warnings for values the loader refused (read as unknown): negative or huge sizes."""
     out = []
@@ -764,10 +827,26 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
         session_end = max((b.session_end for b in batches if math.isfinite(b.session_end)), default=math.nan)
         schema = "2021" if any(c in cats for c in SCHEMA_2021_CATS) else "current"
 
-        host = _frame([b.host for b in batches], base_us, "ts_dur")
-        runtime = _frame([b.runtime for b in batches], base_us, "ts")
-        device, bad_bytes = _device_frame([b.device for b in batches], base_us)
+        timeless: list[int] = []  # rows left out of host, runtime, device: no usable ts/dur
+        host = _frame([b.host for b in batches], base_us, "ts_dur", timeless)
+        runtime = _frame([b.runtime for b in batches], base_us, "ts", timeless)
+        too_fast: list[int] = []
+        device, bad_bytes = _device_frame([b.device for b in batches], base_us, timeless, too_fast)
+        if too_fast and too_fast[0]:
+            load_warnings.append(
+                f"{too_fast[0]} copy event(s) move more bytes than any link can in their recorded time (over {MAX_COPY_GBPS / 1000:.0f} TB/s): "
+                "impossible, their bytes and bandwidth read as unknown"
+            )
+        load_warnings += _unlinked_if_not_unique(runtime, device)
+        unusable = sum(timeless) - outliers  # those timed far away are said above
+        if unusable > 0 and (len(host) or len(runtime) or len(device)):
+            load_warnings.append(
+                f"left out {unusable} event(s) with a time no event can have ({min(timeless[2], unusable)} of them on the device): "
+                "a negative, not-a-number or impossibly large ts or dur"
+            )
         memory = _memory_frame([b.memory for b in batches], base_us)
+        properties = _device_properties(decoded.device_properties)
+        load_warnings += _impossible_memory(memory, properties)
         syncs = _frame([b.sync for b in batches], base_us, "ts")[["name", "tid", "ts", "dur", "end"]] if any(len(b.sync.ts) for b in batches) else None
         if not (len(host) or len(runtime) or len(device) or len(memory)):
             raise InputError(path, "trace has no events with a usable time (every ts/dur is missing, negative or not a number)")
@@ -788,7 +867,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             device=device,
             memory=memory,
             steps=steps,
-            device_properties=_device_properties(decoded.device_properties),
+            device_properties=properties,
             distributed=dist if isinstance(dist, dict) else {},
             window=window,
             metadata=_marked_metadata(decoded.metadata, {str(c).lower() for c in cats}, session_end, base_us),

@@ -20,8 +20,9 @@ from advisor.terminal_text import path_text, valid_unicode
 
 
 def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = ()) -> None:
-    """TEXT to stdout, or to the file OUTPUT (atomically), never over one of INPUTS."""
-    if output is None:
+    """TEXT to stdout, or to the file OUTPUT (atomically), never over one of INPUTS; an OUTPUT
+    of `-` is stdout, as with most command-line tools."""
+    if output is None or str(output) == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     refuse_overwriting_inputs(output, inputs)
