@@ -128,12 +128,18 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
     names = host["name"]
     for kind, label in (("annotation", "annotation"), ("python", "module call")):
         if kind == "python":
+            # the root module's calls: a module called inside another is a part of its forward
+            # (a transformer block of the model), and the number in its name is the instance,
+            # not an iteration count (Qwen3DecoderLayer_35 is the 36th block)
             sel = np.flatnonzero((kinds == kind) & module)
+            sel = sel[_outermost_per_thread(host, sel)]
+            keys_of = pd.Series(names.astype(str).to_numpy()[sel]) if len(sel) else pd.Series([], dtype=object)
         else:  # a range over (nearly) the whole window wraps the loop: not one iteration
             sel = np.flatnonzero((kinds == kind) & (dur < 0.9 * span) & ~step_marker)
+            keys_of = pd.Series(keys_all[sel])
         if len(sel) == 0:
             continue
-        keys = pd.Series(keys_all[sel])
+        keys = keys_of
         groups = []
         for _, idx in keys.groupby(keys, sort=False).groups.items():
             every = sel[np.asarray(idx)]
@@ -145,11 +151,76 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
     return out
 
 
+def _outermost_per_thread(host: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
+    """Which of the rows `sel` lie in no other row of `sel` on their thread."""
+    keep = np.zeros(len(sel), dtype=bool)
+    if len(sel) == 0:
+        return keep
+    tids = host["tid"].astype(str).to_numpy()[sel]
+    ts = host["ts"].to_numpy(np.int64)[sel]
+    end = host["end"].to_numpy(np.int64)[sel]
+    for tid in np.unique(tids):
+        idx = np.flatnonzero(tids == tid)
+        order = idx[np.lexsort((-end[idx], ts[idx]))]
+        keep[order] = _outermost(ts[order], end[order])
+    return keep
+
+
+def parts_of_larger_unit(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray, span: int) -> bool:
+    """Whether some span on the thread (other than one over nearly the whole window, which
+    wraps the loop; a module call or forward range never does) holds two consecutive instances of a repeated unit: then the unit is a
+    part of an iteration (the blocks of one forward pass), not the iteration."""
+    if len(ts) < 2 or len(on_tid) == 0:
+        return False
+    o_ts = on_tid["ts"].to_numpy(np.int64)
+    o_end = on_tid["end"].to_numpy(np.int64)
+    # a module's call or a forward range is one pass of the model however much of the window
+    # it covers: never the loop around the iterations
+    forward = _matches(on_tid["name"], MODULE_CALL) | _matches(on_tid["name"], FORWARD_NAME)
+    wraps = ((o_end - o_ts) >= 0.9 * span) & ~forward
+    steps = _matches(on_tid["name"], STEP_MARKER)
+    ok = ~wraps & ~steps
+    o_ts, o_end = o_ts[ok], o_end[ok]
+    if len(o_ts) == 0:
+        return False
+    order = np.argsort(o_ts, kind="stable")
+    o_ts, reach = o_ts[order], np.maximum.accumulate(o_end[order])
+    k = np.searchsorted(o_ts, ts[:-1], side="right") - 1
+    has = k >= 0
+    return bool((reach[np.maximum(k, 0)][has] >= end[1:][has]).any())
+
+
+def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
+    """The root module's forward as the trace records it (its outermost `nn.Module` call,
+    else its outermost annotation named forward) and how many times it runs, on the thread
+    that runs it most; None where the trace records neither."""
+    host = frames.host
+    if len(host) == 0:
+        return None
+    kinds = host["kind"].astype(str).to_numpy()
+    for sel in (
+        np.flatnonzero((kinds == "python") & _matches(host["name"], MODULE_CALL)),
+        np.flatnonzero((kinds == "annotation") & _matches(host["name"], FORWARD_NAME)),
+    ):
+        sel = sel[_outermost_per_thread(host, sel)]
+        if len(sel) == 0:
+            continue
+        pairs = pd.DataFrame({"tid": host["tid"].astype(str).to_numpy()[sel], "name": host["name"].astype(str).to_numpy()[sel]})
+        counts = pairs.value_counts()
+        (_, name), n = counts.index[0], int(counts.iloc[0])
+        return name, n
+    return None
+
+
+FORWARD_NAME = re.compile(r"(?i)(^|[^a-z])forward([^a-z]|$)")
+
+
 def find_iterations(frames: TraceFrames) -> Iterations | None:
     """The loop's iterations in a trace without ProfilerStep markers, or None when nothing repeats."""
     host = frames.host
     if len(host) == 0:
         return None
+    span = max(frames.window[1] - frames.window[0], 1)
     for how, rows, mode, every in _candidates(host, frames.window):
         tid = _main_tid(host, rows)
         others = _concurrent_threads(host, every, host["tid"].iloc[every].astype(str).to_numpy(), tid)
@@ -163,6 +234,8 @@ def find_iterations(frames: TraceFrames) -> Iterations | None:
         if len(rows) < 2:
             continue
         on_tid = host[host["tid"].astype(str).to_numpy() == tid]
+        if mode == "start" and not how.startswith("the DataLoader") and parts_of_larger_unit(on_tid, ts, end, span):
+            continue  # the blocks of one forward pass, called in turn: not iterations
         t_ts, t_end = on_tid["ts"].to_numpy(np.int64), on_tid["end"].to_numpy(np.int64)
         if mode == "start":
             starts = ts
@@ -320,7 +393,16 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
                 start, end = int(host["ts"].min()), int(host["end"].max())
             else:
                 start, end = frames.window
-            notes.append("no ProfilerStep markers: the whole trace window is treated as one step")
+            note = "no ProfilerStep markers: the whole trace window is treated as one step"
+            root = root_forward(frames)
+            if root is not None and root[1] == 1:
+                note += (
+                    f" (the root module's forward, {root[0]}, runs once in it: a single pass, whose one-time costs "
+                    "are not those of the steps that would follow)"
+                )
+            elif root is not None:
+                note += f" (nothing repeats as an iteration; {root[0]} is the outermost forward)"
+            notes.append(note)
             host_steps = pd.DataFrame({"step": [0], "name": ["(whole trace)"], "start": [start], "end": [end]})
     h_start = host_steps["start"].to_numpy(np.int64)
     h_end = clip_to_trace(frames, host_steps, notes)
