@@ -57,7 +57,12 @@ COPY_RULES = {"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume"}
 
 # Runs where an invariant does not hold for a reason the trace itself sets (strict: the day
 # it holds, the mark must go). Keyed by (check, run).
-KNOWN: dict[tuple[str, str], str] = {}
+KNOWN: dict[tuple[str, str], str] = {
+    ("iteration", "misc/mtia_inference.json.gz"): (
+        "a server: four threads run requests concurrently, so a step (one thread's time between its requests) "
+        "overlaps other threads' forwards, and which thread's forwards are the loop's the trace does not say"
+    ),
+}
 
 
 def _params(check: str) -> list:
@@ -106,6 +111,33 @@ def root_forwards(host: pd.DataFrame) -> pd.DataFrame:
     return host.iloc[:0]
 
 
+MIN_PASS_OPS = 8  # a repeated sequence of fewer operators is a loop inside the model
+
+
+def top_level_ops(host: pd.DataFrame, start: int, end: int) -> np.ndarray:
+    """Names of the outermost operators and annotations of the busiest thread in [start, end]."""
+    kinds = host["kind"].astype(str)
+    h = host[((kinds == "op") | (kinds == "annotation")).to_numpy()]
+    h = h[(h["ts"] >= start).to_numpy() & (h["end"] <= end).to_numpy()]
+    if len(h) == 0:
+        return np.array([], dtype=object)
+    tid = h["tid"].astype(str).value_counts().index[0]
+    h = h[(h["tid"].astype(str) == tid).to_numpy()]
+    keep = _outermost(h["ts"].to_numpy(np.int64), h["end"].to_numpy(np.int64))
+    h = h[keep].sort_values("ts", kind="stable")
+    return h["name"].astype(str).to_numpy()
+
+
+def repeats_from_start(names: np.ndarray) -> int | None:
+    """The length of a sequence the names repeat from the first at least twice (to the end,
+    the last repeat possibly cut short), or None."""
+    n = len(names)
+    for p in range(MIN_PASS_OPS, n // 2 + 1):
+        if names[p] == names[0] and (names[p:] == names[: n - p]).all():
+            return p
+    return None
+
+
 # --- the iteration ------------------------------------------------------------------------
 @pytest.mark.parametrize("name", _params("iteration"))
 def test_iteration_holds_one_whole_forward_of_the_root_module(name):
@@ -117,11 +149,22 @@ def test_iteration_holds_one_whole_forward_of_the_root_module(name):
     assert "no ProfilerStep markers" in notes, "the notes say how the iteration was found"
     roots = root_forwards(frames.host)
     if len(roots) == 0:
-        return  # nothing in the trace names the model's forward: nothing to hold the steps to
+        # nothing names the model's forward: a step whose own top-level operators repeat one
+        # sequence from its start (a model called in a loop) holds several passes of it
+        for i, (s, e) in enumerate(zip(m.steps["host_start"], m.steps["host_end"])):
+            period = repeats_from_start(top_level_ops(frames.host, int(s), int(e)))
+            assert period is None, f"step {i} repeats a sequence of {period} top-level operators: iterations merged"
+        return
     r_ts, r_end = roots["ts"].to_numpy(np.int64), roots["end"].to_numpy(np.int64)
     steps = m.steps
     s_ts, s_end = steps["host_start"].to_numpy(np.int64), steps["host_end"].to_numpy(np.int64)
     r_name, r_tid = roots["name"].to_numpy(), roots["tid"].to_numpy()
+    # the loop's thread: the one whose forwards fall in the most steps (a server's other
+    # threads serve their own requests meanwhile)
+    idx = np.searchsorted(s_ts, r_ts, side="right") - 1
+    ok = (idx >= 0) & (r_end <= s_end[np.maximum(idx, 0)])
+    per_thread = pd.Series(idx[ok]).groupby(r_tid[ok]).nunique() if ok.any() else pd.Series(dtype=np.int64)
+    loop_tid = per_thread.idxmax() if len(per_thread) else None
     for i, (s, e) in enumerate(zip(s_ts, s_end)):
         inside = (r_ts >= s) & (r_end <= e)
         assert inside.any() or len(steps) == 1, (
@@ -131,9 +174,10 @@ def test_iteration_holds_one_whole_forward_of_the_root_module(name):
         # on one thread, a step holds one forward of a module: a single step over the whole
         # window that holds several is iterations merged into one (a server's other threads
         # may run the same module meanwhile)
-        if inside.any():
-            per = pd.Series(1, index=pd.MultiIndex.from_arrays([r_tid[inside], r_name[inside]])).groupby(level=[0, 1]).sum()
-            assert per.max() <= 1, f"step {i} holds {per.max()} forwards of {per.idxmax()[1]} on one thread: iterations merged"
+        mine = inside & (r_tid == loop_tid)
+        if mine.any():
+            names, counts = np.unique(r_name[mine], return_counts=True)
+            assert counts.max() <= 1, f"step {i} holds {counts.max()} forwards of {names[counts.argmax()]}: iterations merged"
 
 
 # --- one-time work ------------------------------------------------------------------------

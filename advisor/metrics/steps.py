@@ -215,11 +215,84 @@ def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
 FORWARD_NAME = re.compile(r"(?i)(^|[^a-z])forward([^a-z]|$)")
 
 
+MIN_PERIOD = 8  # a repeated op sequence shorter than this is a loop inside a model, not a pass of it
+MAX_PERIOD_TRIES = 4000
+
+
+def periodic_ops(frames: TraceFrames) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """Where a trace that names no iteration repeats its top-level ops: the same sequence of
+    operators, one forward pass after another (a model called in a loop, profiled without
+    markers, modules or annotations). Returns the starts and ends of the repeats (ns) and
+    the sequence's length, or None when the top-level ops do not repeat from the first."""
+    host = frames.host
+    kinds = host["kind"].astype(str).to_numpy()
+    sel = np.flatnonzero((kinds == "op") | (kinds == "annotation"))
+    if len(sel) < 2 * MIN_PERIOD:
+        return None
+    tids = host["tid"].astype(str).to_numpy()[sel]
+    main = pd.Series(tids).value_counts().index[0]
+    sel = sel[tids == main]
+    ts = host["ts"].to_numpy(np.int64)[sel]
+    end = host["end"].to_numpy(np.int64)[sel]
+    order = np.lexsort((-end, ts))
+    sel, ts, end = sel[order], ts[order], end[order]
+    top = _outermost(ts, end)
+    sel, ts, end = sel[top], ts[top], end[top]
+    codes = pd.factorize(host["name"].astype(str).to_numpy()[sel])[0]
+    n = len(codes)
+    if n < 2 * MIN_PERIOD:
+        return None
+    cands = np.flatnonzero(codes[MIN_PERIOD : n // 2 + 1] == codes[0]) + MIN_PERIOD
+    for p in cands[:MAX_PERIOD_TRIES]:
+        k = min(n - p, 64)
+        if not (codes[p : p + k] == codes[:k]).all():
+            continue
+        if (codes[p:] == codes[: n - p]).all():
+            reps = n // p
+            starts = ts[np.arange(reps) * p]
+            ends = np.append(ts[np.arange(1, reps) * p], end[reps * p - 1 :].max() if reps * p < n else end[-1])
+            return starts, ends, int(p)
+    return None
+
+
 def find_iterations(frames: TraceFrames) -> Iterations | None:
     """The loop's iterations in a trace without ProfilerStep markers, or None when nothing repeats."""
     host = frames.host
     if len(host) == 0:
         return None
+    found = _named_iterations(frames)
+    if found is not None:
+        return found
+    rep = periodic_ops(frames)
+    if rep is None:
+        return None
+    starts, ends, period = rep
+    return _as_iterations(starts, ends, [f"iteration {i}" for i in range(len(starts))], f"the repeated sequence of {period} top-level operators (one pass of the model each)", 0)
+
+
+def _as_iterations(starts: np.ndarray, ends: np.ndarray, names: list[str], how: str, others: int) -> Iterations | None:
+    """Iterations from their spans: the first left out as the warm-up when named so or much longer than the rest."""
+    dur = (ends - starts).astype(np.float64)
+    named = bool(WARMUP_WORD.search(names[0])) if names else False
+    rest = dur[1:]
+    warm = len(dur) >= 2 and (named or (len(rest) > 0 and dur[0] > WARMUP_RATIO * float(np.median(rest))))
+    first = 1 if warm else 0
+    steps = pd.DataFrame(
+        {
+            "step": np.arange(first, len(starts), dtype=np.int64),
+            "name": [f"iteration {i}" for i in range(first, len(starts))],
+            "start": starts[first:].astype(np.int64),
+            "end": ends[first:].astype(np.int64),
+        }
+    )
+    if len(steps) == 0:
+        return None
+    return Iterations(steps, how, float(dur[0]) / 1e6 if warm else None, named, others)
+
+
+def _named_iterations(frames: TraceFrames) -> Iterations | None:
+    """Iterations from a span the trace names (the DataLoader, the optimizer, an annotation, a module call)."""
+    host = frames.host
     span = max(frames.window[1] - frames.window[0], 1)
     for how, rows, mode, every in _candidates(host, frames.window):
         tid = _main_tid(host, rows)
@@ -249,22 +322,10 @@ def find_iterations(frames: TraceFrames) -> Iterations | None:
             starts = np.concatenate([[int(first.min()) if len(first) else int(ts[0])], end[:-1]])
             ends = end
         names = host["name"].astype(str).to_numpy()[rows]
-        dur = (ends - starts).astype(np.float64)
-        named = bool(WARMUP_WORD.search(names[0]))
-        rest = dur[1:]
-        warm = len(dur) >= 2 and (named or (len(rest) > 0 and dur[0] > WARMUP_RATIO * float(np.median(rest))))
-        first = 1 if warm else 0
-        steps = pd.DataFrame(
-            {
-                "step": np.arange(first, len(starts), dtype=np.int64),
-                "name": [f"iteration {i}" for i in range(first, len(starts))],
-                "start": starts[first:].astype(np.int64),
-                "end": ends[first:].astype(np.int64),
-            }
-        )
-        if len(steps) == 0:
+        found = _as_iterations(starts, ends, list(names), how, others)
+        if found is None:
             continue
-        return Iterations(steps, how, float(dur[0]) / 1e6 if warm else None, named, others)
+        return found
     return None
 
 

@@ -316,8 +316,10 @@ def sampled_graph(frames, steps) -> tuple[StepGraph, tuple[np.ndarray, np.ndarra
     rt_rows, dev_rows = np.nonzero(rt_in)[0], np.nonzero(dev_in)[0]
     part = _Part(frames.runtime.iloc[rt_rows].reset_index(drop=True), frames.device.iloc[dev_rows].reset_index(drop=True))
     g = build_graph(part, sub)  # type: ignore[arg-type]
-    g.runtime_row = np.where(g.runtime_row >= 0, rt_rows[np.maximum(g.runtime_row, 0)], -1)
-    g.device_row = dev_rows[g.device_row]
+    if len(rt_rows):  # a CPU run's block has no runtime calls to name
+        g.runtime_row = np.where(g.runtime_row >= 0, rt_rows[np.maximum(g.runtime_row, 0)], -1)
+    if len(dev_rows):
+        g.device_row = dev_rows[g.device_row]
     return g, (rt_in, dev_in)
 
 
