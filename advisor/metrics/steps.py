@@ -166,28 +166,31 @@ def _outermost_per_thread(host: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
     return keep
 
 
+LOOP_COVER = 0.8  # a span its instances fill this much of is the loop around them, not one iteration
+
+
 def parts_of_larger_unit(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray, span: int) -> bool:
-    """Whether some span on the thread (other than one over nearly the whole window, which
-    wraps the loop; a module call or forward range never does) holds two consecutive instances of a repeated unit: then the unit is a
-    part of an iteration (the blocks of one forward pass), not the iteration."""
+    """Whether some span on the thread holds two instances of a repeated unit (sorted, not
+    nested) as parts of something larger: the blocks of one forward pass. A span the
+    instances nearly fill (LOOP_COVER) is the loop around them (a benchmark's range), and so
+    is one over nearly the whole window; a module call or a forward range never is."""
     if len(ts) < 2 or len(on_tid) == 0:
         return False
     o_ts = on_tid["ts"].to_numpy(np.int64)
     o_end = on_tid["end"].to_numpy(np.int64)
-    # a module's call or a forward range is one pass of the model however much of the window
-    # it covers: never the loop around the iterations
     forward = _matches(on_tid["name"], MODULE_CALL) | _matches(on_tid["name"], FORWARD_NAME)
-    wraps = ((o_end - o_ts) >= 0.9 * span) & ~forward
-    steps = _matches(on_tid["name"], STEP_MARKER)
-    ok = ~wraps & ~steps
-    o_ts, o_end = o_ts[ok], o_end[ok]
-    if len(o_ts) == 0:
+    ok = ~_matches(on_tid["name"], STEP_MARKER)
+    o_ts, o_end, forward = o_ts[ok], o_end[ok], forward[ok]
+    lo = np.searchsorted(ts, o_ts, side="left")  # first instance starting in the span
+    hi = np.searchsorted(end, o_end, side="right") - 1  # last instance ending in it
+    holds = (hi - lo) >= 1
+    if not holds.any():
         return False
-    order = np.argsort(o_ts, kind="stable")
-    o_ts, reach = o_ts[order], np.maximum.accumulate(o_end[order])
-    k = np.searchsorted(o_ts, ts[:-1], side="right") - 1
-    has = k >= 0
-    return bool((reach[np.maximum(k, 0)][has] >= end[1:][has]).any())
+    cum = np.concatenate([[0], np.cumsum(end - ts)])
+    covered = (cum[np.minimum(hi, len(ts) - 1) + 1] - cum[np.minimum(lo, len(ts))]).astype(np.float64)
+    length = np.maximum(o_end - o_ts, 1).astype(np.float64)
+    loop = ~forward & ((covered >= LOOP_COVER * length) | (length >= 0.9 * span))
+    return bool((holds & ~loop).any())
 
 
 def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
