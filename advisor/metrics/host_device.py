@@ -630,7 +630,8 @@ def allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFra
     the cache; inside an op a cudaFree is the allocator's own retry after a failed
     allocation) and for the cudaMalloc calls that follow it in the same and the next step
     (re-acquiring what was given back); "allocator-churn" for the other calls after the first
-    `warmup_steps` steps; "warm-up" for calls during the first steps.
+    `warmup_steps` steps; "warm-up" for calls during the first steps. In a window of no more
+    steps than that, the frees and the mallocs after a step's first free are churn.
     """
     # Depends only on the steps and the op tree: both allocator rules share it.
     return tl.metrics.shared(f"host_device.allocator_calls.{warmup_steps}", lambda: _allocator_calls(tl, tree, warmup_steps))
@@ -673,6 +674,16 @@ def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFr
     calls["in_op"] = in_op
     is_empty = (calls["call"] == "free").to_numpy() & (~in_op | python_empty)
     owner = np.where(calls["step_i"].to_numpy() < warmup_steps, "warm-up", "allocator-churn").astype(object)
+    if tl.n_steps <= warmup_steps:
+        # No step after the warm-up (a window of one pass): a warm-up's allocations only grow
+        # the cache; a free, and a malloc after the step's first free, is the cache given
+        # back and asked for again within the pass.
+        is_free = (calls["call"] == "free").to_numpy()
+        first_free = pd.Series(np.where(is_free, calls["ts"].to_numpy(np.int64), np.iinfo(np.int64).max)).groupby(
+            calls["step_i"].to_numpy()
+        ).transform("min").to_numpy()
+        churn = is_free | (calls["ts"].to_numpy(np.int64) > first_free)
+        owner[churn] = "allocator-churn"
     owner[is_empty] = "empty-cache"
     if is_empty.any():
         first_free = calls.loc[is_empty].groupby("step_i")["ts"].min()
