@@ -451,8 +451,7 @@ def analyze_rank(task: RankTask) -> RankResult:
     gaps = device_gaps(frames)
     if gaps.any:
         warnings.append(f"{frames.path.name}: {gaps.line()}")
-        unsupported = gaps.unsupported()
-        found = [(rule, f) for rule, f in found if rule not in unsupported]
+        found = [(rule, f) for rule, f in found if gaps.supports(rule)]
     try:
         mtime = task.path.stat().st_mtime
     except OSError:

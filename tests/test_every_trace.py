@@ -243,7 +243,21 @@ def device_gaps(m) -> list[str]:
         d0, d1 = int(dev["ts"].min()), int(dev["end"].max())
         if d0 >= h1 or d1 <= h0:
             out.append("device timeline outside the host's")
+    if len(dev) and len(rt) and not (host["kind"].astype(str) == "op").any():
+        out.append("host operators missing")
+    if len(dev) and len(rt) and not out:
+        # launched work that waits to start with nothing on the device meanwhile
+        d = dev.sort_values("ts", kind="stable")
+        launch_end = d["correlation"].map(rt.drop_duplicates("correlation").set_index("correlation")["end"]).to_numpy(np.float64)
+        prev = np.concatenate([[-np.inf], np.maximum.accumulate(d["end"].to_numpy(np.float64))[:-1]])
+        waited = d["ts"].to_numpy(np.float64) - np.maximum(launch_end, prev)
+        waited = waited[np.isfinite(waited)]
+        if len(waited) and waited.max() > 0.5 * (frames.window[1] - frames.window[0]):
+            out.append("device work waited unrecorded")
     return out
+
+
+IDLE_RULES = {"gpu-idle", "launch-bound", "host-sync", "step-time-variance", "straggler", "communication-exposed", "dataloader-stall"}
 
 
 @pytest.mark.parametrize("name", _params("device-gaps"))
@@ -252,9 +266,13 @@ def test_missing_or_skewed_device_data_is_warned_and_not_advised_on(name):
     gaps = device_gaps(m)
     if not gaps:
         return
-    said = [w for w in a.warnings if re.search(r"device|kernel|copy", w, re.IGNORECASE)]
+    said = [w for w in a.warnings if re.search(r"device|kernel|copy|host's operators", w, re.IGNORECASE)]
     assert said, f"{'; '.join(gaps)}: no warning"
     rules = {f.rule for f in a.findings}
+    if any("waited unrecorded" in g for g in gaps):
+        assert not rules & IDLE_RULES, f"{'; '.join(gaps)}: idle-based findings {sorted(rules & IDLE_RULES)}"
+    if any("host operators" in g for g in gaps):
+        assert not rules & (IDLE_RULES | {"cpu-tensor-then-copy", "empty-cache", "allocator-churn"}), f"{'; '.join(gaps)}: {sorted(rules)}"
     if any("kernel" in g or "device records" in g or "outside" in g for g in gaps):
         assert not rules & KERNEL_RULES, f"{'; '.join(gaps)}: device-based findings {sorted(rules & KERNEL_RULES)}"
     if any("copy" in g for g in gaps):

@@ -49,6 +49,19 @@ KERNEL_RULES = frozenset(
         "unbucketed-allreduce",
     }
 )
+# Rules whose findings rest on the device's idle time: wrong where the device ran work the
+# trace does not hold.
+IDLE_RULES = frozenset(
+    {"gpu-idle", "launch-bound", "host-sync", "step-time-variance", "straggler", "communication-exposed", "dataloader-stall"}
+)
+# What the host side alone supports when the device's kernels are missing (a capture phase:
+# the launches are recorded, not run, so nothing about the loop's steps holds either).
+HOST_SIDE_RULES = frozenset({"inference-mode", "cpu-threads", "cpu-autocast", "cpu-optimizer"})
+# Rules that read the device's kernels alone, and still hold without the host's operators.
+KERNEL_ONLY_RULES = frozenset({"tensor-cores-unused", "tf32-disabled", "unfused-elementwise", "h2d-pageable-copy"})
+# Launched work that waits this much of the window to start, nothing recorded on the device
+# meanwhile: the device ran (or waited for) work the trace does not hold.
+UNRECORDED_LEAD_SHARE = 0.5
 # Rules whose findings rest on the device's copy records.
 COPY_RULES = frozenset({"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume", "cpu-tensor-then-copy"})
 
@@ -62,22 +75,44 @@ class DeviceGaps:
     kernels_missing: bool
     copies_missing: bool
     skew_ms: float | None  # how far the device timeline sits outside the host's (None: it does not)
+    host_missing: bool = False  # device records and runtime calls, but no operator on the host
+    unrecorded_lead_ms: float | None = None  # launched work waited this long with nothing recorded on the device
 
     @property
     def any(self) -> bool:
-        return self.kernels_missing or self.copies_missing or self.skew_ms is not None
+        return (
+            self.kernels_missing
+            or self.copies_missing
+            or self.skew_ms is not None
+            or self.host_missing
+            or self.unrecorded_lead_ms is not None
+        )
 
-    def unsupported(self) -> frozenset[str]:
-        """The rules whose findings rest on the missing or skewed side."""
-        out: set[str] = set()
-        if self.kernels_missing or self.skew_ms is not None:
-            out |= KERNEL_RULES | COPY_RULES
-        if self.copies_missing:
-            out |= COPY_RULES
-        return frozenset(out)
+    def supports(self, rule: str) -> bool:
+        """Whether a rule's finding can stand on what the trace holds."""
+        if self.kernels_missing:
+            return rule in HOST_SIDE_RULES
+        if self.host_missing:
+            return rule in KERNEL_ONLY_RULES
+        if self.skew_ms is not None and rule in KERNEL_RULES | COPY_RULES:
+            return False
+        if self.unrecorded_lead_ms is not None and rule in IDLE_RULES:
+            return False
+        return not (self.copies_missing and rule in COPY_RULES)
 
     def line(self) -> str | None:
         """The report's one-line warning, or None when the device side is whole."""
+        if self.host_missing:
+            return (
+                "the host's operators are missing (the trace holds device activity and runtime calls only): "
+                "no advice on what the host does or why the device waits; what the kernels themselves show still holds"
+            )
+        if self.unrecorded_lead_ms is not None:
+            return (
+                f"launched device work waited {self.unrecorded_lead_ms:,.1f} ms to start with nothing recorded on the device "
+                "meanwhile (the device ran, or waited for, work the trace does not hold): no advice rests on the device's "
+                "idle time"
+            )
         if self.skew_ms is not None:
             return (
                 f"the device timeline lies {self.skew_ms:,.1f} ms outside the host's (the two clocks are not aligned): "
@@ -97,6 +132,25 @@ class DeviceGaps:
         return None
 
 
+def _unrecorded_wait_ms(frames: TraceFrames) -> float | None:
+    """Time the device's work waited after its launch with nothing recorded on the device
+    meanwhile (a stream waiting on work the trace does not hold), when it is over
+    UNRECORDED_LEAD_SHARE of the window; else None."""
+    from advisor.metrics.steps import launches
+
+    lk = launches(frames).sort_values("ts", kind="stable")
+    ts = lk["ts"].to_numpy(np.int64)
+    prev_end = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(lk["end"].to_numpy(np.int64))[:-1]])
+    launched = lk["launch_end"].to_numpy(np.float64)
+    ok = np.isfinite(launched)
+    if not ok.any():
+        return None
+    waited = ts[ok] - np.maximum(launched[ok].astype(np.int64), prev_end[ok])
+    worst = float(np.clip(waited, 0, None).max())
+    span = max(frames.window[1] - frames.window[0], 1)
+    return worst / 1e6 if worst > UNRECORDED_LEAD_SHARE * span else None
+
+
 def device_gaps(frames: TraceFrames) -> DeviceGaps:
     rt, dev, host = frames.runtime, frames.device, frames.host
     launches = int(_matches(rt["name"], LAUNCH_CALL).sum()) if len(rt) else 0
@@ -114,4 +168,11 @@ def device_gaps(frames: TraceFrames) -> DeviceGaps:
             skew = (d0 - h1) / 1e6
         elif d1 <= h0:
             skew = (h0 - d1) / 1e6
-    return DeviceGaps(launches, kernels, copy_calls, copies, bool(kernels_missing), bool(copies_missing), skew)
+    kinds_host = host["kind"].astype(str).to_numpy() if len(host) else np.array([], dtype=object)
+    host_missing = len(dev) > 0 and len(rt) > 0 and not (kinds_host == "op").any()
+    lead = None
+    if len(dev) and len(rt) and skew is None and not kernels_missing:
+        lead = _unrecorded_wait_ms(frames)
+    return DeviceGaps(
+        launches, kernels, copy_calls, copies, bool(kernels_missing), bool(copies_missing), skew, bool(host_missing), lead
+    )
