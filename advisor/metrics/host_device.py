@@ -53,6 +53,7 @@ MULTI_TENSOR_KERNEL = re.compile(r"multi_tensor_apply|_foreach_|fused_adam|Fused
 DATA_PARALLEL_SPAN = re.compile(r"^DataParallel\.forward$")
 DATA_PARALLEL_BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(Broadcast|ReduceAddCoalesced|Gather|Scatter)Backward\d*$")
 EMPTY_CACHE_FRAME = re.compile(r"empty_cache")
+EMPTY_FACTORY_OP = re.compile(r"^aten::(empty|empty_like|empty_strided)$")
 # Factories that build a tensor from nothing: made on the device, no copy is needed at all.
 FACTORY_OP = re.compile(
     r"^aten::(zeros|ones|empty|full|rand|randn|randint|randperm|arange|linspace|logspace|eye|normal|"
@@ -314,14 +315,35 @@ def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
         cpu_made = np.zeros(len(c), dtype=bool)
     else:
         prev = np.where(copy_op >= 0, tree.prev_sibling[np.clip(copy_op, 0, None)], -1)
-        is_factory = tree.mask(FACTORY_OP)
+        # an uninitialised tensor made right before a copy is its destination (torch.empty on
+        # the device launches nothing either), not data made on the CPU
+        is_factory = tree.mask(FACTORY_OP) & ~tree.mask(EMPTY_FACTORY_OP)
         launched = _launched_device_work(tree, frames)
         cpu_made = (prev >= 0) & is_factory[np.clip(prev, 0, None)] & ~launched[np.clip(prev, 0, None)]
+        if cpu_made.any():
+            # the factory's tensor is the one copied only where the sizes agree (the factory's
+            # own fill, e.g. aten::zero_, records the tensor it made): a [1] tensor made before
+            # a 154 MB copy is another tensor
+            made_numel = _numel(tree, _first_child(tree, np.where(cpu_made, prev, -1)))
+            copied = c["numel"].to_numpy(np.float64)
+            known = np.isfinite(made_numel) & np.isfinite(copied)
+            cpu_made &= ~(known & (made_numel != copied))
     c["cpu_made"] = cpu_made
     names = text_of(tree.ops["name"])
     c["factory_op"] = np.where(cpu_made, names[np.clip(prev, 0, None)] if len(names) else None, None)
     c["factory_pos"] = np.where(cpu_made, prev, -1)
     return c
+
+
+def _first_child(tree: OpTree, pos: np.ndarray) -> np.ndarray:
+    """Position of each op's first child op (-1: none, or pos is -1)."""
+    parent = np.asarray(tree.parent)
+    kids = np.flatnonzero(parent >= 0)
+    if len(kids) == 0:
+        return np.full(len(pos), -1, dtype=np.int64)
+    first = pd.Series(kids).groupby(parent[kids]).min()
+    out = pd.Series(pos).map(first).to_numpy(np.float64)
+    return np.where(np.isfinite(out) & (pos >= 0), np.nan_to_num(out, nan=-1), -1).astype(np.int64)
 
 
 def _numel(tree: OpTree, pos: np.ndarray) -> np.ndarray:

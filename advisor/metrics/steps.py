@@ -143,7 +143,7 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
         groups = []
         for _, idx in keys.groupby(keys, sort=False).groups.items():
             every = sel[np.asarray(idx)]
-            rows = every[_outermost(host["ts"].to_numpy(np.int64)[every], host["end"].to_numpy(np.int64)[every])]
+            rows = every[_outermost_per_thread(host, every)]  # threads running it at once each count
             if len(rows) >= 2:
                 groups.append((int(dur[rows].sum()), rows, every))
         for _, rows, every in sorted(groups, key=lambda g: -g[0])[:1]:
@@ -191,6 +191,27 @@ def parts_of_larger_unit(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray, 
     length = np.maximum(o_end - o_ts, 1).astype(np.float64)
     loop = ~forward & ((covered >= LOOP_COVER * length) | (length >= 0.9 * span))
     return bool((holds & ~loop).any())
+
+
+def inside_forward(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray) -> bool:
+    """Whether most instances of a repeated range lie inside a module call or a forward range
+    (other than themselves): then the range is a part of a forward pass, not an iteration."""
+    names = on_tid["name"]
+    fwd = _matches(names, MODULE_CALL) | _matches(names, FORWARD_NAME)
+    if not fwd.any() or len(ts) == 0:
+        return False
+    f_ts = on_tid["ts"].to_numpy(np.int64)[fwd]
+    f_end = on_tid["end"].to_numpy(np.int64)[fwd]
+    order = np.argsort(f_ts, kind="stable")
+    f_ts, reach = f_ts[order], np.maximum.accumulate(f_end[order])
+    k = np.searchsorted(f_ts, ts, side="right") - 1
+    has = k >= 0
+    held = np.zeros(len(ts), dtype=bool)
+    held[has] = reach[k[has]] >= end[has]
+    # an instance that is itself a forward range is held by itself: only strictly larger spans count
+    same = np.zeros(len(ts), dtype=bool)
+    same[has] = (f_ts[k[has]] == ts[has]) & (reach[k[has]] == end[has])
+    return bool((held & ~same).mean() > 0.5)
 
 
 def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
@@ -310,8 +331,11 @@ def _named_iterations(frames: TraceFrames) -> Iterations | None:
         if len(rows) < 2:
             continue
         on_tid = host[host["tid"].astype(str).to_numpy() == tid]
-        if mode == "start" and not how.startswith("the DataLoader") and parts_of_larger_unit(on_tid, ts, end, span):
-            continue  # the blocks of one forward pass, called in turn: not iterations
+        if mode == "start" and not how.startswith("the DataLoader"):
+            if parts_of_larger_unit(on_tid, ts, end, span):
+                continue  # the blocks of one forward pass, called in turn: not iterations
+            if how.startswith("the repeated annotation") and inside_forward(on_tid, ts, end):
+                continue  # a range inside the model's forward (a layer's): a part of each iteration
         t_ts, t_end = on_tid["ts"].to_numpy(np.int64), on_tid["end"].to_numpy(np.int64)
         if mode == "start":
             starts = ts
