@@ -93,3 +93,17 @@ def test_hip_allocator_churning_inside_one_pass_is_allocator_churn(tmp_path):
     assert f.evidence["call_ms_after_warmup"] == pytest.approx(40.0, abs=0.5)
     # what the replay takes off the step with the calls gone: part of the 40 ms, never more
     assert 10.0 <= f.saving_alone_ms <= 40.5
+
+
+@pytest.mark.parametrize("trace", ["corpus/a100_memcpy_pageable_10steps.json.gz", "corpus/a100_memcpy_pinned_10steps.json.gz"])
+def test_a_tensor_made_empty_before_a_copy_is_its_destination_not_cpu_data(trace):
+    """The copy benchmark makes `torch.empty` on the device and copies a 154 MB host tensor
+    into it each step: no tensor is made on the CPU then copied."""
+    doc = load_events(trace_path(trace))
+    h2d = events(doc, lambda e: str(e.get("name", "")).startswith("Memcpy HtoD"))
+    assert len(h2d) == 10 and all(e["args"].get("bytes") == 256 * 3 * 224 * 224 * 4 for e in h2d)
+    a = analyze(trace_path(trace), config=Config())
+    assert "cpu-tensor-then-copy" not in {f.rule for f in a.findings + a.considered}
+    if "pageable" in trace:
+        f = next(f for f in a.findings + a.considered if f.rule == "h2d-pageable-copy")
+        assert f.evidence["mb_per_step"] == pytest.approx(154.14, abs=0.01)
