@@ -57,12 +57,7 @@ COPY_RULES = {"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume"}
 
 # Runs where an invariant does not hold for a reason the trace itself sets (strict: the day
 # it holds, the mark must go). Keyed by (check, run).
-KNOWN: dict[tuple[str, str], str] = {
-    ("iteration", "misc/mtia_inference.json.gz"): (
-        "a server: four threads run requests concurrently, so a step (one thread's time between its requests) "
-        "overlaps other threads' forwards, and which thread's forwards are the loop's the trace does not say"
-    ),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _params(check: str) -> list:
