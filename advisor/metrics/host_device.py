@@ -53,6 +53,8 @@ MULTI_TENSOR_KERNEL = re.compile(r"multi_tensor_apply|_foreach_|fused_adam|Fused
 DATA_PARALLEL_SPAN = re.compile(r"^DataParallel\.forward$")
 DATA_PARALLEL_BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(Broadcast|ReduceAddCoalesced|Gather|Scatter)Backward\d*$")
 EMPTY_CACHE_FRAME = re.compile(r"empty_cache")
+# Frees inside ops a window of one pass needs before its allocator calls are churn.
+ONE_PASS_CHURN_FREES = 20
 EMPTY_FACTORY_OP = re.compile(r"^aten::(empty|empty_like|empty_strided)$")
 # Factories that build a tensor from nothing: made on the device, no copy is needed at all.
 FACTORY_OP = re.compile(
@@ -696,11 +698,12 @@ def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFr
     calls["in_op"] = in_op
     is_empty = (calls["call"] == "free").to_numpy() & (~in_op | python_empty)
     owner = np.where(calls["step_i"].to_numpy() < warmup_steps, "warm-up", "allocator-churn").astype(object)
-    if tl.n_steps <= warmup_steps:
+    is_free = (calls["call"] == "free").to_numpy()
+    if tl.n_steps <= warmup_steps and int((is_free & in_op).sum()) >= ONE_PASS_CHURN_FREES:
         # No step after the warm-up (a window of one pass): a warm-up's allocations only grow
-        # the cache; a free, and a malloc after the step's first free, is the cache given
-        # back and asked for again within the pass.
-        is_free = (calls["call"] == "free").to_numpy()
+        # the cache; frees inside ops, again and again, and the mallocs after the first, are
+        # the cache given back and asked for again within the pass (a cold start's few frees,
+        # the context's cudaFree(0) among them, are not).
         first_free = pd.Series(np.where(is_free, calls["ts"].to_numpy(np.int64), np.iinfo(np.int64).max)).groupby(
             calls["step_i"].to_numpy()
         ).transform("min").to_numpy()

@@ -6,11 +6,11 @@ first call into cuDNN, cuBLAS or MIOpen creates its handle, the first convolutio
 autotunes. A window that holds such a call (a single cold pass, or a trace started with the
 run) would charge it to a step and promise it back as a per-step saving. A runtime call is
 taken as one-time work when it lasts at least ONE_TIME_MIN_MS and more than ONE_TIME_FACTOR
-times the median of the calls of its name (at least MIN_CALLS of them), and is not a wait for
+times the typical call of its name (the lower quartile of their durations) (at least MIN_CALLS of them), and is not a wait for
 the device (a synchronize lasts as long as the work it waits for); also a call that only
 initialises a library (LIBRARY_INIT) lasting at least ONE_TIME_MIN_MS.
 
-Its excess over the median call is cut out of the timeline (everything after it moves
+Its excess over the typical call is cut out of the timeline (everything after it moves
 earlier by that much), where the device had nothing to do meanwhile: every figure after
 that, step times, idle time and savings, is the steady run's. The note names each call and
 its size.
@@ -28,6 +28,7 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.intervals import merge, overlap_with
 
 ONE_TIME_FACTOR = 20.0
+TYPICAL_QUANTILE = 0.25
 ONE_TIME_MIN_MS = 5.0
 MIN_CALLS = 3
 # A wait lasts as long as the work it waits for, a copy as long as its bytes take: neither is
@@ -37,6 +38,7 @@ LIBRARY_INIT = re.compile(
     r"^(cuInit|cuModuleLoad\w*|cuLibraryLoad\w*|hipModuleLoad\w*|cudnnCreate|cublasCreate\w*|cublasLtCreate|"
     r"miopenCreate\w*|rocblas_create_handle|hipblasCreate|hipblasLtCreate|cudaSetDevice|hipSetDevice)$"
 )
+ONE_TIME_NOTE = "one-time work taken out of the steps"
 # Device activity during the excess above this share of it: the call did not hold the run
 # up alone, and cutting it out would squeeze the device's work.
 MAX_BUSY_SHARE = 0.05
@@ -52,7 +54,9 @@ def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd
     dur = (rt["end"] - rt["ts"]).to_numpy(np.int64)
     names = rt["name"].astype(str).to_numpy()
     s = pd.Series(dur)
-    med = s.groupby(names).transform("median").to_numpy(np.float64)
+    # the typical call of a name: its lower quartile (a short window's cold calls can be half
+    # of them: seven launches of which three load a module)
+    med = s.groupby(names).transform(lambda x: x.quantile(TYPICAL_QUANTILE)).to_numpy(np.float64)
     count = s.groupby(names).transform("size").to_numpy(np.int64)
     waits = pd.Series(names).str.contains(WAIT_CALL.pattern, case=False, regex=True).to_numpy()
     long = dur >= ONE_TIME_MIN_MS * 1e6
@@ -126,12 +130,17 @@ def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None
     total = float(cut_len.sum()) / 1e6
     parts = [
         f"{r.name} {r.excess / 1e6:,.1f} ms"
-        + (f" (one of {r.count}, the others {(r.end - r.ts - r.excess) / 1e3:,.0f} µs at the median)" if r.count >= MIN_CALLS and not LIBRARY_INIT.match(r.name) else "")
+        + (f" (one of {r.count}, typically {(r.end - r.ts - r.excess) / 1e3:,.0f} µs)" if r.count >= MIN_CALLS and not LIBRARY_INIT.match(r.name) else "")
         for r in calls.head(5).itertuples()
     ]
     note = (
-        f"one-time work taken out of the steps, {total:,.1f} ms in all: {'; '.join(parts)}"
+        f"{ONE_TIME_NOTE}, {total:,.1f} ms in all: {'; '.join(parts)}"
         + (f" and {len(calls) - 5} more" if len(calls) > 5 else "")
         + " (a library loaded or initialised, autotuning, first-call compilation): reported apart, never a per-step saving"
     )
     return out, [note]
+
+
+def had_one_time_work(metrics) -> bool:
+    """Whether one-time work was cut out of this rank's steps (its note is among the rank's notes)."""
+    return any(n.startswith(ONE_TIME_NOTE) for n in metrics.notes)
