@@ -22,11 +22,18 @@ Traces without `ProfilerStep` markers (the autograd profiler's API, benchmark ha
 `record_function` loops, inference engines) still repeat one iteration: `find_iterations`
 looks, in this order, for the DataLoader's `__next__`, `Optimizer.zero_grad` and
 `Optimizer.step` spans, repeated user annotations (`record_function` ranges; a harness's
-`warmup` and `measure` ranges of one name count as one), and the top-level module call
-(`nn.Module: ...`). The first iteration is the warm-up when its name says so or it lasts more
-than 1.5x the median of the others: it is reported apart (a note) and left out of the steps,
-so its one-time costs (CUDA context creation, cuDNN autotuning) are never charged per step.
-Only when none of these repeats is the whole window one step.
+`warmup` and `measure` ranges of one name count as one), the root module's repeated call
+(`nn.Module: ...` not inside another module's call), and a repeated sequence of top-level
+operators (a model called in a loop with nothing named). An iteration is the outermost
+repeated unit that holds a whole forward pass: a range or module call that runs inside one
+forward pass (a transformer block, `TransformerLayer_3` or `Qwen3DecoderLayer_35`: the number
+is the block, not the iteration), or whose instances one larger span holds as its parts, is
+never the iteration; a span its instances fill is the loop around them. The first iteration is
+the warm-up when its name says so or it lasts more than 1.5x the median of the others: it is
+reported apart (a note) and left out of the steps, so its one-time costs (CUDA context
+creation, cuDNN autotuning) are never charged per step. Only when none of these repeats is
+the whole window one step; the note then says whether the root module's forward runs once in
+it (a single pass). The notes say what the iteration was found from.
 """
 
 from __future__ import annotations
