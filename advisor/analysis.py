@@ -25,6 +25,7 @@ from advisor.errors import InputError
 from advisor.facts import FACTS_FILE, read_facts, validate_facts
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
+from advisor.metrics.device_records import device_gaps
 from advisor.metrics.unprofiled import ProfilerOverhead, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
@@ -449,6 +450,10 @@ def analyze_rank(task: RankTask) -> RankResult:
     if not too_small:
         rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
         found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed)
+    gaps = device_gaps(frames)
+    if gaps.any:
+        warnings.append(f"{frames.path.name}: {gaps.line()}")
+        found = [(rule, f) for rule, f in found if gaps.supports(rule)]
     try:
         mtime = task.path.stat().st_mtime
     except OSError:

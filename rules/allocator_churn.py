@@ -2,7 +2,8 @@
 
 ## What it detects
 `cudaMalloc`/`cudaFree` (and `hipMalloc`/`hipFree`) calls inside the steps after the first
-`warmup_steps` (1 by default), other than those `empty-cache` explains; and, when the trace
+`warmup_steps` (1 by default), other than those `empty-cache` explains (in a window of no
+more steps than that, a single pass: the frees and the mallocs after the first free); and, when the trace
 has memory events, reserved memory that still moves from step to step. It fires when the
 calls cost at least `min_share` of the step (0.1% by default: after warm-up a steady loop
 makes none).
@@ -41,6 +42,8 @@ Or run one step with the largest shapes first, so the cache is sized for the wor
 For each call after warm-up: the device idle time while the host was inside it, plus the
 launch-starved idle gap after it, up to the device time that ran during the call. Summed
 per step; calls during the warm-up steps are not counted.
+
+Tested on NVIDIA (CUDA runtime) and AMD (HIP runtime) traces.
 
 Reference: https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf
 """
@@ -82,7 +85,7 @@ def _reserved_moves(m, tl) -> list[float] | None:
 
 def check(ctx: Context):
     m = ctx.metrics
-    if not m.has_device or ctx.step_ms <= 0 or len(ctx.events.steps) <= ctx.options["warmup_steps"]:
+    if not m.has_device or ctx.step_ms <= 0:
         return None
     owned = owned_allocator_calls(ctx.timeline, "allocator-churn", int(ctx.options["warmup_steps"]), ctx.options["min_share"])
     if owned is None:
@@ -95,6 +98,9 @@ def check(ctx: Context):
     ops = tree.ops["name"].astype(str).to_numpy()
     made_by = pd.Series([ops[i] if i >= 0 else "(no op)" for i in inner]).value_counts().head(5).to_dict()
     after_warmup = len(m.steps) - int(ctx.options["warmup_steps"])
+    single = after_warmup <= 0  # a window of one pass: the frees and the mallocs after them
+    malloc_name = str(mallocs["name"].mode().iloc[0]) if len(mallocs) else "cudaMalloc"
+    free_name = str(frees["name"].mode().iloc[0]) if len(frees) else malloc_name.replace("Malloc", "Free")
     evidence = {
         "mallocs_after_warmup": int(len(mallocs)),
         "frees_after_warmup": int(len(frees)),
@@ -110,8 +116,13 @@ def check(ctx: Context):
     lines = source_lines(ctx.events, tree.ops.iloc[inner[inner >= 0]]) if (inner >= 0).any() else []
     if lines:
         evidence["source"] = lines
+    where = (
+        f"in the window's {len(m.steps)} step(s), after the cache was first given back"
+        if single
+        else f"in {after_warmup} step(s) after warm-up"
+    )
     message = (
-        f"{len(mallocs)} cudaMalloc and {len(frees)} cudaFree calls in {after_warmup} step(s) after warm-up "
+        f"{len(mallocs)} {malloc_name} and {len(frees)} {free_name} calls {where} "
         f"({evidence['call_ms_after_warmup']:.1f} ms in the driver)"
         + (f", {len(retry_frees)} of the frees inside ops (the allocator emptying its cache to retry near the memory limit)" if len(retry_frees) else "")
         + f"; stable shapes and a warmed cache save ~{saving:.2f} ms/step."

@@ -1,8 +1,11 @@
 """Convolutions pay for layout transposes: the tensors are NCHW, the fast kernels want NHWC.
 
 ## What it detects
-Layout-transposing kernels (`nchwToNhwcKernel`, `nhwcToNchwKernel`) launched around
-convolutions that take at least `min_share` (2%) of the step.
+Layout-transposing kernels (`nchwToNhwcKernel`, `nhwcToNchwKernel`; cuDNN's
+`convertTensor_kernel` and MIOpen's `batched_transpose_*` when a convolution launches them)
+launched around convolutions that take at least `min_share` (2%) of the step.
+
+Tested on NVIDIA (CUDA, cuDNN) and AMD (ROCm, MIOpen) traces.
 
 ## Why it is slow
 Tensor Core convolution kernels (fp16/bf16 on Volta and newer, TF32 on Ampere and newer)
@@ -54,8 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
-from advisor.metrics.compute import LAYOUT_TRANSPOSE_KERNEL, kernel_evidence, kernel_exposure, step_kernels
+from advisor.metrics.compute import kernel_evidence, kernel_exposure, layout_transposes, step_kernels
 from advisor.whatif.changes import remove_launches
 
 ID = "channels-last"
@@ -77,7 +79,7 @@ def check(ctx: Context):
     k = step_kernels(m)
     if len(k) == 0 or step_ms <= 0:
         return None
-    transposes = k[_matches(k["name"], LAYOUT_TRANSPOSE_KERNEL)]
+    transposes = k[layout_transposes(k)]
     if len(transposes) == 0:
         return None
     n_steps = max(len(m.steps), 1)

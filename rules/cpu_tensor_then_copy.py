@@ -5,8 +5,12 @@ A host→device copy inside a step whose source tensor was made, right before, b
 op on the CPU: the `aten::to`/`aten::copy_` that launched the copy directly follows (as the
 next op at the same level of the call tree) an `aten::zeros`, `ones`, `empty`, `full`,
 `rand`, `randn`, `randint`, `randperm`, `arange`, `linspace`, `eye`, `*_like`, ... that
-launched no device work itself. It fires when the copies cost at least `min_share` of the
-step (0.2% by default).
+launched no device work itself, and whose tensor has the copied tensor's size where the
+trace records both (an uninitialised `aten::empty` right before a copy is the copy's
+destination, not data). It fires when the copies cost at least `min_share` of the step
+(0.2% by default).
+
+Tested on NVIDIA (CUDA) and AMD (HIP) traces.
 
 ## Why it is slow
 `torch.zeros(n).to(device)` or `torch.randn(shape).cuda()` fills memory on the CPU, then

@@ -157,6 +157,8 @@ def check(ctx: Context):
     if not m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0:
         return None
     tree = op_tree_of(m)
+    if len(tree.ops) == 0:  # no host operator recorded: nothing says which op made a copy
+        return None
     copies = d2d_copies(m, tree)
     if len(copies) == 0:
         return None

@@ -60,6 +60,7 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.engine import JobContext
+from advisor.metrics.one_time import had_one_time_work
 
 ID = "straggler"
 TITLE = "A slow rank makes the others wait in their collectives"
@@ -112,6 +113,10 @@ def check(ctx: JobContext):
     lead = named[0]
     rank = w.ranks[lead]
     m = ctx.metrics_of(rank)
+    if len(w.steps) <= 1 and had_one_time_work(m):
+        # one pass, and the late rank did work there that it does once (a library loaded, a
+        # context made): the others waited for its cold start, not for a slower rank
+        return None
     others = [ctx.metrics_of(r) for i, r in enumerate(w.ranks) if i not in named]
     steps = w.steps
     differences = {}

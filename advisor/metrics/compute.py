@@ -41,6 +41,23 @@ class Capability:
 
 # cuDNN's transposes between NCHW tensors and the NHWC layout its convolution kernels use
 LAYOUT_TRANSPOSE_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|NchwToNhwc|NhwcToNchw|nchw2nhwc|nhwc2nchw")
+# The libraries' generic layout kernels: a layout change when a convolution launches them
+# (cuDNN's `convertTensor_kernel`, MIOpen's `batched_transpose_*` around its NHWC solvers).
+LIBRARY_LAYOUT_KERNEL = re.compile(r"convertTensor_kernel|batched_transpose", re.IGNORECASE)
+CONV_OP = re.compile(r"conv", re.IGNORECASE)
+
+
+def layout_transposes(k: pd.DataFrame) -> np.ndarray:
+    """Which kernels of `k` transpose a convolution's layout (NCHW <-> NHWC): named so
+    (cuDNN's nchwToNhwc kernels), or a library's layout kernel launched by a convolution."""
+    named = _matches(k["name"], LAYOUT_TRANSPOSE_KERNEL)
+    if "op" not in k.columns:
+        return named
+    library = _matches(k["name"], LIBRARY_LAYOUT_KERNEL)
+    if not library.any():
+        return named
+    by_conv = k["op"].astype(str).str.contains(CONV_OP.pattern, case=False, regex=True).to_numpy()
+    return named | (library & by_conv)
 
 def device_capability(metrics, facts_capability: str | float | None = None) -> Capability:
     """Compute capability of the rank's device: trace properties, else facts, else kernel names.

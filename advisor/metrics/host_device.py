@@ -53,6 +53,9 @@ MULTI_TENSOR_KERNEL = re.compile(r"multi_tensor_apply|_foreach_|fused_adam|Fused
 DATA_PARALLEL_SPAN = re.compile(r"^DataParallel\.forward$")
 DATA_PARALLEL_BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(Broadcast|ReduceAddCoalesced|Gather|Scatter)Backward\d*$")
 EMPTY_CACHE_FRAME = re.compile(r"empty_cache")
+# Frees inside ops a window of one pass needs before its allocator calls are churn.
+ONE_PASS_CHURN_FREES = 20
+EMPTY_FACTORY_OP = re.compile(r"^aten::(empty|empty_like|empty_strided)$")
 # Factories that build a tensor from nothing: made on the device, no copy is needed at all.
 FACTORY_OP = re.compile(
     r"^aten::(zeros|ones|empty|full|rand|randn|randint|randperm|arange|linspace|logspace|eye|normal|"
@@ -314,14 +317,35 @@ def _h2d_copies(tl: Timeline, tree: OpTree) -> pd.DataFrame:
         cpu_made = np.zeros(len(c), dtype=bool)
     else:
         prev = np.where(copy_op >= 0, tree.prev_sibling[np.clip(copy_op, 0, None)], -1)
-        is_factory = tree.mask(FACTORY_OP)
+        # an uninitialised tensor made right before a copy is its destination (torch.empty on
+        # the device launches nothing either), not data made on the CPU
+        is_factory = tree.mask(FACTORY_OP) & ~tree.mask(EMPTY_FACTORY_OP)
         launched = _launched_device_work(tree, frames)
         cpu_made = (prev >= 0) & is_factory[np.clip(prev, 0, None)] & ~launched[np.clip(prev, 0, None)]
+        if cpu_made.any():
+            # the factory's tensor is the one copied only where the sizes agree (the factory's
+            # own fill, e.g. aten::zero_, records the tensor it made): a [1] tensor made before
+            # a 154 MB copy is another tensor
+            made_numel = _numel(tree, _first_child(tree, np.where(cpu_made, prev, -1)))
+            copied = c["numel"].to_numpy(np.float64)
+            known = np.isfinite(made_numel) & np.isfinite(copied)
+            cpu_made &= ~(known & (made_numel != copied))
     c["cpu_made"] = cpu_made
     names = text_of(tree.ops["name"])
     c["factory_op"] = np.where(cpu_made, names[np.clip(prev, 0, None)] if len(names) else None, None)
     c["factory_pos"] = np.where(cpu_made, prev, -1)
     return c
+
+
+def _first_child(tree: OpTree, pos: np.ndarray) -> np.ndarray:
+    """Position of each op's first child op (-1: none, or pos is -1)."""
+    parent = np.asarray(tree.parent)
+    kids = np.flatnonzero(parent >= 0)
+    if len(kids) == 0:
+        return np.full(len(pos), -1, dtype=np.int64)
+    first = pd.Series(kids).groupby(parent[kids]).min()
+    out = pd.Series(pos).map(first).to_numpy(np.float64)
+    return np.where(np.isfinite(out) & (pos >= 0), np.nan_to_num(out, nan=-1), -1).astype(np.int64)
 
 
 def _numel(tree: OpTree, pos: np.ndarray) -> np.ndarray:
@@ -630,7 +654,8 @@ def allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFra
     the cache; inside an op a cudaFree is the allocator's own retry after a failed
     allocation) and for the cudaMalloc calls that follow it in the same and the next step
     (re-acquiring what was given back); "allocator-churn" for the other calls after the first
-    `warmup_steps` steps; "warm-up" for calls during the first steps.
+    `warmup_steps` steps; "warm-up" for calls during the first steps. In a window of no more
+    steps than that, the frees and the mallocs after a step's first free are churn.
     """
     # Depends only on the steps and the op tree: both allocator rules share it.
     return tl.metrics.shared(f"host_device.allocator_calls.{warmup_steps}", lambda: _allocator_calls(tl, tree, warmup_steps))
@@ -673,6 +698,17 @@ def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFr
     calls["in_op"] = in_op
     is_empty = (calls["call"] == "free").to_numpy() & (~in_op | python_empty)
     owner = np.where(calls["step_i"].to_numpy() < warmup_steps, "warm-up", "allocator-churn").astype(object)
+    is_free = (calls["call"] == "free").to_numpy()
+    if tl.n_steps <= warmup_steps and int((is_free & in_op).sum()) >= ONE_PASS_CHURN_FREES:
+        # No step after the warm-up (a window of one pass): a warm-up's allocations only grow
+        # the cache; frees inside ops, again and again, and the mallocs after the first, are
+        # the cache given back and asked for again within the pass (a cold start's few frees,
+        # the context's cudaFree(0) among them, are not).
+        first_free = pd.Series(np.where(is_free, calls["ts"].to_numpy(np.int64), np.iinfo(np.int64).max)).groupby(
+            calls["step_i"].to_numpy()
+        ).transform("min").to_numpy()
+        churn = is_free | (calls["ts"].to_numpy(np.int64) > first_free)
+        owner[churn] = "allocator-churn"
     owner[is_empty] = "empty-cache"
     if is_empty.any():
         first_free = calls.loc[is_empty].groupby("step_i")["ts"].min()

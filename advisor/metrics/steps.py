@@ -22,11 +22,18 @@ Traces without `ProfilerStep` markers (the autograd profiler's API, benchmark ha
 `record_function` loops, inference engines) still repeat one iteration: `find_iterations`
 looks, in this order, for the DataLoader's `__next__`, `Optimizer.zero_grad` and
 `Optimizer.step` spans, repeated user annotations (`record_function` ranges; a harness's
-`warmup` and `measure` ranges of one name count as one), and the top-level module call
-(`nn.Module: ...`). The first iteration is the warm-up when its name says so or it lasts more
-than 1.5x the median of the others: it is reported apart (a note) and left out of the steps,
-so its one-time costs (CUDA context creation, cuDNN autotuning) are never charged per step.
-Only when none of these repeats is the whole window one step.
+`warmup` and `measure` ranges of one name count as one), the root module's repeated call
+(`nn.Module: ...` not inside another module's call), and a repeated sequence of top-level
+operators (a model called in a loop with nothing named). An iteration is the outermost
+repeated unit that holds a whole forward pass: a range or module call that runs inside one
+forward pass (a transformer block, `TransformerLayer_3` or `Qwen3DecoderLayer_35`: the number
+is the block, not the iteration), or whose instances one larger span holds as its parts, is
+never the iteration; a span its instances fill is the loop around them. The first iteration is
+the warm-up when its name says so or it lasts more than 1.5x the median of the others: it is
+reported apart (a note) and left out of the steps, so its one-time costs (CUDA context
+creation, cuDNN autotuning) are never charged per step. Only when none of these repeats is
+the whole window one step; the note then says whether the root module's forward runs once in
+it (a single pass). The notes say what the iteration was found from.
 """
 
 from __future__ import annotations
@@ -128,16 +135,22 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
     names = host["name"]
     for kind, label in (("annotation", "annotation"), ("python", "module call")):
         if kind == "python":
+            # the root module's calls: a module called inside another is a part of its forward
+            # (a transformer block of the model), and the number in its name is the instance,
+            # not an iteration count (Qwen3DecoderLayer_35 is the 36th block)
             sel = np.flatnonzero((kinds == kind) & module)
+            sel = sel[_outermost_per_thread(host, sel)]
+            keys_of = pd.Series(names.astype(str).to_numpy()[sel]) if len(sel) else pd.Series([], dtype=object)
         else:  # a range over (nearly) the whole window wraps the loop: not one iteration
             sel = np.flatnonzero((kinds == kind) & (dur < 0.9 * span) & ~step_marker)
+            keys_of = pd.Series(keys_all[sel])
         if len(sel) == 0:
             continue
-        keys = pd.Series(keys_all[sel])
+        keys = keys_of
         groups = []
         for _, idx in keys.groupby(keys, sort=False).groups.items():
             every = sel[np.asarray(idx)]
-            rows = every[_outermost(host["ts"].to_numpy(np.int64)[every], host["end"].to_numpy(np.int64)[every])]
+            rows = every[_outermost_per_thread(host, every)]  # threads running it at once each count
             if len(rows) >= 2:
                 groups.append((int(dur[rows].sum()), rows, every))
         for _, rows, every in sorted(groups, key=lambda g: -g[0])[:1]:
@@ -145,11 +158,173 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
     return out
 
 
+def _outermost_per_thread(host: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
+    """Which of the rows `sel` lie in no other row of `sel` on their thread."""
+    keep = np.zeros(len(sel), dtype=bool)
+    if len(sel) == 0:
+        return keep
+    tids = host["tid"].astype(str).to_numpy()[sel]
+    ts = host["ts"].to_numpy(np.int64)[sel]
+    end = host["end"].to_numpy(np.int64)[sel]
+    for tid in np.unique(tids):
+        idx = np.flatnonzero(tids == tid)
+        order = idx[np.lexsort((-end[idx], ts[idx]))]
+        keep[order] = _outermost(ts[order], end[order])
+    return keep
+
+
+LOOP_COVER = 0.8  # a span its instances fill this much of is the loop around them, not one iteration
+
+
+def parts_of_larger_unit(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray, span: int) -> bool:
+    """Whether some span on the thread holds two instances of a repeated unit (sorted, not
+    nested) as parts of something larger: the blocks of one forward pass. A span the
+    instances nearly fill (LOOP_COVER) is the loop around them (a benchmark's range), and so
+    is one over nearly the whole window; a module call or a forward range never is."""
+    if len(ts) < 2 or len(on_tid) == 0:
+        return False
+    o_ts = on_tid["ts"].to_numpy(np.int64)
+    o_end = on_tid["end"].to_numpy(np.int64)
+    forward = _matches(on_tid["name"], MODULE_CALL) | _matches(on_tid["name"], FORWARD_NAME)
+    ok = ~_matches(on_tid["name"], STEP_MARKER)
+    o_ts, o_end, forward = o_ts[ok], o_end[ok], forward[ok]
+    lo = np.searchsorted(ts, o_ts, side="left")  # first instance starting in the span
+    hi = np.searchsorted(end, o_end, side="right") - 1  # last instance ending in it
+    holds = (hi - lo) >= 1
+    if not holds.any():
+        return False
+    cum = np.concatenate([[0], np.cumsum(end - ts)])
+    covered = (cum[np.minimum(hi, len(ts) - 1) + 1] - cum[np.minimum(lo, len(ts))]).astype(np.float64)
+    length = np.maximum(o_end - o_ts, 1).astype(np.float64)
+    loop = ~forward & ((covered >= LOOP_COVER * length) | (length >= 0.9 * span))
+    return bool((holds & ~loop).any())
+
+
+def inside_forward(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray) -> bool:
+    """Whether most instances of a repeated range lie inside a module call or a forward range
+    (other than themselves): then the range is a part of a forward pass, not an iteration."""
+    names = on_tid["name"]
+    fwd = _matches(names, MODULE_CALL) | _matches(names, FORWARD_NAME)
+    if not fwd.any() or len(ts) == 0:
+        return False
+    f_ts = on_tid["ts"].to_numpy(np.int64)[fwd]
+    f_end = on_tid["end"].to_numpy(np.int64)[fwd]
+    order = np.argsort(f_ts, kind="stable")
+    f_ts, reach = f_ts[order], np.maximum.accumulate(f_end[order])
+    k = np.searchsorted(f_ts, ts, side="right") - 1
+    has = k >= 0
+    held = np.zeros(len(ts), dtype=bool)
+    held[has] = reach[k[has]] >= end[has]
+    # an instance that is itself a forward range is held by itself: only strictly larger spans count
+    same = np.zeros(len(ts), dtype=bool)
+    same[has] = (f_ts[k[has]] == ts[has]) & (reach[k[has]] == end[has])
+    return bool((held & ~same).mean() > 0.5)
+
+
+def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
+    """The root module's forward as the trace records it (its outermost `nn.Module` call,
+    else its outermost annotation named forward) and how many times it runs, on the thread
+    that runs it most; None where the trace records neither."""
+    host = frames.host
+    if len(host) == 0:
+        return None
+    kinds = host["kind"].astype(str).to_numpy()
+    for sel in (
+        np.flatnonzero((kinds == "python") & _matches(host["name"], MODULE_CALL)),
+        np.flatnonzero((kinds == "annotation") & _matches(host["name"], FORWARD_NAME)),
+    ):
+        sel = sel[_outermost_per_thread(host, sel)]
+        if len(sel) == 0:
+            continue
+        pairs = pd.DataFrame({"tid": host["tid"].astype(str).to_numpy()[sel], "name": host["name"].astype(str).to_numpy()[sel]})
+        counts = pairs.value_counts()
+        (_, name), n = counts.index[0], int(counts.iloc[0])
+        return name, n
+    return None
+
+
+FORWARD_NAME = re.compile(r"(?i)(^|[^a-z])forward([^a-z]|$)")
+
+
+MIN_PERIOD = 8  # a repeated op sequence shorter than this is a loop inside a model, not a pass of it
+MAX_PERIOD_TRIES = 4000
+
+
+def periodic_ops(frames: TraceFrames) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """Where a trace that names no iteration repeats its top-level ops: the same sequence of
+    operators, one forward pass after another (a model called in a loop, profiled without
+    markers, modules or annotations). Returns the starts and ends of the repeats (ns) and
+    the sequence's length, or None when the top-level ops do not repeat from the first."""
+    host = frames.host
+    kinds = host["kind"].astype(str).to_numpy()
+    sel = np.flatnonzero((kinds == "op") | (kinds == "annotation"))
+    if len(sel) < 2 * MIN_PERIOD:
+        return None
+    tids = host["tid"].astype(str).to_numpy()[sel]
+    main = pd.Series(tids).value_counts().index[0]
+    sel = sel[tids == main]
+    ts = host["ts"].to_numpy(np.int64)[sel]
+    end = host["end"].to_numpy(np.int64)[sel]
+    order = np.lexsort((-end, ts))
+    sel, ts, end = sel[order], ts[order], end[order]
+    top = _outermost(ts, end)
+    sel, ts, end = sel[top], ts[top], end[top]
+    codes = pd.factorize(host["name"].astype(str).to_numpy()[sel])[0]
+    n = len(codes)
+    if n < 2 * MIN_PERIOD:
+        return None
+    cands = np.flatnonzero(codes[MIN_PERIOD : n // 2 + 1] == codes[0]) + MIN_PERIOD
+    for p in cands[:MAX_PERIOD_TRIES]:
+        k = min(n - p, 64)
+        if not (codes[p : p + k] == codes[:k]).all():
+            continue
+        if (codes[p:] == codes[: n - p]).all():
+            reps = n // p
+            starts = ts[np.arange(reps) * p]
+            ends = np.append(ts[np.arange(1, reps) * p], end[reps * p - 1 :].max() if reps * p < n else end[-1])
+            return starts, ends, int(p)
+    return None
+
+
 def find_iterations(frames: TraceFrames) -> Iterations | None:
     """The loop's iterations in a trace without ProfilerStep markers, or None when nothing repeats."""
     host = frames.host
     if len(host) == 0:
         return None
+    found = _named_iterations(frames)
+    if found is not None:
+        return found
+    rep = periodic_ops(frames)
+    if rep is None:
+        return None
+    starts, ends, period = rep
+    return _as_iterations(starts, ends, [f"iteration {i}" for i in range(len(starts))], f"the repeated sequence of {period} top-level operators (one pass of the model each)", 0)
+
+
+def _as_iterations(starts: np.ndarray, ends: np.ndarray, names: list[str], how: str, others: int) -> Iterations | None:
+    """Iterations from their spans: the first left out as the warm-up when named so or much longer than the rest."""
+    dur = (ends - starts).astype(np.float64)
+    named = bool(WARMUP_WORD.search(names[0])) if names else False
+    rest = dur[1:]
+    warm = len(dur) >= 2 and (named or (len(rest) > 0 and dur[0] > WARMUP_RATIO * float(np.median(rest))))
+    first = 1 if warm else 0
+    steps = pd.DataFrame(
+        {
+            "step": np.arange(first, len(starts), dtype=np.int64),
+            "name": [f"iteration {i}" for i in range(first, len(starts))],
+            "start": starts[first:].astype(np.int64),
+            "end": ends[first:].astype(np.int64),
+        }
+    )
+    if len(steps) == 0:
+        return None
+    return Iterations(steps, how, float(dur[0]) / 1e6 if warm else None, named, others)
+
+
+def _named_iterations(frames: TraceFrames) -> Iterations | None:
+    """Iterations from a span the trace names (the DataLoader, the optimizer, an annotation, a module call)."""
+    host = frames.host
+    span = max(frames.window[1] - frames.window[0], 1)
     for how, rows, mode, every in _candidates(host, frames.window):
         tid = _main_tid(host, rows)
         others = _concurrent_threads(host, every, host["tid"].iloc[every].astype(str).to_numpy(), tid)
@@ -163,6 +338,11 @@ def find_iterations(frames: TraceFrames) -> Iterations | None:
         if len(rows) < 2:
             continue
         on_tid = host[host["tid"].astype(str).to_numpy() == tid]
+        if mode == "start" and not how.startswith("the DataLoader"):
+            if parts_of_larger_unit(on_tid, ts, end, span):
+                continue  # the blocks of one forward pass, called in turn: not iterations
+            if how.startswith("the repeated annotation") and inside_forward(on_tid, ts, end):
+                continue  # a range inside the model's forward (a layer's): a part of each iteration
         t_ts, t_end = on_tid["ts"].to_numpy(np.int64), on_tid["end"].to_numpy(np.int64)
         if mode == "start":
             starts = ts
@@ -176,22 +356,10 @@ def find_iterations(frames: TraceFrames) -> Iterations | None:
             starts = np.concatenate([[int(first.min()) if len(first) else int(ts[0])], end[:-1]])
             ends = end
         names = host["name"].astype(str).to_numpy()[rows]
-        dur = (ends - starts).astype(np.float64)
-        named = bool(WARMUP_WORD.search(names[0]))
-        rest = dur[1:]
-        warm = len(dur) >= 2 and (named or (len(rest) > 0 and dur[0] > WARMUP_RATIO * float(np.median(rest))))
-        first = 1 if warm else 0
-        steps = pd.DataFrame(
-            {
-                "step": np.arange(first, len(starts), dtype=np.int64),
-                "name": [f"iteration {i}" for i in range(first, len(starts))],
-                "start": starts[first:].astype(np.int64),
-                "end": ends[first:].astype(np.int64),
-            }
-        )
-        if len(steps) == 0:
+        found = _as_iterations(starts, ends, list(names), how, others)
+        if found is None:
             continue
-        return Iterations(steps, how, float(dur[0]) / 1e6 if warm else None, named, others)
+        return found
     return None
 
 
@@ -320,7 +488,16 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
                 start, end = int(host["ts"].min()), int(host["end"].max())
             else:
                 start, end = frames.window
-            notes.append("no ProfilerStep markers: the whole trace window is treated as one step")
+            note = "no ProfilerStep markers: the whole trace window is treated as one step"
+            root = root_forward(frames)
+            if root is not None and root[1] == 1:
+                note += (
+                    f" (the root module's forward, {root[0]}, runs once in it: a single pass, whose one-time costs "
+                    "are not those of the steps that would follow)"
+                )
+            elif root is not None:
+                note += f" (nothing repeats as an iteration; {root[0]} is the outermost forward)"
+            notes.append(note)
             host_steps = pd.DataFrame({"step": [0], "name": ["(whole trace)"], "start": [start], "end": [end]})
     h_start = host_steps["start"].to_numpy(np.int64)
     h_end = clip_to_trace(frames, host_steps, notes)

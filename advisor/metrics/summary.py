@@ -29,6 +29,7 @@ from advisor.metrics.kernels import (
 )
 from advisor.metrics.memory import peak_memory
 from advisor.metrics.precision import Tf32Switches, precision_time_ms
+from advisor.metrics.one_time import without_one_time_work
 from advisor.metrics.steps import launches, step_of, step_spans, uneven_steps_note
 
 NS_PER_MS = 1e6
@@ -240,6 +241,11 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     """The rank's metrics; `facts` (the run's advisor_facts.json, if any) gives the TF32
     switches and the compute capability that decide each kernel's precision."""
     steps, notes = step_spans(frames)
+    cut, once = without_one_time_work(frames, steps)
+    if once:  # the steps again, on the timeline without the one-time work
+        frames = cut
+        steps, notes = step_spans(frames)
+        notes += once
     uneven = uneven_steps_note(steps["duration"].to_numpy(np.float64) / NS_PER_MS)
     if uneven:
         notes.append(uneven)

@@ -81,6 +81,11 @@ class RankWhatIf:
 # measured median is closest to the run's: the replay's cost stops growing with the trace.
 MAX_REPLAY_STEPS = 8
 
+# Without unprofiled steps, a window whose device is busy at most HOST_BOUND of the step is
+# the host's; the profiler-cost estimate may not make the device busy DEVICE_BOUND of it.
+HOST_BOUND = 0.5
+DEVICE_BOUND = 0.9
+
 # Largest share of the unprofiled step left unexplained (a fixed remainder) before the
 # calibration lets the host explain the step instead.
 MAX_REMAINDER_SHARE = 0.5
@@ -179,10 +184,39 @@ class RankReplay:
             else:
                 cost = profiler_cost(self.metrics, self.graph)
                 if cost is not None:
+                    cost = self._host_bound_kept(cost)
                     base = Change(host_scale=cost[1])
                     self.scale_range = [cost[0], cost[2]]
             self._base = base
         return self._base
+
+    def _host_bound_kept(self, cost: tuple[float, float, float]) -> tuple[float, float, float]:
+        """The profiler-cost scales, unless they turn a window the host holds (the device busy
+        at most HOST_BOUND of the measured step) into one the device holds (busy at least
+        DEVICE_BOUND of the replayed step): an estimate, not a measurement, must not decide
+        that verdict. Then the least host time is taken out that keeps the host's reading
+        (the estimate's low end, else none), and a note says so."""
+        m = self.metrics
+        if len(m.steps) == 0 or len(self.graph.d_dur) == 0:
+            return cost
+        util = m.utilization.to_numpy(np.float64)
+        dur_ms = m.steps["duration"].to_numpy(np.float64) / 1e6
+        if len(util) != len(dur_ms) or float(np.median(util)) > HOST_BOUND:
+            return cost
+        busy_ms = float(np.median(util * dur_ms))
+
+        def device_bound(scale: float) -> bool:
+            return busy_ms >= DEVICE_BOUND * replay(self.graph, Change(host_scale=scale)).median_ms
+
+        if not device_bound(cost[1]):
+            return cost
+        kept = cost[2] if not device_bound(cost[2]) else 1.0
+        m.notes.append(
+            f"the profiler's own cost estimated from the recorded host events (host time ×{cost[1]:.2f}) would make the "
+            f"device, busy {float(np.median(util)):.0%} of the measured step, hold the replayed step: without unprofiled steps "
+            f"to measure it, the host-bound reading is kept (host time ×{kept:.2f}); `advisor profile --full` records them"
+        )
+        return (min(kept, cost[0]) if kept < 1.0 else 1.0, kept, kept)
 
     def _as_step_host_time(self, base: Change, rest_ms: float) -> tuple[Change, float]:
         """Place the unexplained time as host time in each step, if that replays to the
@@ -316,8 +350,10 @@ def sampled_graph(frames, steps) -> tuple[StepGraph, tuple[np.ndarray, np.ndarra
     rt_rows, dev_rows = np.nonzero(rt_in)[0], np.nonzero(dev_in)[0]
     part = _Part(frames.runtime.iloc[rt_rows].reset_index(drop=True), frames.device.iloc[dev_rows].reset_index(drop=True))
     g = build_graph(part, sub)  # type: ignore[arg-type]
-    g.runtime_row = np.where(g.runtime_row >= 0, rt_rows[np.maximum(g.runtime_row, 0)], -1)
-    g.device_row = dev_rows[g.device_row]
+    if len(rt_rows):  # a CPU run's block has no runtime calls to name
+        g.runtime_row = np.where(g.runtime_row >= 0, rt_rows[np.maximum(g.runtime_row, 0)], -1)
+    if len(dev_rows):
+        g.device_row = dev_rows[g.device_row]
     return g, (rt_in, dev_in)
 
 
@@ -400,7 +436,8 @@ def profiler_cost(metrics, g: StepGraph) -> tuple[float, float, float] | None:
     cost out of a window that has no unprofiled steps to calibrate against.
 
     The cost is the host events the profiler recorded in the steps (operators, Python
-    functions with stacks on) times PROFILER_NS_PER_EVENT, spread over the host time the graph
+    functions with stacks on) times PROFILER_NS_PER_EVENT, each at most the event's own recorded
+    span, spread over the host time the graph
     replays per step (its gaps and calls); None without host events or steps."""
     steps = metrics.steps
     if len(steps) == 0 or len(g.h_gap) == 0:
@@ -409,10 +446,14 @@ def profiler_cost(metrics, g: StepGraph) -> tuple[float, float, float] | None:
     kind = host["kind"].astype(str).to_numpy()
     ts = host["ts"].to_numpy(np.int64)
     lo, hi = int(steps["start"].min()), int(steps["end"].max())
-    events = int((((kind == "op") | (kind == "python")) & (ts >= lo) & (ts < hi)).sum())
+    recorded = ((kind == "op") | (kind == "python")) & (ts >= lo) & (ts < hi)
+    events = int(recorded.sum())
     host_ns = float(np.clip(g.h_gap, 0, None).sum() + np.clip(g.h_dur, 0, None).sum())
     if events == 0 or host_ns <= 0:
         return None
     from advisor.whatif.replay import HOST_SCALE_FLOOR
 
-    return tuple(float(max(1.0 - events * c / host_ns, HOST_SCALE_FLOOR)) for c in reversed(PROFILER_NS_PER_EVENT))  # type: ignore[return-value]
+    # No event costs the profiler more than the event's own recorded span (a Python call of
+    # 0.3 µs did not hide 1.9 µs of the profiler's work): the trace bounds the estimate.
+    own = np.clip((host["end"] - host["ts"]).to_numpy(np.float64)[recorded], 0, None)
+    return tuple(float(max(1.0 - float(np.minimum(own, c).sum()) / host_ns, HOST_SCALE_FLOOR)) for c in reversed(PROFILER_NS_PER_EVENT))  # type: ignore[return-value]

@@ -1,0 +1,146 @@
+"""Work that happens once in the window: taken out of the steps, reported apart with its size.
+
+The first call of its kind can do what no later one does: the first kernel launch loads the
+kernels' library (hundreds of milliseconds for cuBLAS or a compiled graph's module), the
+first call into cuDNN, cuBLAS or MIOpen creates its handle, the first convolution of a shape
+autotunes. A window that holds such a call (a single cold pass, or a trace started with the
+run) would charge it to a step and promise it back as a per-step saving. A runtime call is
+taken as one-time work when it lasts at least ONE_TIME_MIN_MS and more than ONE_TIME_FACTOR
+times the typical call of its name (the lower quartile of their durations) (at least MIN_CALLS of them), and is not a wait for
+the device (a synchronize lasts as long as the work it waits for); also a call that only
+initialises a library (LIBRARY_INIT) lasting at least ONE_TIME_MIN_MS.
+
+Its excess over the typical call is cut out of the timeline (everything after it moves
+earlier by that much), where the device had nothing to do meanwhile: every figure after
+that, step times, idle time and savings, is the steady run's. The note names each call and
+its size.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from advisor.load.trace import TraceFrames
+from advisor.metrics.intervals import merge, overlap_with
+
+ONE_TIME_FACTOR = 20.0
+TYPICAL_QUANTILE = 0.25
+ONE_TIME_MIN_MS = 5.0
+MIN_CALLS = 3
+# A wait lasts as long as the work it waits for, a copy as long as its bytes take: neither is
+# one-time work of its own.
+WAIT_CALL = re.compile(r"synchroni[sz]e|wait|query|memcpy|memset", re.IGNORECASE)
+LIBRARY_INIT = re.compile(
+    r"^(cuInit|cuModuleLoad\w*|cuLibraryLoad\w*|hipModuleLoad\w*|cudnnCreate|cublasCreate\w*|cublasLtCreate|"
+    r"miopenCreate\w*|rocblas_create_handle|hipblasCreate|hipblasLtCreate|cudaSetDevice|hipSetDevice)$"
+)
+ONE_TIME_NOTE = "one-time work taken out of the steps"
+# Device activity during the excess above this share of it: the call did not hold the run
+# up alone, and cutting it out would squeeze the device's work.
+MAX_BUSY_SHARE = 0.05
+
+
+def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The runtime calls that are one-time work (inside the steps' spans, when given): name,
+    ts, end, excess (ns cut out), count (calls of the name)."""
+    rt = frames.runtime
+    empty = pd.DataFrame({"name": pd.Series([], dtype=object), "ts": [], "end": [], "excess": [], "count": []})
+    if len(rt) == 0:
+        return empty
+    dur = (rt["end"] - rt["ts"]).to_numpy(np.int64)
+    names = rt["name"].astype(str).to_numpy()
+    s = pd.Series(dur)
+    # the typical call of a name: its lower quartile (a short window's cold calls can be half
+    # of them: seven launches of which three load a module)
+    med = s.groupby(names).transform(lambda x: x.quantile(TYPICAL_QUANTILE)).to_numpy(np.float64)
+    count = s.groupby(names).transform("size").to_numpy(np.int64)
+    waits = pd.Series(names).str.contains(WAIT_CALL.pattern, case=False, regex=True).to_numpy()
+    long = dur >= ONE_TIME_MIN_MS * 1e6
+    outlier = long & (dur > ONE_TIME_FACTOR * med) & (count >= MIN_CALLS) & ~waits
+    init = long & pd.Series(names).str.match(LIBRARY_INIT.pattern).to_numpy()
+    chosen = outlier | init
+    if steps is not None and len(steps):
+        ts_all = rt["ts"].to_numpy(np.int64)
+        s0, s1 = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+        i = np.searchsorted(s0, ts_all, side="right") - 1
+        chosen &= (i >= 0) & (ts_all < s1[np.maximum(i, 0)])
+    pick = np.flatnonzero(chosen)
+    if len(pick) == 0:
+        return empty
+    ts = rt["ts"].to_numpy(np.int64)[pick]
+    end = rt["end"].to_numpy(np.int64)[pick]
+    typical = np.where(init[pick], 0, med[pick]).astype(np.int64)
+    out = pd.DataFrame({"name": names[pick], "ts": ts, "end": end, "excess": end - (ts + typical), "count": count[pick]})
+    # keep those whose excess the device spent idle
+    dev = frames.device
+    if len(dev):
+        ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+        busy = overlap_with(ds, de, out["end"].to_numpy(np.int64) - out["excess"].to_numpy(np.int64), out["end"].to_numpy(np.int64))
+        out = out[busy <= MAX_BUSY_SHARE * out["excess"].to_numpy(np.float64)]
+    return out.sort_values("ts").reset_index(drop=True)
+
+
+def _shift(t: np.ndarray, cut_at: np.ndarray, cut_len: np.ndarray) -> np.ndarray:
+    """Times with the cut intervals [cut_at, cut_at + cut_len) taken out of the timeline."""
+    out = t.astype(np.int64, copy=True)
+    for a, n in zip(cut_at, cut_len):
+        out -= np.clip(t - a, 0, n)
+    return out
+
+
+def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None) -> tuple[TraceFrames, list[str]]:
+    """The frames with each one-time call in the steps cut out of the timeline, and the note."""
+    calls = one_time_calls(frames, steps)
+    if len(calls) == 0:
+        return frames, []
+    cut_len = calls["excess"].to_numpy(np.int64)
+    cut_at = calls["end"].to_numpy(np.int64) - cut_len
+
+    def moved(df: pd.DataFrame | None, cols: tuple[str, ...]) -> pd.DataFrame | None:
+        if df is None or len(df) == 0:
+            return df
+        df = df.copy()
+        for c in cols:
+            if c in df.columns:
+                df[c] = _shift(df[c].to_numpy(np.int64), cut_at, cut_len)
+        if "dur" in df.columns and "ts" in df.columns and "end" in df.columns:
+            df["dur"] = df["end"] - df["ts"]
+        return df
+
+    metadata = dict(frames.metadata)
+    session_end = metadata.get("profiler_session_end_ns")
+    if isinstance(session_end, (int, float)) and not isinstance(session_end, bool):
+        metadata["profiler_session_end_ns"] = int(_shift(np.array([int(session_end)]), cut_at, cut_len)[0])
+    w0, w1 = _shift(np.array(frames.window, dtype=np.int64), cut_at, cut_len)
+    out = replace(
+        frames,
+        host=moved(frames.host, ("ts", "end")),
+        runtime=moved(frames.runtime, ("ts", "end")),
+        device=moved(frames.device, ("ts", "end")),
+        memory=moved(frames.memory, ("ts",)),
+        steps=moved(frames.steps, ("start", "end")),
+        syncs=moved(frames.syncs, ("ts", "end")),
+        window=(int(w0), int(w1)),
+        metadata=metadata,
+    )
+    total = float(cut_len.sum()) / 1e6
+    parts = [
+        f"{r.name} {r.excess / 1e6:,.1f} ms"
+        + (f" (one of {r.count}, typically {(r.end - r.ts - r.excess) / 1e3:,.0f} µs)" if r.count >= MIN_CALLS and not LIBRARY_INIT.match(r.name) else "")
+        for r in calls.head(5).itertuples()
+    ]
+    note = (
+        f"{ONE_TIME_NOTE}, {total:,.1f} ms in all: {'; '.join(parts)}"
+        + (f" and {len(calls) - 5} more" if len(calls) > 5 else "")
+        + " (a library loaded or initialised, autotuning, first-call compilation): reported apart, never a per-step saving"
+    )
+    return out, [note]
+
+
+def had_one_time_work(metrics) -> bool:
+    """Whether one-time work was cut out of this rank's steps (its note is among the rank's notes)."""
+    return any(n.startswith(ONE_TIME_NOTE) for n in metrics.notes)

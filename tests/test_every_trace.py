@@ -1,0 +1,296 @@
+"""Invariants of the reading of a trace, checked on every real trace in reach.
+
+Each check is computed from the analysis and the trace's own events, so it holds (or fails)
+on any trace, not on one picked to show a case:
+
+- the iteration: a step found without `ProfilerStep` markers holds a whole forward of the
+  root module (the outermost `nn.Module` call, or the outermost forward annotation where the
+  trace records no modules), and no step holds two forwards of it; the notes say how the
+  iteration was found;
+- one-time work (a runtime call that happens once and lasts far longer than the others of its
+  kind: a library load in the first launch, context creation, autotuning) is never a per-step
+  saving: the ranked savings together stay within the step without it;
+- missing or skewed device data (launches without kernel records, copy calls without copy
+  records, a device timeline outside the host's) gets a warning, and no finding that rests on
+  the device's records;
+- without unprofiled steps, the profiler-cost calibration of host time never turns a window
+  whose device idles most of the step into one the device holds.
+
+They run over `public_traces()` (../shared/traces, skipped with the reason when absent) and
+`own_runs()` (this project's recordings); each run is analysed once per process.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from corpus import analysis_of, own_runs, public_traces
+
+ALL_RUNS = public_traces() + own_runs()
+
+MODULE_CALL = re.compile(r"^nn\.Module: ")
+FORWARD_ANNOTATION = re.compile(r"(?i)(?:^|[^a-z])forward(?:[^a-z]|$)")
+LAUNCH_CALL = re.compile(
+    r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch)"
+)
+COPY_CALL = re.compile(r"^(cuda|hip)Memcpy")
+
+# Findings that rest on the device's own records (its kernels, its idle time, its copies).
+KERNEL_RULES = {
+    "gpu-idle",
+    "launch-bound",
+    "tensor-cores-unused",
+    "tf32-disabled",
+    "unfused-elementwise",
+    "channels-last",
+    "compile-graph-breaks",
+    "communication-exposed",
+    "straggler",
+    "host-sync",
+    "spare-gpu-memory",
+    "step-time-variance",
+}
+COPY_RULES = {"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume"}
+
+# Runs where an invariant does not hold for a reason the trace itself sets (strict: the day
+# it holds, the mark must go). Keyed by (check, run).
+KNOWN: dict[tuple[str, str], str] = {}
+
+
+def _params(check: str) -> list:
+    out = []
+    for name in ALL_RUNS:
+        why = KNOWN.get((check, name))
+        marks = [pytest.mark.xfail(reason=why, strict=True)] if why else []
+        out.append(pytest.param(name, id=name, marks=marks))
+    return out
+
+
+def _full(name: str):
+    """The analysis and its slowest rank with frames loaded (the raw events)."""
+    a = analysis_of(name)
+    return a, a.with_primary_frames().primary
+
+
+def _outermost(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Which spans are in no other span of the set (ties: the longer one is the outer)."""
+    order = np.lexsort((-end, ts))
+    keep = np.zeros(len(ts), dtype=bool)
+    last = np.iinfo(np.int64).min
+    for i in order:
+        if end[i] > last:
+            keep[i] = ts[i] >= last
+            last = max(last, end[i])
+    return keep
+
+
+def root_forwards(host: pd.DataFrame) -> pd.DataFrame:
+    """The root module's forward calls, per thread: the outermost `nn.Module` calls, else the
+    outermost annotations named forward. Empty when the trace records neither."""
+    names = host["name"].astype(str)
+    for sel in (
+        (host["kind"].astype(str) == "python") & names.str.match(MODULE_CALL.pattern),
+        (host["kind"].astype(str) == "annotation") & names.str.contains(FORWARD_ANNOTATION.pattern),
+    ):
+        calls = host[sel.to_numpy()]
+        if len(calls) == 0:
+            continue
+        out = []
+        for _, g in calls.groupby(calls["tid"].astype(str), sort=False):
+            keep = _outermost(g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
+            out.append(g[keep])
+        return pd.concat(out).assign(name=lambda d: d["name"].astype(str), tid=lambda d: d["tid"].astype(str))
+    return host.iloc[:0]
+
+
+MIN_PASS_OPS = 8  # a repeated sequence of fewer operators is a loop inside the model
+
+
+def top_level_ops(host: pd.DataFrame, start: int, end: int) -> np.ndarray:
+    """Names of the outermost operators and annotations of the busiest thread in [start, end]."""
+    kinds = host["kind"].astype(str)
+    h = host[((kinds == "op") | (kinds == "annotation")).to_numpy()]
+    h = h[(h["ts"] >= start).to_numpy() & (h["end"] <= end).to_numpy()]
+    if len(h) == 0:
+        return np.array([], dtype=object)
+    tid = h["tid"].astype(str).value_counts().index[0]
+    h = h[(h["tid"].astype(str) == tid).to_numpy()]
+    keep = _outermost(h["ts"].to_numpy(np.int64), h["end"].to_numpy(np.int64))
+    h = h[keep].sort_values("ts", kind="stable")
+    return h["name"].astype(str).to_numpy()
+
+
+def repeats_from_start(names: np.ndarray) -> int | None:
+    """The length of a sequence the names repeat from the first at least twice (to the end,
+    the last repeat possibly cut short), or None."""
+    n = len(names)
+    for p in range(MIN_PASS_OPS, n // 2 + 1):
+        if names[p] == names[0] and (names[p:] == names[: n - p]).all():
+            return p
+    return None
+
+
+# --- the iteration ------------------------------------------------------------------------
+@pytest.mark.parametrize("name", _params("iteration"))
+def test_iteration_holds_one_whole_forward_of_the_root_module(name):
+    a, m = _full(name)
+    frames = m.frames
+    if len(frames.steps):
+        return  # the user's ProfilerStep markers are the iteration
+    notes = " ".join(n for n in a.notes())
+    assert "no ProfilerStep markers" in notes, "the notes say how the iteration was found"
+    roots = root_forwards(frames.host)
+    if len(roots) == 0:
+        # nothing names the model's forward: a step whose own top-level operators repeat one
+        # sequence from its start (a model called in a loop) holds several passes of it
+        for i, (s, e) in enumerate(zip(m.steps["host_start"], m.steps["host_end"])):
+            period = repeats_from_start(top_level_ops(frames.host, int(s), int(e)))
+            assert period is None, f"step {i} repeats a sequence of {period} top-level operators: iterations merged"
+        return
+    r_ts, r_end = roots["ts"].to_numpy(np.int64), roots["end"].to_numpy(np.int64)
+    steps = m.steps
+    s_ts, s_end = steps["host_start"].to_numpy(np.int64), steps["host_end"].to_numpy(np.int64)
+    r_name, r_tid = roots["name"].to_numpy(), roots["tid"].to_numpy()
+    # the loop's thread: the one whose forwards fall in the most steps (a server's other
+    # threads serve their own requests meanwhile)
+    idx = np.searchsorted(s_ts, r_ts, side="right") - 1
+    ok = (idx >= 0) & (r_end <= s_end[np.maximum(idx, 0)])
+    per_thread = pd.Series(idx[ok]).groupby(r_tid[ok]).nunique() if ok.any() else pd.Series(dtype=np.int64)
+    loop_tid = per_thread.idxmax() if len(per_thread) else None
+    for i, (s, e) in enumerate(zip(s_ts, s_end)):
+        inside = (r_ts >= s) & (r_end <= e)
+        assert inside.any() or len(steps) == 1, (
+            f"step {i} ({(e - s) / 1e6:.2f} ms) holds no whole forward of the root module "
+            f"({r_name[0]}): it is a part of an iteration"
+        )
+        # on one thread, a step holds one forward of a module: a single step over the whole
+        # window that holds several is iterations merged into one (a server's other threads
+        # may run the same module meanwhile)
+        mine = inside & (r_tid == loop_tid)
+        if mine.any():
+            names, counts = np.unique(r_name[mine], return_counts=True)
+            assert counts.max() <= 1, f"step {i} holds {counts.max()} forwards of {names[counts.argmax()]}: iterations merged"
+
+
+# --- one-time work ------------------------------------------------------------------------
+ONE_TIME_FACTOR = 20.0  # a call this many times longer than the median of its kind...
+ONE_TIME_MIN_NS = 5_000_000  # ...and at least 5 ms, happening once
+WAIT_CALL = re.compile(r"synchroni[sz]e|wait|query")
+
+
+def one_time_ns(m) -> float:
+    """Time in the steps spent in runtime calls that happen once: far longer than the other
+    calls of their name (the first launch loading a library, context creation, autotuning)."""
+    rt = m.frames.runtime
+    if len(rt) == 0:
+        return 0.0
+    dur = (rt["end"] - rt["ts"]).to_numpy(np.int64)
+    names = rt["name"].astype(str).to_numpy()
+    med = pd.Series(dur).groupby(names).transform("median").to_numpy()
+    count = pd.Series(dur).groupby(names).transform("size").to_numpy()
+    # a wait for the device lasts as long as the device's work: not one-time work of its own
+    waits = pd.Series(names).str.contains(WAIT_CALL.pattern, case=False).to_numpy()
+    outlier = (dur >= ONE_TIME_MIN_NS) & (dur > ONE_TIME_FACTOR * med) & (count >= 3) & ~waits
+    ts = rt["ts"].to_numpy(np.int64)
+    s, e = m.steps["start"].to_numpy(np.int64), m.steps["end"].to_numpy(np.int64)
+    idx = np.searchsorted(s, ts, side="right") - 1
+    in_step = (idx >= 0) & (ts < e[np.maximum(idx, 0)])
+    return float(dur[outlier & in_step].sum())
+
+
+@pytest.mark.parametrize("name", _params("one-time"))
+def test_no_per_step_saving_from_work_done_once(name):
+    a, m = _full(name)
+    once = one_time_ns(m) / 1e6 / max(len(m.steps), 1)
+    if once <= 0:
+        return
+    step = float(m.steps["duration"].mean()) / 1e6
+    saved = sum(f.saving_ms or 0.0 for f in a.findings if f.rank in (None, m.rank))
+    assert saved <= step - once + 0.01 * step, (
+        f"the ranked fixes save {saved:.1f} ms of a {step:.1f} ms step, {once:.1f} ms of which is work done once"
+    )
+    for f in a.findings:
+        assert (f.saving_ms or 0.0) <= step - once + 0.01 * step, f"{f.rule} saves {f.saving_ms:.1f} ms, more than the steady step"
+
+
+# --- missing or skewed device data ----------------------------------------------------------
+def device_gaps(m) -> list[str]:
+    """What the trace's own events say is missing or skewed on the device side."""
+    frames = m.frames
+    rt, dev, host = frames.runtime, frames.device, frames.host
+    out = []
+    rt_names = rt["name"].astype(str) if len(rt) else pd.Series([], dtype=str)
+    launches = int(rt_names.str.match(LAUNCH_CALL.pattern).sum()) if len(rt) else 0
+    copies = int(rt_names.str.match(COPY_CALL.pattern).sum()) if len(rt) else 0
+    kinds = dev["kind"].astype(str) if len(dev) else pd.Series([], dtype=str)
+    kernels = int((kinds == "kernel").sum())
+    if launches >= 20 and kernels < 0.1 * launches:
+        out.append(f"{launches} launches, {kernels} kernel records")
+    elif launches + copies > 0 and len(dev) == 0:
+        out.append(f"{launches + copies} launch and copy calls, no device records")
+    if copies >= 5 and int((kinds == "memcpy").sum()) == 0:
+        out.append(f"{copies} copy calls, no copy records")
+    if len(dev) and len(host):
+        h0, h1 = int(host["ts"].min()), int(host["end"].max())
+        d0, d1 = int(dev["ts"].min()), int(dev["end"].max())
+        if d0 >= h1 or d1 <= h0:
+            out.append("device timeline outside the host's")
+    if len(dev) and len(rt) and not (host["kind"].astype(str) == "op").any():
+        out.append("host operators missing")
+    if len(dev) and len(rt) and not out:
+        # launched work that waits to start with nothing on the device meanwhile
+        d = dev.sort_values("ts", kind="stable")
+        launch_end = d["correlation"].map(rt.drop_duplicates("correlation").set_index("correlation")["end"]).to_numpy(np.float64)
+        prev = np.concatenate([[-np.inf], np.maximum.accumulate(d["end"].to_numpy(np.float64))[:-1]])
+        waited = d["ts"].to_numpy(np.float64) - np.maximum(launch_end, prev)
+        waited = waited[np.isfinite(waited)]
+        if len(waited) and waited.max() > 0.5 * (frames.window[1] - frames.window[0]):
+            out.append("device work waited unrecorded")
+    return out
+
+
+IDLE_RULES = {"gpu-idle", "launch-bound", "host-sync", "step-time-variance", "straggler", "communication-exposed", "dataloader-stall"}
+
+
+@pytest.mark.parametrize("name", _params("device-gaps"))
+def test_missing_or_skewed_device_data_is_warned_and_not_advised_on(name):
+    a, m = _full(name)
+    gaps = device_gaps(m)
+    if not gaps:
+        return
+    said = [w for w in a.warnings if re.search(r"device|kernel|copy|host's operators", w, re.IGNORECASE)]
+    assert said, f"{'; '.join(gaps)}: no warning"
+    rules = {f.rule for f in a.findings}
+    if any("waited unrecorded" in g for g in gaps):
+        assert not rules & IDLE_RULES, f"{'; '.join(gaps)}: idle-based findings {sorted(rules & IDLE_RULES)}"
+    if any("host operators" in g for g in gaps):
+        assert not rules & (IDLE_RULES | {"cpu-tensor-then-copy", "empty-cache", "allocator-churn"}), f"{'; '.join(gaps)}: {sorted(rules)}"
+    if any("kernel" in g or "device records" in g or "outside" in g for g in gaps):
+        assert not rules & KERNEL_RULES, f"{'; '.join(gaps)}: device-based findings {sorted(rules & KERNEL_RULES)}"
+    if any("copy" in g for g in gaps):
+        assert not rules & COPY_RULES, f"{'; '.join(gaps)}: copy findings {sorted(rules & COPY_RULES)}"
+
+
+# --- the profiler's cost without unprofiled steps --------------------------------------------
+HOST_BOUND = 0.5  # the device busy at most half the step: the host holds it
+DEVICE_BOUND = 0.9  # the device busy this much of the replayed step: the device holds it
+
+
+@pytest.mark.parametrize("name", _params("calibration"))
+def test_calibration_without_unprofiled_steps_keeps_a_host_bound_window_host_bound(name):
+    a, m = _full(name)
+    w = a.headline()
+    if w is None or w.unprofiled_ms is not None or not m.has_device or len(m.steps) == 0:
+        return
+    busy = (m.utilization.to_numpy(np.float64) * m.steps["duration"].to_numpy(np.float64) / 1e6)
+    measured_share = float(np.median(m.utilization.to_numpy(np.float64)))
+    if measured_share > HOST_BOUND:
+        return
+    replayed_share = float(np.median(busy)) / max(w.baseline_ms, 1e-9)
+    assert replayed_share < DEVICE_BOUND, (
+        f"the device is busy {measured_share:.0%} of the measured step but {replayed_share:.0%} of the "
+        f"replayed one (host time x{w.host_scale:.2f}): the calibration made a host-bound window device-bound"
+    )
