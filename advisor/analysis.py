@@ -29,6 +29,8 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
+from advisor.rank_view import RankView, rank_view
+from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
@@ -51,6 +53,9 @@ class Analysis:
     # Findings whose fix gains nothing on this run (Finding.no_gain says why): not ranked,
     # listed as considered. Taken out of `findings` when the analysis is made.
     considered: list[Finding] = field(default_factory=list)
+    # The slowest rank's view (advisor.rank_view): what the renderers draw and replay beyond
+    # the figures, made while its frames were loaded. None: read from the cache without one.
+    primary_view: RankView | None = field(default=None, repr=False, compare=False)
     # The analysis entry it was read from or stored in, and its key (None: not cached): where
     # the report rendered from it is kept (advisor.cache.store_report).
     cache_key: AnalysisKey | None = field(default=None, repr=False, compare=False)
@@ -131,28 +136,30 @@ class Analysis:
         out._derived = dict(self._derived)
         return out
 
-    def stated_fixes(self, rule_options: dict[str, dict[str, Any]] | None = None) -> tuple["RankReplay", dict[str, Finding]]:
-        """The slowest rank's replay and its findings with their fixes as graph changes
-        (stated with the analysis's own rule options unless others are given).
+    @property
+    def view(self) -> RankView:
+        """The slowest rank's view: made with the analysis; for an analysis read from the
+        cache without one, made once from its trace (the rank's rules state their fixes again)."""
+        if self.primary_view is None or self.primary_view.rank != self.primary.rank:
+            m = self.primary
+            facts = self.run_facts(m.rank)
+            frames = _complete_steps_only(load_cached(m.frames.path), facts, [])
+            full = compute_metrics(frames, m.rank, facts)
+            stated = check_rank_rules(all_rules(), full, facts, self.rule_options, len(self.ranks), [])
+            self.primary_view = rank_view(full, facts, self.headline(), {f.rule: f.change for f in stated if f.change is not None and f.saving_ms is not None})
+        return self.primary_view
 
-        Findings travel from the per-rank map without their changes (they are frame rows);
-        the slowest rank's rules state them again here, on its reloaded frames.
-        """
-        from advisor.whatif.savings import rank_replay
-
-        a = self.with_primary_frames()
-        facts = a.run_facts()
-        options = self.rule_options if rule_options is None else rule_options
-        stated = check_rank_rules(all_rules(), a.primary, facts, options, len(a.ranks), [])
-        return rank_replay(a.primary, facts), {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
+    def stated_fixes(self, rule_options: dict[str, dict[str, Any]] | None = None) -> tuple["RankReplay", dict[str, Change]]:
+        """The slowest rank's replay and its findings' fixes as graph changes (rule -> change),
+        as its rules stated them during the analysis (with the analysis's rule options)."""
+        v = self.view
+        return (v.replay if v.replay is not None else RankReplay(self.primary, self.run_facts())), v.stated
 
     def replayed_saving(self, rules: list[str], rule_options: dict[str, dict[str, Any]] | None = None) -> float | None:
         """What the named findings' fixes save per step, replayed together on the slowest rank
         (never their sum); None when none of them has a fix to replay."""
-        from advisor.whatif.replay import Change
-
         replay, modelled = self.stated_fixes(rule_options)
-        changes = [modelled[r].change for r in rules if r in modelled]
+        changes = [modelled[r] for r in rules if r in modelled]
         if not changes or not replay.available:
             return None
         return replay.saving_ms(Change.merge(changes))
@@ -386,6 +393,7 @@ class RankResult:
     window_steps: int = 0
     mtime: float = 0.0
     metrics: Metrics | None = None
+    view: RankView | None = None  # what the reports draw and replay of it (advisor.rank_view)
     findings: RankFindings = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timing_warning: str | None = None  # the trace's times cannot be trusted (distorted_timing_warning)
@@ -444,9 +452,11 @@ def analyze_rank(task: RankTask) -> RankResult:
     replayed: list[RankWhatIf] = []
     too_small = task.world_size > 1 and frames.event_count < MIN_RANK_EVENTS
     found: RankFindings = []
+    stated: dict[str, Change] = {}
     if not too_small:
         rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
-        found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed)
+        found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed, stated)
+    view = rank_view(metrics, facts, replayed[0] if replayed else None, stated)
     try:
         mtime = task.path.stat().st_mtime
     except OSError:
@@ -461,6 +471,7 @@ def analyze_rank(task: RankTask) -> RankResult:
         window_steps=window_steps,
         mtime=mtime,
         metrics=without_frames(metrics),
+        view=view,
         findings=found,
         warnings=warnings,
         timing_warning=distorted_timing_warning(frames),
@@ -602,6 +613,8 @@ def analyze(
     metrics = [m for m, _ in per_rank]
     waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None
     whatif = [r.whatif for r in sorted(results, key=lambda r: r.rank) if r.whatif is not None]
+    slowest = max(metrics, key=lambda m: m.mean_step_ns)
+    view = next((r.view for r in results if r.metrics is slowest), None)
     findings = combine_findings(rules, per_rank, job_findings(rules, metrics, waits, facts, config.rule_options))
     entry = None
     if key is not None and (store or time.perf_counter() - started >= cache_store.MIN_ANALYSIS_SECONDS):
@@ -610,7 +623,7 @@ def analyze(
             entry = write_analysis(run_files, key, metrics, findings, warnings, whatif)
     return Analysis(
         source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif,
-        rule_options=config.rule_options, cache_key=key if entry is not None else None, cache_entry=entry,
+        rule_options=config.rule_options, cache_key=key if entry is not None else None, cache_entry=entry, primary_view=view,
     )
 
 

@@ -77,8 +77,8 @@ def whatif(
         alone = {rule: report.savings.get(rule, 0.0) for rule in wanted}
         together = report.all_fixes_ms
     else:
-        alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
-        together = min(replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted])), head.baseline_ms)
+        alone = {rule: replay.saving_ms(modelled[rule]) for rule in wanted}
+        together = min(replay.replayed_ms(Change.merge([modelled[rule] for rule in wanted])), head.baseline_ms)
     saved = head.baseline_ms - together
     say(out, f"With the fixes   {together:.2f} ms per step ({saved:+.2f} ms saved, {100 * saved / head.baseline_ms:.0f}% of the step): " + ", ".join(wanted))
     for rule in wanted:
