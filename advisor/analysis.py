@@ -29,7 +29,7 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.unprofiled import ProfilerOverhead, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
-from advisor.rank_view import RankView, rank_view
+from advisor.rank_view import RankView, rank_view, view_files, view_from_files
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
@@ -495,9 +495,10 @@ def analyze_ranks(tasks: list[RankTask], progress: Callable[[Path], None] | None
 
 
 # --- the reduce: the job, from what the ranks sent back --------------------------------------
-def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> list[RankResult]:
+def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> tuple[list[RankResult], bool]:
     """The ranks to report: broken files skipped with a warning (the error itself when the run
-    has one file, or when none loaded), one window per worker."""
+    has one file, or when none loaded), one window per worker; and whether the files held
+    several jobs (then the run is the chosen job's files only)."""
     kept, errors = [], []
     for r in results:
         if r.error is not None:
@@ -509,7 +510,8 @@ def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> li
             kept.append(r)
     if not kept:
         raise errors[0]
-    return _one_window_per_worker(_one_job(kept, run.directory, warnings), warnings)
+    job = _one_job(kept, run.directory, warnings)
+    return _one_window_per_worker(job, warnings), len(job) < len(kept)
 
 
 def _one_window_per_worker(results: list[RankResult], warnings: list[str]) -> list[RankResult]:
@@ -565,12 +567,14 @@ def analyze(
         hit = read_analysis(run_files, key)
         if hit is not None:
             facts = _read_facts(run_files.directory, [])  # its warnings are among the stored ones
-            if any(JOB_SPLIT_NOTE in w for w in hit.warnings):
+            if hit.split_job:
                 chosen = {m.frames.path for m in hit.ranks}
                 run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
+            slowest = max(hit.ranks, key=lambda m: m.mean_step_ns)
+            view = view_from_files(hit.extra, slowest, facts.get(slowest.rank) or facts.get(-1))
             return Analysis(
                 source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif,
-                rule_options=config.rule_options, cache_key=key, cache_entry=hit.folder,
+                rule_options=config.rule_options, cache_key=key, cache_entry=hit.folder, primary_view=view,
             )
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)  # bad ids fail here, once
     started = time.perf_counter()
@@ -588,8 +592,8 @@ def analyze(
         rule_options=config.rule_options,
     )
     tasks = [replace(base, path=p, index=i) for i, p in enumerate(run_files.files)]
-    results = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)
-    if any(JOB_SPLIT_NOTE in w for w in warnings):
+    results, split_job = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)
+    if split_job:
         chosen = {r.path for r in results}
         run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
     warnings += fact_warnings
@@ -620,7 +624,7 @@ def analyze(
     if key is not None and (store or time.perf_counter() - started >= cache_store.MIN_ANALYSIS_SECONDS):
         # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
         if key.parsed_as_keyed(results):
-            entry = write_analysis(run_files, key, metrics, findings, warnings, whatif)
+            entry = write_analysis(run_files, key, metrics, findings, warnings, whatif, extra=view_files(view), split_job=split_job)
     return Analysis(
         source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif,
         rule_options=config.rule_options, cache_key=key if entry is not None else None, cache_entry=entry, primary_view=view,

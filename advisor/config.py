@@ -47,7 +47,7 @@ class AdvisorTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     select: list[str] = []  # only these rules
     ignore: list[str] = []  # never these
     rules: dict[str, dict[str, Any]] = {}  # [tool.advisor.rules.<id>]: that rule's options
-    gate: dict[str, Any] = {}  # [tool.advisor.gate]: checked key by key by advisor.gate.budgets
+    gate: dict[str, Any] = {}  # [tool.advisor.gate]: checked key by key by advisor.gate_table
     scheduler: str | None = None  # a Dask scheduler (tcp://HOST:PORT) to analyse the ranks on
 
 
@@ -137,7 +137,7 @@ def load_config(path: str | Path | None = None, start: Path | None = None) -> Co
         raise InputError(where, _problem(exc, shell.table_name(), _fields(AdvisorTable), table)) from None
     if typed.gate:
         # the gate's budgets are checked key by key (sizes, fractions, severities) where they are defined
-        from advisor.gate.budgets import parse_gate_table
+        from advisor.gate_table import parse_gate_table
 
         parse_gate_table(typed.gate, where, where.parent, shell.table_name("gate") or "[gate]")
     if typed.scheduler is not None and not typed.scheduler.strip():

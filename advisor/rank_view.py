@@ -96,3 +96,150 @@ def replayed_steps(m: Metrics, replay: RankReplay, head: RankWhatIf | None, mode
                     )
                 )
     return out
+
+
+# --- stored with the analysis (advisor.cache) ----------------------------------------------
+# A view is kept in the analysis entry as one MessagePack file: tables as Parquet, arrays as
+# their bytes and dtype, the few classes below by their fields. Nothing is pickled, and a
+# file that does not decode into these types is no view (the analysis makes it again).
+VIEW_FILE = "view.msgpack"
+VIEW_FORMAT = 1
+_ARRAY_KINDS = "biuf"  # bool, int, unsigned, float: the only arrays a view holds
+
+
+def _classes() -> dict[str, type]:
+    from advisor.render.timeline import Lane
+    from advisor.whatif.graph import StepGraph
+
+    return {"StepTimeline": StepTimeline, "Lane": Lane, "StepGraph": StepGraph, "Change": Change}
+
+
+def _enc(v: Any) -> Any:
+    import numpy as np
+
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind not in _ARRAY_KINDS:
+            raise TypeError(f"array of {v.dtype}")
+        return {"$nd": [v.dtype.str, list(v.shape), np.ascontiguousarray(v).tobytes()]}
+    if isinstance(v, pd.DataFrame):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        # Columns Parquet cannot hold (an object column of lists beside strings: an op's
+        # input shapes) travel as lists of plain values beside it, in the frame's order.
+        plain = {}
+        for c in v.columns:
+            if v[c].dtype == object:
+                try:
+                    pa.array(v[c].to_numpy(), from_pandas=True)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                    plain[c] = [_enc(x) for x in v[c].tolist()]
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pandas(v.drop(columns=list(plain))), sink, compression="zstd", compression_level=1)
+        return {"$df": sink.getvalue().to_pybytes(), "plain": [[c, x] for c, x in plain.items()], "order": [str(c) for c in v.columns]}
+    if isinstance(v, (set, frozenset)):
+        return {"$set": [_enc(x) for x in v]}
+    if isinstance(v, tuple):
+        return {"$tuple": [_enc(x) for x in v]}
+    if isinstance(v, list):
+        return [_enc(x) for x in v]
+    if isinstance(v, dict):
+        return {"$dict": [[_enc(k), _enc(x)] for k, x in v.items()]}
+    name = type(v).__name__
+    if dataclasses.is_dataclass(v) and _classes().get(name) is type(v):
+        return {"$obj": name, "f": {f.name: _enc(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    raise TypeError(f"cannot store {name}")
+
+
+def _dec(v: Any) -> Any:
+    import numpy as np
+
+    if isinstance(v, list):
+        return [_dec(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if "$nd" in v:
+        dtype, shape, data = v["$nd"]
+        dt = np.dtype(dtype)
+        if dt.kind not in _ARRAY_KINDS:
+            raise ValueError(f"array of {dt}")
+        return np.frombuffer(data, dtype=dt).reshape(shape).copy()
+    if "$df" in v:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        df = pq.read_table(pa.BufferReader(v["$df"])).to_pandas()
+        for c, values in v.get("plain", []):
+            col = np.empty(len(df), dtype=object)
+            col[:] = [_dec(x) for x in values]
+            df[c] = col
+        return df[v["order"]] if "order" in v else df
+    if "$set" in v:
+        return {_dec(x) for x in v["$set"]}
+    if "$tuple" in v:
+        return tuple(_dec(x) for x in v["$tuple"])
+    if "$dict" in v:
+        return {_dec(k): _dec(x) for k, x in v["$dict"]}
+    if "$obj" in v:
+        cls = _classes()[v["$obj"]]
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: _dec(x) for k, x in v["f"].items()}
+        if set(fields) != names:
+            raise ValueError(f"{v['$obj']} with other fields")
+        return cls(**fields)
+    raise ValueError("unknown value")
+
+
+# RankReplay's state that a detached replay needs (its metrics and facts are the analysis's).
+_REPLAY_SKIP = ("metrics", "facts", "_replayed", "_detached")
+
+
+def view_files(view: RankView | None) -> dict[str, bytes]:
+    """The view as the analysis entry's files ({} where it cannot be stored: the analysis is
+    stored without it, and makes it again when read)."""
+    if view is None:
+        return {}
+    try:
+        import msgspec
+
+        replay = None
+        if view.replay is not None:
+            replay = {k: _enc(x) for k, x in vars(view.replay).items() if k not in _REPLAY_SKIP}
+        plain = {
+            "format": VIEW_FORMAT,
+            "fields": {f.name: _enc(getattr(view, f.name)) for f in dataclasses.fields(view) if f.name != "replay"},
+            "replay": replay,
+        }
+        return {VIEW_FILE: msgspec.msgpack.encode(plain)}
+    except (TypeError, ValueError, OverflowError):
+        return {}
+
+
+def view_from_files(files: dict[str, bytes], metrics: Metrics, facts: dict[str, Any] | None) -> RankView | None:
+    """The view stored with an analysis, for its slowest rank `metrics`; None if there is none
+    or it does not decode as one."""
+    data = files.get(VIEW_FILE)
+    if data is None:
+        return None
+    try:
+        import msgspec
+
+        plain = msgspec.msgpack.decode(data)
+        if plain.get("format") != VIEW_FORMAT:
+            return None
+        fields = {k: _dec(x) for k, x in plain["fields"].items()}
+        replay = None
+        if plain["replay"] is not None:
+            replay = RankReplay.__new__(RankReplay)
+            replay.__dict__.update({k: _dec(x) for k, x in plain["replay"].items() if k not in _REPLAY_SKIP})
+            replay.metrics, replay.facts, replay._replayed, replay._detached = metrics, facts, {}, True
+        view = RankView(replay=replay, **fields)
+        if view.rank != metrics.rank:
+            return None
+        return view
+    except Exception:  # noqa: BLE001 - a view that does not decode is made again, never a failed report
+        return None

@@ -2,6 +2,7 @@
 
     python benchmarks/compare_reports.py write /tmp/before
     python benchmarks/compare_reports.py compare /tmp/before
+    python benchmarks/compare_reports.py compare-cached /tmp/before   # from the analysis cache
 
 Runs: each trace file under ../shared/traces (a folder of several ranks as one run) and each
 recorded run under sample_runs/. Reports: JSON (the figures), Markdown and text. A
@@ -51,7 +52,12 @@ def reports(p: Path) -> dict[str, str]:
     from advisor.render.text import render_text
 
     try:
-        a = analyze(p)
+        if CACHED:  # stored, then read back: the reports of a cached analysis must be the same
+            analyze(p, cache=True, store=True)
+            a = analyze(p, cache=True)
+            assert a.cache_entry is not None and a.primary_view is not None, f"{p}: not read back from the cache with its view"
+        else:
+            a = analyze(p)
     except InputError as exc:
         return {"error.txt": exc.line() + "\n"}
     d = a.to_dict()
@@ -64,9 +70,19 @@ def reports(p: Path) -> dict[str, str]:
     return out
 
 
+CACHED = False
+
+
 def main() -> int:
-    os.environ.setdefault("ADVISOR_CACHE", "off")
+    global CACHED
     mode, folder = sys.argv[1], Path(sys.argv[2])
+    if mode == "compare-cached":
+        import tempfile
+
+        CACHED, mode = True, "compare"
+        os.environ["ADVISOR_CACHE"] = tempfile.mkdtemp(prefix="advisor-compare-")
+    else:
+        os.environ["ADVISOR_CACHE"] = "off"
     only = sys.argv[3:]
     differ = 0
     for p in runs():

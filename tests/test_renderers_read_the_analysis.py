@@ -94,3 +94,24 @@ def test_user_rules_fixes_are_in_the_html_step_with_every_fix(cli, tmp_path, mon
     # the drawn step is the replayed median step with every fix: the headline's figure, within the replay's spread
     # (per current step where a fix makes the batch larger)
     assert float(note.group(3) or note.group(2)) == pytest.approx(head["all_fixes_ms"], rel=0.05)
+
+
+def test_a_cached_analysis_renders_without_its_trace(tmp_path, monkeypatch):
+    # The view is stored with the analysis: read back, it renders the same HTML and replays
+    # the same fixes, and no trace is loaded.
+    from advisor.analysis import analyze
+    from advisor.render.html import to_html
+
+    monkeypatch.setenv("ADVISOR_CACHE", str(tmp_path / "cache"))
+    fresh = analyze(GPU_RUN, cache=True, store=True)
+    assert fresh.cache_entry is not None
+    loads = count_calls(monkeypatch, trace_module, "load_trace", "a cached analysis loaded its trace")
+    loads.forbid()
+    cached = analyze(GPU_RUN, cache=True)
+    assert cached.cache_entry is not None
+    assert to_html(cached) == to_html(fresh)
+    replay, stated = cached.stated_fixes()
+    fresh_replay, fresh_stated = fresh.stated_fixes()
+    assert set(stated) == set(fresh_stated)
+    for rule in stated:
+        assert replay.saving_ms(stated[rule]) == pytest.approx(fresh_replay.saving_ms(fresh_stated[rule]), abs=1e-9)
