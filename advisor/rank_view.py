@@ -99,7 +99,7 @@ def replayed_steps(m: Metrics, replay: RankReplay, head: RankWhatIf | None, mode
 
 
 # --- stored with the analysis (advisor.cache) ----------------------------------------------
-# A view is kept in the analysis entry as one MessagePack file: tables as Parquet, arrays as
+# A view is kept in the analysis entry as one MessagePack file: tables as Arrow IPC streams, arrays as
 # their bytes and dtype, the few classes below by their fields. Nothing is pickled, and a
 # file that does not decode into these types is no view (the analysis makes it again).
 VIEW_FILE = "view.msgpack"
@@ -127,9 +127,8 @@ def _enc(v: Any) -> Any:
         return {"$nd": [v.dtype.str, list(v.shape), np.ascontiguousarray(v).tobytes()]}
     if isinstance(v, pd.DataFrame):
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        # Columns Parquet cannot hold (an object column of lists beside strings: an op's
+        # Columns Arrow cannot hold (an object column of lists beside strings: an op's
         # input shapes) travel as lists of plain values beside it, in the frame's order.
         plain = {}
         for c in v.columns:
@@ -138,16 +137,22 @@ def _enc(v: Any) -> Any:
                     pa.array(v[c].to_numpy(), from_pandas=True)
                 except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
                     plain[c] = [_enc(x) for x in v[c].tolist()]
+        table = pa.Table.from_pandas(v.drop(columns=list(plain)))
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.Table.from_pandas(v.drop(columns=list(plain))), sink, compression="zstd", compression_level=1)
+        with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:  # Arrow IPC: read back without decoding
+            w.write_table(table)
         return {"$df": sink.getvalue().to_pybytes(), "plain": [[c, x] for c, x in plain.items()], "order": [str(c) for c in v.columns]}
     if isinstance(v, (set, frozenset)):
+        if all(type(x) is int for x in v):  # rows: one array, not an object per row
+            return {"$iset": _enc(np.fromiter(v, np.int64, len(v)))}
         return {"$set": [_enc(x) for x in v]}
     if isinstance(v, tuple):
         return {"$tuple": [_enc(x) for x in v]}
     if isinstance(v, list):
         return [_enc(x) for x in v]
     if isinstance(v, dict):
+        if v and all(type(k) is int for k in v) and all(type(x) is float for x in v.values()):  # row -> factor tables
+            return {"$idict": [_enc(np.fromiter(v.keys(), np.int64, len(v))), _enc(np.fromiter(v.values(), np.float64, len(v)))]}
         return {"$dict": [[_enc(k), _enc(x)] for k, x in v.items()]}
     name = type(v).__name__
     if dataclasses.is_dataclass(v) and _classes().get(name) is type(v):
@@ -170,14 +175,18 @@ def _dec(v: Any) -> Any:
         return np.frombuffer(data, dtype=dt).reshape(shape).copy()
     if "$df" in v:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        df = pq.read_table(pa.BufferReader(v["$df"])).to_pandas()
+        df = pa.ipc.open_stream(pa.BufferReader(v["$df"])).read_all().to_pandas()
         for c, values in v.get("plain", []):
             col = np.empty(len(df), dtype=object)
             col[:] = [_dec(x) for x in values]
             df[c] = col
         return df[v["order"]] if "order" in v else df
+    if "$iset" in v:
+        return set(_dec(v["$iset"]).tolist())
+    if "$idict" in v:
+        keys, values = (_dec(x) for x in v["$idict"])
+        return dict(zip(keys.tolist(), values.tolist()))
     if "$set" in v:
         return {_dec(x) for x in v["$set"]}
     if "$tuple" in v:

@@ -29,7 +29,7 @@ def whatif(
     from advisor.whatif.replay import Change
 
     cfg = load_config(config)
-    analysis = analyze(path, run=run, config=cfg)
+    analysis = analyze(path, run=run, config=cfg, cache=True)
     replay, modelled = analysis.stated_fixes(cfg.rule_options)
     primary = analysis.primary
     head = analysis.headline()
