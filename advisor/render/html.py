@@ -10,7 +10,6 @@ string from a trace goes through `esc`.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
