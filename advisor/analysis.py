@@ -549,8 +549,8 @@ def analyze(
     caller holds one rank's frames per worker at most, never every rank's.
 
     With `cache`, an unchanged run analysed the same way before comes back from the analysis
-    cache. Either way the ranks carry a FramesHeader, not frames; `Analysis.with_primary_frames`
-    loads the one rank the HTML report draws. With `store` too, the analysis is stored however
+    cache. Either way the ranks carry a FramesHeader, not frames, and the slowest rank's view
+    (advisor.rank_view) carries what the renderers draw. With `store` too, the analysis is stored however
     quickly it was made (its rendered report will be kept in its entry)."""
     config = config if config is not None else load_config()
     if config.rule_options:  # checked before the cache: a mistake in them is reported every time

@@ -1,10 +1,10 @@
 """The advisor's one cache: parsed frames and finished analyses, bounded, keyed on content.
 
 A second report of an unchanged trace skips the parse (a *frames* entry: one Parquet file per
-frame) and, for the text, JSON and Markdown reports, `gate`, `baseline` and `diff`, metrics and
+frame) and, for every report format, `whatif`, `gate`, `baseline` and `diff`, metrics and
 rules too (an *analysis* entry: per rank the small scalar figures and per-step tables, a
-FramesHeader instead of the frames, and the findings and warnings of the run). The HTML report
-reads the frames (top ops, the timeline) and takes the frames entry only.
+FramesHeader instead of the frames, the findings and warnings of the run, and the slowest
+rank's view that the HTML report, whatif and diff read: advisor.rank_view).
 
 Where entries go (`ADVISOR_CACHE`):
 
