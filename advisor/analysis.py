@@ -489,8 +489,18 @@ def analyze_ranks(tasks: list[RankTask], progress: Callable[[Path], None] | None
     from advisor.load.parallel import map_ranks
 
     out: dict[int, RankResult] = {}
+    slowest: RankResult | None = None
     for task, result in map_ranks(analyze_rank, tasks, progress=progress, executor=executor):
         out[task.index] = result
+        # Only the slowest rank's view is drawn: the others' are let go as they arrive, so
+        # the caller holds one view, not one per rank.
+        if result.metrics is not None and result.view is not None:
+            if slowest is None or result.metrics.mean_step_ns > slowest.metrics.mean_step_ns:  # type: ignore[union-attr]
+                if slowest is not None:
+                    slowest.view = None
+                slowest = result
+            else:
+                result.view = None
     return [out[t.index] for t in tasks]
 
 

@@ -16,10 +16,11 @@ import pytest
 from rich.console import Console
 
 import advisor.load.trace as trace_module
-from conftest import SAMPLE_RUNS, count_calls
+from conftest import REPO, SAMPLE_RUNS, count_calls
 
 GPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
 CPU_RUN = SAMPLE_RUNS / "cpu_transformer" / "runs" / "cpu_baseline"
+TWO_RANKS = REPO / "tests" / "data" / "allreduce_gloo" / "runs" / "ddp"  # two gloo ranks
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def loads(monkeypatch):
     return count_calls(monkeypatch, trace_module, "load_trace", "a trace was loaded again")
 
 
-@pytest.mark.parametrize("run", [GPU_RUN, CPU_RUN], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("run", [GPU_RUN, CPU_RUN, TWO_RANKS], ids=["gpu", "cpu", "two-ranks"])
 def test_every_output_of_an_analysis_loads_each_trace_once(run, loads):
     from advisor.analysis import analyze
     from advisor.api import RunAnalysis
@@ -38,7 +39,7 @@ def test_every_output_of_an_analysis_loads_each_trace_once(run, loads):
     from advisor.render.text import render_text
 
     a = analyze(run)
-    assert loads.n == 1
+    assert loads.n == len(a.run.files)  # each trace once
     loads.forbid()  # from here on a load fails the test
     a.to_dict()
     to_markdown(a, verbose=True)

@@ -125,6 +125,7 @@ class RankReplay:
         _ = self.graph, self.base, self.baseline_ms
         out = copy.copy(self)
         out.metrics = without_frames(self.metrics)
+        out._replayed = {}  # the rules' replays are settled: not carried
         out._detached = True
         return out
 
