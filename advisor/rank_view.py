@@ -24,6 +24,8 @@ from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
 
 # Rows of a CPU-only run's top ops by self time (the text report's table).
 CPU_OPS_ROWS = 8
+# The columns of every kernel the HTML report's kernel table reads (advisor.render.html.kernel_summary).
+KERNEL_COLUMNS = ("name", "op", "dur", "tensor_core")
 
 
 @dataclass
@@ -35,7 +37,7 @@ class RankView:
     replayed: list[tuple[str, StepTimeline, str]]  # (heading, lanes, note) of the replayed steps
     memory: pd.DataFrame  # the memory events of the window (frames.memory)
     window_end_ns: int  # the window's end, ns from the trace's origin
-    kernels: pd.DataFrame  # every kernel (metrics.kernels, before per-name totals)
+    kernels: pd.DataFrame  # every kernel (metrics.kernels, before per-name totals), KERNEL_COLUMNS of it
     ops: pd.DataFrame  # host ops by total time, all of them (metrics.kernels.top_ops)
     cpu_ops: pd.DataFrame  # host ops by self time per step, CPU_OPS_ROWS of them
     replay: RankReplay | None  # the rank's replay, without frames (None: no steps to replay)
@@ -54,7 +56,7 @@ def rank_view(m: Metrics, facts: dict[str, Any] | None, head: RankWhatIf | None,
         replayed=replayed,
         memory=m.frames.memory,
         window_end_ns=int(m.frames.window[1]),
-        kernels=m.kernels,
+        kernels=m.kernels.loc[:, [c for c in KERNEL_COLUMNS if c in m.kernels.columns]],
         ops=top_ops(m.frames, n=1_000_000),
         cpu_ops=top_self_ops(m.frames, m.steps, CPU_OPS_ROWS) if not m.has_device else pd.DataFrame(),
         replay=detached,
