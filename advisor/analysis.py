@@ -146,12 +146,12 @@ class Analysis:
             frames = _complete_steps_only(load_cached(m.frames.path), facts, [])
             full = compute_metrics(frames, m.rank, facts)
             stated = check_rank_rules(all_rules(), full, facts, self.rule_options, len(self.ranks), [])
-            self.primary_view = rank_view(full, facts, self.headline(), {f.rule: f.change for f in stated if f.change is not None and f.saving_ms is not None})
+            self.primary_view = rank_view(full, facts, self.headline(), {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None})
         return self.primary_view
 
-    def stated_fixes(self, rule_options: dict[str, dict[str, Any]] | None = None) -> tuple["RankReplay", dict[str, Change]]:
-        """The slowest rank's replay and its findings' fixes as graph changes (rule -> change),
-        as its rules stated them during the analysis (with the analysis's rule options)."""
+    def stated_fixes(self, rule_options: dict[str, dict[str, Any]] | None = None) -> tuple["RankReplay", dict[str, Finding]]:
+        """The slowest rank's replay and its findings with their fixes as graph changes
+        (`.change`), as its rules stated them during the analysis (with its rule options)."""
         v = self.view
         return (v.replay if v.replay is not None else RankReplay(self.primary, self.run_facts())), v.stated
 
@@ -159,7 +159,7 @@ class Analysis:
         """What the named findings' fixes save per step, replayed together on the slowest rank
         (never their sum); None when none of them has a fix to replay."""
         replay, modelled = self.stated_fixes(rule_options)
-        changes = [modelled[r] for r in rules if r in modelled]
+        changes = [modelled[r].change for r in rules if r in modelled]
         if not changes or not replay.available:
             return None
         return replay.saving_ms(Change.merge(changes))
@@ -452,7 +452,7 @@ def analyze_rank(task: RankTask) -> RankResult:
     replayed: list[RankWhatIf] = []
     too_small = task.world_size > 1 and frames.event_count < MIN_RANK_EVENTS
     found: RankFindings = []
-    stated: dict[str, Change] = {}
+    stated: dict[str, Finding] = {}
     if not too_small:
         rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
         found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed, stated)

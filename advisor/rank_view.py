@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from advisor.engine import Finding, Fix
 from advisor.metrics.kernels import top_ops, top_self_ops
 from advisor.metrics.summary import Metrics
 from advisor.render.timeline import StepTimeline, replayed_timeline, step_timeline
@@ -41,14 +42,14 @@ class RankView:
     ops: pd.DataFrame  # host ops by total time, all of them (metrics.kernels.top_ops)
     cpu_ops: pd.DataFrame  # host ops by self time per step, CPU_OPS_ROWS of them
     replay: RankReplay | None  # the rank's replay, without frames (None: no steps to replay)
-    stated: dict[str, Change] = field(default_factory=dict)  # rule -> its fix as a graph change
+    stated: dict[str, Finding] = field(default_factory=dict)  # rule -> its finding as stated, its fix a graph change (.change)
 
 
-def rank_view(m: Metrics, facts: dict[str, Any] | None, head: RankWhatIf | None, stated: dict[str, Change]) -> RankView:
+def rank_view(m: Metrics, facts: dict[str, Any] | None, head: RankWhatIf | None, stated: dict[str, Finding]) -> RankView:
     """The view of a rank whose metrics still hold its frames."""
     replay = rank_replay(m, facts)
     timeline = step_timeline(m)
-    replayed = replayed_steps(m, replay, head, stated) if timeline is not None and timeline.has_device else []
+    replayed = replayed_steps(m, replay, head, {r: f.change for r, f in stated.items()}) if timeline is not None and timeline.has_device else []
     detached = replay.detached() if replay.available else None
     return RankView(
         rank=m.rank,
@@ -113,16 +114,16 @@ def _classes() -> dict[str, type]:
     from advisor.render.timeline import Lane
     from advisor.whatif.graph import StepGraph
 
-    return {"StepTimeline": StepTimeline, "Lane": Lane, "StepGraph": StepGraph, "Change": Change}
+    return {"StepTimeline": StepTimeline, "Lane": Lane, "StepGraph": StepGraph, "Change": Change, "Finding": Finding, "Fix": Fix}
 
 
 def _enc(v: Any) -> Any:
     import numpy as np
 
+    if isinstance(v, np.generic):  # before float: numpy's float64 is one
+        return v.item()
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
-    if isinstance(v, np.generic):
-        return v.item()
     if isinstance(v, np.ndarray):
         if v.dtype.kind not in _ARRAY_KINDS:
             raise TypeError(f"array of {v.dtype}")
@@ -158,7 +159,10 @@ def _enc(v: Any) -> Any:
         return {"$dict": [[_enc(k), _enc(x)] for k, x in v.items()]}
     name = type(v).__name__
     if dataclasses.is_dataclass(v) and _classes().get(name) is type(v):
-        return {"$obj": name, "f": {f.name: _enc(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+        out = {"$obj": name, "f": {f.name: _enc(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+        if isinstance(v, Finding):
+            out["change"] = _enc(v.change)  # a plain attribute, not a field
+        return out
     raise TypeError(f"cannot store {name}")
 
 
@@ -201,7 +205,13 @@ def _dec(v: Any) -> Any:
         fields = {k: _dec(x) for k, x in v["f"].items()}
         if set(fields) != names:
             raise ValueError(f"{v['$obj']} with other fields")
-        return cls(**fields)
+        out = cls(**fields)
+        if cls is Finding:
+            change = _dec(v.get("change"))
+            if change is not None and not isinstance(change, Change):
+                raise ValueError("a finding's change")
+            out.change = change
+        return out
     raise ValueError("unknown value")
 
 

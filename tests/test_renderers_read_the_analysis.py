@@ -115,4 +115,5 @@ def test_a_cached_analysis_renders_without_its_trace(tmp_path, monkeypatch):
     fresh_replay, fresh_stated = fresh.stated_fixes()
     assert set(stated) == set(fresh_stated)
     for rule in stated:
-        assert replay.saving_ms(stated[rule]) == pytest.approx(fresh_replay.saving_ms(fresh_stated[rule]), abs=1e-9)
+        assert replay.saving_ms(stated[rule].change) == pytest.approx(fresh_replay.saving_ms(fresh_stated[rule].change), abs=1e-9)
+        assert stated[rule].evidence == fresh_stated[rule].evidence

@@ -49,7 +49,8 @@ def whatif(
     if not replay.available:
         raise InputError(path, "this run has no steps to replay")
     out = stdout_console()
-    head = replay.summary()
+    stored = analysis.headline()  # the replay's summary as the analysis made it: not replayed again
+    head = stored if stored is not None and stored.rank == primary.rank else replay.summary()
     say(out, f"Run              {analysis.run.name}" + (f" (rank {primary.rank})" if len(analysis.ranks) > 1 else ""))
     say(out, f"Measured step    {head.measured_ms:.2f} ms (median of the profiled window)")
     if head.unprofiled_ms is not None and head.host_scale < 1.0:
@@ -77,8 +78,8 @@ def whatif(
         alone = {rule: report.savings.get(rule, 0.0) for rule in wanted}
         together = report.all_fixes_ms
     else:
-        alone = {rule: replay.saving_ms(modelled[rule]) for rule in wanted}
-        together = min(replay.replayed_ms(Change.merge([modelled[rule] for rule in wanted])), head.baseline_ms)
+        alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
+        together = min(replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted])), head.baseline_ms)
     saved = head.baseline_ms - together
     say(out, f"With the fixes   {together:.2f} ms per step ({saved:+.2f} ms saved, {100 * saved / head.baseline_ms:.0f}% of the step): " + ", ".join(wanted))
     for rule in wanted:
