@@ -29,6 +29,8 @@ from advisor.metrics.device_records import device_gaps
 from advisor.metrics.unprofiled import ProfilerOverhead, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
+from advisor.rank_view import RankView, rank_view, view_files, view_from_files
+from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
@@ -51,6 +53,9 @@ class Analysis:
     # Findings whose fix gains nothing on this run (Finding.no_gain says why): not ranked,
     # listed as considered. Taken out of `findings` when the analysis is made.
     considered: list[Finding] = field(default_factory=list)
+    # The slowest rank's view (advisor.rank_view): what the renderers draw and replay beyond
+    # the figures, made while its frames were loaded. None: read from the cache without one.
+    primary_view: RankView | None = field(default=None, repr=False, compare=False)
     # The analysis entry it was read from or stored in, and its key (None: not cached): where
     # the report rendered from it is kept (advisor.cache.store_report).
     cache_key: AnalysisKey | None = field(default=None, repr=False, compare=False)
@@ -131,26 +136,28 @@ class Analysis:
         out._derived = dict(self._derived)
         return out
 
+    @property
+    def view(self) -> RankView:
+        """The slowest rank's view: made with the analysis; for an analysis read from the
+        cache without one, made once from its trace (the rank's rules state their fixes again)."""
+        if self.primary_view is None or self.primary_view.rank != self.primary.rank:
+            m = self.primary
+            facts = self.run_facts(m.rank)
+            frames = _complete_steps_only(load_cached(m.frames.path), facts, [])
+            full = compute_metrics(frames, m.rank, facts)
+            stated = check_rank_rules(all_rules(), full, facts, self.rule_options, len(self.ranks), [])
+            self.primary_view = rank_view(full, facts, self.headline(), {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None})
+        return self.primary_view
+
     def stated_fixes(self, rule_options: dict[str, dict[str, Any]] | None = None) -> tuple["RankReplay", dict[str, Finding]]:
         """The slowest rank's replay and its findings with their fixes as graph changes
-        (stated with the analysis's own rule options unless others are given).
-
-        Findings travel from the per-rank map without their changes (they are frame rows);
-        the slowest rank's rules state them again here, on its reloaded frames.
-        """
-        from advisor.whatif.savings import rank_replay
-
-        a = self.with_primary_frames()
-        facts = a.run_facts()
-        options = self.rule_options if rule_options is None else rule_options
-        stated = check_rank_rules(all_rules(), a.primary, facts, options, len(a.ranks), [])
-        return rank_replay(a.primary, facts), {f.rule: f for f in stated if f.change is not None and f.saving_ms is not None}
+        (`.change`), as its rules stated them during the analysis (with its rule options)."""
+        v = self.view
+        return (v.replay if v.replay is not None else RankReplay(self.primary, self.run_facts())), v.stated
 
     def replayed_saving(self, rules: list[str], rule_options: dict[str, dict[str, Any]] | None = None) -> float | None:
         """What the named findings' fixes save per step, replayed together on the slowest rank
         (never their sum); None when none of them has a fix to replay."""
-        from advisor.whatif.replay import Change
-
         replay, modelled = self.stated_fixes(rule_options)
         changes = [modelled[r].change for r in rules if r in modelled]
         if not changes or not replay.available:
@@ -389,6 +396,7 @@ class RankResult:
     window_steps: int = 0
     mtime: float = 0.0
     metrics: Metrics | None = None
+    view: RankView | None = None  # what the reports draw and replay of it (advisor.rank_view)
     findings: RankFindings = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timing_warning: str | None = None  # the trace's times cannot be trusted (distorted_timing_warning)
@@ -447,13 +455,16 @@ def analyze_rank(task: RankTask) -> RankResult:
     replayed: list[RankWhatIf] = []
     too_small = task.world_size > 1 and frames.event_count < MIN_RANK_EVENTS
     found: RankFindings = []
+    stated: dict[str, Finding] = {}
     if not too_small:
         rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
-        found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed)
+        found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed, stated)
     gaps = device_gaps(frames)
-    if gaps.any:
+    if gaps.any:  # no finding that rests on the side the trace is missing
         warnings.append(f"{frames.path.name}: {gaps.line()}")
         found = [(rule, f) for rule, f in found if gaps.supports(rule)]
+        stated = {rule: f for rule, f in stated.items() if gaps.supports(rule)}
+    view = rank_view(metrics, facts, replayed[0] if replayed else None, stated)
     try:
         mtime = task.path.stat().st_mtime
     except OSError:
@@ -468,6 +479,7 @@ def analyze_rank(task: RankTask) -> RankResult:
         window_steps=window_steps,
         mtime=mtime,
         metrics=without_frames(metrics),
+        view=view,
         findings=found,
         warnings=warnings,
         timing_warning=distorted_timing_warning(frames),
@@ -485,15 +497,26 @@ def analyze_ranks(tasks: list[RankTask], progress: Callable[[Path], None] | None
     from advisor.load.parallel import map_ranks
 
     out: dict[int, RankResult] = {}
+    slowest: RankResult | None = None
     for task, result in map_ranks(analyze_rank, tasks, progress=progress, executor=executor):
         out[task.index] = result
+        # Only the slowest rank's view is drawn: the others' are let go as they arrive, so
+        # the caller holds one view, not one per rank.
+        if result.metrics is not None and result.view is not None:
+            if slowest is None or result.metrics.mean_step_ns > slowest.metrics.mean_step_ns:  # type: ignore[union-attr]
+                if slowest is not None:
+                    slowest.view = None
+                slowest = result
+            else:
+                result.view = None
     return [out[t.index] for t in tasks]
 
 
 # --- the reduce: the job, from what the ranks sent back --------------------------------------
-def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> list[RankResult]:
+def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> tuple[list[RankResult], bool]:
     """The ranks to report: broken files skipped with a warning (the error itself when the run
-    has one file, or when none loaded), one window per worker."""
+    has one file, or when none loaded), one window per worker; and whether the files held
+    several jobs (then the run is the chosen job's files only)."""
     kept, errors = [], []
     for r in results:
         if r.error is not None:
@@ -505,7 +528,8 @@ def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> li
             kept.append(r)
     if not kept:
         raise errors[0]
-    return _one_window_per_worker(_one_job(kept, run.directory, warnings), warnings)
+    job = _one_job(kept, run.directory, warnings)
+    return _one_window_per_worker(job, warnings), len(job) < len(kept)
 
 
 def _one_window_per_worker(results: list[RankResult], warnings: list[str]) -> list[RankResult]:
@@ -543,8 +567,8 @@ def analyze(
     caller holds one rank's frames per worker at most, never every rank's.
 
     With `cache`, an unchanged run analysed the same way before comes back from the analysis
-    cache. Either way the ranks carry a FramesHeader, not frames; `Analysis.with_primary_frames`
-    loads the one rank the HTML report draws. With `store` too, the analysis is stored however
+    cache. Either way the ranks carry a FramesHeader, not frames, and the slowest rank's view
+    (advisor.rank_view) carries what the renderers draw. With `store` too, the analysis is stored however
     quickly it was made (its rendered report will be kept in its entry)."""
     config = config if config is not None else load_config()
     if config.rule_options:  # checked before the cache: a mistake in them is reported every time
@@ -561,12 +585,14 @@ def analyze(
         hit = read_analysis(run_files, key)
         if hit is not None:
             facts = _read_facts(run_files.directory, [])  # its warnings are among the stored ones
-            if any(JOB_SPLIT_NOTE in w for w in hit.warnings):
+            if hit.split_job:
                 chosen = {m.frames.path for m in hit.ranks}
                 run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
+            slowest = max(hit.ranks, key=lambda m: m.mean_step_ns)
+            view = view_from_files(hit.extra, slowest, facts.get(slowest.rank) or facts.get(-1))
             return Analysis(
                 source=str(path), run=run_files, ranks=hit.ranks, facts=facts, findings=hit.findings, warnings=hit.warnings, whatif=hit.whatif,
-                rule_options=config.rule_options, cache_key=key, cache_entry=hit.folder,
+                rule_options=config.rule_options, cache_key=key, cache_entry=hit.folder, primary_view=view,
             )
     rules = select_rules(all_rules(rules_dir), select=select, ignore=ignore)  # bad ids fail here, once
     started = time.perf_counter()
@@ -584,8 +610,8 @@ def analyze(
         rule_options=config.rule_options,
     )
     tasks = [replace(base, path=p, index=i) for i, p in enumerate(run_files.files)]
-    results = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)
-    if any(JOB_SPLIT_NOTE in w for w in warnings):
+    results, split_job = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)
+    if split_job:
         chosen = {r.path for r in results}
         run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
     warnings += fact_warnings
@@ -609,15 +635,17 @@ def analyze(
     metrics = [m for m, _ in per_rank]
     waits = job_waits([(m.rank, m.comm) for m in metrics]) if len(metrics) > 1 else None
     whatif = [r.whatif for r in sorted(results, key=lambda r: r.rank) if r.whatif is not None]
+    slowest = max(metrics, key=lambda m: m.mean_step_ns)
+    view = next((r.view for r in results if r.metrics is slowest), None)
     findings = combine_findings(rules, per_rank, job_findings(rules, metrics, waits, facts, config.rule_options))
     entry = None
     if key is not None and (store or time.perf_counter() - started >= cache_store.MIN_ANALYSIS_SECONDS):
         # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
         if key.parsed_as_keyed(results):
-            entry = write_analysis(run_files, key, metrics, findings, warnings, whatif)
+            entry = write_analysis(run_files, key, metrics, findings, warnings, whatif, extra=view_files(view), split_job=split_job)
     return Analysis(
         source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif,
-        rule_options=config.rule_options, cache_key=key if entry is not None else None, cache_entry=entry,
+        rule_options=config.rule_options, cache_key=key if entry is not None else None, cache_entry=entry, primary_view=view,
     )
 
 

@@ -96,11 +96,8 @@ class RunAnalysis:
 
     @cached_property
     def ops(self) -> pd.DataFrame:
-        """Host operators of the slowest rank by total time: name, count, total_ms, mean_us (loads its trace)."""
-        from advisor.metrics.kernels import top_ops
-
-        full = self.analysis.with_primary_frames()
-        o = top_ops(full.primary.frames, n=1_000_000)
+        """Host operators of the slowest rank by total time: name, count, total_ms, mean_us."""
+        o = self.analysis.view.ops
         return pd.DataFrame(
             {
                 "name": o["name"].astype(str).to_numpy(),
@@ -139,7 +136,7 @@ class RunAnalysis:
         """The self-contained HTML report `advisor report --format html` writes."""
         from advisor.render.html import to_html
 
-        return to_html(self.analysis.with_primary_frames())
+        return to_html(self.analysis)
 
     # --- display ---------------------------------------------------------------------------
     def __repr__(self) -> str:

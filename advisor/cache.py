@@ -1,10 +1,10 @@
 """The advisor's one cache: parsed frames and finished analyses, bounded, keyed on content.
 
 A second report of an unchanged trace skips the parse (a *frames* entry: one Parquet file per
-frame) and, for the text, JSON and Markdown reports, `gate`, `baseline` and `diff`, metrics and
+frame) and, for every report format, `whatif`, `gate`, `baseline` and `diff`, metrics and
 rules too (an *analysis* entry: per rank the small scalar figures and per-step tables, a
-FramesHeader instead of the frames, and the findings and warnings of the run). The HTML report
-reads the frames (top ops, the timeline) and takes the frames entry only.
+FramesHeader instead of the frames, the findings and warnings of the run, and the slowest
+rank's view that the HTML report, whatif and diff read: advisor.rank_view).
 
 Where entries go (`ADVISOR_CACHE`):
 
@@ -1037,6 +1037,8 @@ class CachedRun:
     warnings: list[str]
     whatif: list[RankWhatIf]
     folder: Path | None = None  # the entry it came from
+    extra: dict[str, bytes] = field(default_factory=dict)  # the entry's "view." files (advisor.rank_view)
+    split_job: bool = False  # the run's files held several jobs: its ranks are the chosen job's
 
 
 def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
@@ -1098,9 +1100,17 @@ def _tables(m: Metrics) -> dict[str, pd.DataFrame]:
 
 
 def write_analysis(
-    run: RunFiles, key: AnalysisKey, ranks: list[Metrics], findings: list[Finding], warnings: list[str], whatif: list[RankWhatIf] | None = None
+    run: RunFiles,
+    key: AnalysisKey,
+    ranks: list[Metrics],
+    findings: list[Finding],
+    warnings: list[str],
+    whatif: list[RankWhatIf] | None = None,
+    extra: dict[str, bytes] | None = None,
+    split_job: bool = False,
 ) -> Path | None:
-    """Store a finished analysis; the entry's folder, or None where it could not be stored."""
+    """Store a finished analysis; the entry's folder, or None where it could not be stored.
+    `extra`: more files of the entry, named "view.*" (the slowest rank's view, advisor.rank_view)."""
     if not cache_enabled():
         return None
     try:
@@ -1115,6 +1125,7 @@ def write_analysis(
             "findings": [to_plain(f.to_dict()) for f in findings],
             "warnings": to_plain(list(warnings)),
             "whatif": [to_plain(w.to_dict()) for w in whatif or []],
+            "split_job": bool(split_job),
         }
         meta_bytes = orjson.dumps(meta, default=str)
         # What the reader would refuse is not written: the same types, the same tables.
@@ -1128,6 +1139,7 @@ def write_analysis(
                 sink = pa.BufferOutputStream()
                 pq.write_table(pa.Table.from_pandas(df), sink, compression="zstd", compression_level=1)
                 files[f"{i}.{name}.parquet"] = sink.getvalue().to_pybytes()
+        files.update({k: v for k, v in (extra or {}).items() if k.startswith("view.")})
     except Exception:  # noqa: BLE001 - an odd value in a finding: this run is not cached
         return None
     return write_entry("analysis", key.digest, run.directory, files)
@@ -1141,6 +1153,7 @@ def read_analysis(run: RunFiles, key: AnalysisKey) -> CachedRun | None:
     hit = _analysis_of(found[1], key, run)
     if hit is not None:
         hit.folder = found[0]
+        hit.extra = {k: v for k, v in found[1].items() if k.startswith("view.")}
     return hit
 
 
@@ -1316,6 +1329,7 @@ class EntryMeta(_Entry):
     findings: list[FindingEntry]
     warnings: list[str]
     whatif: list[WhatIfEntry] = []  # each rank's replay summary
+    split_job: bool = False  # the run's files held several jobs (advisor.analysis._reduce)
 
 
 BREAKDOWN_COLUMNS = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
@@ -1411,6 +1425,6 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
                 return None
             d = msgspec.structs.asdict(f)
             findings.append(Finding(**{**d, "fix": Fix(**msgspec.structs.asdict(f.fix))}))
-        return CachedRun(ranks=ranks, findings=findings, warnings=meta.warnings, whatif=whatif)
+        return CachedRun(ranks=ranks, findings=findings, warnings=meta.warnings, whatif=whatif, split_job=meta.split_job)
     except Exception:  # noqa: BLE001 - a damaged, foreign or forged entry is a miss, never a failed report
         return None

@@ -56,7 +56,7 @@ class AdvisorTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     select: list[str] = []  # only these rules
     ignore: list[str] = []  # never these
     rules: dict[str, dict[str, Any]] = {}  # [tool.advisor.rules.<id>]: that rule's options
-    gate: dict[str, Any] = {}  # [tool.advisor.gate]: checked key by key by advisor.gate.budgets
+    gate: dict[str, Any] = {}  # [tool.advisor.gate]: checked key by key by advisor.gate_table
     scheduler: str | None = None  # a Dask scheduler (tcp://HOST:PORT) to analyse the ranks on
 
 
@@ -194,7 +194,7 @@ def _typed_config(where: Path, table: Any) -> Config:
         raise InputError(where, _problem(exc, shell.table_name(), _fields(AdvisorTable), table)) from None
     if typed.gate:
         # the gate's budgets are checked key by key (sizes, fractions, severities) where they are defined
-        from advisor.gate.budgets import parse_gate_table
+        from advisor.gate_table import parse_gate_table
 
         parse_gate_table(typed.gate, where, where.parent, shell.table_name("gate") or "[gate]")
     if typed.scheduler is not None and not typed.scheduler.strip():

@@ -39,7 +39,7 @@ import importlib.util
 import pkgutil
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable
@@ -411,17 +411,29 @@ def rank_findings(
     world_size: int = 1,
     warnings: list[str] | None = None,
     whatif: list[RankWhatIf] | None = None,
+    stated: dict[str, Finding] | None = None,
 ) -> RankFindings:
     """Every rank rule on one rank, their savings replayed on this rank's step graph: the
     findings that buy time, name a risk with no time figure, or are a fix the rule saw time in.
-    The rank's replay summary is appended to `whatif`."""
+    The rank's replay summary is appended to `whatif`; `stated` gets each finding with a fix
+    to replay as the rule stated it (rule -> a copy of the finding, its change kept), for the
+    replays the reports make later."""
     found = check_rank_rules(rules, metrics, facts, options, world_size, warnings)
+    if stated is not None:
+        stated.update({f.rule: _as_stated(f) for f in found if f.change is not None and f.saving_ms is not None})
     out: RankFindings = []
     for finding in settle_by_replay(metrics, facts, found, whatif):
         if finding.saving_ms is not None and not finding.saving_ms > 0 and not finding.evidence.get("estimate_ms", 0) > 0:
             continue
         finding.change = None  # replayed: only the finding travels back to the reduce
         out.append((finding.rule, finding))
+    return out
+
+
+def _as_stated(f: Finding) -> Finding:
+    """A copy of a finding as its rule stated it, with its change (the replay settles the original)."""
+    out = replace(f, evidence=dict(f.evidence), causes=list(f.causes))
+    out.change = f.change
     return out
 
 

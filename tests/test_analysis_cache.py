@@ -309,16 +309,23 @@ def test_cache_off_and_read_only_runs_write_nothing_beside_them(tmp_path, cli, l
         run.chmod(0o755)
 
 
-def test_html_never_reads_the_cache(tmp_path, cli, monkeypatch):
+def test_html_reads_the_cached_analysis_and_no_trace(tmp_path, cli, monkeypatch):
+    # The HTML report's timeline, memory and top ops come with the analysis (its stored view):
+    # after a JSON report, the HTML report is made from the cached analysis, no trace loaded,
+    # and it is the page a cold run writes.
+    import advisor.load.trace as trace_module
+
     run = copy_run("v100_resnet50_nw0", tmp_path)
+    code, _, err = cli(["report", "-f", "html", "-o", str(tmp_path / "cold.html"), str(run)], tmp_path, env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
     assert cli(["report", "-f", "json", str(run)], tmp_path)[0] == 0
-
-    def no(*_a, **_k):
-        raise AssertionError("the HTML report needs frames, not a cached analysis")
-
-    monkeypatch.setattr(analysis, "read_analysis", no)
+    read = count_calls(monkeypatch, analysis, "read_analysis", "")
+    loads = count_calls(monkeypatch, trace_module, "load_trace", "the HTML report loaded a trace the cached analysis holds")
+    loads.forbid()
     code, _, err = cli(["report", "-f", "html", "-o", str(tmp_path / "r.html"), str(run)], tmp_path)
     assert code == 0, err
+    assert read.n == 1
+    assert (tmp_path / "r.html").read_text() == (tmp_path / "cold.html").read_text()
 
 
 def test_values_come_back_with_their_types():

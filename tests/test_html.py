@@ -29,7 +29,7 @@ from trace_edit import (
 
 from advisor.analysis import analyze
 from advisor.render.html import to_html
-from advisor.render.timeline import step_timeline
+from advisor.whatif.timeline import step_timeline
 
 MAX_SAMPLE_BYTES = 5 * 1024 * 1024  # the budget for the shipped samples
 REPO = Path(__file__).resolve().parents[1]

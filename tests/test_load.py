@@ -407,7 +407,7 @@ def test_parallel_loading_matches_serial_and_reports_each_file(tmp_path):
     paths = [shared_trace("misc/a100_80gb_train.json.gz"), shared_trace("misc/a100_nccl.json.gz"), tmp_path / "broken.json"]
     paths[2].write_text('{"traceEvents": [{"ph": "X", "cat": "kernel"')
     seen = []
-    parallel = load_frames(paths, workers=2, cache=False, progress=seen.append)
+    parallel = load_frames(paths, workers=2, progress=seen.append)
     assert sorted(seen) == sorted(paths)
     assert [r.path for r in parallel] == paths
     assert parallel[2].frames is None and "truncated JSON" in parallel[2].error.line()

@@ -178,3 +178,14 @@ def test_one_cache_module_and_one_facts_schema():
     assert "advisor.facts" in imported_modules(REPO / "advisor" / "analysis.py")
     for p in (REPO / "advisor").rglob("*.py"):
         assert "advisor_facts(?:" not in p.read_text(encoding="utf-8") or p.name == "facts.py", p
+
+
+def test_loading_reads_no_cache_and_the_configuration_no_gate():
+    # Data goes one way: loading is below the cache (which reads frames through it), the
+    # configuration below the gate (whose table it checks through advisor.gate_table).
+    assert hits(imports_of("advisor/load"), "advisor.cache") == []
+    config = {"advisor/config.py": imported_modules(REPO / "advisor" / "config.py")}
+    assert hits(config, "advisor.gate") == []
+    # and what the renderers draw is made with the analysis: no renderer loads a trace
+    render = imports_of("advisor/render")
+    assert hits(render, "advisor.cache") == [] and hits(render, "advisor.load.trace.load_trace") == []

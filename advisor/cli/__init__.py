@@ -227,9 +227,9 @@ def report(
             serve(text)
             return
     with engine as executor:
-        # The HTML report reads the frames (top ops, timeline); the other formats come from the analysis cache.
+        # Every format comes from the analysis (the HTML's timeline and top ops too: advisor.rank_view), cached or not.
         analysis = analyze_with_progress(
-            path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=format is not Format.html,
+            path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=True,
             executor=executor, store=warm,
         )
     if warm:

@@ -29,7 +29,7 @@ def whatif(
     from advisor.whatif.replay import Change
 
     cfg = load_config(config)
-    analysis = analyze(path, run=run, config=cfg)
+    analysis = analyze(path, run=run, config=cfg, cache=True)
     replay, modelled = analysis.stated_fixes(cfg.rule_options)
     primary = analysis.primary
     head = analysis.headline()
@@ -51,7 +51,8 @@ def whatif(
     if not replay.available:
         raise InputError(path, "this run has no steps to replay")
     out = stdout_console()
-    head = replay.summary()
+    stored = analysis.headline()  # the replay's summary as the analysis made it: not replayed again
+    head = stored if stored is not None and stored.rank == primary.rank else replay.summary()
     say(out, f"Run              {analysis.run.name}" + (f" (rank {primary.rank})" if len(analysis.ranks) > 1 else ""))
     mean = analysis.summary()["step_time_ms"]["mean"]
     replayed_one = f"; the replay takes its median step, {head.measured_ms:.2f} ms"

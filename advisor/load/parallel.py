@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from advisor.errors import InputError
-from advisor.load.trace import TraceFrames
+from advisor.load.trace import TraceFrames, load_trace
 
 T = TypeVar("T")
 Progress = Callable[[Path], None]
@@ -85,11 +85,9 @@ class Loaded:
         return InputError(self.error_path, self.problem) if self.problem is not None else None
 
 
-def _load_one(path: Path, cache: bool) -> Loaded:
-    from advisor.cache import load_cached  # the one cache (advisor.cache): frames parsed before
-
+def _load_one(path: Path, load: Callable[[Path], TraceFrames] | None) -> Loaded:
     try:
-        return Loaded(path, frames=load_cached(path, cache=cache))
+        return Loaded(path, frames=(load or load_trace)(path))
     except InputError as exc:
         return Loaded(path, error_path=exc.path, problem=exc.problem)
 
@@ -108,12 +106,15 @@ def load_frames(
     paths: Iterable[str | Path],
     workers: int | None = None,
     progress: Progress | None = None,
-    cache: bool = True,
+    load: Callable[[Path], TraceFrames] | None = None,
     executor: Executor | None = None,
 ) -> list[Loaded]:
     """Every rank's frames (or error), in the order of `paths`; progress(path) as each finishes.
 
-    workers=None picks one process per core, or none at all for a few small files.
+    `load` reads one file (default: `load_trace`; `advisor.cache.load_cached` reads the frames
+    cache first: the caller chooses, so loading does not depend on the cache above it; it must
+    be a module-level function, to reach the workers). workers=None picks one process per
+    core, or none at all for a few small files.
     """
     paths = [Path(p) for p in paths]
     n = default_workers(len(paths)) if workers is None else max(1, min(workers, len(paths)))
@@ -121,11 +122,11 @@ def load_frames(
     if executor is None and (n == 1 or small):
         out = []
         for p in paths:
-            out.append(_load_one(p, cache))
+            out.append(_load_one(p, load))
             if progress:
                 progress(p)
         return out
-    results = dict(_run(_load_one, paths, n, progress, executor, cache))
+    results = dict(_run(_load_one, paths, n, progress, executor, load))
     return [results[p] for p in paths]
 
 

@@ -10,7 +10,6 @@ string from a trace goes through `esc`.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
@@ -22,12 +21,11 @@ from advisor.version import __version__
 from advisor.analysis import Analysis
 from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES
-from advisor.metrics.kernels import top_ops
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
 from advisor.render.demangle import demangle
 from advisor.render.fmt import alone_note, esc, finding_rank, fmt_bytes, ms, pct, rate, short_value, throughput
-from advisor.render.timeline import StepTimeline, replayed_timeline, step_timeline
+from advisor.whatif.timeline import StepTimeline
 
 TOP_KERNELS = 40
 TOP_OPS = 30
@@ -298,7 +296,7 @@ def _breakdown(a: Analysis) -> str:
 def _timeline(a: Analysis) -> str:
     m = a.primary
     out = ['<h2 id="timeline">One step in time</h2>']
-    tl = step_timeline(m)
+    tl = a.view.timeline
     if tl is None:
         return out[0] + "<p>No steps found in the trace.</p>"
     # The replayed step draws runtime calls and device work: a CPU-only run has neither.
@@ -330,43 +328,9 @@ def _timeline(a: Analysis) -> str:
 
 def _replayed_steps(a: Analysis) -> list[tuple[str, StepTimeline, str]]:
     """The replayed median step of the slowest rank, as measured (the replay's baseline) and
-    with every fix of the headline: (heading, lanes, note) each. Empty where nothing replays."""
-    from advisor.whatif.replay import Change, replay_step
-
-    m = a.primary
-    head = a.headline()
-    replay, modelled = a.stated_fixes()
-    if head is None or not replay.available:
-        return []
-    out = []
-    base = replay_step(replay.graph, replay.base)
-    if base is None:
-        return []
-    base = dataclasses.replace(base, index=base.index + replay.first_step)  # a row of the rank's steps
-    scaled = f", host time ×{replay.host_scale:.2f} to match the unprofiled steps" if replay.host_scale < 1.0 else ""
-    rest = f"; {replay.remainder_ms:.2f} ms per step that neither the host nor the device in the trace explains is not drawn" if replay.remainder_ms > 0.005 else ""
-    if replay.step_host_ms > 0.005:
-        rest += f"; {replay.step_host_ms:.2f} ms per step of host time the trace does not show is drawn as a gap after the step's longest wait"
-    out.append(("Replayed step", replayed_timeline(m, base, "the replayed median step"), f"The step graph replayed with no fix{scaled}: {base.duration_ns / 1e6:.2f} ms{rest}."))
-    if head.fixes:
-        stated = [modelled[r] for r in head.fixes if r in modelled]
-        changes = [f.change for f in stated]
-        if changes:
-            fixed = replay_step(replay.graph, replay.with_base(Change.merge(changes)))
-            if fixed is not None:
-                fixed = dataclasses.replace(fixed, index=fixed.index + replay.first_step)
-                batch = f" One replayed step processes {fixed.per_sample:g} current steps' samples (a larger batch)." if fixed.per_sample != 1.0 else ""
-                names = ", ".join(sorted({f.rule for f in stated if f.change is not None}))
-                out.append(
-                    (
-                        "Replayed step with every fix",
-                        replayed_timeline(m, fixed, "the replayed median step with every fix"),
-                        f"The same graph with the fixes of {names} applied together: {fixed.duration_ns / 1e6:.2f} ms"
-                        + (f" for {fixed.per_sample:g}× the samples, {fixed.duration_ns / 1e6 / fixed.per_sample:.2f} ms per current step." if fixed.per_sample != 1.0 else ".")
-                        + batch,
-                    )
-                )
-    return out
+    with every fix of the headline: (heading, lanes, note) each, made with the analysis
+    (advisor.rank_view). Empty where nothing replays."""
+    return a.view.replayed
 
 
 @dataclass
@@ -379,13 +343,13 @@ class MemoryCurves:
     running_sum: bool = False  # no allocator totals in the trace: the curve is a lower bound
 
 
-def memory_curves(m: Metrics) -> MemoryCurves | None:
+def memory_curves(m: Metrics, mem: pd.DataFrame | None = None) -> MemoryCurves | None:
     """Allocated (and reserved) bytes over the window; device memory first, else the host's.
 
     Old traces (2021 schema) record only each allocation's size, not the running total: the
     curve is then the running sum, shifted so that its lowest point is zero, and says so.
     """
-    mem = m.frames.memory
+    mem = m.frames.memory if mem is None else mem
     if len(mem) == 0:
         return None
     device = mem[mem["device_type"] > 0]
@@ -431,11 +395,11 @@ def memory_curves(m: Metrics) -> MemoryCurves | None:
 def _memory(a: Analysis) -> str:
     m = a.primary
     out = ['<h2 id="memory">Memory over the window</h2>']
-    curves = memory_curves(m)
+    curves = memory_curves(m, a.view.memory)
     if curves is None:
         out.append("<p>No memory events in this trace: record them with <code>profile_memory=True</code> (<code>advisor profile</code> does).</p>")
         return "".join(out)
-    x_max = float(max(m.frames.window[1], 1)) / 1e6
+    x_max = float(max(a.view.window_end_ns, 1)) / 1e6
     lines: list[svg.HLine] = []
     off_scale = ""
     y_max = curves.peak * 1.15 or 1.0
@@ -494,10 +458,11 @@ def _kernels(a: Analysis) -> str:
     out = ['<h2 id="kernels">Top kernels</h2>']
     if not m.has_device:
         return ""  # a CPU-only run has no kernels: no empty table
-    k = kernel_summary(m.kernels)
+    kernels = a.view.kernels  # every kernel, not the per-name totals the analysis keeps
+    k = kernel_summary(kernels)
     if len(k) == 0:
         return out[0] + "<p>No kernels in this trace.</p>"
-    total_ms = m.kernels["dur"].sum() / 1e6
+    total_ms = kernels["dur"].sum() / 1e6
     out.append(f'<p class="muted">The {len(k)} kernels with the most device time in the trace window ({total_ms:.2f} ms of kernels in all{", rank " + str(m.rank) if len(a.ranks) > 1 else ""}). Click a column to sort.</p>')
     cols = [Column("kernel", name=True), Column("launched by", name=True), Column("calls", True), Column("total ms", True), Column("mean µs", True), Column("share", True), Column("Tensor Cores")]
     rows = [
@@ -517,9 +482,8 @@ def _kernels(a: Analysis) -> str:
 
 
 def _ops(a: Analysis) -> str:
-    m = a.primary
     out = ['<h2 id="ops">Top ops</h2>']
-    ops = top_ops(m.frames, TOP_OPS)
+    ops = a.view.ops.head(TOP_OPS)
     if len(ops) == 0:
         return out[0] + "<p>No host ops in this trace.</p>"
     out.append('<p class="muted">Host ops by total time, children included (an op that calls others counts their time too). Click a column to sort.</p>')
@@ -690,7 +654,6 @@ def _notes(a: Analysis) -> str:
 
 
 def to_html(analysis: Analysis) -> str:
-    analysis = analysis.with_primary_frames()  # the timeline, memory and ops of the slowest rank
     body = "".join(
         [
             _header(analysis),

@@ -156,10 +156,7 @@ def _cpu_ops_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     """A CPU-only run's top host ops by self time per step (the kernels table of a GPU run)."""
     if a.primary.has_device:
         return None
-    from advisor.metrics.kernels import top_self_ops
-
-    m = a.with_primary_frames().primary
-    ops = top_self_ops(m.frames, m.steps, n)
+    ops = a.view.cpu_ops.head(n)  # made with the analysis (advisor.rank_view)
     if len(ops) == 0:
         return None
     figures = [("calls", "right"), ("self ms", "right"), ("total ms", "right"), ("share", "right")]

@@ -118,7 +118,21 @@ class RankReplay:
     @property
     def available(self) -> bool:
         m = self.metrics
-        return hasattr(m.frames, "runtime") and len(m.steps) > 0
+        return getattr(self, "_detached", False) or (hasattr(m.frames, "runtime") and len(m.steps) > 0)
+
+    def detached(self) -> "RankReplay":
+        """This replay without the rank's frames: its graph, calibrated baseline and summary
+        built first, so that it replays any change of the rank's rows after the frames are gone."""
+        import copy
+
+        from advisor.metrics.summary import without_frames
+
+        _ = self.graph, self.base, self.baseline_ms
+        out = copy.copy(self)
+        out.metrics = without_frames(self.metrics)
+        out._replayed = {}  # the rules' replays are settled: not carried
+        out._detached = True
+        return out
 
     @property
     def graph(self) -> StepGraph:

@@ -1,0 +1,119 @@
+"""Every output is made from the analysis alone: one trace load per trace, whatever is rendered.
+
+The analysis carries what the renderers draw beyond the figures (advisor.rank_view: the
+median step's lanes, the replayed steps, memory, top ops and kernels, the replayable fixes),
+so the text, JSON, Markdown and HTML reports, `diff`, `whatif` and the Python API never load
+a trace again nor run a rule again. Counted on our own recordings, with the cache off.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+from rich.console import Console
+
+import advisor.load.trace as trace_module
+from conftest import REPO, SAMPLE_RUNS, count_calls
+
+GPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+CPU_RUN = SAMPLE_RUNS / "cpu_transformer" / "runs" / "cpu_baseline"
+TWO_RANKS = REPO / "tests" / "data" / "allreduce_gloo" / "runs" / "ddp"  # two gloo ranks
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    return count_calls(monkeypatch, trace_module, "load_trace", "a trace was loaded again")
+
+
+@pytest.mark.parametrize("run", [GPU_RUN, CPU_RUN, TWO_RANKS], ids=["gpu", "cpu", "two-ranks"])
+def test_every_output_of_an_analysis_loads_each_trace_once(run, loads):
+    from advisor.analysis import analyze
+    from advisor.api import RunAnalysis
+    from advisor.render.diff import compare, diff_html, diff_json, diff_markdown
+    from advisor.render.html import to_html
+    from advisor.render.markdown import to_markdown
+    from advisor.render.text import render_text
+
+    a = analyze(run)
+    assert loads.n == len(a.run.files)  # each trace once
+    loads.forbid()  # from here on a load fails the test
+    a.to_dict()
+    to_markdown(a, verbose=True)
+    render_text(a, Console(file=io.StringIO(), width=120), verbose=True)
+    html = to_html(a)
+    assert "One step in time" in html
+    api = RunAnalysis(a)
+    api.ops, api.kernels, api.findings, api.to_html()
+    c = compare(a, a)
+    diff_json(c), diff_markdown(c), diff_html(c)
+    replay, stated = a.stated_fixes()
+    if a.primary.has_device:
+        assert replay.available and stated and ">Replayed step with every fix</h3>" in html
+    rules = [f.rule for f in a.findings if f.rule in stated]
+    if rules:
+        assert a.replayed_saving(rules) is not None
+
+
+def test_whatif_loads_the_trace_once(cli, loads):
+    code, out, err = cli(["whatif", str(GPU_RUN)])
+    assert code == 0, err
+    assert loads.n == 1
+    code, out, err = cli(["whatif", str(GPU_RUN), "--apply", "dataloader-stall"])
+    assert code == 0, err
+    assert loads.n == 2  # a second command, a second analysis
+
+
+def test_user_rules_fixes_are_in_the_html_step_with_every_fix(cli, tmp_path, monkeypatch):
+    # A rule from --rules DIR states a fix: the HTML report's step with every fix replays it
+    # with the others, as the headline does (the renderer does not run the built-in rules again).
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "faster_device.py").write_text(
+        '"""Every device op twice as fast."""\n'
+        "from advisor.whatif.replay import Change\n"
+        'ID = "faster-device"\nTITLE = "Faster device"\n\n'
+        "def check(ctx):\n"
+        '    return ctx.finding("A device twice as fast.", 1.0, change=Change(device_scale_all=0.5))\n'
+    )
+    code, out, err = cli(["report", "--rules", str(rules), "-f", "json", str(GPU_RUN)])
+    assert code == 0, err
+    head = json.loads(out)["whatif"]
+    assert "faster-device" in head["fixes"]
+    page = tmp_path / "report.html"
+    code, out, err = cli(["report", "--rules", str(rules), "-o", str(page), str(GPU_RUN)])
+    assert code == 0, err
+    html = page.read_text()
+    note = re.search(r"The same graph with the fixes of ([^:]+) applied together: ([0-9.]+) ms(?: for [0-9.]+× the samples, ([0-9.]+) ms per current step)?", html)
+    assert note is not None
+    assert "faster-device" in note.group(1).split(", ")
+    assert set(note.group(1).split(", ")) == set(head["fixes"])
+    # the drawn step is the replayed median step with every fix: the headline's figure, within the replay's spread
+    # (per current step where a fix makes the batch larger)
+    assert float(note.group(3) or note.group(2)) == pytest.approx(head["all_fixes_ms"], rel=0.05)
+
+
+def test_a_cached_analysis_renders_without_its_trace(tmp_path, monkeypatch):
+    # The view is stored with the analysis: read back, it renders the same HTML and replays
+    # the same fixes, and no trace is loaded.
+    from advisor.analysis import analyze
+    from advisor.render.html import to_html
+
+    monkeypatch.setenv("ADVISOR_CACHE", str(tmp_path / "cache"))
+    fresh = analyze(GPU_RUN, cache=True, store=True)
+    assert fresh.cache_entry is not None
+    loads = count_calls(monkeypatch, trace_module, "load_trace", "a cached analysis loaded its trace")
+    loads.forbid()
+    cached = analyze(GPU_RUN, cache=True)
+    assert cached.cache_entry is not None
+    assert to_html(cached) == to_html(fresh)
+    replay, stated = cached.stated_fixes()
+    fresh_replay, fresh_stated = fresh.stated_fixes()
+    assert set(stated) == set(fresh_stated)
+    for rule in stated:
+        assert replay.saving_ms(stated[rule].change) == pytest.approx(fresh_replay.saving_ms(fresh_stated[rule].change), abs=1e-9)
+        assert stated[rule].evidence == fresh_stated[rule].evidence
