@@ -535,6 +535,11 @@ def critical_path(m: Metrics, replay: RankReplay, change: Change) -> str:
     return f"the host's own work holds the step, {host_ms:.1f} ms per step outside device work{parts}, of the {step:.1f} ms replayed step"
 
 
+def critical_path_of_base(replay: RankReplay, change: Change) -> str:
+    """What the fix alone leaves on the replayed step, in a few words."""
+    return f"the replayed step goes from {replay.baseline_ms:.1f} to {replay.replayed_ms(change):.1f} ms"
+
+
 def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Finding], whatif: list[RankWhatIf] | None = None) -> list[Finding]:
     """Savings of one rank's findings from its replay: each change alone, then all together."""
     replay = rank_replay(m, facts)
@@ -552,6 +557,10 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     alone = {f.rule: base - replay.replayed_ms(f.change) for f in fixes}
     lengthens = {rule for rule, gain in alone.items() if gain < -0.005}
     gains = [f for f in fixes if alone[f.rule] >= NO_GAIN_MS and f.no_gain is None]
+    # A fix that gains nothing alone (a device fix on a step the host holds) may gain once
+    # another fix exposes the work it speeds up: it is replayed again on top of the fixes
+    # ranked above it (`in_rank_order`), and considered only where it gains nothing there too.
+    dependent = {f.rule for f in fixes if alone[f.rule] < NO_GAIN_MS and f.no_gain is None}
     others = Change.merge([f.change for f in gains]) if gains else None
     dropped = set()
     for f in findings:
@@ -582,11 +591,13 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
             if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
                 f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
-        if abs(saving - f.saving_ms) >= 0.005:
+        if abs(saving - f.saving_ms) >= 0.005 and f.rule not in dependent:
             f.message = _restate(f.message, f.saving_ms, saving)
         if f.change is not None and f.rule not in dropped:
             estimate = f.evidence.get("estimate_ms")
-            if f.no_gain is None and f.rule in lengthens:
+            if f.rule in dependent:
+                f.evidence["saving_alone_replayed_ms"] = round(alone[f.rule], 3)
+            elif f.no_gain is None and f.rule in lengthens:
                 f.no_gain = (f"Replayed on this run, this fix makes the step {-alone[f.rule]:.2f} ms longer: the work it adds "
                              "outweighs what it removes.")
             elif f.no_gain is None and saving < NO_GAIN_MS:
@@ -614,13 +625,53 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
         # Fixes that each gain alone can still interact; the step with every fix is never
         # reported longer than the step without them.
         summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
-        in_rank_order(replay, base, kept, summary)
+        in_rank_order(replay, base, kept, summary, [f for f in kept if f.rule in dependent], alone)
+    for f in kept:
+        if f.rule in dependent and f.rule not in summary.fixes and f.no_gain is None:
+            # gains nothing alone, nor on top of the fixes ranked above it
+            gain = alone[f.rule]
+            if gain < -0.005:
+                f.no_gain = (f"Replayed on this run, this fix makes the step {-gain:.2f} ms longer, alone and on top of the "
+                             "other fixes: the work it adds outweighs what it removes.")
+            else:
+                f.no_gain = "This fix alone gains nothing on this run now: " + critical_path(m, replay, f.change) + "."
+            f.evidence["critical_path"] = f.no_gain
+            f.message = _restate(f.message, f.evidence.get("estimate_ms", 0.0), 0.0).rstrip() + " " + f.no_gain
+            f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"
+            f.saving_alone_ms = 0.0
+            summary.savings[f.rule] = 0.0
     if whatif is not None:
         whatif.append(summary)
     return kept
 
 
-def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summary: RankWhatIf) -> None:
+# A fix that changes what is trained (the batch size, the precision) ranks above a fix that
+# changes nothing but speed only where it saves more than this many times as much.
+RECIPE_MARGIN = 2.0
+
+
+def changes_recipe(f: Finding) -> str | None:
+    """What a finding's fix changes beside speed ("batch size", "precision"): its rule's RECIPE."""
+    rule = find_loaded_rule(f.rule)
+    return getattr(rule.module, "RECIPE", None) if rule is not None else None
+
+
+def _pick(trials: list[tuple[float, Finding]], pool: list[Finding]) -> tuple[float, Finding]:
+    """The fix to rank next: the one that saves most, unless it changes the recipe and a fix
+    that changes nothing but speed saves at least 1/RECIPE_MARGIN of it."""
+    order = lambda t: (t[0], -pool.index(t[1]))
+    gain, best = max(trials, key=order)
+    if changes_recipe(best) is not None:
+        speed = [t for t in trials if changes_recipe(t[1]) is None and t[0] >= NO_GAIN_MS]
+        if speed:
+            alt = max(speed, key=order)
+            if alt[0] * RECIPE_MARGIN >= gain:
+                return alt
+    return gain, best
+
+
+def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summary: RankWhatIf,
+                  dependent: list[Finding] = (), alone_of: dict[str, float] | None = None) -> None:
     """Each ranked finding's saving on top of the fixes ranked above it, so the list adds up to
     the step with every fix, never to more than the step.
 
@@ -632,13 +683,37 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     finding the replay cannot model keeps its estimate, capped at what the replayed fixes
     leave of the step."""
     pool = [f for f in findings if f.change is not None and f.no_gain is None and not f.symptom and f.rule in summary.fixes]
+    waiting = list(dependent)  # gain nothing alone: tried on top of the fixes chosen
+    alone_of = alone_of or {}
     symptoms = [f for f in findings if f.change is not None and f.no_gain is None and f.symptom and f.rule in summary.fixes]
     chosen: list[Finding] = []
     step = base
-    while pool:
+    while pool or (waiting and chosen):
         # the first round is each fix alone: the replays its saving came from (cached)
-        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in pool]
-        gain, best = max(trials, key=lambda t: (t[0], -pool.index(t[1])))
+        candidates = [*pool, *(waiting if chosen else ())]
+        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in candidates]
+        gain, best = _pick(trials, candidates)
+        if best in waiting:
+            if gain < NO_GAIN_MS:
+                break  # none of them gains on top of the fixes chosen
+            waiting.remove(best)
+            above = ", ".join(c.rule for c in chosen)
+            lone = alone_of.get(best.rule, 0.0)
+            said = (f"makes the step {-lone:.2f} ms longer" if lone < -0.005 else "gains nothing")
+            best.message = _restate(best.message, best.evidence.get("estimate_ms", 0.0), gain)
+            best.message = best.message.rstrip() + (
+                f" Alone this fix {said} on this run ({critical_path_of_base(replay, best.change)}); on top of the fixes "
+                f"ranked above it ({above}), which expose the work it speeds up, it saves ~{gain:.2f} ms/step.")
+            best.evidence["depends_on"] = [c.rule for c in chosen]
+            best.saving_alone_ms = max(lone, 0.0)
+            chosen.append(best)
+            summary.fixes.append(best.rule)
+            summary.savings[best.rule] = round(max(lone, 0.0), 3)
+            step -= gain
+            best.saving_ms = gain
+            best.saving_pct = gain / base if base > 0 else None
+            best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
+            continue
         pool.remove(best)
         alone = best.saving_ms or 0.0
         best.saving_alone_ms = alone
