@@ -39,6 +39,8 @@ import importlib.util
 import pkgutil
 import re
 import sys
+
+import numpy as np
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -480,9 +482,20 @@ def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]
     for f in findings:
         claimed = [best_of_job[c] for c in getattr(rule_of[f.rule].module, "CAUSES", ()) if f.rule in rule_of and c in best_of_job]
         if claimed and f.saving_ms is not None:
-            f.saving_ms = max(f.saving_ms - sum(c.saving_ms or 0 for c in claimed), 0.0)
+            left = max(f.saving_ms - sum(c.saving_ms or 0 for c in claimed), 0.0)
+            if f.saving_pct is not None and f.saving_ms > 0:
+                f.saving_pct *= left / f.saving_ms  # the same step, a smaller saving
+            f.saving_ms = left
             f.causes = [c.rule for c in claimed]
     findings = [f for f in findings if f.saving_ms is None or f.saving_ms > 0 or f.evidence.get("estimate_ms", 0) > 0]
+    for f in findings:
+        if f.no_gain is None and f.saving_ms is not None and f.saving_pct is not None and f.saving_pct < MIN_RANKED_SHARE:
+            f.no_gain = f"It saves {f.saving_ms:.2f} ms/step, under {100 * MIN_RANKED_SHARE:.1f}% of the step."
+            f.saving_alone_ms = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
+            f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"
+        if f.saving_alone_ms is None:
+            # a finding without a replayed fix: its saving alone is its own (0 for a risk with no time cost)
+            f.saving_alone_ms = f.saving_ms if f.saving_ms is not None else 0.0
     findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
     return findings
 
@@ -517,22 +530,52 @@ def _restate(message: str, old: float, new: float) -> str:
 
 # A replayed saving under this (ms per step) is no gain: the finding is considered, not ranked.
 NO_GAIN_MS = 0.005
+# A finding that saves less than this share of the measured step is listed as considered, not ranked.
+MIN_RANKED_SHARE = 0.005
+
+
+def _device_ms_with(m: Metrics, change: Change) -> float:
+    """The device's busy time per step with `change` applied: the window's busy time scaled by
+    what the change does to the device ops' summed time (and per current step's samples)."""
+    device_ms = (m.gpu_utilization or 0.0) * m.mean_step_ns / 1e6
+    if not (change.device_scale or change.device_add or change.device_scale_all != 1.0 or change.per_sample != 1.0):
+        return device_ms
+    dur = rank_events(m).device["dur"].to_numpy(np.float64)
+    before = float(dur.sum())
+    if before <= 0:
+        return device_ms
+    rows = np.fromiter(change.device_scale.keys(), dtype=np.int64, count=len(change.device_scale))
+    factors = np.fromiter(change.device_scale.values(), dtype=np.float64, count=len(change.device_scale))
+    ok = (rows >= 0) & (rows < len(dur))
+    after = (before + float((dur[rows[ok]] * (factors[ok] - 1.0)).sum())) * change.device_scale_all + float(sum(change.device_add.values()))
+    return device_ms * max(after, 0.0) / before / max(change.per_sample, 1e-9)
 
 
 def critical_path(m: Metrics, replay: RankReplay, change: Change) -> str:
     """One clause naming what holds the replayed step with `change` applied, with its time:
-    the device's own work where it fills most of the step, else the host's."""
+    the device's own work (as the change leaves it) where it fills most of the step, else the
+    host's. Neither is ever stated as more than the replayed step."""
     step = replay.replayed_ms(change)
     bd = m.breakdown_mean_ms
-    window = m.mean_step_ns / 1e6
     util = m.gpu_utilization
-    device_ms = (util or 0.0) * window
+    device_ms = _device_ms_with(m, change)
     host_ms = sum(bd.get(c, 0.0) for c in ("runtime", "dataloader", "cpu_exec", "other"))
     if util is not None and device_ms >= 0.8 * step:
-        return f"the device's own work holds the step, {device_ms:.1f} ms of the {step:.1f} ms replayed step"
+        return f"the device's own work holds the step, {min(device_ms, step):.1f} ms of the {step:.1f} ms replayed step"
     loader = bd.get("dataloader", 0.0)
-    parts = f", {loader:.1f} ms of it the DataLoader" if loader >= 0.05 * max(host_ms, 1e-9) else ""
+    if change.host_remove and loader > 0:
+        # a fix that takes host windows off (the DataLoader's wait): what it leaves of the host
+        host_ms = max(host_ms - max(replay.baseline_ms - step, 0.0), 0.0)
+        loader = min(loader, host_ms)
+    host_ms = min(host_ms, step)
+    parts = f", {min(loader, host_ms):.1f} ms of it the DataLoader" if loader >= 0.05 * max(host_ms, 1e-9) and loader > 0 else ""
     return f"the host's own work holds the step, {host_ms:.1f} ms per step outside device work{parts}, of the {step:.1f} ms replayed step"
+
+
+def measured_step_ms(summary: RankWhatIf) -> float:
+    """The measured step every share is taken of: the unprofiled steps' median where the run
+    recorded them, else the window's median (never the profiler-corrected replay)."""
+    return summary.unprofiled_ms if summary.unprofiled_ms is not None else summary.measured_ms
 
 
 def critical_path_of_base(replay: RankReplay, change: Change) -> str:
@@ -549,6 +592,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
         return findings
     base = replay.baseline_ms
     summary = replay.summary()
+    measured = measured_step_ms(summary)
     changes = []
     symptoms = {f.rule for f in findings if f.symptom}
     fixes = [f for f in findings if f.change is not None and f.rule not in symptoms and f.saving_ms is not None]
@@ -612,7 +656,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 if f.no_gain not in f.message:
                     f.message = f.message.rstrip() + " " + f.no_gain
         f.saving_ms = saving
-        f.saving_pct = saving / base if base > 0 else None
+        f.saving_pct = saving / measured if measured > 0 else None
         if f.change is not None:
             f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
             if f.no_gain is not None or saving < NO_GAIN_MS:
@@ -684,6 +728,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     leave of the step."""
     pool = [f for f in findings if f.change is not None and f.no_gain is None and not f.symptom and f.rule in summary.fixes]
     waiting = list(dependent)  # gain nothing alone: tried on top of the fixes chosen
+    measured = measured_step_ms(summary)
     alone_of = alone_of or {}
     symptoms = [f for f in findings if f.change is not None and f.no_gain is None and f.symptom and f.rule in summary.fixes]
     chosen: list[Finding] = []
@@ -711,8 +756,8 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             summary.savings[best.rule] = round(max(lone, 0.0), 3)
             step -= gain
             best.saving_ms = gain
-            best.saving_pct = gain / base if base > 0 else None
-            best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
+            best.saving_pct = gain / measured if measured > 0 else None
+            best.severity = "high" if gain >= 0.10 * measured else "medium" if gain >= 0.03 * measured else "low"
             continue
         pool.remove(best)
         alone = best.saving_ms or 0.0
@@ -725,11 +770,19 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             best.saving_ms, best.saving_pct, best.severity = 0.0, 0.0, "low"
             summary.fixes.remove(best.rule)
             continue
+        if gain < MIN_RANKED_SHARE * measured:
+            above = ", ".join(c.rule for c in chosen) or "none"
+            best.no_gain = (f"It saves {gain:.2f} ms/step on top of the fixes ranked above it ({above}), under "
+                            f"{100 * MIN_RANKED_SHARE:.1f}% of the {measured:.1f} ms step. Alone it saves ~{alone:.2f} ms/step.")
+            best.evidence["critical_path"] = best.no_gain
+            best.saving_ms, best.saving_pct, best.severity = 0.0, 0.0, "low"
+            summary.fixes.remove(best.rule)
+            continue
         chosen.append(best)
         step -= gain
         best.saving_ms = gain
-        best.saving_pct = gain / base if base > 0 else None
-        best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
+        best.saving_pct = gain / measured if measured > 0 else None
+        best.severity = "high" if gain >= 0.10 * measured else "medium" if gain >= 0.03 * measured else "low"
     for f in findings:  # a symptom's causes: the fixes that stay ranked
         f.causes = [c for c in f.causes if c in summary.fixes]
     for f in symptoms:
@@ -746,5 +799,5 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the {left:.2f} ms the replayed fixes leave of the step"
             f.saving_alone_ms = f.saving_ms
             f.saving_ms = max(left, 0.0)
-            f.saving_pct = f.saving_ms / base if base > 0 else None
+            f.saving_pct = f.saving_ms / measured if measured > 0 else None
         left -= f.saving_ms

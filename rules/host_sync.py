@@ -54,9 +54,11 @@ GPU was still busy during the wait, i.e. `min(device busy time during the wait, 
 gap after it)`, summed per step. Idle time *during* a wait is not counted: if the device
 idles while the host waits, both are waiting for something else (another stream, another
 rank), which removing the sync would not speed up. Reading values every N steps keeps one
-wait in N.
+wait in N. Where this estimate is 0 (no wait leaves the device idle that the host could fill)
+the rule stays silent, whatever the replay of an unwaited call gives.
 
-An explicit `torch.cuda.synchronize()` that closes its step (no device work of the step is
+An explicit `torch.cuda.synchronize()` or a blocking copy to the host (an inference step's
+final `.cpu()` of its output) that closes its step (no device work of the step is
 launched after it: a benchmark harness timing each iteration) makes the host wait while the
 GPU finishes work that was queued anyway. It costs only the device idle it causes before the
 step ends, usually none; the idle at the start of the next step is that step's own host work
@@ -112,7 +114,8 @@ def closing_syncs(ctx: Context, calls: pd.DataFrame, tl) -> np.ndarray:
     """Which calls are an explicit synchronize that closes its step: no device work launched
     in the same step after the call returns."""
     out = np.zeros(len(calls), dtype=bool)
-    explicit = (calls["cause"] == "explicit").to_numpy()
+    # an explicit synchronize, or a blocking copy to the host (the output's final `.cpu()`)
+    explicit = calls["cause"].isin(["explicit", "blocking copy"]).to_numpy()
     if not explicit.any():
         return out
     lk = ctx.metrics.launches
@@ -147,6 +150,10 @@ def check(ctx: Context):
     change = unwait(ctx.events, waits["ts"].to_numpy(np.int64), waits["ts"].to_numpy(np.int64)) if len(waits) else None
     replayed = ctx.replayed_saving(change) if change is not None else None
     if (replayed if replayed is not None else saving) / ctx.step_ms < ctx.options["min_share"]:
+        return None
+    if saving < 0.005:
+        # No wait leaves the device idle that the host could have filled (the output's final
+        # copy to the host, with no work of the step after it): nothing for the fix to take.
         return None
 
     by = calls.groupby("cause").agg(count=("wait", "size"), wait=("wait", "sum"), cost=("cost", "sum")).sort_values("cost", ascending=False)
