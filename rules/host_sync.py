@@ -54,8 +54,7 @@ GPU was still busy during the wait, i.e. `min(device busy time during the wait, 
 gap after it)`, summed per step. Idle time *during* a wait is not counted: if the device
 idles while the host waits, both are waiting for something else (another stream, another
 rank), which removing the sync would not speed up. Reading values every N steps keeps one
-wait in N. Where this estimate is 0 (no wait leaves the device idle that the host could fill)
-the rule stays silent, whatever the replay of an unwaited call gives.
+wait in N.
 
 An explicit `torch.cuda.synchronize()` or a blocking copy to the host (an inference step's
 final `.cpu()` of its output) that closes its step (no device work of the step is
@@ -150,10 +149,6 @@ def check(ctx: Context):
     change = unwait(ctx.events, waits["ts"].to_numpy(np.int64), waits["ts"].to_numpy(np.int64)) if len(waits) else None
     replayed = ctx.replayed_saving(change) if change is not None else None
     if (replayed if replayed is not None else saving) / ctx.step_ms < ctx.options["min_share"]:
-        return None
-    if saving < 0.005:
-        # No wait leaves the device idle that the host could have filled (the output's final
-        # copy to the host, with no work of the step after it): nothing for the fix to take.
         return None
 
     by = calls.groupby("cause").agg(count=("wait", "size"), wait=("wait", "sum"), cost=("cost", "sum")).sort_values("cost", ascending=False)
