@@ -746,9 +746,10 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             lone = alone_of.get(best.rule, 0.0)
             said = (f"makes the step {-lone:.2f} ms longer" if lone < -0.005 else "gains nothing")
             best.message = _restate(best.message, best.evidence.get("estimate_ms", 0.0), gain)
-            best.message = best.message.rstrip() + (
-                f" Alone this fix {said} on this run ({critical_path_of_base(replay, best.change)}); on top of the fixes "
-                f"ranked above it ({above}), which expose the work it speeds up, it saves ~{gain:.2f} ms/step.")
+            why = (f"Alone this fix {said} on this run ({critical_path_of_base(replay, best.change)}); on top of the fixes "
+                   f"ranked above it ({above}), which expose the work it speeds up, it saves ~{gain:.2f} ms/step.")
+            best.message = best.message.rstrip() + " " + why
+            best.evidence["critical_path"] = why
             best.evidence["depends_on"] = [c.rule for c in chosen]
             best.saving_alone_ms = max(lone, 0.0)
             chosen.append(best)
@@ -787,6 +788,12 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         f.causes = [c for c in f.causes if c in summary.fixes]
     for f in symptoms:
         f.saving_alone_ms = f.saving_ms or 0.0
+        if (f.saving_ms or 0.0) < MIN_RANKED_SHARE * measured:
+            f.no_gain = (f"It saves {f.saving_ms or 0.0:.2f} ms/step once the other fixes are in, under "
+                         f"{100 * MIN_RANKED_SHARE:.1f}% of the {measured:.1f} ms step.")
+            f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"
+            summary.fixes.remove(f.rule)
+            continue
         chosen.append(f)
     if chosen:
         # without symptoms the last round replayed every chosen fix together: `step` is that replay
