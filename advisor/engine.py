@@ -721,6 +721,12 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
 
     The replayed fixes are taken greedily: first the one that saves most alone, then the one
     that saves most with it, and so on; a symptom's saving is already what the others leave.
+    A fix that changes what is trained (its rule's RECIPE: the batch size, the precision) is
+    taken before a fix that changes nothing but speed only where it saves more than
+    RECIPE_MARGIN times as much. A fix that gains nothing alone (`dependent`: a device fix on a
+    step the host holds) joins the candidates once a fix is chosen, and is ranked with what it
+    saves on top of the fixes above it, saying so. A fix that saves under MIN_RANKED_SHARE of
+    the measured step on top of those above it is listed as considered, with its saving alone.
     Its saving alone (the promise of applying only that fix) stays in `saving_alone_ms` and in
     the headline's `savings`. A fix that gains nothing once the fixes above it are in is not
     ranked (the same time is theirs; it is listed as considered, with its saving alone). A
