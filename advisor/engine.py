@@ -572,6 +572,13 @@ def critical_path(m: Metrics, replay: RankReplay, change: Change) -> str:
     return f"the host's own work holds the step, {host_ms:.1f} ms per step outside device work{parts}, of the {step:.1f} ms replayed step"
 
 
+def _own_step_ms(f: Finding) -> float | None:
+    """The step a finding without a replayed fix measured itself on: the unprofiled steps'
+    mean (`evidence.unprofiled_step_ms`), where its rule read them; else None."""
+    own = f.evidence.get("unprofiled_step_ms") if f.change is None else None
+    return float(own) if isinstance(own, (int, float)) and own > 0 else None
+
+
 def measured_step_ms(summary: RankWhatIf) -> float:
     """The measured step every share is taken of: the unprofiled steps' median where the run
     recorded them, else the window's median (never the profiler-corrected replay)."""
@@ -632,9 +639,15 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # Not modelled: its own estimate, as the same share of the replayed step (which is
             # the unprofiled step where the facts have one), and never more than that step.
             window = m.mean_step_ns / 1e6
-            saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
-            if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
-                f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
+            own = _own_step_ms(f)
+            if own is not None:
+                # measured on the unprofiled steps (their mean: a stall the window's prefetched
+                # batches hid): that share of that step, whatever the window or the replay say
+                saving = min(f.saving_ms * (own / window if window > 0 else 1.0), own)
+            else:
+                saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
+                if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
+                    f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
         if abs(saving - f.saving_ms) >= 0.005 and f.rule not in dependent:
             f.message = _restate(f.message, f.saving_ms, saving)
         if f.change is not None and f.rule not in dropped:
@@ -656,7 +669,8 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 if f.no_gain not in f.message:
                     f.message = f.message.rstrip() + " " + f.no_gain
         f.saving_ms = saving
-        f.saving_pct = saving / measured if measured > 0 else None
+        step_of_f = _own_step_ms(f) if f.change is None and _own_step_ms(f) is not None else measured
+        f.saving_pct = saving / step_of_f if step_of_f > 0 else None
         if f.change is not None:
             f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
             if f.no_gain is not None or saving < NO_GAIN_MS:
@@ -813,5 +827,6 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the {left:.2f} ms the replayed fixes leave of the step"
             f.saving_alone_ms = f.saving_ms
             f.saving_ms = max(left, 0.0)
-            f.saving_pct = f.saving_ms / measured if measured > 0 else None
+            step_of_f = _own_step_ms(f) or measured
+            f.saving_pct = f.saving_ms / step_of_f if step_of_f > 0 else None
         left -= f.saving_ms
