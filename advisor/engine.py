@@ -560,16 +560,17 @@ def critical_path(m: Metrics, replay: RankReplay, change: Change) -> str:
     util = m.gpu_utilization
     device_ms = _device_ms_with(m, change)
     host_ms = sum(bd.get(c, 0.0) for c in ("runtime", "dataloader", "cpu_exec", "other"))
+    d = 2 if step < 1.0 else 1  # a sub-millisecond step keeps its figures
     if util is not None and device_ms >= 0.8 * step:
-        return f"the device's own work holds the step, {min(device_ms, step):.1f} ms of the {step:.1f} ms replayed step"
+        return f"the device's own work holds the step, {min(device_ms, step):.{d}f} ms of the {step:.{d}f} ms replayed step"
     loader = bd.get("dataloader", 0.0)
     if change.host_remove and loader > 0:
         # a fix that takes host windows off (the DataLoader's wait): what it leaves of the host
         host_ms = max(host_ms - max(replay.baseline_ms - step, 0.0), 0.0)
         loader = min(loader, host_ms)
     host_ms = min(host_ms, step)
-    parts = f", {min(loader, host_ms):.1f} ms of it the DataLoader" if loader >= 0.05 * max(host_ms, 1e-9) and loader > 0 else ""
-    return f"the host's own work holds the step, {host_ms:.1f} ms per step outside device work{parts}, of the {step:.1f} ms replayed step"
+    parts = f", {min(loader, host_ms):.{d}f} ms of it the DataLoader" if loader >= 0.05 * max(host_ms, 1e-9) and loader > 0 else ""
+    return f"the host's own work holds the step, {host_ms:.{d}f} ms per step outside device work{parts}, of the {step:.{d}f} ms replayed step"
 
 
 def _own_step_ms(f: Finding) -> float | None:
