@@ -150,3 +150,32 @@ def test_text_json_markdown_and_html_rank_the_same_savings(name):
             continue
         mine = [f for f in a.findings if f.rank in (w.rank, None) and f.rule in w.fixes and f.saving_ms is not None]
         assert w.baseline_ms - sum(f.saving_ms for f in mine) == pytest.approx(w.all_fixes_ms, abs=0.05 + 0.01 * w.baseline_ms)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_recipe_change_says_it_changes_what_is_trained_or_served(name):
+    a = analysis_of(name)
+    for f in [*a.findings, *a.considered]:
+        text = f.message + " " + f.fix.text
+        if f.rule == "spare-gpu-memory":
+            if f.evidence.get("mode") == "inference":
+                # serving: batching requests, and the latency each one pays; no optimizer
+                assert "learning rate" not in text and "latency" in text, text
+            else:
+                assert "changes what is trained" in f.message, f.message
+        elif f.rule == "tensor-cores-unused":
+            assert "changes the numerics" in f.message, f.message
+
+
+def test_v100_without_workers_ranks_the_loader_then_autocast_once_it_is_exposed():
+    a = analysis_of("v100_resnet50_nw0")
+    ranked = [f.rule for f in a.findings]
+    assert ranked[0] == "dataloader-stall"
+    tc = next(f for f in a.findings if f.rule == "tensor-cores-unused")
+    # 68% of kernel time is fp32 convolution work (MANIFEST.md): once the loader's fix exposes
+    # it, autocast saves a real share of the step, and says which fixes it waits for
+    assert tc.saving_ms > 0.05 * a.headline().measured_ms
+    assert ranked.index("tensor-cores-unused") > ranked.index("dataloader-stall")
+    assert "dataloader-stall" in tc.evidence["depends_on"] and "on top of the fixes ranked above it" in tc.message
+    # the casts' host cost is an op that launches one kernel on this host, not a DataLoader copy
+    assert tc.evidence["autocast_casts"]["host_cost_per_cast_us"]["copy_op"] < 50
