@@ -179,3 +179,23 @@ def test_v100_without_workers_ranks_the_loader_then_autocast_once_it_is_exposed(
     assert "dataloader-stall" in tc.evidence["depends_on"] and "on top of the fixes ranked above it" in tc.message
     # the casts' host cost is an op that launches one kernel on this host, not a DataLoader copy
     assert tc.evidence["autocast_casts"]["host_cost_per_cast_us"]["copy_op"] < 50
+
+
+def test_a_recurring_dataloader_stall_is_the_loaders_finding_with_its_share_of_steps():
+    # Our own CPU recording (bf16 inference, num_workers=0): two of its five steps wait several
+    # ms for their batch, the others almost nothing. That is the DataLoader's finding, with the
+    # steps it hits, and no "look at the slow steps" variance finding above it.
+    import numpy as np
+
+    a = analysis_of("tests/data/cpu_inference_grad/runs/batch256_bf16").with_primary_frames()
+    m = a.primary
+    wait = m.breakdown["dataloader"].to_numpy(np.float64) / 1e6
+    hit = wait > 0.2 * float(np.median(m.step_ms))
+    assert 0 < hit.sum() < len(wait)  # recurring, not every step
+    ranked = [f.rule for f in a.findings]
+    stall = next(f for f in a.findings if f.rule == "dataloader-stall")
+    assert stall.evidence["stalled_steps"] == int(hit.sum())
+    assert f"{int(hit.sum())} of {len(wait)} steps" in stall.message
+    assert "step-time-variance" not in ranked[: ranked.index("dataloader-stall")]
+    # throughput is the mean step: the replay prices it on the mean
+    assert a.headline().statistic == "mean"
