@@ -1308,6 +1308,7 @@ class WhatIfEntry(_Entry):
     savings: dict[str, NonNegative]
     scale_range: list[NonNegative] | None = None
     baseline_range_ms: list[NonNegative] | None = None
+    statistic: Literal["median", "mean"] = "median"
 
 
 def _within_replay(w: WhatIfEntry) -> bool:

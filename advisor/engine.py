@@ -40,6 +40,8 @@ import pkgutil
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable
@@ -492,9 +494,20 @@ def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]
     for f in findings:
         claimed = [best_of_job[c] for c in getattr(rule_of[f.rule].module, "CAUSES", ()) if f.rule in rule_of and c in best_of_job]
         if claimed and f.saving_ms is not None:
-            f.saving_ms = max(f.saving_ms - sum(c.saving_ms or 0 for c in claimed), 0.0)
+            left = max(f.saving_ms - sum(c.saving_ms or 0 for c in claimed), 0.0)
+            if f.saving_pct is not None and f.saving_ms > 0:
+                f.saving_pct *= left / f.saving_ms  # the same step, a smaller saving
+            f.saving_ms = left
             f.causes = [c.rule for c in claimed]
     findings = [f for f in findings if f.saving_ms is None or f.saving_ms > 0 or f.evidence.get("estimate_ms", 0) > 0]
+    for f in findings:
+        if f.no_gain is None and f.saving_ms is not None and f.saving_pct is not None and f.saving_pct < MIN_RANKED_SHARE:
+            f.no_gain = f"It saves {f.saving_ms:.2f} ms/step, under {100 * MIN_RANKED_SHARE:.1f}% of the step."
+            f.saving_alone_ms = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
+            f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"
+        if f.saving_alone_ms is None:
+            # a finding without a replayed fix: its saving alone is its own (0 for a risk with no time cost)
+            f.saving_alone_ms = f.saving_ms if f.saving_ms is not None else 0.0
     findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
     return findings
 
@@ -529,22 +542,65 @@ def _restate(message: str, old: float, new: float) -> str:
 
 # A replayed saving under this (ms per step) is no gain: the finding is considered, not ranked.
 NO_GAIN_MS = 0.005
+# A finding that saves less than this share of the measured step is listed as considered, not ranked.
+MIN_RANKED_SHARE = 0.005
+
+
+def _device_ms_with(m: Metrics, change: Change) -> float:
+    """The device's busy time per step with `change` applied: the window's busy time scaled by
+    what the change does to the device ops' summed time (and per current step's samples)."""
+    device_ms = (m.gpu_utilization or 0.0) * m.mean_step_ns / 1e6
+    if not (change.device_scale or change.device_add or change.device_scale_all != 1.0 or change.per_sample != 1.0):
+        return device_ms
+    dur = rank_events(m).device["dur"].to_numpy(np.float64)
+    before = float(dur.sum())
+    if before <= 0:
+        return device_ms
+    rows = np.fromiter(change.device_scale.keys(), dtype=np.int64, count=len(change.device_scale))
+    factors = np.fromiter(change.device_scale.values(), dtype=np.float64, count=len(change.device_scale))
+    ok = (rows >= 0) & (rows < len(dur))
+    after = (before + float((dur[rows[ok]] * (factors[ok] - 1.0)).sum())) * change.device_scale_all + float(sum(change.device_add.values()))
+    return device_ms * max(after, 0.0) / before / max(change.per_sample, 1e-9)
 
 
 def critical_path(m: Metrics, replay: RankReplay, change: Change) -> str:
     """One clause naming what holds the replayed step with `change` applied, with its time:
-    the device's own work where it fills most of the step, else the host's."""
+    the device's own work (as the change leaves it) where it fills most of the step, else the
+    host's. Neither is ever stated as more than the replayed step."""
     step = replay.replayed_ms(change)
     bd = m.breakdown_mean_ms
-    window = m.mean_step_ns / 1e6
     util = m.gpu_utilization
-    device_ms = (util or 0.0) * window
+    device_ms = _device_ms_with(m, change)
     host_ms = sum(bd.get(c, 0.0) for c in ("runtime", "dataloader", "cpu_exec", "other"))
+    d = 2 if step < 1.0 else 1  # a sub-millisecond step keeps its figures
     if util is not None and device_ms >= 0.8 * step:
-        return f"the device's own work holds the step, {device_ms:.1f} ms of the {step:.1f} ms replayed step"
+        return f"the device's own work holds the step, {min(device_ms, step):.{d}f} ms of the {step:.{d}f} ms replayed step"
     loader = bd.get("dataloader", 0.0)
-    parts = f", {loader:.1f} ms of it the DataLoader" if loader >= 0.05 * max(host_ms, 1e-9) else ""
-    return f"the host's own work holds the step, {host_ms:.1f} ms per step outside device work{parts}, of the {step:.1f} ms replayed step"
+    if change.host_remove and loader > 0:
+        # a fix that takes host windows off (the DataLoader's wait): what it leaves of the host
+        host_ms = max(host_ms - max(replay.baseline_ms - step, 0.0), 0.0)
+        loader = min(loader, host_ms)
+    host_ms = min(host_ms, step)
+    parts = f", {min(loader, host_ms):.{d}f} ms of it the DataLoader" if loader >= 0.05 * max(host_ms, 1e-9) and loader > 0 else ""
+    return f"the host's own work holds the step, {host_ms:.{d}f} ms per step outside device work{parts}, of the {step:.{d}f} ms replayed step"
+
+
+def _own_step_ms(f: Finding) -> float | None:
+    """The step a finding without a replayed fix measured itself on: the unprofiled steps'
+    mean (`evidence.unprofiled_step_ms`), where its rule read them; else None."""
+    own = f.evidence.get("unprofiled_step_ms") if f.change is None else None
+    return float(own) if isinstance(own, (int, float)) and own > 0 else None
+
+
+def measured_step_ms(summary: RankWhatIf) -> float:
+    """The measured step every share is taken of: the unprofiled steps' median where the run
+    recorded them, else the window's median (never the profiler-corrected replay)."""
+    return summary.unprofiled_ms if summary.unprofiled_ms is not None else summary.measured_ms
+
+
+def critical_path_of_base(replay: RankReplay, change: Change) -> str:
+    """What the fix alone leaves on the replayed step, in a few words."""
+    return f"the replayed step goes from {replay.baseline_ms:.1f} to {replay.replayed_ms(change):.1f} ms"
 
 
 def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Finding], whatif: list[RankWhatIf] | None = None) -> list[Finding]:
@@ -556,6 +612,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
         return findings
     base = replay.baseline_ms
     summary = replay.summary()
+    measured = measured_step_ms(summary)
     changes = []
     symptoms = {f.rule for f in findings if f.symptom}
     fixes = [f for f in findings if f.change is not None and f.rule not in symptoms and f.saving_ms is not None]
@@ -564,6 +621,10 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     alone = {f.rule: base - replay.replayed_ms(f.change) for f in fixes}
     lengthens = {rule for rule, gain in alone.items() if gain < -0.005}
     gains = [f for f in fixes if alone[f.rule] >= NO_GAIN_MS and f.no_gain is None]
+    # A fix that gains nothing alone (a device fix on a step the host holds) may gain once
+    # another fix exposes the work it speeds up: it is replayed again on top of the fixes
+    # ranked above it (`in_rank_order`), and considered only where it gains nothing there too.
+    dependent = {f.rule for f in fixes if alone[f.rule] < NO_GAIN_MS and f.no_gain is None}
     others = Change.merge([f.change for f in gains]) if gains else None
     dropped = set()
     for f in findings:
@@ -591,14 +652,22 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # Not modelled: its own estimate, as the same share of the replayed step (which is
             # the unprofiled step where the facts have one), and never more than that step.
             window = m.mean_step_ns / 1e6
-            saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
-            if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
-                f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
-        if abs(saving - f.saving_ms) >= 0.005:
+            own = _own_step_ms(f)
+            if own is not None:
+                # measured on the unprofiled steps (their mean: a stall the window's prefetched
+                # batches hid): that share of that step, whatever the window or the replay say
+                saving = min(f.saving_ms * (own / window if window > 0 else 1.0), own)
+            else:
+                saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
+                if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
+                    f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
+        if abs(saving - f.saving_ms) >= 0.005 and f.rule not in dependent:
             f.message = _restate(f.message, f.saving_ms, saving)
         if f.change is not None and f.rule not in dropped:
             estimate = f.evidence.get("estimate_ms")
-            if f.no_gain is None and f.rule in lengthens:
+            if f.rule in dependent:
+                f.evidence["saving_alone_replayed_ms"] = round(alone[f.rule], 3)
+            elif f.no_gain is None and f.rule in lengthens:
                 f.no_gain = (f"Replayed on this run, this fix makes the step {-alone[f.rule]:.2f} ms longer: the work it adds "
                              "outweighs what it removes.")
             elif f.no_gain is None and saving < NO_GAIN_MS:
@@ -613,7 +682,8 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 if f.no_gain not in f.message:
                     f.message = f.message.rstrip() + " " + f.no_gain
         f.saving_ms = saving
-        f.saving_pct = saving / base if base > 0 else None
+        step_of_f = _own_step_ms(f) if f.change is None and _own_step_ms(f) is not None else measured
+        f.saving_pct = saving / step_of_f if step_of_f > 0 else None
         if f.change is not None:
             f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
             if f.no_gain is not None or saving < NO_GAIN_MS:
@@ -626,31 +696,103 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
         # Fixes that each gain alone can still interact; the step with every fix is never
         # reported longer than the step without them.
         summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
-        in_rank_order(replay, base, kept, summary)
+        in_rank_order(replay, base, kept, summary, [f for f in kept if f.rule in dependent], alone)
+    for f in kept:
+        if f.rule in dependent and f.rule not in summary.fixes and f.no_gain is None:
+            # gains nothing alone, nor on top of the fixes ranked above it
+            gain = alone[f.rule]
+            if gain < -0.005:
+                f.no_gain = (f"Replayed on this run, this fix makes the step {-gain:.2f} ms longer, alone and on top of the "
+                             "other fixes: the work it adds outweighs what it removes.")
+            else:
+                f.no_gain = "This fix alone gains nothing on this run now: " + critical_path(m, replay, f.change) + "."
+            f.evidence["critical_path"] = f.no_gain
+            f.message = _restate(f.message, f.evidence.get("estimate_ms", 0.0), 0.0).rstrip() + " " + f.no_gain
+            f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"
+            f.saving_alone_ms = 0.0
+            summary.savings[f.rule] = 0.0
     if whatif is not None:
         whatif.append(summary)
     return kept
 
 
-def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summary: RankWhatIf) -> None:
+# A fix that changes what is trained (the batch size, the precision) ranks above a fix that
+# changes nothing but speed only where it saves more than this many times as much.
+RECIPE_MARGIN = 2.0
+
+
+def changes_recipe(f: Finding) -> str | None:
+    """What a finding's fix changes beside speed ("batch size", "precision"): its rule's RECIPE."""
+    rule = find_loaded_rule(f.rule)
+    return getattr(rule.module, "RECIPE", None) if rule is not None else None
+
+
+def _pick(trials: list[tuple[float, Finding]], pool: list[Finding]) -> tuple[float, Finding]:
+    """The fix to rank next: the one that saves most, unless it changes the recipe and a fix
+    that changes nothing but speed saves at least 1/RECIPE_MARGIN of it."""
+    order = lambda t: (t[0], -pool.index(t[1]))
+    gain, best = max(trials, key=order)
+    if changes_recipe(best) is not None:
+        speed = [t for t in trials if changes_recipe(t[1]) is None and t[0] >= NO_GAIN_MS]
+        if speed:
+            alt = max(speed, key=order)
+            if alt[0] * RECIPE_MARGIN >= gain:
+                return alt
+    return gain, best
+
+
+def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summary: RankWhatIf,
+                  dependent: list[Finding] = (), alone_of: dict[str, float] | None = None) -> None:
     """Each ranked finding's saving on top of the fixes ranked above it, so the list adds up to
     the step with every fix, never to more than the step.
 
     The replayed fixes are taken greedily: first the one that saves most alone, then the one
     that saves most with it, and so on; a symptom's saving is already what the others leave.
+    A fix that changes what is trained (its rule's RECIPE: the batch size, the precision) is
+    taken before a fix that changes nothing but speed only where it saves more than
+    RECIPE_MARGIN times as much. A fix that gains nothing alone (`dependent`: a device fix on a
+    step the host holds) joins the candidates once a fix is chosen, and is ranked with what it
+    saves on top of the fixes above it, saying so. A fix that saves under MIN_RANKED_SHARE of
+    the measured step on top of those above it is listed as considered, with its saving alone.
     Its saving alone (the promise of applying only that fix) stays in `saving_alone_ms` and in
     the headline's `savings`. A fix that gains nothing once the fixes above it are in is not
     ranked (the same time is theirs; it is listed as considered, with its saving alone). A
     finding the replay cannot model keeps its estimate, capped at what the replayed fixes
     leave of the step."""
     pool = [f for f in findings if f.change is not None and f.no_gain is None and not f.symptom and f.rule in summary.fixes]
+    waiting = list(dependent)  # gain nothing alone: tried on top of the fixes chosen
+    measured = measured_step_ms(summary)
+    alone_of = alone_of or {}
     symptoms = [f for f in findings if f.change is not None and f.no_gain is None and f.symptom and f.rule in summary.fixes]
     chosen: list[Finding] = []
     step = base
-    while pool:
+    while pool or (waiting and chosen):
         # the first round is each fix alone: the replays its saving came from (cached)
-        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in pool]
-        gain, best = max(trials, key=lambda t: (t[0], -pool.index(t[1])))
+        candidates = [*pool, *(waiting if chosen else ())]
+        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in candidates]
+        gain, best = _pick(trials, candidates)
+        if best in waiting:
+            if gain < NO_GAIN_MS:
+                break  # none of them gains on top of the fixes chosen
+            waiting.remove(best)
+            above = ", ".join(c.rule for c in chosen)
+            lone = alone_of.get(best.rule, 0.0)
+            said = (f"makes the step {-lone:.2f} ms longer" if lone < -0.005 else "gains nothing")
+            best.message = _restate(best.message, best.evidence.get("estimate_ms", 0.0), gain)
+            why = (f"Alone this fix {said} on this run ({critical_path_of_base(replay, best.change)}); on top of the fixes "
+                   f"ranked above it ({above}), which expose the work it speeds up, it saves ~{gain:.2f} ms/step.")
+            best.message = best.message.rstrip() + " " + why
+            best.evidence["critical_path"] = why
+            best.evidence["depends_on"] = [c.rule for c in chosen]
+            best.saving_alone_ms = max(lone, 0.0)
+            chosen.append(best)
+            summary.fixes.append(best.rule)
+            summary.savings[best.rule] = round(max(lone, 0.0), 3)
+            step -= gain
+            best.saving_ms = gain
+            best.saving_pct = gain / measured if measured > 0 else None
+            best.severity = "high" if gain >= 0.10 * measured else "medium" if gain >= 0.03 * measured else "low"
+            continue
         pool.remove(best)
         alone = best.saving_ms or 0.0
         best.saving_alone_ms = alone
@@ -662,15 +804,30 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             best.saving_ms, best.saving_pct, best.severity = 0.0, 0.0, "low"
             summary.fixes.remove(best.rule)
             continue
+        if gain < MIN_RANKED_SHARE * measured:
+            above = ", ".join(c.rule for c in chosen) or "none"
+            best.no_gain = (f"It saves {gain:.2f} ms/step on top of the fixes ranked above it ({above}), under "
+                            f"{100 * MIN_RANKED_SHARE:.1f}% of the {measured:.1f} ms step. Alone it saves ~{alone:.2f} ms/step.")
+            best.evidence["critical_path"] = best.no_gain
+            best.evidence["saving_after_fixes_above_ms"] = round(gain, 3)
+            best.saving_ms, best.saving_pct, best.severity = 0.0, 0.0, "low"
+            summary.fixes.remove(best.rule)
+            continue
         chosen.append(best)
         step -= gain
         best.saving_ms = gain
-        best.saving_pct = gain / base if base > 0 else None
-        best.severity = "high" if gain >= 0.10 * base else "medium" if gain >= 0.03 * base else "low"
+        best.saving_pct = gain / measured if measured > 0 else None
+        best.severity = "high" if gain >= 0.10 * measured else "medium" if gain >= 0.03 * measured else "low"
     for f in findings:  # a symptom's causes: the fixes that stay ranked
         f.causes = [c for c in f.causes if c in summary.fixes]
     for f in symptoms:
         f.saving_alone_ms = f.saving_ms or 0.0
+        if (f.saving_ms or 0.0) < MIN_RANKED_SHARE * measured:
+            f.no_gain = (f"It saves {f.saving_ms or 0.0:.2f} ms/step once the other fixes are in, under "
+                         f"{100 * MIN_RANKED_SHARE:.1f}% of the {measured:.1f} ms step.")
+            f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"
+            summary.fixes.remove(f.rule)
+            continue
         chosen.append(f)
     if chosen:
         # without symptoms the last round replayed every chosen fix together: `step` is that replay
@@ -683,5 +840,6 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the {left:.2f} ms the replayed fixes leave of the step"
             f.saving_alone_ms = f.saving_ms
             f.saving_ms = max(left, 0.0)
-            f.saving_pct = f.saving_ms / base if base > 0 else None
+            step_of_f = _own_step_ms(f) or measured
+            f.saving_pct = f.saving_ms / step_of_f if step_of_f > 0 else None
         left -= f.saving_ms

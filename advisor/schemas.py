@@ -126,6 +126,7 @@ class WhatIf(_Out):
     savings: dict[str, float]
     scale_range: Optional[list[float]]  # without unprofiled steps: host scales at the profiler cost estimate's ends
     baseline_range_ms: Optional[list[float]]  # the replayed step at those scales
+    statistic: Literal["median", "mean"]  # "mean" where slow steps recur: every figure is then a mean step
 
 
 class Report(_Out):

@@ -18,6 +18,10 @@ window (`loader_wait_ms` in the facts file); when the unprofiled steps after the
 at least `min_share` of their time and over twice what the window showed, the rule reports
 those.
 
+A stall that recurs on a share of the steps (over 20% of the median step on some steps, not
+all) is named with that share (`stalled_steps`, `stall_ms_when_hit`): throughput is the mean
+step, so the mean wait is its cost, and `step-time-variance` leaves it to this rule.
+
 ## Evidence used
 - the DataLoader spans per step and the part of them that no device activity covers
   (the `dataloader` slice of the step-time breakdown, which only counts time not already
@@ -109,6 +113,8 @@ from advisor.whatif import Change
 from advisor.whatif.savings import dataloader_spans
 
 ID = "dataloader-stall"
+# A step whose DataLoader wait is over this share of the median step is one the stall hits.
+RECURRING_WAIT_SHARE = 0.2
 TITLE = "The input pipeline starves the device"
 GROUP = "input"
 DOCS = "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading"
@@ -240,6 +246,18 @@ def check(ctx: Context):
         snippet = AFTER.replace("batch_size=32", "batch_size=batch_size").replace("num_workers=8", f"num_workers={workers or 'num_workers'}")
     if idle_share is not None:
         message += f" The device is idle {100 * idle_share:.0f}% of that time."
+    # A stall that recurs on a share of the steps (the workers fall behind every other batch):
+    # the mean step is the throughput, and the wait is a cost per step on average.
+    per_step = m.breakdown["dataloader"].to_numpy(np.float64) / 1e6
+    median_step = float(np.median(m.step_ms)) if len(m.step_ms) else step_ms
+    hit = per_step > RECURRING_WAIT_SHARE * median_step
+    if 0 < int(hit.sum()) < len(per_step):
+        evidence["stalled_steps"] = int(hit.sum())
+        evidence["stall_ms_when_hit"] = round(float(per_step[hit].mean()), 3)
+        message += (
+            f" The stall recurs: {int(hit.sum())} of {len(per_step)} steps wait {float(per_step[hit].mean()):.1f} ms each for "
+            "their batch (throughput is the mean step, so that is its cost on average)."
+        )
     saving = exposed_ms
     if hidden:
         wait_ms, unprofiled_step_ms, n = after  # type: ignore[misc]

@@ -56,7 +56,8 @@ idles while the host waits, both are waiting for something else (another stream,
 rank), which removing the sync would not speed up. Reading values every N steps keeps one
 wait in N.
 
-An explicit `torch.cuda.synchronize()` that closes its step (no device work of the step is
+An explicit `torch.cuda.synchronize()` or a blocking copy to the host (an inference step's
+final `.cpu()` of its output) that closes its step (no device work of the step is
 launched after it: a benchmark harness timing each iteration) makes the host wait while the
 GPU finishes work that was queued anyway. It costs only the device idle it causes before the
 step ends, usually none; the idle at the start of the next step is that step's own host work
@@ -112,7 +113,8 @@ def closing_syncs(ctx: Context, calls: pd.DataFrame, tl) -> np.ndarray:
     """Which calls are an explicit synchronize that closes its step: no device work launched
     in the same step after the call returns."""
     out = np.zeros(len(calls), dtype=bool)
-    explicit = (calls["cause"] == "explicit").to_numpy()
+    # an explicit synchronize, or a blocking copy to the host (the output's final `.cpu()`)
+    explicit = calls["cause"].isin(["explicit", "blocking copy"]).to_numpy()
     if not explicit.any():
         return out
     lk = ctx.metrics.launches

@@ -98,6 +98,9 @@ from advisor.metrics.intervals import covers, merge, sorted_unique
 from advisor.metrics.memory_use import FACTS, LOWER_BOUND, memory_use
 
 ID = "spare-gpu-memory"
+# The fix changes what is trained (or, serving, each request's latency), not only its speed: the
+# ranking puts it after a fix that changes nothing but speed and saves at least half as much.
+RECIPE = "batch size"
 TITLE = "GPU memory is mostly unused: the batch could be larger"
 GROUP = "memory"
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
@@ -222,7 +225,8 @@ def check(ctx: Context):
     )
     message = (
         f"The GPU is busy {100 * util:.0f}% of the step and {seen}. A {factor}× batch spreads {fixed_ms:.1f} ms/step of "
-        f"fixed overhead over {factor}× the samples: ~{saving_ms:.1f} ms per current step; scale the learning rate with it."
+        f"fixed overhead over {factor}× the samples: ~{saving_ms:.1f} ms per current step. It changes what is trained "
+        "(fewer, larger optimizer steps), not only its speed: scale the learning rate with it and check the run still converges."
     )
     evidence = {
         **mem.evidence(share),

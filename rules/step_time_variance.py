@@ -45,6 +45,10 @@ a typical one. It is an upper bound when the slow steps are inherent (an evaluat
 steps), hence medium confidence.
 
 Reference: https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule
+
+A stall whose only visible cause is the DataLoader, while the DataLoader's wait reaches
+`dataloader-stall`'s `min_share` of the mean step, is left to `dataloader-stall`: throughput
+is the mean step, and that finding names the share of steps the stall hits.
 """
 
 from __future__ import annotations
@@ -130,6 +134,9 @@ def check(ctx: Context):
     causes = visible_causes(ctx, slow, np.nonzero(ms <= median * (1 + opts["slow_factor"]))[0], [s["grew_most"] for s in slow_steps])
     if not causes:
         return None  # noise, or a cause the trace does not show: a note on the measurement, not a fix
+    if causes == ["a DataLoader stall"] and m.breakdown_mean_ms["dataloader"] / mean >= ctx.options_of("dataloader-stall").get("min_share", 0.05):
+        # a recurring DataLoader stall is the DataLoader's finding, with the share of steps it hits
+        return None
     first_is_slow = bool(len(slow) and slow[0] == 0)
     evidence = {
         "step_ms": [round(float(x), 3) for x in ms],

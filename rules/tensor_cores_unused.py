@@ -125,7 +125,7 @@ from advisor.whatif.changes import added_work, scale_device
 
 import numpy as np
 
-from advisor.engine import Context
+from advisor.engine import Context, is_training
 from advisor.metrics.compute import (
     device_capability,
     kernel_evidence,
@@ -144,6 +144,9 @@ from advisor.metrics.precision import (
 __doc__ = with_precision_page(__doc__)
 
 ID = "tensor-cores-unused"
+# The fix changes the numerics of what is trained (or of the outputs served), not only its
+# speed: the ranking puts it after a fix that changes nothing but speed and saves at least half as much.
+RECIPE = "precision"
 TITLE = "Matrix work runs in fp32, not on fp16/bf16 Tensor Cores"
 GROUP = "compute"
 DOCS = "https://pytorch.org/docs/stable/amp.html"
@@ -298,6 +301,10 @@ def check(ctx: Context):
         f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms/step) is convolution/matmul work that can use "
         f"Tensor Cores, yet {state} on {gpu}. {how}: ~{saving_ms:.1f} ms/step ({method}).{casts_note}"
     )
+    if is_training(m, ctx.facts):
+        message += " It changes the numerics of what is trained, not only its speed: check that the loss follows the fp32 run's."
+    else:
+        message += " It changes the numerics of the outputs, not only their speed: check the accuracy against the fp32 outputs."
     if names_only:
         message += " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
     confidence = "high" if cap.source in ("trace", "facts") else "medium"

@@ -101,7 +101,8 @@ def test_cpu_only_loader_advice_does_not_move_work_to_a_gpu():
 # --- item 1: gpu-idle's fix comes from what the host does -----------------------------------
 def test_gpu_idle_names_the_blocking_copy_not_a_dataloader():
     a = analyze(shared_trace("misc/a100_80gb_train.json.gz"))
-    f = next(f for f in a.findings if f.rule == "gpu-idle")
+    # ranked or considered (what it saves once the other fixes are in is under 0.5% of the step)
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "gpu-idle")
     by = f.evidence["idle_ms_per_step_while_host"]
     assert max(by, key=by.get) == "waits for the device" and by["loads data"] == 0
     assert "DataLoader" not in f.message + f.fix.snippet

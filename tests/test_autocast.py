@@ -149,5 +149,8 @@ def test_a_batch_moved_to_the_device_is_not_what_a_cast_costs():
     assert weights <= casts.per_step("forward") <= weights + 5
     assert weights - 5 <= casts.per_step("backward") + casts.per_step("promote") <= weights + 5
     assert casts.copy_ns < 0.1e6
+    # the casts are charged what an op that launches one kernel costs this host, not the
+    # DataLoader's CPU copies of whole images nor the batch's move: autocast is ranked, with
+    # what it saves once the host fix ranked above it exposes the convolutions it speeds up
     f = next(f for f in a.findings if f.rule == "tensor-cores-unused")
-    assert "longer" not in f.message
+    assert f.no_gain is None and f.saving_ms > 0.05 * a.primary.mean_step_ns / 1e6

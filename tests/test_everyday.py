@@ -221,7 +221,10 @@ def test_select_takes_groups_and_prefixes(tmp_path):
     r = advisor(["report", str(run), "-f", "json", "--select", "memory"], tmp_path)
     assert {f["rule"] for f in json.loads(r.stdout)["findings"]} == {"spare-gpu-memory"}
     r = advisor(["report", str(run), "-f", "json", "--ignore", "memory,h2d,host"], tmp_path)
-    assert [f["rule"] for f in json.loads(r.stdout)["findings"]] == ["dataloader-stall", "zero-grad-memset"]
+    doc = json.loads(r.stdout)
+    # zero-grad-memset fires, and on top of the DataLoader's fix saves under 0.5% of the step: considered
+    assert [f["rule"] for f in doc["findings"]] == ["dataloader-stall"]
+    assert "zero-grad-memset" in [f["rule"] for f in doc["considered"]]
     r = advisor(["report", str(run), "--select", "memroy"], tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == (
         "advisor: error: unknown rule, group or prefix 'memroy' in select (did you mean 'memory'?); run `advisor rules` to list them"

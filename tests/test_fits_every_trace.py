@@ -139,7 +139,7 @@ def test_frame_open_when_profiling_started_is_not_the_users_line():
 def test_frames_entered_inside_the_steps_are_still_named():
     """The 2021 ResNet-50 trace's call stacks name the script's lines: they stay."""
     a = analyze(shared_trace("v100_resnet50_nw0"))
-    zero = next(f for f in a.findings if f.rule == "zero-grad-memset")
+    zero = next(f for f in [*a.findings, *a.considered] if f.rule == "zero-grad-memset")
     assert "resnet50_profiler_api.py(49): <module>" in zero.message
 
 
@@ -254,7 +254,8 @@ def test_cpu_optimizer_counts_the_models_parameters_and_stays_silent_below_its_f
     from advisor.config import Config
 
     loose = Config(rule_options={"cpu-optimizer": {"min_share": 0.0}})
-    f = analyze(CPU_TRANSFORMER, config=loose, select=["cpu-optimizer"]).findings[0]
+    a = analyze(CPU_TRANSFORMER, config=loose, select=["cpu-optimizer"])
+    f = [*a.findings, *a.considered][0]  # under 0.5% of the step: considered, with its evidence
     # TinyLM: an embedding, 2 encoder layers of 12 tensors each, a linear head of 2: 27 tensors.
     assert f.evidence["parameters"] == 27 and f.evidence["optimizer"] == "AdamW"
     assert "fused=True" in f.fix.snippet

@@ -35,6 +35,13 @@ def findings(run: Path) -> list[dict]:
     return analyze(run).to_dict()["findings"]
 
 
+def fired(run: Path) -> list[dict]:
+    """Every finding that fired: ranked, then considered (a fix that saves under 0.5% of the
+    step on top of those ranked above it is considered; its fix is still what it is)."""
+    report = analyze(run).to_dict()
+    return [*report["findings"], *report["considered"]]
+
+
 def by_rule(plan) -> dict:
     return {r.rule: r for r in plan.results}
 
@@ -87,15 +94,21 @@ def empty_cache_finding(tmp_path_factory) -> dict:
     from test_rules_transfer import alexnet_with_steps
 
     path = alexnet_with_steps(tmp_path_factory.mktemp("alexnet"))
-    return next(f for f in findings(path) if f["rule"] == "empty-cache")
+    report = analyze(path).to_dict()
+    return next(f for f in [*report["findings"], *report["considered"]] if f["rule"] == "empty-cache")
 
 
 # --- the sample ---------------------------------------------------------------------------
 def test_sample_gpu_findings_become_the_safe_edits_and_the_fixed_script_runs(tmp_path):
     # The sample recorded on a GPU: no workers, pageable copies, zero_grad without set_to_none.
-    found = findings(SAMPLE / "runs" / "gpu_baseline")
+    report = analyze(SAMPLE / "runs" / "gpu_baseline").to_dict()
+    found, considered = report["findings"], report["considered"]
     stall = next(f for f in found if f["rule"] == "dataloader-stall")
-    plan = plan_fixes(SAMPLE / "train.py", found)
+    # zero_grad(set_to_none=True) saves 0.02 ms on top of the DataLoader's fix, under 0.5% of the
+    # step: considered, and written when asked for, with the others
+    assert "zero-grad-memset" in {f["rule"] for f in considered}
+    asked = [*SAFE_RULES, "spare-gpu-memory", *(f["rule"] for f in found)]
+    plan = plan_fixes(SAMPLE / "train.py", found, select=sorted(set(asked)), considered=considered)
     results = by_rule(plan)
     assert {r for r in SAFE_RULES[:3] if results[r].status == PLACED} == set(SAFE_RULES[:3])
     assert results["spare-gpu-memory"].status == UNSAFE_OFF  # a larger batch only with --unsafe-fixes
@@ -114,7 +127,7 @@ def test_sample_gpu_findings_become_the_safe_edits_and_the_fixed_script_runs(tmp
     fixed.write_text(plan.fixed_text())
     done = run_script(fixed, "--steps", "3", "--device", "cpu", "--cpu-variant", "--workers", "1")  # 2 cores here: the switch still sets them
     assert done.returncode == 0 and "3 steps in" in done.stdout, done.stderr[-2000:]
-    again = refix(SAMPLE / "train.py", plan.fixed_text(), found, tmp_path)
+    again = refix(SAMPLE / "train.py", plan.fixed_text(), found + [f for f in considered if f["rule"] == "zero-grad-memset"], tmp_path)
     assert not again.changed
     assert {r.rule for r in again.results if r.status == DONE} >= set(SAFE_RULES[:3])
 
@@ -153,7 +166,7 @@ def test_plain_loop_every_safe_fix_diff_runs_and_is_idempotent(tmp_path, nw0_ben
     # findings that name their values (its host's cores are not in the trace: the workers come
     # from the script's own CPU run, which asks for 1); AlexNet's the sixth.
     cpu_stall = next(f for f in findings(DATA / "runs" / "plain_loop_cpu") if f["rule"] == "dataloader-stall")
-    found = [cpu_stall] + findings(nw0_benchmark_off) + [empty_cache_finding]
+    found = [cpu_stall] + fired(nw0_benchmark_off) + [empty_cache_finding]
     plan = plan_fixes(DATA / "plain_loop.py", found)
     results = by_rule(plan)
     assert {r: results[r].status for r in SAFE_RULES} == {r: PLACED for r in SAFE_RULES}
@@ -210,12 +223,13 @@ def test_sample_unsafe_fixes_leave_its_switches_alone():
 
 # --- placing safely or not at all ---------------------------------------------------------
 def test_a_fix_that_gains_nothing_on_the_run_is_written_only_when_asked_for(nw0_benchmark_off):
-    # On the V100 run the bf16 replay makes the step longer: the finding is only considered.
+    # On the V100 run zero_grad(set_to_none=True) saves 0.09 ms on top of the fixes ranked above
+    # it, under 0.5% of the step: the finding is only considered.
     report = analyze(nw0_benchmark_off).to_dict()
-    [considered] = [f for f in report["considered"] if f["rule"] == "tensor-cores-unused"]
+    [considered] = [f for f in report["considered"] if f["rule"] == "zero-grad-memset"]
     everything = plan_fixes(DATA / "plain_loop.py", report["findings"], unsafe=True, considered=report["considered"])
-    assert "tensor-cores-unused" not in by_rule(everything)
-    plan = plan_fixes(DATA / "plain_loop.py", report["findings"], select=["tensor-cores-unused"], unsafe=True, considered=report["considered"])
+    assert "zero-grad-memset" not in by_rule(everything)
+    plan = plan_fixes(DATA / "plain_loop.py", report["findings"], select=["zero-grad-memset"], unsafe=True, considered=report["considered"])
     [result] = plan.results
     assert result.status == PLACED and plan.changed
     assert result.note.startswith("gains nothing on this run: ") and considered["no_gain"] in result.note
@@ -350,10 +364,10 @@ def test_each_rule_page_shows_its_fix_as_written(tmp_path, nw0_benchmark_off, em
     from advisor.fix import FIXES
 
     runs = {
-        "nw0": findings(nw0_benchmark_off), "alexnet": [empty_cache_finding], "vit": findings(shared("whatif/h100_vit/baseline")),
+        "nw0": fired(nw0_benchmark_off), "alexnet": [empty_cache_finding], "vit": findings(shared("whatif/h100_vit/baseline")),
         # channels-last is considered there (compile takes the same transposes): its fix is still written on request
         "sample_gpu_workers": [*findings(SAMPLE / "runs" / "gpu_workers"), *analyze(SAMPLE / "runs" / "gpu_workers").to_dict()["considered"]],
-        "sample_gpu": findings(SAMPLE / "runs" / "gpu_baseline"),
+        "sample_gpu": fired(SAMPLE / "runs" / "gpu_baseline"),
     }  # fmt: skip
     assert set(PAGE_RUNS) == set(FIXES)
     for rule, run in PAGE_RUNS.items():

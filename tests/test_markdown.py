@@ -74,10 +74,11 @@ def test_findings_table_leads_and_fits_a_comment(nw0):
     findings = [r for r in doc.rows if len(r) == 4 and r[0].isdigit()]
     assert len(findings) == len(nw0.findings)
     # MANIFEST.md: DataLoader is 33.4% of the nw0 step (TensorBoard plugin), the largest fix;
-    # replayed without it the step is shorter by nearly all of that (a little overlapped).
+    # replayed without it the step is shorter by nearly all of that (a little overlapped), as a
+    # share of the measured step (the window's median), not of the profiler-corrected replay.
     assert findings[0][1] == "dataloader-stall"
     pct = float(findings[0][2].split("(")[1].split("%")[0])
-    assert 31.0 <= pct <= 33.4
+    assert 29.0 <= pct <= 33.4
     # ANCHORS.md: plugin mean step 177.59 ms (the statistic the report names; the window median
     # is 177.44 ms); its breakdown leads with kernel then DataLoader.
     head = text.splitlines()[0]

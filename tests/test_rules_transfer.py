@@ -103,8 +103,12 @@ def test_nw0_acceptance_dataloader_first_and_pageable_copy_fires():
     a = run(trace_path("v100_resnet50_nw0"), all_rules=True)
     rules = [f.rule for f in a.findings]
     assert rules[0] == "dataloader-stall"
-    assert "h2d-pageable-copy" in rules
-    assert finding(a, "tensor-cores-unused") is not None  # fires; ranked or considered as the replay finds
+    # fires: on top of the fixes ranked above it, pinning saves under 0.5% of the step (considered)
+    assert finding(a, "h2d-pageable-copy") is not None
+    # autocast gains nothing alone on this loader-bound step, and is ranked with what it saves
+    # once the loader's fix exposes the fp32 convolutions (68% of kernel time)
+    tc = next(f for f in a.findings if f.rule == "tensor-cores-unused")
+    assert tc.saving_ms > 0.05 * a.headline().measured_ms and "dataloader-stall" in tc.evidence["depends_on"]
 
 
 def test_nw4_acceptance_no_dataloader_stall_pageable_copy_still_fires():
@@ -132,11 +136,13 @@ def test_pageable_copy_numbers_follow_the_raw_copies():
     # Lower bound: the big copies alone at 12 GB/s instead of ~10 GB/s.
     big = [e for e in copies if e["args"]["bytes"] >= 256 * 1024]
     faster_copy_ms = sum(e["dur"] / 1e3 - e["args"]["bytes"] / 12e9 * 1e3 for e in big) / n_steps
-    assert f.saving_ms >= 0.9 * faster_copy_ms
+    # what it saves on top of the fixes ranked above it (considered where that is under 0.5% of the step)
+    saving = f.saving_ms or f.evidence["saving_after_fixes_above_ms"]
+    assert saving >= 0.9 * faster_copy_ms
     # Upper bound: everything the copies cost, device copy time plus the host's blocking calls.
     calls = {e["args"]["correlation"]: e for e in events(doc, by_name("cudaMemcpyAsync"))}
     host_ms = sum(calls[e["args"]["correlation"]]["dur"] for e in copies) / 1e3 / n_steps
-    assert f.saving_ms < host_ms + total_us / 1e3 / n_steps
+    assert saving < host_ms + total_us / 1e3 / n_steps
     assert f.evidence["source"] == ["resnet50_profiler_api.py(44): <module>"]
 
 
@@ -225,7 +231,7 @@ def test_host_sync_reports_item_calls_on_a_real_trace():
     doc = load_events(trace_file("a100_two_ranks/rank-1.json.gz"))
     dtoh = [e for e in events(doc, lambda e: str(e.get("name", "")).startswith("Memcpy DtoH"))]
     assert dtoh, "the trace has device→host copies"
-    assert 0 < f.saving_ms < 1.0
+    assert 0 < alone(f) < 1.0
 
 
 def test_host_sync_does_not_charge_waits_on_other_ranks():
@@ -396,7 +402,7 @@ def test_single_tensor_optimizer_counts_the_per_parameter_launches():
     assert f is not None and f.evidence["optimizer"] == "SGD"
     assert f.evidence["kernels_per_step"] == pytest.approx(len(launches) / len(spans)) == 483  # 161 params × 3
     # Replayed: the optimizer step's host time and kernel time bound what packing them can save.
-    assert 0 < f.saving_ms <= f.evidence["optimizer_step_ms_per_step"] + f.evidence["kernel_ms_per_step"]
+    assert 0 < alone(f) <= f.evidence["optimizer_step_ms_per_step"] + f.evidence["kernel_ms_per_step"]
 
 
 @pytest.mark.parametrize("name", ["v100_ns_resolution", "a100_80gb_train"])

@@ -62,6 +62,7 @@ FP32_OUTPUT_OP = re.compile(r"^aten::(softmax|log_softmax|_softmax|_log_softmax|
 KEEPS_DTYPE_OP = re.compile(r"^aten::(batch_norm|instance_norm|_batch_norm_impl_index|native_batch_norm|cudnn_batch_norm|miopen_batch_norm)$")
 # Host spans that are not the forward pass: backward nodes, the optimizer, the DataLoader.
 NOT_FORWARD = re.compile(r"^autograd::engine::evaluate_function|^Optimizer\.|DataLoader|^enumerate\(")
+LOADER_SPAN = re.compile(r"DataLoader|^enumerate\(")
 BACKWARD_NODE = re.compile(r"^autograd::engine::evaluate_function: ")
 # Backward nodes that only reshape or pass the gradient on: what running a node costs the host.
 PASS_THROUGH_NODE = re.compile(r"^autograd::engine::evaluate_function: (View|T|Transpose|Clone|Permute|Reshape\w*|Unsqueeze|Squeeze|Expand|Select|Slice|UnsafeView)Backward\d*$")
@@ -243,15 +244,43 @@ def _median_ns(tree: OpTree, mask: np.ndarray) -> float:
 
 
 def _copy_ns(metrics, tree: OpTree, in_step: np.ndarray) -> float:
-    """Median host time of a cast: a copy op that copies on the device, not one that moves a
-    batch between host and device (that one may wait for the device, or for pageable memory)."""
+    """Median host time of a cast: a copy op of the step's own work that launched one kernel on
+    the device. Not one that moves a batch between host and device (that one may wait for the
+    device, or for pageable memory), and not the DataLoader's copies in the main process (CPU
+    copies of whole images, ~72 µs each on the V100 ResNet-50: their cost is no cast's). Where
+    the run has no such copy, an op that launched exactly one kernel: what the dispatcher
+    charges for one op and one launch at this host's pace."""
     names = text_of(tree.ops["name"])
     moves = _holding_a_transfer(metrics, tree)
+    loader = tree.nearest_ancestor(np.arange(len(tree.ops)), tree.mask(LOADER_SPAN)) >= 0
+    one_kernel = _launching_one_kernel(metrics, tree)
+    own = in_step & ~moves & ~loader & one_kernel
     for name in COPY_OP:
-        cost = _median_ns(tree, (names == name) & in_step & ~moves)
+        cost = _median_ns(tree, (names == name) & own)
         if cost > 0:
             return cost
-    return 0.0
+    parent = tree.parent
+    outermost = own & ~np.where(parent >= 0, one_kernel[np.clip(parent, 0, None)], False)
+    return _median_ns(tree, outermost)
+
+
+def _launching_one_kernel(metrics, tree: OpTree) -> np.ndarray:
+    """Mask over ops: those around exactly one kernel launch (an `aten::clone` with the
+    `aten::copy_` that launches inside it counts, as both do)."""
+    ops = tree.ops
+    count = np.zeros(len(ops), dtype=np.int64)
+    lk = metrics.launches
+    if len(lk) == 0 or len(ops) == 0:
+        return count > 0
+    lk = lk[(lk["kind"].astype(str) == "kernel").to_numpy() & lk["launch_ts"].notna().to_numpy()]
+    ts, end = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    l_ts = lk["launch_ts"].to_numpy(np.float64).astype(np.int64)
+    l_tid = text_of(lk["launch_tid"])
+    for t in pd.unique(l_tid):
+        mine = np.sort(l_ts[l_tid == t])
+        rows = np.nonzero(tree.thread == t)[0]
+        count[rows] = np.searchsorted(mine, end[rows], side="left") - np.searchsorted(mine, ts[rows], side="left")
+    return count == 1
 
 
 def _holding_a_transfer(metrics, tree: OpTree) -> np.ndarray:

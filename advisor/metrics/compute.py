@@ -221,7 +221,7 @@ def top_by_time(kernels: pd.DataFrame, n_steps: int, by: str = "name", n: int = 
     g = kernels.groupby(by, observed=True)["dur"].agg(["size", "sum"]).sort_values("sum", ascending=False).head(n)
     n_steps = max(n_steps, 1)
     return [
-        {by: short_kernel_name(i), "count": int(r["size"]), "ms_per_step": round(float(r["sum"]) / 1e6 / n_steps, 3)}
+        {by: str(i), "count": int(r["size"]), "ms_per_step": round(float(r["sum"]) / 1e6 / n_steps, 3)}
         for i, r in g.iterrows()
     ]
 

@@ -238,9 +238,11 @@ class Comparison:
 def compare(before: Analysis, after: Analysis, rule_options: dict[str, dict[str, Any]] | None = None) -> Comparison:
     b_by_rule = {f.rule: f for f in before.findings}
     a_by_rule = {f.rule: f for f in after.findings}
+    # Found again but not ranked (the fixes above it take the same time now): not resolved.
+    a_considered = {f.rule: f for f in after.considered if f.rule not in a_by_rule}
     changes: list[FindingChange] = []
     for rule, f in b_by_rule.items():
-        g = a_by_rule.get(rule)
+        g = a_by_rule.get(rule) or a_considered.get(rule)
         changes.append(
             FindingChange(
                 rule, f.title, "remaining" if g else "resolved",

@@ -122,18 +122,19 @@ def ranks_line(a: Analysis) -> str:
     )
 
 
-def short_value(v: Any, limit: int = 300) -> str:
-    """An evidence value as one readable line (lists shortened, floats rounded)."""
+def short_value(v: Any, limit: int = 300, whole: bool = False) -> str:
+    """An evidence value as one readable line (lists shortened, floats rounded); `whole`
+    keeps every string whole (a pipe: names are for grep, not for a terminal's width)."""
     if isinstance(v, dict):
-        return ", ".join(f"{k}={short_value(x, 80)}" for k, x in v.items())
+        return ", ".join(f"{k}={short_value(x, 80, whole)}" for k, x in v.items())
     if isinstance(v, (list, tuple)):
-        items = [short_value(x, 160) for x in v[:6]]
-        more = f" … (+{len(v) - 6} more)" if len(v) > 6 else ""
+        items = [short_value(x, 160, whole) for x in v[:6]]
+        more = f" (+{len(v) - 6} more)" if len(v) > 6 else ""
         return "; ".join(items) + more
     if isinstance(v, float):
         return f"{v:.4g}"
     s = str(v)
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    return s if whole or len(s) <= limit else s[: limit - 1] + "…"
 
 
 def alone_note(f: Any) -> str:

@@ -205,7 +205,7 @@ def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
             if ev:
                 body.append(Text("evidence:", style="bold"))
                 for k, v in ev.items():
-                    body.append(Text(one_line(f"  {k}: {short_value(v)}")))
+                    body.append(Text(one_line(f"  {k}: {short_value(v, whole=plain)}")))
             if f.fix.text:
                 body.append(Text("fix: ", style="bold") + Text(one_line(f.fix.text)))
             if f.fix.snippet:
