@@ -456,14 +456,14 @@ def analyze_rank(task: RankTask) -> RankResult:
     too_small = task.world_size > 1 and frames.event_count < MIN_RANK_EVENTS
     found: RankFindings = []
     stated: dict[str, Finding] = {}
+    gaps = device_gaps(frames)
+    if gaps.any:
+        warnings.append(f"{frames.path.name}: {gaps.line()}")
     if not too_small:
         rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
+        # no rule whose finding would rest on the side the trace is missing runs (or is replayed)
+        rules = [r for r in rules if gaps.supports(r.id)] if gaps.any else rules
         found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed, stated)
-    gaps = device_gaps(frames)
-    if gaps.any:  # no finding that rests on the side the trace is missing
-        warnings.append(f"{frames.path.name}: {gaps.line()}")
-        found = [(rule, f) for rule, f in found if gaps.supports(rule)]
-        stated = {rule: f for rule, f in stated.items() if gaps.supports(rule)}
     view = rank_view(metrics, facts, replayed[0] if replayed else None, stated)
     try:
         mtime = task.path.stat().st_mtime
