@@ -26,7 +26,7 @@ CPU_RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"
 def every_shared_trace() -> list[str]:
     """Every run of ../shared/traces: each rank folder, each file of misc/."""
     root = shared_trace("")
-    runs = [p for p in sorted(root.iterdir()) if p.is_dir() and p.name != "misc"]
+    runs = [p for p in sorted(root.iterdir()) if p.is_dir() and p.name not in ("misc", "corpus")]
     runs += sorted(p for p in (root / "misc").iterdir() if p.name.endswith((".json", ".json.gz")))
     return [str(p.relative_to(root)) for p in runs]
 
