@@ -497,8 +497,8 @@ def _cache_source(kind: str) -> tuple[bytes, ...]:
 @FUZZ
 @given(data=st.data())
 def test_reports_survive_mutated_cache_entries(data):
-    """A frames or analysis entry of the recorded run with values replaced (its JSON, or a
-    Parquet table's column) and sealed again with this installation's secret (so the values'
+    """A frames or analysis entry of the recorded run with values replaced (its JSON, its stored
+    view's MessagePack, or a Parquet table's column) and sealed again with this installation's secret (so the values'
     own checks are what is tried): the report is still made, and its numbers add up."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -512,6 +512,14 @@ def test_reports_survive_mutated_cache_entries(data):
         if name.endswith(".json"):
             doc = json.loads(backup[name])
             (entry / name).write_text(json.dumps(mutate_json(doc, data.draw), allow_nan=True))
+        elif name.endswith(".msgpack"):  # the stored view: its values replaced, or its bytes cut
+            import msgspec
+
+            try:
+                doc = msgspec.msgpack.decode(backup[name])
+                (entry / name).write_bytes(msgspec.msgpack.encode(mutate_json(doc, data.draw)))
+            except (msgspec.DecodeError, TypeError, ValueError, OverflowError):  # not MessagePack any more
+                (entry / name).write_bytes(backup[name][: len(backup[name]) // 2])
         else:
             df = pq.read_table(entry / name).to_pandas()
             if len(df.columns):
