@@ -171,9 +171,10 @@ def test_no_import_cycle_in_advisor():
 
 
 def test_one_cache_module_and_one_facts_schema():
-    """Frames and analyses are cached by advisor/cache.py alone; the facts file's name and
+    """Frames and analyses are cached by the advisor/cache/ package alone; the facts file's name and
     types live in advisor/facts.py, which the capture (writer) and the analysis (reader) import."""
     assert not (REPO / "advisor" / "load" / "cache.py").exists() and not (REPO / "advisor" / "analysis_cache.py").exists()
+    assert (REPO / "advisor" / "cache" / "__init__.py").is_file() and not (REPO / "advisor" / "cache.py").exists()
     assert "advisor.facts" in imported_modules(REPO / "advisor" / "capture" / "facts.py")
     assert "advisor.facts" in imported_modules(REPO / "advisor" / "analysis.py")
     for p in (REPO / "advisor").rglob("*.py"):
