@@ -494,7 +494,7 @@ def analyze_rank(task: RankTask) -> RankResult:
 def analyze_ranks(tasks: list[RankTask], progress: Callable[[Path], None] | None = None, executor: Executor | None = None) -> list[RankResult]:
     """analyze_rank on every task: in the calling process for a few small files, else on a
     local process pool (one worker per core) or the given executor (a cluster's). In task order."""
-    from advisor.load.parallel import map_ranks
+    from advisor.ranks import map_ranks
 
     out: dict[int, RankResult] = {}
     slowest: RankResult | None = None
