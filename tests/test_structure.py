@@ -198,7 +198,7 @@ def test_each_module_lives_where_its_job_is():
     writes and starts nothing (where a report goes is advisor/output.py, beside
     advisor/files.py; the browser and TensorBoard are started by the commands, advisor/cli/;
     the resolved configuration is printed by advisor/config.py)."""
-    assert sorted(p.stem for p in (REPO / "advisor" / "load").glob("*.py")) == ["__init__", "decode", "discover", "trace"]
+    assert sorted(p.stem for p in (REPO / "advisor" / "load").glob("*.py")) == ["__init__", "batches", "categories", "columns", "decode", "discover", "trace"]
     for gone in ("output", "settings", "view", "tensorboard"):
         assert not (REPO / "advisor" / "render" / f"{gone}.py").exists(), gone
     starts = {"subprocess", "webbrowser", "socket", "tempfile", "multiprocessing", "concurrent.futures", "advisor.files"}
