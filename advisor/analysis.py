@@ -2,6 +2,11 @@
 
 This is the pipeline every command shares (`report`, `gate`, `diff`, `profile`):
 discover → load → metrics → rules. Renderers only read the `Analysis` it returns.
+
+It stays one module of about 650 lines: the map (`analyze_rank`, run on the workers by
+`advisor.ranks`, by that name on a cluster) and the reduce (the job, from what the ranks sent
+back) share the task and result types that cross the process boundary, and split apart each
+half would import the other.
 """
 
 from __future__ import annotations
