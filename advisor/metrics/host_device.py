@@ -15,7 +15,9 @@ call only as far as the host could have prepared that work while the device was 
 during the call. So a call costs `idle_during + min(busy_during, idle_after)` — never more
 than its own duration, and nothing when the device had a deep enough queue to cover it.
 
-The idle timeline every measurement here reads is advisor.metrics.timeline.
+The idle timeline every measurement here reads is advisor.metrics.timeline. The rest stays one
+module of about 630 lines: the copy, sync, launch, optimizer and allocator measurements share
+the patterns and the op-tree lookups above, so each question is answered one way.
 """
 
 from __future__ import annotations
