@@ -2,6 +2,11 @@
 
 This is the pipeline every command shares (`report`, `gate`, `diff`, `profile`):
 discover → load → metrics → rules. Renderers only read the `Analysis` it returns.
+
+It stays one module of about 650 lines: the map (`analyze_rank`, run on the workers by
+`advisor.ranks`, by that name on a cluster) and the reduce (the job, from what the ranks sent
+back) share the task and result types that cross the process boundary, and split apart each
+half would import the other.
 """
 
 from __future__ import annotations
@@ -494,7 +499,7 @@ def analyze_rank(task: RankTask) -> RankResult:
 def analyze_ranks(tasks: list[RankTask], progress: Callable[[Path], None] | None = None, executor: Executor | None = None) -> list[RankResult]:
     """analyze_rank on every task: in the calling process for a few small files, else on a
     local process pool (one worker per core) or the given executor (a cluster's). In task order."""
-    from advisor.load.parallel import map_ranks
+    from advisor.ranks import map_ranks
 
     out: dict[int, RankResult] = {}
     slowest: RankResult | None = None

@@ -3,7 +3,7 @@
 A command's outputs (`-o`, `--json`, `--junit`) must never replace a file it read: a trace,
 a facts file, the configuration, a baseline, a budget file. Each reader names the file here
 as it reads it (`remember`), and the writers refuse any output that is the same file as one
-of them (advisor.render.output.refuse_overwriting_inputs), whatever name it is given.
+of them (advisor.output.refuse_overwriting_inputs), whatever name it is given.
 
 It also reads the small files the advisor did not make itself (facts files, baselines, the
 cache's seals and secret) without trusting what they are: `read_regular` never blocks on a

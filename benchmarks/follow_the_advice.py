@@ -59,7 +59,7 @@ from typing import Any, Callable
 
 from advisor.capture.facts import cpu_name
 from advisor.fix import baseline_step_ms, promise
-from advisor.render.output import to_json_text
+from advisor.output import to_json_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "sample_runs" / "resnet18_cifar" / "train.py"

@@ -78,7 +78,7 @@ print("STAGES " + json.dumps(spent), file=sys.stderr)
 CACHED = r"""
 import os, sys, time
 import advisor.cli as C
-import advisor.analysis, advisor.render.html, advisor.render.output, advisor.cli.whatif  # imports apart
+import advisor.analysis, advisor.render.html, advisor.output, advisor.cli.whatif  # imports apart
 t, c = time.perf_counter(), time.process_time()
 sys.argv = ["advisor", *sys.argv[1:]]
 try:

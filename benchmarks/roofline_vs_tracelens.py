@@ -1,4 +1,4 @@
-"""FLOPs and bytes per op: the advisor's roofline (advisor.metrics.roofline.op_cost) against
+"""FLOPs and bytes per op: the advisor's roofline (advisor.metrics.op_cost.op_cost) against
 AMD TraceLens's performance model, on the same op events of real traces.
 
 TraceLens is not a dependency: install it in a scratch environment and name its Python:
@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 
 from advisor.metrics.autocast import input_type_names
-from advisor.metrics.roofline import op_cost
+from advisor.metrics.op_cost import op_cost
 
 TRACELENS_SIDE = r"""
 import json, sys, warnings

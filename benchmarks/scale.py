@@ -12,7 +12,7 @@
    wall time, peak RSS of all processes (the report's process tree, plus the cluster's
    scheduler and workers) and of each group apart, whether both give the same JSON, and
    whether `straggler` names the slowed rank and its wait. The cluster's workers run without
-   Dask's statistical profiler unless --cluster-profiler (see advisor/load/cluster.py).
+   Dask's statistical profiler unless --cluster-profiler (see advisor/cluster.py).
    Results: benchmarks/results/scale_ranks.{txt,json} (--ranks-out), rewritten after each
    job size so that a run stopped part way keeps what it measured.
 

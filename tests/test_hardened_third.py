@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLE_RUNS
 
-import advisor.load.cluster as cluster
+import advisor.cluster as cluster
 
 CPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"
 

@@ -25,7 +25,7 @@ from conftest import REPO, SHARED_TRACES, shared_trace, single_file
 from advisor import cache as frame_cache
 from advisor.load.decode import read_trace_bytes
 from advisor.load.discover import find_run
-from advisor.load.parallel import load_frames
+from advisor.ranks import load_frames
 from advisor.load.trace import frames_from_bytes, load_trace
 
 FRAMES = ("host", "runtime", "device", "memory", "steps", "device_properties", "syncs")

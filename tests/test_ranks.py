@@ -13,7 +13,7 @@ from trace_edit import by_cat, events, load_events, straggler_job, write_trace
 
 from advisor import analysis
 from advisor.analysis import analyze
-from advisor.load import parallel
+from advisor import ranks as rank_map
 
 DELAY_MS = 20.0
 
@@ -123,9 +123,9 @@ def test_html_heat_map_marks_the_straggler(slowed_job):
 def test_a_local_pool_gives_the_report_of_the_calling_process(slowed_job, monkeypatch):
     in_process = json.dumps(analyze(slowed_job).to_dict(), default=str)
     calls = []
-    real = parallel.process_pool
-    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)  # small files go to the pool too
-    monkeypatch.setattr(parallel, "process_pool", lambda n: calls.append(n) or real(n))
+    real = rank_map.process_pool
+    monkeypatch.setattr(rank_map, "PARALLEL_MIN_BYTES", 0)  # small files go to the pool too
+    monkeypatch.setattr(rank_map, "process_pool", lambda n: calls.append(n) or real(n))
     pooled = json.dumps(analyze(slowed_job).to_dict(), default=str)
     assert calls, "the ranks were not sent to a process pool"
     assert pooled == in_process
@@ -163,7 +163,7 @@ def test_scheduler_without_the_extra_says_what_to_install(cli, two_ranks, monkey
 
 def test_unreachable_scheduler_is_one_line(cli, two_ranks, monkeypatch):
     pytest.importorskip("distributed")
-    from advisor.load import cluster
+    from advisor import cluster
 
     # The client's own connect timeout (20 s) bounds the wait; the same refusal after 2 s.
     monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 2)

@@ -13,7 +13,8 @@ import pytest
 from conftest import REPO
 
 from advisor.metrics.devices import device_ceiling, known_devices
-from advisor.metrics.roofline import SHAPES_NOTE, op_cost
+from advisor.metrics.op_cost import op_cost
+from advisor.metrics.roofline import SHAPES_NOTE
 
 H100 = REPO / "tests" / "data" / "shared" / "kernels" / "h100"
 BF16 = H100 / "bf16.pt.trace.json.gz"

@@ -171,9 +171,10 @@ def test_no_import_cycle_in_advisor():
 
 
 def test_one_cache_module_and_one_facts_schema():
-    """Frames and analyses are cached by advisor/cache.py alone; the facts file's name and
+    """Frames and analyses are cached by the advisor/cache/ package alone; the facts file's name and
     types live in advisor/facts.py, which the capture (writer) and the analysis (reader) import."""
     assert not (REPO / "advisor" / "load" / "cache.py").exists() and not (REPO / "advisor" / "analysis_cache.py").exists()
+    assert (REPO / "advisor" / "cache" / "__init__.py").is_file() and not (REPO / "advisor" / "cache.py").exists()
     assert "advisor.facts" in imported_modules(REPO / "advisor" / "capture" / "facts.py")
     assert "advisor.facts" in imported_modules(REPO / "advisor" / "analysis.py")
     for p in (REPO / "advisor").rglob("*.py"):
@@ -189,3 +190,23 @@ def test_loading_reads_no_cache_and_the_configuration_no_gate():
     # and what the renderers draw is made with the analysis: no renderer loads a trace
     render = imports_of("advisor/render")
     assert hits(render, "advisor.cache") == [] and hits(render, "advisor.load.trace.load_trace") == []
+
+
+def test_each_module_lives_where_its_job_is():
+    """load/ reads traces (running each rank's analysis on workers is advisor/ranks.py and
+    advisor/cluster.py, beside the analysis); render/ turns an analysis into text and opens,
+    writes and starts nothing (where a report goes is advisor/output.py, beside
+    advisor/files.py; the browser and TensorBoard are started by the commands, advisor/cli/;
+    the resolved configuration is printed by advisor/config.py)."""
+    assert sorted(p.stem for p in (REPO / "advisor" / "load").glob("*.py")) == ["__init__", "batches", "categories", "columns", "decode", "discover", "trace"]
+    for gone in ("output", "settings", "view", "tensorboard"):
+        assert not (REPO / "advisor" / "render" / f"{gone}.py").exists(), gone
+    starts = {"subprocess", "webbrowser", "socket", "tempfile", "multiprocessing", "concurrent.futures", "advisor.files"}
+    for p in sorted((REPO / "advisor" / "render").rglob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+        assert found & starts == set(), p

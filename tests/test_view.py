@@ -17,7 +17,7 @@ from conftest import REPO, SAMPLE_RUNS
 from trace_edit import trace_file, trace_path
 
 from advisor.errors import InputError
-from advisor.render.tensorboard import profiler_logdir, start_tensorboard
+from advisor.cli.tensorboard import profiler_logdir, start_tensorboard
 
 
 def test_logdir_is_the_run_folder_or_the_trace_files_folder(tmp_path):

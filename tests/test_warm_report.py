@@ -201,7 +201,7 @@ def test_a_warm_report_imports_no_frames_library(tmp_path):
 def test_an_entry_keeps_its_newest_reports(tmp_path, cli, analyses, monkeypatch):
     """A terminal of each new width adds a report to the entry; past MAX_REPORTS the least
     recently written goes (and is made again when asked for)."""
-    monkeypatch.setattr(store, "MAX_REPORTS", 2)
+    monkeypatch.setattr(store.reports, "MAX_REPORTS", 2)
     run = copy_run(SAMPLE_RUN, tmp_path)
     widths = ("100", "90", "80")
     texts = {w: cli(["report", str(run)], tmp_path, {"COLUMNS": w})[1] for w in widths}

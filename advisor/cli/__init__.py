@@ -17,7 +17,7 @@ import typer
 
 from advisor.errors import EXIT_BAD_INPUT, InputError, set_status_if_output_closes, status_if_output_closes
 from advisor.terminal_text import OutputClosed
-from advisor.render.output import run_input_files, write_output
+from advisor.output import run_input_files, write_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -126,7 +126,7 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
     elif fmt is Format.html:
         from advisor.render.html import to_html
 
-        from advisor.render.output import unused_default_name
+        from advisor.output import unused_default_name
 
         # without -o: ./advisor_report.html, or a numbered name beside it (an earlier report is kept)
         write_output(to_html(analysis), output or unused_default_name("advisor_report.html"), inputs)
@@ -202,7 +202,7 @@ def report(
 
     cfg = load_config(config, scheduler=scheduler)
     if show_settings:
-        from advisor.render.settings import settings_text
+        from advisor.config import settings_text
 
         sys.stdout.write(settings_text(cfg, rule_ids(select), rule_ids(ignore), rules_dir, scheduler))
         return
@@ -211,7 +211,7 @@ def report(
         output = None  # `-o -`: stdout, as without -o (HTML too goes to stdout: write_output)
     address = cfg.scheduler
     if address:
-        from advisor.load.cluster import cluster_executor
+        from advisor.cluster import cluster_executor
 
         engine = cluster_executor(address, note=lambda line: say(stderr_console(), f"advisor: {line}"))
     else:
@@ -242,7 +242,7 @@ def report(
     else:
         emit_report(analysis, format, output, verbose)
     if tensorboard:
-        from advisor.render.tensorboard import launch_tensorboard
+        from advisor.cli.tensorboard import launch_tensorboard
 
         launch_tensorboard(analysis.run.directory)
 
@@ -260,7 +260,7 @@ def list_rules(
         raise typer.BadParameter(f"{format!r} is not one of text, json", param_hint="'--format'")
     rules = select_rules(all_rules(rules_dir), select=rule_ids(select))
     if format == "json":
-        from advisor.render.output import to_json_text
+        from advisor.output import to_json_text
 
         doc = [
             {"id": r.id, "title": r.title, "group": r.group or None, "source": r.source, "training_only": r.training_only,

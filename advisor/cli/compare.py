@@ -12,7 +12,7 @@ import typer
 
 from advisor.cli import format_option
 from advisor.render.console import UNWRAPPED_WIDTH, output_console, trim_lines
-from advisor.render.output import run_input_files, write_output
+from advisor.output import run_input_files, write_output
 from advisor.terminal_text import inert_console, path_text
 
 
@@ -53,7 +53,7 @@ def diff(
         return
     text = render_diff(comparison, format.value)
     assert text is not None
-    from advisor.render.output import unused_default_name
+    from advisor.output import unused_default_name
 
     write_output(text, output or (unused_default_name("advisor_diff.html") if format is DiffFormat.html else None), inputs)
 
@@ -73,14 +73,14 @@ def view(
 ) -> None:
     """Open the run's HTML report in the browser (its path is printed when there is no browser)."""
     if tensorboard:
-        from advisor.render.tensorboard import launch_tensorboard
+        from advisor.cli.tensorboard import launch_tensorboard
 
         launch_tensorboard(path, host=host, port=port)
         return
     from advisor.cli import analyze_with_progress
     from advisor.config import load_config
     from advisor.render.html import to_html
-    from advisor.render.view import open_in_browser, view_file
+    from advisor.cli.browser import open_in_browser, view_file
 
     analysis = analyze_with_progress(path, run=run, config=load_config(config), rules_dir=rules_dir, cache=False)
     target = output or view_file(analysis.run)

@@ -74,7 +74,7 @@ def fix(
     report = analysis.to_dict()
     findings = report["findings"]
     if output is not None:
-        from advisor.render.output import refuse_overwriting_inputs
+        from advisor.output import refuse_overwriting_inputs
 
         refuse_overwriting_inputs(output, [script])  # before the measurement, not after it
 
@@ -257,13 +257,13 @@ def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
     (advisor.fix.verify.exit_status: 0 every promise kept, 1 one missed, 4 a run failed)."""
     from advisor.fix.verify import exit_status, record, record_gap, table_lines, verify
     from advisor.gate.record import environment_of
-    from advisor.render.output import to_json_text
+    from advisor.output import to_json_text
 
     v = verify(plan, args, steps=steps, warmup=warmup, rounds=rounds, say=note)
     sys.stdout.write("\n".join(table_lines(v)) + "\n")
     if output is not None:
         from advisor.files import write_atomically
-        from advisor.render.output import refuse_overwriting_inputs
+        from advisor.output import refuse_overwriting_inputs
 
         gap = record_gap(v)
         if gap:

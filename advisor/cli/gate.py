@@ -31,7 +31,7 @@ from advisor.gate.outputs import (
 from advisor.gate.record import RunRecord, read_record_file, record_from_analysis
 from advisor.gate.verdict import GateResult
 from advisor.render.console import output_console
-from advisor.render.output import run_input_files
+from advisor.output import run_input_files
 from advisor.terminal_text import inert_console, one_line, path_text
 
 DEFAULT_BASELINE = Path("perf/baseline.json")

@@ -24,7 +24,7 @@ from rich.text import Text
 
 from advisor.gate.verdict import Check, GateResult
 from advisor.files import write_atomically
-from advisor.render.output import refuse_overwriting_inputs, to_json_text
+from advisor.output import refuse_overwriting_inputs, to_json_text
 from advisor.terminal_text import inert_lines, multi_line, one_line, valid_unicode
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "inconclusive": "yellow", "fail": "bold red"}

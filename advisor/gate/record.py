@@ -20,7 +20,7 @@ import orjson
 from advisor.version import __version__
 from advisor.errors import InputError
 from advisor.files_read import read_regular, remember
-from advisor.render.output import jsonable
+from advisor.output import jsonable
 
 BASELINE_SCHEMA = "advisor/baseline/v1"
 # A baseline or report JSON larger than this is not one (the step times of a million steps fit).

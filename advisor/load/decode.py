@@ -16,6 +16,9 @@ Anything msgspec rejects (wrong types, non-UTF-8 bytes, NaN/Infinity literals, n
 of range) is retried once through a lenient path (Python's json with replacement of bad
 bytes, then a clean-up of each event), so a trace is refused only when it is not JSON at all
 or not a Chrome trace; the refusal is an InputError naming the file.
+
+It stays one module of about 615 lines: the fast (msgspec) and the lenient path decode the
+same event types, and kept side by side they accept the same fields.
 """
 
 from __future__ import annotations

@@ -304,8 +304,8 @@ def _roofline(frames: TraceFrames, kernels: pd.DataFrame, steps: pd.DataFrame, d
 
 
 def _known_convs(frames: TraceFrames) -> dict:
-    """Convolution shapes the backward ops give (roofline.conv_shapes), one per distinct shape set."""
-    from advisor.metrics.roofline import conv_shapes
+    """Convolution shapes the backward ops give (op_cost.conv_shapes), one per distinct shape set."""
+    from advisor.metrics.op_cost import conv_shapes
 
     host = frames.host
     if "input_dims" not in host or len(host) == 0:

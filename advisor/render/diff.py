@@ -24,7 +24,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.render import svg
 from advisor.render.fmt import batch_size, esc, fmt_bytes, md, pct, rate, signed
-from advisor.render.output import to_json_text
+from advisor.output import to_json_text
 from advisor.terminal_text import inert_console, one_line
 
 DIFF_SCHEMA = "advisor/diff/v1"

@@ -5,6 +5,10 @@ the stylesheet and the small script come from `assets/` and are inlined, and a
 Content-Security-Policy allows nothing but that one stylesheet and that one script (by hash):
 no request leaves the page, and even a string that escaped escaping could not run. Every
 string from a trace goes through `esc`.
+
+It stays one module of about 670 lines: one page, one short function per section (header,
+verdict, findings, breakdown, timeline, memory, kernels, ops, roofline, ranks) over the same
+few helpers (`page`, `tile`, `sortable_table`, `esc`); the charts are `advisor.render.svg`.
 """
 
 from __future__ import annotations

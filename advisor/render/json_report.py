@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from advisor.analysis import Analysis
-from advisor.render.output import to_json_text
+from advisor.output import to_json_text
 
 
 def to_json(analysis: Analysis) -> str:

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from advisor.analysis import Analysis
 from advisor.render.fmt import md
-from advisor.render.output import to_json_text
+from advisor.output import to_json_text
 from advisor.terminal_text import one_line
 from advisor.version import __version__
 

@@ -6,7 +6,7 @@ on a cluster worker, which reads the trace where it sees it (a shared filesystem
 same as the client's), and only the rank's small result comes back; the reduce runs here.
 The workers need the same advisor installed. Nothing here is a scheduler of our own: Dask's
 `Client.get_executor()` is a `concurrent.futures.Executor`, the interface the local process
-pool has too (see `advisor.load.parallel`).
+pool has too (see `advisor.ranks`).
 
 Memory: each worker holds the rank it analyses and the few results not yet collected; the
 client holds one small result per rank for the reduce. What does grow with a long job is

@@ -13,7 +13,7 @@ Two ways to spread the ranks of a job over workers:
 
 Both take any `concurrent.futures.Executor`. The default is a local process pool; a cluster
 executor runs the same (module-level, picklable) functions where the files are, e.g. Dask's
-`distributed.Client.get_executor()` (see `advisor.load.cluster`). We ship no distribution
+`distributed.Client.get_executor()` (see `advisor.cluster`). We ship no distribution
 layer of our own.
 """
 
@@ -66,7 +66,7 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["advisor.load.parallel", "advisor.analysis"])
+        ctx.set_forkserver_preload(["advisor.ranks", "advisor.analysis"])
     return ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
 
 
