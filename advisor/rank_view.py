@@ -192,7 +192,7 @@ def _dec(v: Any) -> Any:
         return set(_dec(v["$iset"]).tolist())
     if "$idict" in v:
         keys, values = (_dec(x) for x in v["$idict"])
-        return dict(zip(keys.tolist(), values.tolist()))
+        return dict(zip(keys.tolist(), values.tolist(), strict=True))
     if "$set" in v:
         return {_dec(x) for x in v["$set"]}
     if "$tuple" in v:

@@ -89,7 +89,7 @@ def main() -> int:
         tmp = Path("/tmp") / f"roofline_vs_tracelens_{path.name}.json"
         tmp.write_text(json.dumps(events))
         theirs = json.loads(subprocess.run([ns.tracelens_python, "-c", TRACELENS_SIDE, str(tmp)], capture_output=True, text=True, check=True).stdout)
-        for e, m, t in zip(events, mine, theirs):
+        for e, m, t in zip(events, mine, theirs, strict=True):
             if m is None or not isinstance(t, list):
                 continue
             name = e["name"]

@@ -102,7 +102,7 @@ def check(ctx: Context):
                        "batched_tflops": round(rate, 2)})
     if not rows:
         return None
-    saving_ms = float(sum(time_ms[i] * (1 - f) for i, f in zip(rows, factors)))
+    saving_ms = float(sum(time_ms[i] * (1 - f) for i, f in zip(rows, factors, strict=True)))
     if saving_ms / ctx.step_ms < opts["min_share"]:
         return None
     kr = kernel_rows(m)

@@ -97,7 +97,7 @@ def check(ctx: Context):
     factor_of_row = np.ones(len(table))
     factor_of_row[rows] = factors
     chosen = np.isin(kr, rows)
-    saving_ms = float(sum(table["time_ms"].iloc[i] * (1 - f) for i, f in zip(rows, factors)))
+    saving_ms = float(sum(table["time_ms"].iloc[i] * (1 - f) for i, f in zip(rows, factors, strict=True)))
     if saving_ms / ctx.step_ms < ctx.options["min_share"] or not chosen.any():
         return None
     listed.sort(key=lambda d: -d["ms_per_step"] + d["padded_ms_per_step"])

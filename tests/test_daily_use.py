@@ -309,7 +309,7 @@ def test_the_documented_failing_gate_runs_on_the_shipped_runs(tmp_path):
     blocks = _shown_commands(text, "<!-- gate failing example -->")
     assert [c[0][:2] for c in blocks] == [["advisor", "baseline"], ["advisor", "gate"]]
     shutil.copytree(REPO / "sample_runs", tmp_path / "sample_runs")
-    for (cmd, shown), expected in zip(blocks, (0, 1)):
+    for (cmd, shown), expected in zip(blocks, (0, 1), strict=True):
         assert all(not a.startswith("/") and "shared" not in a for a in cmd)
         r = advisor(cmd[1:], tmp_path)
         assert r.returncode == expected, r.stdout + r.stderr

@@ -146,7 +146,7 @@ def test_iteration_holds_one_whole_forward_of_the_root_module(name):
     if len(roots) == 0:
         # nothing names the model's forward: a step whose own top-level operators repeat one
         # sequence from its start (a model called in a loop) holds several passes of it
-        for i, (s, e) in enumerate(zip(m.steps["host_start"], m.steps["host_end"])):
+        for i, (s, e) in enumerate(zip(m.steps["host_start"], m.steps["host_end"], strict=True)):
             period = repeats_from_start(top_level_ops(frames.host, int(s), int(e)))
             assert period is None, f"step {i} repeats a sequence of {period} top-level operators: iterations merged"
         return
@@ -160,7 +160,7 @@ def test_iteration_holds_one_whole_forward_of_the_root_module(name):
     ok = (idx >= 0) & (r_end <= s_end[np.maximum(idx, 0)])
     per_thread = pd.Series(idx[ok]).groupby(r_tid[ok]).nunique() if ok.any() else pd.Series(dtype=np.int64)
     loop_tid = per_thread.idxmax() if len(per_thread) else None
-    for i, (s, e) in enumerate(zip(s_ts, s_end)):
+    for i, (s, e) in enumerate(zip(s_ts, s_end, strict=True)):
         inside = (r_ts >= s) & (r_end <= e)
         assert inside.any() or len(steps) == 1, (
             f"step {i} ({(e - s) / 1e6:.2f} ms) holds no whole forward of the root module "

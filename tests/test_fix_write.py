@@ -246,7 +246,7 @@ def test_line_endings_and_byte_order_mark_are_kept(cli, tmp_path, newline, bom):
         assert b"\r" not in written
     else:
         assert written.count(b"\n") == written.count(b"\r\n")
-    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    changed = [(a, b) for a, b in zip(before, after, strict=False) if a != b]
     assert len(before) == len(after) and [b for _, b in changed] == [
         b'p.add_argument("--workers", type=int, default=1)',
         b"loader = DataLoader(range(8), batch_size=4, num_workers=args.workers, persistent_workers=args.workers > 0)",

@@ -87,7 +87,7 @@ def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd
 def _shift(t: np.ndarray, cut_at: np.ndarray, cut_len: np.ndarray) -> np.ndarray:
     """Times with the cut intervals [cut_at, cut_at + cut_len) taken out of the timeline."""
     out = t.astype(np.int64, copy=True)
-    for a, n in zip(cut_at, cut_len):
+    for a, n in zip(cut_at, cut_len, strict=True):
         out -= np.clip(t - a, 0, n)
     return out
 

@@ -411,7 +411,7 @@ def _broadcast(a, b) -> list[int] | None:
     n = max(len(a), len(b))
     a, b = [1] * (n - len(a)) + list(a), [1] * (n - len(b)) + list(b)
     out = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         if x != y and x != 1 and y != 1:
             return None
         out.append(max(x, y))

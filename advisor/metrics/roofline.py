@@ -161,7 +161,7 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
     conc_col = k["op_concrete_inputs"].to_numpy(dtype=object) if "op_concrete_inputs" in k else np.full(len(k), None, dtype=object)
     tf32_of = agg["tf32"].to_dict()
     rows = []
-    for code, pos in zip(first["code"].to_numpy(), first["pos"].to_numpy()):
+    for code, pos in zip(first["code"].to_numpy(), first["pos"].to_numpy(), strict=True):
         types = input_type_names(types_col[pos]) if isinstance(types_col[pos], str) else ()
         conc = conc_col[pos] if isinstance(conc_col[pos], list) else None
         cost = op_cost(op_col[pos], types, dims_col[pos], conc, known_convs)

@@ -316,7 +316,7 @@ def _known_convs(frames: TraceFrames) -> dict:
         return {}
     dims = rows["input_dims"].to_numpy(dtype=object)
     first = pd.Series(np.fromiter(map(id, dims), dtype=np.int64, count=len(dims))).drop_duplicates().index.to_numpy()
-    return conv_shapes(zip(rows["name"].astype(str).to_numpy()[first], dims[first]))
+    return conv_shapes(zip(rows["name"].astype(str).to_numpy()[first], dims[first], strict=True))
 
 
 def _facts_capability(facts: dict[str, Any] | None) -> float | None:
