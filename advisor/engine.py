@@ -509,7 +509,25 @@ def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]
             # a finding without a replayed fix: its saving alone is its own (0 for a risk with no time cost)
             f.saving_alone_ms = f.saving_ms if f.saving_ms is not None else 0.0
     findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
-    return findings
+    return _after_what_they_depend_on(findings)
+
+
+def _after_what_they_depend_on(findings: list[Finding]) -> list[Finding]:
+    """A fix whose saving is on top of others (evidence `depends_on`) is listed after them, so
+    "each on top of the fixes above it" holds however the savings compare."""
+    out = list(findings)
+    for _ in range(len(out)):
+        moved = False
+        for i, f in enumerate(out):
+            deps = {d for d in f.evidence.get("depends_on") or () if isinstance(d, str)}
+            last = max((j for j, g in enumerate(out) if g.rule in deps), default=-1)
+            if last > i:
+                out.insert(last, out.pop(i))
+                moved = True
+                break
+        if not moved:
+            break
+    return out
 
 
 def run_rules(

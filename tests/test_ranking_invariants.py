@@ -199,3 +199,14 @@ def test_a_recurring_dataloader_stall_is_the_loaders_finding_with_its_share_of_s
     assert "step-time-variance" not in ranked[: ranked.index("dataloader-stall")]
     # throughput is the mean step: the replay prices it on the mean
     assert a.headline().statistic == "mean"
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_fix_saving_on_top_of_others_is_listed_below_them(name):
+    """"Each on top of the fixes above it": a ranked fix whose saving depends on others (it
+    gains nothing alone) comes after every one of them, whatever the savings compare."""
+    ranked = [f.rule for f in analysis_of(name).findings]
+    for i, f in enumerate(analysis_of(name).findings):
+        for dep in f.evidence.get("depends_on") or ():
+            if dep in ranked:
+                assert ranked.index(dep) < i, (f.rule, dep, ranked)

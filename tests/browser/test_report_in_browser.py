@@ -258,8 +258,8 @@ def test_the_first_screen_holds_the_verdict(browser, tmp_path, width):
     page.screenshot(ARTIFACTS / f"first-screen-gpu-{width}.png", full_page=False)
     assert got["verdict_bottom"] is not None and got["verdict_bottom"] < got["H"], got
     assert got["first_finding_top"] is not None and got["first_finding_top"] < got["H"], got
-    median = float(analysis.summary()["step_time_ms"]["median"])
-    assert f"{median:.2f} ms per step" in got["answer"] and "bound by the input pipeline" in got["answer"], got["answer"]
+    mean = float(analysis.summary()["step_time_ms"]["mean"])  # the one step time every output states
+    assert f"{mean:.2f} ms per step" in got["answer"] and "bound by the input pipeline" in got["answer"], got["answer"]
     top = analysis.findings[0]
     assert len(got["fixes"]) == 3 and got["fixes"][0].startswith(f"{top.rule} saves {top.saving_ms:.2f} ms/step"), got["fixes"]
     assert "the profiler slowed the recorded steps 1.3x" in got["caveat"], got
