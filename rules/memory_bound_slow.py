@@ -53,7 +53,7 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.roofline import full_table, kernel_rows
-from advisor.whatif.changes import scale_device
+from advisor.whatif.changes import scale_op_rows
 
 ID = "memory-bound-slow"
 TITLE = "Memory-bound ops run far below the memory bandwidth"
@@ -99,11 +99,8 @@ def check(ctx: Context):
     saving_ms = float((time_ms[rows] - new_ms[rows]).sum())
     if saving_ms / ctx.step_ms < opts["min_share"]:
         return None
-    kr = kernel_rows(m)
-    factor_of_row = np.ones(len(table))
-    factor_of_row[rows] = factors
-    chosen = np.isin(kr, rows)
-    if not chosen.any():
+    change = scale_op_rows(m.kernels.index.to_numpy(), kernel_rows(m), len(table), rows, factors)
+    if change is None:
         return None
     order = rows[np.argsort(-(time_ms[rows] - new_ms[rows]))]
     listed = [{"op": table["op"].iat[i], "shape": table["shape"].iat[i], "dtype": table["dtype"].iat[i], "ms_per_step": round(float(time_ms[i]), 3),
@@ -114,6 +111,5 @@ def check(ctx: Context):
         f"{len(rows)} memory-bound op shape(s) stream at under {opts['max_bandwidth_share']:.0%} of {reference:.2f} TB/s ({source}) and take "
         f"{float(time_ms[rows].sum()):.2f} ms/step (e.g. {top['op']} {top['shape']}: {top['tbps']:.2f} TB/s). At that bandwidth: ~{saving_ms:.2f} ms/step less."
     )
-    change = scale_device(m.kernels.index.to_numpy()[chosen], factor_of_row[kr[chosen]])
     evidence = {"ops": listed, "reference_tbps": round(float(reference), 3), "reference": source}
     return ctx.finding(message, saving_ms, confidence="low", evidence=evidence, fix=FIX, snippet=AFTER, change=change)

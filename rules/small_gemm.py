@@ -47,7 +47,7 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.roofline import full_table, kernel_rows, output_tiles
-from advisor.whatif.changes import scale_device
+from advisor.whatif.changes import scale_op_rows
 
 ID = "small-gemm"
 TITLE = "GEMMs too small to fill the device"
@@ -105,11 +105,8 @@ def check(ctx: Context):
     saving_ms = float(sum(time_ms[i] * (1 - f) for i, f in zip(rows, factors, strict=True)))
     if saving_ms / ctx.step_ms < opts["min_share"]:
         return None
-    kr = kernel_rows(m)
-    factor_of_row = np.ones(len(table))
-    factor_of_row[rows] = factors
-    chosen = np.isin(kr, rows)
-    if not chosen.any():
+    change = scale_op_rows(m.kernels.index.to_numpy(), kernel_rows(m), len(table), rows, factors)
+    if change is None:
         return None
     listed.sort(key=lambda d: -d["ms_per_step"])
     top = listed[0]
@@ -118,6 +115,5 @@ def check(ctx: Context):
         f"(e.g. {top['op']} {top['shape']}, {top['calls_per_step']:g} calls/step, {top['tiles']} output tiles, {top['tflops']:.1f} TFLOP/s). "
         f"Batching them: ~{saving_ms:.2f} ms/step."
     )
-    change = scale_device(m.kernels.index.to_numpy()[chosen], factor_of_row[kr[chosen]])
     evidence = {"shapes": listed[:10], "sm_count": sms, "sm_count_recorded": r.sm_count is not None}
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, fix=FIX, snippet=AFTER, change=change)

@@ -48,7 +48,7 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.roofline import aligned_rate, full_table, kernel_rows, misaligned_gemms, padded
-from advisor.whatif.changes import scale_device
+from advisor.whatif.changes import scale_op_rows
 
 ID = "tensor-core-tile"
 TITLE = "Matrix shapes miss the Tensor Core tile"
@@ -93,12 +93,9 @@ def check(ctx: Context):
         })
     if not rows:
         return None
-    kr = kernel_rows(m)
-    factor_of_row = np.ones(len(table))
-    factor_of_row[rows] = factors
-    chosen = np.isin(kr, rows)
+    change = scale_op_rows(m.kernels.index.to_numpy(), kernel_rows(m), len(table), rows, factors)
     saving_ms = float(sum(table["time_ms"].iloc[i] * (1 - f) for i, f in zip(rows, factors, strict=True)))
-    if saving_ms / ctx.step_ms < ctx.options["min_share"] or not chosen.any():
+    if saving_ms / ctx.step_ms < ctx.options["min_share"] or change is None:
         return None
     listed.sort(key=lambda d: -d["ms_per_step"] + d["padded_ms_per_step"])
     top = listed[0]
@@ -108,6 +105,5 @@ def check(ctx: Context):
         f"(e.g. {top['op']} {top['shape']} in {top['precision']}: {top['tflops']:.1f} TFLOP/s; padded to {top['padded']} "
         f"the run's aligned {top['precision']} GEMMs reach {top['aligned_tflops']:.1f}). Padding: ~{saving_ms:.2f} ms/step."
     )
-    change = scale_device(m.kernels.index.to_numpy()[chosen], factor_of_row[kr[chosen]])
     evidence = {"shapes": listed[:10], "misaligned_ms_per_step": round(total_ms, 3)}
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, fix=FIX, snippet=AFTER, change=change)

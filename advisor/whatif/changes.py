@@ -63,6 +63,18 @@ def scale_device(rows, factor) -> Change:
     return Change(device_scale={int(r): float(x) for r, x in zip(rows, f, strict=True)})
 
 
+def scale_op_rows(kernel_index, kernel_row, n_rows: int, rows, factors) -> Change | None:
+    """The kernels of the chosen rows of an op table run at `factors` of their time (kernel k
+    belongs to table row kernel_row[k], -1 for none); None when none of those rows ran a kernel."""
+    rows = np.asarray(rows, dtype=np.int64)
+    factor_of_row = np.ones(n_rows)
+    factor_of_row[rows] = factors
+    chosen = np.isin(kernel_row, rows)
+    if not chosen.any():
+        return None
+    return scale_device(np.asarray(kernel_index)[chosen], factor_of_row[kernel_row[chosen]])
+
+
 def remove_launches(events: RankEvents, correlations) -> Change:
     """The device ops and their launch calls go away (zero_grad memsets with set_to_none)."""
     return Change(
