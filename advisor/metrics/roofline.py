@@ -9,13 +9,8 @@ intensity (FLOP per byte), and the share of the device's ceiling it reached: the
 rate at that intensity, min(peak for its precision, intensity × memory bandwidth)
 (`advisor.metrics.devices` holds the peaks, from vendors' datasheets).
 
-The formulas follow PyTorch's own flop counter (`torch.utils.flop_counter`) and AMD's
-TraceLens performance model, so the figures compare: a GEMM is 2·M·N·K FLOPs (plus M·N for a
-bias) and reads A and B and writes C; a convolution is 2·(weight elements per output
-channel)·(output elements); attention is 4·B·H·Nq·Nkv·d (half of it when causal), its backward
-2.5 times that (flash recomputes the scores); a norm, softmax or elementwise op is a few FLOPs
-per element and each tensor moved once. `benchmarks/roofline_vs_tracelens.py` checks the two
-agree on real traces.
+Each op's FLOPs and bytes come from `advisor.metrics.op_cost` (its docstring gives the
+formulas and what they are checked against).
 
 Ops are grouped by (op, input types, shapes, scalar arguments) and each distinct group is
 costed once: a run repeats the same few hundred shapes every step. Only kernels inside the
