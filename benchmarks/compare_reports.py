@@ -73,9 +73,22 @@ def reports(p: Path) -> dict[str, str]:
 CACHED = False
 
 
+def _portable(text: str) -> str:
+    """A report with the checkout's and the shared data's folders named alike, so a report
+    written from one clone compares with one written from another."""
+    return text.replace(str(SHARED.resolve()), "<shared>").replace(str(SHARED), "<shared>").replace(str(ROOT), "<repo>")
+
+
 def main() -> int:
     global CACHED
-    mode, folder = sys.argv[1], Path(sys.argv[2])
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Write every run's reports to a folder, or compare them with one written before.")
+    ap.add_argument("mode", choices=("write", "compare", "compare-cached"))
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("only", nargs="*", help="compare only the runs whose names contain one of these")
+    args = ap.parse_args()
+    mode, folder = args.mode, args.folder
     if mode == "compare-cached":
         import tempfile
 
@@ -83,13 +96,13 @@ def main() -> int:
         os.environ["ADVISOR_CACHE"] = tempfile.mkdtemp(prefix="advisor-compare-")
     else:
         os.environ["ADVISOR_CACHE"] = "off"
-    only = sys.argv[3:]
+    only = args.only
     differ = 0
     for p in runs():
         n = name(p)
         if only and not any(o in n for o in only):
             continue
-        got = reports(p)
+        got = {kind: _portable(text) for kind, text in reports(p).items()}
         for kind, text in got.items():
             f = folder / n / kind
             if mode == "write":
