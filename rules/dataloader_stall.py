@@ -85,15 +85,15 @@ step's other host time by that factor and takes the loading off the path);
 A window timed beside other work (`advisor profile` records, per step, how many cores other
 processes kept busy: at least half a core on average) does not decide the trade on its op
 times. Its `p` compute threads wait for each other whenever one of them waits for a core, so
-the model's time swells far more than the loading's single thread (on the sample's 2 cores,
-9× against 1.5× beside another process): weighed against each other, they say the worker
-loses, where the same script on an idle machine gains. The cores other processes used are a
-property of that moment, not of the training machine; what the run itself shows is its main
-process waiting for the loader while its other threads have nothing to do. So the finding
-stays, called noisy, and the promise is the middle of what the trade can give: between the
-model losing nothing by its thread (`min(L, R)`) and its threads scaling perfectly
-(`L + R - max(R p / (p - 1), L)`, or nothing where that is a loss: a trade that loses is
-undone).
+the model's time swells far more than the loading's single thread (the quick start on 2
+cores beside other work: 10× against 1.7×, `tests/data/quick_start_load`): weighed against
+each other, they say the worker loses, where the same script on an idle machine gains. The
+cores other processes used are a property of that moment, not of the training machine; what
+the run itself shows is its main process waiting for the loader while its other threads have
+nothing to do. So the finding stays, called noisy (confidence medium), and the promise is the
+middle of what the trade can give: between the model losing nothing by its thread
+(`min(L, R)`) and its threads scaling perfectly (`L + R - max(R p / (p - 1), L)`, or nothing
+where that is a loss: a trade that loses is undone).
 
 The saving is how much shorter the replayed step is: less than the DataLoader time where
 the device was still busy with the previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
@@ -302,6 +302,8 @@ def check(ctx: Context):
             change = Change(host_remove=[(dl_s, dl_e, budget.traded_hidden_share), (ws, we, 1.0 - budget.expected_growth)])
             saving = min(saving, budget.trade_gain_ms)  # the step stays at least the loading
             message += " " + budget.sentence()
+            if budget.noisy:  # the promise is the middle of a range the window could not narrow
+                confidence = "medium"
             fix = f"{fix.rstrip('.')}, with torch.set_num_threads({budget.busy_main - 1}) so the worker has a core."
         else:
             # No idle core: a worker would take its core from the training itself.

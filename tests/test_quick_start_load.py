@@ -65,6 +65,7 @@ def test_the_first_finding_is_the_dataloader_stall_idle_or_busy(name):
     assert "set num_workers=1" in first["fix"]["text"] and "torch.set_num_threads(1)" in first["fix"]["text"]
     noisy = other is not None and other >= 0.5
     assert ("timed beside other work (noisy)" in first["message"]) == noisy
+    assert first["confidence"] == ("medium" if noisy else "high")
     assert any("timed beside other work" in n for n in report["notes"]) == noisy
     if noisy:
         # the middle of the trade's gains: the model losing nothing by its thread (min(L, R)),
