@@ -128,6 +128,23 @@ def test_version_imports_none_of_the_command_lines_modules(tmp_path):
     assert scripts["advisor"] == "advisor.__main__:program"
 
 
+def test_whatif_after_a_report_reads_the_cached_analysis_and_no_trace(cli, monkeypatch):
+    """`advisor whatif` on a run already reported replays nothing and parses nothing: its
+    figures are the stored analysis's, the same as a cold whatif prints."""
+    import advisor.load.trace as trace_module
+    from conftest import count_calls
+
+    run = RUNS / "gpu_baseline"
+    cold = cli(["whatif", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert cold[0] == 0, cold[2]
+    code, _, err = cli(["report", str(run)])
+    assert code == 0, err
+    count_calls(monkeypatch, trace_module, "load_trace", "whatif loaded a trace the cached analysis holds").forbid()
+    code, out, err = cli(["whatif", str(run)])
+    assert code == 0, err
+    assert out == cold[1]
+
+
 # --- advice read from the run, with the machine's other work said --------------------------------
 def test_other_work_is_the_cores_busy_time_less_the_scripts_own():
     """/proc/stat's busy ticks of the script's cores, less the script's own ticks, over the
