@@ -201,7 +201,7 @@ def test_a_window_recorded_and_reported_exits_0_so_set_e_and_and_go_on(tmp_path:
     script = write(tmp_path / "train.py", TRAIN + "\nsys.exit(5)\n")
     cmd = f"set -e; {sys.executable} -m advisor.cli.profile_main --out run --wait 0 --warmup 1 --active 2 --no-stack -o r.json train.py && echo next"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run(["/bin/sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["/bin/sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "next"
     assert orjson.loads((tmp_path / "r.json").read_bytes())["summary"]["steps"] == 2
@@ -483,7 +483,7 @@ def test_facts_record_autocast_compile_and_scaler_and_hooks_are_undone(tmp_path:
         assert not _global_optimizer_post_hooks
         print("undone", result.outcome.how)
     """))
-    r = subprocess.run([sys.executable, str(check)], cwd=tmp_path, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    r = subprocess.run([sys.executable, str(check)], cwd=tmp_path, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "undone stopped" in r.stdout
     f = facts(tmp_path / "run")
@@ -647,7 +647,7 @@ def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_pa
             main()
     """)
     out = tmp_path / "run"
-    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", "--full", "--no-stack", str(script)], tmp_path, timeout=180)
+    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", "--full", "--no-stack", str(script)], tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     f = facts(out)
     waits, steps = f["loader_wait_ms"], f["step_times_ms"]
