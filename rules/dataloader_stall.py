@@ -432,7 +432,7 @@ class CoreBudget:
             )
             now = self.loader_ms + self.rest_ms
             if f"{best:.1f}" == f"{t:.1f}":  # the loading sets the step, however the model's threads scale
-                return out + trade + f": a step of {t:.1f} ms (the loading the worker still does for each batch) against {now:.1f} ms now."
+                return out + trade + f": a step of {t:.1f} ms (the loading the worker still does for each batch) against {now:.1f} ms now." + self.noise_sentence()
             if self.trade_gain_ms > 0 and self.noisy:
                 worst = self.worst_trade_gain_ms
                 return out + trade + (

@@ -87,3 +87,26 @@ def test_advisor_fix_writes_the_trade_from_the_busy_recording(cli, tmp_path):
         assert code == 0, err
         assert "nothing to change" not in out + err
         assert 'default=1, help="DataLoader num_workers")' in out and "+    torch.set_num_threads(1)" in out, out
+
+
+@pytest.mark.parametrize(
+    "loading, rest",
+    [(86.0, 75.0), (130.0, 680.0), (290.0, 4090.0), (100.0, 30.0), (60.0, 60.0)],
+    ids=["idle-sample", "busy", "hogged", "loading-bound", "even"],
+)
+def test_a_noisy_windows_trade_is_the_middle_of_its_ends_and_says_so(loading, rest):
+    """On 2 cores with 2 compute threads and no worker, a window timed beside other work
+    promises the middle of the trade's best (min(L, R)) and worst (L + R - max(2R, L), or
+    nothing) gains: positive whenever the loading is, and said to be noisy; the same window
+    timed alone keeps Amdahl's estimate on its op times."""
+    from advisor.engine import find_rule
+
+    budget_of = find_rule("dataloader-stall").module.CoreBudget
+    noisy = budget_of(2, 2, 0, 1, loading, rest, parallel_ms=0.9 * rest, other_cores=1.2)
+    alone = budget_of(2, 2, 0, 1, loading, rest, parallel_ms=0.9 * rest, other_cores=0.1)
+    best, worst = min(loading, rest), max(loading + rest - max(2 * rest, loading), 0.0)
+    assert noisy.trade_gain_ms == pytest.approx((best + worst) / 2) and noisy.trade_gain_ms > 0
+    assert noisy.expected_step_ms == pytest.approx(loading + rest - (best + worst) / 2)
+    assert "timed beside other work (noisy)" in noisy.sentence() and "(noisy)" not in alone.sentence()
+    amdahl = max(rest * (1 + 0.9), loading)  # 90% of the model's time on both threads: 1.9x on one
+    assert alone.trade_gain_ms == pytest.approx(max(loading + rest - amdahl, 0.0))
