@@ -128,6 +128,23 @@ def test_version_imports_none_of_the_command_lines_modules(tmp_path):
     assert scripts["advisor"] == "advisor.__main__:program"
 
 
+def test_whatif_after_a_report_reads_the_cached_analysis_and_no_trace(cli, monkeypatch):
+    """`advisor whatif` on a run already reported replays nothing and parses nothing: its
+    figures are the stored analysis's, the same as a cold whatif prints."""
+    import advisor.load.trace as trace_module
+    from conftest import count_calls
+
+    run = RUNS / "gpu_baseline"
+    cold = cli(["whatif", str(run)], env={"ADVISOR_CACHE": "off"})
+    assert cold[0] == 0, cold[2]
+    code, _, err = cli(["report", str(run)])
+    assert code == 0, err
+    count_calls(monkeypatch, trace_module, "load_trace", "whatif loaded a trace the cached analysis holds").forbid()
+    code, out, err = cli(["whatif", str(run)])
+    assert code == 0, err
+    assert out == cold[1]
+
+
 # --- advice read from the run, with the machine's other work said --------------------------------
 def test_other_work_is_the_cores_busy_time_less_the_scripts_own():
     """/proc/stat's busy ticks of the script's cores, less the script's own ticks, over the
@@ -170,8 +187,8 @@ def test_the_dataloader_verdict_on_the_quick_start_reads_the_run_and_says_when_i
     """The quick start as recorded (2 cores, 2 compute threads, no worker): the stall is
     ranked first from what the run recorded (cores and threads in its facts, times in its
     trace), whatever the machine running the report is doing; a window the facts say was timed
-    beside other work keeps that verdict (the trade is taken at the middle of its range, not
-    at op times inflated by waits for a core) and is called noisy, in the finding and the notes."""
+    beside other work keeps that verdict (the promise is the middle of the trade's gains, not
+    op times inflated by waits for a core) and is called noisy, in the finding and the notes."""
     import advisor as api
 
     run = _with_other_work(tmp_path, RUNS / "cpu_two_threads", other)
@@ -184,9 +201,9 @@ def test_the_dataloader_verdict_on_the_quick_start_reads_the_run_and_says_when_i
     assert any("timed beside other work" in n for n in report["notes"]) == noisy
     ev = report["findings"][0]["evidence"]["cores"]
     assert ev["cores"] == 2 and ev["busy_main_threads"] == 2 and ev["other_cpu_cores"] == other
-    if noisy:  # the middle of 1x..2x for the model's work on one thread fewer
+    if noisy:  # the middle of what the trade gives, between the model losing nothing and 2x
         assert f"other processes kept {other:.1f} of the 2 cores busy" in finding["message"]
-        assert "in the middle of that range" in finding["message"]
+        assert "The promise is the middle of what the trade gives" in finding["message"]
 
 
 def test_the_profile_extra_declares_what_the_sample_imports():

@@ -89,7 +89,7 @@ def cpu_walk(tmp_path_factory) -> dict:
         [sys.executable, str(BENCH_PATH), "--device", "cpu", "--max-rounds", "1", "--warmup", "1", "--active", "3",
          "--after-steps", "2", "--json", str(out / "walk.json"), "--table", str(out / "table.txt"),
          "--verify", "--verify-steps", "4", "--verify-warmup", "2", "--keep", str(out / "rounds")],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO, capture_output=True, text=True, timeout=1800,  # a guard against a hung walk: beside other work a round takes minutes
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     walk = json.loads((out / "walk.json").read_text())

@@ -17,7 +17,9 @@ from advisor.render.json_report import to_json
 
 PAGEABLE = "Memcpy HtoD (Pageable -> Device)"
 RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"
-OWN_RUNS = sorted(p for p in RUNS.iterdir() if p.is_dir()) + sorted((REPO / "tests" / "data" / "allreduce_gloo" / "runs").iterdir())
+OWN_RUNS = sorted(p for p in RUNS.iterdir() if p.is_dir()) + sorted((REPO / "tests" / "data" / "allreduce_gloo" / "runs").iterdir()) + sorted(
+    (REPO / "tests" / "data" / "quick_start_load" / "runs").iterdir()  # the quick start beside other work
+)
 
 
 def trace_of(run: Path) -> Path:

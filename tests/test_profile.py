@@ -70,7 +70,10 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.cli.profile_main", timeout: int = 120) -> subprocess.CompletedProcess:
+def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.cli.profile_main", timeout: int = 300) -> subprocess.CompletedProcess:
+    """The command in a child process. The timeout is a guard against a hung child, not a
+    measure: on a 2-core machine beside other work, torch's threads and spawned workers (each
+    importing torch) can take minutes where an idle machine takes seconds."""
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", cli, *([] if cli == "advisor.cli.profile_main" else ["profile"]), *args],
@@ -198,7 +201,7 @@ def test_a_window_recorded_and_reported_exits_0_so_set_e_and_and_go_on(tmp_path:
     script = write(tmp_path / "train.py", TRAIN + "\nsys.exit(5)\n")
     cmd = f"set -e; {sys.executable} -m advisor.cli.profile_main --out run --wait 0 --warmup 1 --active 2 --no-stack -o r.json train.py && echo next"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run(["/bin/sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["/bin/sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "next"
     assert orjson.loads((tmp_path / "r.json").read_bytes())["summary"]["steps"] == 2
@@ -480,7 +483,7 @@ def test_facts_record_autocast_compile_and_scaler_and_hooks_are_undone(tmp_path:
         assert not _global_optimizer_post_hooks
         print("undone", result.outcome.how)
     """))
-    r = subprocess.run([sys.executable, str(check)], cwd=tmp_path, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    r = subprocess.run([sys.executable, str(check)], cwd=tmp_path, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "undone stopped" in r.stdout
     f = facts(tmp_path / "run")
@@ -644,7 +647,7 @@ def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_pa
             main()
     """)
     out = tmp_path / "run"
-    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", "--full", "--no-stack", str(script)], tmp_path, timeout=180)
+    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", "--full", "--no-stack", str(script)], tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     f = facts(out)
     waits, steps = f["loader_wait_ms"], f["step_times_ms"]
@@ -658,6 +661,13 @@ def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_pa
     ).stdout)
     [stall] = doc["findings"]
     assert stall["rule"] == "dataloader-stall" and "prefetched batches hid it" in stall["message"]
-    assert stall["evidence"]["unprofiled_steps"] == 41 - 5
-    assert stall["saving_pct"] == pytest.approx(statistics.mean(waits[5:]) / statistics.mean(steps[5:]), rel=1e-3)
-    assert stall["evidence"]["unprofiled_wait_ms_per_step"] == pytest.approx(statistics.mean(waits[5:]), abs=1e-3)
+    # the steady steps after the window (the first after it left out), as the rule's page says:
+    # a step over 5x the upper quartile (a hiccup of a busy machine) is not the steady state
+    after_steps, after_waits = steps[5:], waits[5:]
+    cut = 5 * statistics.quantiles(after_steps, n=4, method="inclusive")[2]
+    steady = [i for i, t in enumerate(after_steps) if t <= cut]
+    assert len(steady) >= 30
+    assert stall["evidence"]["unprofiled_steps"] == len(steady)
+    mean_wait = statistics.mean(after_waits[i] for i in steady)
+    assert stall["saving_pct"] == pytest.approx(mean_wait / statistics.mean(after_steps[i] for i in steady), rel=1e-3)
+    assert stall["evidence"]["unprofiled_wait_ms_per_step"] == pytest.approx(mean_wait, abs=1e-3)

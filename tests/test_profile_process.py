@@ -52,7 +52,7 @@ if step == 2:  # inside the recorded window
     print("child status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """)
     out = tmp_path / "run"
-    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "4", "--no-stack", "--full", str(script)], tmp_path, timeout=90)
+    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "4", "--no-stack", "--full", str(script)], tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "child leaving" in r.stdout and "child status 3" in r.stdout  # plain Python's exit code
     assert r.stdout.count("script finished") == 1 and r.stderr.count("Findings, ranked") == 1  # one report, the parent's
@@ -74,7 +74,7 @@ if step == 1:
 """, steps=6)
     for fail, code in (("", 0), ("1", 1)):
         out = tmp_path / f"run{fail}"
-        r = profile(["--out", str(out), *QUICK, "--full", str(script)], tmp_path, env={"FAIL": fail}, timeout=90)
+        r = profile(["--out", str(out), *QUICK, "--full", str(script)], tmp_path, env={"FAIL": fail}, timeout=300)
         assert r.returncode == 0, r.stderr
         assert f"child status {code}" in r.stdout
         assert ("ValueError: in the child" in r.stderr) == bool(fail)
@@ -195,7 +195,7 @@ def test_a_script_and_arguments_named_with_bytes_that_are_not_utf8(tmp_path: Pat
     out = tmp_path / "run\udcfe"
     r = subprocess.run(
         [sys.executable, "-m", "advisor", "profile", "--out", os.fsencode(out), *QUICK, os.fsencode(script), "--", b"--tag=\xfd"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=120,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=300,
     )
     assert r.returncode == STOPPED, r.stderr
     err = r.stderr.decode("utf-8")  # everything the advisor says is valid UTF-8
@@ -225,11 +225,11 @@ def test_a_script_that_closes_its_stdout_or_stderr_meets_the_fate_plain_python_g
     the script's streams. Same exit code and all 12 steps as under plain Python, and the
     advisor's lines and report still reach the advisor's own stdout and stderr."""
     script = write(tmp_path / "closes.py", CLOSES.format(close=close))
-    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert (tmp_path / "steps.txt").read_text() == "12"
     (tmp_path / "steps.txt").unlink()
     out = tmp_path / "run"
-    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "2", "--no-stack", "--full", str(script)], tmp_path, timeout=120)
+    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "2", "--no-stack", "--full", str(script)], tmp_path, timeout=300)
     assert r.returncode == plain.returncode, r.stderr
     assert (tmp_path / "steps.txt").read_text() == "12"
     assert len(facts(out)["step_times_ms"]) == 12

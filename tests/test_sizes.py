@@ -5,7 +5,7 @@ advisor/sizes.py and the README: K/M/G/T and KiB..TiB binary, KB..TB decimal."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from advisor.sizes import format_bytes, parse_size
@@ -82,6 +82,7 @@ def test_memory_sizes_print_in_binary_units(n, text):
     assert format_bytes(n) == text
 
 
+@settings(deadline=None)  # no time limit per example: a busy machine may pause the test, which is not a failure
 @given(st.integers(min_value=0, max_value=2**60), st.integers(min_value=1, max_value=3))
 def test_a_printed_size_reads_back_within_its_rounding(n, digits):
     text = format_bytes(n, digits=digits)

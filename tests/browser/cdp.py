@@ -76,7 +76,7 @@ class Page:
     session: str
     events: list[dict[str, Any]] = field(default_factory=list)
 
-    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 120.0) -> dict[str, Any]:
         return self.browser.call(method, params, session=self.session, timeout=timeout)
 
     def evaluate(self, expression: str) -> Any:
@@ -190,7 +190,7 @@ class Chromium:
             self._events.append(msg)
         return True
 
-    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout: float = 120.0) -> dict[str, Any]:
         self._next_id += 1
         cid = self._next_id
         msg: dict[str, Any] = {"id": cid, "method": method, "params": params or {}}
@@ -215,7 +215,7 @@ class Chromium:
         self._events = [e for e in self._events if e.get("sessionId") != session]
         return mine
 
-    def wait_event(self, session: str, method: str, timeout: float = 30.0) -> dict[str, Any]:
+    def wait_event(self, session: str, method: str, timeout: float = 120.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         seen: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
@@ -229,7 +229,7 @@ class Chromium:
         raise ProtocolError(f"no {method} within {timeout} s")
 
     # --- pages --------------------------------------------------------------------------
-    def open(self, path: Path, timeout: float = 30.0, width: int | None = None) -> Page:
+    def open(self, path: Path, timeout: float = 120.0, width: int | None = None) -> Page:
         """Open a local file in a fresh tab (`width` CSS pixels wide, else the browser's) and
         wait for its load event (scripts have run)."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
