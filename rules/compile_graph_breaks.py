@@ -156,7 +156,7 @@ def check(ctx: Context):
         f"torch.compile ran ({graphs_text}), yet {100 * eager_ns / total:.0f}% of kernel time ({eager_ms:.1f} ms/step, "
         f"{len(eager) / n_steps:.0f} kernels) is eager elementwise and normalisation work launched outside them: graph breaks "
         f"hand that code back to eager PyTorch. Without the breaks its chains fuse ({evidence['fused_away_kernels_per_step']:.0f} "
-        f"fewer kernels per step): ~{saving_ms:.1f} ms/step. TORCH_LOGS=\"graph_breaks\" names each break and its line."
+        f"fewer kernels per step). TORCH_LOGS=\"graph_breaks\" names each break and its line."
     )
     change = fused(ctx.events, k, fused_away, kept, bn_share)
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, change=change)

@@ -242,7 +242,7 @@ def check(ctx: Context):
     message = (
         f"{n} epoch end{'s' if n != 1 else ''} in {ends.run_steps + 1} steps: " + "; ".join(parts) +
         f". {ends.per_epoch_ms:.0f} ms per epoch of {ends.steps_per_epoch} steps{once}: {ends.per_step_ms:.1f} ms per step "
-        f"on top of a typical {ends.typical_step_ms:.1f} ms step, ~{saving:.1f} ms of the window's step."
+        f"on top of a typical {ends.typical_step_ms:.1f} ms step."
     )
     fix = "; ".join(fixes) + "."
     snippet = AFTER.replace("BATCH", str(d.get("batch_size"))).replace("WORKERS", str(d.get("num_workers") or 8))

@@ -299,7 +299,7 @@ def check(ctx: Context):
         )
     message = (
         f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms/step) is convolution/matmul work that can use "
-        f"Tensor Cores, yet {state} on {gpu}. {how}: ~{saving_ms:.1f} ms/step ({method}).{casts_note}"
+        f"Tensor Cores, yet {state} on {gpu}. {how} moves them onto the Tensor Cores ({method}).{casts_note}"
     )
     if is_training(m, ctx.facts):
         message += " It changes the numerics of what is trained, not only its speed: check that the loss follows the fp32 run's."

@@ -168,7 +168,7 @@ def check(ctx: Context):
     how = f"measured on an {table.measured_on}" if any(v["speedup_source"].startswith("measured") for v in families.values()) else f"conservative, {table.arch.name}"
     message = (
         f"{fp32_ns / n_steps / 1e6:.1f} ms/step of fp32 {what} run on the FMA units, without TF32, on {gpu}. "
-        f"Allowing TF32: ~{saving_ms:.1f} ms/step (fp32 → TF32 {speedups}, {how})."
+        f"Allowing TF32 runs them on the Tensor Cores (fp32 → TF32 {speedups}, {how})."
     )
     if not switches_known:
         message += " The TF32 switches are not recorded (no facts file); no TF32 kernel of this kind ran, so they look off."

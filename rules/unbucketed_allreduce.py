@@ -212,7 +212,7 @@ def check(ctx: Context):
         f"{evidence['mb_per_step']:.2f} MB in all) take {evidence['allreduce_ms_per_step']:.1f} ms/step, each paying "
         f"~{1e3 * model['latency_ms']:.0f} µs of latency; in {model['buckets_per_step']} bucket"
         f"{'s' if model['buckets_per_step'] != 1 else ''} of {opts['bucket_cap_mb']:g} MB they would take "
-        f"~{model['predicted_ms_per_step']:.1f} ms: ~{saving:.1f} ms/step."
+        f"~{model['predicted_ms_per_step']:.1f} ms."
     )
     if ddp:
         fix = (
