@@ -204,10 +204,11 @@ def check(ctx: Context):
     }
     trains = _trains(ctx)
     training = " (and the loss)" if trains else ""
+    outcome = "" if trains else "less latency per batch and more throughput, "
     message = (
         f"{fp32_ms:.1f} ms/step of matrix ops run in fp32 ({keep.sum() / n:.0f} calls per step, median {np.median(own_us):.0f} µs) on a CPU "
         f"with native bf16 ({', '.join(native)}). Under torch.autocast(\"cpu\", dtype=torch.bfloat16) around the forward pass{training}: "
-        f"each call replayed at its measured bf16/fp32 ratio for its size "
+        f"{outcome}each call replayed at its measured bf16/fp32 ratio for its size "
         f"(×{evidence['autocast_over_fp32']:.2f} overall, casts included)."
     )
     if trains:

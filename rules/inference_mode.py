@@ -125,8 +125,8 @@ def check(ctx: Context):
     }
     message = (
         f"The inference steps run with grad mode on: {len(ops) / n:.0f} ops per step go through autograd and record "
-        f"{nodes:.0f} graph nodes that no backward pass uses. Under torch.inference_mode() they record none, "
-        f"replayed at {ctx.options['node_us']} µs of host time per node."
+        f"{nodes:.0f} graph nodes that no backward pass uses. Under torch.inference_mode() they record none: "
+        f"less latency per batch and more throughput, replayed at {ctx.options['node_us']} µs of host time per node."
     )
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, snippet=AFTER, change=change)
 

@@ -245,7 +245,7 @@ def check(ctx: Context):
         fix = INFERENCE_FIX.format(grow=grow)
         message = (
             f"The GPU is busy {100 * util:.0f}% of the step and {seen}. Serving {factor}× the requests per forward pass spreads "
-            f"{fixed_ms:.1f} ms/step of fixed overhead over {factor}× the samples, "
+            f"{fixed_ms:.1f} ms/step of fixed overhead over {factor}× the samples: more throughput, "
             "for a longer wait per request (latency)."
         )
         snippet = INFERENCE_AFTER.format(n=batch * factor if batch else f"{factor} * batch_size")
