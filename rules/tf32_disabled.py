@@ -49,9 +49,10 @@ reason. A `transformers` Trainer gets `TrainingArguments(tf32=True)`.
 ## How the saving is estimated
 Per step: each fp32-fma kernel's time of the families whose switch is off, times
 (1 − 1/speed-up of its family), times the share of kernel time on the timeline (kernels
-hidden under other streams do not shorten the step). The speed-ups are the ratios measured
-on an H100 (table below: GEMMs 4.63×, convolutions 2.46×, RNNs 1.14×) on Hopper, and this
-conservative table elsewhere (the datasheet ratios are 2-8×):
+hidden under other streams do not shorten the step). The speed-ups are the per-family ratios
+measured on Hopper (`benchmarks/results/precision_ratios.txt`), and this conservative table
+elsewhere, on all of a family's kernels (the datasheet ratios are higher: see
+`benchmarks/results/rule_constants.md`):
 
 | architecture | compute capability | fp32 → TF32 |
 | --- | --- | --- |

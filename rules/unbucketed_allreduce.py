@@ -56,8 +56,8 @@ the latency is kept instead). Bucketed, the step's bytes travel in
 measured all-reduce time minus that prediction. Time a call spent waiting for a slower rank
 counts as saved (fewer calls, fewer meeting points), which holds when the ranks are alike;
 overlap with backward, which DDP adds on top, is not counted (see `communication-exposed`).
-Hence medium confidence. On the recorded two-rank gloo run in `tests/data/allreduce_gloo`
-the estimate is 73 ms/step; the same script with DDP measured 75 ms/step faster.
+Hence medium confidence (how the estimate compared with DDP on a recorded run:
+`benchmarks/results/rule_constants.md`).
 
 Reference: https://pytorch.org/docs/stable/notes/ddp.html#internal-design
 """
