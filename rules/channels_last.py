@@ -97,7 +97,7 @@ def check(ctx: Context):
     evidence.update(kernel_evidence(ctx.events, transposes, m.steps, exposure, by_eligible_op=True))
     message = (
         f"{len(transposes) / n_steps:.0f} NCHW↔NHWC transposes per step around convolutions take {transpose_ms:.1f} ms/step "
-        f"({100 * transpose_ms / kernel_ms:.0f}% of kernel time). Model and input in torch.channels_last: ~{saving_ms:.1f} ms/step."
+        f"({100 * transpose_ms / kernel_ms:.0f}% of kernel time). Model and input in torch.channels_last remove them."
     )
     change = remove_launches(ctx.events, ctx.events.device["correlation"].to_numpy(np.int64)[transposes.index.to_numpy()])
     return ctx.finding(message, saving_ms, confidence="high", evidence=evidence, change=change)

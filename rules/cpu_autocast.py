@@ -41,9 +41,8 @@ with bf16); check the model's accuracy on a validation run.
 
 ## How the saving is estimated
 Each fp32 matrix op's call of t µs takes t × r(t) under autocast, its casts included, with r
-interpolated (in log t) from this table, measured by `benchmarks/cpu_bf16_speedup.py` on an
-AMD EPYC with avx512_bf16, one thread, load average 1.8 (the committed
-benchmarks/results/cpu_bf16_speedup.txt, a later run, is within 0.05 of it):
+interpolated (in log t) from this table (`RATIO_TABLE`, `BF16_TABLE`; measured by
+`benchmarks/cpu_bf16_speedup.py`, see `benchmarks/results/rule_constants.md`):
 
 | fp32 call (µs) | autocast / fp32 | bf16 / fp32 |
 | --- | --- | --- |
@@ -70,16 +69,12 @@ autocast makes slower count against it): on a CPU-only run the host is the step,
 faster kernel composes with more threads by multiplying. CPUs with AMX gain more than this
 table says: a lower bound there.
 
-Measured (benchmarks/results/cpu_bf16_speedup.txt, fresh pairs of runs, fp32 against the fix,
-unprofiled medians): on the 8-block MLP of tests/data/cpu_inference_grad at batch 256
-(inference) the promise was 0.92 to 1.31 times the measured gain, median 1.24. On the CPU
-transformer sample's training it was 1.16 to 2.42 times, median 1.68: the training steps
-gain less than their products' ratios say (the attention's batched products barely speed
-up, and autocast adds casts of the gradients); on the ResNet sample's training (the quick
-start, two threads) it promised 26-29 ms where 15-21 ms was measured. So a training run's
-finding is listed as considered, not ranked, with its estimate and the reason: a promise
-that runs 1.2-2.4 times what applying it measures would outrank fixes whose promises hold
-(the quick start's DataLoader fix). An inference run's finding is ranked, medium confidence.
+A training run's finding is listed as considered, not ranked, with its estimate and the
+reason: on this project's CPU training recordings the estimate ran 1.2 to 2.4 times what
+applying the fix measured (the backward's products and the gradients' casts gain less), and
+such a promise would outrank fixes whose promises hold. An inference run's finding is
+ranked, medium confidence. The recordings and their figures are in
+`benchmarks/results/rule_constants.md`.
 
 Reference: https://pytorch.org/docs/stable/amp.html#cpu-op-specific-behavior
 """
@@ -204,13 +199,11 @@ def check(ctx: Context):
     }
     trains = _trains(ctx)
     training = " (and the loss)" if trains else ""
-    base = step_ms
-    outcome = (f"{100 * saving / base:.0f}% of the step" if trains else
-               f"{100 * saving / base:.0f}% less latency per batch, throughput ×{base / max(base - saving, 1e-9):.2f}")
+    outcome = "" if trains else "less latency per batch and more throughput, "
     message = (
         f"{fp32_ms:.1f} ms/step of matrix ops run in fp32 ({keep.sum() / n:.0f} calls per step, median {np.median(own_us):.0f} µs) on a CPU "
         f"with native bf16 ({', '.join(native)}). Under torch.autocast(\"cpu\", dtype=torch.bfloat16) around the forward pass{training}: "
-        f"~{saving:.2f} ms/step ({outcome}), replayed with each call at its measured bf16/fp32 ratio for its size "
+        f"{outcome}each call replayed at its measured bf16/fp32 ratio for its size "
         f"(×{evidence['autocast_over_fp32']:.2f} overall, casts included)."
     )
     if trains:

@@ -109,7 +109,7 @@ def check(ctx: Context):
     message = (
         f"{evidence['copies_per_step']:g} tensors/step are made on the CPU ({top}{where}) and then copied to the GPU "
         f"({evidence['mb_per_step']:.2f} MB, host blocked {evidence['host_blocked_ms_per_step']:.2f} ms); "
-        f"create them with device=: ~{saving:.2f} ms/step."
+        "create them with device= and the copies go."
     )
     fix = f"Pass device= to torch.{top.removeprefix('aten::')}(...) instead of making the tensor on the CPU and copying it."
     return ctx.finding(message, saving, confidence="high" if lines else "medium", evidence=evidence, fix=fix)

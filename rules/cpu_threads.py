@@ -121,7 +121,7 @@ def check(ctx: Context):
     message = (
         f"The CPU ops run on {threads} intra-op thread(s){why} on a {cores}-core machine{loader}: "
         f"{pooled_ms:.1f} ms/step in ops that split their work over the intra-op pool ({', '.join(top.index[:3])}) could use {target}. "
-        f"torch.set_num_threads({target}): ~{saving:.1f} ms/step, replayed with these ops scaling linearly with threads (an upper bound)."
+        f"torch.set_num_threads({target}) spreads them over those cores, replayed with these ops scaling linearly with threads (an upper bound)."
     )
     fix = f"torch.set_num_threads({target}) (or OMP_NUM_THREADS={target}): the cores per rank, less the DataLoader's workers."
     snippet = f"torch.set_num_threads({target})   # {cores} cores / {world} rank(s){loader}\n"

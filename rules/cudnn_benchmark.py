@@ -198,8 +198,8 @@ def check(ctx: Context):
         "algorithms (implicit GEMM, ALGO_0), the heuristics' pick with cudnn.benchmark off"
     )
     message += "; the convolution shapes repeat every step" if shapes else "; input shapes are not in the trace (record_shapes=False): benchmark only if they stay fixed"
-    message += f". cudnn.benchmark = True: ~{saving_ms:.1f} ms/step"
-    message += f" ({standalone_ms:.1f} ms alone; counted after autocast's gain on the same kernels)." if after_amp < 1.0 else "."
+    message += ". cudnn.benchmark = True times the algorithms once per shape and keeps the fastest"
+    message += " (counted after autocast's gain on the same kernels)." if after_amp < 1.0 else "."
     if benchmark is None:
         message += f" The switch is not recorded (no facts file); the trace shows it off: {why}."
     else:

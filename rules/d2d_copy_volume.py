@@ -202,7 +202,7 @@ def check(ctx: Context):
     parts = [f"{c['copies_per_step']:g}/step: {c['cause']} ({c['mb_per_step']:.1f} MB, {c['ms_per_step']:.2f} ms)" for c in named[:3]]
     message = (
         f"{evidence['copies_per_step']:g} device-to-device copies per step ({evidence['mb_per_step']:.1f} MB, "
-        f"{evidence['copy_ms_per_step']:.2f} ms of device time): " + "; ".join(parts) + f". Removing them saves ~{saving:.2f} ms/step."
+        f"{evidence['copy_ms_per_step']:.2f} ms of device time): " + "; ".join(parts) + ". Removing them takes their device time off the step."
     )
     fix = " ".join(c["fix"] for c in named)
     snippet = "\n".join(dict.fromkeys(COPY_CAUSES[int(g.cause)][3] for _, g in groups.iterrows() if g.cause >= 0 and COPY_CAUSES[int(g.cause)][3]))

@@ -134,6 +134,6 @@ def check(ctx: Context):
     message = (
         f"nn.DataParallel spends {evidence['head_tail_idle_ms_per_step']:.2f} ms/step replicating the model and scattering/"
         f"gathering (GPU idle) and {evidence['exposed_copies_and_collectives_ms_per_step']:.2f} ms/step in exposed copies; "
-        f"DistributedDataParallel (one process per GPU) saves at least ~{saving:.2f} ms/step."
+        "DistributedDataParallel (one process per GPU) does neither."
     )
     return ctx.finding(message, saving, confidence="high" if used_facts or len(devices) > 1 else "medium", evidence=evidence)

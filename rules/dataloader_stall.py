@@ -63,46 +63,43 @@ A `transformers` Trainer gets `TrainingArguments(dataloader_num_workers=N, datal
 ## How the saving is estimated
 The fix is replayed: with enough workers the batch is ready when asked for, so the
 DataLoader spans leave the host's path (the hand-over itself is well under a millisecond per
-batch), and the step graph is replayed without them.
+batch), and the step graph is replayed without them. The saving is how much shorter the
+replayed step is: less than the DataLoader time where the device was still busy with the
+previous step's work.
 
-Cores are counted (facts file: `cpu_count`, `torch_threads.intra_op`, `world_size`). The
+**Cores.** The facts file gives `cpu_count`, `torch_threads.intra_op` and `world_size`. The
 training process keeps one core busy while it feeds a device, and `torch.get_num_threads()`
-cores when it computes on the CPU; a worker hides loading only on a core left over. With
-`n` such cores a batch that takes `L` ms to load on one core is ready after `L / n` ms,
-beside the rest of the step (`R` ms): the share of the wait that goes is
-`1 - max(L / n - R, 0) / L`. With no core left over the fix is not promised (the finding is
-listed as considered, no gain, with the reason), except on a CPU-only run whose model uses
-`p >= 2` threads when handing one of them to a worker pays. With one thread fewer the
-model's work takes between 1× (its thread `p` gave it nothing) and `p / (p - 1)`× as long
-(the threads scale perfectly), and the message gives that range. The promise is Amdahl's
-law on the trace: op calls whose own time is at least 20 µs (long enough for
-`at::parallel_for` to split them, `PARALLEL_CALL_MIN_NS`) run `p / (p - 1)`× as long, the
-rest of the step's host time (the loop's Python, dispatch, small ops) as it is. The trade
-pays when that work, beside the loading, is shorter than the step now (the replay grows the
-step's other host time by that factor and takes the loading off the path);
-`benchmarks/dataloader_cores.py` measures it on the sample.
+cores when it computes on the CPU; a worker hides loading only on a core left over. With `n`
+such cores a batch that takes `L` ms to load on one core is ready after `L / n` ms, beside the
+rest of the step (`R` ms): the share of the wait that goes is `1 - max(L / n - R, 0) / L`.
 
-A window timed beside other work (`advisor profile` records, per step, how many cores other
+**No core left over.** The fix is not promised (the finding is considered, no gain, with the
+reason), except on a CPU-only run whose model uses `p >= 2` threads, when handing one of them
+to a worker pays. With one thread fewer the model's work takes between 1× (its thread `p` gave
+it nothing) and `p / (p - 1)`× as long (the threads scale perfectly), and the message gives
+that range. The promise is Amdahl's law on the trace: op calls whose own time is at least
+`PARALLEL_CALL_MIN_NS` (20 µs, long enough for `at::parallel_for` to split them) run
+`p / (p - 1)`× as long, the rest of the step's host time as it is; the trade pays when that
+work, beside the loading, is shorter than the step now (`benchmarks/dataloader_cores.py`
+measures it on the sample).
+
+**A window timed beside other work** (`advisor profile` records per step how many cores other
 processes kept busy: at least half a core on average) does not decide the trade on its op
 times. Its `p` compute threads wait for each other whenever one of them waits for a core, so
-the model's time swells far more than the loading's single thread (the quick start on 2
-cores beside other work: 10× against 1.7×, `tests/data/quick_start_load`): weighed against
-each other, they say the worker loses, where the same script on an idle machine gains. The
-cores other processes used are a property of that moment, not of the training machine; what
-the run itself shows is its main process waiting for the loader while its other threads have
-nothing to do. So the finding stays, called noisy (confidence medium), and the promise is the
-middle of what the trade can give: between the model losing nothing by its thread
-(`min(L, R)`) and its threads scaling perfectly (`L + R - max(R p / (p - 1), L)`, or nothing
-where that is a loss: a trade that loses is undone).
+the model's time swells far more than the loading's single thread (`tests/data/quick_start_load`):
+weighed against each other they say the worker loses, where the same script on an idle machine
+gains. The cores other processes used are a property of that moment, not of the training
+machine; what the run itself shows is its main process waiting for the loader. So the finding
+stays, called noisy (confidence medium), and the promise is the middle of what the trade can
+give: between the model losing nothing by its thread (`min(L, R)`) and its threads scaling
+perfectly (`L + R - max(R p / (p - 1), L)`, or nothing where that is a loss).
 
-The saving is how much shorter the replayed step is: less than the DataLoader time where
-the device was still busy with the previous step's work. The rule's own estimate (kept in the evidence as `estimate_ms`) is
-the exposed DataLoader time per step, the mean `dataloader` slice of the breakdown. For a stall the window hid or
-understated, the
-share of the step the unprofiled steps after the window spent waiting (their mean wait over
-their mean step time; at least 3 of them, the first after the window left out, as the trace
-is written then, and so are steps over 5× the upper quartile: epoch ends and recompilations),
-applied to the window's step like every other saving.
+**The rule's own estimate** (evidence `estimate_ms`) is the exposed DataLoader time per step,
+the mean `dataloader` slice of the breakdown. For a stall the window hid or understated, it is
+the share of the step the unprofiled steps after the window spent waiting (their mean wait
+over their mean step time; at least 3 of them, the first after the window left out, as the
+trace is written then, and so are steps over 5× the upper quartile: epoch ends and
+recompilations), applied to the window's step like every other saving.
 
 Reference: https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
 """

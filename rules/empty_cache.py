@@ -92,6 +92,6 @@ def check(ctx: Context):
     message = (
         f"{evidence['frees_outside_ops_per_step']:g} cudaFree/step outside any op (empty_cache() in the loop, "
         f"{evidence['free_ms_per_step']:.2f} ms), then {evidence['mallocs_after_it_per_step']:g} cudaMalloc/step "
-        f"({evidence['malloc_ms_per_step']:.2f} ms) to get the memory back; removing it saves ~{saving:.2f} ms/step."
+        f"({evidence['malloc_ms_per_step']:.2f} ms) to get the memory back; removing it takes both out of the step."
     )
     return ctx.finding(message, saving, confidence="high" if len(mallocs) else "medium", evidence=evidence)

@@ -51,8 +51,8 @@ happens once per run: it is reported, not counted, when later epochs show the st
 when it is the only one seen. The first epoch's start is left out (workers start once anyway).
 Divided by the steps per epoch, that is the cost each step carries on average; its share of
 such an average step (typical step plus that cost) is applied to the window's step, as for
-every other saving (on the H100 sample walk, `gpu_walk_final`: 947 ms per epoch of 20 steps
-of 33 ms, 59% of an average step). Confidence is high when the facts file says which step each
+every other saving (an example from a recorded run is in
+`benchmarks/results/rule_constants.md`). Confidence is high when the facts file says which step each
 epoch began at, medium when the boundaries are computed from the dataset length.
 
 Reference: https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader
@@ -242,7 +242,7 @@ def check(ctx: Context):
     message = (
         f"{n} epoch end{'s' if n != 1 else ''} in {ends.run_steps + 1} steps: " + "; ".join(parts) +
         f". {ends.per_epoch_ms:.0f} ms per epoch of {ends.steps_per_epoch} steps{once}: {ends.per_step_ms:.1f} ms per step "
-        f"on top of a typical {ends.typical_step_ms:.1f} ms step, ~{saving:.1f} ms of the window's step."
+        f"on top of a typical {ends.typical_step_ms:.1f} ms step."
     )
     fix = "; ".join(fixes) + "."
     snippet = AFTER.replace("BATCH", str(d.get("batch_size"))).replace("WORKERS", str(d.get("num_workers") or 8))

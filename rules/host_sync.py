@@ -181,7 +181,7 @@ def check(ctx: Context):
     where = f" at {top['source'][0]}" if top.get("source") else ""
     message = (
         f"{evidence['syncs_per_step']:g} host waits per step ({evidence['wait_ms_per_step']:.2f} ms), mostly "
-        f"{top['what']}{where}; the GPU then idles until the host catches up: ~{saving:.2f} ms/step."
+        f"{top['what']}{where}; the GPU then idles until the host catches up; without the waits the host runs ahead."
     )
     fix = "; ".join(f"{c['cause']}: {ADVICE[c['cause']]}" for c in causes[:3])
     return ctx.finding(

@@ -63,10 +63,8 @@ around each op, a compiled region's guards). The share of it that lies in the ca
 region goes too: the region is the host's time from the first to the last kernel launch of
 each step, taken as a share of the steps' own host work (DataLoader waits left out). The
 device's own time stays as the trace measured it, so the replayed step never drops below
-the device's busy time in the window. On the sample's `gpu_compiled` run (an H100) this
-promises about 15 ms per step; `mode="reduce-overhead"` with `set_to_none=True` measured
-19.4 ms after the window, and the window's own kernels already take longer than that run's
-whole unprofiled step.
+the device's busy time in the window. How this compared with applying the fix on a recorded
+run is in `benchmarks/results/rule_constants.md`.
 
 The rule's own estimate (evidence `estimate_ms`) is the sum of the launch-starved gaps per
 step (as above), each shorter than `max_gap_ms` (longer gaps are host work, not launch

@@ -109,7 +109,7 @@ def check(ctx: Context):
     source = "this run's elementwise kernels" if r.bandwidth_tbps else f"{r.device.name}'s datasheet"
     message = (
         f"{len(rows)} memory-bound op shape(s) stream at under {opts['max_bandwidth_share']:.0%} of {reference:.2f} TB/s ({source}) and take "
-        f"{float(time_ms[rows].sum()):.2f} ms/step (e.g. {top['op']} {top['shape']}: {top['tbps']:.2f} TB/s). At that bandwidth: ~{saving_ms:.2f} ms/step less."
+        f"{float(time_ms[rows].sum()):.2f} ms/step (e.g. {top['op']} {top['shape']}: {top['tbps']:.2f} TB/s). At that bandwidth they take less time."
     )
     evidence = {"ops": listed, "reference_tbps": round(float(reference), 3), "reference": source}
     return ctx.finding(message, saving_ms, confidence="low", evidence=evidence, fix=FIX, snippet=AFTER, change=change)

@@ -178,7 +178,7 @@ def check(ctx: Context):
     choice = "foreach=True"
     message = (
         f"{optimizer}.step launches {evidence['kernels_per_step']:.0f} small kernels per step, one set per parameter "
-        f"(median {evidence['median_kernel_us']} µs); {choice} packs them into a few multi-tensor kernels: ~{saving:.2f} ms/step."
+        f"(median {evidence['median_kernel_us']} µs); {choice} packs them into a few multi-tensor kernels."
     )
     if disabled:
         fix = f"Drop foreach=False from the {optimizer} constructor (or pass foreach=True): the multi-tensor path is the default for CUDA parameters."

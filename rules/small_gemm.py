@@ -113,7 +113,7 @@ def check(ctx: Context):
     message = (
         f"{len(rows)} GEMM shape(s) too small to fill the {sms} multiprocessors take {float(time_ms[rows].sum()):.2f} ms/step "
         f"(e.g. {top['op']} {top['shape']}, {top['calls_per_step']:g} calls/step, {top['tiles']} output tiles, {top['tflops']:.1f} TFLOP/s). "
-        f"Batching them: ~{saving_ms:.2f} ms/step."
+        "Batching them fills the multiprocessors."
     )
     evidence = {"shapes": listed[:10], "sm_count": sms, "sm_count_recorded": r.sm_count is not None}
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, fix=FIX, snippet=AFTER, change=change)

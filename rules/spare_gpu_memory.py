@@ -225,7 +225,7 @@ def check(ctx: Context):
     )
     message = (
         f"The GPU is busy {100 * util:.0f}% of the step and {seen}. A {factor}× batch spreads {fixed_ms:.1f} ms/step of "
-        f"fixed overhead over {factor}× the samples: ~{saving_ms:.1f} ms per current step. It changes what is trained "
+        f"fixed overhead over {factor}× the samples. It changes what is trained "
         "(fewer, larger optimizer steps), not only its speed: scale the learning rate with it and check the run still converges."
     )
     evidence = {
@@ -245,7 +245,7 @@ def check(ctx: Context):
         fix = INFERENCE_FIX.format(grow=grow)
         message = (
             f"The GPU is busy {100 * util:.0f}% of the step and {seen}. Serving {factor}× the requests per forward pass spreads "
-            f"{fixed_ms:.1f} ms/step of fixed overhead over {factor}× the samples: ~{saving_ms:.1f} ms per current step of throughput, "
+            f"{fixed_ms:.1f} ms/step of fixed overhead over {factor}× the samples: more throughput, "
             "for a longer wait per request (latency)."
         )
         snippet = INFERENCE_AFTER.format(n=batch * factor if batch else f"{factor} * batch_size")

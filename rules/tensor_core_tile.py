@@ -103,7 +103,7 @@ def check(ctx: Context):
     message = (
         f"{len(rows)} GEMM shape(s) with a dimension off the Tensor Core tile take {total_ms:.2f} ms/step "
         f"(e.g. {top['op']} {top['shape']} in {top['precision']}: {top['tflops']:.1f} TFLOP/s; padded to {top['padded']} "
-        f"the run's aligned {top['precision']} GEMMs reach {top['aligned_tflops']:.1f}). Padding: ~{saving_ms:.2f} ms/step."
+        f"the run's aligned {top['precision']} GEMMs reach {top['aligned_tflops']:.1f}). Padding brings them to that rate."
     )
     evidence = {"shapes": listed[:10], "misaligned_ms_per_step": round(total_ms, 3)}
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, fix=FIX, snippet=AFTER, change=change)

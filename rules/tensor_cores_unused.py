@@ -9,16 +9,16 @@ saving is at least `min_share` (5%) of the step. TF32 kernels on Ampere and newe
 Tensor Cores but are not mixed precision: they count as work that bf16 would still speed up.
 
 ## Why it is slow
-Tensor Cores multiply fp16/bf16 matrices many times faster than the fp32 units (V100: 125
-TFLOPS against 15.7; A100: 312 bf16 against 156 TF32 and 19.5 fp32) and half-precision
-tensors move half the bytes. Eager PyTorch keeps everything in fp32 unless asked:
+Tensor Cores multiply fp16/bf16 matrices many times faster than the fp32 units (the
+datasheet peaks are 8× on a V100, 16× bf16 over fp32 on an A100) and half-precision tensors
+move half the bytes. Eager PyTorch keeps everything in fp32 unless asked:
 `torch.autocast` runs each eligible op in fp16/bf16 and keeps precision-sensitive ops
 (softmax, reductions, losses) in fp32.
 
 ## Evidence used
 - every kernel inside the steps, its launching op, whether that op can use Tensor Cores,
-  and the kernel's precision (see "How the precision is decided" below; Volta and Turing
-  have no TF32 mode);
+  and the kernel's precision (`advisor.metrics.precision`: the launching op's input types,
+  else the kernel's name; Volta and Turing have no TF32 mode);
 - the compute capability (trace device properties, else the facts file, else the
   architecture named in library kernel names, at lower confidence);
 - the share of kernel time that is on the timeline (kernels hidden under other streams'
@@ -64,19 +64,14 @@ An autocast block already there, switched off by a flag, is left to the user wit
 Lightning gets `Trainer(precision="bf16-mixed")`, a `transformers` Trainer `TrainingArguments(bf16=True)`.
 
 ## How the saving is estimated
-The fix is replayed on the run's own step graph (`advisor.whatif`): what autocast does to
-this run, from this run's trace.
+The fix is replayed on the run's own step graph (`advisor.whatif`):
 
-1. **The kernels.** Each eligible kernel that is not half precision takes its duration times
-   its family's duration scale factor to 16 bit (`metrics.precision.precision_speedup`: 1 /
-   speed-up): fp32 kernels all the way (on an H100, measured: 5.90× for GEMMs, 3.29× for
-   convolutions, 4.23× for LSTMs), TF32 kernels the TF32 → bf16 part (1.27×, 1.34×, 6.06×
-   for attention, where bf16 reaches cuDNN's flash attention, 3.72×). Where TF32 is off for
-   fp32 kernels (what `tf32-disabled` finds), allowing TF32 is the first, one-line step: the
-   fix says so, and the promise is what autocast adds after it, the time TF32 → bf16 takes
-   off those kernels (both fixes replayed together run them at the better rate). GPUs
-   without a measurement use this conservative table (on the whole eligible kernel time,
-   casts and layout changes included):
+1. **The kernels.** Each eligible kernel that is not half precision is scaled by its family's
+   duration factor to 16 bit (`metrics.precision.precision_speedup`): fp32 kernels by the
+   whole fp32 → 16-bit factor, TF32 kernels by the TF32 → 16-bit part. A GPU with a measured
+   ratio table (Hopper) has one factor per family (GEMM, convolution, RNN, attention;
+   `benchmarks/results/precision_ratios.txt`); any other uses this conservative table, on the
+   whole eligible kernel time (casts and layout changes included):
 
 | architecture | compute capability | fp32 → fp16/bf16 | TF32 → bf16 |
 | --- | --- | --- | --- |
@@ -88,32 +83,24 @@ this run, from this run's trace.
 | Blackwell | 10.0 | 3.0× | 1.5× |
 | Blackwell RTX 50 | 12.0 | 1.56× | 1.3× |
 
-   The datasheet peak ratios are higher (V100 fp16/fp32 8×; A100 bf16/TF32 2×, bf16/fp32
-   16×): 2.0× on Volta is what matches the ~1.5× throughput autocast gives a GPU-bound ResNet
-   on a V100 with two thirds of its kernel time in convolutions.
+   The factors are what a training step's kernels reach, well below the datasheet peaks;
+   where they come from is in `benchmarks/results/rule_constants.md`. Where TF32 is off for
+   fp32 kernels (what `tf32-disabled` finds), allowing TF32 is the first, one-line step: the
+   fix says so, and this finding's saving is what autocast adds after it (both fixes replayed
+   together run the kernels at the better rate).
 2. **The casts autocast adds** (`metrics.autocast`, traces recorded with input types and
-   shapes). The forward's top-level ops are followed in order: each op of autocast's
-   lower-precision list (linear, matmul, convolution, attention, RNNs) casts its fp32 inputs
-   — its weights and biases always, its activation unless the op before left it in 16 bit —
-   and each op of the fp32 list (layer_norm, losses) casts a 16-bit input back. Every cast of
-   a tensor that needs a gradient adds a `ToCopyBackward0` node to the backward, and a residual
-   add that mixes 16-bit and fp32 tensors casts the gradient of its 16-bit side. On the fp32
-   ViT of `../shared/whatif/h100_vit` this predicts the 190 casts per step its bf16 run
-   recorded. Each cast costs:
-   - the device: its bytes (fp32 read, 16 bit written) at the bandwidth of the run's own
-     device copies (`aten::copy_` kernels of 1 MiB or more), on the stream of the op's kernels;
-   - the host: the run's own median cost of an op that allocates a tensor and launches one
-     copy (`aten::clone`), plus, for a backward cast, of a backward node that passes its
-     gradient on; window figures, scaled like all host time to the unprofiled steps.
+   shapes). The forward's top-level ops are followed in order: each op of autocast's 16-bit
+   list casts its fp32 inputs (weights and biases always, its activation unless the op before
+   left it in 16 bit), each op of its fp32 list (layer_norm, losses) casts a 16-bit input
+   back, and each cast of a tensor that needs a gradient adds a backward node. A cast costs
+   its bytes at the bandwidth of the run's own device copies, and on the host the run's own
+   median cost of a copy op (and, in the backward, of a node that passes its gradient on).
+   The message says how much of the saving the casts take.
 
-The finding says how much of the promise the casts take ("net of ~N ms/step of the casts").
+The rule's first-order estimate (`estimate_ms` in the evidence) is the kernels' arithmetic.
 Where the replay leaves the host on the critical path (a fast GPU, an eager loop), the casts
-and the host's own pace bound what autocast gains: the replayed saving is below the kernels'
-arithmetic (`estimate_ms` in the evidence). The host's pace in a run whose steps the device
-bounds is the least the profiler's cost allows (`advisor.whatif.replay.calibrate`); a host
-slower than that makes autocast gain less than promised. Without input types the casts are
-not modelled and the promise is the kernels' alone. Kernels of unknown precision are not
-counted.
+and the host's pace bound what autocast gains, and the replayed saving is below it. Without
+input types the casts are not modelled; kernels of unknown precision are not counted.
 
 Reference: https://pytorch.org/docs/stable/amp.html
 """
@@ -299,7 +286,7 @@ def check(ctx: Context):
         )
     message = (
         f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms/step) is convolution/matmul work that can use "
-        f"Tensor Cores, yet {state} on {gpu}. {how}: ~{saving_ms:.1f} ms/step ({method}).{casts_note}"
+        f"Tensor Cores, yet {state} on {gpu}. {how} moves them onto the Tensor Cores ({method}).{casts_note}"
     )
     if is_training(m, ctx.facts):
         message += " It changes the numerics of what is trained, not only its speed: check that the loss follows the fp32 run's."

@@ -49,9 +49,10 @@ reason. A `transformers` Trainer gets `TrainingArguments(tf32=True)`.
 ## How the saving is estimated
 Per step: each fp32-fma kernel's time of the families whose switch is off, times
 (1 − 1/speed-up of its family), times the share of kernel time on the timeline (kernels
-hidden under other streams do not shorten the step). The speed-ups are the ratios measured
-on an H100 (table below: GEMMs 4.63×, convolutions 2.46×, RNNs 1.14×) on Hopper, and this
-conservative table elsewhere (the datasheet ratios are 2-8×):
+hidden under other streams do not shorten the step). The speed-ups are the per-family ratios
+measured on Hopper (`benchmarks/results/precision_ratios.txt`), and this conservative table
+elsewhere, on all of a family's kernels (the datasheet ratios are higher: see
+`benchmarks/results/rule_constants.md`):
 
 | architecture | compute capability | fp32 → TF32 |
 | --- | --- | --- |
@@ -168,7 +169,7 @@ def check(ctx: Context):
     how = f"measured on an {table.measured_on}" if any(v["speedup_source"].startswith("measured") for v in families.values()) else f"conservative, {table.arch.name}"
     message = (
         f"{fp32_ns / n_steps / 1e6:.1f} ms/step of fp32 {what} run on the FMA units, without TF32, on {gpu}. "
-        f"Allowing TF32: ~{saving_ms:.1f} ms/step (fp32 → TF32 {speedups}, {how})."
+        f"Allowing TF32 runs them on the Tensor Cores (fp32 → TF32 {speedups}, {how})."
     )
     if not switches_known:
         message += " The TF32 switches are not recorded (no facts file); no TF32 kernel of this kind ran, so they look off."

@@ -52,43 +52,34 @@ A compile behind the script's own condition is left to the user with the reason.
 `transformers` Trainer gets `TrainingArguments(torch_compile=True)`.
 
 ## How the saving is estimated
-Inductor fuses each chain of elementwise/normalisation ops that no matmul, convolution or
-attention kernel interrupts into one generated kernel: it reads the chain's inputs once and
-writes its outputs once. The rule finds those chains in the trace itself: the runs of
-consecutive eager elementwise kernels on a stream inside a step (optimizer kernels excluded).
-Each run becomes one kernel that costs what its costliest member costs (these kernels are
-memory-bound: the fused kernel moves about what the largest of them moved, the others' round
-trips through memory go), and the launch calls of the other members go with them. A kept
-cuDNN batch-norm kernel is the exception: Inductor generates its own, which streams at the
-memory's speed, so it costs its passes over the activation (3 forward, 5 backward, from the
-launching op's input shape) at the bandwidth this run's simple elementwise kernels reached
-(their 90th percentile: 4.3 TB/s on the H200, whose memory is rated 4.8); on the H200
-ResNet-18 cuDNN's took 3.6 times that (`sample_runs/heldout_h200`). Without recorded shapes
-it keeps its time. Inductor
-also lays convolutions out channels-last (its layout optimisation), so cuDNN's NCHW↔NHWC
-transpose kernels around them go too (the kernels `channels-last` counts). The
-compiled region's kernels are issued by Inductor's generated wrapper, not by eager dispatch:
-in each step the eager host time from the region's first launch to its last goes (the
-optimizer, the DataLoader's wait, collectives and DDP's gradient reducer stay: the compiled
-model does not take them over), and each kernel the region keeps costs 53.6 µs of host time
-instead (`COMPILED_HOST_NS_PER_KERNEL` in `advisor/whatif/changes.py`: the generated code's
-host time per kernel, measured without the profiler's inflation on the sample's compiled
-ResNet-18 on an H100; `benchmarks/compiled_host_cost.py`). The kernels run back to back on
-their streams. The fix is replayed with those changes: the saving is how much shorter the
-replayed step is, so device time saved where the host bounds the step does not
-count, and where the host bounds the compiled step (a fast device, many small kernels) its
-wrapper's cost does. On a trace without unprofiled step times (not recorded by `advisor
-profile`) the eager host time it removes is the window's, the profiler's own cost included,
-as for every host-side fix: a trace recorded with stacks and shapes then promises too much.
-The rule's own estimate (evidence `estimate_ms`) is the removed members' kernel time per step
-times the share of kernel time on the timeline. A run of one kernel saves nothing: it has
-nothing to fuse with (its launch may still fold into a neighbouring matmul's, which is not
-counted). On the recorded ViT on an H100 (`../shared/whatif/h100_vit`) the chains explain
-5.4 of the 6.4 ms per step by which `torch.compile` shortened the forward and backward kernels,
-and the baseline replayed with every fix the `all` run applied (compile, bf16, TF32, workers,
-no sync, foreach) gives 22.3 ms against the 22.0 ms that run measured, host-bound. The model
-keeps fewer kernels than Inductor launched there (268 against 482 per step) and charges each
-more host time than that run's 40 µs: the two errors partly cancel on this run.
+The fix is replayed on the run's own step graph; the saving is how much shorter the replayed
+step is. What the replay changes:
+
+- **Fusion.** Inductor fuses each chain of elementwise/normalisation ops that no matmul,
+  convolution or attention kernel interrupts. The rule finds those chains in the trace: runs
+  of consecutive eager elementwise kernels on a stream inside a step (optimizer kernels
+  excluded). Each run becomes one kernel that costs what its costliest member costs (the
+  kernels are memory-bound: the fused one moves about what the largest moved), and the other
+  members' launches go. A run of one kernel has nothing to fuse with and saves nothing.
+- **Batch norm.** A kept cuDNN batch-norm kernel is replaced by Inductor's own, which streams
+  at the memory's speed: its passes over the activation (3 forward, 5 backward, from the
+  launching op's input shape) at the bandwidth this run's simple elementwise kernels reached
+  (their 90th percentile). Without recorded shapes it keeps its time.
+- **Layout.** Inductor lays convolutions out channels-last, so cuDNN's NCHW↔NHWC transpose
+  kernels around them go (the kernels `channels-last` counts).
+- **Host.** The compiled region's kernels are issued by generated code, not eager dispatch:
+  in each step the eager host time from the region's first launch to its last goes (the
+  optimizer, the DataLoader's wait, collectives and DDP's gradient reducer stay), and each
+  kept kernel costs `COMPILED_HOST_NS_PER_KERNEL` (`advisor/whatif/changes.py`) of host time
+  instead. The kernels run back to back on their streams.
+
+Device time saved where the host bounds the step does not count, and where the host bounds
+the compiled step (a fast device, many small kernels) the generated code's cost does. On a
+trace without unprofiled step times the eager host time removed is the window's, the
+profiler's own cost included, as for every host-side fix. The rule's own estimate (evidence
+`estimate_ms`) is the removed members' kernel time per step times the share of kernel time on
+the timeline. The constants and how far the model matched recorded compiled runs are in
+`benchmarks/results/rule_constants.md` and `benchmarks/results/compiled_host_cost.txt`.
 
 Reference: https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html
 """
@@ -190,7 +181,7 @@ def check(ctx: Context):
         + (f", its batch norms stream at this run's memory bandwidth ({evidence['batch_norm_ms_saved_per_step']:.1f} ms/step less than cuDNN's)"
            if bn_saved_ns > 0 else "")
         + ", and its generated code launches the kernels it keeps "
-        f"at ~{COMPILED_HOST_NS_PER_KERNEL / 1e3:.0f} µs of host time each instead of eager dispatch: ~{saving_ms:.1f} ms/step."
+        f"at ~{COMPILED_HOST_NS_PER_KERNEL / 1e3:.0f} µs of host time each instead of eager dispatch."
     )
     evidence["compile"] = compile_fact if compile_fact is not None else "not recorded (no facts file); judged from the kernel names"
     # The fix, replayed: each chain's other members go, and the compiled region's kernels

@@ -210,3 +210,28 @@ def test_a_fix_saving_on_top_of_others_is_listed_below_them(name):
         for dep in f.evidence.get("depends_on") or ():
             if dep in ranked:
                 assert ranked.index(dep) < i, (f.rule, dep, ranked)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_messages_leave_the_savings_to_the_reports(name):
+    """A rule's message says what it found and what the fix does, never the saving: the text
+    report prints the ranked saving, the saving alone where it differs, and the rule's estimate
+    (`evidence.estimate_ms`) where the replay alone is outside [½×, 2×] of it."""
+    a = analysis_of(name)
+    buf = io.StringIO()
+    render_text(a, Console(file=buf, width=400, color_system=None, force_terminal=False), verbose=False)
+    text = buf.getvalue()
+    for f in a.findings:
+        if f.saving_ms is None:
+            continue
+        for figure in {f.saving_ms, f.saving_alone_ms} - {None}:
+            if figure > 0:
+                assert f"~{figure:.2f} ms" not in f.message, (f.rule, figure, f.message)
+        line = re.search(rf"^\s*\d+\. {re.escape(f.rule)}\s+{f.saving_ms:.2f} ms/step \([^)]*\)(.*)$", text, flags=re.M)
+        assert line is not None, (f.rule, f.saving_ms)
+        note = line.group(1)
+        alone = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
+        assert (f"alone {alone:.2f}" in note) == (abs(alone - f.saving_ms) >= 0.005), (f.rule, note)
+        estimate = f.evidence.get("estimate_ms")
+        departs = estimate is not None and not (0.5 * estimate <= alone <= 2.0 * estimate)
+        assert (f"rule's estimate {estimate:.2f}" in note) == departs if estimate is not None else "estimate" not in note, (f.rule, note)

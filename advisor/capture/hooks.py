@@ -171,6 +171,14 @@ class Hooks:
 
     # -- install / uninstall ----------------------------------------------------------------
     def install(self) -> None:
+        self._install_optimizer()
+        self._install_loader()
+        self._install_switches()
+        self._install_model_calls()
+        self._install_profiler()
+
+    def _install_optimizer(self) -> None:
+        """Optimizer steps (the step boundary) and the GradScaler."""
         p = self._patches
         hooks = self
 
@@ -198,6 +206,11 @@ class Hooks:
             return scale
 
         p.wrap(scaler_cls, "scale", scale)
+
+    def _install_loader(self) -> None:
+        """DataLoader iteration: each batch's wait (inside the window and out)."""
+        p = self._patches
+        hooks = self
 
         def loader_iter(original):
             def __iter__(loader, *args, **kwargs):
@@ -227,6 +240,11 @@ class Hooks:
             return __next__
 
         p.wrap(_BaseDataLoaderIter, "__next__", batch_next)
+
+    def _install_switches(self) -> None:
+        """What the script turns on: autocast, torch.compile, DataParallel/DDP, zero_grad, backward."""
+        p = self._patches
+        hooks = self
 
         def autocast_enter(original):
             def __enter__(ctx, *args, **kwargs):
@@ -288,7 +306,8 @@ class Hooks:
         p.wrap(torch.autograd, "backward", backward)
         p.wrap(torch.autograd, "grad", backward)
 
-        # Model calls, for loops with neither an optimizer nor a DataLoader (see the module doc).
+    def _install_model_calls(self) -> None:
+        """Model calls, for loops with neither an optimizer nor a DataLoader (see the module doc)."""
         self._pid = os.getpid()
         warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING)
         self._module_hooks = [
@@ -296,7 +315,10 @@ class Hooks:
             register_module_forward_hook(self._module_post_hook, always_call=True),
         ]
 
-        # The script's own profiler: notice it starting, and the traces it writes.
+    def _install_profiler(self) -> None:
+        """The script's own profiler: notice it starting, and the traces it writes."""
+        p = self._patches
+        hooks = self
         import torch.autograd.profiler as autograd_profiler
         from torch.profiler import profiler as tp
 

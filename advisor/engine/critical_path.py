@@ -1,5 +1,5 @@
 """What holds a replayed step (the device's own work or the host's), the measured step every
-share is taken of, and the rule's promise restated as the replayed one."""
+share is taken of, and whether a replayed saving departs from its rule's estimate."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
 
-def _restate(message: str, old: float, new: float) -> str:
-    """The rule's promise in its message, replaced by the replayed one."""
-    for fmt in (".2f", ".1f", ".0f"):
-        before = f"~{old:{fmt}} ms"
-        if before in message:
-            return message.replace(before, f"~{new:{fmt}} ms")
-    return message.rstrip() + f" Replayed on this run: ~{new:.2f} ms/step."
+# A replayed saving alone within [ESTIMATE_BAND[0]×, ESTIMATE_BAND[1]×] of its rule's first-order
+# estimate keeps to it; outside, the finding names what holds the replayed step and the reports
+# print the estimate beside the saving.
+ESTIMATE_BAND = (0.5, 2.0)
+
+
+def departs_from_estimate(estimate: float | None, replayed: float | None) -> bool:
+    """Whether a replayed saving (alone) departs from its rule's estimate (`evidence.estimate_ms`)."""
+    if not isinstance(estimate, (int, float)) or replayed is None:
+        return False
+    return not (ESTIMATE_BAND[0] * estimate <= replayed <= ESTIMATE_BAND[1] * estimate)
 
 
 def _device_ms_with(m: Metrics, change: Change) -> float:

@@ -4,7 +4,7 @@ changes behind speed fixes of a like size, and the reduce's final list over rank
 from __future__ import annotations
 
 from advisor.engine.contract import Finding, RankFindings, Rule, find_loaded_rule
-from advisor.engine.critical_path import _own_step_ms, _restate, critical_path_of_base, measured_step_ms
+from advisor.engine.critical_path import _own_step_ms, critical_path_of_base, measured_step_ms
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
@@ -79,9 +79,8 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             above = ", ".join(c.rule for c in chosen)
             lone = alone_of.get(best.rule, 0.0)
             said = (f"makes the step {-lone:.2f} ms longer" if lone < -0.005 else "gains nothing")
-            best.message = _restate(best.message, best.evidence.get("estimate_ms", 0.0), gain)
-            why = (f"Alone this fix {said} on this run ({critical_path_of_base(replay, best.change)}); on top of the fixes "
-                   f"ranked above it ({above}), which expose the work it speeds up, it saves ~{gain:.2f} ms/step.")
+            why = (f"Alone this fix {said} on this run ({critical_path_of_base(replay, best.change)}); it saves time on top "
+                   f"of the fixes ranked above it ({above}), which expose the work it speeds up.")
             best.message = best.message.rstrip() + " " + why
             best.evidence["critical_path"] = why
             best.evidence["depends_on"] = [c.rule for c in chosen]

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.engine.contract import Finding
-from advisor.engine.critical_path import _own_step_ms, _restate, critical_path, measured_step_ms
+from advisor.engine.critical_path import _own_step_ms, critical_path, departs_from_estimate, measured_step_ms
 from advisor.engine.ranking import NO_GAIN_MS, in_rank_order
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import Change
-from advisor.whatif.savings import RankWhatIf, rank_replay
+from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
 
 
 def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Finding], whatif: list[RankWhatIf] | None = None) -> list[Finding]:
@@ -60,47 +60,13 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
                 summary.fixes.append(f.rule)
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
         else:
-            # Not modelled: its own estimate, as the same share of the replayed step (which is
-            # the unprofiled step where the facts have one), and never more than that step.
-            window = m.mean_step_ns / 1e6
-            own = _own_step_ms(f)
-            if own is not None:
-                # measured on the unprofiled steps (their mean: a stall the window's prefetched
-                # batches hid): that share of that step, whatever the window or the replay say
-                saving = min(f.saving_ms * (own / window if window > 0 else 1.0), own)
-            else:
-                saving = min(f.saving_ms * (base / window if window > 0 else 1.0), base)
-                if saving < f.saving_ms * (base / window if window > 0 else 1.0) - 1e-9:
-                    f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
-        if abs(saving - f.saving_ms) >= 0.005 and f.rule not in dependent:
-            f.message = _restate(f.message, f.saving_ms, saving)
+            saving = _not_modelled_saving(m, f, base)
         if f.change is not None and f.rule not in dropped:
-            estimate = f.evidence.get("estimate_ms")
             if f.rule in dependent:
                 f.evidence["saving_alone_replayed_ms"] = round(alone[f.rule], 3)
-            elif f.no_gain is None and f.rule in lengthens:
-                f.no_gain = (f"Replayed on this run, this fix makes the step {-alone[f.rule]:.2f} ms longer: the work it adds "
-                             "outweighs what it removes.")
-            elif f.no_gain is None and saving < NO_GAIN_MS:
-                f.no_gain = "This fix alone gains nothing on this run now: " + critical_path(m, replay, f.change) + "."
-            elif f.no_gain is None and estimate is not None and not (0.5 * estimate <= saving <= 2.0 * estimate):
-                # Invariant 5: the replay departs from the rule's first-order estimate; say what holds the path.
-                why = critical_path(m, replay, f.change)
-                f.evidence["critical_path"] = why
-                f.message = f.message.rstrip() + f" The replay gives {saving:.2f} ms against the rule's estimate of {estimate:.2f} ms: with the fix, {why}."
-            if f.no_gain is not None:
-                f.evidence["critical_path"] = f.no_gain
-                if f.no_gain not in f.message:
-                    f.message = f.message.rstrip() + " " + f.no_gain
-        f.saving_ms = saving
-        step_of_f = _own_step_ms(f) if f.change is None and _own_step_ms(f) is not None else measured
-        f.saving_pct = saving / step_of_f if step_of_f > 0 else None
-        if f.change is not None:
-            f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
-            if f.no_gain is not None or saving < NO_GAIN_MS:
-                f.saving_ms = 0.0  # still found; the reports list it as considered, with the reason
-                f.saving_pct = 0.0
-                f.severity = "low"
+            else:
+                _say_what_holds_the_step(m, replay, f, saving, alone.get(f.rule), f.rule in lengthens)
+        _set_saving(f, saving, measured)
         summary.savings[f.rule] = round(f.saving_ms, 3)
     kept = [f for f in findings if f.rule not in dropped]
     if changes:
@@ -118,10 +84,59 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             else:
                 f.no_gain = "This fix alone gains nothing on this run now: " + critical_path(m, replay, f.change) + "."
             f.evidence["critical_path"] = f.no_gain
-            f.message = _restate(f.message, f.evidence.get("estimate_ms", 0.0), 0.0).rstrip() + " " + f.no_gain
+            f.message = f.message.rstrip() + " " + f.no_gain
             f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"
             f.saving_alone_ms = 0.0
             summary.savings[f.rule] = 0.0
     if whatif is not None:
         whatif.append(summary)
     return kept
+
+
+def _not_modelled_saving(m: Metrics, f: Finding, base: float) -> float:
+    """A finding the replay cannot model: its own estimate, as the same share of the replayed
+    step (which is the unprofiled step where the facts have one), never more than that step."""
+    window = m.mean_step_ns / 1e6
+    own = _own_step_ms(f)
+    if own is not None:
+        # measured on the unprofiled steps (their mean: a stall the window's prefetched
+        # batches hid): that share of that step, whatever the window or the replay say
+        return min(f.saving_ms * (own / window if window > 0 else 1.0), own)
+    scaled = f.saving_ms * (base / window if window > 0 else 1.0)
+    saving = min(scaled, base)
+    if saving < scaled - 1e-9:
+        f.evidence["capped"] = f"saving capped from {f.saving_ms:.2f} ms at the replayed step"
+    return saving
+
+
+def _say_what_holds_the_step(m: Metrics, replay: RankReplay, f: Finding, saving: float, alone: float | None, lengthens: bool) -> None:
+    """Why a replayed fix gains nothing (`no_gain`), or, where its replay departs from its rule's
+    estimate, what holds the replayed step: in the evidence (`critical_path`) and the message,
+    without the saving (the reports print it, and the estimate beside it)."""
+    if f.no_gain is None and lengthens:
+        f.no_gain = (f"Replayed on this run, this fix makes the step {-alone:.2f} ms longer: the work it adds "
+                     "outweighs what it removes.")
+    elif f.no_gain is None and saving < NO_GAIN_MS:
+        f.no_gain = "This fix alone gains nothing on this run now: " + critical_path(m, replay, f.change) + "."
+    elif f.no_gain is None and departs_from_estimate(f.evidence.get("estimate_ms"), saving):
+        # Invariant 5: the replay departs from the rule's first-order estimate; say what holds the path.
+        why = critical_path(m, replay, f.change)
+        f.evidence["critical_path"] = why
+        f.message = f.message.rstrip() + f" The replay departs from the rule's estimate: with the fix, {why}."
+    if f.no_gain is not None:
+        f.evidence["critical_path"] = f.no_gain
+        if f.no_gain not in f.message:
+            f.message = f.message.rstrip() + " " + f.no_gain
+
+
+def _set_saving(f: Finding, saving: float, measured: float) -> None:
+    """A finding's settled saving, its share of its step and (a replayed fix's) severity; a fix
+    that gains nothing keeps 0 (the reports list it as considered, with the reason)."""
+    f.saving_ms = saving
+    own = _own_step_ms(f) if f.change is None else None
+    step_of_f = own if own is not None else measured
+    f.saving_pct = saving / step_of_f if step_of_f > 0 else None
+    if f.change is not None:
+        f.severity = "high" if f.saving_pct and f.saving_pct >= 0.10 else "medium" if f.saving_pct and f.saving_pct >= 0.03 else "low"
+        if f.no_gain is not None or saving < NO_GAIN_MS:
+            f.saving_ms, f.saving_pct, f.severity = 0.0, 0.0, "low"

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from advisor.analysis import Analysis
+from advisor.engine.critical_path import departs_from_estimate
 from advisor.sizes import format_bytes
 from advisor.terminal_text import BIDI_CONTROLS, multi_line, one_line, valid_unicode
 from advisor.units import rate  # noqa: F401  (one rounding of throughput for every renderer)
@@ -137,9 +138,15 @@ def short_value(v: Any, limit: int = 300, whole: bool = False) -> str:
     return s if whole or len(s) <= limit else s[: limit - 1] + "…"
 
 
-def alone_note(f: Any) -> str:
-    """" (alone 116.14)" where a finding's saving alone differs from its ranked saving."""
+def saving_note(f: Any) -> str:
+    """What a reader needs beside a finding's ranked saving: " (alone 116.14)" where its saving
+    alone differs, "rule's estimate 8.00" where the replay departs from its rule's estimate
+    (`evidence.estimate_ms`); "" where neither."""
+    notes = []
     alone = getattr(f, "saving_alone_ms", None)
-    if alone is None or f.saving_ms is None or abs(alone - f.saving_ms) < 0.005:
-        return ""
-    return f" (alone {alone:.2f})"
+    if alone is not None and f.saving_ms is not None and abs(alone - f.saving_ms) >= 0.005:
+        notes.append(f"alone {alone:.2f}")
+    estimate = f.evidence.get("estimate_ms")
+    if f.saving_ms is not None and departs_from_estimate(estimate, alone if alone is not None else f.saving_ms):
+        notes.append(f"rule's estimate {estimate:.2f}")
+    return f" ({'; '.join(notes)})" if notes else ""

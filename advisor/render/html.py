@@ -28,7 +28,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
 from advisor.render.demangle import demangle
-from advisor.render.fmt import alone_note, esc, finding_rank, fmt_bytes, ms, pct, rate, short_value, throughput
+from advisor.render.fmt import esc, finding_rank, fmt_bytes, ms, pct, rate, saving_note, short_value, throughput
 from advisor.whatif.timeline import StepTimeline
 
 TOP_KERNELS = 40
@@ -214,7 +214,7 @@ def _docs_urls() -> dict[str, str]:
 
 
 def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "") -> str:
-    saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step{alone_note(f)}"
+    saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step{saving_note(f)}"
     share = f" <small>({pct(f.saving_pct)})</small>" if f.saving_pct is not None else ""
     parts = [
         f'<article class="card sev-{esc(f.severity)}" id="finding-{i}">',
@@ -247,7 +247,7 @@ def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "") -> s
 
 
 def _findings(a: Analysis) -> str:
-    out = ['<h2 id="findings">Findings, ranked by time saved per step</h2><p class="muted">Each saving is on top of the fixes above it; a fix\'s saving alone is in brackets where it differs.</p>']
+    out = ['<h2 id="findings">Findings, ranked by time saved per step</h2><p class="muted">Each saving is on top of the fixes above it; a fix\'s saving alone is in brackets where it differs, and its rule\'s estimate where the replay departs from it.</p>']
     if not a.findings:
         out.append("<p>Nothing to fix: no rule fired on this run.</p>" if not a.considered else "<p>Nothing to fix: no fix gains time on this run.</p>")
         out.append(_considered(a))

@@ -13,7 +13,6 @@ from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.fmt import (
-    alone_note,
     esc,
     finding_rank,
     fmt_bytes,
@@ -21,6 +20,7 @@ from advisor.render.fmt import (
     md_code_block,
     pct,
     rate,
+    saving_note,
     short_value,
     throughput,
 )
@@ -85,7 +85,7 @@ def _findings(a: Analysis, verbose: bool, details: bool = True) -> list[str]:
         return ["No findings: no rule fired on this run." if not a.considered else "No findings: no fix gains time on this run.", "", *_considered(a)]
     out = ["| # | rule | saving/step | finding |", "|--:|---|--:|---|"]
     for i, f in enumerate(a.findings, 1):
-        saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms ({pct(f.saving_pct)}){alone_note(f)}"
+        saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms ({pct(f.saving_pct)}){saving_note(f)}"
         where = finding_rank(a, f)
         out.append(f"| {i} | {md(f.rule)}{' (' + md(where) + ')' if where else ''} | {saving} | {md(f.message)} |")
     out.append("")

@@ -21,7 +21,7 @@ from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
 from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
-from advisor.render.fmt import alone_note, batch_size, finding_rank, fmt_bytes, pct, ranks_line, rate, short_value, step_time_text, throughput
+from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, rate, saving_note, short_value, step_time_text, throughput
 from advisor.terminal_text import multi_line, one_line
 
 COLOURS = {
@@ -183,7 +183,7 @@ def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
         out.extend(_considered(a))
         return out
     for i, f in enumerate(a.findings, 1):
-        saving = "risk, no time cost yet" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step ({pct(f.saving_pct)}){alone_note(f)}"
+        saving = "risk, no time cost yet" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step ({pct(f.saving_pct)}){saving_note(f)}"
         out.append(
             Text.assemble(
                 (f"{i:>2}. ", "bold"),
