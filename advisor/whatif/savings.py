@@ -220,7 +220,7 @@ class RankReplay:
                 base, rest = self._as_step_host_time(base, max(rest, 0.0))
                 self.remainder_ms = rest
             else:
-                cost = profiler_cost(self.metrics, self.graph)
+                cost = profiler_cost(self.metrics, self.graph, self.metrics.steps.iloc[replayed_block(self.metrics.steps)])
                 if cost is not None:
                     cost = self._host_bound_kept(cost)
                     base = Change(host_scale=cost[1])
@@ -482,15 +482,16 @@ def resume_nodes(g: StepGraph, base: Change) -> np.ndarray:
 PROFILER_NS_PER_EVENT = (1_000.0, 1_900.0, 2_400.0)
 
 
-def profiler_cost(metrics, g: StepGraph) -> tuple[float, float, float] | None:
+def profiler_cost(metrics, g: StepGraph, steps=None) -> tuple[float, float, float] | None:
     """Host scales (at the high, central and low cost per event) that take the profiler's own
     cost out of a window that has no unprofiled steps to calibrate against.
 
-    The cost is the host events the profiler recorded in the steps (operators, Python
-    functions with stacks on) times PROFILER_NS_PER_EVENT, each at most the event's own recorded
-    span, spread over the host time the graph
-    replays per step (its gaps and calls); None without host events or steps."""
-    steps = metrics.steps
+    The cost is the host events the profiler recorded in the steps the graph replays (`steps`:
+    the graph's block of a long run, default all of them; operators, Python functions with
+    stacks on) times PROFILER_NS_PER_EVENT, each at most the event's own recorded span, spread
+    over the host time the graph replays (its gaps and calls): events and host time from the
+    same steps. None without host events or steps."""
+    steps = metrics.steps if steps is None else steps
     if len(steps) == 0 or len(g.h_gap) == 0:
         return None
     host = metrics.frames.host
