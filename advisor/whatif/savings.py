@@ -106,9 +106,10 @@ def recurring_slow_steps(durations) -> bool:
 MAX_REPLAY_STEPS = 8
 
 # Without unprofiled steps, a window whose device is busy at most HOST_BOUND of the step is
-# the host's; the profiler-cost estimate may not make the device busy DEVICE_BOUND of it.
+# the host's; the profiler-cost estimate may not make the device busy more than DEVICE_BOUND
+# of the replayed step: the verdict (which side holds the step) would then be the estimate's.
 HOST_BOUND = 0.5
-DEVICE_BOUND = 0.9
+DEVICE_BOUND = 0.5
 
 # Largest share of the unprofiled step left unexplained (a fixed remainder) before the
 # calibration lets the host explain the step instead.
@@ -230,7 +231,7 @@ class RankReplay:
 
     def _host_bound_kept(self, cost: tuple[float, float, float]) -> tuple[float, float, float]:
         """The profiler-cost scales, unless they turn a window the host holds (the device busy
-        at most HOST_BOUND of the measured step) into one the device holds (busy at least
+        at most HOST_BOUND of the measured step) into one the device holds (busy more than
         DEVICE_BOUND of the replayed step): an estimate, not a measurement, must not decide
         that verdict. Then the least host time is taken out that keeps the host's reading
         (the estimate's low end, else none), and a note says so."""
@@ -244,7 +245,7 @@ class RankReplay:
         busy_ms = float(np.median(util * dur_ms))
 
         def device_bound(scale: float) -> bool:
-            return busy_ms >= DEVICE_BOUND * replay(self.graph, Change(host_scale=scale)).median_ms
+            return busy_ms > DEVICE_BOUND * replay(self.graph, Change(host_scale=scale)).median_ms
 
         if not device_bound(cost[1]):
             return cost
