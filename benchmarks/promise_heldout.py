@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from promise_accuracy import VIT_FIXES, Before, right  # noqa: E402
+from promise_accuracy import AUTOCAST_ALONE, VIT_FIXES, Before, right  # noqa: E402
 
 from advisor.facts import read_facts  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
@@ -88,7 +88,7 @@ def main() -> int:
         b_med, b_q, b_dev = step_stats(HELD_OUT / base)
         a_med, a_q, a_dev = step_stats(HELD_OUT / fix)
         measured, quiet = b_med - a_med / k, b_q - a_q / k
-        promised = before.promise(rules)
+        promised = before.promise(rules, autocast_alone=fix.startswith("vit/") and fix[4:] in AUTOCAST_ALONE)
         noise = abs(measured - quiet) > max(1.0, 0.25 * max(abs(measured), abs(quiet)))
         if why_not:
             verdict = "not counted: " + why_not

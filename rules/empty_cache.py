@@ -46,9 +46,15 @@ outside the loop is left alone:
 ```
 
 ## How the saving is estimated
-For each of those `cudaFree` and `cudaMalloc` calls: the device idle time while the host
-was inside the call, plus the launch-starved idle gap after it, up to the device time that
-ran during the call (the host would have been that far ahead). Summed per step.
+The fix is replayed on the run's own step graph (`advisor.whatif`): those `cudaFree` and
+`cudaMalloc` calls are gone, and with them the host's wait in each `cudaFree` for the device
+to finish everything queued before it. The host keeps the lead it had on the device, so the
+device no longer idles after the free while the host catches up, and the step is as long as
+its work without that synchronisation. The rule's own estimate (`estimate_ms` in the
+evidence, the figure a trace that cannot be replayed gets): for each call, the device idle
+time while the host was inside it, plus the launch-starved idle gap after it, up to the
+device time that ran during the call (the host would have been that far ahead), summed per
+step.
 
 Reference: https://pytorch.org/docs/stable/notes/cuda.html#memory-management
 """
@@ -57,6 +63,7 @@ from __future__ import annotations
 
 import numpy as np
 from advisor.metrics.host_device import owned_allocator_calls, per_step
+from advisor.whatif import Change
 
 from advisor.engine import Context
 
@@ -94,4 +101,7 @@ def check(ctx: Context):
         f"{evidence['free_ms_per_step']:.2f} ms), then {evidence['mallocs_after_it_per_step']:g} cudaMalloc/step "
         f"({evidence['malloc_ms_per_step']:.2f} ms) to get the memory back; removing it takes both out of the step."
     )
-    return ctx.finding(message, saving, confidence="high" if len(mallocs) else "medium", evidence=evidence)
+    # The fix, replayed: the calls go, and so does the host's wait in each cudaFree.
+    rows = {int(r) for r in mine["row"].to_numpy(np.int64) if r >= 0}
+    change = Change(call_scale=dict.fromkeys(rows, 0.0), unwait=rows) if rows else None
+    return ctx.finding(message, saving, confidence="high" if len(mallocs) else "medium", evidence=evidence, change=change)

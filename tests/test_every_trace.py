@@ -276,7 +276,7 @@ def test_missing_or_skewed_device_data_is_warned_and_not_advised_on(name):
 
 # --- the profiler's cost without unprofiled steps --------------------------------------------
 HOST_BOUND = 0.5  # the device busy at most half the step: the host holds it
-DEVICE_BOUND = 0.9  # the device busy this much of the replayed step: the device holds it
+DEVICE_BOUND = 0.5  # the device busy more than this share of the replayed step: the device holds it
 
 
 @pytest.mark.parametrize("name", _params("calibration"))
@@ -290,7 +290,7 @@ def test_calibration_without_unprofiled_steps_keeps_a_host_bound_window_host_bou
     if measured_share > HOST_BOUND:
         return
     replayed_share = float(np.median(busy)) / max(w.baseline_ms, 1e-9)
-    assert replayed_share < DEVICE_BOUND, (
+    assert replayed_share <= DEVICE_BOUND, (
         f"the device is busy {measured_share:.0%} of the measured step but {replayed_share:.0%} of the "
         f"replayed one (host time x{w.host_scale:.2f}): the calibration made a host-bound window device-bound"
     )

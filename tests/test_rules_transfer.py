@@ -24,6 +24,7 @@ from advisor.whatif.savings import rank_replay
 from conftest import shared
 from trace_edit import (
     add_events,
+    by_cat,
     by_name,
     clone,
     drop_events,
@@ -518,6 +519,38 @@ def test_empty_cache_fires_when_the_loop_frees_the_cache(tmp_path):
     # The cudaMalloc calls of the measured step follow it: they belong to empty-cache.
     assert f.evidence["mallocs_after_it_per_step"] > 0
     assert finding(a, "allocator-churn") is None
+
+
+def test_empty_cache_is_priced_by_replaying_the_run_without_its_allocator_calls(tmp_path):
+    # The measured AlexNet iteration empties the cache once (a cudaFree outside any op) and
+    # gets the memory back with cudaMalloc calls. The fix is replayed: those calls and the
+    # host's wait in the cudaFree go. Counted here from the raw events of the edited trace.
+    path = alexnet_with_steps(tmp_path)
+    a = run(path)
+    f = finding(a, "empty-cache")
+    _, stated = a.stated_fixes()
+    change = stated["empty-cache"].change
+    assert f is not None and change is not None and f.saving_alone_ms is not None
+    doc = load_events(path)
+    step = next(e for e in events(doc, by_name("ProfilerStep#2")))
+    s0, s1 = step["ts"], step["ts"] + step["dur"]
+    ops = [e for e in events(doc, by_cat("cpu_op")) if e["ts"] < s1 and e["ts"] + e["dur"] > s0]
+    alloc = sorted((e for e in events(doc, by_name("cudaFree", "cudaMalloc")) if s0 <= e["ts"] < s1), key=lambda e: e["ts"])
+    free = [e for e in alloc if e["name"] == "cudaFree" and not any(o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in ops)]
+    assert len(free) == 1
+    owned = [e for e in alloc if e is free[0] or (e["name"] == "cudaMalloc" and e["ts"] > free[0]["ts"])]
+    rt = a.with_primary_frames().primary.frames.runtime
+    t0 = min(float(e["ts"]) for e in doc["traceEvents"] if e.get("ph") == "X" and "ts" in e)
+    named = rt.iloc[sorted(change.call_scale)]
+    assert sorted(named["name"]) == sorted(e["name"] for e in owned)
+    assert np.allclose(np.sort(named["ts"].to_numpy() / 1e3 + t0), sorted(e["ts"] for e in owned), atol=1.0)
+    assert set(change.call_scale.values()) == {0.0} and change.unwait == set(change.call_scale)
+    # The device is busy 2% of the step: removing the calls gives back their host time, less
+    # what the device ran meanwhile (it stays on the step's path), over the window's two steps.
+    kernels = [e for e in events(doc, by_cat("kernel", "gpu_memcpy", "gpu_memset"))]
+    busy = sum(max(0.0, min(k["ts"] + k["dur"], c["ts"] + c["dur"]) - max(k["ts"], c["ts"])) for c in owned for k in kernels)
+    calls_ms = sum(e["dur"] for e in owned) / 1e3
+    assert (calls_ms - busy / 1e3) / 2 * 0.95 <= f.saving_alone_ms <= calls_ms / 2 * 1.02
 
 
 def test_empty_cache_and_churn_silent_without_step_markers():

@@ -13,7 +13,7 @@ from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.summary import compute_metrics
 from advisor.whatif.graph import build_graph
 from advisor.whatif.replay import Change, replay
-from tests.conftest import SAMPLE_RUNS, shared
+from tests.conftest import SAMPLE_RUNS, shared, shared_trace
 
 
 def _graph(directory):
@@ -240,3 +240,40 @@ def test_a_long_run_replays_a_block_of_its_steps_with_the_same_savings(monkeypat
     for rule, change in changes.items():
         assert block.saving_ms(change) == pytest.approx(whole.saving_ms(change), rel=0.10, abs=0.5), rule
     assert analyze(shared("traces/v100_resnet50_nw0")).whatif[0].baseline_ms == pytest.approx(whole.baseline_ms, rel=0.02)
+
+
+def test_the_profiler_cost_estimate_counts_the_events_of_the_steps_it_replays():
+    # A compiled fp16 linear called 100 times on a GTX 1650, recorded with stacks and no
+    # unprofiled steps: 99 iterations, of which the replay takes a block of 8. The profiler's
+    # cost is estimated from the host events the trace recorded (at most PROFILER_NS_PER_EVENT's
+    # high end each, and at most the event's own span): counted over all 99 steps but spread
+    # over the 8 replayed ones it took ~95% of the host away and priced launch-bound from 5%
+    # of a host that is the whole step.
+    import gzip
+    import json
+
+    from advisor.whatif.replay import HOST_SCALE_FLOOR
+    from advisor.whatif.savings import MAX_REPLAY_STEPS, PROFILER_NS_PER_EVENT, RankReplay
+
+    path = shared_trace("corpus/gtx1650_compile_infer_stack_mem.json.gz")
+    frames = load_trace(path)
+    m = compute_metrics(frames)
+    r = RankReplay(m, None)
+    g = r.graph
+    assert len(m.steps) > MAX_REPLAY_STEPS and len(g.step_ids) == MAX_REPLAY_STEPS
+    # the most the recorded events can have cost the profiler per step, from the raw trace
+    events = json.loads(gzip.open(path).read())["traceEvents"]
+    lo, hi = int(m.steps["start"].min()), int(m.steps["end"].max())  # ns since the trace's first event
+    t0 = min(float(e["ts"]) for e in events if e.get("ph") == "X" and "ts" in e)
+    most = sum(
+        min(float(e.get("dur", 0)) * 1e3, PROFILER_NS_PER_EVENT[2])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function") and lo <= (float(e["ts"]) - t0) * 1e3 < hi
+    ) / len(m.steps)
+    host_per_step = float(np.clip(g.h_gap, 0, None).sum() + np.clip(g.h_dur, 0, None).sum()) / len(g.step_ids)
+    removed = (1.0 - r.host_scale) * host_per_step
+    assert most > 0 and removed <= 1.02 * most, f"removed {removed / 1e3:.1f} µs per step, the events allow {most / 1e3:.1f}"
+    assert r.host_scale > HOST_SCALE_FLOOR
+    # the host keeps the step: the replayed step is still mostly host time, not the 6 µs kernel
+    busy = float(np.median(m.utilization.to_numpy() * m.steps["duration"].to_numpy())) / 1e6
+    assert r.baseline_ms > 5 * busy

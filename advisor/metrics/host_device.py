@@ -526,7 +526,10 @@ def owned_allocator_calls(tl: Timeline, owner: str, warmup_steps: int, min_share
 def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFrame:
     rt = runtime_calls(tl.frames, MALLOC_CALL)
     fr = runtime_calls(tl.frames, FREE_CALL)
-    calls = pd.concat([rt.assign(call="malloc"), fr.assign(call="free")])[["name", "ts", "end", "dur", "tid", "call"]]
+    rows = tl.frames.runtime.index  # each call's row of frames.runtime, as a replayed change names it
+    calls = pd.concat([rt.assign(call="malloc", row=rows.get_indexer(rt.index)), fr.assign(call="free", row=rows.get_indexer(fr.index))])[
+        ["name", "ts", "end", "dur", "tid", "call", "row"]
+    ]
     calls = calls.sort_values("ts", kind="stable").reset_index(drop=True)
     calls["name"] = calls["name"].astype(str)
     calls["tid"] = calls["tid"].astype(str)

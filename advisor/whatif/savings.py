@@ -106,9 +106,10 @@ def recurring_slow_steps(durations) -> bool:
 MAX_REPLAY_STEPS = 8
 
 # Without unprofiled steps, a window whose device is busy at most HOST_BOUND of the step is
-# the host's; the profiler-cost estimate may not make the device busy DEVICE_BOUND of it.
+# the host's; the profiler-cost estimate may not make the device busy more than DEVICE_BOUND
+# of the replayed step: the verdict (which side holds the step) would then be the estimate's.
 HOST_BOUND = 0.5
-DEVICE_BOUND = 0.9
+DEVICE_BOUND = 0.5
 
 # Largest share of the unprofiled step left unexplained (a fixed remainder) before the
 # calibration lets the host explain the step instead.
@@ -220,7 +221,7 @@ class RankReplay:
                 base, rest = self._as_step_host_time(base, max(rest, 0.0))
                 self.remainder_ms = rest
             else:
-                cost = profiler_cost(self.metrics, self.graph)
+                cost = profiler_cost(self.metrics, self.graph, self.metrics.steps.iloc[replayed_block(self.metrics.steps)])
                 if cost is not None:
                     cost = self._host_bound_kept(cost)
                     base = Change(host_scale=cost[1])
@@ -230,7 +231,7 @@ class RankReplay:
 
     def _host_bound_kept(self, cost: tuple[float, float, float]) -> tuple[float, float, float]:
         """The profiler-cost scales, unless they turn a window the host holds (the device busy
-        at most HOST_BOUND of the measured step) into one the device holds (busy at least
+        at most HOST_BOUND of the measured step) into one the device holds (busy more than
         DEVICE_BOUND of the replayed step): an estimate, not a measurement, must not decide
         that verdict. Then the least host time is taken out that keeps the host's reading
         (the estimate's low end, else none), and a note says so."""
@@ -244,7 +245,7 @@ class RankReplay:
         busy_ms = float(np.median(util * dur_ms))
 
         def device_bound(scale: float) -> bool:
-            return busy_ms >= DEVICE_BOUND * replay(self.graph, Change(host_scale=scale)).median_ms
+            return busy_ms > DEVICE_BOUND * replay(self.graph, Change(host_scale=scale)).median_ms
 
         if not device_bound(cost[1]):
             return cost
@@ -482,15 +483,16 @@ def resume_nodes(g: StepGraph, base: Change) -> np.ndarray:
 PROFILER_NS_PER_EVENT = (1_000.0, 1_900.0, 2_400.0)
 
 
-def profiler_cost(metrics, g: StepGraph) -> tuple[float, float, float] | None:
+def profiler_cost(metrics, g: StepGraph, steps=None) -> tuple[float, float, float] | None:
     """Host scales (at the high, central and low cost per event) that take the profiler's own
     cost out of a window that has no unprofiled steps to calibrate against.
 
-    The cost is the host events the profiler recorded in the steps (operators, Python
-    functions with stacks on) times PROFILER_NS_PER_EVENT, each at most the event's own recorded
-    span, spread over the host time the graph
-    replays per step (its gaps and calls); None without host events or steps."""
-    steps = metrics.steps
+    The cost is the host events the profiler recorded in the steps the graph replays (`steps`:
+    the graph's block of a long run, default all of them; operators, Python functions with
+    stacks on) times PROFILER_NS_PER_EVENT, each at most the event's own recorded span, spread
+    over the host time the graph replays (its gaps and calls): events and host time from the
+    same steps. None without host events or steps."""
+    steps = metrics.steps if steps is None else steps
     if len(steps) == 0 or len(g.h_gap) == 0:
         return None
     host = metrics.frames.host
