@@ -3,8 +3,9 @@ loaded), every job rule once over all ranks, and the reduce that keeps each rule
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
+
+import msgspec
 
 from advisor.engine.contract import Context, Finding, JobContext, RankFindings, Rule, is_training
 from advisor.engine.ranking import combine_findings
@@ -70,7 +71,7 @@ def rank_findings(
 
 def _as_stated(f: Finding) -> Finding:
     """A copy of a finding as its rule stated it, with its change (the replay settles the original)."""
-    out = replace(f, evidence=dict(f.evidence), causes=list(f.causes))
+    out = msgspec.structs.replace(f, evidence=dict(f.evidence), causes=list(f.causes))
     out.change = f.change
     return out
 
