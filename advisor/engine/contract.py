@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from advisor.facts import FactsFile, typed_facts
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.events import RankEvents, rank_events
@@ -132,6 +133,14 @@ class Context:
     # The user's options of every rule ([tool.advisor.rules.<ID>]), for a measurement that
     # depends on another rule's threshold.
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The facts `advisor profile` recorded of this rank's run, as types (advisor.facts.FactsFile),
+    # decoded once per rank: `ctx.recorded.dataloaders[0].batch_size`, `ctx.recorded.compile.used`.
+    # A value not recorded (or no facts file at all) is None; a section is always there.
+    recorded: FactsFile = None  # type: ignore[assignment]  # decoded from `facts` when not given
+
+    def __post_init__(self) -> None:
+        if self.recorded is None:
+            self.recorded = typed_facts(self.facts)
 
     @property
     def frames(self):
@@ -177,10 +186,12 @@ class Context:
         settings in the facts file. Advice about DataLoader settings needs one."""
         from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 
-        return bool(self.fact("dataloaders")) or bool(_matches(self.events.host["name"], DATALOADER_NAME).any())
+        return bool(self.recorded.dataloaders) or bool(_matches(self.events.host["name"], DATALOADER_NAME).any())
 
     def fact(self, *keys: str, default: Any = None) -> Any:
-        """A nested value from the facts file, or default when absent (no facts recorded)."""
+        """A nested value from the facts file as plain JSON values, or default when absent (no
+        facts recorded): `ctx.fact("dataloaders", 0, "batch_size")`. The shipped rules read the
+        typed `ctx.recorded`; this stays for rules written against it (README, "Your own rules")."""
         node: Any = self.facts
         for k in keys:
             if isinstance(node, dict) and k in node:

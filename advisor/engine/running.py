@@ -10,6 +10,7 @@ import msgspec
 from advisor.engine.contract import Context, Finding, JobContext, RankFindings, Rule, is_training
 from advisor.engine.ranking import combine_findings
 from advisor.engine.settling import settle_by_replay
+from advisor.facts import typed_facts
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.summary import Metrics
 from advisor.whatif.savings import RankWhatIf
@@ -28,11 +29,12 @@ def check_rank_rules(
     fix makes), before the replay. A rule that raises becomes a warning when `warnings` is given."""
     options = options or {}
     found: list[Finding] = []
+    recorded = typed_facts(facts)  # the rank's facts as types, decoded once for all its rules
     for rule in rules:
         if rule.scope != "rank" or (rule.training_only and not is_training(metrics, facts)):
             continue
         opts = {**rule.defaults, **options.get(rule.id, {})}
-        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size, config=options)
+        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size, config=options, recorded=recorded)
         try:
             found.extend(rule.check(ctx))
         except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the report
