@@ -201,7 +201,7 @@ def check(ctx: Context):
 
     loaders = ctx.recorded.dataloaders
     cpus = ctx.recorded.cpu_count
-    world = ctx.recorded.world_size or (1 if "world_size" in (ctx.facts or {}) else ctx.world_size) or 1
+    world = ctx.recorded.world_size or ctx.world_size or 1
     workers = suggested_workers(cpus, world)
     evidence = {
         "dataloader_ms_per_step": round(exposed_ms, 3),
