@@ -14,7 +14,7 @@ import json
 import pickle
 
 import msgspec
-from conftest import SAMPLE_RUNS, count_calls
+from conftest import REPO, SAMPLE_RUNS, count_calls
 
 import advisor.engine.contract
 import advisor.engine.running
@@ -89,3 +89,10 @@ def test_the_rules_report_the_recorded_facts_decoded_once_per_rank(monkeypatch):
     spare = by_rule["spare-gpu-memory"].evidence
     assert spare["batch_size"] == loader["batch_size"]
     assert spare["device_memory_bytes"] == raw["device"]["total_memory_bytes"]
+
+
+def test_the_shipped_rules_read_the_typed_facts():
+    """ctx.fact(...) stays for user rules (README, "Your own rules"); the shipped ones read ctx.recorded."""
+    rules = sorted((REPO / "rules").glob("*.py"))
+    assert rules and [p.name for p in rules if "ctx.fact(" in p.read_text(encoding="utf-8")] == []
+    assert any("ctx.recorded." in p.read_text(encoding="utf-8") for p in rules)
