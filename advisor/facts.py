@@ -137,29 +137,31 @@ class ProfilerFacts(_Facts):
 
 
 class FactsFile(_Facts):
-    """advisor/facts/v1 as types (see the module docstring for what each field means)."""
+    """advisor/facts/v1 as types (see the module docstring for what each field means). A
+    section (device, compile, ...) is always there, its fields None where not recorded; a
+    value or a list is None where not recorded. `schema` is None for a run without facts."""
 
-    schema: str
+    schema: str | None = None
     script: str | None = None
     argv: list[str] | None = None
     rank: Count | None = None
     world_size: PositiveInt | None = None
-    device: DeviceFacts | None = None
-    versions: VersionFacts | None = None
+    device: DeviceFacts = msgspec.field(default_factory=DeviceFacts)
+    versions: VersionFacts = msgspec.field(default_factory=VersionFacts)
     cpu_count: PositiveInt | None = None
-    torch_threads: ThreadFacts | None = None
-    cpu_features: CpuFeatureFacts | None = None
+    torch_threads: ThreadFacts = msgspec.field(default_factory=ThreadFacts)
+    cpu_features: CpuFeatureFacts = msgspec.field(default_factory=CpuFeatureFacts)
     dataloaders: list[DataLoaderFacts] | None = None
     batch_size: PositiveInt | None = None
-    autocast: AutocastFacts | None = None
+    autocast: AutocastFacts = msgspec.field(default_factory=AutocastFacts)
     grad_scaler: bool | None = None
-    compile: CompileFacts | None = None
+    compile: CompileFacts = msgspec.field(default_factory=CompileFacts)
     cudnn_benchmark: bool | None = None
-    tf32: Tf32Facts | None = None
-    parallel: ParallelFacts | None = None
+    tf32: Tf32Facts = msgspec.field(default_factory=Tf32Facts)
+    parallel: ParallelFacts = msgspec.field(default_factory=ParallelFacts)
     optimizers: list[OptimizerFacts] | None = None
     zero_grad_set_to_none: bool | None = None
-    window: WindowFacts | None = None
+    window: WindowFacts = msgspec.field(default_factory=WindowFacts)
     stopped_early: bool | None = None
     step_times_ms: list[Milliseconds] | None = None
     loader_wait_ms: list[Milliseconds] | None = None
@@ -170,8 +172,8 @@ class FactsFile(_Facts):
     wall_time_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
     outcome: str | None = None
     exit_code: int | None = None
-    own_profiler: OwnProfilerFacts | None = None
-    profiler: ProfilerFacts | None = None
+    own_profiler: OwnProfilerFacts = msgspec.field(default_factory=OwnProfilerFacts)
+    profiler: ProfilerFacts = msgspec.field(default_factory=ProfilerFacts)
     notes: list[str] | None = None
 
 
@@ -283,6 +285,15 @@ def validate_facts(doc: Any) -> tuple[dict[str, Any], list[str]]:
     return _fit(doc, FactsFile, "facts", problems), [p.replace("facts.", "", 1) for p in problems]
 
 
+def typed_facts(doc: dict[str, Any] | None) -> FactsFile:
+    """A facts document (as validate_facts returns it) as FactsFile; None (no facts recorded):
+    every field None. A value that does not fit the types is None, as validate_facts reads it."""
+    if not isinstance(doc, dict):
+        return FactsFile()
+    fitted = _fit(doc, FactsFile, "facts", [])
+    return msgspec.convert({k: v for k, v in fitted.items() if v is not None}, FactsFile)
+
+
 # A facts file is kilobytes (a million steps' times: tens of MB); one larger than this is not read.
 MAX_FACTS_BYTES = 256 * 2**20
 
@@ -300,4 +311,4 @@ def read_facts(path: Path) -> dict[str, Any]:
     return orjson.loads(read_facts_bytes(Path(path)))
 
 
-__all__ = ["FACTS_FILE", "MAX_FACTS_BYTES", "SCHEMA", "FactsFile", "FactsProblem", "facts_file_name", "read_facts", "read_facts_bytes", "steps_as_run", "validate_facts", "write_facts"]
+__all__ = ["FACTS_FILE", "MAX_FACTS_BYTES", "SCHEMA", "FactsFile", "FactsProblem", "facts_file_name", "read_facts", "read_facts_bytes", "steps_as_run", "typed_facts", "validate_facts", "write_facts"]

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pandas as pd
 
 from advisor.engine import Finding, Fix
@@ -117,6 +118,13 @@ def _classes() -> dict[str, type]:
     return {"StepTimeline": StepTimeline, "Lane": Lane, "StepGraph": StepGraph, "Change": Change, "Finding": Finding, "Fix": Fix}
 
 
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A stored class's fields: a dataclass's, or a msgspec Struct's (a finding, its fix)."""
+    if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        return cls.__struct_fields__
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def _enc(v: Any) -> Any:
     import numpy as np
 
@@ -158,8 +166,8 @@ def _enc(v: Any) -> Any:
             return {"$idict": [_enc(np.fromiter(v.keys(), np.int64, len(v))), _enc(np.fromiter(v.values(), np.float64, len(v)))]}
         return {"$dict": [[_enc(k), _enc(x)] for k, x in v.items()]}
     name = type(v).__name__
-    if dataclasses.is_dataclass(v) and _classes().get(name) is type(v):
-        out = {"$obj": name, "f": {f.name: _enc(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    if _classes().get(name) is type(v):
+        out = {"$obj": name, "f": {f: _enc(getattr(v, f)) for f in _field_names(type(v))}}
         if isinstance(v, Finding):
             out["change"] = _enc(v.change)  # a plain attribute, not a field
         return out
@@ -201,7 +209,7 @@ def _dec(v: Any) -> Any:
         return {_dec(k): _dec(x) for k, x in v["$dict"]}
     if "$obj" in v:
         cls = _classes()[v["$obj"]]
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(_field_names(cls))
         fields = {k: _dec(x) for k, x in v["f"].items()}
         if set(fields) != names:
             raise ValueError(f"{v['$obj']} with other fields")

@@ -5,8 +5,9 @@ baseline (`advisor/baseline/v1`), the gate result (`advisor/gate/v1`) and the re
 The JSON Schemas published under docs/schemas/ are generated from these types
 (`python -m advisor.schemas docs/schemas`), and the tests validate real outputs against
 them, so a field added to an output without a schema change fails a test. Parts the code
-already declares as types (a finding, its fix; a baseline's finding records and environment;
-a gate check) are used as they are.
+already declares as types are used as they are, never declared again here: a finding and its
+fix (advisor.engine.Finding, the same type the engine ranks and the cache stores), a rank's
+replay (advisor.whatif.savings.RankWhatIf), a baseline's finding records and environment.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import orjson
 
 from advisor.engine import Finding
 from advisor.gate.record import Environment, FindingRecord
+from advisor.whatif.savings import RankWhatIf
 
 Severity = Literal["low", "medium", "high"]
 CheckStatus = Literal["pass", "warn", "inconclusive", "fail"]
@@ -110,25 +112,6 @@ class RankReport(_Out):
     communication: Optional[Communication]
 
 
-class WhatIf(_Out):
-    """The slowest rank's step replayed (advisor.whatif): medians, ms per step."""
-
-    rank: int
-    measured_ms: float
-    baseline_ms: float
-    host_scale: float
-    loader_scale: float
-    remainder_ms: float
-    untimed_host_ms: float
-    unprofiled_ms: Optional[float]
-    all_fixes_ms: Optional[float]
-    fixes: list[str]
-    savings: dict[str, float]
-    scale_range: Optional[list[float]]  # without unprofiled steps: host scales at the profiler cost estimate's ends
-    baseline_range_ms: Optional[list[float]]  # the replayed step at those scales
-    statistic: Literal["median", "mean"]  # "mean" where slow steps recur: every figure is then a mean step
-
-
 class Report(_Out):
     """`advisor report --format json`."""
 
@@ -140,7 +123,7 @@ class Report(_Out):
     summary: Summary
     profiler_overhead: Optional[ProfilerOverhead]
     ranks: list[RankReport]
-    whatif: Optional[WhatIf]
+    whatif: Optional[RankWhatIf]  # the slowest rank's replayed step
     findings: list[Finding]
     considered: list[Finding]  # findings whose fix gains nothing on this run (each says why in no_gain)
     notes: list[str]

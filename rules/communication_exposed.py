@@ -169,7 +169,7 @@ def check(ctx: Context):
     kinds = names.str.extract(r"ncclKernel_([A-Za-z]+)|nccl[A-Za-z]*?(AllReduce|ReduceScatter|AllGather|Broadcast|SendRecv|AllToAll)", expand=True)
     kind = kinds[0].fillna(kinds[1]).fillna("other")
     p2p_share = float(kernels.loc[names.str.contains(POINT_TO_POINT).to_numpy(), "dur"].sum() / max(kernels["dur"].sum(), 1))
-    world = ctx.fact("world_size", default=None) or ctx.events.distributed.get("world_size")
+    world = ctx.recorded.world_size or ctx.events.distributed.get("world_size")
     evidence = {
         "collective_ms_per_step": round(per_step(float((ce - cs)[tl.in_steps(cs)].sum()), tl), 3),
         "exposed_ms_per_step": round(per_step(total_ns, tl), 3),

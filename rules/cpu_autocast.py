@@ -120,12 +120,12 @@ def check(ctx: Context):
     m = ctx.metrics
     if m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0:
         return None
-    flags = ctx.fact("cpu_features", "flags")
+    flags = ctx.recorded.cpu_features.flags
     native = [f for f in BF16_FLAGS if isinstance(flags, list) and f in flags]
     if not native:
         return None
-    dtypes = ctx.fact("autocast", "dtypes") or []
-    if ctx.fact("autocast", "used") is True and (not isinstance(dtypes, list) or "bfloat16" in dtypes or not dtypes):
+    dtypes = ctx.recorded.autocast.dtypes or []
+    if ctx.recorded.autocast.used is True and (not isinstance(dtypes, list) or "bfloat16" in dtypes or not dtypes):
         return None
     host = ctx.events.host
     ops = host[_matches(host["name"], MATRIX_OP)].sort_values("ts", kind="stable")
@@ -185,7 +185,7 @@ def check(ctx: Context):
     losing = float(own_us[ratio > 1].sum()) / 1e3 / n
     evidence = {
         "cpu_flags": native,
-        "cpu_capability": ctx.fact("cpu_features", "capability"),
+        "cpu_capability": ctx.recorded.cpu_features.capability,
         "fp32_matrix_ms_per_step": round(fp32_ms, 3),
         "calls_per_step": round(int(keep.sum()) / n, 1),
         "backward_calls_per_step": round(int(backward.sum()) / n, 1),

@@ -67,8 +67,8 @@ def check(ctx: Context):
     m = ctx.metrics
     if m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0:
         return None
-    settings = [o for o in (ctx.fact("optimizers", default=[]) or []) if isinstance(o, dict)]
-    if any(o.get("fused") is True for o in settings):
+    settings = ctx.recorded.optimizers or []
+    if any(o.fused is True for o in settings):
         return None
     host = ctx.events.host
     spans = host[_matches(host["name"], OPTIMIZER_SPAN)]

@@ -75,13 +75,13 @@ def check(ctx: Context):
     m = ctx.metrics
     if m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0:
         return None
-    threads = _int(ctx.fact("torch_threads", "intra_op"))
-    cores = _int(ctx.fact("cpu_count"))
+    threads = _int(ctx.recorded.torch_threads.intra_op)
+    cores = _int(ctx.recorded.cpu_count)
     if threads is None or cores is None:
         return None
-    world = _int(ctx.fact("world_size")) or 1
-    loaders = ctx.fact("dataloaders") or []
-    workers = sum(_int(dl.get("num_workers")) or 0 for dl in loaders if isinstance(dl, dict))
+    world = _int(ctx.recorded.world_size) or 1
+    loaders = ctx.recorded.dataloaders or []
+    workers = sum(_int(dl.num_workers) or 0 for dl in loaders)
     target = max(1, cores // world - workers)
     if threads >= target:
         return None
@@ -103,7 +103,7 @@ def check(ctx: Context):
     if saving / ctx.step_ms < ctx.options["min_share"]:
         return None
     top = ops.groupby(ops["name"].astype(str))["dur"].sum().sort_values(ascending=False).head(3)
-    omp = ctx.fact("torch_threads", "omp_num_threads_env")
+    omp = ctx.recorded.torch_threads.omp_num_threads_env
     evidence = {
         "intra_op_threads": threads,
         "cpu_count": cores,

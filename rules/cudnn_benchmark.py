@@ -148,7 +148,7 @@ def check(ctx: Context):
     m = ctx.metrics
     opts = ctx.options
     step_ms = ctx.step_ms
-    benchmark = ctx.fact("cudnn_benchmark")
+    benchmark = ctx.recorded.cudnn_benchmark
     if benchmark is True or step_ms <= 0:
         return None
     inferred, why = (None, "") if benchmark is False else switch_from_trace(ctx.events)
@@ -170,10 +170,10 @@ def check(ctx: Context):
     fallback_ms = float(fallback["dur"].sum()) / 1e6 / n_steps
     standalone_ms = fallback_ms * (1 - 1 / speedup) * exposure
     # The same fp32 kernels are what autocast replaces: count this gain after that one.
-    cap = device_capability(m, ctx.fact("device", "compute_capability"))
+    cap = device_capability(m, ctx.recorded.device.compute_capability)
     arch = arch_speedup(cap.value) if cap.nvidia else None
     after_amp = 1.0
-    if arch is not None and ctx.fact("autocast", "used") is not True:
+    if arch is not None and ctx.recorded.autocast.used is not True:
         if (kernel_precision(fallback, cap.value) == "fp32").all():
             after_amp = 1 / arch.half_over_fp32
     saving_ms = standalone_ms * after_amp

@@ -110,7 +110,7 @@ def check(ctx: Context):
     idle_ns = np.where(is_forward, head + tail, 0)
     saving = per_step(idle_ns.sum() + exposed_transfer.sum(), tl)
     devices = sorted(int(d) for d in dev["device"].unique() if d >= 0)
-    used_facts = ctx.fact("parallel", "data_parallel")
+    used_facts = ctx.recorded.parallel.data_parallel
     several = len(devices) > 1 or bool(used_facts)
     if saving <= 0 or (not several and saving / ctx.step_ms < ctx.options["min_share"]):
         return None  # on one device DataParallel only scatters: flag it only if that costs

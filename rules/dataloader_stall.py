@@ -205,9 +205,9 @@ def check(ctx: Context):
         busy = overlap_with(ds, de, dl_s, dl_e).sum()
         idle_share = 1.0 - busy / max(int((dl_e - dl_s).sum()), 1)
 
-    loaders = ctx.fact("dataloaders", default=None)
-    cpus = ctx.fact("cpu_count")
-    world = ctx.fact("world_size", default=ctx.world_size) or 1
+    loaders = ctx.recorded.dataloaders
+    cpus = ctx.recorded.cpu_count
+    world = ctx.recorded.world_size or ctx.world_size or 1
     workers = suggested_workers(cpus, world)
     evidence = {
         "dataloader_ms_per_step": round(exposed_ms, 3),
@@ -222,10 +222,10 @@ def check(ctx: Context):
         evidence["source"] = lines
 
     cores_used = False
-    if loaders and loaders[0].get("num_workers") is not None:  # null: the setting is unknown
+    if loaders and loaders[0].num_workers is not None:  # null: the setting is unknown
         dl = loaders[0]
-        nw = dl.get("num_workers")
-        evidence["dataloader_settings"] = {k: dl.get(k) for k in ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}
+        nw = dl.num_workers
+        evidence["dataloader_settings"] = {k: getattr(dl, k) for k in ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}
         evidence["cpu_count"] = cpus
         where = f" on a {cpus}-core machine" if cpus else ""
         if nw == 0:
@@ -238,8 +238,8 @@ def check(ctx: Context):
         message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
         confidence = "high"
         snippet = AFTER.replace("num_workers=8", f"num_workers={max(workers or 4, (nw or 0))}")
-        if isinstance(dl.get("batch_size"), int):
-            snippet = snippet.replace("batch_size=32", f"batch_size={dl['batch_size']}")
+        if isinstance(dl.batch_size, int):
+            snippet = snippet.replace("batch_size=32", f"batch_size={dl.batch_size}")
         if cores_used:
             snippet = LESS_HOST_WORK if m.has_device else PREPROCESS_ONCE
     else:
@@ -281,7 +281,7 @@ def check(ctx: Context):
     change = None
     finding_kwargs = {}
     if not hidden:
-        nw_now = (loaders[0].get("num_workers") if loaders else None) or 0
+        nw_now = (loaders[0].num_workers if loaders else None) or 0
         # Where the workers already use the cores the fix is less work per sample, not workers.
         budget = None if cores_used else core_budget(ctx, cpus, world, workers, nw_now)
         if budget is not None:
@@ -488,7 +488,7 @@ def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int |
     if m.has_device:
         busy = 1
     else:
-        intra = ctx.fact("torch_threads", "intra_op")
+        intra = ctx.recorded.torch_threads.intra_op
         busy = int(intra) if isinstance(intra, int) and intra > 0 else cores
     loader_ms = m.breakdown_mean_ms["dataloader"]
     rest_ms = max(ctx.step_ms - loader_ms, 0.0)

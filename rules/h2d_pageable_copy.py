@@ -164,10 +164,10 @@ def check(ctx: Context):
     if lines:
         evidence["source"] = lines
 
-    loaders = ctx.fact("dataloaders", default=None)
+    loaders = ctx.recorded.dataloaders
     confidence = "high"
     if loaders:
-        pins = [dl.get("pin_memory") for dl in loaders if isinstance(dl, dict)]
+        pins = [dl.pin_memory for dl in loaders]
         evidence["dataloader_pin_memory"] = pins
         if pins and all(p is True for p in pins):
             fix = (

@@ -151,7 +151,7 @@ def check(ctx: Context):
     lc = runtime_calls(ctx.events, LAUNCH_CALL)
     lc = lc[base.in_host_steps(lc["ts"].to_numpy(np.int64))]
     idle_share = 1.0 - (m.gpu_utilization or 0.0)
-    compiled = ctx.fact("compile", "used")
+    compiled = ctx.recorded.compile.used
     evidence = {
         "kernels_per_step": round(per_step_kernels, 1),
         "median_kernel_us": round(median_us, 2),

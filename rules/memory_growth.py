@@ -74,7 +74,7 @@ def check(ctx: Context):
     if rising < opts["min_rising"] or growth < opts["min_growth_mb"] * MB:
         return None
     per_step_growth = growth / (len(v) - 1)
-    mem = memory_use(m, ctx.fact("device"))
+    mem = memory_use(m, ctx.recorded.device)
     steps_left = None
     if mem.device_bytes and source != LOWER_BOUND:
         steps_left = int(max(mem.device_bytes - float(v.max()), 0) // per_step_growth)

@@ -68,7 +68,7 @@ ALLOCATOR_CALL = re.compile(r"^cuda(Malloc|Free)(Async)?$|^hip(Malloc|Free)$")
 
 def check(ctx: Context):
     m = ctx.metrics
-    mem = memory_use(m, ctx.fact("device"))
+    mem = memory_use(m, ctx.recorded.device)
     peak = mem.peak_allocated if mem.peak_allocated is not None else mem.peak_reserved
     share = mem.share(peak)
     if share is None or share < ctx.options["min_share"]:

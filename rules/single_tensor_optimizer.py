@@ -142,13 +142,13 @@ def check(ctx: Context):
     lines = source_lines(ctx.events, spans)
     if lines:
         evidence["source"] = lines
-    facts = [o for o in (ctx.fact("optimizers", default=[]) or []) if isinstance(o, dict)]
+    facts = ctx.recorded.optimizers or []
     confidence = "medium"
     disabled = False  # foreach=False given explicitly: the default multi-tensor path was turned off
     if facts:
-        evidence["optimizer_settings"] = [{k: o.get(k) for k in ("class", "foreach", "fused")} for o in facts]
-        disabled = any(o.get("foreach") is False for o in facts)
-        if disabled or any(o.get("foreach") is None and o.get("fused") in (None, False) for o in facts):
+        evidence["optimizer_settings"] = [{"class": o.class_, "foreach": o.foreach, "fused": o.fused} for o in facts]
+        disabled = any(o.foreach is False for o in facts)
+        if disabled or any(o.foreach is None and o.fused in (None, False) for o in facts):
             confidence = "high"
     fused_ok = optimizer in FUSED_OPTIMIZERS
 

@@ -180,7 +180,7 @@ def check(ctx: Context):
     step_ms = ctx.step_ms
     if util is None or step_ms <= 0 or util >= opts["max_utilization"]:
         return None
-    mem = memory_use(m, ctx.fact("device"))
+    mem = memory_use(m, ctx.recorded.device)
     peak = mem.peak
     share = mem.share(peak)
     if share is None:
@@ -209,8 +209,8 @@ def check(ctx: Context):
         return None
 
     gb = 1024**3
-    loaders = ctx.fact("dataloaders") or []
-    batch = loaders[0].get("batch_size") if loaders and isinstance(loaders[0], dict) else None
+    loaders = ctx.recorded.dataloaders or []
+    batch = loaders[0].batch_size if loaders else None
     what = "peak reserved" if mem.peak_reserved is not None else "peak allocated"
     if bound_only:
         seen = (
@@ -255,7 +255,7 @@ def check(ctx: Context):
     grows = k.index.to_numpy()[~opt_mask]
     copies = ctx.events.device.index.to_numpy()[(ctx.events.device["kind"] == "memcpy").to_numpy() & (ctx.events.device["copy_kind"] == "HtoD").to_numpy()]
     dl_s, dl_e = dataloader_spans(ctx.events)
-    loader_growth = loader_wait_growth(float((dl_e - dl_s).sum()) / 1e6 / n_steps, step_ms, factor, loaders[0].get("num_workers") if loaders and isinstance(loaders[0], dict) else None)
+    loader_growth = loader_wait_growth(float((dl_e - dl_s).sum()) / 1e6 / n_steps, step_ms, factor, loaders[0].num_workers if loaders else None)
     evidence["loader_growth"] = round(loader_growth, 3)
     grown = np.concatenate([grows, copies])
     growth = batch_growth(ctx.events, grown, float(factor), m.device.capability)

@@ -158,7 +158,7 @@ AFTER = AFTER_FP16
 def check(ctx: Context):
     m = ctx.metrics
     opts = ctx.options
-    cap = device_capability(m, ctx.fact("device", "compute_capability"))
+    cap = device_capability(m, ctx.recorded.device.compute_capability)
     if not cap.nvidia or cap.value is None or cap.value < opts["min_capability"]:
         return None
     table = ratio_table(cap.value)
@@ -207,7 +207,7 @@ def check(ctx: Context):
 
     bf16 = cap.value >= 8.0
     dtype = "bfloat16" if bf16 else "float16"
-    autocast_used = ctx.fact("autocast", "used")
+    autocast_used = ctx.recorded.autocast.used
     candidates = k[candidates_mask]
     from_op = float(dur[candidates_mask & (kp.source == FROM_OP)].sum() / max(fp32_ns + tf32_ns, 1))
     names_only = from_op == 0 and ctx.facts is None
@@ -229,7 +229,7 @@ def check(ctx: Context):
     }
     evidence.update(kernel_evidence(ctx.events, candidates, m.steps, exposure, by_eligible_op=True))
     evidence["autocast"] = (
-        {"used": autocast_used, "dtypes": ctx.fact("autocast", "dtypes"), "grad_scaler": ctx.fact("grad_scaler")}
+        {"used": autocast_used, "dtypes": ctx.recorded.autocast.dtypes, "grad_scaler": ctx.recorded.grad_scaler}
         if autocast_used is not None
         else "not recorded (no facts file); the kernel names show the precision"
     )

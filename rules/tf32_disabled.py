@@ -113,7 +113,7 @@ WHAT = {"gemm": "matmuls", "attention": "attention", "conv": "convolutions", "rn
 def check(ctx: Context):
     m = ctx.metrics
     opts = ctx.options
-    cap = device_capability(m, ctx.fact("device", "compute_capability"))
+    cap = device_capability(m, ctx.recorded.device.compute_capability)
     if not cap.nvidia or cap.value is None or cap.value < opts["min_capability"]:
         return None
     table = ratio_table(cap.value)

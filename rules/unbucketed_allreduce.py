@@ -192,7 +192,7 @@ def check(ctx: Context):
     saving = saving_ns / 1e6
     if saving / ctx.step_ms < opts["min_share"]:
         return None
-    ddp = bool(ctx.fact("parallel", "ddp", default=False)) or bool(_matches(ctx.events.host["name"], DDP_SPAN).any())
+    ddp = bool(ctx.recorded.parallel.ddp) or bool(_matches(ctx.events.host["name"], DDP_SPAN).any())
     evidence = {
         "allreduce_calls_per_step": round(per_step_calls, 1),
         "allreduce_ms_per_step": round(float(calls["dur"].sum()) / n_steps / 1e6, 3),
@@ -204,7 +204,7 @@ def check(ctx: Context):
         "ddp": ddp,
         "steps": sorted(int(s) for s in m.steps["step"].to_numpy()[np.unique(calls["step"].to_numpy())]),
     }
-    world = ctx.fact("world_size", default=None) or ctx.events.distributed.get("world_size")
+    world = ctx.recorded.world_size or ctx.events.distributed.get("world_size")
     if world:
         evidence["world_size"] = world
     message = (

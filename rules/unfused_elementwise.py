@@ -122,7 +122,7 @@ def check(ctx: Context):
     m = ctx.metrics
     opts = ctx.options
     step_ms = ctx.step_ms
-    if ctx.fact("compile", "used") is True or step_ms <= 0:
+    if ctx.recorded.compile.used is True or step_ms <= 0:
         return None
     if compiled_regions_ran(ctx.metrics.kernels, ctx.events.host):
         return None  # compiled regions ran: the compiler already fuses what it can
@@ -170,7 +170,7 @@ def check(ctx: Context):
         "compiled_kernels_seen": False,
     }
     evidence.update(kernel_evidence(ctx.events, ew, m.steps, exposure))
-    compile_fact = ctx.fact("compile", "used")
+    compile_fact = ctx.recorded.compile.used
     message = (
         f"{100 * ew_ns / total:.0f}% of kernel time ({ew_ms:.1f} ms/step, {per_step:.0f} kernels) is eager elementwise, "
         "reduction and normalisation work, and no compiled region ran (no Triton kernel, no CompiledFunction span). torch.compile(model) fuses "

@@ -87,7 +87,7 @@ def check(ctx: Context):
     if saving / ctx.step_ms < ctx.options["min_share"]:
         return None
 
-    set_to_none = ctx.fact("zero_grad_set_to_none")
+    set_to_none = ctx.recorded.zero_grad_set_to_none
     evidence = {
         "zero_grad_ms_per_step": round(per_step(spans["dur"].sum(), tl), 3),
         "zeroing_ops_per_step": round(float(spans["zero_ops"].sum()) / tl.n_steps, 1),
@@ -102,8 +102,7 @@ def check(ctx: Context):
     lines = source_lines(ctx.events, spans)
     if lines:
         evidence["source"] = lines
-    versions = ctx.fact("versions", default={}) or {}
-    torch_version = versions.get("torch") if isinstance(versions, dict) else None
+    torch_version = ctx.recorded.versions.torch
     where = f" ({lines[0]})" if lines else ""
     message = (
         f"zero_grad{where} zeroes {evidence['zeroing_ops_per_step']:.0f} gradients per step with "

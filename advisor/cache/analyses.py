@@ -20,7 +20,7 @@ from advisor.version import __version__
 from advisor.facts import FACTS_FILE
 from advisor.load.discover import RunFiles
 from advisor.cache.digests import trace_digest
-from advisor.cache.entry_types import EntryMeta, _within_replay, check_tables
+from advisor.cache.entry_types import EntryMeta, _within_replay, check_tables, typed_results
 from advisor.cache.plain import from_plain, to_plain
 from advisor.cache.seal import BadEntry, _open_entry, _sha, entry_name
 from advisor.cache.settings import cache_enabled, cache_roots
@@ -251,14 +251,16 @@ def write_analysis(
             "key_digest": key.digest,
             "written": time.time(),
             "ranks": [_rank_meta(m, run) for m in ranks],
-            "findings": [to_plain(f.to_dict()) for f in findings],
+            "findings": to_plain(list(findings)),
             "warnings": to_plain(list(warnings)),
-            "whatif": [to_plain(w.to_dict()) for w in whatif or []],
+            "whatif": to_plain(list(whatif or [])),
             "split_job": bool(split_job),
         }
         meta_bytes = orjson.dumps(meta, default=str)
         # What the reader would refuse is not written: the same types, the same tables.
-        for r in msgspec.convert(from_plain(orjson.loads(meta_bytes)), EntryMeta).ranks:
+        read_back = msgspec.convert(from_plain(orjson.loads(meta_bytes)), EntryMeta)
+        typed_results(read_back)
+        for r in read_back.ranks:
             _device(r.device)
         files = {ANALYSIS_META: meta_bytes}
         for i, m in enumerate(ranks):
@@ -309,10 +311,8 @@ def _device(fields: dict[str, Any]) -> DeviceInfo:
 
 
 def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> CachedRun | None:
-    from advisor.engine import Finding, Fix
     from advisor.metrics.collectives import RankComm
     from advisor.metrics.summary import FramesHeader, Metrics
-    from advisor.whatif.savings import RankWhatIf
 
     try:
         raw = orjson.loads(files[ANALYSIS_META])
@@ -352,17 +352,14 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
                     roofline=_roofline_of(r.roofline, t.get("roofline")),
                 )
             )
-        findings = []
-        if not all(_within_replay(w) for w in meta.whatif):
+        findings, whatif = typed_results(meta)
+        if not all(_within_replay(w) for w in whatif):
             return None
-        whatif = [RankWhatIf(**msgspec.structs.asdict(w)) for w in meta.whatif]
         # A saving is a finite, non-negative time no longer than the longest step, measured or replayed.
         longest_ms = max([float(m.steps["duration"].max()) / 1e6 for m in ranks if len(m.steps)] + [w.baseline_ms for w in whatif] + [0.0])
-        for f in meta.findings:
+        for f in findings:
             if f.saving_ms is not None and not (math.isfinite(f.saving_ms) and 0 <= f.saving_ms <= longest_ms * (1 + 1e-6) + 1e-6):
                 return None
-            d = msgspec.structs.asdict(f)
-            findings.append(Finding(**{**d, "fix": Fix(**msgspec.structs.asdict(f.fix))}))
         return CachedRun(ranks=ranks, findings=findings, warnings=meta.warnings, whatif=whatif, split_job=meta.split_job)
     except Exception:  # noqa: BLE001 - a damaged, foreign or forged entry is a miss, never a failed report
         return None

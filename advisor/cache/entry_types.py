@@ -4,7 +4,7 @@ not fit is a miss."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
@@ -13,6 +13,9 @@ from advisor.cache.seal import BadEntry
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
+
+    from advisor.engine import Finding
+    from advisor.whatif.savings import RankWhatIf
 
 else:
     from advisor.cache.lazy import np, pd
@@ -23,27 +26,6 @@ Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 class _Entry(msgspec.Struct, forbid_unknown_fields=True):
     pass
-
-
-class FixEntry(_Entry):
-    text: str
-    snippet: str = ""
-
-
-class FindingEntry(_Entry):
-    rule: str
-    severity: Literal["low", "medium", "high"]
-    title: str
-    message: str
-    saving_ms: NonNegative | None
-    saving_pct: NonNegative | None
-    confidence: str
-    evidence: dict[str, Any]
-    fix: FixEntry
-    causes: list[str]
-    rank: int | None
-    no_gain: str | None = None
-    saving_alone_ms: NonNegative | None = None
 
 
 class CopyEntry(_Entry):
@@ -77,26 +59,7 @@ class RankEntry(_Entry):
     roofline: dict[str, Any] | None = None  # the roofline's figures (its ops are the `roofline` table)
 
 
-class WhatIfEntry(_Entry):
-    """A rank's replay summary (whatif.savings.RankWhatIf)."""
-
-    rank: int
-    measured_ms: NonNegative
-    baseline_ms: NonNegative
-    host_scale: NonNegative
-    loader_scale: NonNegative
-    remainder_ms: NonNegative
-    untimed_host_ms: NonNegative
-    unprofiled_ms: NonNegative | None
-    all_fixes_ms: NonNegative | None
-    fixes: list[str]
-    savings: dict[str, NonNegative]
-    scale_range: list[NonNegative] | None = None
-    baseline_range_ms: list[NonNegative] | None = None
-    statistic: Literal["median", "mean"] = "median"
-
-
-def _within_replay(w: WhatIfEntry) -> bool:
+def _within_replay(w: RankWhatIf) -> bool:
     """What the types cannot say: finite times, and neither the step with every fix nor a
     saving beyond the replayed step (savings are rounded to the µs)."""
     times = [w.measured_ms, w.baseline_ms, w.host_scale, w.loader_scale, w.remainder_ms, w.untimed_host_ms, w.unprofiled_ms or 0.0, w.all_fixes_ms or 0.0]
@@ -112,10 +75,20 @@ class EntryMeta(_Entry):
     key_digest: str
     written: float
     ranks: Annotated[list[RankEntry], msgspec.Meta(min_length=1)]  # an analysis has a rank at least
-    findings: list[FindingEntry]
+    findings: list[dict[str, Any]]  # engine.Finding's fields, converted to it on read (typed_results)
     warnings: list[str]
-    whatif: list[WhatIfEntry] = []  # each rank's replay summary
+    whatif: list[dict[str, Any]] = []  # each rank's replay summary: whatif.savings.RankWhatIf's fields, converted likewise
     split_job: bool = False  # the run's files held several jobs (advisor.analysis._reduce)
+
+
+def typed_results(meta: EntryMeta) -> tuple[list[Finding], list[RankWhatIf]]:
+    """An entry's findings and replay summaries as the engine's types (msgspec.ValidationError
+    when they do not fit): the types are imported here, on reading an analysis, so that a
+    warm report, which never reads one, imports neither the engine nor NumPy."""
+    from advisor.engine import Finding
+    from advisor.whatif.savings import RankWhatIf
+
+    return msgspec.convert(meta.findings, list[Finding]), msgspec.convert(meta.whatif, list[RankWhatIf])
 
 
 BREAKDOWN_COLUMNS = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -36,6 +37,8 @@ def to_plain(v: Any) -> Any:
         return {TAG: "tuple", "v": [to_plain(x) for x in v]}
     if isinstance(v, list):
         return [to_plain(x) for x in v]
+    if isinstance(v, msgspec.Struct):  # a finding, a replay summary: its fields, as the type reads them back
+        return {name: to_plain(getattr(v, name)) for name in v.__struct_fields__}
     if isinstance(v, dict):
         if all(isinstance(k, str) for k in v) and TAG not in v:
             return {k: to_plain(x) for k, x in v.items()}

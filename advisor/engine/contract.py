@@ -5,10 +5,13 @@ ask its rule's declarations (SYMPTOM, RECIPE, CAUSES) wherever it travels."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
+
+from advisor.facts import FactsFile, typed_facts
 from advisor.metrics.breakdown import _matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.events import RankEvents, rank_events
@@ -33,24 +36,35 @@ SCOPES = ("rank", "job")
 
 
 
-@dataclass
-class Fix:
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class Fix(msgspec.Struct, forbid_unknown_fields=True):
+    """What to change: a sentence, and the code after the change (may be empty)."""
+
     text: str
     snippet: str = ""
 
 
-@dataclass
-class Finding:
+def _stated(cls: type[Finding], fields: tuple[Any, ...], change: Change | None) -> Finding:
+    out = cls(*fields)
+    out.change = change
+    return out
+
+
+class Finding(msgspec.Struct, forbid_unknown_fields=True, dict=True):
+    """A rule's finding: the one type the engine ranks, the cache stores and the JSON report writes."""
+
     rule: str
-    severity: str
+    severity: Literal["low", "medium", "high"]
     title: str
     message: str
-    saving_ms: float | None  # per step; None only for risks that cost no time now (e.g. OOM risk)
-    saving_pct: float | None  # of the mean step time
+    saving_ms: NonNegative | None  # per step; None only for risks that cost no time now (e.g. OOM risk)
+    saving_pct: NonNegative | None  # of the mean step time
     confidence: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    fix: Fix = field(default_factory=lambda: Fix(""))
-    causes: list[str] = field(default_factory=list)
+    evidence: dict[str, Any] = {}
+    fix: Fix = msgspec.field(default_factory=lambda: Fix(""))
+    causes: list[str] = []
     rank: int | None = None
     # Why the fix gains nothing on this run (its replay saves nothing, or the rule sees that it
     # cannot): such a finding is not ranked, the reports list it as considered, with this reason.
@@ -58,10 +72,14 @@ class Finding:
     # A replayed fix's saving alone (what applying only this fix saves); saving_ms is what it
     # adds on top of the fixes ranked above it, so the ranked savings add up to the step with
     # every fix. None for findings without a replayed fix.
-    saving_alone_ms: float | None = None
+    saving_alone_ms: NonNegative | None = None
     # What the fix changes in the step (advisor.whatif.Change): set by Context.finding, replayed
     # by the engine, never reported (a plain attribute, not a field of the report's schema).
     change = None
+
+    def __reduce__(self):
+        """Pickled with its change (a rank's stated findings travel back from a worker)."""
+        return (_stated, (type(self), msgspec.structs.astuple(self), self.change))
 
     @property
     def symptom(self) -> bool:
@@ -70,7 +88,15 @@ class Finding:
         return bool(rule is not None and getattr(rule.module, "SYMPTOM", False))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The finding as the JSON report writes it."""
+        return msgspec.to_builtins(self, enc_hook=_plain_scalar)
+
+
+def _plain_scalar(v: Any) -> Any:
+    """A numpy scalar in a finding's evidence as the Python number it holds."""
+    if hasattr(v, "item") and callable(v.item):
+        return v.item()
+    raise TypeError(f"a finding holds a {type(v).__name__}")
 
 
 @dataclass
@@ -107,6 +133,14 @@ class Context:
     # The user's options of every rule ([tool.advisor.rules.<ID>]), for a measurement that
     # depends on another rule's threshold.
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The facts `advisor profile` recorded of this rank's run, as types (advisor.facts.FactsFile),
+    # decoded once per rank: `ctx.recorded.dataloaders[0].batch_size`, `ctx.recorded.compile.used`.
+    # A value not recorded (or no facts file at all) is None; a section is always there.
+    recorded: FactsFile = None  # type: ignore[assignment]  # decoded from `facts` when not given
+
+    def __post_init__(self) -> None:
+        if self.recorded is None:
+            self.recorded = typed_facts(self.facts)
 
     @property
     def frames(self):
@@ -152,10 +186,12 @@ class Context:
         settings in the facts file. Advice about DataLoader settings needs one."""
         from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 
-        return bool(self.fact("dataloaders")) or bool(_matches(self.events.host["name"], DATALOADER_NAME).any())
+        return bool(self.recorded.dataloaders) or bool(_matches(self.events.host["name"], DATALOADER_NAME).any())
 
     def fact(self, *keys: str, default: Any = None) -> Any:
-        """A nested value from the facts file, or default when absent (no facts recorded)."""
+        """A nested value from the facts file as plain JSON values, or default when absent (no
+        facts recorded): `ctx.fact("dataloaders", 0, "batch_size")`. The shipped rules read the
+        typed `ctx.recorded`; this stays for rules written against it (README, "Your own rules")."""
         node: Any = self.facts
         for k in keys:
             if isinstance(node, dict) and k in node:

@@ -3,12 +3,14 @@ loaded), every job rule once over all ranks, and the reduce that keeps each rule
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
+
+import msgspec
 
 from advisor.engine.contract import Context, Finding, JobContext, RankFindings, Rule, is_training
 from advisor.engine.ranking import combine_findings
 from advisor.engine.settling import settle_by_replay
+from advisor.facts import typed_facts
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.summary import Metrics
 from advisor.whatif.savings import RankWhatIf
@@ -27,11 +29,12 @@ def check_rank_rules(
     fix makes), before the replay. A rule that raises becomes a warning when `warnings` is given."""
     options = options or {}
     found: list[Finding] = []
+    recorded = typed_facts(facts)  # the rank's facts as types, decoded once for all its rules
     for rule in rules:
         if rule.scope != "rank" or (rule.training_only and not is_training(metrics, facts)):
             continue
         opts = {**rule.defaults, **options.get(rule.id, {})}
-        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size, config=options)
+        ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size, config=options, recorded=recorded)
         try:
             found.extend(rule.check(ctx))
         except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the report
@@ -70,7 +73,7 @@ def rank_findings(
 
 def _as_stated(f: Finding) -> Finding:
     """A copy of a finding as its rule stated it, with its change (the replay settles the original)."""
-    out = replace(f, evidence=dict(f.evidence), causes=list(f.causes))
+    out = msgspec.structs.replace(f, evidence=dict(f.evidence), causes=list(f.causes))
     out.change = f.change
     return out
 

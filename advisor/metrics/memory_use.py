@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from advisor.facts import DeviceFacts
 from advisor.metrics.memory import CPU_DEVICE_TYPE, allocated_per_step
 
 FACTS = "facts"
@@ -68,11 +69,12 @@ def has_running_totals(frames) -> bool:
     return bool(len(mem)) and bool(mem["total_allocated"].notna().any() or mem["total_reserved"].notna().any())
 
 
-def memory_use(metrics, facts_device: dict | None = None) -> MemoryUse:
-    facts_device = facts_device if isinstance(facts_device, dict) else {}
-    device_bytes = _num(facts_device.get("total_memory_bytes")) or _num(metrics.device.total_memory_bytes)
-    alloc = _num(facts_device.get("max_memory_allocated_bytes"))
-    reserved = _num(facts_device.get("max_memory_reserved_bytes"))
+def memory_use(metrics, facts_device: DeviceFacts | None = None) -> MemoryUse:
+    """The rank's memory use: the facts' device figures where recorded (`ctx.recorded.device`), else the trace's."""
+    facts_device = facts_device if facts_device is not None else DeviceFacts()
+    device_bytes = _num(facts_device.total_memory_bytes) or _num(metrics.device.total_memory_bytes)
+    alloc = _num(facts_device.max_memory_allocated_bytes)
+    reserved = _num(facts_device.max_memory_reserved_bytes)
     if alloc is not None or reserved is not None:
         return MemoryUse(device_bytes, alloc, reserved, FACTS)
     alloc, reserved = _num(metrics.peak_allocated), _num(metrics.peak_reserved)

@@ -10,9 +10,10 @@ rank (`RankWhatIf`), small and picklable for per-rank workers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
@@ -22,31 +23,34 @@ from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
 from advisor.whatif.replay import Change, calibrate, replay, replay_nodes
 
 
-@dataclass
-class RankWhatIf:
-    """A rank's replayed figures (ms per step, medians)."""
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
+    """A rank's step replayed (advisor.whatif): ms per step, medians; the JSON report's `whatif` is the slowest rank's."""
 
     rank: int
-    measured_ms: float  # the window's median step (its mean where `statistic` is "mean")
-    baseline_ms: float  # the replayed median step everything is measured from
-    host_scale: float  # 1.0, or the host scale that takes the profiler's cost out
-    loader_scale: float  # the DataLoader's scale to the unprofiled steps' wait for their batch
-    remainder_ms: float  # what neither the scaled host nor the device explains, kept per step
-    untimed_host_ms: float  # host time per step the trace does not show, replayed after its longest wait
-    unprofiled_ms: float | None  # median of the unprofiled steps after the window, if recorded
-    all_fixes_ms: float | None = None  # replayed with every modelled fix together
+    measured_ms: NonNegative  # the window's median step (its mean where `statistic` is "mean")
+    baseline_ms: NonNegative  # the replayed median step everything is measured from
+    host_scale: NonNegative  # 1.0, or the host scale that takes the profiler's cost out
+    loader_scale: NonNegative  # the DataLoader's scale to the unprofiled steps' wait for their batch
+    remainder_ms: NonNegative  # what neither the scaled host nor the device explains, kept per step
+    untimed_host_ms: NonNegative  # host time per step the trace does not show, replayed after its longest wait
+    unprofiled_ms: NonNegative | None  # median of the unprofiled steps after the window, if recorded
+    all_fixes_ms: NonNegative | None  # replayed with every modelled fix together
     # Without unprofiled steps: the profiler's host cost estimated from the trace (see
     # `profiler_cost`): the host scales of its high and low end and the replayed steps at them.
-    scale_range: list[float] | None = None
-    baseline_range_ms: list[float] | None = None
-    fixes: list[str] = field(default_factory=list)  # rules whose fixes the headline replays
-    savings: dict[str, float] = field(default_factory=dict)  # rule -> replayed saving alone
+    scale_range: list[NonNegative] | None
+    baseline_range_ms: list[NonNegative] | None
+    fixes: list[str]  # rules whose fixes the headline replays
+    savings: dict[str, NonNegative]  # rule -> replayed saving alone
     # "median", or "mean" where slow steps recur (see `recurring_slow_steps`): throughput is
     # the mean step, and a cost that hits a share of the steps is a cost per step on average.
-    statistic: str = "median"
+    statistic: Literal["median", "mean"]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The replay as the JSON report writes it."""
+        return msgspec.to_builtins(self)
 
     @property
     def all_fixes_saving_ms(self) -> float | None:
@@ -359,14 +363,14 @@ class RankReplay:
         d = self.metrics.steps["duration"].to_numpy(np.float64)
         measured = float(np.mean(d) if self.statistic == "mean" else np.median(d)) / 1e6
         scale = self.host_scale
-        out = RankWhatIf(
-            self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled,
-            statistic=self.statistic,
-        )
+        scales = ranged = None
         if self.scale_range is not None:
-            out.scale_range = [round(x, 4) for x in self.scale_range]
-            out.baseline_range_ms = [round(self._of(replay(self.graph, Change(host_scale=x))), 3) for x in self.scale_range]
-        return out
+            scales = [round(x, 4) for x in self.scale_range]
+            ranged = [round(self._of(replay(self.graph, Change(host_scale=x))), 3) for x in self.scale_range]
+        return RankWhatIf(
+            self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled,
+            all_fixes_ms=None, scale_range=scales, baseline_range_ms=ranged, fixes=[], savings={}, statistic=self.statistic,
+        )
 
 
 def replayed_block(steps) -> slice:

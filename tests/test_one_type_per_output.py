@@ -1,0 +1,98 @@
+"""One type per output shape, and typed facts for the rules.
+
+A finding and a rank's replay are each one msgspec type (advisor.engine.Finding,
+advisor.whatif.savings.RankWhatIf): the JSON report is their encoding, key for key, and reads
+back into them. The rules read the facts file through the same types `advisor profile`'s file
+is checked with (advisor.facts.FactsFile), decoded once per rank: what they report is what the
+recorded file says.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import msgspec
+from conftest import REPO, SAMPLE_RUNS, count_calls
+
+import advisor.engine.contract
+import advisor.engine.running
+from advisor.analysis import analyze
+from advisor.engine import Finding
+from advisor.facts import FactsFile, read_facts, typed_facts, validate_facts
+from advisor.whatif.savings import RankWhatIf
+
+RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
+
+
+def test_the_json_report_is_the_types_encoding(cli, tmp_path):
+    code, out, err = cli(["report", str(RUN), "--format", "json"], cwd=tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["findings"] and doc["whatif"] is not None
+    findings = msgspec.convert(doc["findings"] + doc["considered"], list[Finding])
+    assert [f.to_dict() for f in findings] == doc["findings"] + doc["considered"]
+    assert [list(d) for d in doc["findings"]] == [list(Finding.__struct_fields__)] * len(doc["findings"])
+    head = msgspec.convert(doc["whatif"], RankWhatIf)
+    assert head.to_dict() == doc["whatif"] and list(doc["whatif"]) == list(RankWhatIf.__struct_fields__)
+
+
+def test_a_finding_keeps_its_change_through_a_pickle(monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    stated = analyze(RUN).view.stated
+    assert stated
+    for f in stated.values():
+        back = pickle.loads(pickle.dumps(f))
+        assert back == f and back.change is not None and type(back.change) is type(f.change)
+
+
+def test_typed_facts_hold_what_the_file_records():
+    raw = read_facts(RUN / "advisor_facts.json")
+    doc, problems = validate_facts(raw)
+    assert problems == []
+    plain = msgspec.to_builtins(typed_facts(doc))
+    for key in msgspec.structs.fields(FactsFile):
+        if key.encode_name in raw:
+            assert plain[key.encode_name] == raw[key.encode_name], key.encode_name
+
+
+def test_a_value_of_the_wrong_type_is_none_and_every_section_is_there():
+    raw = read_facts(RUN / "advisor_facts.json")
+    bad = copy.deepcopy(raw)
+    bad["dataloaders"][0]["batch_size"] = "32"
+    bad["compile"] = None
+    bad["device"] = "an H100"
+    t = typed_facts(validate_facts(bad)[0])
+    assert t.dataloaders[0].batch_size is None and t.dataloaders[0].num_workers == raw["dataloaders"][0]["num_workers"]
+    assert t.compile.used is None and t.device.compute_capability is None
+    assert t.cpu_count == raw["cpu_count"]
+    empty = typed_facts(None)
+    sections = [f.name for f in msgspec.structs.fields(FactsFile) if isinstance(getattr(empty, f.name), msgspec.Struct)]
+    assert "device" in sections and "compile" in sections
+    assert all(v is None for s in sections for v in msgspec.structs.astuple(getattr(empty, s)))
+
+
+def test_the_rules_report_the_recorded_facts_decoded_once_per_rank(monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    per_rank = count_calls(monkeypatch, advisor.engine.running, "typed_facts", "")
+    per_rule = count_calls(monkeypatch, advisor.engine.contract, "typed_facts", "")
+    a = analyze(RUN)
+    assert per_rank.n == len(a.ranks) == 1 and per_rule.n == 0
+    raw = read_facts(RUN / "advisor_facts.json")
+    loader = raw["dataloaders"][0]
+    by_rule = {f.rule: f for f in a.findings + a.considered}
+    stall = by_rule["dataloader-stall"].evidence
+    assert stall["dataloader_settings"] == {k: loader[k] for k in ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}
+    assert stall["cpu_count"] == raw["cpu_count"]
+    assert by_rule["h2d-pageable-copy"].evidence["dataloader_pin_memory"] == [dl["pin_memory"] for dl in raw["dataloaders"]]
+    spare = by_rule["spare-gpu-memory"].evidence
+    assert spare["batch_size"] == loader["batch_size"]
+    assert spare["device_memory_bytes"] == raw["device"]["total_memory_bytes"]
+
+
+def test_the_shipped_rules_read_the_typed_facts():
+    """ctx.fact(...) stays for user rules (README, "Your own rules"); the shipped ones read ctx.recorded."""
+    rules = sorted((REPO / "rules").glob("*.py"))
+    assert rules and [p.name for p in rules if "ctx.fact(" in p.read_text(encoding="utf-8")] == []
+    assert any("ctx.recorded." in p.read_text(encoding="utf-8") for p in rules)
