@@ -46,7 +46,15 @@ BINARY_OPS = {
     "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward", "hardtanh_backward", "native_dropout_backward",
     "eq", "ne", "lt", "gt", "le", "ge", "masked_fill", "masked_fill_", "lerp_", "addcmul_", "addcdiv_",
 }
-REDUCE_OPS = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm", "linalg_vector_norm", "var", "std", "var_mean", "prod", "all", "any"}
+REDUCE_OPS = {"sum", "nansum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm", "linalg_norm", "linalg_vector_norm", "var", "std",
+              "var_mean", "std_mean", "prod", "all", "any", "logsumexp"}
+# Reductions whose `dim` argument is their third input (after the order `p`), not the second.
+REDUCE_DIM_THIRD = {"norm", "linalg_norm", "linalg_vector_norm"}
+UPSAMPLE_NEAREST = {"upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"}
+SCAN_OPS = {"cumsum", "cumsum_", "cumprod", "cumprod_"}  # one output element per input element
+# Library GEMMs outside aten with linear's signature (x [..., K], weight [N, K], bias or none):
+# AITER's bf16/fp16 GEMM and vLLM's ROCm GEMM.
+LINEAR_LIKE = {"aiter::gemm_a16w16", "vllm::rocm_unquantized_gemm"}
 FUSED_OPTIMIZER = re.compile(r"^aten::_fused_(adam|adamw|sgd|adagrad)_?$")
 FOREACH = re.compile(r"^aten::_foreach_(\w+?)_?$")
 
@@ -184,8 +192,11 @@ def _conv_out(x, w, stride, padding, dilation, transposed=False, output_padding=
 
 
 def _conv_fwd(x, w, out, bias: bool, bpe: int, dtype: str, transposed: bool = False) -> Cost:
+    # FLOPs are the multiply-adds only: the bias add (one per output element, at most
+    # 1/(2·Cin·kernel) of them) is left out, as PyTorch's flop counter and TraceLens do; its read
+    # of the bias vector is counted in the bytes.
     per_out = 2.0 * _prod(w[1:])
-    flops = (_prod(x) if transposed else _prod(out)) * per_out + (_prod(out) if bias else 0)
+    flops = (_prod(x) if transposed else _prod(out)) * per_out
     moved = (_prod(x) + _prod(w) + _prod(out) + (out[1] if bias else 0)) * bpe
     return Cost("conv", flops, moved, dtype, f"x{_fmt(x)} w{_fmt(w)} → {_fmt(out)}")
 
@@ -266,7 +277,11 @@ def _cost_conv(name: str, types: tuple, dims, concrete, known: dict | None = Non
         mask = _flags(concrete, 10) or [True, True, bool(_shape(dims, 3))]
         transposed = bool(_flag(concrete, 7))
         fwd = _conv_fwd(x, w, gy, False, bpe, types[1], transposed)
-        flops = fwd.flops * (int(mask[0]) + int(mask[1])) + (_prod(gy) if len(mask) > 2 and mask[2] else 0)
+        # FLOPs: the gradients the output mask asks for, multiply-adds only (the bias gradient's
+        # additions are left out as the forward's bias add is); bytes: each asked-for gradient's
+        # pass reads gy and the other operand and writes its gradient, and the bias gradient (a
+        # reduction of gy over batch and space) reads gy once more.
+        flops = fwd.flops * (int(mask[0]) + int(mask[1]))
         moved = (_prod(gy) + _prod(w) + _prod(x)) * bpe * (int(mask[0]) + int(mask[1])) + ((_prod(gy) + gy[1]) * bpe if len(mask) > 2 and mask[2] else 0)
         return Cost("conv", flops, moved, types[1], fwd.shape)
     return None
@@ -373,6 +388,47 @@ def _cost_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
         if not bpe or not c:
             return None
         return _norm_bwd(_prod(x), c, bpe, types[1], _fmt(x), mask[1], mask[2] if len(mask) > 2 else False, True, mask[0])
+    if name == "_fused_rms_norm_backward":
+        # (grad_out, input, normalized_shape, rstd, weight, output_mask): x̂ = x·rstd, the grad
+        # scaled by the weight where there is one, a dot product and grad_in where asked, grad_weight
+        # where asked (accumulated over rows when there are several).
+        x = _shape(dims, 1)
+        shape = _ints(concrete, 2)
+        bpe = BPE.get(types[1], 0) if len(types) > 1 else 0
+        if not x or not shape or not bpe:
+            return None
+        n_el, c = _prod(x), _prod(shape)
+        affine = bool(_shape(dims, 4))
+        mask = _flags(concrete, 5) or [True, affine]
+        flops = (n_el if affine else 0) + n_el + (6 * n_el if mask[0] else 0)
+        if len(mask) > 1 and mask[1] and affine:
+            flops += n_el + (n_el if n_el > c else 0)
+        return Cost("norm", float(flops), float(3 * n_el * bpe + (2 * c * bpe if affine else 0)), types[1], _fmt(x))
+    if name in ("group_norm", "native_group_norm", "instance_norm"):
+        # Statistics computed from the input, the affine transform per channel where there is a
+        # weight: group_norm(x, groups, weight, bias, ...), native_group_norm(x, weight, bias, N,
+        # C, HxW, groups, eps), instance_norm(x, weight, bias, running_mean, running_var,
+        # use_input_stats, ...).
+        x = _shape(dims, 0)
+        if not x or len(x) < 2 or not types:
+            return None
+        bpe = BPE.get(types[0], 0)
+        if not bpe:
+            return None
+        w_at = 2 if name == "group_norm" else 1
+        training = _flag(concrete, 5) if name == "instance_norm" else True
+        return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, w_at)), bool(_shape(dims, w_at + 1)), True if training is None else training)
+    if name == "native_group_norm_backward":
+        # (grad_out, input, mean, rstd, weight, N, C, HxW, groups, output_mask)
+        x = _shape(dims, 1)
+        if not x or len(x) < 2 or len(types) < 2:
+            return None
+        bpe = BPE.get(types[1], 0)
+        if not bpe:
+            return None
+        mask = _flags(concrete, 9) or [True, True, True]
+        affine = bool(_shape(dims, 4))
+        return _norm_bwd(_prod(x), x[1], bpe, types[1], _fmt(x), affine, affine and len(mask) > 2 and mask[2], True, mask[0])
     if name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_impl_index", "batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training"):
         x = _shape(dims, 0)
         if not x or len(x) < 2 or not types:
@@ -453,10 +509,31 @@ def _cost_elementwise(name: str, types: tuple, dims, concrete=None) -> Cost | No
         if not bpe:
             return None
         n_el = _prod(x)
-        dim = _ints(concrete, 1)
+        # Where the reduced dimensions are: `sum(x, dtype)` and `mean(x, dtype)` (two inputs)
+        # reduce everything, their second input being the dtype; `sum(x, dim, keepdim, dtype)`,
+        # `max(x, dim, keepdim)`, `var(x, dim, correction, keepdim)` name them second;
+        # `norm(x, p, dim, keepdim)` third.
+        at = 2 if name in REDUCE_DIM_THIRD else 1
+        dim = _ints(concrete, at) if len(dims) > at + 1 else None
         kept = [d for i, d in enumerate(x) if dim and i not in {j % max(len(x), 1) for j in dim}] if dim else []
         n_out = _prod(kept) if kept or dim else 1
         return Cost("reduce", float(n_el), float(n_el * bpe + n_out * bpe), types[0], _fmt(x))
+    if name in UPSAMPLE_NEAREST:
+        # Each output element copies one input element: out = x[:2] + output_size.
+        x = _shape(dims, 0)
+        size = _ints(concrete, 1)
+        bpe = BPE.get(types[0], 0) if x is not None and types else 0
+        if not bpe or not size or len(size) != len(x) - 2:
+            return None
+        n_out = _prod(x[:2]) * _prod(size)
+        return Cost("elementwise", float(n_out), float((_prod(x) + n_out) * bpe), types[0], f"{_fmt(x)} → {_fmt(x[:2] + size)}")
+    if name in SCAN_OPS:
+        x = _shape(dims, 0)
+        bpe = BPE.get(types[0], 0) if x is not None and types else 0
+        if not bpe:
+            return None
+        n_el = _prod(x)
+        return Cost("reduce", float(n_el), float(2 * n_el * bpe), types[0], _fmt(x))
     return None
 
 
@@ -498,8 +575,13 @@ def op_cost(op: str, types: tuple, dims, concrete, known_convs: dict | None = No
     without scalar arguments leaves out."""
     if not isinstance(op, str) or not isinstance(dims, list):
         return None
-    if op.startswith("aten::_fused_") or op.startswith("aten::_foreach_"):
+    if FUSED_OPTIMIZER.match(op) or FOREACH.match(op):
         return _cost_optimizer(op, types, dims)
+    if op in LINEAR_LIKE:
+        try:
+            return _cost_gemm("linear", types, dims)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
     if not op.startswith("aten::"):
         return None
     name = op[6:]
