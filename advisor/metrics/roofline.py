@@ -91,11 +91,11 @@ SHAPES_NOTE = "the roofline needs input shapes: record the trace with record_sha
 UNKNOWN_DEVICE_NOTE = "no ceiling for {name}: not in the device table (advisor.metrics.devices); achieved rates shown without a share of peak"
 
 
-COMPILED_NOTE = ("{n} compiled Triton kernels ({ms:.2f} ms/step) have no cost: their launches record the shapes of the "
-                 "tensors passed to them but not the fused computation, so neither their FLOPs nor which tensors they read "
-                 "and write (in place, in part) follow from the trace")
-COMPILED_NO_SHAPES_NOTE = ("{n} compiled Triton kernels ({ms:.2f} ms/step) have no cost: the trace records no shapes for "
-                           "their launches (PyTorch before 2.4, or kernels replayed from a CUDA graph)")
+COMPILED_NOTE = ("compiled Triton kernels have no cost ({n} distinct, {ms:.2f} ms/step): their launches record the shapes of "
+                 "the tensors passed to them but not the fused computation, so neither their FLOPs nor which tensors they "
+                 "read and write (in place, in part) follow from the trace")
+COMPILED_NO_SHAPES_NOTE = ("compiled Triton kernels have no cost ({n} distinct, {ms:.2f} ms/step): the trace records no shapes "
+                           "for their launches (PyTorch before 2.4, or kernels replayed from a CUDA graph)")
 
 
 def compiled_notes(k: pd.DataFrame, inside: np.ndarray, costed: np.ndarray, n_steps: int) -> list[str]:
