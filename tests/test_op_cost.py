@@ -232,3 +232,24 @@ def test_library_gemms_with_linears_arguments():
         c = _cost("aiter::gemm_a16w16", types, dims, conc)
         assert (c.m, c.n, c.k) == (m, n, k)
         assert c.flops == 2 * m * n * k and c.bytes == (m * k + n * k + m * n) * BYTES[types[0]]
+
+
+def test_a_backward_without_input_gradient_runs_no_input_gradient_kernel():
+    """What the output mask reading rests on, in the recording's own kernels: ResNet-18's first
+    convolution backward (mask [False, True, False]) launches no data-gradient (dgrad) kernel,
+    while one with [True, True, False] launches a dgrad and a wgrad kernel."""
+    ev = _trace(RESNET_TRAIN)["traceEvents"]
+    kernels_of: dict = {}
+    for e in ev:
+        if e.get("cat") == "kernel":
+            kernels_of.setdefault((e.get("args") or {}).get("External id"), []).append(e["name"])
+    ops = [e for e in ev if e.get("cat") == "cpu_op"]
+    seen = {}
+    for e in ops:
+        if e["name"] != "aten::convolution_backward":
+            continue
+        inside = [c for c in ops if c["tid"] == e["tid"] and e["ts"] <= c["ts"] <= e["ts"] + e["dur"]]
+        names = [k for c in inside for k in kernels_of.get(c["args"].get("External id"), [])]
+        seen.setdefault(e["args"]["Concrete Inputs"][10], []).append(any("dgrad" in k for k in names))
+    assert seen["[False, True, False]"] and not any(seen["[False, True, False]"])
+    assert seen["[True, True, False]"] and all(seen["[True, True, False]"])
