@@ -253,3 +253,23 @@ def test_a_backward_without_input_gradient_runs_no_input_gradient_kernel():
         seen.setdefault(e["args"]["Concrete Inputs"][10], []).append(any("dgrad" in k for k in names))
     assert seen["[False, True, False]"] and not any(seen["[False, True, False]"])
     assert seen["[True, True, False]"] and all(seen["[True, True, False]"])
+
+
+def test_library_norms_and_gated_silu():
+    """AITER's RMS norms with a weight [C]: 2·C+2 FLOPs per row and 2 per element, x read and y
+    written and the weight read; with the residual add fused (add_rmsnorm(out, x, residual_in,
+    residual_out, weight)), one more FLOP per element and the residual read and the sum written.
+    silu_and_mul(out [..., d], input [..., 2d]): 5 FLOPs per output element, input read, out written."""
+    path = shared_trace("corpus/mi300x_sglang_decode_graph_capture.json.gz")
+    for name, xi, wi, add in (("aiter::rmsnorm", 1, 2, False), ("aiter::add_rmsnorm", 1, 4, True)):
+        for types, dims, conc in _events(path, name):
+            x, c_ = dims[xi], prod(dims[wi])
+            n, bpe = prod(x), BYTES[types[xi]]
+            cost = _cost(name, types, dims, conc)
+            assert cost.flops == n // c_ * (2 * c_ + 2) + 2 * n + (n if add else 0)
+            assert cost.bytes == (4 if add else 2) * n * bpe + c_ * bpe
+    for types, dims, conc in _events(path, "sgl_kernel::silu_and_mul"):
+        out, x = dims[0], dims[1]
+        assert x[-1] == 2 * out[-1]
+        cost = _cost("sgl_kernel::silu_and_mul", types, dims, conc)
+        assert cost.flops == 5 * prod(out) and cost.bytes == prod(x) * BYTES[types[1]] + prod(out) * BYTES[types[0]]

@@ -55,6 +55,17 @@ SCAN_OPS = {"cumsum", "cumsum_", "cumprod", "cumprod_"}  # one output element pe
 # Library GEMMs outside aten with linear's signature (x [..., K], weight [N, K], bias or none):
 # AITER's bf16/fp16 GEMM and vLLM's ROCm GEMM.
 LINEAR_LIKE = {"aiter::gemm_a16w16", "vllm::rocm_unquantized_gemm"}
+# AITER's norms: op -> (position of x, of the weight, fused residual add); _groupnorm_run takes
+# group_norm's arguments (x, groups, weight, bias, eps).
+LIBRARY_NORMS = {
+    "aiter::rms_norm": (0, 1, False),  # (x, weight, eps)
+    "aiter::rmsnorm": (1, 2, False),  # (out, x, weight, eps)
+    "aiter::add_rmsnorm": (1, 4, True),  # (out, x, residual_in, residual_out, weight, eps)
+    "aiter::rmsnorm2d_fwd_with_add_ck": (1, 4, True),
+    "aiter::_groupnorm_run": None,
+}
+# The gated SiLU of LLM MLPs, silu_and_mul(out [..., d], input [..., 2d]) of AITER, SGLang and vLLM.
+GATED_SILU = {"aiter::silu_and_mul", "sgl_kernel::silu_and_mul", "_C::silu_and_mul"}
 FUSED_OPTIMIZER = re.compile(r"^aten::_fused_(adam|adamw|sgd|adagrad)_?$")
 FOREACH = re.compile(r"^aten::_foreach_(\w+?)_?$")
 
@@ -537,6 +548,35 @@ def _cost_elementwise(name: str, types: tuple, dims, concrete=None) -> Cost | No
     return None
 
 
+def _cost_gated_silu(types: tuple, dims) -> Cost | None:
+    # out = silu(gate)·up: 4 FLOPs for x·sigmoid(x), 1 for the product, per output element
+    # (TraceLens's count); the input (gate and up, 2d per row) read, the output written.
+    out, x = _shape(dims, 0), _shape(dims, 1)
+    bpe_out, bpe_in = (BPE.get(types[0], 0), BPE.get(types[1], 0)) if len(types) > 1 else (0, 0)
+    if not out or not x or not bpe_out or not bpe_in:
+        return None
+    n = _prod(out)
+    return Cost("elementwise", 5.0 * n, float(2 * n * bpe_in + n * bpe_out), types[1], f"{_fmt(x)} → {_fmt(out)}")
+
+
+def _cost_library_norm(op: str, types: tuple, dims) -> Cost | None:
+    spec = LIBRARY_NORMS[op]
+    if spec is None:
+        return _cost_norm("group_norm", types, dims, None)
+    xi, wi, add = spec
+    x, w = _shape(dims, xi), _shape(dims, wi)
+    bpe = BPE.get(types[xi], 0) if len(types) > xi else 0
+    if not x or not w or not bpe:
+        return None
+    n_el, c = _prod(x), _prod(w)
+    # RMS norm with a weight: 2·C+2 per row for the root mean square, 2 per element to scale;
+    # x read, y written, the weight read. With the residual add fused: one more FLOP per element,
+    # the residual read and the sum written.
+    flops = n_el / c * (2 * c + 2) + 2 * n_el + (n_el if add else 0)
+    moved = (4 if add else 2) * n_el * bpe + c * bpe
+    return Cost("norm", float(flops), float(moved), types[xi], _fmt(x))
+
+
 def _tensor_list(dims, i) -> list[list[int]]:
     if not isinstance(dims, list) or i >= len(dims) or not isinstance(dims[i], list):
         return []
@@ -577,10 +617,12 @@ def op_cost(op: str, types: tuple, dims, concrete, known_convs: dict | None = No
         return None
     if FUSED_OPTIMIZER.match(op) or FOREACH.match(op):
         return _cost_optimizer(op, types, dims)
-    if op in LINEAR_LIKE:
+    if op in LINEAR_LIKE or op in LIBRARY_NORMS or op in GATED_SILU:
         try:
-            return _cost_gemm("linear", types, dims)
-        except (TypeError, ValueError, IndexError, OverflowError):
+            if op in GATED_SILU:
+                return _cost_gated_silu(types, dims)
+            return _cost_gemm("linear", types, dims) if op in LINEAR_LIKE else _cost_library_norm(op, types, dims)
+        except (TypeError, ValueError, IndexError, OverflowError, ZeroDivisionError):
             return None
     if not op.startswith("aten::"):
         return None
