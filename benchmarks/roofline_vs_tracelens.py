@@ -94,15 +94,6 @@ def conv_bwd_output_mask_ignored(name, types, dims, concrete):
     return name, types, dims, _set(concrete, 10, f"[True, True, {mask[2]}]")
 
 
-# ... and looks for the bias in Input Dims[3], where convolution_backward passes bias_sizes (a
-# list of ints, recorded as a scalar argument, its dims []): it never sees a bias gradient.
-def conv_bwd_bias_gradient_unseen(name, types, dims, concrete):
-    mask = _mask(concrete, 10)
-    if name != "aten::convolution_backward" or mask is None or not mask[2]:
-        return None
-    return name, types, dims, _set(concrete, 10, f"[{mask[0]}, {mask[1]}, False]")
-
-
 # TraceLens's attention models count every tensor at 2 bytes an element (`bytes_per_element=2`,
 # marked TODO in its source), whatever the dtype.
 def attention_two_bytes(name, types, dims, concrete):
@@ -151,7 +142,6 @@ def batch_norm_backward_as_inference(name, types, dims, concrete):
 CHOICES = {
     "reduction over a dim": reduce_dim_read_as_absent,
     "convolution backward: output mask": conv_bwd_output_mask_ignored,
-    "convolution backward: bias gradient": conv_bwd_bias_gradient_unseen,
     "attention bytes: the tensors' dtype": attention_two_bytes,
     "norm without weight": norm_weight_assumed,
     "cuDNN/MIOpen batch-norm backward: training": batch_norm_backward_as_inference,

@@ -288,12 +288,13 @@ def _cost_conv(name: str, types: tuple, dims, concrete, known: dict | None = Non
         mask = _flags(concrete, 10) or [True, True, bool(_shape(dims, 3))]
         transposed = bool(_flag(concrete, 7))
         fwd = _conv_fwd(x, w, gy, False, bpe, types[1], transposed)
-        # FLOPs: the gradients the output mask asks for, multiply-adds only (the bias gradient's
-        # additions are left out as the forward's bias add is); bytes: each asked-for gradient's
-        # pass reads gy and the other operand and writes its gradient, and the bias gradient (a
-        # reduction of gy over batch and space) reads gy once more.
-        flops = fwd.flops * (int(mask[0]) + int(mask[1]))
-        moved = (_prod(gy) + _prod(w) + _prod(x)) * bpe * (int(mask[0]) + int(mask[1])) + ((_prod(gy) + gy[1]) * bpe if len(mask) > 2 and mask[2] else 0)
+        # The gradients the output mask asks for, each its multiply-adds and one pass reading gy
+        # and the other operand and writing the gradient. The bias gradient (mask[2]) is not
+        # counted: on cuDNN and MIOpen it is a child `aten::sum` of gy over batch and space, with
+        # its own kernel, costed on its own row (as TraceLens reads it).
+        passes = int(mask[0]) + int(mask[1])
+        flops = fwd.flops * passes
+        moved = (_prod(gy) + _prod(w) + _prod(x)) * bpe * passes
         return Cost("conv", flops, moved, types[1], fwd.shape)
     return None
 
