@@ -108,8 +108,14 @@ def compiled_notes(k: pd.DataFrame, inside: np.ndarray, costed: np.ndarray, n_st
     triton = (names.str.startswith("triton_") | ops.str.startswith("triton_")).to_numpy() & inside & ~costed
     if not triton.any():
         return []
-    dims = k["op_input_dims"].to_numpy(dtype=object) if "op_input_dims" in k else np.full(len(k), None, dtype=object)
-    shaped = ops.str.startswith("triton_").to_numpy() & np.fromiter((isinstance(d, list) and len(d) > 0 for d in dims), dtype=bool, count=len(k))
+    # Launched by a Triton launch op that recorded its tensors' shapes (looked at on those kernels only).
+    shaped = triton & ops.str.startswith("triton_").to_numpy()
+    if "op_input_dims" in k and shaped.any():
+        at = np.nonzero(shaped)[0]
+        dims = k["op_input_dims"].to_numpy(dtype=object)[at]
+        shaped[at] = [isinstance(d, list) and len(d) > 0 for d in dims]
+    else:
+        shaped[:] = False
     dur = k["dur"].to_numpy(np.float64)
     out = []
     for mask, text in ((triton & shaped, COMPILED_NOTE), (triton & ~shaped, COMPILED_NO_SHAPES_NOTE)):
