@@ -287,7 +287,7 @@ def main() -> int:
     print(f"\nOnly TraceLens models ({sum(only_tl.values())} events): " + ", ".join(f"{k} {v}" for k, v in only_tl.most_common()))
     print(f"  of the Triton kernels, TraceLens gives 0 bytes to {triton_zero} (its dtype table has no `float`: fp32 tensors count nothing)")
     print(f"Only the advisor models ({sum(only_us.values())} events): " + ", ".join(f"{k} {v}" for k, v in only_us.most_common()))
-    print(f"TraceLens fails on ({sum(tl_failed.values())} events; traces without the Input Strides or Concrete Inputs it reads): "
+    print(f"TraceLens raises on ({sum(tl_failed.values())} events; mostly traces without the Input Strides or Concrete Inputs it reads): "
           + ", ".join(f"{k} {v}" for k, v in tl_failed.most_common()))
     return 1 if all_[5] else 0
 

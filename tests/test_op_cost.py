@@ -288,3 +288,22 @@ def test_the_bias_gradient_is_a_child_sum_with_its_own_kernel():
         sums = [c for c in ops if c["name"] == "aten::sum" and c["tid"] == e["tid"] and e["ts"] <= c["ts"] <= e["ts"] + e["dur"]]
         gy = e["args"]["Input Dims"][0]
         assert any(c["args"]["Input Dims"][0] == gy and c["args"]["Concrete Inputs"][1] == "[0, 2, 3]" and c["args"].get("External id") in launched for c in sums)
+
+
+def test_nearest_upsampling_copies_one_input_element_per_output_element():
+    """upsample_nearest2d(x [N, C, H, W], output_size [H', W'] or scale factors): one FLOP per
+    output element, x read and the [N, C, H', W'] output written."""
+    for types, dims, conc in _events(shared_trace("corpus/mi300x_xdit_flux_infer.json.gz"), "aten::upsample_nearest2d"):
+        x = dims[0]
+        size = _ints(conc[1]) or [int(d * float(f)) for d, f in zip(x[2:], conc[2].strip("[]").split(","), strict=True)]
+        out = x[0] * x[1] * prod(size)
+        c = _cost("aten::upsample_nearest2d", types, dims, conc)
+        assert c.flops == out and c.bytes == (prod(x) + out) * BYTES[types[0]]
+
+
+def test_a_norm_without_dim_reduces_everything():
+    """linalg_norm(x, ord, dim, keepdim, dtype) with no dim recorded (a trace without scalar
+    arguments): one output element; one FLOP per input element, x read once."""
+    for types, dims, conc in _events(shared_trace("a100_two_ranks/rank-0.json.gz"), "aten::linalg_norm"):
+        c = _cost("aten::linalg_norm", types, dims, conc)
+        assert c.flops == prod(dims[0]) and c.bytes == (prod(dims[0]) + 1) * BYTES[types[0]]

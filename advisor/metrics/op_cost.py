@@ -117,6 +117,17 @@ def _ints(concrete, i) -> list[int] | None:
     return None
 
 
+def _floats(concrete, i) -> list[float] | None:
+    """A scalar argument that is a list of numbers ("[2., 2.]")."""
+    if not isinstance(concrete, list) or i >= len(concrete) or not isinstance(concrete[i], str):
+        return None
+    try:
+        v = [float(p) for p in concrete[i].strip("[] ").split(",") if p.strip()]
+    except ValueError:
+        return None
+    return v or None
+
+
 def _flag(concrete, i) -> bool | None:
     if not isinstance(concrete, list) or i >= len(concrete) or not isinstance(concrete[i], str):
         return None
@@ -533,9 +544,14 @@ def _cost_elementwise(name: str, types: tuple, dims, concrete=None) -> Cost | No
     if name in UPSAMPLE_NEAREST:
         # Each output element copies one input element: out = x[:2] + output_size.
         x = _shape(dims, 0)
-        size = _ints(concrete, 1)
         bpe = BPE.get(types[0], 0) if x is not None and types else 0
-        if not bpe or not size or len(size) != len(x) - 2:
+        if not bpe:
+            return None
+        size = _ints(concrete, 1)
+        if not size:  # upsample_nearest2d.vec(x, None, scale_factors): floor(size × scale)
+            scales = _floats(concrete, 2)
+            size = [int(d * f) for d, f in zip(x[2:], scales, strict=True)] if scales and len(scales) == len(x) - 2 else None
+        if not size or len(size) != len(x) - 2:
             return None
         n_out = _prod(x[:2]) * _prod(size)
         return Cost("elementwise", float(n_out), float((_prod(x) + n_out) * bpe), types[0], f"{_fmt(x)} → {_fmt(x[:2] + size)}")
