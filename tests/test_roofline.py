@@ -55,11 +55,13 @@ def test_gemm_flops_and_bytes_follow_their_definition():
 
 
 def test_convolution_output_from_stride_and_padding():
-    # 3x3, stride 2, padding 1 on 32x32: a 16x16 output; 2*Cin*R*S FLOPs per output element
+    # 3x3, stride 2, padding 1 on 32x32: a 16x16 output; 2*Cin*R*S FLOPs per output element (the
+    # multiply-adds; the bias add is not counted, as PyTorch's flop counter and TraceLens), the
+    # bias read in the bytes
     x, w = [2, 3, 32, 32], [8, 3, 3, 3]
     c = op_cost("aten::convolution", ("float", "float", "float"), [x, w, [8], [], [], [], [], [], []], ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"])
     out = 2 * 8 * 16 * 16
-    assert c.flops == out * 2 * 3 * 3 * 3 + out
+    assert c.flops == out * 2 * 3 * 3 * 3
     assert c.bytes == 4 * (2 * 3 * 32 * 32 + 8 * 3 * 3 * 3 + out + 8)
     assert op_cost("aten::convolution", ("float", "float"), [x, w, [], [], [], [], [], [], []], None) is None  # no scalar arguments: unknown output
 
@@ -296,3 +298,42 @@ def test_roofline_rule_pages_have_every_section(rule_id):
     doc = rule.module.__doc__
     for section in ("## What it detects", "## Why it is slow", "## Evidence used", "## Example", "## How the saving is estimated"):
         assert section in doc, (rule_id, section)
+
+
+# --- compiled (Triton) kernels: no cost, and the report says why ---------------------------------
+def _triton_per_step(doc: dict) -> tuple[set, list[float]]:
+    """Distinct Triton kernel names inside the ProfilerSteps, and their ms in each step, from the
+    raw events (a kernel belongs to the host step its start falls in)."""
+    ev = doc["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    kernels = [e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("triton_")]
+    names = {e["name"] for e in kernels if any(a <= e["ts"] < b for a, b in steps)}
+    return names, [sum(e["dur"] for e in kernels if a <= e["ts"] < b) / 1e3 for a, b in steps]
+
+
+def test_ops_report_says_why_compiled_kernels_have_no_cost(cli, tmp_path):
+    from conftest import shared
+
+    from advisor.metrics.roofline import COMPILED_NO_SHAPES_NOTE, COMPILED_NOTE
+
+    doc = _events(next(shared("whatif/h100_vit/compile").glob("*.pt.trace.json.gz")))
+    names, per_step = _triton_per_step(doc)
+    assert names
+    launches = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and e["name"].startswith("triton_")]
+    assert launches and all(e["args"].get("Input Dims") for e in launches)  # the launches carry their tensors' shapes
+    code, out, err = cli(["report", str(_write(doc, tmp_path / "compiled.pt.trace.json")), "--ops", "-f", "json"], cwd=tmp_path)
+    assert code == 0, err
+    ops = json.loads(out)
+    assert not any(r["op"].startswith("triton_") for r in ops["ops"])
+    head = COMPILED_NOTE.split("{ms:.2f}")[0].format(n=len(names))
+    (note,) = [n for n in ops["notes"] if n.startswith(head)]
+    ms = float(note[len(head):].split(" ms/step")[0])
+    assert min(per_step) - 0.01 <= ms <= max(per_step) + 0.01
+    # The same run without the launches' shapes (as PyTorch before 2.4 records it): the other reason.
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not (e.get("cat") == "cpu_op" and e["name"].startswith("triton_"))]
+    code, out, err = cli(["report", str(_write(doc, tmp_path / "compiled_old.pt.trace.json")), "--ops", "-f", "json"], cwd=tmp_path)
+    assert code == 0, err
+    head = COMPILED_NO_SHAPES_NOTE.split("{ms:.2f}")[0].format(n=len(names))
+    assert any(n.startswith(head) for n in json.loads(out)["notes"])
+    code, text, err = cli(["report", str(tmp_path / "compiled_old.pt.trace.json"), "--ops"], cwd=tmp_path)
+    assert code == 0 and "compiled Triton kernels" in text and "no shapes" in text

@@ -46,7 +46,26 @@ BINARY_OPS = {
     "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward", "hardtanh_backward", "native_dropout_backward",
     "eq", "ne", "lt", "gt", "le", "ge", "masked_fill", "masked_fill_", "lerp_", "addcmul_", "addcdiv_",
 }
-REDUCE_OPS = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm", "linalg_vector_norm", "var", "std", "var_mean", "prod", "all", "any"}
+REDUCE_OPS = {"sum", "nansum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm", "linalg_norm", "linalg_vector_norm", "var", "std",
+              "var_mean", "std_mean", "prod", "all", "any", "logsumexp"}
+# Reductions whose `dim` argument is their third input (after the order `p`), not the second.
+REDUCE_DIM_THIRD = {"norm", "linalg_norm", "linalg_vector_norm"}
+UPSAMPLE_NEAREST = {"upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"}
+SCAN_OPS = {"cumsum", "cumsum_", "cumprod", "cumprod_"}  # one output element per input element
+# Library GEMMs outside aten with linear's signature (x [..., K], weight [N, K], bias or none):
+# AITER's bf16/fp16 GEMM and vLLM's ROCm GEMM.
+LINEAR_LIKE = {"aiter::gemm_a16w16", "vllm::rocm_unquantized_gemm"}
+# AITER's norms: op -> (position of x, of the weight, fused residual add); _groupnorm_run takes
+# group_norm's arguments (x, groups, weight, bias, eps).
+LIBRARY_NORMS = {
+    "aiter::rms_norm": (0, 1, False),  # (x, weight, eps)
+    "aiter::rmsnorm": (1, 2, False),  # (out, x, weight, eps)
+    "aiter::add_rmsnorm": (1, 4, True),  # (out, x, residual_in, residual_out, weight, eps)
+    "aiter::rmsnorm2d_fwd_with_add_ck": (1, 4, True),
+    "aiter::_groupnorm_run": None,
+}
+# The gated SiLU of LLM MLPs, silu_and_mul(out [..., d], input [..., 2d]) of AITER, SGLang and vLLM.
+GATED_SILU = {"aiter::silu_and_mul", "sgl_kernel::silu_and_mul", "_C::silu_and_mul"}
 FUSED_OPTIMIZER = re.compile(r"^aten::_fused_(adam|adamw|sgd|adagrad)_?$")
 FOREACH = re.compile(r"^aten::_foreach_(\w+?)_?$")
 
@@ -96,6 +115,17 @@ def _ints(concrete, i) -> list[int] | None:
     if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         return v
     return None
+
+
+def _floats(concrete, i) -> list[float] | None:
+    """A scalar argument that is a list of numbers ("[2., 2.]")."""
+    if not isinstance(concrete, list) or i >= len(concrete) or not isinstance(concrete[i], str):
+        return None
+    try:
+        v = [float(p) for p in concrete[i].strip("[] ").split(",") if p.strip()]
+    except ValueError:
+        return None
+    return v or None
 
 
 def _flag(concrete, i) -> bool | None:
@@ -184,8 +214,11 @@ def _conv_out(x, w, stride, padding, dilation, transposed=False, output_padding=
 
 
 def _conv_fwd(x, w, out, bias: bool, bpe: int, dtype: str, transposed: bool = False) -> Cost:
+    # FLOPs are the multiply-adds only: the bias add (one per output element, at most
+    # 1/(2·Cin·kernel) of them) is left out, as PyTorch's flop counter and TraceLens do; its read
+    # of the bias vector is counted in the bytes.
     per_out = 2.0 * _prod(w[1:])
-    flops = (_prod(x) if transposed else _prod(out)) * per_out + (_prod(out) if bias else 0)
+    flops = (_prod(x) if transposed else _prod(out)) * per_out
     moved = (_prod(x) + _prod(w) + _prod(out) + (out[1] if bias else 0)) * bpe
     return Cost("conv", flops, moved, dtype, f"x{_fmt(x)} w{_fmt(w)} → {_fmt(out)}")
 
@@ -266,8 +299,13 @@ def _cost_conv(name: str, types: tuple, dims, concrete, known: dict | None = Non
         mask = _flags(concrete, 10) or [True, True, bool(_shape(dims, 3))]
         transposed = bool(_flag(concrete, 7))
         fwd = _conv_fwd(x, w, gy, False, bpe, types[1], transposed)
-        flops = fwd.flops * (int(mask[0]) + int(mask[1])) + (_prod(gy) if len(mask) > 2 and mask[2] else 0)
-        moved = (_prod(gy) + _prod(w) + _prod(x)) * bpe * (int(mask[0]) + int(mask[1])) + ((_prod(gy) + gy[1]) * bpe if len(mask) > 2 and mask[2] else 0)
+        # The gradients the output mask asks for, each its multiply-adds and one pass reading gy
+        # and the other operand and writing the gradient. The bias gradient (mask[2]) is not
+        # counted: on cuDNN and MIOpen it is a child `aten::sum` of gy over batch and space, with
+        # its own kernel, costed on its own row (as TraceLens reads it).
+        passes = int(mask[0]) + int(mask[1])
+        flops = fwd.flops * passes
+        moved = (_prod(gy) + _prod(w) + _prod(x)) * bpe * passes
         return Cost("conv", flops, moved, types[1], fwd.shape)
     return None
 
@@ -373,6 +411,47 @@ def _cost_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
         if not bpe or not c:
             return None
         return _norm_bwd(_prod(x), c, bpe, types[1], _fmt(x), mask[1], mask[2] if len(mask) > 2 else False, True, mask[0])
+    if name == "_fused_rms_norm_backward":
+        # (grad_out, input, normalized_shape, rstd, weight, output_mask): x̂ = x·rstd, the grad
+        # scaled by the weight where there is one, a dot product and grad_in where asked, grad_weight
+        # where asked (accumulated over rows when there are several).
+        x = _shape(dims, 1)
+        shape = _ints(concrete, 2)
+        bpe = BPE.get(types[1], 0) if len(types) > 1 else 0
+        if not x or not shape or not bpe:
+            return None
+        n_el, c = _prod(x), _prod(shape)
+        affine = bool(_shape(dims, 4))
+        mask = _flags(concrete, 5) or [True, affine]
+        flops = (n_el if affine else 0) + n_el + (6 * n_el if mask[0] else 0)
+        if len(mask) > 1 and mask[1] and affine:
+            flops += n_el + (n_el if n_el > c else 0)
+        return Cost("norm", float(flops), float(3 * n_el * bpe + (2 * c * bpe if affine else 0)), types[1], _fmt(x))
+    if name in ("group_norm", "native_group_norm", "instance_norm"):
+        # Statistics computed from the input, the affine transform per channel where there is a
+        # weight: group_norm(x, groups, weight, bias, ...), native_group_norm(x, weight, bias, N,
+        # C, HxW, groups, eps), instance_norm(x, weight, bias, running_mean, running_var,
+        # use_input_stats, ...).
+        x = _shape(dims, 0)
+        if not x or len(x) < 2 or not types:
+            return None
+        bpe = BPE.get(types[0], 0)
+        if not bpe:
+            return None
+        w_at = 2 if name == "group_norm" else 1
+        training = _flag(concrete, 5) if name == "instance_norm" else True
+        return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, w_at)), bool(_shape(dims, w_at + 1)), True if training is None else training)
+    if name == "native_group_norm_backward":
+        # (grad_out, input, mean, rstd, weight, N, C, HxW, groups, output_mask)
+        x = _shape(dims, 1)
+        if not x or len(x) < 2 or len(types) < 2:
+            return None
+        bpe = BPE.get(types[1], 0)
+        if not bpe:
+            return None
+        mask = _flags(concrete, 9) or [True, True, True]
+        affine = bool(_shape(dims, 4))
+        return _norm_bwd(_prod(x), x[1], bpe, types[1], _fmt(x), affine, affine and len(mask) > 2 and mask[2], True, mask[0])
     if name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_impl_index", "batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training"):
         x = _shape(dims, 0)
         if not x or len(x) < 2 or not types:
@@ -453,11 +532,66 @@ def _cost_elementwise(name: str, types: tuple, dims, concrete=None) -> Cost | No
         if not bpe:
             return None
         n_el = _prod(x)
-        dim = _ints(concrete, 1)
+        # Where the reduced dimensions are: `sum(x, dtype)` and `mean(x, dtype)` (two inputs)
+        # reduce everything, their second input being the dtype; `sum(x, dim, keepdim, dtype)`,
+        # `max(x, dim, keepdim)`, `var(x, dim, correction, keepdim)` name them second;
+        # `norm(x, p, dim, keepdim)` third.
+        at = 2 if name in REDUCE_DIM_THIRD else 1
+        dim = _ints(concrete, at) if len(dims) > at + 1 else None
         kept = [d for i, d in enumerate(x) if dim and i not in {j % max(len(x), 1) for j in dim}] if dim else []
         n_out = _prod(kept) if kept or dim else 1
         return Cost("reduce", float(n_el), float(n_el * bpe + n_out * bpe), types[0], _fmt(x))
+    if name in UPSAMPLE_NEAREST:
+        # Each output element copies one input element: out = x[:2] + output_size.
+        x = _shape(dims, 0)
+        bpe = BPE.get(types[0], 0) if x is not None and types else 0
+        if not bpe:
+            return None
+        size = _ints(concrete, 1)
+        if not size:  # upsample_nearest2d.vec(x, None, scale_factors): floor(size × scale)
+            scales = _floats(concrete, 2)
+            size = [int(d * f) for d, f in zip(x[2:], scales, strict=True)] if scales and len(scales) == len(x) - 2 else None
+        if not size or len(size) != len(x) - 2:
+            return None
+        n_out = _prod(x[:2]) * _prod(size)
+        return Cost("elementwise", float(n_out), float((_prod(x) + n_out) * bpe), types[0], f"{_fmt(x)} → {_fmt(x[:2] + size)}")
+    if name in SCAN_OPS:
+        x = _shape(dims, 0)
+        bpe = BPE.get(types[0], 0) if x is not None and types else 0
+        if not bpe:
+            return None
+        n_el = _prod(x)
+        return Cost("reduce", float(n_el), float(2 * n_el * bpe), types[0], _fmt(x))
     return None
+
+
+def _cost_gated_silu(types: tuple, dims) -> Cost | None:
+    # out = silu(gate)·up: 4 FLOPs for x·sigmoid(x), 1 for the product, per output element
+    # (TraceLens's count); the input (gate and up, 2d per row) read, the output written.
+    out, x = _shape(dims, 0), _shape(dims, 1)
+    bpe_out, bpe_in = (BPE.get(types[0], 0), BPE.get(types[1], 0)) if len(types) > 1 else (0, 0)
+    if not out or not x or not bpe_out or not bpe_in:
+        return None
+    n = _prod(out)
+    return Cost("elementwise", 5.0 * n, float(2 * n * bpe_in + n * bpe_out), types[1], f"{_fmt(x)} → {_fmt(out)}")
+
+
+def _cost_library_norm(op: str, types: tuple, dims) -> Cost | None:
+    spec = LIBRARY_NORMS[op]
+    if spec is None:
+        return _cost_norm("group_norm", types, dims, None)
+    xi, wi, add = spec
+    x, w = _shape(dims, xi), _shape(dims, wi)
+    bpe = BPE.get(types[xi], 0) if len(types) > xi else 0
+    if not x or not w or not bpe:
+        return None
+    n_el, c = _prod(x), _prod(w)
+    # RMS norm with a weight: 2·C+2 per row for the root mean square, 2 per element to scale;
+    # x read, y written, the weight read. With the residual add fused: one more FLOP per element,
+    # the residual read and the sum written.
+    flops = n_el / c * (2 * c + 2) + 2 * n_el + (n_el if add else 0)
+    moved = (4 if add else 2) * n_el * bpe + c * bpe
+    return Cost("norm", float(flops), float(moved), types[xi], _fmt(x))
 
 
 def _tensor_list(dims, i) -> list[list[int]]:
@@ -498,8 +632,15 @@ def op_cost(op: str, types: tuple, dims, concrete, known_convs: dict | None = No
     without scalar arguments leaves out."""
     if not isinstance(op, str) or not isinstance(dims, list):
         return None
-    if op.startswith("aten::_fused_") or op.startswith("aten::_foreach_"):
+    if FUSED_OPTIMIZER.match(op) or FOREACH.match(op):
         return _cost_optimizer(op, types, dims)
+    if op in LINEAR_LIKE or op in LIBRARY_NORMS or op in GATED_SILU:
+        try:
+            if op in GATED_SILU:
+                return _cost_gated_silu(types, dims)
+            return _cost_gemm("linear", types, dims) if op in LINEAR_LIKE else _cost_library_norm(op, types, dims)
+        except (TypeError, ValueError, IndexError, OverflowError, ZeroDivisionError):
+            return None
     if not op.startswith("aten::"):
         return None
     name = op[6:]

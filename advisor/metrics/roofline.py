@@ -91,6 +91,39 @@ SHAPES_NOTE = "the roofline needs input shapes: record the trace with record_sha
 UNKNOWN_DEVICE_NOTE = "no ceiling for {name}: not in the device table (advisor.metrics.devices); achieved rates shown without a share of peak"
 
 
+COMPILED_NOTE = ("compiled Triton kernels have no cost ({n} distinct, {ms:.2f} ms/step): their launches record the shapes of "
+                 "the tensors passed to them but not the fused computation, so neither their FLOPs nor which tensors they "
+                 "read and write (in place, in part) follow from the trace")
+COMPILED_NO_SHAPES_NOTE = ("compiled Triton kernels have no cost ({n} distinct, {ms:.2f} ms/step): the trace records no shapes "
+                           "for their launches (PyTorch before 2.4, or kernels replayed from a CUDA graph)")
+
+
+def compiled_notes(k: pd.DataFrame, inside: np.ndarray, costed: np.ndarray, n_steps: int) -> list[str]:
+    """What the roofline says of the torch.compile (Inductor) Triton kernels it leaves out: how
+    many distinct kernels, their time per step, and why they have no cost."""
+    if len(k) == 0 or "name" not in k:
+        return []
+    names = k["name"].astype(str)
+    ops = k["op"].astype(object).fillna("").astype(str) if "op" in k else pd.Series("", index=k.index)
+    triton = (names.str.startswith("triton_") | ops.str.startswith("triton_")).to_numpy() & inside & ~costed
+    if not triton.any():
+        return []
+    # Launched by a Triton launch op that recorded its tensors' shapes (looked at on those kernels only).
+    shaped = triton & ops.str.startswith("triton_").to_numpy()
+    if "op_input_dims" in k and shaped.any():
+        at = np.nonzero(shaped)[0]
+        dims = k["op_input_dims"].to_numpy(dtype=object)[at]
+        shaped[at] = [isinstance(d, list) and len(d) > 0 for d in dims]
+    else:
+        shaped[:] = False
+    dur = k["dur"].to_numpy(np.float64)
+    out = []
+    for mask, text in ((triton & shaped, COMPILED_NOTE), (triton & ~shaped, COMPILED_NO_SHAPES_NOTE)):
+        if mask.any():
+            out.append(text.format(n=int(names[mask].nunique()), ms=float(dur[mask].sum()) / n_steps / 1e6))
+    return out
+
+
 def _precision(kind: str, dtype: str, kernel_precision: str) -> str:
     if kind not in MATRIX_KINDS:
         return "fp32"  # vector work: the fp32 units' peak (memory bound in practice)
@@ -164,6 +197,7 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
             continue
         rows.append((code, op_col[pos], cost, "tf32" if tf32_of[code] else ""))
     if not rows:
+        notes += compiled_notes(k, inside, np.zeros(len(k), dtype=bool), n_steps)
         return Roofline(empty, ceiling, device_name, True, 0.0, kernel_ms, notes=notes), np.full(len(k), -1), empty
     codes_kept = np.array([r[0] for r in rows], dtype=np.int64)
     dur = agg.loc[codes_kept, "dur"].to_numpy(np.float64)
@@ -221,6 +255,7 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
     row_of_code = pd.Series(np.arange(len(table)), index=table["code"].to_numpy())
     kernel_row = np.full(len(k), -1, dtype=np.int64)
     kernel_row[live] = pd.Series(codes[live]).map(row_of_code).fillna(-1).to_numpy(np.int64)
+    notes += compiled_notes(k, inside, kernel_row >= 0, n_steps)
     stored = table.drop(columns=["code"]).head(MAX_ROWS).reset_index(drop=True)
     out = Roofline(stored, ceiling, device_name, True, modelled, kernel_ms,
                    bandwidth_tbps=bandwidth_bpns / 1e3 if bandwidth_bpns else None, sm_count=sm_count, notes=notes)
@@ -292,4 +327,4 @@ def output_tiles(table: pd.DataFrame) -> np.ndarray:
     return np.ceil(m / OUTPUT_TILE) * np.ceil(n / OUTPUT_TILE) * table["batch"].to_numpy(np.float64)
 
 
-__all__ = ["Cost", "Roofline", "TILE_MULTIPLE", "aligned_rate", "full_table", "kernel_rows", "misaligned_gemms", "output_tiles", "padded", "ROOFLINE_COLUMNS", "SHAPES_NOTE", "group_codes", "op_cost", "roofline", "shapes_recorded"]
+__all__ = ["Cost", "Roofline", "TILE_MULTIPLE", "aligned_rate", "full_table", "kernel_rows", "misaligned_gemms", "output_tiles", "padded", "ROOFLINE_COLUMNS", "SHAPES_NOTE", "COMPILED_NOTE", "COMPILED_NO_SHAPES_NOTE", "compiled_notes", "group_codes", "op_cost", "roofline", "shapes_recorded"]
