@@ -384,105 +384,151 @@ def _norm_bwd(n_el: int, c: int, bpe: int, dtype: str, label: str, affine: bool,
     return Cost("norm", float(c * per_c), float(moved), dtype, label)
 
 
+def _cost_layer_or_rms_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
+    x = _shape(dims, 0)
+    if not x or not types:
+        return None
+    bpe = BPE.get(types[0], 0)
+    shape = _ints(concrete, 1)
+    c = _prod(shape) if shape else (_prod(_shape(dims, 2)) if _shape(dims, 2) else 0)
+    if not bpe or not c:
+        return None
+    n_el = _prod(x)
+    if "rms" in name:
+        affine = bool(_shape(dims, 2))
+        flops = n_el / c * (2 * c + 2) + n_el * (2 if affine else 1)
+        return Cost("norm", float(flops), float(2 * n_el * bpe + (c * bpe if affine else 0)), types[0], _fmt(x))
+    return _norm(n_el, c, bpe, types[0], _fmt(x), bool(_shape(dims, 2)), bool(_shape(dims, 3)), True)
+
+
+def _cost_layer_norm_backward(name: str, types: tuple, dims, concrete) -> Cost | None:
+    x = _shape(dims, 1)
+    if not x or len(types) < 2:
+        return None
+    shape = _ints(concrete, 2)
+    mask = _flags(concrete, 7) or [True, True, True]
+    bpe = BPE.get(types[1], 0)
+    c = _prod(shape) if shape else (_prod(_shape(dims, 5)) if _shape(dims, 5) else 0)
+    if not bpe or not c:
+        return None
+    return _norm_bwd(_prod(x), c, bpe, types[1], _fmt(x), mask[1], mask[2] if len(mask) > 2 else False, True, mask[0])
+
+
+def _cost_rms_norm_backward(name: str, types: tuple, dims, concrete) -> Cost | None:
+    # (grad_out, input, normalized_shape, rstd, weight, output_mask): x̂ = x·rstd, the grad
+    # scaled by the weight where there is one, a dot product and grad_in where asked, grad_weight
+    # where asked (accumulated over rows when there are several).
+    x = _shape(dims, 1)
+    shape = _ints(concrete, 2)
+    bpe = BPE.get(types[1], 0) if len(types) > 1 else 0
+    if not x or not shape or not bpe:
+        return None
+    n_el, c = _prod(x), _prod(shape)
+    affine = bool(_shape(dims, 4))
+    mask = _flags(concrete, 5) or [True, affine]
+    flops = (n_el if affine else 0) + n_el + (6 * n_el if mask[0] else 0)
+    if len(mask) > 1 and mask[1] and affine:
+        flops += n_el + (n_el if n_el > c else 0)
+    return Cost("norm", float(flops), float(3 * n_el * bpe + (2 * c * bpe if affine else 0)), types[1], _fmt(x))
+
+
+def _cost_group_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
+    # Statistics computed from the input, the affine transform per channel where there is a
+    # weight: group_norm(x, groups, weight, bias, ...), native_group_norm(x, weight, bias, N,
+    # C, HxW, groups, eps), instance_norm(x, weight, bias, running_mean, running_var,
+    # use_input_stats, ...).
+    x = _shape(dims, 0)
+    if not x or len(x) < 2 or not types:
+        return None
+    bpe = BPE.get(types[0], 0)
+    if not bpe:
+        return None
+    w_at = 2 if name == "group_norm" else 1
+    training = _flag(concrete, 5) if name == "instance_norm" else True
+    return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, w_at)), bool(_shape(dims, w_at + 1)), True if training is None else training)
+
+
+def _cost_group_norm_backward(name: str, types: tuple, dims, concrete) -> Cost | None:
+    # (grad_out, input, mean, rstd, weight, N, C, HxW, groups, output_mask)
+    x = _shape(dims, 1)
+    if not x or len(x) < 2 or len(types) < 2:
+        return None
+    bpe = BPE.get(types[1], 0)
+    if not bpe:
+        return None
+    mask = _flags(concrete, 9) or [True, True, True]
+    affine = bool(_shape(dims, 4))
+    return _norm_bwd(_prod(x), x[1], bpe, types[1], _fmt(x), affine, affine and len(mask) > 2 and mask[2], True, mask[0])
+
+
+def _cost_batch_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
+    x = _shape(dims, 0)
+    if not x or len(x) < 2 or not types:
+        return None
+    bpe = BPE.get(types[0], 0)
+    if not bpe:
+        return None
+    training = _flag(concrete, 5)
+    return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, 1)), True, True if training is None else training)
+
+
+def _cost_batch_norm_backward(name: str, types: tuple, dims, concrete) -> Cost | None:
+    cudnn = name != "native_batch_norm_backward"
+    xi = 0 if cudnn else 1
+    x = _shape(dims, xi)
+    if not x or len(x) < 2 or len(types) <= xi:
+        return None
+    bpe = BPE.get(types[xi], 0)
+    if not bpe:
+        return None
+    training = True if cudnn else _flag(concrete, 7)
+    return _norm_bwd(_prod(x), x[1], bpe, types[xi], _fmt(x), bool(_shape(dims, 2)), True, True if training is None else training, True)
+
+
+def _cost_softmax(name: str, types: tuple, dims, concrete) -> Cost | None:
+    x = _shape(dims, 0)
+    if not x or not types:
+        return None
+    bpe = BPE.get(types[0], 0)
+    if not bpe:
+        return None
+    factor = 2 if "backward" in name else 1
+    n_el = _prod(x)
+    return Cost("softmax", float(3 * n_el * factor), float(2 * n_el * bpe * factor), types[0], _fmt(x))
+
+
+# The norm and softmax ops by name, each with its cost model.
+_NORM_COSTS = {
+    "native_layer_norm": _cost_layer_or_rms_norm,
+    "layer_norm": _cost_layer_or_rms_norm,
+    "_fused_rms_norm": _cost_layer_or_rms_norm,
+    "rms_norm": _cost_layer_or_rms_norm,
+    "native_layer_norm_backward": _cost_layer_norm_backward,
+    "_fused_rms_norm_backward": _cost_rms_norm_backward,
+    "group_norm": _cost_group_norm,
+    "native_group_norm": _cost_group_norm,
+    "instance_norm": _cost_group_norm,
+    "native_group_norm_backward": _cost_group_norm_backward,
+    "native_batch_norm": _cost_batch_norm,
+    "cudnn_batch_norm": _cost_batch_norm,
+    "miopen_batch_norm": _cost_batch_norm,
+    "_batch_norm_impl_index": _cost_batch_norm,
+    "batch_norm": _cost_batch_norm,
+    "_native_batch_norm_legit": _cost_batch_norm,
+    "_native_batch_norm_legit_no_training": _cost_batch_norm,
+    "native_batch_norm_backward": _cost_batch_norm_backward,
+    "cudnn_batch_norm_backward": _cost_batch_norm_backward,
+    "miopen_batch_norm_backward": _cost_batch_norm_backward,
+    "_softmax": _cost_softmax,
+    "_log_softmax": _cost_softmax,
+    "_softmax_backward_data": _cost_softmax,
+    "_log_softmax_backward_data": _cost_softmax,
+}
+
+
 def _cost_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
-    if name in ("native_layer_norm", "layer_norm", "_fused_rms_norm", "rms_norm"):
-        x = _shape(dims, 0)
-        if not x or not types:
-            return None
-        bpe = BPE.get(types[0], 0)
-        shape = _ints(concrete, 1)
-        c = _prod(shape) if shape else (_prod(_shape(dims, 2)) if _shape(dims, 2) else 0)
-        if not bpe or not c:
-            return None
-        n_el = _prod(x)
-        if "rms" in name:
-            affine = bool(_shape(dims, 2))
-            flops = n_el / c * (2 * c + 2) + n_el * (2 if affine else 1)
-            return Cost("norm", float(flops), float(2 * n_el * bpe + (c * bpe if affine else 0)), types[0], _fmt(x))
-        return _norm(n_el, c, bpe, types[0], _fmt(x), bool(_shape(dims, 2)), bool(_shape(dims, 3)), True)
-    if name == "native_layer_norm_backward":
-        x = _shape(dims, 1)
-        if not x or len(types) < 2:
-            return None
-        shape = _ints(concrete, 2)
-        mask = _flags(concrete, 7) or [True, True, True]
-        bpe = BPE.get(types[1], 0)
-        c = _prod(shape) if shape else (_prod(_shape(dims, 5)) if _shape(dims, 5) else 0)
-        if not bpe or not c:
-            return None
-        return _norm_bwd(_prod(x), c, bpe, types[1], _fmt(x), mask[1], mask[2] if len(mask) > 2 else False, True, mask[0])
-    if name == "_fused_rms_norm_backward":
-        # (grad_out, input, normalized_shape, rstd, weight, output_mask): x̂ = x·rstd, the grad
-        # scaled by the weight where there is one, a dot product and grad_in where asked, grad_weight
-        # where asked (accumulated over rows when there are several).
-        x = _shape(dims, 1)
-        shape = _ints(concrete, 2)
-        bpe = BPE.get(types[1], 0) if len(types) > 1 else 0
-        if not x or not shape or not bpe:
-            return None
-        n_el, c = _prod(x), _prod(shape)
-        affine = bool(_shape(dims, 4))
-        mask = _flags(concrete, 5) or [True, affine]
-        flops = (n_el if affine else 0) + n_el + (6 * n_el if mask[0] else 0)
-        if len(mask) > 1 and mask[1] and affine:
-            flops += n_el + (n_el if n_el > c else 0)
-        return Cost("norm", float(flops), float(3 * n_el * bpe + (2 * c * bpe if affine else 0)), types[1], _fmt(x))
-    if name in ("group_norm", "native_group_norm", "instance_norm"):
-        # Statistics computed from the input, the affine transform per channel where there is a
-        # weight: group_norm(x, groups, weight, bias, ...), native_group_norm(x, weight, bias, N,
-        # C, HxW, groups, eps), instance_norm(x, weight, bias, running_mean, running_var,
-        # use_input_stats, ...).
-        x = _shape(dims, 0)
-        if not x or len(x) < 2 or not types:
-            return None
-        bpe = BPE.get(types[0], 0)
-        if not bpe:
-            return None
-        w_at = 2 if name == "group_norm" else 1
-        training = _flag(concrete, 5) if name == "instance_norm" else True
-        return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, w_at)), bool(_shape(dims, w_at + 1)), True if training is None else training)
-    if name == "native_group_norm_backward":
-        # (grad_out, input, mean, rstd, weight, N, C, HxW, groups, output_mask)
-        x = _shape(dims, 1)
-        if not x or len(x) < 2 or len(types) < 2:
-            return None
-        bpe = BPE.get(types[1], 0)
-        if not bpe:
-            return None
-        mask = _flags(concrete, 9) or [True, True, True]
-        affine = bool(_shape(dims, 4))
-        return _norm_bwd(_prod(x), x[1], bpe, types[1], _fmt(x), affine, affine and len(mask) > 2 and mask[2], True, mask[0])
-    if name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_impl_index", "batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training"):
-        x = _shape(dims, 0)
-        if not x or len(x) < 2 or not types:
-            return None
-        bpe = BPE.get(types[0], 0)
-        if not bpe:
-            return None
-        training = _flag(concrete, 5)
-        return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, 1)), True, True if training is None else training)
-    if name in ("native_batch_norm_backward", "cudnn_batch_norm_backward", "miopen_batch_norm_backward"):
-        cudnn = name != "native_batch_norm_backward"
-        xi = 0 if cudnn else 1
-        x = _shape(dims, xi)
-        if not x or len(x) < 2 or len(types) <= xi:
-            return None
-        bpe = BPE.get(types[xi], 0)
-        if not bpe:
-            return None
-        training = True if cudnn else _flag(concrete, 7)
-        return _norm_bwd(_prod(x), x[1], bpe, types[xi], _fmt(x), bool(_shape(dims, 2)), True, True if training is None else training, True)
-    if name in ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"):
-        x = _shape(dims, 0)
-        if not x or not types:
-            return None
-        bpe = BPE.get(types[0], 0)
-        if not bpe:
-            return None
-        factor = 2 if "backward" in name else 1
-        n_el = _prod(x)
-        return Cost("softmax", float(3 * n_el * factor), float(2 * n_el * bpe * factor), types[0], _fmt(x))
-    return None
+    cost = _NORM_COSTS.get(name)
+    return cost(name, types, dims, concrete) if cost is not None else None
 
 
 # --- elementwise, reductions, optimizers ------------------------------------------------------
