@@ -14,6 +14,7 @@ import json
 import statistics
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -70,14 +71,19 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.cli.profile_main", timeout: int = 300) -> subprocess.CompletedProcess:
+def profile(args: list[str], cwd: Path, env: dict | None = None, cli: str = "advisor.cli.profile_main", timeout: int = 300,
+            sigint_default: bool = False) -> subprocess.CompletedProcess:
     """The command in a child process. The timeout is a guard against a hung child, not a
     measure: on a 2-core machine beside other work, torch's threads and spawned workers (each
-    importing torch) can take minutes where an idle machine takes seconds."""
+    importing torch) can take minutes where an idle machine takes seconds. `sigint_default`:
+    the child starts with Ctrl-C's default action, as from a terminal, even where the test run
+    itself was started with SIGINT ignored (a background job of a non-interactive shell: Python
+    then keeps it ignored and raises no KeyboardInterrupt)."""
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})}
+    reset = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint_default else None
     return subprocess.run(
         [sys.executable, "-m", cli, *([] if cli == "advisor.cli.profile_main" else ["profile"]), *args],
-        cwd=cwd, env=full_env, check=False, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, env=full_env, check=False, capture_output=True, text=True, timeout=timeout, preexec_fn=reset,
     )
 
 
@@ -412,7 +418,8 @@ def test_ctrl_c_during_the_window_keeps_what_was_captured(tmp_path: Path):
             opt.step()
     """)
     out = tmp_path / "run"
-    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "5", "--no-stack", str(script)], tmp_path)
+    r = profile(["--out", str(out), "--wait", "0", "--warmup", "1", "--active", "5", "--no-stack", str(script)], tmp_path,
+                sigint_default=True)
     assert r.returncode == 130
     assert any("interrupted" in line for line in advisor_lines(r.stderr))
     f = facts(out)
