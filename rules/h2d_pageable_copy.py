@@ -73,7 +73,7 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.whatif import Change
-from advisor.whatif.changes import device_rows_of, scale_device, unwait
+from advisor.whatif.changes import device_rows_of, made_async, scale_device, unwait
 from advisor.metrics.host_device import (
     BANDWIDTH_BOUND_BYTES,
     device_exposed_fraction,
@@ -198,7 +198,14 @@ def check(ctx: Context):
         np.clip(d["bytes"].iloc[rows].fillna(0).to_numpy() / pinned_gbps / np.maximum(d["dur"].iloc[rows].to_numpy(np.float64), 1), 0, 1),
         1.0,
     )
-    change = Change.merge([scale_device(rows, ratio), unwait(ctx.events, pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64))])
+    # The copy call itself becomes an enqueue: from pageable memory it holds the host while
+    # the bytes are staged (the trace shows it as host work as long as the copy), pinned it
+    # returns at once and the host queues the next work behind the copy.
+    change = Change.merge([
+        scale_device(rows, ratio),
+        made_async(ctx.events, pageable["correlation"].to_numpy(np.int64)),
+        unwait(ctx.events, pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64)),
+    ])
     # The run's own loader settings, pinned: never another batch size or worker count than the run's.
     snippet = AFTER.replace(AFTER.splitlines()[0], dataloader_call(ctx.facts, pin_memory=True)) if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)

@@ -31,14 +31,10 @@ LABELS_FILE = REPO / "tests" / "data" / "labels" / "corpus.toml"
 LABELS: list[dict] = tomllib.loads(LABELS_FILE.read_text())["trace"]
 
 # Labels with a clear first fix whose first ranked finding was one of them, when measured.
-FIRST_FIX_HELD = 8
+FIRST_FIX_HELD = 9
 
 # trace -> {check: why it does not hold on the current code}; check is first_fix, must or must_not.
 KNOWN_MISSES: dict[str, dict[str, str]] = {
-    "corpus/a100_memcpy_pageable_10steps.json.gz": {
-        "first_fix": "cpu-tensor-then-copy ranks first (32.6 ms) on a copy benchmark; the pageable copies (4.8 GB/s) are the fix",
-        "must": "h2d-pageable-copy is not ranked although 154 MB per step cross from pageable memory at 4.8 GB/s",
-    },
     "corpus/mi300x_layernorm_fwd_bwd.json.gz": {
         "must_not": "launch-bound and spare-gpu-memory ranked on a layer unit test whose window is 1,090 ms of first launches",
     },
