@@ -38,10 +38,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "corpus/mi300x_layernorm_fwd_bwd.json.gz": {
         "must_not": "launch-bound and spare-gpu-memory ranked on a layer unit test whose window is 1,090 ms of first launches",
     },
-    "misc/a100_80gb_train.json.gz": {
-        "first_fix": "communication-exposed ranks first; the label (disputed) blames the ~140 ms blocking 704-byte DtoH copy per step",
-        "must": "host-sync is not ranked although the device idles ~113 ms a step during the blocking DtoH copies",
-    },
     "misc/amd_mi250_minitoy.json.gz": {
         "must_not": "gpu-idle ranked on a toy step whose idle is mostly one first-call hipLaunchKernel (6.6 ms of 9.3 ms)",
     },
