@@ -90,6 +90,7 @@ from advisor.snippets import dataloader_call
 ID = "h2d-pageable-copy"
 TITLE = "Host-to-device copies come from pageable memory"
 GROUP = "transfer"
+TESTED_ON = ("nvidia", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"
 DEFAULTS = {"min_share": 0.002, "min_bytes_per_step": 1 << 20}
 FIX = "Pin the batches (DataLoader(pin_memory=True)) and copy them with .to(device, non_blocking=True)."

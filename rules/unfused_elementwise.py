@@ -113,6 +113,7 @@ from advisor.metrics.host_device import OPTIMIZER_SPAN
 ID = "unfused-elementwise"
 TITLE = "Eager elementwise kernels dominate: nothing is fused"
 GROUP = "compute"
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html"
 DEFAULTS = {"min_kernel_share": 0.10, "min_share": 0.03}
 FIX = "Compile the model with torch.compile so chains of elementwise ops run as fused kernels."
