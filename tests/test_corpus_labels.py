@@ -38,9 +38,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "corpus/mi300x_layernorm_fwd_bwd.json.gz": {
         "must_not": "launch-bound and spare-gpu-memory ranked on a layer unit test whose window is 1,090 ms of first launches",
     },
-    "misc/amd_mi250_minitoy.json.gz": {
-        "must_not": "gpu-idle ranked on a toy step whose idle is mostly one first-call hipLaunchKernel (6.6 ms of 9.3 ms)",
-    },
 }
 
 
