@@ -36,7 +36,12 @@ FIRST_FIX_HELD = 10
 # trace -> {check: why it does not hold on the current code}; check is first_fix, must or must_not.
 KNOWN_MISSES: dict[str, dict[str, str]] = {
     "corpus/mi300x_layernorm_fwd_bwd.json.gz": {
-        "must_not": "launch-bound and spare-gpu-memory ranked on a layer unit test whose window is 1,090 ms of first launches",
+        "must_not": (
+            "launch-bound, spare-gpu-memory and unfused-elementwise ranked on the two warm calls of the root module Net_0 "
+            "(the first call, with the 1,090 ms of first launches, is reported apart): 60 kernels of ~4 us under ~3 ms of host "
+            "time a call, recorded with stacks (~1,900 Python events a call); even the low end of the profiler-cost estimate "
+            "would make the device hold the step, and the host-bound reading is kept by design"
+        ),
     },
 }
 
