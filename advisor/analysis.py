@@ -31,6 +31,7 @@ from advisor.facts import FACTS_FILE, read_facts, validate_facts
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.device_records import device_gaps
+from advisor.metrics.one_time import HOST_PACE_RULES, cold_window
 from advisor.metrics.unprofiled import ProfilerOverhead, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
@@ -468,6 +469,8 @@ def analyze_rank(task: RankTask) -> RankResult:
         rules = select_rules(all_rules(task.rules_dir), select=task.select, ignore=task.ignore)
         # no rule whose finding would rest on the side the trace is missing runs (or is replayed)
         rules = [r for r in rules if gaps.supports(r.id)] if gaps.any else rules
+        if cold_window(metrics):  # every step was a first call: nothing about the host's pace holds
+            rules = [r for r in rules if r.id not in HOST_PACE_RULES]
         found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed, stated)
     view = rank_view(metrics, facts, replayed[0] if replayed else None, stated)
     try:

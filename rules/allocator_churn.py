@@ -43,8 +43,6 @@ For each call after warm-up: the device idle time while the host was inside it, 
 launch-starved idle gap after it, up to the device time that ran during the call. Summed
 per step; calls during the warm-up steps are not counted.
 
-Tested on NVIDIA (CUDA runtime) and AMD (HIP runtime) traces.
-
 Reference: https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf
 """
 
@@ -62,6 +60,7 @@ from advisor.metrics.source import source_lines
 ID = "allocator-churn"
 TITLE = "GPU memory is allocated from the driver after warm-up"
 GROUP = "memory"
+TESTED_ON = ("nvidia", "amd", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
 DEFAULTS = {"min_share": 0.001, "warmup_steps": 1}
 FIX = "Keep shapes stable (pad to a few sizes), size the cache with one worst-case step first, and set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."

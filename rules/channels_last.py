@@ -5,8 +5,6 @@ Layout-transposing kernels (`nchwToNhwcKernel`, `nhwcToNchwKernel`; cuDNN's
 `convertTensor_kernel` and MIOpen's `batched_transpose_*` when a convolution launches them)
 launched around convolutions that take at least `min_share` (2%) of the step.
 
-Tested on NVIDIA (CUDA, cuDNN) and AMD (ROCm, MIOpen) traces.
-
 ## Why it is slow
 Tensor Core convolution kernels (fp16/bf16 on Volta and newer, TF32 on Ampere and newer)
 work on channels-last (NHWC) data. PyTorch tensors are channels-first (NCHW) by default, so
@@ -63,6 +61,7 @@ from advisor.whatif.changes import remove_launches
 ID = "channels-last"
 TITLE = "Convolutions pay for NCHW ↔ NHWC layout transposes"
 GROUP = "compute"
+TESTED_ON = ("nvidia", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"
 DEFAULTS = {"min_share": 0.02}
 FIX = "Put the model and its input in channels-last memory format: model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)."

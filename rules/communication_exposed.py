@@ -79,6 +79,7 @@ from advisor.metrics.intervals import intersect, merge, subtract
 ID = "communication-exposed"
 TITLE = "Communication is not overlapped with computation"
 GROUP = "distributed"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 DEFAULTS = {"min_share": 0.05}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs

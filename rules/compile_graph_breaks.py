@@ -93,6 +93,7 @@ from advisor.whatif.changes import fused
 ID = "compile-graph-breaks"
 TITLE = "torch.compile ran, but graph breaks leave the elementwise work eager"
 GROUP = "compute"
+TESTED_ON = ("nvidia", "amd")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html"
 DEFAULTS = {"min_kernel_share": 0.10, "min_share": 0.03}
 FIX = (

@@ -94,6 +94,7 @@ from advisor.whatif.savings import PROFILER_NS_PER_EVENT
 ID = "cpu-autocast"
 TITLE = "Matrix ops run in fp32 on a CPU with native bf16"
 GROUP = "compute"
+TESTED_ON = ("cpu",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/amp.html#cpu-op-specific-behavior"
 DEFAULTS = {"min_share": 0.05}
 FIX = 'Run the forward pass (and the loss) under torch.autocast("cpu", dtype=torch.bfloat16).'

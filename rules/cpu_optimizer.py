@@ -55,6 +55,7 @@ from advisor.whatif import Change
 ID = "cpu-optimizer"
 TITLE = "The optimizer updates one parameter at a time on the CPU"
 GROUP = "optimizer"
+TESTED_ON = ("cpu",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html"
 DEFAULTS = {"min_share": 0.01, "min_ops_per_parameter": 3}
 TRAINING_ONLY = True

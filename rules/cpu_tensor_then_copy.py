@@ -10,8 +10,6 @@ trace records both (an uninitialised `aten::empty` right before a copy is the co
 destination, not data). It fires when the copies cost at least `min_share` of the step
 (0.2% by default).
 
-Tested on NVIDIA (CUDA) and AMD (HIP) traces.
-
 ## Why it is slow
 `torch.zeros(n).to(device)` or `torch.randn(shape).cuda()` fills memory on the CPU, then
 pushes the bytes over PCIe from pageable memory: the host blocks in the copy, the device
@@ -63,6 +61,7 @@ from advisor.metrics.source import source_lines
 ID = "cpu-tensor-then-copy"
 TITLE = "Tensors are made on the CPU and copied to the GPU each step"
 GROUP = "transfer"
+TESTED_ON = ("nvidia", "amd", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#create-tensors-directly-on-the-target-device"
 DEFAULTS = {"min_share": 0.002}
 FIX = "Create the tensor on the GPU: pass device= to the factory (torch.zeros(..., device=device)) or use *_like(x)."

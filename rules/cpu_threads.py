@@ -55,6 +55,7 @@ from advisor.whatif import Change
 ID = "cpu-threads"
 TITLE = "CPU ops run on fewer threads than the free cores"
 GROUP = "host"
+TESTED_ON = ("cpu",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/cpu_threading_torchscript_inference.html"
 DEFAULTS = {"min_share": 0.05}
 FIX = "Give the intra-op pool the free cores: torch.set_num_threads(N), or OMP_NUM_THREADS=N in the environment."

@@ -80,6 +80,7 @@ from advisor.metrics.steps import step_of
 ID = "cudnn-benchmark"
 TITLE = "cudnn.benchmark is off: convolutions use fallback algorithms"
 GROUP = "compute"
+TESTED_ON = ("nvidia", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/backends.html#torch.backends.cudnn.benchmark"
 DEFAULTS = {"min_share": 0.03, "tuned_speedup": 1.5}
 FIX = "Set torch.backends.cudnn.benchmark = True when input shapes do not change between steps."

@@ -67,6 +67,7 @@ from advisor.metrics.source import source_lines
 ID = "d2d-copy-volume"
 TITLE = "Avoidable device-to-device copies"
 GROUP = "transfer"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
 DEFAULTS = {"min_share": 0.005}
 FIX = "Remove the copies at their cause (see the causes in the evidence)."

@@ -69,6 +69,7 @@ from advisor.metrics.source import source_lines
 ID = "data-parallel"
 TITLE = "nn.DataParallel replicates the model every step"
 GROUP = "distributed"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#use-nn-parallel-distributeddataparallel-instead-of-multiprocessing-or-nn-dataparallel"
 DEFAULTS = {"min_share": 0.01}
 FIX = "Replace nn.DataParallel with DistributedDataParallel, one process per GPU (torchrun)."

@@ -123,6 +123,7 @@ ID = "dataloader-stall"
 RECURRING_WAIT_SHARE = 0.2
 TITLE = "The input pipeline starves the device"
 GROUP = "input"
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading"
 DEFAULTS = {"min_share": 0.05}
 FIX = "Load batches in worker processes: num_workers, persistent_workers, prefetch_factor; move augmentation to the GPU if workers are not enough."

@@ -70,6 +70,7 @@ from advisor.engine import Context
 ID = "empty-cache"
 TITLE = "The loop empties the CUDA memory cache"
 GROUP = "memory"
+TESTED_ON = ("nvidia", "amd")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#memory-management"
 DEFAULTS = {"min_share": 0.0}
 FIX = "Remove torch.cuda.empty_cache() from the training loop; the caching allocator reuses freed memory."

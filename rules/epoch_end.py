@@ -70,6 +70,7 @@ from advisor.engine import Context
 ID = "epoch-end"
 TITLE = "Epoch ends restart the DataLoader workers and run a short batch"
 GROUP = "input"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"
 DEFAULTS = {"min_share": 0.02, "max_restart_steps": 5}
 AFTER = """loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, num_workers=WORKERS,

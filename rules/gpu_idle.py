@@ -82,6 +82,7 @@ from advisor.snippets import dataloader_call, suggested_workers
 ID = "gpu-idle"
 TITLE = "The GPU is idle for much of each step"
 GROUP = "host"
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 DEFAULTS = {"max_utilization": 0.60, "min_kernels_per_step": 10}
 SYMPTOM = True  # its saving is what the other findings' fixes leave (see the engine)

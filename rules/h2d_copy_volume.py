@@ -69,6 +69,7 @@ from advisor.metrics.source import source_lines
 ID = "h2d-copy-volume"
 TITLE = "Too many bytes cross to the GPU each step"
 GROUP = "transfer"
+TESTED_ON = ("nvidia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/vision/stable/transforms.html#performance-considerations"
 DEFAULTS = {"min_share": 0.03}
 FIX = "Send compact types to the GPU (uint8 images, int32/float32 instead of 64-bit) and convert/normalise there."

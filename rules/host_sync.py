@@ -86,6 +86,7 @@ from advisor.metrics.source import source_lines
 ID = "host-sync"
 TITLE = "The host waits for the GPU inside the step"
 GROUP = "host"
+TESTED_ON = ("nvidia", "amd", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization"
 DEFAULTS = {"min_share": 0.005}
 FIX = "Keep per-step values on the GPU (loss.detach(), running sums as tensors) and read them every N steps; avoid data-dependent shapes and explicit synchronize() in the loop."

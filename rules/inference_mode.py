@@ -66,6 +66,7 @@ from advisor.metrics.steps import step_of
 ID = "inference-mode"
 TITLE = "Inference runs with autograd recording a graph"
 GROUP = "host"
+TESTED_ON = ("amd", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"
 DEFAULTS = {"min_share": 0.02, "min_nodes": 4, "node_us": 2.0}
 FIX = "Run the inference loop under `with torch.inference_mode():` (or torch.no_grad() where its outputs must enter autograd later)."

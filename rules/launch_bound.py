@@ -94,6 +94,7 @@ from advisor.metrics.intervals import intersect, merge, subtract
 ID = "launch-bound"
 TITLE = "The GPU waits for the host to launch kernels"
 GROUP = "host"
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-cuda-graphs"
 DEFAULTS = {"min_share": 0.03, "min_kernels_per_step": 32, "max_median_kernel_us": 50.0, "max_gap_ms": 1.0}
 FIX = (

@@ -58,6 +58,7 @@ from advisor.whatif.changes import scale_op_rows
 ID = "memory-bound-slow"
 TITLE = "Memory-bound ops run far below the memory bandwidth"
 GROUP = "compute"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://docs.nvidia.com/deeplearning/performance/dl-performance-memory-limited/index.html"
 DEFAULTS = {"min_share": 0.02, "max_bandwidth_share": 0.30, "min_bytes": 1 << 20}
 SYMPTOM = True  # its fixes (layout, fusing) overlap the other findings': saved only what theirs leave

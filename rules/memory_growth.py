@@ -52,6 +52,7 @@ from advisor.metrics.memory_use import LOWER_BOUND, allocated_at_step_ends, memo
 ID = "memory-growth"
 TITLE = "Allocated memory grows every step"
 GROUP = "memory"
+TESTED_ON = ("nvidia", "amd", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/faq.html#my-model-reports-cuda-runtime-error-2-out-of-memory"
 DEFAULTS = {"min_steps": 3, "min_rising": 0.75, "min_growth_mb": 16}
 FIX = "Do not keep tensors that require grad across steps: store loss.detach() or loss.item() (at a low rate), not the loss itself."

@@ -56,6 +56,7 @@ from advisor.metrics.steps import step_of
 ID = "memory-near-limit"
 TITLE = "Device memory peaks close to capacity"
 GROUP = "memory"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#memory-management"
 DEFAULTS = {"min_share": 0.90}
 FIX = "Make room: activation checkpointing (torch.utils.checkpoint), mixed precision, or a smaller micro-batch with gradient accumulation."

@@ -95,6 +95,7 @@ from advisor.metrics.source import source_lines
 ID = "single-tensor-optimizer"
 TITLE = "The optimizer launches kernels one parameter at a time"
 GROUP = "optimizer"
+TESTED_ON = ("nvidia", "amd")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
 DEFAULTS = {"min_share": 0.003, "min_launches": 50}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs

@@ -52,6 +52,7 @@ from advisor.whatif.changes import scale_op_rows
 ID = "small-gemm"
 TITLE = "GEMMs too small to fill the device"
 GROUP = "compute"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html#wave-quant"
 DEFAULTS = {"min_share": 0.01, "max_ceiling_share": 0.25, "min_calls_per_step": 2}
 FIX = "Batch same-shaped small GEMMs into one (torch.bmm, a grouped GEMM, or one GEMM over concatenated weights), or fuse them with torch.compile."

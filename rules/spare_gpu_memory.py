@@ -103,6 +103,7 @@ ID = "spare-gpu-memory"
 RECIPE = "batch size"
 TITLE = "GPU memory is mostly unused: the batch could be larger"
 GROUP = "memory"
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 DEFAULTS = {"max_share": 0.25, "max_utilization": 0.80, "max_batch_factor": 4, "usable_share": 0.80, "min_share": 0.03}
 # Per-step overhead that these fixes remove is no longer there for a larger batch to spread.

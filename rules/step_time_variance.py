@@ -64,6 +64,7 @@ from advisor.metrics.steps import step_of
 ID = "step-time-variance"
 TITLE = "Step times vary too much for the window to be representative"
 GROUP = "window"
+TESTED_ON = ("nvidia", "amd", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule"
 DEFAULTS = {"min_steps": 3, "min_spread": 0.25, "slow_factor": 0.20, "min_share": 0.03}
 FIX = "Skip warm-up steps in the profiler schedule and profile more steps; look at what the slow steps do in the trace view."

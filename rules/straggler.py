@@ -65,6 +65,7 @@ from advisor.metrics.one_time import had_one_time_work
 ID = "straggler"
 TITLE = "A slow rank makes the others wait in their collectives"
 GROUP = "distributed"
+TESTED_ON = ("nvidia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 SCOPE = "job"
 DEFAULTS = {"min_share": 0.02, "min_rank_share": 0.5}

@@ -53,6 +53,7 @@ from advisor.whatif.changes import scale_op_rows
 ID = "tensor-core-tile"
 TITLE = "Matrix shapes miss the Tensor Core tile"
 GROUP = "compute"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html#requirements-tc"
 DEFAULTS = {"min_share": 0.01}
 FIX = "Pad the misaligned matrix dimensions (hidden sizes, vocabulary, batch) up to a multiple of 8 for fp16/bf16 (4 for TF32, 16 for fp8/int8), and slice the result."

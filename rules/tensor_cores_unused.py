@@ -136,6 +136,7 @@ ID = "tensor-cores-unused"
 RECIPE = "precision"
 TITLE = "Matrix work runs in fp32, not on fp16/bf16 Tensor Cores"
 GROUP = "compute"
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/amp.html"
 DEFAULTS = {"min_capability": 7.0, "min_eligible_share": 0.10, "max_half_share": 0.10, "min_share": 0.05}
 FIX = "Run the forward pass and the loss under torch.autocast (fp16 with a GradScaler before Ampere, bf16 from Ampere on)."

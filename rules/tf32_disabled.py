@@ -100,6 +100,7 @@ __doc__ = with_precision_page(__doc__)
 ID = "tf32-disabled"
 TITLE = "fp32 matmuls/convolutions run without TF32"
 GROUP = "compute"
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
 DEFAULTS = {"min_capability": 8.0, "min_share": 0.03}
 FIX = 'Allow TF32: torch.set_float32_matmul_precision("high") for matmuls, torch.backends.cudnn.allow_tf32 = True for convolutions.'

@@ -76,6 +76,7 @@ from advisor.metrics.events import rank_events
 ID = "unbucketed-allreduce"
 TITLE = "Gradients are all-reduced one tensor at a time"
 GROUP = "distributed"
+TESTED_ON = ("nvidia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html#internal-design"
 DEFAULTS = {"min_calls": 16, "bucket_cap_mb": 25.0, "min_share": 0.02}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs

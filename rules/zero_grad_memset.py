@@ -67,6 +67,7 @@ from advisor.metrics.source import source_lines
 ID = "zero-grad-memset"
 TITLE = "zero_grad() zeroes every gradient instead of dropping it"
 GROUP = "optimizer"
+TESTED_ON = ("nvidia",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-parameter-grad-none-instead-of-model-zero-grad-or-optimizer-zero-grad"
 DEFAULTS = {"min_share": 0.005}
 TRAINING_ONLY = True  # gradients and optimizers: silent on inference runs

@@ -31,26 +31,17 @@ LABELS_FILE = REPO / "tests" / "data" / "labels" / "corpus.toml"
 LABELS: list[dict] = tomllib.loads(LABELS_FILE.read_text())["trace"]
 
 # Labels with a clear first fix whose first ranked finding was one of them, when measured.
-FIRST_FIX_HELD = 8
+FIRST_FIX_HELD = 10
 
 # trace -> {check: why it does not hold on the current code}; check is first_fix, must or must_not.
 KNOWN_MISSES: dict[str, dict[str, str]] = {
-    "corpus/a100_memcpy_pageable_10steps.json.gz": {
-        "first_fix": "cpu-tensor-then-copy ranks first (32.6 ms) on a copy benchmark; the pageable copies (4.8 GB/s) are the fix",
-        "must": "h2d-pageable-copy is not ranked although 154 MB per step cross from pageable memory at 4.8 GB/s",
-    },
     "corpus/mi300x_layernorm_fwd_bwd.json.gz": {
-        "must_not": "launch-bound and spare-gpu-memory ranked on a layer unit test whose window is 1,090 ms of first launches",
-    },
-    "misc/a100_80gb_train.json.gz": {
-        "first_fix": "communication-exposed ranks first; the label (disputed) blames the ~140 ms blocking 704-byte DtoH copy per step",
-        "must": "host-sync is not ranked although the device idles ~113 ms a step during the blocking DtoH copies",
-    },
-    "misc/a100_nccl.json.gz": {
-        "first_fix": "unfused-elementwise ranks first with 152 ms a step of host time saved by compiled launches (launch-bound's ground); launch-bound is fourth with 7.3 ms",
-    },
-    "misc/amd_mi250_minitoy.json.gz": {
-        "must_not": "gpu-idle ranked on a toy step whose idle is mostly one first-call hipLaunchKernel (6.6 ms of 9.3 ms)",
+        "must_not": (
+            "launch-bound, spare-gpu-memory and unfused-elementwise ranked on the two warm calls of the root module Net_0 "
+            "(the first call, with the 1,090 ms of first launches, is reported apart): 60 kernels of ~4 us under ~3 ms of host "
+            "time a call, recorded with stacks (~1,900 Python events a call); even the low end of the profiler-cost estimate "
+            "would make the device hold the step, and the host-bound reading is kept by design"
+        ),
     },
 }
 

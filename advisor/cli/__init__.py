@@ -255,6 +255,7 @@ def list_rules(
 ) -> None:
     """List the rules the advisor checks, with their group (`--select GROUP` runs a group)."""
     from advisor.engine import all_rules, select_rules
+    from advisor.metrics.vendors import tested_on
 
     if format not in ("text", "json"):
         raise typer.BadParameter(f"{format!r} is not one of text, json", param_hint="'--format'")
@@ -264,7 +265,7 @@ def list_rules(
 
         doc = [
             {"id": r.id, "title": r.title, "group": r.group or None, "source": r.source, "training_only": r.training_only,
-             "scope": r.scope, "options": r.defaults, "docs_url": r.docs_url or None}
+             "scope": r.scope, "options": r.defaults, "docs_url": r.docs_url or None, "tested_on": list(tested_on(r))}
             for r in rules
         ]
         write_output(to_json_text(doc), None)
@@ -276,9 +277,10 @@ def list_rules(
     t.add_column("rule")
     t.add_column("group")
     t.add_column("what it finds", overflow="fold")
+    t.add_column("tested on")
     t.add_column("source", style="bright_black")
     for r in rules:
-        t.add_row(r.id, r.group, Text(r.title), r.source)
+        t.add_row(r.id, r.group, Text(r.title), ", ".join(tested_on(r)) or "-", r.source)
     stdout_console().print(t)
 
 
@@ -298,6 +300,9 @@ def explain(
         page += f"\n\nReference: {r.docs_url}"
     if r.training_only:
         page += "\n\nTraining runs only: silent on inference and evaluation runs (no backward pass, no optimizer step)."
+    from advisor.metrics.vendors import tested_on_text
+
+    page += f"\n\n{tested_on_text(r)}"
     if r.defaults:
         from advisor.config import rule_options_help
 

@@ -13,7 +13,11 @@ initialises a library (LIBRARY_INIT) lasting at least ONE_TIME_MIN_MS.
 Its excess over the typical call is cut out of the timeline (everything after it moves
 earlier by that much), where the device had nothing to do meanwhile: every figure after
 that, step times, idle time and savings, is the steady run's. The note names each call and
-its size.
+its size. A step that held such a call is the run's first pass through everything in it
+(the first dispatch of each op, the autograd engine's first backward, the first collective):
+when every step of the window did (a window of one cold iteration), the rules that read the
+host's pace or the device's idle time (HOST_PACE_RULES) have no warm step to stand on and do
+not run, and a second note says so.
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ ONE_TIME_NOTE = "one-time work taken out of the steps"
 # Device activity during the excess above this share of it: the call did not hold the run
 # up alone, and cutting it out would squeeze the device's work.
 MAX_BUSY_SHARE = 0.05
+COLD_WINDOW_NOTE = "every step of the window holds one-time work"
+# Rules whose findings rest on the host's pace or the device's idle time in the steps: a step
+# that loaded modules is a first call of everything in it (first dispatch of each op, the
+# autograd engine's first backward, the first collective), so none of them has a basis there.
+HOST_PACE_RULES = frozenset(
+    {"gpu-idle", "launch-bound", "host-sync", "dataloader-stall", "step-time-variance", "straggler",
+     "communication-exposed", "spare-gpu-memory"}
+)
 
 
 def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -138,7 +150,29 @@ def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None
         + (f" and {len(calls) - 5} more" if len(calls) > 5 else "")
         + " (a library loaded or initialised, autotuning, first-call compilation): reported apart, never a per-step saving"
     )
-    return out, [note]
+    notes = [note]
+    if steps is not None and len(steps) and _every_step_holds(steps, calls["ts"].to_numpy(np.int64)):
+        n = len(steps)
+        notes.append(
+            f"{COLD_WINDOW_NOTE} ({'its only step is' if n == 1 else f'all {n} steps are'} the run's first calls): "
+            "its host times are first-call times, not a warm step's, so no advice rests on the host's pace, the device's "
+            "idle time or the batch size; record steps after the first ones (a profiler schedule with warmup) for that"
+        )
+    return out, notes
+
+
+def _every_step_holds(steps: pd.DataFrame, ts: np.ndarray) -> bool:
+    """Whether each step holds at least one of these times."""
+    s0, s1 = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+    i = np.searchsorted(s0, ts, side="right") - 1
+    ok = (i >= 0) & (ts < s1[np.maximum(i, 0)])
+    return len(np.unique(i[ok])) == len(steps)
+
+
+def cold_window(metrics) -> bool:
+    """Whether every step of this rank's window held one-time work (its note is among the notes):
+    the rules in HOST_PACE_RULES have no warm step to stand on."""
+    return any(n.startswith(COLD_WINDOW_NOTE) for n in metrics.notes)
 
 
 def had_one_time_work(metrics) -> bool:
