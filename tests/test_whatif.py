@@ -240,3 +240,28 @@ def test_a_long_run_replays_a_block_of_its_steps_with_the_same_savings(monkeypat
     for rule, change in changes.items():
         assert block.saving_ms(change) == pytest.approx(whole.saving_ms(change), rel=0.10, abs=0.5), rule
     assert analyze(shared("traces/v100_resnet50_nw0")).whatif[0].baseline_ms == pytest.approx(whole.baseline_ms, rel=0.02)
+
+
+def test_fixes_cut_to_the_block_then_merged_replay_as_the_whole_merge(monkeypatch):
+    """`RankReplay.merged` cuts each fix to the replayed block before merging them (a long
+    run's per-row tables are not merged whole): its replay is exactly that of the merge of
+    the whole changes, and the same list of changes gives the same object."""
+    from advisor.engine import all_rules, check_rank_rules
+    from advisor.whatif import savings
+    from advisor.whatif.savings import RankReplay
+
+    _, m, _ = _graph(shared("traces/v100_resnet50_nw0"))  # 6 steps
+    findings = check_rank_rules(all_rules(), m, None, {}, 1, [])
+    changes = [f.change for f in findings if f.change is not None]
+    assert len(changes) >= 3
+    monkeypatch.setattr(savings, "MAX_REPLAY_STEPS", 3)
+    block = RankReplay(m, None)
+    whole_merge = Change.merge(changes)
+    cut_merge = block.merged(changes)
+    assert block.merged(list(changes)) is cut_merge
+    # fewer rows than the whole merge (the block holds 3 of the 6 steps), the same replay
+    assert len(cut_merge.device_scale) < len(whole_merge.device_scale)
+    assert block.replayed_ms(cut_merge) == block.replayed_ms(whole_merge)
+    for i in range(1, len(changes)):
+        pair = [changes[0], changes[i]]
+        assert block.replayed_ms(block.merged(pair)) == block.replayed_ms(Change.merge(pair))

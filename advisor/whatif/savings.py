@@ -137,6 +137,9 @@ class RankReplay:
         self.step_host_ms: float = 0.0  # unprofiled host time placed at each step's start
         self._rows: tuple[np.ndarray, np.ndarray] | None = None  # calls and device ops of a replayed block
         self._replayed: dict[int, tuple[Change, float]] = {}
+        # id(change) -> (change, the change cut to the replayed block); ids of merged changes -> (changes, merge)
+        self._cut: dict[int, tuple[Change, Change]] = {}
+        self._merged: dict[tuple[int, ...], tuple[list[Change], Change]] = {}
         self.scale_range: list[float] | None = None  # host scales at the profiler cost estimate's high and low end
 
     @property
@@ -155,6 +158,7 @@ class RankReplay:
         out = copy.copy(self)
         out.metrics = without_frames(self.metrics)
         out._replayed = {}  # the rules' replays are settled: not carried
+        out._cut, out._merged = {}, {}
         out._detached = True
         return out
 
@@ -170,10 +174,19 @@ class RankReplay:
         return replayed_block(self.metrics.steps).start
 
     def _in_block(self, change: Change) -> Change:
-        """The change cut to the calls and device ops of the replayed block (a whole run: as it is)."""
+        """The change cut to the calls and device ops of the replayed block (a whole run: as it
+        is), once per change object."""
         _ = self.graph
         if self._rows is None:
             return change
+        seen = self._cut.get(id(change))
+        if seen is not None and seen[0] is change:
+            return seen[1]
+        out = self._cut_to_block(change)
+        self._cut[id(change)] = (change, out)
+        return out
+
+    def _cut_to_block(self, change: Change) -> Change:
         rt_in, dev_in = self._rows
         return replace(
             change,
@@ -304,6 +317,21 @@ class RankReplay:
         if self._baseline is None:
             self._baseline = self._of(replay(self.graph, self.base)) + self.remainder_ms
         return self._baseline
+
+    def merged(self, changes: list[Change]) -> Change:
+        """`Change.merge(changes)` as the replay takes it: each change cut to the replayed block
+        first (the same rows and values as the merge cut afterwards), so a fix's tables over a
+        long run are not merged whole; the same list of change objects gives the same merge
+        object, whose replay is then not repeated (`replayed_ms`)."""
+        key = tuple(id(c) for c in changes)
+        seen = self._merged.get(key)
+        if seen is not None and all(a is b for a, b in zip(seen[0], changes, strict=True)):
+            return seen[1]
+        out = Change.merge([self._in_block(c) for c in changes])
+        self._merged[key] = (list(changes), out)
+        if self._rows is not None:
+            self._cut[id(out)] = (out, out)  # already cut
+        return out
 
     def replayed_ms(self, change: Change) -> float:
         """The replayed step with `change` (ms); a change replayed before (the same object: a
