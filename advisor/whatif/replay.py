@@ -333,6 +333,8 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
         wone, many = static[9], static[10]
     gap_l, own_l, tail_l = gap.tolist(), own.tolist(), tail.tolist()
     d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
+    if _one_chain(g) and not any(many):
+        return _simulate_chain(n_h, n_d, float(g.h_ts[0]), first_op, gap_l, own_l, tail_l, wone, d_dur_l, delay_l, d_gap_l)
     start = [0.0] * n_h
     end = [0.0] * n_h
     d_start = [0.0] * n_d
@@ -378,6 +380,68 @@ def _simulate(g: StepGraph, effective) -> tuple[list[float], list[float], list[f
         b = max(last[st] + d_gap_l[k], d_start[k - 1] if k else t0)
         d_start[k] = b
         last[st] = d_end[k] = b + d_dur_l[k]
+        k += 1
+    return start, end, d_start, d_end
+
+
+def _one_chain(g: StepGraph) -> bool:
+    """Whether the graph is one host thread's chain of calls (each node after the one before
+    it ends) feeding one stream, with no op held by another stream: `_simulate_chain` walks it."""
+    chain = g.__dict__.get("_one_chain")
+    if chain is None:
+        n_h = len(g.h_ts)
+        chain = (
+            n_h > 0
+            and g.n_streams <= 1
+            and bool((g.h_anchor == np.arange(n_h) - 1).all())
+            and bool(g.h_serial[1:].all())
+            and not bool((g.d_dep >= 0).any())
+        )
+        g.__dict__["_one_chain"] = chain
+    return chain
+
+
+def _simulate_chain(n_h, n_d, t0, first_op, gap_l, own_l, tail_l, wone, d_dur_l, delay_l, d_gap_l):
+    """`_simulate` for a graph of one chain (`_one_chain`) whose calls each wait for one op at
+    most: the same arithmetic in the same order, without the anchors, streams and
+    cross-stream waits the general walk looks up per node (about a third faster)."""
+    start: list[float] = []
+    end: list[float] = []
+    d_start = [0.0] * n_d
+    d_end = [0.0] * n_d
+    last = float("-inf")
+    e = t0
+    gap_l[0] = 0.0  # the first node starts at t0 (t0 + 0.0 is t0)
+    push_s, push_e = start.append, end.append
+    for gp, ow, tl, w, k0, k1 in zip(gap_l, own_l, tail_l, wone, first_op, first_op[1:], strict=False):
+        s = e + gp
+        push_s(s)
+        if k1 == k0 + 1:  # most calls launch one op
+            b = s + delay_l[k0]
+            q = last + d_gap_l[k0]
+            if q > b:
+                b = q
+            d_start[k0] = b
+            last = d_end[k0] = b + d_dur_l[k0]
+        elif k1 > k0:
+            for k in range(k0, k1):
+                b = s + delay_l[k]
+                q = last + d_gap_l[k]
+                if q > b:
+                    b = q
+                d_start[k] = b
+                last = d_end[k] = b + d_dur_l[k]
+        e = s + ow
+        if w >= 0:
+            w = d_end[w] + tl
+            if w > e:
+                e = w
+        push_e(e)
+    k = first_op[n_h]
+    while k < n_d:  # ops after the last host node (none in practice)
+        b = max(last + d_gap_l[k], d_start[k - 1] if k else t0)
+        d_start[k] = b
+        last = d_end[k] = b + d_dur_l[k]
         k += 1
     return start, end, d_start, d_end
 
