@@ -19,7 +19,7 @@ from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
-from advisor.whatif.replay import Change, calibrate, replay, replay_nodes
+from advisor.whatif.replay import Change, calibrate, replay_graph, replay_nodes
 
 
 @dataclass
@@ -226,10 +226,10 @@ class RankReplay:
                 # fastest host still short of the unprofiled step) stays as it is per step,
                 # unless that is a large part of the step: then the host is the likelier
                 # cause (autocast's casts, a compiled graph's guards), scaled to explain it all.
-                rest = self._unprofiled - replay(self.graph, base).median_ms
+                rest = self._unprofiled - replay_graph(self.graph, base).median_ms
                 if rest > MAX_REMAINDER_SHARE * self._unprofiled:
                     base = build(calibrate(self.graph, self._unprofiled, build, fastest=False))
-                    rest = self._unprofiled - replay(self.graph, base).median_ms
+                    rest = self._unprofiled - replay_graph(self.graph, base).median_ms
                 base, rest = self._as_step_host_time(base, max(rest, 0.0))
                 self.remainder_ms = rest
             else:
@@ -257,7 +257,7 @@ class RankReplay:
         busy_ms = float(np.median(util * dur_ms))
 
         def device_bound(scale: float) -> bool:
-            return busy_ms >= DEVICE_BOUND * replay(self.graph, Change(host_scale=scale)).median_ms
+            return busy_ms >= DEVICE_BOUND * replay_graph(self.graph, Change(host_scale=scale)).median_ms
 
         if not device_bound(cost[1]):
             return cost
@@ -291,7 +291,7 @@ class RankReplay:
         added = rest_ms
         for _ in range(4):
             trial = Change.merge([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
-            got = replay(self.graph, trial).median_ms
+            got = replay_graph(self.graph, trial).median_ms
             if abs(got - target) <= STEP_HOST_FIT * target:
                 self.step_host_ms = added
                 return trial, 0.0
@@ -315,7 +315,7 @@ class RankReplay:
     @property
     def baseline_ms(self) -> float:
         if self._baseline is None:
-            self._baseline = self._of(replay(self.graph, self.base)) + self.remainder_ms
+            self._baseline = self._of(replay_graph(self.graph, self.base)) + self.remainder_ms
         return self._baseline
 
     def merged(self, changes: list[Change]) -> Change:
@@ -345,7 +345,7 @@ class RankReplay:
 
     def _replayed_ms(self, change: Change) -> float:
         remainder = self.remainder_ms * (1.0 - min(max(change.remainder_share, 0.0), 1.0))
-        return self._of(replay(self.graph, Change.merge([self.base, self._in_block(change)]))) + remainder / change.per_sample
+        return self._of(replay_graph(self.graph, Change.merge([self.base, self._in_block(change)]))) + remainder / change.per_sample
 
     def with_base(self, change: Change) -> Change:
         """The baseline with `change` on it, as the replayed graph takes it (for replay_step)."""
@@ -392,7 +392,7 @@ class RankReplay:
         )
         if self.scale_range is not None:
             out.scale_range = [round(x, 4) for x in self.scale_range]
-            out.baseline_range_ms = [round(self._of(replay(self.graph, Change(host_scale=x))), 3) for x in self.scale_range]
+            out.baseline_range_ms = [round(self._of(replay_graph(self.graph, Change(host_scale=x))), 3) for x in self.scale_range]
         return out
 
 
