@@ -262,6 +262,11 @@ def test_fixes_cut_to_the_block_then_merged_replay_as_the_whole_merge(monkeypatc
     # fewer rows than the whole merge (the block holds 3 of the 6 steps), the same replay
     assert len(cut_merge.device_scale) < len(whole_merge.device_scale)
     assert block.replayed_ms(cut_merge) == block.replayed_ms(whole_merge)
+    # a merge of three or more continues the merge of all but the last: the same fold
+    for name in ("host_scale", "per_sample", "device_scale_all", "remainder_share", "host_remove"):
+        assert getattr(cut_merge, name) == getattr(whole_merge, name), name
+    shares = [Change(remainder_share=x) for x in (0.1, 0.3, 0.7)]
+    assert Change.merge(shares[2:], onto=Change.merge(shares[:2])).remainder_share == Change.merge(shares).remainder_share
     for i in range(1, len(changes)):
         pair = [changes[0], changes[i]]
         assert block.replayed_ms(block.merged(pair)) == block.replayed_ms(Change.merge(pair))

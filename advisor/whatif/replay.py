@@ -87,13 +87,22 @@ class Change:
     untimed_host: dict[int, float] = field(default_factory=dict)
 
     @classmethod
-    def merge(cls, changes: Sequence["Change"]) -> "Change":
+    def merge(cls, changes: Sequence["Change"], onto: "Change | None" = None) -> "Change":
         """The changes together. Per-row tables are combined a table at a time (dict.update,
         then the rows two changes share), and a table only one change has is shared, not
-        copied: a replay never modifies a change."""
+        copied: a replay never modifies a change.
+
+        The merge is a fold over the changes in order; `onto`, a merge made before, continues
+        it: `merge(b, onto=merge(a))` is `merge([*a, *b])`, value for value."""
         out = cls()
         remainder = 0.0
-        for c in changes:
+        if onto is not None:
+            changes = [onto, *changes]
+        for i, c in enumerate(changes):
+            if i == 0 and onto is not None:
+                remainder = onto.remainder_share  # the fold's state, not one more change on it
+            else:
+                remainder = 1.0 - (1.0 - remainder) * (1.0 - c.remainder_share)
             out.host_remove += c.host_remove
             out.host_scale *= c.host_scale
             out.per_sample *= c.per_sample
@@ -101,7 +110,6 @@ class Change:
             out.host_own += c.host_own
             out.host_add += c.host_add
             out.host_add_unprofiled += c.host_add_unprofiled
-            remainder = 1.0 - (1.0 - remainder) * (1.0 - c.remainder_share)
         out.remainder_share = remainder
         out.call_scale = _merged_table([c.call_scale for c in changes], _combine)
         out.device_scale = _merged_table([c.device_scale for c in changes], _combine)

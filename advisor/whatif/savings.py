@@ -327,7 +327,10 @@ class RankReplay:
         seen = self._merged.get(key)
         if seen is not None and all(a is b for a, b in zip(seen[0], changes, strict=True)):
             return seen[1]
-        out = Change.merge([self._in_block(c) for c in changes])
+        if len(changes) > 2:  # the merge of all but the last continued (the greedy ranking's rounds share it)
+            out = Change.merge([self._in_block(changes[-1])], onto=self.merged(changes[:-1]))
+        else:
+            out = Change.merge([self._in_block(c) for c in changes])
         self._merged[key] = (list(changes), out)
         if self._rows is not None:
             self._cut[id(out)] = (out, out)  # already cut
