@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.breakdown import DATALOADER_NAME, _matches, text_of
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
@@ -525,7 +525,7 @@ def profiler_cost(metrics, g: StepGraph) -> tuple[float, float, float] | None:
     if len(steps) == 0 or len(g.h_gap) == 0:
         return None
     host = metrics.frames.host
-    kind = host["kind"].astype(str).to_numpy()
+    kind = text_of(host["kind"])
     ts = host["ts"].to_numpy(np.int64)
     lo, hi = int(steps["start"].min()), int(steps["end"].max())
     recorded = ((kind == "op") | (kind == "python")) & (ts >= lo) & (ts < hi)
