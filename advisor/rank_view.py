@@ -85,7 +85,7 @@ def replayed_steps(m: Metrics, replay: RankReplay, head: RankWhatIf | None, mode
         rules = [r for r in head.fixes if r in modelled]
         changes = [modelled[r] for r in rules]
         if changes:
-            fixed = replay_step(replay.graph, replay.with_base(Change.merge(changes)))
+            fixed = replay_step(replay.graph, replay.with_base(replay.merged(changes)))
             if fixed is not None:
                 fixed = dataclasses.replace(fixed, index=fixed.index + replay.first_step)
                 batch = f" One replayed step processes {fixed.per_sample:g} current steps' samples (a larger batch)." if fixed.per_sample != 1.0 else ""

@@ -28,7 +28,7 @@ from advisor.load.discover import find_run  # noqa: E402
 from advisor.metrics.summary import compute_metrics  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
 from advisor.whatif.graph import build_graph  # noqa: E402
-from advisor.whatif.replay import replay  # noqa: E402
+from advisor.whatif.replay import replay_graph  # noqa: E402
 from advisor.whatif.savings import RankReplay  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def main() -> int:
             t0 = time.perf_counter()
             g = build_graph(frames, m.steps)
             t1 = time.perf_counter()
-            r = replay(g)
+            r = replay_graph(g)
             t2 = time.perf_counter()
             measured = float(np.median(m.steps["duration"])) / 1e6
             err = (r.median_ms - measured) / measured if measured else 0.0

@@ -58,6 +58,7 @@ import re
 
 import numpy as np
 import pandas as pd
+from advisor.metrics.breakdown import text_of
 from advisor.metrics.host_device import device_exposed_fraction, op_tree_of, per_step, rank_copy_launches
 from advisor.metrics.events import rank_events
 
@@ -147,7 +148,7 @@ def d2d_copies(m, tree) -> pd.DataFrame:
         cause = np.where(better, i, cause)
         best_depth = np.where(better, depth, best_depth)
     c["cause"] = cause
-    names = tree.ops["name"].astype(str).to_numpy()
+    names = text_of(tree.ops["name"])
     c["label"] = np.where(cause >= 0, [COPY_CAUSES[i][1] if i >= 0 else "" for i in cause],
                           [names[p] if p >= 0 else "unknown op" for p in pos])
     return c

@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.breakdown import DATALOADER_NAME, _matches, text_of
 from advisor.metrics.compute import step_kernels
 from advisor.metrics.hierarchy import OpTree, op_tree
 from advisor.metrics.intervals import covers, intersect, merge, sorted_unique, subtract
@@ -131,7 +131,7 @@ def host_during(events, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int =
     if not hit.any():
         return []
     outer = tree.nearest_ancestor(inner[hit], np.ones(len(ops), dtype=bool), outermost=True)
-    names = ops["name"].astype(str).to_numpy()
+    names = text_of(ops["name"])
     g = pd.DataFrame({"name": names[inner[hit]], "within": names[outer], "ns": hi[hit] - lo[hit]})
     g = g.groupby(["name", "within"], sort=False)["ns"].sum().sort_values(ascending=False).head(limit)
     out = []

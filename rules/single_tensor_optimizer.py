@@ -81,6 +81,7 @@ from advisor.whatif.changes import device_rows_of, host_work_share, runtime_rows
 
 import numpy as np
 import pandas as pd
+from advisor.metrics.breakdown import text_of
 from advisor.metrics.host_device import (
     launches_in_spans,
     op_tree_of,
@@ -160,7 +161,7 @@ def check(ctx: Context):
     evidence["multi_tensor_launch_share"] = round(kept, 4)
     rows = device_rows_of(ctx.events, lk["correlation"].to_numpy(np.int64))
     d = ctx.events.device["dur"].to_numpy(np.float64)[rows]
-    names = ctx.events.device["name"].astype(str).to_numpy()[rows]
+    names = text_of(ctx.events.device["name"])[rows]
     # Each kernel's fixed cost: the shortest run of the same kernel in this step (on the
     # smallest tensor, such as a bias, it is almost all start-up and tail). A multi-tensor
     # kernel pays it once per launch, so each per-parameter kernel keeps `kept` of it.

@@ -159,7 +159,7 @@ def test_timeline_shows_the_median_step_and_its_idle_time(nw0_analysis, nw0_html
 
 
 def test_timeline_shows_the_replayed_step_beside_the_measured_one(nw0_analysis, nw0_html):
-    from advisor.whatif.replay import Change, replay, replay_step
+    from advisor.whatif.replay import Change, replay_graph, replay_step
     from advisor.whatif.savings import rank_replay
 
     m = nw0_analysis.primary
@@ -185,7 +185,7 @@ def test_timeline_shows_the_replayed_step_beside_the_measured_one(nw0_analysis, 
     stated = check_rank_rules([x for x in all_rules() if x.id in head.fixes], m, None)
     change = Change.merge([r.base, *[f.change for f in stated if f.change is not None]])
     fixed = replay_step(r.graph, change)
-    assert fixed.duration_ns / fixed.per_sample == pytest.approx(replay(r.graph, change).step_ns[fixed.index], abs=1)
+    assert fixed.duration_ns / fixed.per_sample == pytest.approx(replay_graph(r.graph, change).step_ns[fixed.index], abs=1)
     assert fixed.duration_ns / fixed.per_sample < 0.6 * base.duration_ns  # the fixes' headline: well under the step
     for heading in ("Replayed step", "Replayed step with every fix"):
         assert f">{heading}</h3>" in nw0_html

@@ -158,3 +158,25 @@ def test_windows_of_one_worker_are_not_ranks(nw0, tmp_path):
     assert len(a.ranks) == 1
     assert a.summary()["steps"] == 6
     assert any("2 profiling windows from worker worker0" in w for w in a.warnings)
+
+
+def test_row_groups_number_tuples_as_a_multiindex_does():
+    """`row_groups` codes each row's tuple of values in order of first appearance, a missing
+    value being a value of its own, as pandas' MultiIndex.factorize does (on generated columns
+    of ints, strings and missing values)."""
+    import pandas as pd
+
+    from advisor.metrics.breakdown import row_groups
+
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        n = int(rng.integers(1, 300))
+        cols = []
+        for _ in range(int(rng.integers(1, 5))):
+            if rng.random() < 0.5:
+                cols.append(rng.integers(-1, 5, n))
+            else:
+                col = np.array([["a", "b", "", None][x] for x in rng.integers(0, 4, n)], dtype=object)
+                col[np.equal(col, None)] = np.nan
+                cols.append(col)
+        assert np.array_equal(row_groups(cols), pd.MultiIndex.from_arrays(cols).factorize()[0])

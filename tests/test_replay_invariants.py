@@ -36,7 +36,7 @@ from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import find_iterations
 from advisor.metrics.summary import compute_metrics
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
-from advisor.whatif.replay import Change, replay, replay_nodes
+from advisor.whatif.replay import Change, replay_graph, replay_nodes
 
 REPO = Path(__file__).resolve().parent.parent
 BESIDE = REPO.parent / "shared"
@@ -145,20 +145,20 @@ def ranks(trace_id: str) -> tuple[Rank, ...]:
 
 
 def _steps(g: StepGraph, change: Change | None = None) -> np.ndarray:
-    return replay(g, change).step_ns
+    return replay_graph(g, change).step_ns
 
 
 # --- 1. the unmodified replay ------------------------------------------------------------------
 
 
 def replay_error(r: Rank) -> float:
-    return abs(replay(r.graph).median_ms - r.measured_ms) / r.measured_ms if r.measured_ms else 0.0
+    return abs(replay_graph(r.graph).median_ms - r.measured_ms) / r.measured_ms if r.measured_ms else 0.0
 
 
 @pytest.mark.parametrize("trace", TRACES)
 def test_unmodified_replay_reproduces_the_measured_step(trace):
     for r in ranks(trace):
-        assert replay_error(r) <= 0.03, (trace, r.rank, replay(r.graph).median_ms, r.measured_ms)
+        assert replay_error(r) <= 0.03, (trace, r.rank, replay_graph(r.graph).median_ms, r.measured_ms)
 
 
 # --- 2. monotone -------------------------------------------------------------------------------
@@ -171,14 +171,14 @@ def perturbed(g: StepGraph, seed: int, share: float, factor: float) -> Change:
     # moves the first step's start with its end (metrics.steps spans steps so).
     first = int(np.nonzero(g.h_kind == MARK_START)[0].min())
     in_steps = np.arange(len(g.h_ts)) >= first
-    d = g.device_row[(rng.random(len(g.device_row)) < share) & ~g.d_pre & in_steps[g.d_launch]]
+    d = g.device_row[(rng.random(len(g.device_row)) < share) & ~g.d_before_first_step & in_steps[g.d_launch]]
     calls = g.runtime_row[(g.runtime_row >= 0) & (rng.random(len(g.runtime_row)) < share) & in_steps]
-    gaps = np.nonzero((rng.random(len(g.h_ts)) < share) & (g.h_ts > g.h_gap_lo) & in_steps & (np.arange(len(g.h_ts)) > first))[0]
+    gaps = np.nonzero((rng.random(len(g.h_ts)) < share) & (g.h_ts > g.h_gap_start) & in_steps & (np.arange(len(g.h_ts)) > first))[0]
     # a gap shortened by (1 - factor) of it: host_remove's fraction; a longer one: a negative fraction
     return Change(
         device_scale={int(r): factor for r in d},
         call_scale={int(r): factor for r in calls},
-        host_remove=[(g.h_gap_lo[gaps], g.h_ts[gaps], 1.0 - factor)] if len(gaps) else [],
+        host_remove=[(g.h_gap_start[gaps], g.h_ts[gaps], 1.0 - factor)] if len(gaps) else [],
     )
 
 
@@ -239,7 +239,7 @@ def device_alone_bounds_ms(g: StepGraph) -> tuple[float, float]:
     per_stream = np.bincount(g.d_stream[own], weights=g.d_dur[own], minlength=max(g.n_streams, 1))
     lo = per_stream.max() / k
     waits = np.nonzero(np.diff(g.wait_ptr) > 0)[0]
-    pre = g.d_pre
+    pre = g.d_before_first_step
     hi = (
         g.d_dur[own].sum()
         + np.maximum(g.d_gap[own], 0).sum()
@@ -255,8 +255,8 @@ def device_zero(r: Rank) -> tuple[float, float]:
     """Replayed mean step with every device op at zero, and the host's own work."""
     change = Change(device_scale_all=0.0)
     _, _, _, d_end = replay_nodes(r.graph, change)
-    pre_end = float(d_end[r.graph.d_pre].max()) if r.graph.d_pre.any() else float("-inf")
-    return replay(r.graph, change).mean_ms, host_alone_ms(r.graph, pre_end)
+    pre_end = float(d_end[r.graph.d_before_first_step].max()) if r.graph.d_before_first_step.any() else float("-inf")
+    return replay_graph(r.graph, change).mean_ms, host_alone_ms(r.graph, pre_end)
 
 
 def host_zero(r: Rank) -> tuple[float, float, float]:
@@ -344,8 +344,8 @@ def test_device_bound_run_halved_saves_a_third_of_its_median_step():
     """gpu_walk_final waits in ~2.9 ms launches (the queue is full): its host is paced by the
     device, so a device twice as fast takes most of the step with it."""
     (r,) = ranks("sample_runs/resnet18_cifar/runs/gpu_walk_final")
-    base = replay(r.graph).median_ms
-    half = replay(r.graph, Change(device_scale_all=0.5)).median_ms
+    base = replay_graph(r.graph).median_ms
+    half = replay_graph(r.graph, Change(device_scale_all=0.5)).median_ms
     assert (base - half) / base >= 0.35, (base, half)
 
 

@@ -12,7 +12,7 @@ from advisor.load.trace import load_trace
 from advisor.metrics.breakdown import DATALOADER_NAME, _matches
 from advisor.metrics.summary import compute_metrics
 from advisor.whatif.graph import build_graph
-from advisor.whatif.replay import Change, replay
+from advisor.whatif.replay import Change, replay_graph
 from tests.conftest import SAMPLE_RUNS, shared, shared_trace
 
 
@@ -30,24 +30,24 @@ def _graph(directory):
 def test_unchanged_replay_reproduces_the_measured_steps(where):
     _, m, g = _graph(shared(where))
     measured = m.steps["duration"].to_numpy(np.float64)
-    replayed = replay(g).step_ns
+    replayed = replay_graph(g).step_ns
     assert len(replayed) == len(measured)
     assert abs(np.median(replayed) - np.median(measured)) <= 0.03 * np.median(measured)
 
 
 def test_sample_gpu_run_replays_to_its_steps():
     _, m, g = _graph(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline")
-    assert replay(g).median_ms == pytest.approx(float(np.median(m.steps["duration"])) / 1e6, rel=0.03)
+    assert replay_graph(g).median_ms == pytest.approx(float(np.median(m.steps["duration"])) / 1e6, rel=0.03)
 
 
 def test_removing_the_dataloader_wait_replays_close_to_the_run_with_workers():
     # nw0 and nw4 are the same ResNet-50 training with num_workers=0 and 4.
     frames, _, g = _graph(shared("traces/v100_resnet50_nw0"))
     dl = frames.host[_matches(frames.host["name"], DATALOADER_NAME)]
-    without = replay(g, Change(host_remove=[(dl["ts"].to_numpy(), dl["end"].to_numpy(), 1.0)])).median_ms
+    without = replay_graph(g, Change(host_remove=[(dl["ts"].to_numpy(), dl["end"].to_numpy(), 1.0)])).median_ms
     _, m4, _ = _graph(shared("traces/v100_resnet50_nw4"))
     with_workers = float(np.median(m4.steps["duration"])) / 1e6
-    assert replay(g).median_ms - without > 40  # the wait was a third of a 177 ms step
+    assert replay_graph(g).median_ms - without > 40  # the wait was a third of a 177 ms step
     assert without == pytest.approx(with_workers, rel=0.10)
 
 
@@ -72,7 +72,7 @@ def test_the_profiler_cost_comes_out_of_the_host_and_never_the_device():
     assert r.loader_scale == pytest.approx(min(np.median(facts["loader_wait_ms"][first:]) / window_wait, 1.0), rel=0.05)
     # host time alone scaled to nothing: the step is the device's work, never less
     busy = m.utilization.mul(m.steps["duration"].to_numpy()).median() / 1e6
-    assert replay(g, Change(host_scale=0.05)).median_ms >= busy * 0.97
+    assert replay_graph(g, Change(host_scale=0.05)).median_ms >= busy * 0.97
 
 
 def _facts_after_median(run) -> float:
@@ -277,3 +277,33 @@ def test_the_profiler_cost_estimate_counts_the_events_of_the_steps_it_replays():
     # the host keeps the step: the replayed step is still mostly host time, not the 6 µs kernel
     busy = float(np.median(m.utilization.to_numpy() * m.steps["duration"].to_numpy())) / 1e6
     assert r.baseline_ms > 5 * busy
+
+
+def test_fixes_cut_to_the_block_then_merged_replay_as_the_whole_merge(monkeypatch):
+    """`RankReplay.merged` cuts each fix to the replayed block before merging them (a long
+    run's per-row tables are not merged whole): its replay is exactly that of the merge of
+    the whole changes, and the same list of changes gives the same object."""
+    from advisor.engine import all_rules, check_rank_rules
+    from advisor.whatif import savings
+    from advisor.whatif.savings import RankReplay
+
+    _, m, _ = _graph(shared("traces/v100_resnet50_nw0"))  # 6 steps
+    findings = check_rank_rules(all_rules(), m, None, {}, 1, [])
+    changes = [f.change for f in findings if f.change is not None]
+    assert len(changes) >= 3
+    monkeypatch.setattr(savings, "MAX_REPLAY_STEPS", 3)
+    block = RankReplay(m, None)
+    whole_merge = Change.merge(changes)
+    cut_merge = block.merged(changes)
+    assert block.merged(list(changes)) is cut_merge
+    # fewer rows than the whole merge (the block holds 3 of the 6 steps), the same replay
+    assert len(cut_merge.device_scale) < len(whole_merge.device_scale)
+    assert block.replayed_ms(cut_merge) == block.replayed_ms(whole_merge)
+    # a merge of three or more continues the merge of all but the last: the same fold
+    for name in ("host_scale", "per_sample", "device_scale_all", "remainder_share", "host_remove"):
+        assert getattr(cut_merge, name) == getattr(whole_merge, name), name
+    shares = [Change(remainder_share=x) for x in (0.1, 0.3, 0.7)]
+    assert Change.merge(shares[2:], onto=Change.merge(shares[:2])).remainder_share == Change.merge(shares).remainder_share
+    for i in range(1, len(changes)):
+        pair = [changes[0], changes[i]]
+        assert block.replayed_ms(block.merged(pair)) == block.replayed_ms(Change.merge(pair))

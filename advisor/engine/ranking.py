@@ -6,7 +6,6 @@ from __future__ import annotations
 from advisor.engine.contract import Finding, RankFindings, Rule, find_loaded_rule
 from advisor.engine.critical_path import _own_step_ms, critical_path_of_base, measured_step_ms
 from advisor.metrics.summary import Metrics
-from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
 
@@ -70,7 +69,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     while pool or (waiting and chosen):
         # the first round is each fix alone: the replays its saving came from (cached)
         candidates = [*pool, *(waiting if chosen else ())]
-        trials = [(step - replay.replayed_ms(Change.merge([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in candidates]
+        trials = [(step - replay.replayed_ms(replay.merged([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in candidates]
         gain, best = _pick(trials, candidates)
         if best in waiting:
             if gain < NO_GAIN_MS:
@@ -131,7 +130,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
         chosen.append(f)
     if chosen:
         # without symptoms the last round replayed every chosen fix together: `step` is that replay
-        together = step if not symptoms else replay.replayed_ms(Change.merge([c.change for c in chosen]))
+        together = step if not symptoms else replay.replayed_ms(replay.merged([c.change for c in chosen]))
         summary.all_fixes_ms = min(together, base)
     # Findings without a replayed fix: their estimates, in turn, never past the step the fixes leave.
     left = summary.all_fixes_ms if summary.all_fixes_ms is not None else base

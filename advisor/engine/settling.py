@@ -10,7 +10,6 @@ from advisor.engine.contract import Finding
 from advisor.engine.critical_path import _own_step_ms, critical_path, departs_from_estimate, measured_step_ms
 from advisor.engine.ranking import NO_GAIN_MS, in_rank_order
 from advisor.metrics.summary import Metrics
-from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
 
 
@@ -36,7 +35,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     # another fix exposes the work it speeds up: it is replayed again on top of the fixes
     # ranked above it (`in_rank_order`), and considered only where it gains nothing there too.
     dependent = {f.rule for f in fixes if alone[f.rule] < NO_GAIN_MS and f.no_gain is None}
-    others = Change.merge([f.change for f in gains]) if gains else None
+    others = replay.merged([f.change for f in gains]) if gains else None
     dropped = set()
     for f in findings:
         if f.saving_ms is None:
@@ -45,7 +44,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # A symptom (the device idles) is what its causes' fixes leave: its saving is
             # the replayed step with every other fix minus that step with its change too.
             with_others = replay.replayed_ms(others)
-            saving = max(with_others - replay.replayed_ms(Change.merge([others, f.change])), 0.0)
+            saving = max(with_others - replay.replayed_ms(replay.merged([others, f.change])), 0.0)
             f.causes = [c.rule for c in gains]
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
             if saving <= 0.01 * base:
@@ -72,7 +71,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
     if changes:
         # Fixes that each gain alone can still interact; the step with every fix is never
         # reported longer than the step without them.
-        summary.all_fixes_ms = min(replay.replayed_ms(Change.merge(changes)), base)
+        summary.all_fixes_ms = min(replay.replayed_ms(replay.merged(changes)), base)
         in_rank_order(replay, base, kept, summary, [f for f in kept if f.rule in dependent], alone)
     for f in kept:
         if f.rule in dependent and f.rule not in summary.fixes and f.no_gain is None:

@@ -28,6 +28,7 @@ run recorded (87 forward, 86 `ToCopyBackward0`, 17 in residual adds' backward).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -123,7 +124,21 @@ def input_type_names(text: str) -> tuple[str, ...]:
 def numel(dims) -> int:
     if not isinstance(dims, list) or any(not isinstance(d, int) for d in dims):
         return 0
-    return int(np.prod(dims)) if dims else 1
+    n = math.prod(dims)  # np.prod's value wherever that fits in int64 (its wrapped product otherwise)
+    return n if -(2**63) <= n < 2**63 else int(np.prod(dims))
+
+
+def _types_text(column: pd.Series) -> np.ndarray:
+    """An op column of input types as text, "" where missing (a categorical converted once per
+    distinct value)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        cats = column.cat.categories
+        table = np.empty(len(cats) + 1, dtype=object)
+        table[:-1] = [str(c) for c in cats]
+        table[-1] = ""
+        codes = column.cat.codes.to_numpy()
+        return table[np.where(codes >= 0, codes, len(cats))]
+    return column.astype(object).where(column.notna(), "").astype(str).to_numpy()
 
 
 def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int, int]]]:
@@ -164,10 +179,10 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     ops = tree.ops
     if len(ops) == 0 or len(steps) == 0 or "input_types" not in ops:
         return None
-    types_text = ops["input_types"].astype(object).where(ops["input_types"].notna(), "").astype(str).to_numpy()
+    types_text = _types_text(ops["input_types"])
     if not (types_text != "").any():
         return None  # recorded without record_shapes: no input types to follow
-    is_op = (ops["kind"].astype(str) == "op").to_numpy()
+    is_op = text_of(ops["kind"]) == "op"
     parent = np.clip(tree.parent, 0, None)
     op_above = np.where(tree.parent >= 0, tree.nearest_ancestor(parent, is_op), -1)
     excluded = tree.nearest_ancestor(np.arange(len(ops)), tree.mask(NOT_FORWARD)) >= 0
@@ -315,10 +330,16 @@ def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
     if len(sel) == 0:
         return 0.0
     dims = ops["input_dims"].to_numpy()
-    nbytes = np.array(
-        [sum(DTYPE_BYTES.get(t, 0) * numel(d) for t, d in zip(input_type_names(types_text[i])[:2], (dims[i] or [])[:2], strict=False)) for i in sel],
-        dtype=np.float64,
-    )
+    memo: dict[tuple[str, int], int] = {}  # per distinct (types, shapes): equal shapes are one object in the frames
+
+    def copied_bytes(i: int) -> int:
+        key = (types_text[i], id(dims[i]))
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = sum(DTYPE_BYTES.get(t, 0) * numel(d) for t, d in zip(input_type_names(types_text[i])[:2], (dims[i] or [])[:2], strict=False))
+        return got
+
+    nbytes = np.array([copied_bytes(i) for i in sel], dtype=np.float64)
     keep = nbytes >= MIN_BANDWIDTH_BYTES
     sel, nbytes = sel[keep], nbytes[keep]
     if len(sel) == 0:

@@ -49,6 +49,19 @@ def text_of(values: pd.Series) -> np.ndarray:
     return values.astype(str).to_numpy()
 
 
+def row_groups(columns: list[np.ndarray]) -> np.ndarray:
+    """One code per row for its tuple of values across `columns`, numbered in order of first
+    appearance (as `pd.MultiIndex.from_arrays(columns).factorize()` numbers them, a missing
+    value being one value of its own), without building a tuple per row: each column is
+    factorized, and the codes are combined a column at a time."""
+    n = len(columns[0]) if columns else 0
+    key = np.zeros(n, dtype=np.int64)
+    for c in columns:
+        codes = pd.factorize(c, use_na_sentinel=True)[0].astype(np.int64) + 1  # a missing value: 0
+        key = pd.factorize(key * (int(codes.max(initial=0)) + 1) + codes)[0].astype(np.int64)
+    return key
+
+
 def host_roles(frames: TraceFrames) -> pd.Series:
     """Role of each host event: dataloader, communication, cpu_exec, step, or none (python)."""
     host = frames.host

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import _matches, text_of
 
 LAUNCH_CALL = re.compile(
     r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch|mtiaLaunch)"
@@ -155,7 +155,7 @@ def device_gaps(frames: TraceFrames) -> DeviceGaps:
     rt, dev, host = frames.runtime, frames.device, frames.host
     launches = int(_matches(rt["name"], LAUNCH_CALL).sum()) if len(rt) else 0
     copy_calls = int(_matches(rt["name"], COPY_CALL).sum()) if len(rt) else 0
-    kinds = dev["kind"].astype(str).to_numpy() if len(dev) else np.array([], dtype=object)
+    kinds = text_of(dev["kind"]) if len(dev) else np.array([], dtype=object)
     kernels = int((kinds == "kernel").sum())
     copies = int((kinds == "memcpy").sum())
     kernels_missing = (launches >= MIN_LAUNCHES and kernels < KERNEL_SHARE * launches) or (launches + copy_calls > 0 and len(dev) == 0)
@@ -168,7 +168,7 @@ def device_gaps(frames: TraceFrames) -> DeviceGaps:
             skew = (d0 - h1) / 1e6
         elif d1 <= h0:
             skew = (h0 - d1) / 1e6
-    kinds_host = host["kind"].astype(str).to_numpy() if len(host) else np.array([], dtype=object)
+    kinds_host = text_of(host["kind"]) if len(host) else np.array([], dtype=object)
     host_missing = len(dev) > 0 and len(rt) > 0 and not (kinds_host == "op").any()
     lead = None
     if len(dev) and len(rt) and skew is None and not kernels_missing:

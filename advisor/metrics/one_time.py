@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
+from advisor.metrics.breakdown import text_of
 from advisor.metrics.intervals import merge, overlap_with
 
 ONE_TIME_FACTOR = 20.0
@@ -64,7 +65,7 @@ def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd
     if len(rt) == 0:
         return empty
     dur = (rt["end"] - rt["ts"]).to_numpy(np.int64)
-    names = rt["name"].astype(str).to_numpy()
+    names = text_of(rt["name"])
     s = pd.Series(dur)
     # the typical call of a name: its lower quartile (a short window's cold calls can be half
     # of them: seven launches of which three load a module)

@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from advisor.metrics.breakdown import text_of
+from advisor.metrics.breakdown import row_groups, text_of
 
 PRECISIONS = ("fp32-fma", "tf32", "bf16", "fp16", "fp8", "int8", "fp64", "unknown")
 FAMILIES = ("gemm", "conv", "attention", "rnn")
@@ -355,16 +355,11 @@ def classify_kernels(
     cols = ["family", "precision", "tensor_core", "precision_source"]
     if len(kernels) == 0:
         return pd.DataFrame({c: pd.Series(dtype=bool if c == "tensor_core" else object) for c in cols}, index=kernels.index)
-    keys = pd.DataFrame(
-        {
-            "name": text_of(kernels["name"]),
-            "op": _text(kernels, "op"),
-            "types": _text(kernels, "op_input_types"),
-        }
-    )
-    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
+    name, op, types = text_of(kernels["name"]), _text(kernels, "op"), _text(kernels, "op_input_types")
+    codes = row_groups([name, op, types])
+    first = np.unique(codes, return_index=True)[1]  # each distinct triple's first row, in code order
     cap = None if capability is None or not np.isfinite(capability) else float(capability)
-    answers = [classify_kernel(n, o or None, t or None, cap, switches) for n, o, t in uniques]
+    answers = [classify_kernel(name[i], op[i] or None, types[i] or None, cap, switches) for i in first.tolist()]
     table = pd.DataFrame(answers, columns=cols)
     out = table.iloc[codes].set_axis(kernels.index)
     out["tensor_core"] = out["tensor_core"].astype(bool)

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.metrics.autocast import input_type_names
+from advisor.metrics.breakdown import row_groups
 from advisor.metrics.devices import DeviceCeiling, device_ceiling
 from advisor.metrics.op_cost import MATRIX_KINDS, PRECISION_OF_DTYPE, Cost, op_cost
 from advisor.metrics.steps import step_of
@@ -147,7 +148,7 @@ def group_codes(k: pd.DataFrame) -> np.ndarray:
             cols.append(pd.factorize(ids)[0])
         else:
             cols.append(np.zeros(len(k), np.int64))
-    return pd.MultiIndex.from_arrays(cols).factorize()[0] if len(cols) else np.zeros(len(k), np.int64)
+    return row_groups(cols)
 
 
 def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shapes_recorded: bool, bandwidth_bpns: float | None = None,

@@ -128,7 +128,7 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
             out.append((how, rows, mode, rows))
     span = max(window[1] - window[0], 1)
     dur = (host["end"] - host["ts"]).to_numpy(np.int64)
-    kinds = host["kind"].astype(str).to_numpy()
+    kinds = text_of(host["kind"])
     module = _matches(host["name"], MODULE_CALL)
     step_marker = _matches(host["name"], STEP_MARKER)
     keys_all = _per_name(host["name"], lambda n: PHASE_WORDS.sub("", re.sub(r"\d+", "#", n.lower())))
@@ -228,7 +228,7 @@ def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
     host = frames.host
     if len(host) == 0:
         return None
-    kinds = host["kind"].astype(str).to_numpy()
+    kinds = text_of(host["kind"])
     for sel in (
         np.flatnonzero((kinds == "python") & _matches(host["name"], MODULE_CALL)),
         np.flatnonzero((kinds == "annotation") & _matches(host["name"], FORWARD_NAME)),
@@ -256,7 +256,7 @@ def periodic_ops(frames: TraceFrames) -> tuple[np.ndarray, np.ndarray, int] | No
     markers, modules or annotations). Returns the starts and ends of the repeats (ns) and
     the sequence's length, or None when the top-level ops do not repeat from the first."""
     host = frames.host
-    kinds = host["kind"].astype(str).to_numpy()
+    kinds = text_of(host["kind"])
     sel = np.flatnonzero((kinds == "op") | (kinds == "annotation"))
     if len(sel) < 2 * MIN_PERIOD:
         return None
@@ -269,7 +269,7 @@ def periodic_ops(frames: TraceFrames) -> tuple[np.ndarray, np.ndarray, int] | No
     sel, ts, end = sel[order], ts[order], end[order]
     top = _outermost(ts, end)
     sel, ts, end = sel[top], ts[top], end[top]
-    codes = pd.factorize(host["name"].astype(str).to_numpy()[sel])[0]
+    codes = pd.factorize(text_of(host["name"])[sel])[0]
     n = len(codes)
     if n < 2 * MIN_PERIOD:
         return None
@@ -355,7 +355,7 @@ def _named_iterations(frames: TraceFrames) -> Iterations | None:
             first = t_ts[(t_ts < end[0]) & (t_end <= end[0])]
             starts = np.concatenate([[int(first.min()) if len(first) else int(ts[0])], end[:-1]])
             ends = end
-        names = host["name"].astype(str).to_numpy()[rows]
+        names = text_of(host["name"])[rows]
         found = _as_iterations(starts, ends, list(names), how, others)
         if found is None:
             continue

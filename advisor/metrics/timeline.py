@@ -137,43 +137,43 @@ def timeline(m: Metrics, loader_min_share: float | None) -> Timeline:
 def _build_timeline(m: Metrics, loader_min_share: float | None) -> Timeline:
     f = m.frames
     dev = f.device
-    bs, be = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+    busy_s, busy_e = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     host = f.host
     dl = host[_matches(host["name"], DATALOADER_NAME)]
     if not _loader_exposed(m, loader_min_share):
         dl = dl.iloc[:0]  # not the input pipeline's share: its idle time is anyone's
-    ls, le = merge(dl["ts"].to_numpy(np.int64), dl["end"].to_numpy(np.int64))
+    loader_s, loader_e = merge(dl["ts"].to_numpy(np.int64), dl["end"].to_numpy(np.int64))
     st = m.steps
-    hs = st["host_start"].to_numpy(np.int64) if "host_start" in st else st["start"].to_numpy(np.int64)
-    he = st["host_end"].to_numpy(np.int64) if "host_end" in st else st["end"].to_numpy(np.int64)
+    host_s = st["host_start"].to_numpy(np.int64) if "host_start" in st else st["start"].to_numpy(np.int64)
+    host_e = st["host_end"].to_numpy(np.int64) if "host_end" in st else st["end"].to_numpy(np.int64)
     # Idle time between device activity over the steps, and whether the work after each gap
     # was launched late (after the device had gone idle).
-    lo = min([int(x.min()) for x in (st["start"].to_numpy(np.int64), bs) if len(x)], default=0)
-    hi = max([int(x.max()) for x in (st["end"].to_numpy(np.int64), be) if len(x)], default=0)
-    gs = np.concatenate([[lo], be]).astype(np.int64)
-    ge = np.concatenate([bs, [hi]]).astype(np.int64)
-    starved = np.zeros(len(gs), dtype=bool)
-    if len(bs):
+    lo = min([int(x.min()) for x in (st["start"].to_numpy(np.int64), busy_s) if len(x)], default=0)
+    hi = max([int(x.max()) for x in (st["end"].to_numpy(np.int64), busy_e) if len(x)], default=0)
+    gap_s = np.concatenate([[lo], busy_e]).astype(np.int64)
+    gap_e = np.concatenate([busy_s, [hi]]).astype(np.int64)
+    starved = np.zeros(len(gap_s), dtype=bool)
+    if len(busy_s):
         lk = m.launches
         first_launch = lk[lk["launch_ts"].notna()].groupby("ts")["launch_ts"].min()
-        nxt = pd.Series(bs).map(first_launch).to_numpy(np.float64)
-        starved[:-1] = np.isfinite(nxt) & (nxt >= gs[:-1])
-    gap = ge > gs
-    idle_s, idle_e = subtract(*merge(gs[gap], ge[gap]), ls, le)
-    ss, se = subtract(*merge(gs[gap & starved], ge[gap & starved]), ls, le)
+        nxt = pd.Series(busy_s).map(first_launch).to_numpy(np.float64)
+        starved[:-1] = np.isfinite(nxt) & (nxt >= gap_s[:-1])
+    gap = gap_e > gap_s
+    idle_s, idle_e = subtract(*merge(gap_s[gap], gap_e[gap]), loader_s, loader_e)
+    starved_s, starved_e = subtract(*merge(gap_s[gap & starved], gap_e[gap & starved]), loader_s, loader_e)
     return Timeline(
         frames=f,
         metrics=m,
-        busy_s=bs,
-        busy_e=be,
+        busy_s=busy_s,
+        busy_e=busy_e,
         step_s=st["start"].to_numpy(np.int64),
         step_e=st["end"].to_numpy(np.int64),
-        host_s=hs,
-        host_e=he,
-        loader_s=ls,
-        loader_e=le,
+        host_s=host_s,
+        host_e=host_e,
+        loader_s=loader_s,
+        loader_e=loader_e,
         idle_s=idle_s,
         idle_e=idle_e,
-        starved_s=ss,
-        starved_e=se,
+        starved_s=starved_s,
+        starved_e=starved_e,
     )

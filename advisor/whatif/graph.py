@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -80,7 +81,7 @@ class StepGraph:
     h_anchor: np.ndarray  # node this one follows (-1: none)
     h_serial: np.ndarray  # follows the anchor's end (True) or its start (False: another thread)
     h_gap: np.ndarray  # measured time from the anchor's end (or start) to this node's start
-    h_gap_lo: np.ndarray  # measured time where the gap begins (for host-time removal)
+    h_gap_start: np.ndarray  # measured time where the gap begins (for host-time removal)
     runtime_row: np.ndarray  # row in frames.runtime, -1 for marks
     # waits: CSR from host node to the device ops it waited for
     wait_ptr: np.ndarray
@@ -99,9 +100,9 @@ class StepGraph:
     d_latency: np.ndarray  # the stream's typical launch latency (what a queued op's delay is bounded by)
     d_step: np.ndarray  # step that launched it (-1: none)
     device_row: np.ndarray  # row in frames.device
-    d_dep: np.ndarray  # op of another stream this op waited for (-1: none)
-    d_dep_gap: np.ndarray  # from that op's end to this op's start
-    d_pre: np.ndarray  # ops from before the first step that it starts after (metrics.steps)
+    d_held_by: np.ndarray  # op of another stream this op waited for (-1: none)
+    d_held_by_gap: np.ndarray  # from that op's end to this op's start
+    d_before_first_step: np.ndarray  # ops from before the first step that it starts after (metrics.steps)
     # steps
     step_ids: np.ndarray
     step_start: np.ndarray  # measured spans (as metrics.steps)
@@ -175,7 +176,7 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
     h_ts = nodes["ts"].to_numpy(np.int64)
     h_dur = nodes["dur"].to_numpy(np.int64)
     h_end = h_ts + h_dur
-    anchor, serial, gap, gap_lo = _anchors(h_ts, h_end)
+    anchor, serial, gap, gap_start = _anchors(h_ts, h_end)
     runtime_row = nodes["runtime_row"].to_numpy(np.int64)
     node_of_row = np.full(len(frames.runtime), -1, dtype=np.int64)
     is_call = runtime_row >= 0
@@ -261,8 +262,8 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
     # Held by another stream: an op that started HELD_NS or more after both its launch (plus
     # the latency) and its stream's previous op, just as an op of another stream ended (an
     # event its stream waited on, a collective's input), follows that op, not the clock.
-    d_dep = np.full(len(ts), -1, dtype=np.int64)
-    d_dep_gap = np.zeros(len(ts), dtype=np.int64)
+    d_held_by = np.full(len(ts), -1, dtype=np.int64)
+    d_held_by_gap = np.zeros(len(ts), dtype=np.int64)
     if n_streams > 1 and len(ts):
         ready = launch_ts + lat
         ready = np.where(has_prev, np.maximum(ready, np.where(has_prev, prev_end, 0) + QUEUED_NS), ready)
@@ -274,8 +275,8 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         dep = by_end[np.clip(j, 0, None)]
         okj &= (stream[dep] != stream[held]) & (end[dep] >= ts[held] - RELEASE_NS) & (dep < held)
         held, dep = held[okj], dep[okj]
-        d_dep[held] = dep
-        d_dep_gap[held] = ts[held] - end[dep]
+        d_held_by[held] = dep
+        d_held_by_gap[held] = ts[held] - end[dep]
         d_delay[held] = np.minimum(d_delay[held], lat[held])
         d_gap[held] = np.minimum(d_gap[held], 0)
 
@@ -293,14 +294,13 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
 
     # The first step starts after the device work from before it that ended before its own
     # began (metrics.steps): that work, replayed, sets its start.
-    d_pre = np.zeros(len(ts), dtype=bool)
+    d_before_first_step = np.zeros(len(ts), dtype=bool)
     first_own = d_step == 0
     if first_own.any():
-        d_pre = (d_step < 0) & (end < ts[first_own].min())
+        d_before_first_step = (d_step < 0) & (end < ts[first_own].min())
 
     # --- waits -------------------------------------------------------------------------------
     waits = _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, end, orphan[order], n_streams)
-    wait_ptr, wait_ops, wait_tail, h_base, h_waited, depth, depth_measured = waits
 
     return StepGraph(
         h_ts=h_ts,
@@ -310,15 +310,15 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         h_anchor=anchor,
         h_serial=serial,
         h_gap=gap,
-        h_gap_lo=gap_lo,
+        h_gap_start=gap_start,
         runtime_row=runtime_row,
-        wait_ptr=wait_ptr,
-        wait_ops=wait_ops,
-        wait_tail=wait_tail,
-        h_base=h_base,
-        h_waited=h_waited,
-        queue_depth=depth,
-        queue_depth_measured=depth_measured,
+        wait_ptr=waits.wait_ptr,
+        wait_ops=waits.wait_ops,
+        wait_tail=waits.wait_tail,
+        h_base=waits.h_base,
+        h_waited=waits.h_waited,
+        queue_depth=waits.queue_depth,
+        queue_depth_measured=waits.queue_depth_measured,
         d_launch=launch,
         d_stream=stream,
         d_dur=dur,
@@ -327,9 +327,9 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         d_latency=lat,
         d_step=d_step,
         device_row=order.astype(np.int64),
-        d_pre=d_pre,
-        d_dep=d_dep,
-        d_dep_gap=d_dep_gap,
+        d_before_first_step=d_before_first_step,
+        d_held_by=d_held_by,
+        d_held_by_gap=d_held_by_gap,
         step_ids=steps["step"].to_numpy(np.int64),
         step_start=steps["start"].to_numpy(np.int64),
         step_end=steps["end"].to_numpy(np.int64),
@@ -394,7 +394,19 @@ def _range_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndar
     return best
 
 
-def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, end, orphan, n_streams):
+class Waits(NamedTuple):
+    """What `_waits` finds: the StepGraph fields of the same names."""
+
+    wait_ptr: np.ndarray
+    wait_ops: np.ndarray
+    wait_tail: np.ndarray
+    h_base: np.ndarray
+    h_waited: np.ndarray
+    queue_depth: int
+    queue_depth_measured: bool
+
+
+def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, end, orphan, n_streams) -> Waits:
     """Which device ops each host node waits for, the time from their end to the node's end,
     each node's unblocked cost, and the run's launch-queue depth (see the module docstring).
 
@@ -516,4 +528,4 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
         base_w = np.where(np.isnan(kind_base[w]), tail[w] + WAIT_CALL_BASE_NS, np.maximum(kind_base[w], tail[w]))
         h_base[w] = np.minimum(h_dur[w], base_w.astype(np.int64))
         wait_tail[w] = tail[w]  # a call that did not wait (a queue slot it found free) has none: its own cost follows the op
-    return wait_ptr, po, wait_tail, h_base, measured_wait, depth, depth_measured
+    return Waits(wait_ptr, po, wait_tail, h_base, measured_wait, depth, depth_measured)

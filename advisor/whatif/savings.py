@@ -16,11 +16,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.breakdown import DATALOADER_NAME, _matches, text_of
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
-from advisor.whatif.replay import Change, calibrate, replay, replay_nodes
+from advisor.whatif.replay import Change, calibrate, replay_graph, replay_nodes
 
 
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
@@ -142,6 +142,9 @@ class RankReplay:
         self.step_host_ms: float = 0.0  # unprofiled host time placed at each step's start
         self._rows: tuple[np.ndarray, np.ndarray] | None = None  # calls and device ops of a replayed block
         self._replayed: dict[int, tuple[Change, float]] = {}
+        # id(change) -> (change, the change cut to the replayed block); ids of merged changes -> (changes, merge)
+        self._cut: dict[int, tuple[Change, Change]] = {}
+        self._merged: dict[tuple[int, ...], tuple[list[Change], Change]] = {}
         self.scale_range: list[float] | None = None  # host scales at the profiler cost estimate's high and low end
 
     @property
@@ -160,6 +163,7 @@ class RankReplay:
         out = copy.copy(self)
         out.metrics = without_frames(self.metrics)
         out._replayed = {}  # the rules' replays are settled: not carried
+        out._cut, out._merged = {}, {}
         out._detached = True
         return out
 
@@ -175,10 +179,19 @@ class RankReplay:
         return replayed_block(self.metrics.steps).start
 
     def _in_block(self, change: Change) -> Change:
-        """The change cut to the calls and device ops of the replayed block (a whole run: as it is)."""
+        """The change cut to the calls and device ops of the replayed block (a whole run: as it
+        is), once per change object."""
         _ = self.graph
         if self._rows is None:
             return change
+        seen = self._cut.get(id(change))
+        if seen is not None and seen[0] is change:
+            return seen[1]
+        out = self._cut_to_block(change)
+        self._cut[id(change)] = (change, out)
+        return out
+
+    def _cut_to_block(self, change: Change) -> Change:
         rt_in, dev_in = self._rows
         return replace(
             change,
@@ -218,10 +231,10 @@ class RankReplay:
                 # fastest host still short of the unprofiled step) stays as it is per step,
                 # unless that is a large part of the step: then the host is the likelier
                 # cause (autocast's casts, a compiled graph's guards), scaled to explain it all.
-                rest = self._unprofiled - replay(self.graph, base).median_ms
+                rest = self._unprofiled - replay_graph(self.graph, base).median_ms
                 if rest > MAX_REMAINDER_SHARE * self._unprofiled:
                     base = build(calibrate(self.graph, self._unprofiled, build, fastest=False))
-                    rest = self._unprofiled - replay(self.graph, base).median_ms
+                    rest = self._unprofiled - replay_graph(self.graph, base).median_ms
                 base, rest = self._as_step_host_time(base, max(rest, 0.0))
                 self.remainder_ms = rest
             else:
@@ -249,7 +262,7 @@ class RankReplay:
         busy_ms = float(np.median(util * dur_ms))
 
         def device_bound(scale: float) -> bool:
-            return busy_ms > DEVICE_BOUND * replay(self.graph, Change(host_scale=scale)).median_ms
+            return busy_ms > DEVICE_BOUND * replay_graph(self.graph, Change(host_scale=scale)).median_ms
 
         if not device_bound(cost[1]):
             return cost
@@ -283,7 +296,7 @@ class RankReplay:
         added = rest_ms
         for _ in range(4):
             trial = Change.merge([base, Change(untimed_host={int(n): added * 1e6 for n in nodes})])
-            got = replay(self.graph, trial).median_ms
+            got = replay_graph(self.graph, trial).median_ms
             if abs(got - target) <= STEP_HOST_FIT * target:
                 self.step_host_ms = added
                 return trial, 0.0
@@ -307,8 +320,26 @@ class RankReplay:
     @property
     def baseline_ms(self) -> float:
         if self._baseline is None:
-            self._baseline = self._of(replay(self.graph, self.base)) + self.remainder_ms
+            self._baseline = self._of(replay_graph(self.graph, self.base)) + self.remainder_ms
         return self._baseline
+
+    def merged(self, changes: list[Change]) -> Change:
+        """`Change.merge(changes)` as the replay takes it: each change cut to the replayed block
+        first (the same rows and values as the merge cut afterwards), so a fix's tables over a
+        long run are not merged whole; the same list of change objects gives the same merge
+        object, whose replay is then not repeated (`replayed_ms`)."""
+        key = tuple(id(c) for c in changes)
+        seen = self._merged.get(key)
+        if seen is not None and all(a is b for a, b in zip(seen[0], changes, strict=True)):
+            return seen[1]
+        if len(changes) > 2:  # the merge of all but the last continued (the greedy ranking's rounds share it)
+            out = Change.merge([self._in_block(changes[-1])], onto=self.merged(changes[:-1]))
+        else:
+            out = Change.merge([self._in_block(c) for c in changes])
+        self._merged[key] = (list(changes), out)
+        if self._rows is not None:
+            self._cut[id(out)] = (out, out)  # already cut
+        return out
 
     def replayed_ms(self, change: Change) -> float:
         """The replayed step with `change` (ms); a change replayed before (the same object: a
@@ -322,7 +353,7 @@ class RankReplay:
 
     def _replayed_ms(self, change: Change) -> float:
         remainder = self.remainder_ms * (1.0 - min(max(change.remainder_share, 0.0), 1.0))
-        return self._of(replay(self.graph, Change.merge([self.base, self._in_block(change)]))) + remainder / change.per_sample
+        return self._of(replay_graph(self.graph, Change.merge([self.base, self._in_block(change)]))) + remainder / change.per_sample
 
     def with_base(self, change: Change) -> Change:
         """The baseline with `change` on it, as the replayed graph takes it (for replay_step)."""
@@ -366,7 +397,7 @@ class RankReplay:
         scales = ranged = None
         if self.scale_range is not None:
             scales = [round(x, 4) for x in self.scale_range]
-            ranged = [round(self._of(replay(self.graph, Change(host_scale=x))), 3) for x in self.scale_range]
+            ranged = [round(self._of(replay_graph(self.graph, Change(host_scale=x))), 3) for x in self.scale_range]
         return RankWhatIf(
             self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled,
             all_fixes_ms=None, scale_range=scales, baseline_range_ms=ranged, fixes=[], savings={}, statistic=self.statistic,
@@ -500,7 +531,7 @@ def profiler_cost(metrics, g: StepGraph, steps=None) -> tuple[float, float, floa
     if len(steps) == 0 or len(g.h_gap) == 0:
         return None
     host = metrics.frames.host
-    kind = host["kind"].astype(str).to_numpy()
+    kind = text_of(host["kind"])
     ts = host["ts"].to_numpy(np.int64)
     lo, hi = int(steps["start"].min()), int(steps["end"].max())
     recorded = ((kind == "op") | (kind == "python")) & (ts >= lo) & (ts < hi)
