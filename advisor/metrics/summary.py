@@ -63,7 +63,7 @@ class HostToDevice(msgspec.Struct, forbid_unknown_fields=True):
     """Host-to-device copies in the window; `bytes` is null when the trace does not record sizes."""
 
     count: int
-    bytes: Optional[float]
+    bytes: Optional[int]
     time_ms: float
     pageable_count: int
     pinned_count: int
