@@ -1,9 +1,10 @@
 """From a path to an answer: find the run, load its ranks, measure, run the rules.
 
 This is the pipeline every command shares (`report`, `gate`, `diff`, `profile`):
-discover → load → metrics → rules. Renderers only read the `Analysis` it returns.
+discover → load → metrics → rules. Renderers only read the `Analysis` it returns; the JSON
+report is the encoding of its `report()`, a `Report` (declared here, the schema's source).
 
-It stays one module of about 650 lines: the map (`analyze_rank`, run on the workers by
+It stays one module of about 700 lines: the map (`analyze_rank`, run on the workers by
 `advisor.ranks`, by that name on a cluster) and the reduce (the job, from what the ranks sent
 back) share the task and result types that cross the process boundary, and split apart each
 half would import the other.
