@@ -1,9 +1,10 @@
 """From a path to an answer: find the run, load its ranks, measure, run the rules.
 
 This is the pipeline every command shares (`report`, `gate`, `diff`, `profile`):
-discover → load → metrics → rules. Renderers only read the `Analysis` it returns.
+discover → load → metrics → rules. Renderers only read the `Analysis` it returns; the JSON
+report is the encoding of its `report()`, a `Report` (declared here, the schema's source).
 
-It stays one module of about 650 lines: the map (`analyze_rank`, run on the workers by
+It stays one module of about 700 lines: the map (`analyze_rank`, run on the workers by
 `advisor.ranks`, by that name on a cluster) and the reduce (the job, from what the ranks sent
 back) share the task and result types that cross the process boundary, and split apart each
 half would import the other.
@@ -16,8 +17,9 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Optional
 
+import msgspec
 import numpy as np
 
 from advisor.version import __version__
@@ -32,9 +34,9 @@ from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.device_records import device_gaps
 from advisor.metrics.one_time import HOST_PACE_RULES, cold_window
-from advisor.metrics.unprofiled import ProfilerOverhead, noisy_window_note, profiler_overhead
+from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
-from advisor.metrics.summary import FramesHeader, Metrics, _stats, compute_metrics, without_frames
+from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
@@ -42,6 +44,48 @@ from advisor.whatif.savings import RankReplay, RankWhatIf
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 REPORT_SCHEMA = "advisor/report/v1"
+
+
+class Device(msgspec.Struct, forbid_unknown_fields=True):
+    name: Optional[str]
+    total_memory_bytes: Optional[float]
+    compute_capability: Optional[str]
+
+
+class Communication(msgspec.Struct, forbid_unknown_fields=True):
+    """A rank's collectives: ms per step, the share compute kernels overlap, and (several ranks)
+    its wait in them for later ranks and the wait it causes the others; null without collectives."""
+
+    collective_ms_per_step: float
+    overlap_share: Optional[float]
+    wait_ms_per_step: Optional[float]
+    caused_wait_ms_per_step: Optional[float]
+
+
+class RankReport(msgspec.Struct, forbid_unknown_fields=True):
+    rank: int
+    file: str
+    device: Device
+    summary: Summary
+    communication: Optional[Communication]
+
+
+class Report(msgspec.Struct, forbid_unknown_fields=True):
+    """`advisor report --format json`."""
+
+    schema: Literal["advisor/report/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    files: list[str]
+    summary: Summary
+    profiler_overhead: Optional[ProfilerOverhead]
+    ranks: list[RankReport]
+    whatif: Optional[RankWhatIf]  # the slowest rank's replayed step
+    findings: list[Finding]
+    considered: list[Finding]  # findings whose fix gains nothing on this run (each says why in no_gain)
+    notes: list[str]
+    warnings: list[str]
 
 
 @dataclass
@@ -110,22 +154,17 @@ class Analysis:
             self._derived["waits"] = job_waits([(m.rank, m.comm) for m in self.ranks]) if len(self.ranks) > 1 else None
         return self._derived["waits"]
 
-    def communication(self, m: Metrics) -> dict[str, Any] | None:
+    def communication(self, m: Metrics) -> Communication | None:
         """One rank's collectives: time per step, how much of it compute hides, and its waits."""
         if m.comm is None or not m.comm.has_collectives:
             return None
         per_step = m.comm.per_step()
-        out: dict[str, Any] = {
-            "collective_ms_per_step": float(per_step["collective_ns"].mean() / 1e6),
-            "overlap_share": m.comm.overlap_share(),
-            "wait_ms_per_step": None,
-            "caused_wait_ms_per_step": None,
-        }
+        out = Communication(float(per_step["collective_ns"].mean() / 1e6), m.comm.overlap_share(), None, None)
         w = self.waits
         if w is not None and m.rank in w.ranks:
             i = w.ranks.index(m.rank)
-            out["wait_ms_per_step"] = float(w.mean_wait_ms()[i])
-            out["caused_wait_ms_per_step"] = float(w.mean_caused_ms()[i])
+            out.wait_ms_per_step = float(w.mean_wait_ms()[i])
+            out.caused_wait_ms_per_step = float(w.mean_caused_ms()[i])
         return out
 
     def with_primary_frames(self) -> Analysis:
@@ -170,15 +209,19 @@ class Analysis:
             return None
         return replay.saving_ms(Change.merge(changes))
 
-    def summary(self) -> dict[str, Any]:
-        s = self.primary.summary()
+    def summary_figures(self) -> Summary:
+        """The run's `summary`: the slowest rank's, with the job's step times when several ranks ran."""
+        s = self.primary.summary_figures()
         if len(self.ranks) > 1:
             ms = self.step_times_ms()
-            s["steps"] = int(len(ms))
-            s["step_time_ms"] = _stats(ms)
+            s = msgspec.structs.replace(s, steps=int(len(ms)), step_time_ms=step_stats(ms))
         return s
 
-    def profiler_overhead(self) -> ProfilerOverhead | None:
+    def summary(self) -> dict[str, Any]:
+        """The run's `summary` as plain values (what the renderers read)."""
+        return plain(self.summary_figures())
+
+    def profiler_overhead(self) -> MeasuredOverhead | None:
         """The slowest rank's window against its unprofiled steps (facts of `advisor profile --full`)."""
         return profiler_overhead(self.run_facts())
 
@@ -196,35 +239,37 @@ class Analysis:
             out.append(noisy)
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": REPORT_SCHEMA,
-            "advisor_version": __version__,
-            "source": self.source,
-            "run": self.run.name,
-            "files": [str(p) for p in self.run.files],
-            "summary": self.summary(),
-            "profiler_overhead": overhead.to_dict() if (overhead := self.profiler_overhead()) else None,
-            "ranks": [
-                {
-                    "rank": m.rank,
-                    "file": str(m.frames.path),
-                    "device": {
-                        "name": m.device.name,
-                        "total_memory_bytes": m.device.total_memory_bytes,
-                        "compute_capability": m.device.compute_capability,
-                    },
-                    "summary": m.summary(),
-                    "communication": self.communication(m),
-                }
+    def report(self) -> Report:
+        """The JSON report (schema advisor/report/v1) as its type."""
+        overhead = self.profiler_overhead()
+        return Report(
+            schema=REPORT_SCHEMA,
+            advisor_version=__version__,
+            source=self.source,
+            run=self.run.name,
+            files=[str(p) for p in self.run.files],
+            summary=self.summary_figures(),
+            profiler_overhead=overhead.figures() if overhead else None,
+            ranks=[
+                RankReport(
+                    rank=m.rank,
+                    file=str(m.frames.path),
+                    device=Device(m.device.name, m.device.total_memory_bytes, m.device.compute_capability),
+                    summary=m.summary_figures(),
+                    communication=self.communication(m),
+                )
                 for m in self.ranks
             ],
-            "whatif": head.to_dict() if (head := self.headline()) else None,
-            "findings": [f.to_dict() for f in self.findings],
-            "considered": [f.to_dict() for f in self.considered],
-            "notes": self.notes(),
-            "warnings": self.warnings,
-        }
+            whatif=self.headline(),
+            findings=self.findings,
+            considered=self.considered,
+            notes=self.notes(),
+            warnings=self.warnings,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report as plain values."""
+        return plain(self.report())
 
 
 def _read_facts(directory: Path, warnings: list[str], sources: dict[int, Path] | None = None) -> dict[int, dict[str, Any]]:

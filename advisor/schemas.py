@@ -5,9 +5,12 @@ baseline (`advisor/baseline/v1`), the gate result (`advisor/gate/v1`) and the re
 The JSON Schemas published under docs/schemas/ are generated from these types
 (`python -m advisor.schemas docs/schemas`), and the tests validate real outputs against
 them, so a field added to an output without a schema change fails a test. Parts the code
-already declares as types are used as they are, never declared again here: a finding and its
-fix (advisor.engine.Finding, the same type the engine ranks and the cache stores), a rank's
-replay (advisor.whatif.savings.RankWhatIf), a baseline's finding records and environment.
+already declares as types are used as they are, never declared again here: the report
+(advisor.analysis.Report, the type `Analysis.report()` builds and the JSON report encodes),
+with its summary (advisor.metrics.summary.Summary), profiler overhead
+(advisor.metrics.unprofiled.ProfilerOverhead), findings and their fixes (advisor.engine.Finding,
+the same type the engine ranks and the cache stores) and the rank's replay
+(advisor.whatif.savings.RankWhatIf); a baseline's finding records and environment.
 """
 
 from __future__ import annotations
@@ -19,9 +22,8 @@ from typing import Any, Literal, Optional
 import msgspec
 import orjson
 
-from advisor.engine import Finding
+from advisor.analysis import Report
 from advisor.gate.record import Environment, FindingRecord
-from advisor.whatif.savings import RankWhatIf
 
 Severity = Literal["low", "medium", "high"]
 CheckStatus = Literal["pass", "warn", "inconclusive", "fail"]
@@ -29,105 +31,6 @@ CheckStatus = Literal["pass", "warn", "inconclusive", "fail"]
 
 class _Out(msgspec.Struct, forbid_unknown_fields=True):
     """Every output object: its keys are all present, and no other key is."""
-
-
-# --- advisor/report/v1 ----------------------------------------------------------------------
-class StepTimeStats(_Out):
-    """Step time in ms over the window's steps; all null when no step was found."""
-
-    mean: Optional[float]
-    median: Optional[float]
-    p90: Optional[float]
-    min: Optional[float]
-    max: Optional[float]
-
-
-class Breakdown(_Out):
-    """Mean ms per step in each category; each instant counted once, so they add up to the step."""
-
-    kernel: float
-    memcpy: float
-    memset: float
-    communication: float
-    runtime: float
-    dataloader: float
-    cpu_exec: float
-    other: float
-
-
-class HostToDevice(_Out):
-    """Host-to-device copies in the window; `bytes` is null when the trace does not record sizes."""
-
-    count: int
-    bytes: Optional[float]
-    time_ms: float
-    pageable_count: int
-    pinned_count: int
-    bandwidth_gbps: Optional[float]
-
-
-class Summary(_Out):
-    steps: int
-    step_time_ms: StepTimeStats
-    breakdown_ms: Breakdown
-    gpu_utilization: Optional[float]
-    tensor_core_kernel_share: Optional[float]
-    tensor_core_eligible_share: Optional[float]
-    # Matrix kernel time per step (ms) by precision: fp32-fma, tf32, bf16, fp16, fp8, int8, fp64, unknown.
-    kernel_time_by_precision_ms: Optional[dict[str, float]]
-    peak_memory_bytes: Optional[float]
-    peak_reserved_bytes: Optional[float]
-    device_memory_bytes: Optional[float]
-    h2d: HostToDevice
-
-
-class ProfilerOverhead(_Out):
-    window_median_ms: float
-    unprofiled_median_ms: float
-    unprofiled_steps: int
-    slowdown: float
-
-
-class Device(_Out):
-    name: Optional[str]
-    total_memory_bytes: Optional[float]
-    compute_capability: Optional[str]
-
-
-class Communication(_Out):
-    """A rank's collectives: ms per step, the share compute kernels overlap, and (several ranks)
-    its wait in them for later ranks and the wait it causes the others; null without collectives."""
-
-    collective_ms_per_step: float
-    overlap_share: Optional[float]
-    wait_ms_per_step: Optional[float]
-    caused_wait_ms_per_step: Optional[float]
-
-
-class RankReport(_Out):
-    rank: int
-    file: str
-    device: Device
-    summary: Summary
-    communication: Optional[Communication]
-
-
-class Report(_Out):
-    """`advisor report --format json`."""
-
-    schema: Literal["advisor/report/v1"]
-    advisor_version: str
-    source: str
-    run: str
-    files: list[str]
-    summary: Summary
-    profiler_overhead: Optional[ProfilerOverhead]
-    ranks: list[RankReport]
-    whatif: Optional[RankWhatIf]  # the slowest rank's replayed step
-    findings: list[Finding]
-    considered: list[Finding]  # findings whose fix gains nothing on this run (each says why in no_gain)
-    notes: list[str]
-    warnings: list[str]
 
 
 # --- advisor/ops/v1 (`advisor report --ops --format json`) ---------------------------------------

@@ -1,8 +1,9 @@
 """One type per output shape, and typed facts for the rules.
 
-A finding and a rank's replay are each one msgspec type (advisor.engine.Finding,
-advisor.whatif.savings.RankWhatIf): the JSON report is their encoding, key for key, and reads
-back into them. The rules read the facts file through the same types `advisor profile`'s file
+The JSON report is one msgspec type (advisor.analysis.Report) and its parts are each one type:
+the summary, a rank's entry and communication, the profiler overhead, a finding
+(advisor.engine.Finding) and a rank's replay (advisor.whatif.savings.RankWhatIf). The report
+is their encoding, key for key, and reads back into them. The rules read the facts file through the same types `advisor profile`'s file
 is checked with (advisor.facts.FactsFile), decoded once per rank: what they report is what the
 recorded file says.
 """
@@ -14,13 +15,14 @@ import json
 import pickle
 
 import msgspec
-from conftest import REPO, SAMPLE_RUNS, count_calls
+from conftest import REPO, SAMPLE_RUNS, count_calls, shared_trace
 
 import advisor.engine.contract
 import advisor.engine.running
-from advisor.analysis import analyze
+from advisor.analysis import Report, analyze
 from advisor.engine import Finding
 from advisor.facts import FactsFile, read_facts, typed_facts, validate_facts
+from advisor.metrics.summary import plain
 from advisor.whatif.savings import RankWhatIf
 
 RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
@@ -36,6 +38,35 @@ def test_the_json_report_is_the_types_encoding(cli, tmp_path):
     assert [list(d) for d in doc["findings"]] == [list(Finding.__struct_fields__)] * len(doc["findings"])
     head = msgspec.convert(doc["whatif"], RankWhatIf)
     assert head.to_dict() == doc["whatif"] and list(doc["whatif"]) == list(RankWhatIf.__struct_fields__)
+
+
+def _keys(value) -> list:
+    """Every object's keys in the order they are written, nested objects' under their key."""
+    if isinstance(value, dict):
+        return [(k, _keys(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_keys(v) for v in value]
+    return []
+
+
+def test_the_whole_report_is_the_report_types_encoding(cli, tmp_path):
+    code, out, err = cli(["report", str(RUN), "--format", "json"], cwd=tmp_path)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["profiler_overhead"] is not None and doc["ranks"][0]["summary"]["h2d"]["count"] > 0
+    back = plain(msgspec.convert(doc, Report))
+    assert back == doc and _keys(back) == _keys(doc)
+
+
+def test_a_jobs_communication_is_the_report_types_encoding(monkeypatch):
+    monkeypatch.setenv("ADVISOR_CACHE", "off")
+    a = analyze(shared_trace("corpus/rtx4090_nccl_2rank"))
+    doc = json.loads(json.dumps(a.to_dict()))
+    comms = [r["communication"] for r in doc["ranks"]]
+    assert len(comms) == 2 and all(c is not None and c["wait_ms_per_step"] is not None for c in comms)
+    back = plain(msgspec.convert(doc, Report))
+    assert back == doc and _keys(back) == _keys(doc)
+    assert [plain(a.communication(m)) for m in a.ranks] == comms
 
 
 def test_a_finding_keeps_its_change_through_a_pickle(monkeypatch):

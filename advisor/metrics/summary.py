@@ -10,8 +10,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -33,6 +34,69 @@ from advisor.metrics.one_time import without_one_time_work
 from advisor.metrics.steps import launches, step_of, step_spans, uneven_steps_note
 
 NS_PER_MS = 1e6
+
+
+class StepTimeStats(msgspec.Struct, forbid_unknown_fields=True):
+    """Step time in ms over the window's steps; all null when no step was found."""
+
+    mean: Optional[float]
+    median: Optional[float]
+    p90: Optional[float]
+    min: Optional[float]
+    max: Optional[float]
+
+
+class Breakdown(msgspec.Struct, forbid_unknown_fields=True):
+    """Mean ms per step in each category; each instant counted once, so they add up to the step."""
+
+    kernel: float
+    memcpy: float
+    memset: float
+    communication: float
+    runtime: float
+    dataloader: float
+    cpu_exec: float
+    other: float
+
+
+class HostToDevice(msgspec.Struct, forbid_unknown_fields=True):
+    """Host-to-device copies in the window; `bytes` is null when the trace does not record sizes."""
+
+    count: int
+    bytes: Optional[int]
+    time_ms: float
+    pageable_count: int
+    pinned_count: int
+    bandwidth_gbps: Optional[float]
+
+
+class Summary(msgspec.Struct, forbid_unknown_fields=True):
+    """A rank's figures, as the JSON report writes them and the renderers read them."""
+
+    steps: int
+    step_time_ms: StepTimeStats
+    breakdown_ms: Breakdown
+    gpu_utilization: Optional[float]
+    tensor_core_kernel_share: Optional[float]
+    tensor_core_eligible_share: Optional[float]
+    # Matrix kernel time per step (ms) by precision: fp32-fma, tf32, bf16, fp16, fp8, int8, fp64, unknown.
+    kernel_time_by_precision_ms: Optional[dict[str, float]]
+    peak_memory_bytes: Optional[float]
+    peak_reserved_bytes: Optional[float]
+    device_memory_bytes: Optional[float]
+    h2d: HostToDevice
+
+
+def plain(value: Any) -> Any:
+    """An output type as the plain values the JSON report writes and the renderers read."""
+    return msgspec.to_builtins(value, enc_hook=_plain_scalar)
+
+
+def _plain_scalar(v: Any) -> Any:
+    """A numpy scalar as the Python number it holds."""
+    if hasattr(v, "item") and callable(v.item):
+        return v.item()
+    raise TypeError(f"an output holds a {type(v).__name__}")
 
 
 @dataclass
@@ -158,34 +222,38 @@ class Metrics:
         vals = [v["reserved"] for v in self.peak_memory.values() if v["reserved"] is not None]
         return max(vals) if vals else None
 
-    def summary(self) -> dict[str, Any]:
-        """The JSON `summary` object (schema advisor/report/v1)."""
+    def summary_figures(self) -> Summary:
+        """The rank's `summary` (schema advisor/report/v1)."""
         ms = self.step_ms
-        return {
-            "steps": int(len(ms)),
-            "step_time_ms": _stats(ms),
-            "breakdown_ms": self.breakdown_mean_ms,
-            "gpu_utilization": self.gpu_utilization,
-            "tensor_core_kernel_share": self.tensor_core_kernel_share,
-            "tensor_core_eligible_share": self.tensor_core_eligible_share,
-            "kernel_time_by_precision_ms": self.kernel_time_by_precision_ms if self.has_device else None,
-            "peak_memory_bytes": self.peak_allocated,
-            "peak_reserved_bytes": self.peak_reserved,
-            "device_memory_bytes": self.device.total_memory_bytes,
-            "h2d": {k: self.h2d[k] for k in ("count", "bytes", "time_ms", "pageable_count", "pinned_count", "bandwidth_gbps")},
-        }
+        return Summary(
+            steps=int(len(ms)),
+            step_time_ms=step_stats(ms),
+            breakdown_ms=Breakdown(**self.breakdown_mean_ms),
+            gpu_utilization=self.gpu_utilization,
+            tensor_core_kernel_share=self.tensor_core_kernel_share,
+            tensor_core_eligible_share=self.tensor_core_eligible_share,
+            kernel_time_by_precision_ms=self.kernel_time_by_precision_ms if self.has_device else None,
+            peak_memory_bytes=self.peak_allocated,
+            peak_reserved_bytes=self.peak_reserved,
+            device_memory_bytes=self.device.total_memory_bytes,
+            h2d=HostToDevice(**{f: self.h2d[f] for f in HostToDevice.__struct_fields__}),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The rank's `summary` as plain values (what the renderers read)."""
+        return plain(self.summary_figures())
 
 
-def _stats(ms: np.ndarray) -> dict[str, float | None]:
+def step_stats(ms: np.ndarray) -> StepTimeStats:
     if len(ms) == 0:
-        return {"mean": None, "median": None, "p90": None, "min": None, "max": None}
-    return {
-        "mean": float(ms.mean()),
-        "median": float(np.median(ms)),
-        "p90": float(np.percentile(ms, 90)),
-        "min": float(ms.min()),
-        "max": float(ms.max()),
-    }
+        return StepTimeStats(None, None, None, None, None)
+    return StepTimeStats(
+        mean=float(ms.mean()),
+        median=float(np.median(ms)),
+        p90=float(np.percentile(ms, 90)),
+        min=float(ms.min()),
+        max=float(ms.max()),
+    )
 
 
 NOT_NVIDIA_NAME = re.compile(r"AMD|Radeon|Instinct|\bMI\d{3}", re.I)

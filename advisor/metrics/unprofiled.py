@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from advisor.facts import steps_as_run
@@ -21,8 +22,19 @@ MIN_UNPROFILED_STEPS = 3
 NOTABLE_SLOWDOWN = 1.25
 
 
+class ProfilerOverhead(msgspec.Struct, forbid_unknown_fields=True):
+    """Median step times (ms) of the window and of the unprofiled steps after it, to 3 decimals."""
+
+    window_median_ms: float
+    unprofiled_median_ms: float
+    unprofiled_steps: int
+    slowdown: float
+
+
 @dataclass(frozen=True)
-class ProfilerOverhead:
+class MeasuredOverhead:
+    """The window against the unprofiled steps after it, unrounded."""
+
     window_median_ms: float
     unprofiled_median_ms: float
     unprofiled_steps: int
@@ -31,13 +43,13 @@ class ProfilerOverhead:
     def slowdown(self) -> float:
         return self.window_median_ms / self.unprofiled_median_ms
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "window_median_ms": round(self.window_median_ms, 3),
-            "unprofiled_median_ms": round(self.unprofiled_median_ms, 3),
-            "unprofiled_steps": self.unprofiled_steps,
-            "slowdown": round(self.slowdown, 3),
-        }
+    def figures(self) -> ProfilerOverhead:
+        return ProfilerOverhead(
+            window_median_ms=round(self.window_median_ms, 3),
+            unprofiled_median_ms=round(self.unprofiled_median_ms, 3),
+            unprofiled_steps=self.unprofiled_steps,
+            slowdown=round(self.slowdown, 3),
+        )
 
     def note(self, with_stack: bool | None) -> str | None:
         """A warning when the window ran notably slower, or faster, than the same steps unprofiled."""
@@ -94,12 +106,12 @@ def unprofiled_steps(facts: dict[str, Any] | None) -> UnprofiledSteps | None:
     return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:])
 
 
-def profiler_overhead(facts: dict[str, Any] | None) -> ProfilerOverhead | None:
+def profiler_overhead(facts: dict[str, Any] | None) -> MeasuredOverhead | None:
     """Window vs after-window median step times (see unprofiled_steps)."""
     after = unprofiled_steps(facts)
     if after is None:
         return None
-    return ProfilerOverhead(float(np.median(after.window_ms)), float(np.median(after.step_ms)), len(after.step_ms))
+    return MeasuredOverhead(float(np.median(after.window_ms)), float(np.median(after.step_ms)), len(after.step_ms))
 
 
 # Cores other processes kept busy, on average over the window, from which it is called noisy.

@@ -593,8 +593,7 @@ def _collectives_table(a: Analysis) -> str:
     cols = [Column("rank", True), Column("collectives ms", True), Column("overlapped by compute", True), Column("waits ms", True), Column("makes others wait ms", True)]
     rows = []
     for rank, c in comms:
-        c = c or {}
-        col, ov, wait, caused = (c.get(k) for k in ("collective_ms_per_step", "overlap_share", "wait_ms_per_step", "caused_wait_ms_per_step"))
+        col, ov, wait, caused = (None,) * 4 if c is None else (c.collective_ms_per_step, c.overlap_share, c.wait_ms_per_step, c.caused_wait_ms_per_step)
         rows.append(
             [
                 (str(rank), rank),
