@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.analysis import analyze  # noqa: E402
 from advisor.config import Config  # noqa: E402
-from advisor.metrics.breakdown import _matches  # noqa: E402
+from advisor.metrics.breakdown import name_matches  # noqa: E402
 from advisor.metrics.host_device import LAUNCH_CALL  # noqa: E402
 from advisor.metrics.intervals import covers, merge  # noqa: E402
 from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL  # noqa: E402
@@ -46,10 +46,10 @@ def compiled_host_per_kernel(run: Path) -> dict:
     m = a.primary
     frames = m.frames
     host = frames.host
-    regions = host[_matches(host["name"], COMPILED_REGION)]
+    regions = host[name_matches(host["name"], COMPILED_REGION)]
     s, e = merge(regions["ts"].to_numpy(np.int64), regions["end"].to_numpy(np.int64))
     rt = frames.runtime
-    launches = rt[_matches(rt["name"], LAUNCH_CALL)]
+    launches = rt[name_matches(rt["name"], LAUNCH_CALL)]
     inside = covers(s, e, launches["ts"].to_numpy(np.int64)) if len(s) else np.zeros(len(launches), dtype=bool)
     n_steps = max(len(m.steps), 1)
     host_ns = float((e - s).sum()) / n_steps

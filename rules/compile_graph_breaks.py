@@ -84,7 +84,7 @@ import re
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.compute import kernel_evidence, kernel_exposure, launched_inside, step_kernels
 from advisor.metrics.elementwise import COMPILED_GRAPH, ELEMENTWISE_KERNEL, batch_norm_roofline_share, compiled_regions_ran, fused_chain_members
 from advisor.metrics.host_device import OPTIMIZER_SPAN
@@ -118,9 +118,9 @@ def check(ctx: Context):
     if total <= 0:
         return None
     rows = k.index.to_numpy()
-    in_optimizer = launched_inside(m, host[_matches(host["name"], OPTIMIZER_SPAN)])[rows]
-    in_graph = launched_inside(m, host[_matches(host["name"], COMPILED_GRAPH)])[rows]
-    eligible = np.asarray(_matches(k["name"], ELEMENTWISE_KERNEL), dtype=bool) & ~in_optimizer & ~in_graph
+    in_optimizer = launched_inside(m, host[name_matches(host["name"], OPTIMIZER_SPAN)])[rows]
+    in_graph = launched_inside(m, host[name_matches(host["name"], COMPILED_GRAPH)])[rows]
+    eligible = np.asarray(name_matches(k["name"], ELEMENTWISE_KERNEL), dtype=bool) & ~in_optimizer & ~in_graph
     eager = k[eligible]
     eager_ns = float(eager["dur"].sum())
     if eager_ns / total < opts["min_kernel_share"]:

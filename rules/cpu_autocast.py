@@ -86,7 +86,7 @@ import re
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.intervals import merge
 from advisor.metrics.steps import step_of
 from advisor.whatif.savings import PROFILER_NS_PER_EVENT
@@ -129,7 +129,7 @@ def check(ctx: Context):
     if ctx.recorded.autocast.used is True and (not isinstance(dtypes, list) or "bfloat16" in dtypes or not dtypes):
         return None
     host = ctx.events.host
-    ops = host[_matches(host["name"], MATRIX_OP)].sort_values("ts", kind="stable")
+    ops = host[name_matches(host["name"], MATRIX_OP)].sort_values("ts", kind="stable")
     if len(ops) == 0:
         return None
     ts, end = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
@@ -162,7 +162,7 @@ def check(ctx: Context):
         pace = float(np.clip(ctx.replay.baseline_ms / own_window, 0.2, 1.0))
     own_us = own_us * pace
     # Calls inside a backward node take bf16 inputs under autocast: no casts.
-    bw = host[_matches(host["name"], BACKWARD_SPAN)]
+    bw = host[name_matches(host["name"], BACKWARD_SPAN)]
     bs, be = merge(bw["ts"].to_numpy(np.int64), bw["end"].to_numpy(np.int64))
     at = np.searchsorted(bs, s, side="right") - 1
     backward = (at >= 0) & (s < be[np.maximum(at, 0)]) if len(bs) else np.zeros(len(s), dtype=bool)

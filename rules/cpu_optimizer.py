@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.host_device import OPTIMIZER_SPAN
 from advisor.metrics.steps import step_of
 from advisor.whatif import Change
@@ -72,7 +72,7 @@ def check(ctx: Context):
     if any(o.fused is True for o in settings):
         return None
     host = ctx.events.host
-    spans = host[_matches(host["name"], OPTIMIZER_SPAN)]
+    spans = host[name_matches(host["name"], OPTIMIZER_SPAN)]
     if len(spans) == 0:
         return None
     names = spans["name"].astype(str).str.extract(OPTIMIZER_NAME)[0].dropna()

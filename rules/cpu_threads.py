@@ -47,7 +47,7 @@ import re
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.intervals import merge
 from advisor.metrics.steps import step_of
 from advisor.whatif import Change
@@ -87,7 +87,7 @@ def check(ctx: Context):
     if threads >= target:
         return None
     host = ctx.events.host
-    ops = host[_matches(host["name"], POOLED_OP)]
+    ops = host[name_matches(host["name"], POOLED_OP)]
     if len(ops) == 0:
         return None
     s, e = merge(ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64))  # outermost: nested ops count once

@@ -65,7 +65,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.compute import (
     arch_speedup,
     device_capability,
@@ -98,7 +98,7 @@ def static_shapes(events, steps: pd.DataFrame) -> bool | None:
     host = events.host
     if "input_dims" not in host:
         return None
-    conv = host[_matches(host["name"], CONV_OP_WITH_SHAPES)]
+    conv = host[name_matches(host["name"], CONV_OP_WITH_SHAPES)]
     conv = conv[conv["input_dims"].notna()]
     if len(conv) == 0 or len(steps) == 0:
         return None
@@ -122,10 +122,10 @@ def switch_from_trace(events) -> tuple[bool | None, str]:
     host, rt = events.host, events.runtime
     if len(host) == 0 or len(rt) == 0:
         return None, "the trace has no convolution ops or runtime calls"
-    conv = host[_matches(host["name"], CONV_OP)]
+    conv = host[name_matches(host["name"], CONV_OP)]
     if len(conv) == 0:
         return None, "the trace has no cuDNN convolution ops"
-    sync = rt[_matches(rt["name"], SYNC_CALL)]
+    sync = rt[name_matches(rt["name"], SYNC_CALL)]
     bursts = 0
     if len(sync):
         cs, ce = conv["ts"].to_numpy(np.int64), conv["end"].to_numpy(np.int64)
@@ -139,7 +139,7 @@ def switch_from_trace(events) -> tuple[bool | None, str]:
         bursts = int((counts >= AUTOTUNE_SYNCS).sum())
     if bursts:
         return True, f"{bursts} convolution op(s) run the autotuner's synchronize bursts"
-    setup = rt[_matches(rt["name"], SETUP_CALL)]
+    setup = rt[name_matches(rt["name"], SETUP_CALL)]
     if len(setup) and int(setup["ts"].min()) < int(conv["ts"].min()):
         return False, "the trace holds the run's first convolutions (after the device set-up) and none runs the autotuner's trials"
     return None, "the window starts after the run's first convolutions, where the autotuner would show"
@@ -159,7 +159,7 @@ def check(ctx: Context):
     if len(k) == 0:
         return None
     conv = is_conv(k)
-    fallback = k[conv & _matches(k["name"], FALLBACK_CONV_KERNEL)]
+    fallback = k[conv & name_matches(k["name"], FALLBACK_CONV_KERNEL)]
     if len(fallback) == 0:
         return None
     shapes = static_shapes(ctx.events, m.steps)

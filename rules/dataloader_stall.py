@@ -111,7 +111,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.breakdown import DATALOADER_NAME, name_matches
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
 from advisor.metrics.unprofiled import NOISY_OTHER_CORES, UnprofiledSteps, unprofiled_steps, window_other_cores
@@ -197,7 +197,7 @@ def check(ctx: Context):
         return None
 
     host = ctx.events.host
-    spans = host[_matches(host["name"], DATALOADER_NAME)]
+    spans = host[name_matches(host["name"], DATALOADER_NAME)]
     dl_s, dl_e = dataloader_spans(ctx.events)
     idle_share = None
     if m.has_device and len(dl_s):

@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches, text_of
+from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
 from advisor.metrics.compute import step_kernels
 from advisor.metrics.hierarchy import OpTree, op_tree
 from advisor.metrics.intervals import covers, intersect, merge, sorted_unique, subtract
@@ -161,8 +161,8 @@ def idle_by_activity(ctx: Context, s: np.ndarray, e: np.ndarray) -> dict[str, fl
     calls = {
         "waits for the device": _wait_windows(ctx),
         "loads data": _span_windows(events.host, DATALOADER_NAME),
-        "copies to the device": _call_windows(rt, _matches(rt_name, COPY_CALL) & _h2d_calls(events)),
-        "launches kernels": _call_windows(rt, _matches(rt_name, LAUNCH_CALL)),
+        "copies to the device": _call_windows(rt, name_matches(rt_name, COPY_CALL) & _h2d_calls(events)),
+        "launches kernels": _call_windows(rt, name_matches(rt_name, LAUNCH_CALL)),
     }
     out: dict[str, float] = {}
     rest_s, rest_e = s, e
@@ -175,7 +175,7 @@ def idle_by_activity(ctx: Context, s: np.ndarray, e: np.ndarray) -> dict[str, fl
 
 
 def _span_windows(rows: pd.DataFrame, pattern) -> tuple[np.ndarray, np.ndarray]:
-    r = rows[_matches(rows["name"], pattern)]
+    r = rows[name_matches(rows["name"], pattern)]
     return merge(r["ts"].to_numpy(np.int64), r["end"].to_numpy(np.int64))
 
 

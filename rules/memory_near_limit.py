@@ -49,7 +49,7 @@ import re
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.memory_use import FACTS, LOWER_BOUND, memory_use
 from advisor.metrics.steps import step_of
 
@@ -75,7 +75,7 @@ def check(ctx: Context):
     if share is None or share < ctx.options["min_share"]:
         return None
     rt = ctx.events.runtime
-    calls = rt[_matches(rt["name"], ALLOCATOR_CALL)]
+    calls = rt[name_matches(rt["name"], ALLOCATOR_CALL)]
     steps = m.steps
     inside = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64)) >= 0
     calls = calls[inside]

@@ -91,7 +91,7 @@ import numpy as np
 
 from advisor.snippets import first_loader
 from advisor.engine import Context, is_training
-from advisor.metrics.breakdown import STEP_NAME, _matches
+from advisor.metrics.breakdown import STEP_NAME, name_matches
 from advisor.metrics.compute import kernel_exposure, launched_inside, step_kernels
 from advisor.metrics.host_device import OPTIMIZER_SPAN
 from advisor.metrics.intervals import covers, merge, sorted_unique
@@ -136,7 +136,7 @@ def batch_copy_host_ms(events, steps) -> float:
     h2d_corr = dev.loc[(dev["kind"] == "memcpy") & (dev["copy_kind"] == "HtoD"), "correlation"]
     calls = rt[rt["correlation"].isin(h2d_corr[h2d_corr >= 0])]
     host = events.host
-    ops = host[(host["kind"] == "op").to_numpy() & ~_matches(host["name"], STEP_NAME)]
+    ops = host[(host["kind"] == "op").to_numpy() & ~name_matches(host["name"], STEP_NAME)]
     if len(calls) == 0 or len(ops) == 0 or len(steps) == 0:
         return 0.0
     call_ts = np.sort(calls["ts"].to_numpy(np.int64))
@@ -201,7 +201,7 @@ def check(ctx: Context):
     fixed_parts["minus_batch_copies"] = -min(copy_ms, fixed_parts["runtime"] + fixed_parts["cpu_exec"])
     host = ctx.events.host
     k = step_kernels(m)
-    opt_mask = launched_inside(ctx.metrics, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
+    opt_mask = launched_inside(ctx.metrics, host[name_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
     n_steps = max(len(m.steps), 1)
     fixed_parts["optimizer_kernels"] = float(k.loc[opt_mask, "dur"].sum()) / 1e6 / n_steps * kernel_exposure(m, k)
     fixed_ms = float(sum(fixed_parts.values()))

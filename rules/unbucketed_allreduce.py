@@ -70,7 +70,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.events import rank_events
 
 ID = "unbucketed-allreduce"
@@ -121,8 +121,8 @@ def allreduce_calls(m) -> pd.DataFrame:
     kernel), else from the backend ranges, else from the calls.
     """
     host = rank_events(m).host
-    calls = host[_matches(host["name"], C10D_CALL)]
-    ranges = host[_matches(host["name"], BACKEND_RANGE)]
+    calls = host[name_matches(host["name"], C10D_CALL)]
+    ranges = host[name_matches(host["name"], BACKEND_RANGE)]
     if len(calls) == 0:
         calls = ranges
     if len(calls) == 0:
@@ -132,7 +132,7 @@ def allreduce_calls(m) -> pd.DataFrame:
     numel = np.array([_numel(d) for d in calls["input_dims"]], dtype=np.int64)
     dur = calls["dur"].to_numpy(np.int64)
     dev = rank_events(m).device
-    kernels = dev[(dev["kind"] == "kernel") & _matches(dev["name"], ALLREDUCE_KERNEL)].sort_values("ts") if m.has_device else dev.iloc[:0]
+    kernels = dev[(dev["kind"] == "kernel") & name_matches(dev["name"], ALLREDUCE_KERNEL)].sort_values("ts") if m.has_device else dev.iloc[:0]
     if len(kernels) == len(calls):
         dur = kernels["dur"].to_numpy(np.int64)
     elif len(ranges) == len(calls) and ranges is not calls:
@@ -193,7 +193,7 @@ def check(ctx: Context):
     saving = saving_ns / 1e6
     if saving / ctx.step_ms < opts["min_share"]:
         return None
-    ddp = bool(ctx.recorded.parallel.ddp) or bool(_matches(ctx.events.host["name"], DDP_SPAN).any())
+    ddp = bool(ctx.recorded.parallel.ddp) or bool(name_matches(ctx.events.host["name"], DDP_SPAN).any())
     evidence = {
         "allreduce_calls_per_step": round(per_step_calls, 1),
         "allreduce_ms_per_step": round(float(calls["dur"].sum()) / n_steps / 1e6, 3),

@@ -96,7 +96,7 @@ from advisor.whatif.replay import Change
 from advisor.whatif.savings import dataloader_spans
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import COMM_OP_NAME, _matches
+from advisor.metrics.breakdown import COMM_OP_NAME, name_matches
 from advisor.metrics.compute import (
     LAYOUT_TRANSPOSE_KERNEL,
     kernel_evidence,
@@ -133,8 +133,8 @@ def check(ctx: Context):
     if total <= 0:
         return None
     host = ctx.events.host
-    in_optimizer = launched_inside(ctx.metrics, host[_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
-    eligible = np.asarray(_matches(k["name"], ELEMENTWISE_KERNEL), dtype=bool) & ~in_optimizer
+    in_optimizer = launched_inside(ctx.metrics, host[name_matches(host["name"], OPTIMIZER_SPAN)])[k.index.to_numpy()]
+    eligible = np.asarray(name_matches(k["name"], ELEMENTWISE_KERNEL), dtype=bool) & ~in_optimizer
     ew = k[eligible]
     ew_ns = float(ew["dur"].sum())
     if ew_ns / total < opts["min_kernel_share"]:
@@ -143,7 +143,7 @@ def check(ctx: Context):
     exposure = kernel_exposure(m, k)
     # Inductor also lays convolutions out channels-last (its layout optimisation): cuDNN's
     # NCHW <-> NHWC transposes around them go with the eager kernels.
-    transposes = np.asarray(_matches(k["name"], LAYOUT_TRANSPOSE_KERNEL), dtype=bool) & ~in_optimizer
+    transposes = np.asarray(name_matches(k["name"], LAYOUT_TRANSPOSE_KERNEL), dtype=bool) & ~in_optimizer
     fused_away = fused_chain_members(k, eligible) | transposes
     gone = k[fused_away]
     # The batch norms the compiler generates stream at the memory's speed: a kept cuDNN one
@@ -191,7 +191,7 @@ def check(ctx: Context):
     # overhead, `launch-bound`'s ground, and is not counted here.
     # Host work the compiled model does not take over stays: the optimizer, the DataLoader's
     # wait, collectives and DDP's gradient reducer (its hooks run eager around compiled code).
-    kept_host = host[_matches(host["name"], OPTIMIZER_SPAN) | _matches(host["name"], COMM_OP_NAME) | _matches(host["name"], DDP_REDUCER)]
+    kept_host = host[name_matches(host["name"], OPTIMIZER_SPAN) | name_matches(host["name"], COMM_OP_NAME) | name_matches(host["name"], DDP_REDUCER)]
     dl_s, dl_e = dataloader_spans(ctx.events)
     stays = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
     change = Change.merge([fused(ctx.events, k, fused_away, kept, bn_share), _dispatch_gone(ctx, k, fused_away, stays)])

@@ -18,7 +18,7 @@ from advisor.analysis import Analysis, analyze
 from advisor.config import Config
 from advisor.engine import all_rules
 from advisor.cache import load_cached
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.breakdown import DATALOADER_NAME, name_matches
 
 CPU_RUNS = SAMPLE_RUNS / "resnet18_cifar" / "runs"
 
@@ -50,7 +50,7 @@ def texts(a: Analysis) -> list[tuple[str, str]]:
 
 def has_loader_spans(a: Analysis) -> bool:
     """DataLoader spans in any rank's trace (read again: an analysis keeps no rank's frames)."""
-    return any(_matches(load_cached(m.frames.path).host["name"], DATALOADER_NAME).any() for m in a.ranks)
+    return any(name_matches(load_cached(m.frames.path).host["name"], DATALOADER_NAME).any() for m in a.ranks)
 
 
 LOADER_ADVICE = re.compile(r"DataLoader|num_workers|persistent_workers|prefetch_factor")

@@ -135,7 +135,7 @@ def test_compile_leaves_the_host_work_the_compiled_model_does_not_take_over():
     # A DDP run (NCCL, eager, host-bound): the fusion fix removes the eager dispatch of the ops
     # whose kernels it fuses away, not DDP's reducer hooks, the collectives or the optimizer,
     # which stay eager, and not the dispatch of the kernels it keeps (launch-bound's ground).
-    from advisor.metrics.breakdown import COMM_OP_NAME, _matches
+    from advisor.metrics.breakdown import COMM_OP_NAME, name_matches
     from advisor.metrics.compute import launching_host_rows
     from advisor.metrics.intervals import merge, overlap_with
 
@@ -145,7 +145,7 @@ def test_compile_leaves_the_host_work_the_compiled_model_does_not_take_over():
     (ws, we, fraction), = change.host_remove
     assert fraction == 1.0
     host = a.primary.frames.host
-    stays = host[_matches(host["name"], COMM_OP_NAME) | host["name"].astype(str).str.startswith(("torch.distributed.ddp.reducer::", "Optimizer."))]
+    stays = host[name_matches(host["name"], COMM_OP_NAME) | host["name"].astype(str).str.startswith(("torch.distributed.ddp.reducer::", "Optimizer."))]
     assert len(stays) > 100  # 161 reducer copies per step on this trace
     ss, se = merge(stays["ts"].to_numpy(), stays["end"].to_numpy())
     assert overlap_with(ws, we, ss, se).sum() == 0

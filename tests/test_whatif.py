@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from advisor.load.trace import load_trace
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+from advisor.metrics.breakdown import DATALOADER_NAME, name_matches
 from advisor.metrics.summary import compute_metrics
 from advisor.whatif.graph import build_graph
 from advisor.whatif.replay import Change, replay_graph
@@ -43,7 +43,7 @@ def test_sample_gpu_run_replays_to_its_steps():
 def test_removing_the_dataloader_wait_replays_close_to_the_run_with_workers():
     # nw0 and nw4 are the same ResNet-50 training with num_workers=0 and 4.
     frames, _, g = _graph(shared("traces/v100_resnet50_nw0"))
-    dl = frames.host[_matches(frames.host["name"], DATALOADER_NAME)]
+    dl = frames.host[name_matches(frames.host["name"], DATALOADER_NAME)]
     without = replay_graph(g, Change(host_remove=[(dl["ts"].to_numpy(), dl["end"].to_numpy(), 1.0)])).median_ms
     _, m4, _ = _graph(shared("traces/v100_resnet50_nw4"))
     with_workers = float(np.median(m4.steps["duration"])) / 1e6
@@ -67,7 +67,7 @@ def test_the_profiler_cost_comes_out_of_the_host_and_never_the_device():
     assert r.baseline_ms == pytest.approx(after, rel=0.01)
     assert 0.05 <= r.host_scale < 1.0 and 0 <= r.remainder_ms < 0.5 * after
     # the DataLoader keeps the unprofiled steps' own wait for their batch
-    dl = frames.host[_matches(frames.host["name"], DATALOADER_NAME)]
+    dl = frames.host[name_matches(frames.host["name"], DATALOADER_NAME)]
     window_wait = float((dl["end"] - dl["ts"]).sum()) / len(m.steps) / 1e6
     assert r.loader_scale == pytest.approx(min(np.median(facts["loader_wait_ms"][first:]) / window_wait, 1.0), rel=0.05)
     # host time alone scaled to nothing: the step is the device's work, never less

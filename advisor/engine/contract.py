@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from advisor.facts import FactsFile, typed_facts
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.events import RankEvents, rank_events
 from advisor.metrics.host_device import Timeline, timeline
@@ -29,7 +29,7 @@ def is_training(m: Metrics, facts: dict[str, Any] | None) -> bool:
     mode = (facts or {}).get("mode")
     if mode in ("training", "inference"):
         return mode == "training"
-    return m.shared("engine.is_training", lambda: bool(_matches(m.frames.host["name"], TRAINING_OPS).any()))
+    return m.shared("engine.is_training", lambda: bool(name_matches(m.frames.host["name"], TRAINING_OPS).any()))
 
 
 SCOPES = ("rank", "job")
@@ -184,9 +184,9 @@ class Context:
     def uses_dataloader(self) -> bool:
         """Whether the run loads batches through a DataLoader: its spans in the trace, or its
         settings in the facts file. Advice about DataLoader settings needs one."""
-        from advisor.metrics.breakdown import DATALOADER_NAME, _matches
+        from advisor.metrics.breakdown import DATALOADER_NAME, name_matches
 
-        return bool(self.recorded.dataloaders) or bool(_matches(self.events.host["name"], DATALOADER_NAME).any())
+        return bool(self.recorded.dataloaders) or bool(name_matches(self.events.host["name"], DATALOADER_NAME).any())
 
     def fact(self, *keys: str, default: Any = None) -> Any:
         """A nested value from the facts file as plain JSON values, or default when absent (no

@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from advisor.metrics.breakdown import _matches, text_of
+from advisor.metrics.breakdown import name_matches, text_of
 from advisor.metrics.hierarchy import OpTree, op_tree
 
 # Ops autocast runs in 16 bit (CUDA's lower-precision list), by the name the trace shows.
@@ -192,11 +192,11 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     in_step = (step >= 0) & (ts < he[np.clip(step, 0, None)])
     top = np.nonzero(is_op & (op_above < 0) & ~excluded & in_step)[0]
     names = text_of(ops["name"])
-    lower = _matches(ops["name"], LOWER_PRECISION_OP)
-    param_op = _matches(ops["name"], PARAMETER_OP)
-    fp32_cast = _matches(ops["name"], FP32_CAST_OP)
-    fp32_out = _matches(ops["name"], FP32_OUTPUT_OP)
-    keeps = _matches(ops["name"], KEEPS_DTYPE_OP)
+    lower = name_matches(ops["name"], LOWER_PRECISION_OP)
+    param_op = name_matches(ops["name"], PARAMETER_OP)
+    fp32_cast = name_matches(ops["name"], FP32_CAST_OP)
+    fp32_out = name_matches(ops["name"], FP32_OUTPUT_OP)
+    keeps = name_matches(ops["name"], KEEPS_DTYPE_OP)
     # Where each step's backward starts (backward casts happen there), else its forward op.
     nodes = np.nonzero(tree.mask(BACKWARD_NODE) & in_step)[0]
     bw_start = np.full(len(steps), -1, dtype=np.int64)

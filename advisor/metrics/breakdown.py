@@ -26,7 +26,7 @@ COMM_KERNEL_NAME = re.compile(r"nccl|rccl|gloo", re.IGNORECASE)
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 
 
-def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     """Regex test over a categorical column, evaluated once per distinct name."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories
@@ -66,9 +66,9 @@ def host_roles(frames: TraceFrames) -> pd.Series:
     """Role of each host event: dataloader, communication, cpu_exec, step, or none (python)."""
     host = frames.host
     role = np.full(len(host), "cpu_exec", dtype=object)
-    role[_matches(host["name"], COMM_OP_NAME)] = "communication"
-    role[_matches(host["name"], DATALOADER_NAME)] = "dataloader"
-    role[_matches(host["name"], STEP_NAME)] = "step"
+    role[name_matches(host["name"], COMM_OP_NAME)] = "communication"
+    role[name_matches(host["name"], DATALOADER_NAME)] = "dataloader"
+    role[name_matches(host["name"], STEP_NAME)] = "step"
     # Python frames (with_stack) span whole steps; like the plugin, they are not CPU exec.
     role[(host["kind"] == "python").to_numpy()] = "none"
     return pd.Series(role, index=host.index, dtype="category")
@@ -78,9 +78,9 @@ def communication_kernels(frames: TraceFrames) -> np.ndarray:
     """Mask over device rows: kernels that are collectives (by name, or launched by a collective op)."""
     dev = frames.device
     is_kernel = (dev["kind"] == "kernel").to_numpy()
-    by_name = _matches(dev["name"], COMM_KERNEL_NAME)
+    by_name = name_matches(dev["name"], COMM_KERNEL_NAME)
     host = frames.host
-    comm_ids = host.loc[_matches(host["name"], COMM_OP_NAME), "external_id"]
+    comm_ids = host.loc[name_matches(host["name"], COMM_OP_NAME), "external_id"]
     comm_ids = comm_ids[comm_ids >= 0].unique()
     by_op = dev["external_id"].isin(comm_ids).to_numpy() & (dev["external_id"] >= 0).to_numpy()
     return is_kernel & (by_name | by_op)

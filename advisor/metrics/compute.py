@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from advisor.metrics.breakdown import _matches, communication_kernels, text_of
+from advisor.metrics.breakdown import name_matches, communication_kernels, text_of
 from advisor.metrics.intervals import covers, merge
 from advisor.metrics.kernels import TENSOR_CORE_ELIGIBLE_OP
 from advisor.metrics.precision import (
@@ -50,10 +50,10 @@ CONV_OP = re.compile(r"conv", re.IGNORECASE)
 def layout_transposes(k: pd.DataFrame) -> np.ndarray:
     """Which kernels of `k` transpose a convolution's layout (NCHW <-> NHWC): named so
     (cuDNN's nchwToNhwc kernels), or a library's layout kernel launched by a convolution."""
-    named = _matches(k["name"], LAYOUT_TRANSPOSE_KERNEL)
+    named = name_matches(k["name"], LAYOUT_TRANSPOSE_KERNEL)
     if "op" not in k.columns:
         return named
-    library = _matches(k["name"], LIBRARY_LAYOUT_KERNEL)
+    library = name_matches(k["name"], LIBRARY_LAYOUT_KERNEL)
     if not library.any():
         return named
     by_conv = k["op"].astype(str).str.contains(CONV_OP.pattern, case=False, regex=True).to_numpy()
@@ -67,7 +67,7 @@ def device_capability(metrics, facts_capability: str | float | None = None) -> C
     """
     name = metrics.device.name or ""
     kernels = metrics.kernels
-    rocm = bool(len(kernels)) and bool(_matches(kernels["name"], ROCM_KERNEL).any())
+    rocm = bool(len(kernels)) and bool(name_matches(kernels["name"], ROCM_KERNEL).any())
     nvidia = not (NOT_NVIDIA_DEVICE.search(name) or rocm)
     if metrics.device.capability is not None:
         return Capability(metrics.device.capability, "trace", nvidia)
@@ -102,7 +102,7 @@ def is_conv(kernels: pd.DataFrame) -> np.ndarray:
     """Per kernel row: convolution work (by launching op when known, else by kernel name)."""
     has_op = kernels["op"].notna().to_numpy()
     by_op = has_op & kernels["op"].astype(str).str.contains(CONV_OP).to_numpy()
-    by_name = _matches(kernels["name"], CONV_KERNEL)
+    by_name = name_matches(kernels["name"], CONV_KERNEL)
     return np.where(has_op, by_op | by_name, by_name)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import _matches, text_of
+from advisor.metrics.breakdown import name_matches, text_of
 
 LAUNCH_CALL = re.compile(
     r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch|mtiaLaunch)"
@@ -153,8 +153,8 @@ def _unrecorded_wait_ms(frames: TraceFrames) -> float | None:
 
 def device_gaps(frames: TraceFrames) -> DeviceGaps:
     rt, dev, host = frames.runtime, frames.device, frames.host
-    launches = int(_matches(rt["name"], LAUNCH_CALL).sum()) if len(rt) else 0
-    copy_calls = int(_matches(rt["name"], COPY_CALL).sum()) if len(rt) else 0
+    launches = int(name_matches(rt["name"], LAUNCH_CALL).sum()) if len(rt) else 0
+    copy_calls = int(name_matches(rt["name"], COPY_CALL).sum()) if len(rt) else 0
     kinds = text_of(dev["kind"]) if len(dev) else np.array([], dtype=object)
     kernels = int((kinds == "kernel").sum())
     copies = int((kinds == "memcpy").sum())

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.metrics.autocast import DTYPE_BYTES, input_type_names, numel
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 
 ELEMENTWISE_KERNEL = re.compile(
     r"at::native::.*(elementwise_kernel|reduce_kernel|_norm_|norm_kernel|[Ss]oft[Mm]ax|dropout|LayerNorm|GroupNorm|"
@@ -44,9 +44,9 @@ COMPILED_GRAPH = re.compile(
 def compiled_regions_ran(kernels: pd.DataFrame, host: pd.DataFrame) -> bool:
     """Whether the trace shows compiled code: Triton kernels, or the host spans of compiled
     regions (whatever kernels the backend generated, and named)."""
-    if len(kernels) and _matches(kernels["name"], COMPILED_KERNEL).any():
+    if len(kernels) and name_matches(kernels["name"], COMPILED_KERNEL).any():
         return True
-    return bool(len(host)) and bool(_matches(host["name"], COMPILED_REGION).any())
+    return bool(len(host)) and bool(name_matches(host["name"], COMPILED_REGION).any())
 
 
 def in_chain(k, eligible: np.ndarray) -> np.ndarray:
@@ -133,7 +133,7 @@ def achieved_bandwidth(k: pd.DataFrame) -> float | None:
     shapes; None where the trace has too few of them (no shapes recorded)."""
     if "op_input_dims" not in k or len(k) == 0:
         return None
-    probe = k[_matches(k["op"].astype(str), BANDWIDTH_PROBE_OP) & (k["dur"].to_numpy() > 0)]
+    probe = k[name_matches(k["op"].astype(str), BANDWIDTH_PROBE_OP) & (k["dur"].to_numpy() > 0)]
     if len(probe) < MIN_PROBES:
         return None
     elems, size, reads = _first_inputs(probe).T
@@ -156,7 +156,7 @@ def batch_norm_roofline_share(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
         return share
     sub = k.iloc[rows]
     names = sub["name"].astype(str)
-    is_bn = np.asarray(_matches(names, BATCH_NORM_KERNEL), dtype=bool)
+    is_bn = np.asarray(name_matches(names, BATCH_NORM_KERNEL), dtype=bool)
     if not is_bn.any():
         return share
     elems, size, _ = _first_inputs(sub[is_bn]).T

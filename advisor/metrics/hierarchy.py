@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import STEP_NAME, _matches
+from advisor.metrics.breakdown import STEP_NAME, name_matches
 from advisor.metrics.intervals import sorted_unique
 
 
@@ -35,7 +35,7 @@ class OpTree:
 
     def mask(self, pattern: re.Pattern) -> np.ndarray:
         """Ops whose name matches (evaluated once per distinct name)."""
-        return _matches(self.ops["name"], pattern)
+        return name_matches(self.ops["name"], pattern)
 
     def innermost(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
         """Position of the innermost op on thread `tid` open at time `ts` (-1 if none)."""
@@ -78,7 +78,7 @@ class OpTree:
 
 def op_tree(frames: TraceFrames) -> OpTree:
     host = frames.host
-    keep = (host["kind"] != "python").to_numpy() & ~_matches(host["name"], STEP_NAME)
+    keep = (host["kind"] != "python").to_numpy() & ~name_matches(host["name"], STEP_NAME)
     cols = ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims", "input_types"]
     ops = host.loc[keep, cols + (["concrete_inputs"] if "concrete_inputs" in host else [])].reset_index(drop=True)
     ops["name"] = ops["name"].astype(str).astype("category")

@@ -29,7 +29,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import (
-    _matches,
+    name_matches,
     communication_kernels,
     text_of,
 )
@@ -78,7 +78,7 @@ BANDWIDTH_BOUND_BYTES = 256 * 1024
 # --- runtime calls and what they launched -------------------------------------------------
 def runtime_calls(frames: TraceFrames, pattern: re.Pattern) -> pd.DataFrame:
     rt = frames.runtime
-    return rt[_matches(rt["name"], pattern)]
+    return rt[name_matches(rt["name"], pattern)]
 
 
 def copy_launches(frames: TraceFrames, kind: str) -> pd.DataFrame:
@@ -217,7 +217,7 @@ def first_input_shape(tree: OpTree, pos: int) -> list[int] | None:
 def _launched_device_work(tree: OpTree, frames: TraceFrames) -> np.ndarray:
     """Mask over ops: a runtime call (launch, copy, memset) happened inside the op."""
     rt = frames.runtime
-    work = rt[_matches(rt["name"], LAUNCH_CALL) | _matches(rt["name"], COPY_CALL) | _matches(rt["name"], MEMSET_CALL)]
+    work = rt[name_matches(rt["name"], LAUNCH_CALL) | name_matches(rt["name"], COPY_CALL) | name_matches(rt["name"], MEMSET_CALL)]
     out = np.zeros(len(tree.ops), dtype=bool)
     if len(work) == 0:
         return out
@@ -401,7 +401,7 @@ def _per_parameter_optimizer_steps(tl: Timeline, tree: OpTree, min_launches: int
     lk = launches_in_spans(tl, tree, spans)
     multi_op = tree.nearest_ancestor(np.nonzero(tree.mask(MULTI_TENSOR_OP))[0], _mask_of(len(tree.ops), spans))
     has_multi_op = set(multi_op[multi_op >= 0].tolist())
-    multi_kernel = set(lk.loc[_matches(lk["kernel"], MULTI_TENSOR_KERNEL), "span"].tolist()) if len(lk) else set()
+    multi_kernel = set(lk.loc[name_matches(lk["kernel"], MULTI_TENSOR_KERNEL), "span"].tolist()) if len(lk) else set()
     # Launches and kernel ns per span (spans are sorted positions, each launch names one).
     span_i = np.searchsorted(spans, lk["span"].to_numpy(np.int64))
     k_dur = np.nan_to_num(lk["k_dur"].to_numpy(np.float64))
@@ -570,7 +570,7 @@ def _allocator_calls(tl: Timeline, tree: OpTree, warmup_steps: int) -> pd.DataFr
 
 def _inside_python_frame(frames: TraceFrames, rows: pd.DataFrame, pattern: re.Pattern) -> np.ndarray:
     host = frames.host
-    py = host[(host["kind"] == "python") & _matches(host["name"], pattern)]
+    py = host[(host["kind"] == "python") & name_matches(host["name"], pattern)]
     out = np.zeros(len(rows), dtype=bool)
     for tid, g in py.groupby("tid", observed=True):
         s, e = merge(g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
@@ -610,7 +610,7 @@ def optimizer_step_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
 
 def _optimizer_step_windows(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
     host = tl.frames.host
-    rows = host[_matches(host["name"], OPTIMIZER_STEP_SPAN)]
+    rows = host[name_matches(host["name"], OPTIMIZER_STEP_SPAN)]
     rows = rows[tl.in_host_steps(rows["ts"].to_numpy(np.int64))]
     return merge(rows["ts"].to_numpy(np.int64), rows["end"].to_numpy(np.int64))
 

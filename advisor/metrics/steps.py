@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import _matches, text_of
+from advisor.metrics.breakdown import name_matches, text_of
 
 
 def launches(frames: TraceFrames) -> pd.DataFrame:
@@ -123,14 +123,14 @@ def _candidates(host: pd.DataFrame, window: tuple[int, int]) -> list[tuple[str, 
     repeats at least twice, best first."""
     out: list[tuple[str, np.ndarray, str, np.ndarray]] = []
     for how, pattern, mode in ITERATION_ANCHORS:
-        rows = np.flatnonzero(_matches(host["name"], pattern))
+        rows = np.flatnonzero(name_matches(host["name"], pattern))
         if len(rows) >= 2:
             out.append((how, rows, mode, rows))
     span = max(window[1] - window[0], 1)
     dur = (host["end"] - host["ts"]).to_numpy(np.int64)
     kinds = text_of(host["kind"])
-    module = _matches(host["name"], MODULE_CALL)
-    step_marker = _matches(host["name"], STEP_MARKER)
+    module = name_matches(host["name"], MODULE_CALL)
+    step_marker = name_matches(host["name"], STEP_MARKER)
     keys_all = _per_name(host["name"], lambda n: PHASE_WORDS.sub("", re.sub(r"\d+", "#", n.lower())))
     names = host["name"]
     for kind, label in (("annotation", "annotation"), ("python", "module call")):
@@ -185,8 +185,8 @@ def parts_of_larger_unit(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray, 
         return False
     o_ts = on_tid["ts"].to_numpy(np.int64)
     o_end = on_tid["end"].to_numpy(np.int64)
-    forward = _matches(on_tid["name"], MODULE_CALL) | _matches(on_tid["name"], FORWARD_NAME)
-    ok = ~_matches(on_tid["name"], STEP_MARKER)
+    forward = name_matches(on_tid["name"], MODULE_CALL) | name_matches(on_tid["name"], FORWARD_NAME)
+    ok = ~name_matches(on_tid["name"], STEP_MARKER)
     o_ts, o_end, forward = o_ts[ok], o_end[ok], forward[ok]
     lo = np.searchsorted(ts, o_ts, side="left")  # first instance starting in the span
     hi = np.searchsorted(end, o_end, side="right") - 1  # last instance ending in it
@@ -204,7 +204,7 @@ def inside_forward(on_tid: pd.DataFrame, ts: np.ndarray, end: np.ndarray) -> boo
     """Whether most instances of a repeated range lie inside a module call or a forward range
     (other than themselves): then the range is a part of a forward pass, not an iteration."""
     names = on_tid["name"]
-    fwd = _matches(names, MODULE_CALL) | _matches(names, FORWARD_NAME)
+    fwd = name_matches(names, MODULE_CALL) | name_matches(names, FORWARD_NAME)
     if not fwd.any() or len(ts) == 0:
         return False
     f_ts = on_tid["ts"].to_numpy(np.int64)[fwd]
@@ -230,8 +230,8 @@ def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
         return None
     kinds = text_of(host["kind"])
     for sel in (
-        np.flatnonzero((kinds == "python") & _matches(host["name"], MODULE_CALL)),
-        np.flatnonzero((kinds == "annotation") & _matches(host["name"], FORWARD_NAME)),
+        np.flatnonzero((kinds == "python") & name_matches(host["name"], MODULE_CALL)),
+        np.flatnonzero((kinds == "annotation") & name_matches(host["name"], FORWARD_NAME)),
     ):
         sel = sel[_outermost_per_thread(host, sel)]
         if len(sel) == 0:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import CATEGORIES, _matches, step_breakdown
+from advisor.metrics.breakdown import CATEGORIES, name_matches, step_breakdown
 from advisor.metrics.collectives import RankComm, rank_comm
 from advisor.metrics.copies import copies, copy_summary
 from advisor.metrics.intervals import merge, overlap_with
@@ -268,7 +268,7 @@ def device_vendor(frames: TraceFrames, name: str | None) -> str | None:
     if not frames.has_device:
         return None
     rt = frames.runtime
-    if (len(rt) and _matches(rt["name"], HIP_CALL).any()) or NOT_NVIDIA_NAME.search(name or ""):
+    if (len(rt) and name_matches(rt["name"], HIP_CALL).any()) or NOT_NVIDIA_NAME.search(name or ""):
         return "amd"
     return "nvidia"
 

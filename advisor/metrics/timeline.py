@@ -12,7 +12,7 @@ import pandas as pd
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import (
     DATALOADER_NAME,
-    _matches,
+    name_matches,
 )
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.summary import Metrics
@@ -139,7 +139,7 @@ def _build_timeline(m: Metrics, loader_min_share: float | None) -> Timeline:
     dev = f.device
     busy_s, busy_e = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
     host = f.host
-    dl = host[_matches(host["name"], DATALOADER_NAME)]
+    dl = host[name_matches(host["name"], DATALOADER_NAME)]
     if not _loader_exposed(m, loader_min_share):
         dl = dl.iloc[:0]  # not the input pipeline's share: its idle time is anyone's
     loader_s, loader_e = merge(dl["ts"].to_numpy(np.int64), dl["end"].to_numpy(np.int64))

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.metrics.events import RankEvents
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 from advisor.metrics.host_device import COPY_CALL, LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.whatif.graph import WAIT_CALL
@@ -40,7 +40,7 @@ def wait_calls_in(events: RankEvents, starts, ends) -> np.ndarray:
     ends = np.asarray(ends, dtype=np.int64)
     if len(starts) == 0:
         return np.zeros(0, dtype=np.int64)
-    waits = np.nonzero(_matches(rt["name"], WAIT_CALL))[0]
+    waits = np.nonzero(name_matches(rt["name"], WAIT_CALL))[0]
     ts = rt["ts"].to_numpy(np.int64)[waits]
     order = np.argsort(starts)
     s, e = starts[order], ends[order]
@@ -66,7 +66,7 @@ def async_copy_call_ns(events: RankEvents) -> float:
     """What a copy call costs the host when it does not wait for its copy: the median of the
     trace's copy calls that returned before their copy began (ASYNC_COPY_CALL_NS without one)."""
     rt, dev = events.runtime, events.device
-    calls = rt[_matches(rt["name"], COPY_CALL) & (rt["correlation"] >= 0)]
+    calls = rt[name_matches(rt["name"], COPY_CALL) & (rt["correlation"] >= 0)]
     ops = dev[dev["kind"] == "memcpy"]
     if len(calls) == 0 or len(ops) == 0:
         return ASYNC_COPY_CALL_NS
@@ -84,7 +84,7 @@ def made_async(events: RankEvents, correlations, call_ns: float | None = None) -
     asynchronously instead: each copy call costs what enqueueing a copy costs (`call_ns`,
     default `async_copy_call_ns`), so the host runs ahead while the copy engine works."""
     rows = runtime_rows_of(events, correlations)
-    rows = rows[_matches(events.runtime["name"].iloc[rows], COPY_CALL)] if len(rows) else rows
+    rows = rows[name_matches(events.runtime["name"].iloc[rows], COPY_CALL)] if len(rows) else rows
     if len(rows) == 0:
         return Change()
     ns = async_copy_call_ns(events) if call_ns is None else float(call_ns)
@@ -139,7 +139,7 @@ def graphed(events: RankEvents, device_rows, host_windows=None, host_share: floa
     rows = np.asarray(device_rows, dtype=np.int64)
     corr = events.device["correlation"].to_numpy(np.int64)[rows]
     calls = runtime_rows_of(events, corr)
-    calls = calls[_matches(events.runtime["name"].iloc[calls], LAUNCH_CALL)] if len(calls) else calls
+    calls = calls[name_matches(events.runtime["name"].iloc[calls], LAUNCH_CALL)] if len(calls) else calls
     change = Change(tight_launch={int(r) for r in rows}, call_scale={int(r): GRAPHED_CALL_SHARE for r in calls})
     if host_windows is not None and host_share > 0:
         s, e = host_windows

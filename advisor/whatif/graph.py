@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import _matches
+from advisor.metrics.breakdown import name_matches
 
 # CUDA's and HIP's synchronize, blocking copy and free calls; MTIA's runtime names its
 # synchronize calls without a prefix (`synchronize`, `synchronizeStream`).
@@ -439,7 +439,7 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
     pairs_node: list[np.ndarray] = []
     pairs_op: list[np.ndarray] = []
     # 1. wait calls
-    is_wait_row = _matches(rt["name"], WAIT_CALL)
+    is_wait_row = name_matches(rt["name"], WAIT_CALL)
     wait_nodes = node_of_row[np.nonzero(is_wait_row)[0]]
     wait_nodes = np.sort(wait_nodes[wait_nodes >= 0])
     for s in range(n_streams):

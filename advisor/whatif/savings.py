@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from advisor.metrics.breakdown import DATALOADER_NAME, _matches, text_of
+from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
@@ -478,7 +478,7 @@ def _set_in(rows: set[int], inside: np.ndarray) -> set[int]:
 def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
     """Merged DataLoader spans of a rank's host (where the loop waits for its batch)."""
     host = frames.host
-    spans = host[_matches(host["name"], DATALOADER_NAME)]
+    spans = host[name_matches(host["name"], DATALOADER_NAME)]
     return merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
 
 

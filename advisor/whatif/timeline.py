@@ -20,7 +20,7 @@ from advisor.metrics.breakdown import (
     COMM_OP_NAME,
     DATALOADER_NAME,
     STEP_NAME,
-    _matches,
+    name_matches,
     communication_kernels,
 )
 from advisor.metrics.intervals import merge
@@ -151,11 +151,11 @@ def step_timeline(m: Metrics, row: int | None = None) -> StepTimeline | None:
 
     host = _clip(frames.host, lo, hi)
     if len(host):
-        dl = host[_matches(host["name"], DATALOADER_NAME)]
+        dl = host[name_matches(host["name"], DATALOADER_NAME)]
         if len(dl):
             lanes.append(Lane("DataLoader", "host", _spans(dl, "dataloader")))
-        special = _matches(host["name"], STEP_NAME) | _matches(host["name"], DATALOADER_NAME)
-        comm = _matches(host["name"], COMM_OP_NAME) & ~special
+        special = name_matches(host["name"], STEP_NAME) | name_matches(host["name"], DATALOADER_NAME)
+        comm = name_matches(host["name"], COMM_OP_NAME) & ~special
         if comm.any():
             lanes.append(Lane("Collectives (host)", "host", coalesce(_spans(host[comm], "communication"), dur)))
         plain = ~special & ~comm
@@ -173,7 +173,7 @@ def step_timeline(m: Metrics, row: int | None = None) -> StepTimeline | None:
     rt = frames.runtime
     sync_parts = []
     if len(rt):
-        sync = _clip(rt[_matches(rt["name"], SYNC_RUNTIME)], lo, hi)
+        sync = _clip(rt[name_matches(rt["name"], SYNC_RUNTIME)], lo, hi)
         if len(sync):
             sync_parts.append(sync)
     if frames.syncs is not None and len(frames.syncs) and {"ts", "end", "name"} <= set(frames.syncs.columns):
