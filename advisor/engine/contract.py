@@ -16,7 +16,7 @@ from advisor.metrics.breakdown import name_matches
 from advisor.metrics.collectives import JobWaits
 from advisor.metrics.events import RankEvents, rank_events
 from advisor.metrics.host_device import Timeline, timeline
-from advisor.metrics.summary import Metrics
+from advisor.metrics.summary import Metrics, plain
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, rank_replay
 
@@ -89,14 +89,7 @@ class Finding(msgspec.Struct, forbid_unknown_fields=True, dict=True):
 
     def to_dict(self) -> dict[str, Any]:
         """The finding as the JSON report writes it."""
-        return msgspec.to_builtins(self, enc_hook=_plain_scalar)
-
-
-def _plain_scalar(v: Any) -> Any:
-    """A numpy scalar in a finding's evidence as the Python number it holds."""
-    if hasattr(v, "item") and callable(v.item):
-        return v.item()
-    raise TypeError(f"a finding holds a {type(v).__name__}")
+        return plain(self)
 
 
 @dataclass

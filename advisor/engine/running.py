@@ -16,7 +16,6 @@ from advisor.metrics.summary import Metrics
 from advisor.whatif.savings import RankWhatIf
 
 
-
 def check_rank_rules(
     rules: list[Rule],
     metrics: Metrics,

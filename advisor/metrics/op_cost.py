@@ -432,17 +432,25 @@ def _cost_rms_norm_backward(name: str, types: tuple, dims, concrete) -> Cost | N
     return Cost("norm", float(flops), float(3 * n_el * bpe + (2 * c * bpe if affine else 0)), types[1], _fmt(x))
 
 
+def _channels_input(dims, types: tuple, at: int) -> tuple[list[int], int] | None:
+    """The input at `at` as (shape, bytes per element), where it has a channel dimension
+    (N, C, ...) and a dtype of known size; None otherwise."""
+    x = _shape(dims, at)
+    if not x or len(x) < 2 or len(types) <= at:
+        return None
+    bpe = BPE.get(types[at], 0)
+    return (x, bpe) if bpe else None
+
+
 def _cost_group_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
     # Statistics computed from the input, the affine transform per channel where there is a
     # weight: group_norm(x, groups, weight, bias, ...), native_group_norm(x, weight, bias, N,
     # C, HxW, groups, eps), instance_norm(x, weight, bias, running_mean, running_var,
     # use_input_stats, ...).
-    x = _shape(dims, 0)
-    if not x or len(x) < 2 or not types:
+    found = _channels_input(dims, types, 0)
+    if found is None:
         return None
-    bpe = BPE.get(types[0], 0)
-    if not bpe:
-        return None
+    x, bpe = found
     w_at = 2 if name == "group_norm" else 1
     training = _flag(concrete, 5) if name == "instance_norm" else True
     return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, w_at)), bool(_shape(dims, w_at + 1)), True if training is None else training)
@@ -450,24 +458,20 @@ def _cost_group_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
 
 def _cost_group_norm_backward(name: str, types: tuple, dims, concrete) -> Cost | None:
     # (grad_out, input, mean, rstd, weight, N, C, HxW, groups, output_mask)
-    x = _shape(dims, 1)
-    if not x or len(x) < 2 or len(types) < 2:
+    found = _channels_input(dims, types, 1)
+    if found is None:
         return None
-    bpe = BPE.get(types[1], 0)
-    if not bpe:
-        return None
+    x, bpe = found
     mask = _flags(concrete, 9) or [True, True, True]
     affine = bool(_shape(dims, 4))
     return _norm_bwd(_prod(x), x[1], bpe, types[1], _fmt(x), affine, affine and len(mask) > 2 and mask[2], True, mask[0])
 
 
 def _cost_batch_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
-    x = _shape(dims, 0)
-    if not x or len(x) < 2 or not types:
+    found = _channels_input(dims, types, 0)
+    if found is None:
         return None
-    bpe = BPE.get(types[0], 0)
-    if not bpe:
-        return None
+    x, bpe = found
     training = _flag(concrete, 5)
     return _norm(_prod(x), x[1], bpe, types[0], _fmt(x), bool(_shape(dims, 1)), True, True if training is None else training)
 
@@ -475,12 +479,10 @@ def _cost_batch_norm(name: str, types: tuple, dims, concrete) -> Cost | None:
 def _cost_batch_norm_backward(name: str, types: tuple, dims, concrete) -> Cost | None:
     cudnn = name != "native_batch_norm_backward"
     xi = 0 if cudnn else 1
-    x = _shape(dims, xi)
-    if not x or len(x) < 2 or len(types) <= xi:
+    found = _channels_input(dims, types, xi)
+    if found is None:
         return None
-    bpe = BPE.get(types[xi], 0)
-    if not bpe:
-        return None
+    x, bpe = found
     training = True if cudnn else _flag(concrete, 7)
     return _norm_bwd(_prod(x), x[1], bpe, types[xi], _fmt(x), bool(_shape(dims, 2)), True, True if training is None else training, True)
 
