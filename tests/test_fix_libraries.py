@@ -110,10 +110,7 @@ def test_transformers_trainer_gets_training_arguments(tmp_path, nw0_benchmark_of
     # The workers from the sample's GPU run (its host's cores are recorded; the V100 trace's
     # are not), the rest from the V100 run (cudnn.benchmark off) and the H100 ViT run.
     stall = next(f for f in findings(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline") if f["rule"] == "dataloader-stall")
-    vit = analyze(shared("whatif/h100_vit/baseline")).to_dict()
-    # The ViT's per-parameter AdamW is considered there, not ranked (the 4x batch ranked above
-    # it spreads the same optimizer time): its setting is mapped all the same.
-    found = [stall] + findings(nw0_benchmark_off) + vit["findings"] + [f for f in vit["considered"] if f["rule"] == "single-tensor-optimizer"]
+    found = [stall] + findings(nw0_benchmark_off) + findings(shared("whatif/h100_vit/baseline"))
     plan = plan_fixes(DATA / "hf_trainer.py", found, unsafe=True)
     results = by_rule(plan)
     # the value is the one the finding asks for (cores - 1 on one rank)

@@ -107,4 +107,4 @@ def test_a100_nccl_savings_add_up_to_less_than_the_step():
     total = sum(f.saving_ms or 0.0 for f in a.findings)
     assert total < step, (total, step)
     alone = sum((f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms) or 0.0 for f in a.findings)
-    assert alone > total  # some of the same time is what several of these fixes remove: alone, they overlap
+    assert alone > step  # the same host time is what several of these fixes remove: alone, they overlap
