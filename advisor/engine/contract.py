@@ -125,6 +125,8 @@ class Context:
     """What a rule sees: one rank's metrics, the run's facts (if recorded) and its options."""
 
     metrics: Metrics
+    # The facts file as plain JSON (None: not recorded), what `fact()` reads for rules written
+    # against it; the shipped rules read `recorded` and hand it to the helpers they share.
     facts: dict[str, Any] | None
     options: dict[str, Any]
     rule: Rule
