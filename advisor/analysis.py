@@ -29,7 +29,7 @@ from advisor.files_read import remember_all
 from advisor.config import Config, check_rule_options, load_config
 from advisor.engine import Finding, RankFindings, all_rules, check_rank_rules, combine_findings, job_findings, rank_findings, select_rules
 from advisor.errors import InputError
-from advisor.facts import FACTS_FILE, read_facts, validate_facts
+from advisor.facts import FACTS_FILE, read_facts, typed_facts, validate_facts
 from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.device_records import device_gaps
@@ -223,18 +223,20 @@ class Analysis:
 
     def profiler_overhead(self) -> MeasuredOverhead | None:
         """The slowest rank's window against its unprofiled steps (facts of `advisor profile --full`)."""
-        return profiler_overhead(self.run_facts())
+        return profiler_overhead(typed_facts(self.run_facts()))
 
     def notes(self) -> list[str]:
         out = list(self.run.notes)
         for m in self.ranks:
             prefix = f"rank {m.rank}: " if len(self.ranks) > 1 else ""
             out += [prefix + n for n in m.notes]
-        overhead = self.profiler_overhead()
-        note = overhead.note((self.run_facts() or {}).get("profiler", {}).get("with_stack", True)) if overhead else None
+        recorded = typed_facts(self.run_facts())
+        overhead = profiler_overhead(recorded)
+        # stacks are recorded unless the facts say they were not (older files do not say)
+        note = overhead.note(recorded.profiler.with_stack is not False) if overhead else None
         if note:
             out.append(note)
-        noisy = noisy_window_note(self.run_facts())
+        noisy = noisy_window_note(recorded)
         if noisy:
             out.append(noisy)
         return out

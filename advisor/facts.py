@@ -12,7 +12,7 @@ import math
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
@@ -62,6 +62,8 @@ class DataLoaderFacts(_Facts):
     dataset_class: str | None = None
     multiprocessing_context: str | None = None
     drop_last: bool | None = None
+    batches_per_epoch: Count | None = None  # len(loader); None for an iterable dataset without a length
+    epoch_starts: list[Count] | None = None  # the step at which each iteration over it began
 
 
 class DeviceFacts(_Facts):
@@ -169,6 +171,7 @@ class FactsFile(_Facts):
     device_step_times_ms: list[Milliseconds | None] | None = None
     profiled_steps: list[Count] | None = None
     step_source: str | None = None
+    mode: Literal["training", "inference"] | None = None
     wall_time_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
     outcome: str | None = None
     exit_code: int | None = None

@@ -10,31 +10,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.facts import DataLoaderFacts, FactsFile
 
-def first_loader(facts: dict[str, Any] | None) -> dict[str, Any]:
-    """The first DataLoader the facts file recorded, or {}."""
-    loaders = (facts or {}).get("dataloaders")
-    if isinstance(loaders, list) and loaders and isinstance(loaders[0], dict):
-        return loaders[0]
-    return {}
+
+def first_loader(recorded: FactsFile) -> DataLoaderFacts:
+    """The first DataLoader the facts file recorded (every field None when there is none)."""
+    return recorded.dataloaders[0] if recorded.dataloaders else DataLoaderFacts()
 
 
 def _value(v: Any) -> str:
     return repr(v) if isinstance(v, (bool, int, float)) and not isinstance(v, str) else str(v)
 
 
-def dataloader_call(facts: dict[str, Any] | None, dataset: str = "train_set", **changes: Any) -> str:
+def dataloader_call(recorded: FactsFile, dataset: str = "train_set", **changes: Any) -> str:
     """`loader = DataLoader(dataset, batch_size=..., ...)` with the run's recorded settings and
     `changes` applied (a change of None drops the argument)."""
-    loader = first_loader(facts)
+    loader = first_loader(recorded)
     args: dict[str, Any] = {}
-    batch = loader.get("batch_size")
-    args["batch_size"] = batch if isinstance(batch, int) and not isinstance(batch, bool) else "batch_size"
-    workers = loader.get("num_workers")
-    if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
-        args["num_workers"] = workers
+    args["batch_size"] = loader.batch_size if loader.batch_size is not None else "batch_size"
+    if loader.num_workers:
+        args["num_workers"] = loader.num_workers
     for key in ("pin_memory", "persistent_workers"):
-        if loader.get(key) is True:
+        if getattr(loader, key) is True:
             args[key] = True
     for key, v in changes.items():
         if v is None:
@@ -45,13 +42,12 @@ def dataloader_call(facts: dict[str, Any] | None, dataset: str = "train_set", **
     return f"loader = DataLoader({dataset}, {inner})"
 
 
-def suggested_workers(facts: dict[str, Any] | None, world_size: int = 1) -> int | str:
+def suggested_workers(recorded: FactsFile, world_size: int = 1) -> int | str:
     """Workers for a loader that stalls: the run's own count when it has some, else about
     (CPU cores / ranks) - 1 from the facts file, else the name `num_workers` (unknown)."""
-    workers = first_loader(facts).get("num_workers")
-    if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
+    workers = first_loader(recorded).num_workers
+    if workers:
         return workers
-    cores = (facts or {}).get("cpu_count")
-    if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0:
-        return max(1, cores // max(world_size, 1) - 1)
+    if recorded.cpu_count is not None:
+        return max(1, recorded.cpu_count // max(world_size, 1) - 1)
     return "num_workers"

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.analysis import analyze  # noqa: E402
 from advisor.config import Config  # noqa: E402
+from advisor.facts import typed_facts  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
 from advisor.whatif.replay import Change  # noqa: E402
 
@@ -72,7 +73,7 @@ WALK_RULES = {("follow_the_advice_gpu_cudagraphs.json", 1): ["launch-bound", "ze
 
 def unprofiled_median(run: Path) -> float:
     facts = json.loads((run / "advisor_facts.json").read_text())
-    return float(np.median(unprofiled_steps(facts).step_ms))
+    return float(np.median(unprofiled_steps(typed_facts(facts)).step_ms))
 
 
 class Before:

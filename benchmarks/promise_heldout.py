@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from promise_accuracy import AUTOCAST_ALONE, VIT_FIXES, Before, right  # noqa: E402
 
-from advisor.facts import read_facts  # noqa: E402
+from advisor.facts import read_facts, typed_facts  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
 
 HELD_OUT = ROOT / "sample_runs" / "heldout_h200"
@@ -66,7 +66,7 @@ PAIRS = [
 def step_stats(run: Path) -> tuple[float, float, bool]:
     """Median and lower quartile of the unprofiled steps (ms), and whether the device clock timed them."""
     facts = read_facts(run / "advisor_facts.json")
-    after = unprofiled_steps(facts)
+    after = unprofiled_steps(typed_facts(facts))
     assert after is not None, f"{run}: no unprofiled steps"
     device = bool(facts.get("device_step_times_ms"))
     return float(np.median(after.step_ms)), float(np.percentile(after.step_ms, 25)), device

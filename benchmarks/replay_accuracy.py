@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.analysis import _read_facts  # noqa: E402
 from advisor.cache import load_cached  # noqa: E402
+from advisor.facts import typed_facts  # noqa: E402
 from advisor.load.discover import find_run  # noqa: E402
 from advisor.metrics.summary import compute_metrics  # noqa: E402
 from advisor.metrics.unprofiled import unprofiled_steps  # noqa: E402
@@ -70,7 +71,7 @@ def main() -> int:
             err = (r.median_ms - measured) / measured if measured else 0.0
             worst = max(worst, abs(err))
             f = facts.get(rank) or facts.get(-1)
-            after = unprofiled_steps(f)
+            after = unprofiled_steps(typed_facts(f))
             unprof, scale, loader, rest = "", "", "", ""
             if after is not None:
                 rr = RankReplay(m, f)

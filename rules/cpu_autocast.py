@@ -220,4 +220,4 @@ def check(ctx: Context):
 def _trains(ctx: Context) -> bool:
     from advisor.engine import is_training
 
-    return is_training(ctx.metrics, ctx.facts)
+    return is_training(ctx.metrics, ctx.recorded)

@@ -189,7 +189,7 @@ def check(ctx: Context):
     exposed_ms = m.breakdown_mean_ms["dataloader"]
     if step_ms <= 0:
         return None
-    after = steady_wait(unprofiled_steps(ctx.facts))
+    after = steady_wait(unprofiled_steps(ctx.recorded))
     shown = exposed_ms / step_ms >= ctx.options["min_share"]
     # The window understates the stall: the steps after it waited over twice as long.
     hidden = after is not None and after[0] / after[1] >= ctx.options["min_share"] and after[0] > 2 * exposed_ms
@@ -494,4 +494,4 @@ def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int |
     loader_ms = m.breakdown_mean_ms["dataloader"]
     rest_ms = max(ctx.step_ms - loader_ms, 0.0)
     parallel_ms = 0.0 if m.has_device else m.parallel_op_ms
-    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms, window_other_cores(ctx.facts))
+    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms, window_other_cores(ctx.recorded))

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from advisor.engine import Context
+from advisor.facts import DataLoaderFacts, FactsFile
 
 ID = "epoch-end"
 TITLE = "Epoch ends restart the DataLoader workers and run a short batch"
@@ -83,7 +84,7 @@ AFTER = """loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, num_wo
 class EpochEnds:
     """What the run's epoch boundaries cost, in ms over the whole run (detection, no saving)."""
 
-    loader: dict
+    loader: DataLoaderFacts
     starts: list[int]  # step index of each epoch's first step, after the first epoch
     boundaries_recorded: bool  # from the facts' epoch_starts, not computed
     typical_step_ms: float
@@ -124,46 +125,42 @@ class EpochEnds:
         return self.per_epoch_ms / max(self.steps_per_epoch, 1)
 
 
-def _driver_loader(loaders: list) -> dict | None:
+def _driver_loader(loaders: list[DataLoaderFacts]) -> DataLoaderFacts | None:
     """The DataLoader the loop iterates (the one with the most epochs begun, else the first)."""
-    loaders = [d for d in loaders if isinstance(d, dict)]
     if not loaders:
         return None
-    return max(loaders, key=lambda d: len(d.get("epoch_starts") or []))
+    return max(loaders, key=lambda d: len(d.epoch_starts or []))
 
 
-def _epoch_starts(loader: dict, n_steps: int) -> tuple[list[int], bool] | None:
-    recorded = loader.get("epoch_starts")
-    if isinstance(recorded, list) and recorded and all(isinstance(s, int) for s in recorded):
-        return [s for s in recorded if 0 < s < n_steps], True
-    per_epoch = loader.get("batches_per_epoch")
-    if not isinstance(per_epoch, int):
-        size, bs = loader.get("dataset_len"), loader.get("batch_size")
-        if not isinstance(size, int) or not isinstance(bs, int) or bs <= 0:
+def _epoch_starts(loader: DataLoaderFacts, n_steps: int) -> tuple[list[int], bool] | None:
+    if loader.epoch_starts:
+        return [s for s in loader.epoch_starts if 0 < s < n_steps], True
+    per_epoch = loader.batches_per_epoch
+    if per_epoch is None:
+        size, bs = loader.dataset_len, loader.batch_size
+        if size is None or bs is None:
             return None
-        per_epoch = size // bs if loader.get("drop_last") else math.ceil(size / bs)
+        per_epoch = size // bs if loader.drop_last else math.ceil(size / bs)
     if per_epoch <= 0:
         return None
     return list(range(per_epoch, n_steps, per_epoch)), False
 
 
-def epoch_ends(facts: dict | None, max_restart_steps: int = 5) -> EpochEnds | None:
+def epoch_ends(recorded: FactsFile, max_restart_steps: int = 5) -> EpochEnds | None:
     """The epoch boundaries the run crossed and each one's extra cost (None when not measurable)."""
-    if not facts:
-        return None
-    times, waits = facts.get("step_times_ms"), facts.get("loader_wait_ms")
-    loader = _driver_loader(facts.get("dataloaders") or [])
-    if loader is None or not isinstance(times, list) or len(times) < 3:
+    times, waits = recorded.step_times_ms, recorded.loader_wait_ms
+    loader = _driver_loader(recorded.dataloaders or [])
+    if loader is None or times is None or len(times) < 3:
         return None
     step_ms = np.asarray(times, dtype=np.float64)
-    wait_ms = np.asarray(waits, dtype=np.float64) if isinstance(waits, list) and len(waits) == len(times) else None
+    wait_ms = np.asarray(waits, dtype=np.float64) if waits is not None and len(waits) == len(times) else None
     found = _epoch_starts(loader, len(step_ms))
     if found is None or not found[0]:
         return None
-    starts, recorded = found
+    starts, boundaries_recorded = found
     ordinary = np.ones(len(step_ms), dtype=bool)
     ordinary[0] = False
-    profiled = [i for i in facts.get("profiled_steps") or [] if isinstance(i, int) and 0 <= i < len(step_ms)]
+    profiled = [i for i in recorded.profiled_steps or [] if i < len(step_ms)]
     if profiled:
         ordinary[profiled] = False
         ordinary[min(max(profiled) + 1, len(step_ms) - 1)] = False
@@ -174,13 +171,12 @@ def epoch_ends(facts: dict | None, max_restart_steps: int = 5) -> EpochEnds | No
     ends = EpochEnds(
         loader=loader,
         starts=starts,
-        boundaries_recorded=recorded,
+        boundaries_recorded=boundaries_recorded,
         typical_step_ms=float(np.median(step_ms[ordinary])),
         typical_wait_ms=float(np.median(wait_ms[ordinary])) if wait_ms is not None else 0.0,
         run_steps=len(step_ms) - 1,
     )
-    workers = int(loader.get("num_workers") or 0)
-    if workers > 0 and not loader.get("persistent_workers") and wait_ms is not None:
+    if loader.num_workers and not loader.persistent_workers and wait_ms is not None:
         tolerance = 2 * ends.typical_wait_ms + 1.0
         for s in starts:
             extra = 0.0
@@ -189,8 +185,8 @@ def epoch_ends(facts: dict | None, max_restart_steps: int = 5) -> EpochEnds | No
                     break
                 extra += max(wait_ms[i] - ends.typical_wait_ms, 0.0)
             ends.restart_ms.append(extra)
-    size, bs = loader.get("dataset_len"), loader.get("batch_size")
-    if not loader.get("drop_last") and isinstance(size, int) and isinstance(bs, int) and bs > 0 and size % bs:
+    size, bs = loader.dataset_len, loader.batch_size
+    if not loader.drop_last and size is not None and bs is not None and size % bs:
         ends.short_batch_size = size % bs
         ends.short_batch_ms = [max(float(step_ms[s - 1]) - ends.typical_step_ms, 0.0) for s in starts]
     return ends
@@ -204,7 +200,7 @@ def saving_ms(ends: EpochEnds, window_step_ms: float) -> float:
 
 
 def check(ctx: Context):
-    ends = epoch_ends(ctx.facts, int(ctx.options["max_restart_steps"]))
+    ends = epoch_ends(ctx.recorded, int(ctx.options["max_restart_steps"]))
     if ends is None or ctx.step_ms <= 0 or ends.per_epoch_ms <= 0:
         return None
     saving = saving_ms(ends, ctx.step_ms)
@@ -223,18 +219,18 @@ def check(ctx: Context):
         "per_epoch_ms": round(ends.per_epoch_ms, 1),
         "per_step_ms": round(ends.per_step_ms, 2),
         "one_time_ms": round(ends.one_time_ms, 1),
-        "num_workers": d.get("num_workers"),
-        "persistent_workers": d.get("persistent_workers"),
-        "drop_last": d.get("drop_last"),
-        "batch_size": d.get("batch_size"),
-        "dataset_len": d.get("dataset_len"),
+        "num_workers": d.num_workers,
+        "persistent_workers": d.persistent_workers,
+        "drop_last": d.drop_last,
+        "batch_size": d.batch_size,
+        "dataset_len": d.dataset_len,
     }
     parts, fixes = [], []
     if sum(ends.restart_ms) > 0:
-        parts.append(f"restarting {d.get('num_workers')} DataLoader workers cost {np.mean(ends.restart_ms):.0f} ms per epoch start")
+        parts.append(f"restarting {d.num_workers} DataLoader workers cost {np.mean(ends.restart_ms):.0f} ms per epoch start")
         fixes.append("persistent_workers=True keeps the workers alive between epochs")
     if sum(ends.short_batch_ms) > 0:
-        parts.append(f"the short last batch ({ends.short_batch_size} of {d.get('batch_size')}) took {ends.short_batch_ms[-1]:.0f} ms over a typical step")
+        parts.append(f"the short last batch ({ends.short_batch_size} of {d.batch_size}) took {ends.short_batch_ms[-1]:.0f} ms over a typical step")
         fixes.append("drop_last=True gives every batch the same shape")
     if not parts:
         return None
@@ -246,7 +242,7 @@ def check(ctx: Context):
         f"on top of a typical {ends.typical_step_ms:.1f} ms step."
     )
     fix = "; ".join(fixes) + "."
-    snippet = AFTER.replace("BATCH", str(d.get("batch_size"))).replace("WORKERS", str(d.get("num_workers") or 8))
+    snippet = AFTER.replace("BATCH", str(d.batch_size)).replace("WORKERS", str(d.num_workers or 8))
     if sum(ends.short_batch_ms) <= 0:
         snippet = snippet.replace(",   # workers live across epochs\n                    drop_last=True)            # every batch has the same shape", ")   # workers live across epochs")
     elif sum(ends.restart_ms) <= 0:

@@ -277,6 +277,6 @@ def check(ctx: Context):
     confidence = "low" if not marked or main == "waits for the device" else ("high" if main_share >= 0.5 else "medium")
     snippet = SNIPPETS[main]
     if main == "loads data":  # the run's own loader settings, never invented ones
-        call = dataloader_call(ctx.facts, dataset="ds", num_workers=suggested_workers(ctx.facts, ctx.world_size), pin_memory=True, persistent_workers=True)
+        call = dataloader_call(ctx.recorded, dataset="ds", num_workers=suggested_workers(ctx.recorded, ctx.world_size), pin_memory=True, persistent_workers=True)
         snippet = AFTER.replace(AFTER.splitlines()[0], call)
     return ctx.finding(message, idle_ms, confidence=confidence, evidence=evidence, fix=ADVICE[main], snippet=snippet, change=change)

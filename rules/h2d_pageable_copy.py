@@ -214,5 +214,5 @@ def check(ctx: Context):
         unwait(ctx.events, pageable["call_ts"].to_numpy(np.int64), pageable["block_end"].to_numpy(np.int64)),
     ])
     # The run's own loader settings, pinned: never another batch size or worker count than the run's.
-    snippet = AFTER.replace(AFTER.splitlines()[0], dataloader_call(ctx.facts, pin_memory=True)) if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
+    snippet = AFTER.replace(AFTER.splitlines()[0], dataloader_call(ctx.recorded, pin_memory=True)) if ctx.uses_dataloader else PIN_WITHOUT_LOADER_SNIPPET
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)

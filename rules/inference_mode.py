@@ -79,7 +79,7 @@ with torch.inference_mode():          # no graph, no saved tensors, no version c
 
 def check(ctx: Context):
     m = ctx.metrics
-    if m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0 or is_training(m, ctx.facts):
+    if m.has_device or ctx.step_ms <= 0 or len(m.steps) == 0 or is_training(m, ctx.recorded):
         return None
     host = ctx.events.host
     ops = host[(host["sequence"].to_numpy(np.int64) >= 0) & (host["kind"] == "op").to_numpy()]

@@ -179,7 +179,7 @@ def check(ctx: Context):
         f"CUDA graphs (torch.compile mode='reduce-overhead') or a larger batch recover up to that."
     )
     snippet = None
-    if not is_training(m, ctx.facts):
+    if not is_training(m, ctx.recorded):
         evidence["mode"] = "inference"
         fix, snippet = INFERENCE_FIX, INFERENCE_AFTER
         message = (

@@ -239,9 +239,9 @@ def check(ctx: Context):
     }
     confidence = "low" if bound_only else ("high" if mem.source == FACTS else "medium")
     snippet = AFTER.replace("4 * batch_size", str(batch * factor) if batch else f"{factor} * batch_size").replace("base_lr * 4", f"base_lr * {factor}")
-    workers = first_loader(ctx.facts).get("num_workers")  # the run's own workers, or none shown
-    snippet = snippet.replace(", num_workers=8", f", num_workers={workers}" if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 else "")
-    if not is_training(m, ctx.facts):
+    workers = first_loader(ctx.recorded).num_workers  # the run's own workers, or none shown
+    snippet = snippet.replace(", num_workers=8", f", num_workers={workers}" if workers else "")
+    if not is_training(m, ctx.recorded):
         evidence["mode"] = "inference"
         fix = INFERENCE_FIX.format(grow=grow)
         message = (

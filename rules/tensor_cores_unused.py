@@ -189,7 +189,7 @@ def check(ctx: Context):
     after_tf32 = np.zeros(len(k), dtype=bool)
     kept = to_half.copy()
     if arch.tf32_over_fp32 is not None:
-        off = tf32_switches_off(k, Tf32Switches.from_facts(ctx.facts))
+        off = tf32_switches_off(k, Tf32Switches.from_facts(ctx.recorded))
         after_tf32 = fp32_mask & np.isin(kp.switch_of, list(off))
         to_tf32 = kp.scale_to("tf32")
         kept = np.where(after_tf32, 1.0 - np.maximum(to_tf32 - to_half, 0.0), to_half)  # the time TF32 -> bf16 takes off
@@ -211,7 +211,7 @@ def check(ctx: Context):
     autocast_used = ctx.recorded.autocast.used
     candidates = k[candidates_mask]
     from_op = float(dur[candidates_mask & (kp.source == FROM_OP)].sum() / max(fp32_ns + tf32_ns, 1))
-    names_only = from_op == 0 and ctx.facts is None
+    names_only = from_op == 0 and ctx.recorded.schema is None
     eligible_ms = eligible_ns / n_steps / 1e6
     where = "TF32" if tf32_ns > fp32_ns else "fp32"
     evidence = {
@@ -289,7 +289,7 @@ def check(ctx: Context):
         f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms/step) is convolution/matmul work that can use "
         f"Tensor Cores, yet {state} on {gpu}. {how} moves them onto the Tensor Cores ({method}).{casts_note}"
     )
-    if is_training(m, ctx.facts):
+    if is_training(m, ctx.recorded):
         message += " It changes the numerics of what is trained, not only its speed: check that the loss follows the fp32 run's."
     else:
         message += " It changes the numerics of the outputs, not only their speed: check the accuracy against the fp32 outputs."

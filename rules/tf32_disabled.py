@@ -127,7 +127,7 @@ def check(ctx: Context):
         return None
     family, precision, switch_of, dur = kp.family, kp.precision, kp.switch_of, kp.dur
     fp32 = (precision == "fp32-fma") & (switch_of != "")
-    recorded = Tf32Switches.from_facts(ctx.facts)
+    recorded = Tf32Switches.from_facts(ctx.recorded)
     switches = {"matmul": recorded.matmul, "cudnn": recorded.cudnn}
     off = tf32_switches_off(k, recorded)
     if not off:
@@ -156,7 +156,7 @@ def check(ctx: Context):
             "speedup_source": f"measured on an {table.measured_on}" if source == "measured" else f"conservative, {table.arch.name}",
         }
     from_op = float(dur[chosen & (kp.source == FROM_OP)].sum() / fp32_ns)
-    names_only = from_op == 0 and ctx.facts is None
+    names_only = from_op == 0 and ctx.recorded.schema is None
     switches_known = all(switches[s] is not None for s in off)
     what = " and ".join(WHAT[f] for f in families)
     fixes = []

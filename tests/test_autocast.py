@@ -17,6 +17,7 @@ import pytest
 from advisor.analysis import analyze
 from advisor.config import Config
 from advisor.engine import all_rules, check_rank_rules
+from advisor.facts import typed_facts
 from advisor.metrics.autocast import autocast_casts
 from advisor.metrics.hierarchy import op_tree
 from advisor.metrics.unprofiled import unprofiled_steps
@@ -121,7 +122,7 @@ def test_the_all_run_is_still_what_the_baselines_fixes_replay_to():
     replay = rank_replay(base, a.run_facts())
     replayed = replay.replayed_ms(Change.merge([found[r].change for r in rules if r in found]))
     facts = json.loads((shared("whatif/h100_vit/all") / "advisor_facts.json").read_text())
-    measured = float(np.median(unprofiled_steps(facts).step_ms))
+    measured = float(np.median(unprofiled_steps(typed_facts(facts)).step_ms))
     assert replayed == pytest.approx(measured, rel=0.25)
 
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import SAMPLE_RUNS
 
 from advisor.analysis import analyze
+from advisor.facts import typed_facts
 from advisor.metrics.unprofiled import unprofiled_steps
 
 HELD_OUT = SAMPLE_RUNS / "heldout_h200"
@@ -25,7 +26,7 @@ def facts(run: str) -> dict:
 
 
 def unprofiled_median(run: str) -> float:
-    return float(statistics.median(unprofiled_steps(facts(run)).step_ms))
+    return float(statistics.median(unprofiled_steps(typed_facts(facts(run))).step_ms))
 
 
 @pytest.fixture(scope="module")

@@ -379,6 +379,8 @@ BAD_FACTS = {
     "optimizers": [["SGD"]],
     "step_times_ms": [1e308, -3],
     "autocast": {"used": "yes", "dtypes": [16]},
+    "profiler": 5,  # read for the profiler-overhead note of a run with steps after its window
+    "mode": "eval",
 }
 
 

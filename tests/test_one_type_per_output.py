@@ -10,11 +10,13 @@ recorded file says.
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import pickle
 
 import msgspec
+import pytest
 from conftest import REPO, SAMPLE_RUNS, count_calls, shared_trace
 
 import advisor.engine.contract
@@ -78,14 +80,77 @@ def test_a_finding_keeps_its_change_through_a_pickle(monkeypatch):
         assert back == f and back.change is not None and type(back.change) is type(f.change)
 
 
-def test_typed_facts_hold_what_the_file_records():
-    raw = read_facts(RUN / "advisor_facts.json")
+# A recording from before `mode` and the DataLoaders' `epoch_starts` were written, and one after.
+NEWER = SAMPLE_RUNS / "heldout_h200" / "resnet18_host_clock" / "fed_batch512"
+
+
+def _as_recorded(typed, raw):
+    """The typed value with the fields the file does not hold left out (they must be None)."""
+    if isinstance(typed, dict):
+        absent = {k: v for k, v in typed.items() if k not in raw}
+        assert all(v is None or (isinstance(v, dict) and set(v.values()) <= {None}) for v in absent.values()), absent
+        return {k: _as_recorded(v, raw[k]) for k, v in typed.items() if k in raw}
+    if isinstance(typed, list) and isinstance(raw, list) and len(typed) == len(raw):
+        return [_as_recorded(t, r) for t, r in zip(typed, raw, strict=True)]
+    return typed
+
+
+@pytest.mark.parametrize("run", [RUN, NEWER], ids=["older", "newer"])
+def test_typed_facts_hold_what_the_file_records(run):
+    raw = read_facts(run / "advisor_facts.json")
     doc, problems = validate_facts(raw)
     assert problems == []
-    plain = msgspec.to_builtins(typed_facts(doc))
-    for key in msgspec.structs.fields(FactsFile):
-        if key.encode_name in raw:
-            assert plain[key.encode_name] == raw[key.encode_name], key.encode_name
+    assert _as_recorded(msgspec.to_builtins(typed_facts(doc)), raw) == raw  # every field the file holds, as it holds it
+
+
+def test_the_fields_the_rules_read_are_declared_and_older_files_read_as_none():
+    """`mode` and each DataLoader's `batches_per_epoch` and `epoch_starts` are typed fields: read
+    from a file that has them, None from one written before them, None when of the wrong type."""
+    raw = read_facts(NEWER / "advisor_facts.json")
+    assert raw["mode"] == "training" and raw["dataloaders"][0]["epoch_starts"]
+    t = typed_facts(validate_facts(raw)[0])
+    assert t.mode == raw["mode"]
+    assert t.dataloaders[0].epoch_starts == raw["dataloaders"][0]["epoch_starts"]
+    assert t.dataloaders[0].batches_per_epoch == raw["dataloaders"][0]["batches_per_epoch"]
+    older = read_facts(RUN / "advisor_facts.json")
+    assert "mode" not in older and "epoch_starts" not in older["dataloaders"][0]
+    t = typed_facts(validate_facts(older)[0])
+    assert t.mode is None and t.dataloaders[0].epoch_starts is None and t.dataloaders[0].batches_per_epoch is None
+    bad = copy.deepcopy(raw)
+    bad["mode"], bad["dataloaders"][0]["epoch_starts"] = "eval", [0, -20]
+    doc, problems = validate_facts(bad)
+    assert [p.split(" ")[0] for p in problems] == ["dataloaders[0].epoch_starts", "mode"]
+    t = typed_facts(doc)
+    assert t.mode is None and t.dataloaders[0].epoch_starts is None and t.dataloaders[0].batches_per_epoch == raw["dataloaders"][0]["batches_per_epoch"]
+
+
+def test_the_rules_helpers_read_the_typed_facts():
+    """epoch-end's boundaries: the recorded `epoch_starts` where the file has them, else every
+    `batches_per_epoch` steps; the TF32 switches and the training mode from the typed fields."""
+    from advisor.engine import is_training
+    from advisor.engine.discovery import builtin_rules
+    from advisor.metrics.precision import Tf32Switches
+
+    raw = read_facts(NEWER / "advisor_facts.json")
+    n = len(raw["step_times_ms"])
+    loader = raw["dataloaders"][0]
+    (rule,) = [r for r in builtin_rules() if r.id == "epoch-end"]
+    ends = rule.module.epoch_ends(typed_facts(raw))
+    assert ends is not None and ends.boundaries_recorded and ends.starts == [s for s in loader["epoch_starts"] if 0 < s < n]
+    assert ends.loader.batch_size == loader["batch_size"] and ends.loader.num_workers == loader["num_workers"]
+    older = copy.deepcopy(raw)
+    del older["dataloaders"][0]["epoch_starts"]
+    ends = rule.module.epoch_ends(typed_facts(older))
+    assert ends is not None and not ends.boundaries_recorded
+    assert ends.starts == list(range(loader["batches_per_epoch"], n, loader["batches_per_epoch"]))
+    switches = Tf32Switches.from_facts(typed_facts(raw))
+    precision_says = raw["tf32"]["float32_matmul_precision"] in ("high", "medium")
+    assert switches.matmul == (True if precision_says else raw["tf32"]["matmul"]) and switches.cudnn == raw["tf32"]["cudnn"]
+    # a training trace (backward ops): the trace's verdict without a recorded mode, else the facts'
+    m = analyze(RUN).with_primary_frames().primary
+    older = read_facts(RUN / "advisor_facts.json")
+    assert "mode" not in older and is_training(m, typed_facts(older))
+    assert not is_training(m, typed_facts({**older, "mode": "inference"})) and is_training(m, typed_facts({**older, "mode": "training"}))
 
 
 def test_a_value_of_the_wrong_type_is_none_and_every_section_is_there():
@@ -122,8 +187,23 @@ def test_the_rules_report_the_recorded_facts_decoded_once_per_rank(monkeypatch):
     assert spare["device_memory_bytes"] == raw["device"]["total_memory_bytes"]
 
 
-def test_the_shipped_rules_read_the_typed_facts():
-    """ctx.fact(...) stays for user rules (README, "Your own rules"); the shipped ones read ctx.recorded."""
+def _reads_of_the_raw_facts(path) -> list[str]:
+    """`ctx.facts` and `ctx.fact(...)` in a rule's source: the facts as plain JSON."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        f"{path.name}:{node.lineno} ctx.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in ("facts", "fact") and isinstance(node.value, ast.Name) and node.value.id == "ctx"
+    ]
+
+
+def test_the_shipped_rules_read_the_typed_facts(tmp_path):
+    """ctx.fact(...) and ctx.facts stay for user rules (README, "Your own rules"); the shipped ones
+    read ctx.recorded, and hand it (not the plain JSON) to the helpers they share."""
     rules = sorted((REPO / "rules").glob("*.py"))
-    assert rules and [p.name for p in rules if "ctx.fact(" in p.read_text(encoding="utf-8")] == []
+    assert rules and [hit for p in rules for hit in _reads_of_the_raw_facts(p)] == []
     assert any("ctx.recorded." in p.read_text(encoding="utf-8") for p in rules)
+    # the check sees the reads it is there to find
+    planted = tmp_path / "r.py"
+    planted.write_text("def check(ctx):\n    return first_loader(ctx.facts), ctx.fact('mode')\n", encoding="utf-8")
+    assert sorted(_reads_of_the_raw_facts(planted)) == ["r.py:2 ctx.fact", "r.py:2 ctx.facts"]

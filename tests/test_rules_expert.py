@@ -162,6 +162,7 @@ def test_training_only_rules_stay_silent_when_the_facts_say_inference(tmp_path):
 )
 def test_inference_is_told_from_the_trace_without_facts(name, training):
     from advisor.engine import is_training
+    from advisor.facts import FactsFile
 
     a = run(shared_trace(name), select=["step-time-variance"])
-    assert is_training(a.with_primary_frames().primary, None) is training
+    assert is_training(a.with_primary_frames().primary, FactsFile()) is training

@@ -24,11 +24,10 @@ from advisor.whatif.savings import RankReplay, rank_replay
 TRAINING_OPS = re.compile(r"(Backward\d*$|^autograd::engine::evaluate_function|^Optimizer\.(step|zero_grad)|## backward ##)")
 
 
-def is_training(m: Metrics, facts: dict[str, Any] | None) -> bool:
+def is_training(m: Metrics, recorded: FactsFile) -> bool:
     """Whether a rank's run trains: the facts' `mode` when recorded, else the trace's own ops."""
-    mode = (facts or {}).get("mode")
-    if mode in ("training", "inference"):
-        return mode == "training"
+    if recorded.mode is not None:
+        return recorded.mode == "training"
     return m.shared("engine.is_training", lambda: bool(name_matches(m.frames.host["name"], TRAINING_OPS).any()))
 
 
@@ -119,6 +118,8 @@ class Context:
     """What a rule sees: one rank's metrics, the run's facts (if recorded) and its options."""
 
     metrics: Metrics
+    # The facts file as plain JSON (None: not recorded), what `fact()` reads for rules written
+    # against it; the shipped rules read `recorded` and hand it to the helpers they share.
     facts: dict[str, Any] | None
     options: dict[str, Any]
     rule: Rule

@@ -30,7 +30,7 @@ def check_rank_rules(
     found: list[Finding] = []
     recorded = typed_facts(facts)  # the rank's facts as types, decoded once for all its rules
     for rule in rules:
-        if rule.scope != "rank" or (rule.training_only and not is_training(metrics, facts)):
+        if rule.scope != "rank" or (rule.training_only and not is_training(metrics, recorded)):
             continue
         opts = {**rule.defaults, **options.get(rule.id, {})}
         ctx = Context(metrics=metrics, facts=facts, options=opts, rule=rule, world_size=world_size, config=options, recorded=recorded)

@@ -31,12 +31,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 import orjson
 import pandas as pd
 
+from advisor.facts import FactsFile
 from advisor.metrics.breakdown import row_groups, text_of
 
 PRECISIONS = ("fp32-fma", "tf32", "bf16", "fp16", "fp8", "int8", "fp64", "unknown")
@@ -250,16 +250,10 @@ class Tf32Switches:
     cudnn: bool | None = None
 
     @classmethod
-    def from_facts(cls, facts: dict[str, Any] | None) -> Tf32Switches:
-        tf32 = (facts or {}).get("tf32")
-        if not isinstance(tf32, dict):
-            return cls()
-        matmul = tf32.get("matmul")
-        matmul = None if matmul is None else bool(matmul)
-        if tf32.get("float32_matmul_precision") in ("high", "medium"):
-            matmul = True
-        cudnn = tf32.get("cudnn")
-        return cls(matmul=matmul, cudnn=None if cudnn is None else bool(cudnn))
+    def from_facts(cls, recorded: FactsFile) -> Tf32Switches:
+        tf32 = recorded.tf32
+        matmul = True if tf32.float32_matmul_precision in ("high", "medium") else tf32.matmul
+        return cls(matmul=matmul, cudnn=tf32.cudnn)
 
     def for_family(self, family: str) -> bool | None:
         return self.cudnn if family in ("conv", "rnn") else self.matmul

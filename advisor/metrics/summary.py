@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from advisor.facts import FactsFile, typed_facts
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import CATEGORIES, name_matches, step_breakdown
 from advisor.metrics.collectives import RankComm, rank_comm
@@ -323,7 +324,8 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     busy = overlap_with(ms, me, steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))
     util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
     device = _device_info(frames)
-    kernels = kernel_table(frames, device.capability or _facts_capability(facts), Tf32Switches.from_facts(facts))
+    recorded = typed_facts(facts)
+    kernels = kernel_table(frames, device.capability or _facts_capability(recorded), Tf32Switches.from_facts(recorded))
     comm = rank_comm(frames, steps)
     # Restrict kernel shares to the steps (warm-up kernels outside them would skew them).
     in_steps = _inside(kernels, steps)
@@ -387,12 +389,9 @@ def _known_convs(frames: TraceFrames) -> dict:
     return conv_shapes(zip(rows["name"].astype(str).to_numpy()[first], dims[first], strict=True))
 
 
-def _facts_capability(facts: dict[str, Any] | None) -> float | None:
-    device = (facts or {}).get("device")
-    try:
-        return float(device["compute_capability"]) if isinstance(device, dict) and device.get("compute_capability") else None
-    except (TypeError, ValueError):
-        return None
+def _facts_capability(recorded: FactsFile) -> float | None:
+    capability = recorded.device.compute_capability  # "9.0": checked against its pattern when read
+    return float(capability) if capability else None
 
 
 def without_frames(m: Metrics) -> Metrics:

@@ -11,12 +11,11 @@ bounds the rest of the run (prefetched batches can hide a slow input pipeline).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import numpy as np
 
-from advisor.facts import steps_as_run
+from advisor.facts import FactsFile, steps_as_run
 
 MIN_UNPROFILED_STEPS = 3
 NOTABLE_SLOWDOWN = 1.25
@@ -78,7 +77,7 @@ class UnprofiledSteps:
     loader_wait_ms: np.ndarray | None  # aligned with step_ms; None in facts that lack it
 
 
-def unprofiled_steps(facts: dict[str, Any] | None) -> UnprofiledSteps | None:
+def unprofiled_steps(recorded: FactsFile) -> UnprofiledSteps | None:
     """The steps after the window, when the facts hold at least 3 of them.
 
     The first step after the window is left out: the trace is written while it runs. A step
@@ -86,29 +85,22 @@ def unprofiled_steps(facts: dict[str, Any] | None) -> UnprofiledSteps | None:
     host's own clock swings around it on a device-bound run and runs ahead of it under CUDA
     graphs (advisor.capture.device_clock).
     """
-    times = (facts or {}).get("step_times_ms")
-    waits = (facts or {}).get("loader_wait_ms")
-    profiled = (facts or {}).get("profiled_steps")
-    if not isinstance(times, list) or not isinstance(profiled, list) or not profiled:
+    times, waits, profiled = recorded.step_times_ms, recorded.loader_wait_ms, recorded.profiled_steps
+    if times is None or not profiled or max(profiled) >= len(times):
         return None
-    if not all(isinstance(i, int) and 0 <= i < len(times) for i in profiled):
-        return None
-    times = steps_as_run(times, (facts or {}).get("device_step_times_ms"))
+    times = steps_as_run(times, recorded.device_step_times_ms)
     first = max(profiled) + 2
-    try:
-        all_ms = np.asarray(times, dtype=np.float64)
-        wait_ms = np.asarray(waits, dtype=np.float64) if isinstance(waits, list) and len(waits) == len(times) else None
-    except (TypeError, ValueError):
-        return None
+    all_ms = np.asarray(times, dtype=np.float64)
+    wait_ms = np.asarray(waits, dtype=np.float64) if waits is not None and len(waits) == len(times) else None
     after = all_ms[first:]
     if len(after) < MIN_UNPROFILED_STEPS or not np.isfinite(after).all() or (after <= 0).any():
         return None
     return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:])
 
 
-def profiler_overhead(facts: dict[str, Any] | None) -> MeasuredOverhead | None:
+def profiler_overhead(recorded: FactsFile) -> MeasuredOverhead | None:
     """Window vs after-window median step times (see unprofiled_steps)."""
-    after = unprofiled_steps(facts)
+    after = unprofiled_steps(recorded)
     if after is None:
         return None
     return MeasuredOverhead(float(np.median(after.window_ms)), float(np.median(after.step_ms)), len(after.step_ms))
@@ -118,25 +110,24 @@ def profiler_overhead(facts: dict[str, Any] | None) -> MeasuredOverhead | None:
 NOISY_OTHER_CORES = 0.5
 
 
-def window_other_cores(facts: dict[str, Any] | None) -> float | None:
+def window_other_cores(recorded: FactsFile) -> float | None:
     """The cores other processes kept busy during the profiled steps, on average (the facts
     file's `other_cpu_cores`, recorded per step by `advisor profile`); None when not recorded."""
-    per_step = (facts or {}).get("other_cpu_cores")
-    steps = (facts or {}).get("profiled_steps")
-    if not isinstance(per_step, list) or not isinstance(steps, list):
+    per_step, steps = recorded.other_cpu_cores, recorded.profiled_steps
+    if per_step is None or steps is None:
         return None
-    got = [per_step[k] for k in steps if isinstance(k, int) and 0 <= k < len(per_step) and isinstance(per_step[k], (int, float))]
+    got = [per_step[k] for k in steps if k < len(per_step) and per_step[k] is not None]
     return round(sum(got) / len(got), 2) if got else None
 
 
-def noisy_window_note(facts: dict[str, Any] | None) -> str | None:
+def noisy_window_note(recorded: FactsFile) -> str | None:
     """A note when the window was timed beside other work: its step and op times are inflated
     by waits for a core, the more so the more threads the training runs."""
-    other = window_other_cores(facts)
+    other = window_other_cores(recorded)
     if other is None or other < NOISY_OTHER_CORES:
         return None
-    cores = (facts or {}).get("cpu_count")
-    of = f" of the {cores} cores" if isinstance(cores, int) else ""
+    cores = recorded.cpu_count
+    of = f" of the {cores} cores" if cores is not None else ""
     return (
         f"the window was timed beside other work: other processes kept {other:.1f}{of} busy while it was recorded, so its "
         "step and op times include waits for a core (noisy); profile again on an idle machine to measure this run's own times"

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from advisor.version import __version__
 from advisor.analysis import Analysis
+from advisor.facts import typed_facts
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.render import svg
@@ -73,7 +74,7 @@ class Side:
     @classmethod
     def of(cls, a: Analysis) -> "Side":
         s = a.summary()
-        after = unprofiled_steps(a.run_facts())
+        after = unprofiled_steps(typed_facts(a.run_facts()))
         return cls(
             name=a.run.name,
             source=a.source,

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
+from advisor.facts import typed_facts
 from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
@@ -209,7 +210,7 @@ class RankReplay:
         `calibrate`); what still separates that replay from the unprofiled median step is
         kept as a fixed remainder per step. The device is never scaled."""
         if self._base is None:
-            after = unprofiled_steps(self.facts)
+            after = unprofiled_steps(typed_facts(self.facts))
             base = Change()
             if after is not None:
                 self._unprofiled = float(np.median(after.step_ms))
