@@ -14,6 +14,9 @@ aliases are read from the report command's own declaration in advisor.cli, so th
 differ. Other options (--select, --ignore, --run, --config) reach the same stored text after
 parsing. Anything this module does not recognise, and every miss, takes the full path, which
 gives errors their usual messages.
+
+A miss on `advisor report PATH [-f FORMAT] [-o FILE] [-v]` is made without the parser too
+(`direct_report`): the report command is called with the arguments the parser would give it.
 """
 
 from __future__ import annotations
