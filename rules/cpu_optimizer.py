@@ -129,7 +129,7 @@ def check(ctx: Context):
         "steps": sorted(set(int(st["step"].iloc[i]) for i in ops["step"])),
     }
     if settings:
-        evidence["optimizer_settings"] = [{k: o.get(k) for k in ("class", "foreach", "fused")} for o in settings]
+        evidence["optimizer_settings"] = [{"class": o.class_, "foreach": o.foreach, "fused": o.fused} for o in settings]
     message = (
         f"{optimizer}.step dispatches {len(ops) / n:.0f} ops per step, {distinct} per parameter for {params} parameters "
         f"({step_ms:.1f} ms/step in the optimizer); fused=True does the update in one pass per group: "

@@ -55,6 +55,7 @@ KERNEL_RULES = {
 }
 COPY_RULES = {"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume"}
 
+# (checks: iteration, one-time, device-gaps, calibration, rules-run)
 # Runs where an invariant does not hold for a reason the trace itself sets (strict: the day
 # it holds, the mark must go). Keyed by (check, run).
 KNOWN: dict[tuple[str, str], str] = {}
@@ -294,3 +295,12 @@ def test_calibration_without_unprofiled_steps_keeps_a_host_bound_window_host_bou
         f"the device is busy {measured_share:.0%} of the measured step but {replayed_share:.0%} of the "
         f"replayed one (host time x{w.host_scale:.2f}): the calibration made a host-bound window device-bound"
     )
+
+
+# --- every rule runs to its end -------------------------------------------------------------
+@pytest.mark.parametrize("name", _params("rules-run"))
+def test_no_rule_fails_on_a_real_trace(name):
+    # A rule that raises is skipped with a warning so the report goes on; on a real trace that
+    # is a bug in the rule (a fact read the wrong way, a column assumed), never the trace's fault.
+    failed = [w for w in analysis_of(name).warnings if re.search(r"^rule \S+ failed on rank", w)]
+    assert not failed, "; ".join(failed)
