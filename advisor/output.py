@@ -16,7 +16,7 @@ import orjson
 
 from advisor.errors import InputError
 from advisor.files import write_atomically
-from advisor.terminal_text import path_text, valid_unicode
+from advisor.terminal_text import inert_lines, path_text, valid_unicode
 
 
 def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = ()) -> None:
@@ -27,11 +27,10 @@ def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = ())
         return
     refuse_overwriting_inputs(output, inputs)
     write_atomically(output, text)
-    from rich.text import Text  # only here: writing stdout needs no rich
-
-    from advisor.terminal_text import inert_console
-
-    inert_console(stderr=True, highlight=False).print(Text(f"wrote {path_text(output)}"), soft_wrap=True)
+    # One plain line, as a console prints it unwrapped (path_text leaves no control character
+    # in it); written as it is, without importing rich for one line.
+    sys.stderr.write(inert_lines(f"wrote {path_text(output)}") + "\n")
+    sys.stderr.flush()
 
 
 def unused_default_name(name: str) -> Path:

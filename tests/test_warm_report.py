@@ -247,3 +247,31 @@ def test_the_early_reading_of_a_report_line_agrees_with_the_parser(line):
     assert parsed["format"] == format_option(early.get("format"))
     only_early = all(parsed[k] in (None, False, []) for k in parsed if k not in ANSWERED_EARLY)
     assert only_early == (set(early) <= set(ANSWERED_EARLY))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        ["run"], ["run", "-f", "json", "-o", "r.txt"], ["-o", "out.md", "run", "-v"], ["run", "--output=r.html"], ["run", "-o", "-"],
+        ["run", "-f", "pdf", "-o", "r.json"], ["run", "-o"], ["run", "-o", "a", "-o", "b"], ["run", "-o", "r.json", "--ops"],
+        ["run", "--select", "a", "-o", "r"], ["run", "-or.json"], ["run", "-o", ""],
+    ],
+)
+def test_a_report_made_without_the_parser_gets_the_parsers_arguments(line):
+    """A plain report line is made by calling the report command directly: with every
+    argument the parser would give it, or not at all (then the parser reads the line)."""
+    import typer.main
+
+    from advisor.cli import app, format_option, report
+    from advisor.cli.warm import early_arguments
+
+    early = early_arguments(["report", *line], report, format_option)
+    try:
+        parsed = typer.main.get_command(app).commands["report"].make_context("report", list(line)).params
+    except Exception:  # noqa: BLE001 - a usage error: never answered early
+        parsed = None
+    if early is None:
+        return
+    assert parsed is not None
+    assert early == parsed
+    assert {k: type(v) for k, v in early.items()} == {k: type(v) for k, v in parsed.items()}

@@ -431,9 +431,11 @@ def main() -> None:
 
 def _main() -> None:
     try:
-        from advisor.cli.warm import fast_report
+        from advisor.cli.warm import direct_report, fast_report
 
         if fast_report(sys.argv[1:], report, format_option):  # a report rendered before: written before the parser is built
+            return
+        if direct_report(sys.argv[1:], report, format_option):  # a plain report line: made without the parser
             return
         core = {c.name or c.callback.__name__ for c in app.registered_commands}
         named = _named_command(sys.argv[1:])
