@@ -185,7 +185,7 @@ class Analysis:
     def view(self) -> RankView:
         """The slowest rank's view: made with the analysis; for an analysis read from the
         cache without one, made once from its trace (the rank's rules state their fixes again)."""
-        if self.primary_view is None or self.primary_view.rank != self.primary.rank:
+        if self.primary_view is None or self.primary_view.rank != self.primary.rank or not self.primary_view.drawn:
             m = self.primary
             facts = self.run_facts(m.rank)
             frames = _complete_steps_only(load_cached(m.frames.path), facts, [])
@@ -432,6 +432,7 @@ class RankTask:
     ignore: list[str] = field(default_factory=list)
     rule_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     rank: int | None = None  # the rank to analyse it as; None: its own guess (see provisional_rank)
+    draw: bool = True  # make the view's step lanes (advisor.rank_view): some output may draw them
 
 
 @dataclass
@@ -519,7 +520,7 @@ def analyze_rank(task: RankTask) -> RankResult:
         if cold_window(metrics):  # every step was a first call: nothing about the host's pace holds
             rules = [r for r in rules if r.id not in HOST_PACE_RULES]
         found = rank_findings(rules, metrics, facts, task.rule_options, task.world_size, warnings, replayed, stated)
-    view = rank_view(metrics, facts, replayed[0] if replayed else None, stated)
+    view = rank_view(metrics, facts, replayed[0] if replayed else None, stated, draw=task.draw)
     try:
         mtime = task.path.stat().st_mtime
     except OSError:
@@ -616,6 +617,7 @@ def analyze(
     cache: bool = False,
     executor: Executor | None = None,
     store: bool = False,
+    draw: bool = True,
 ) -> Analysis:
     """The analysis of a run: each rank analysed where it is loaded (`analyze_rank`, on a local
     process pool or `executor`), the job put together from what the ranks send back. The
@@ -624,7 +626,9 @@ def analyze(
     With `cache`, an unchanged run analysed the same way before comes back from the analysis
     cache. Either way the ranks carry a FramesHeader, not frames, and the slowest rank's view
     (advisor.rank_view) carries what the renderers draw. With `store` too, the analysis is stored however
-    quickly it was made (its rendered report will be kept in its entry)."""
+    quickly it was made (its rendered report will be kept in its entry). With `draw` False the
+    caller draws no timeline (a JSON or text report): an analysis that is not stored leaves the
+    view's step lanes out, and `Analysis.view` makes them from the trace if asked after all."""
     config = config if config is not None else load_config()
     if config.rule_options:  # checked before the cache: a mistake in them is reported every time
         config = check_rule_options(config, all_rules(rules_dir))
@@ -663,6 +667,7 @@ def analyze(
         select=list(select),
         ignore=list(ignore),
         rule_options=config.rule_options,
+        draw=draw or key is not None,  # a stored analysis serves every format later
     )
     tasks = [replace(base, path=p, index=i) for i, p in enumerate(run_files.files)]
     results, split_job = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)

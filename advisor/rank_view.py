@@ -44,12 +44,16 @@ class RankView:
     cpu_ops: pd.DataFrame  # host ops by self time per step, CPU_OPS_ROWS of them
     replay: RankReplay | None  # the rank's replay, without frames (None: no steps to replay)
     stated: dict[str, Finding] = field(default_factory=dict)  # rule -> its finding as stated, its fix a graph change (.change)
+    # Whether the step's lanes were drawn (`timeline`, `replayed`): a view made for an output
+    # that draws no timeline (a JSON report not stored) leaves them out.
+    drawn: bool = True
 
 
-def rank_view(m: Metrics, facts: dict[str, Any] | None, head: RankWhatIf | None, stated: dict[str, Finding]) -> RankView:
-    """The view of a rank whose metrics still hold its frames."""
+def rank_view(m: Metrics, facts: dict[str, Any] | None, head: RankWhatIf | None, stated: dict[str, Finding], draw: bool = True) -> RankView:
+    """The view of a rank whose metrics still hold its frames; with `draw` False, without the
+    step's lanes (no timeline will be drawn from it)."""
     replay = rank_replay(m, facts)
-    timeline = step_timeline(m)
+    timeline = step_timeline(m) if draw else None
     replayed = replayed_steps(m, replay, head, {r: f.change for r, f in stated.items()}) if timeline is not None and timeline.has_device else []
     detached = replay.detached() if replay.available else None
     return RankView(
@@ -63,6 +67,7 @@ def rank_view(m: Metrics, facts: dict[str, Any] | None, head: RankWhatIf | None,
         cpu_ops=top_self_ops(m.frames, m.steps, CPU_OPS_ROWS) if not m.has_device else pd.DataFrame(),
         replay=detached,
         stated=stated,
+        drawn=draw,
     )
 
 

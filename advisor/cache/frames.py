@@ -15,7 +15,7 @@ import orjson
 from advisor.version import __version__
 from advisor.cache.digests import content_digest, trace_digest
 from advisor.cache.seal import BadEntry, _sha, entry_name
-from advisor.cache.settings import cache_roots
+from advisor.cache.settings import cache_enabled, cache_roots
 from advisor.cache.store import read_entry, write_entry
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ def load_cached(path: str | Path, cache: bool = True, min_parse_seconds: float =
     started = time.perf_counter()
     from advisor.load.trace import load_trace
 
-    frames = load_trace(path)
+    frames = load_trace(path, hash_content=cache_enabled())
     if cache and time.perf_counter() - started >= min_parse_seconds:
         write_cached(frames)
     return frames

@@ -230,7 +230,7 @@ def report(
         # Every format comes from the analysis (the HTML's timeline and top ops too: advisor.rank_view), cached or not.
         analysis = analyze_with_progress(
             path, run=run, config=cfg, rules_dir=rules_dir, select=rule_ids(select), ignore=rule_ids(ignore), cache=True,
-            executor=executor, store=warm,
+            executor=executor, store=warm, draw=format is Format.html,
         )
     if warm:
         with recording() as written:

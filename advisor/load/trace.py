@@ -458,10 +458,12 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
         )
 
 
-def load_trace(path: str | Path) -> TraceFrames:
-    """Read, decode and frame one trace file. Bad input raises InputError naming the file."""
+def load_trace(path: str | Path, hash_content: bool = True) -> TraceFrames:
+    """Read, decode and frame one trace file. Bad input raises InputError naming the file.
+    `hash_content`: keep the hash of the bytes read (`content_sha256`, the caches' key);
+    without a cache to key, the hashing (~0.5 ms per MB) is skipped."""
     path = Path(path)
-    digest = hashlib.sha256()
+    digest = hashlib.sha256() if hash_content else None
     try:
         # No local name for the bytes: the decoder may free them before the frames are built.
         frames = frames_from_bytes(path, read_trace_bytes(path, digest=digest))
@@ -469,6 +471,6 @@ def load_trace(path: str | Path) -> TraceFrames:
         raise
     except (ValueError, TypeError, KeyError, OverflowError, IndexError, RecursionError) as exc:
         raise InputError(path, f"malformed trace events ({type(exc).__name__}: {exc})") from None
-    frames.content_sha256 = digest.hexdigest()
+    frames.content_sha256 = digest.hexdigest() if digest is not None else None
     return frames
 

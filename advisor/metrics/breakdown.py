@@ -26,13 +26,47 @@ COMM_KERNEL_NAME = re.compile(r"nccl|rccl|gloo", re.IGNORECASE)
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 
 
+# Tables worked out once per category index (which names match a pattern, the names as text):
+# the frames' columns and every slice of them share one category index, and the metrics and
+# rules ask the same of it again. Each table has one slot more than the index, for code -1.
+_PER_CATEGORIES: dict[tuple[int, object], tuple[pd.Index, np.ndarray]] = {}
+_PER_CATEGORIES_KEPT = 64
+
+
+def _per_categories(cats: pd.Index, what: object, make) -> np.ndarray:
+    key = (id(cats), what)
+    kept = _PER_CATEGORIES.get(key)
+    if kept is not None and kept[0] is cats:
+        return kept[1]
+    table = make(cats)
+    if len(_PER_CATEGORIES) >= _PER_CATEGORIES_KEPT:
+        _PER_CATEGORIES.clear()
+    _PER_CATEGORIES[key] = (cats, table)  # the index is kept with its table, so its id is not reused
+    return table
+
+
+def _category_hits(cats: pd.Index, pattern: re.Pattern) -> np.ndarray:
+    def make(cats: pd.Index) -> np.ndarray:
+        hit = np.zeros(len(cats) + 1, dtype=bool)
+        hit[:-1] = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
+        return hit
+
+    return _per_categories(cats, pattern, make)
+
+
+def _category_text(cats: pd.Index) -> np.ndarray:
+    table = np.empty(len(cats) + 1, dtype=object)
+    table[:-1] = [str(c) for c in cats]
+    table[-1] = np.nan
+    return table
+
+
 def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     """Regex test over a categorical column, evaluated once per distinct name."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories
-        hit = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(cats) else False, False)
+        hit = _category_hits(cats, pattern)
+        return hit[names.array.codes]  # a missing name (code -1) reads the table's last slot: False
     return names.astype(str).str.contains(pattern).to_numpy()
 
 
@@ -40,12 +74,8 @@ def text_of(values: pd.Series) -> np.ndarray:
     """`values.astype(str).to_numpy()` (an object array, NaN where missing), for a categorical
     column converted once per distinct value instead of once per row."""
     if isinstance(values.dtype, pd.CategoricalDtype):
-        cats = values.cat.categories
-        table = np.empty(len(cats) + 1, dtype=object)
-        table[:-1] = [str(c) for c in cats]
-        table[-1] = np.nan
-        codes = values.cat.codes.to_numpy()
-        return table[np.where(codes >= 0, codes, len(cats))]
+        table = _per_categories(values.cat.categories, "text", _category_text)
+        return table[values.array.codes]  # a missing value (code -1) reads the last slot
     return values.astype(str).to_numpy()
 
 

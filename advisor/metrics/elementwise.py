@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.metrics.autocast import DTYPE_BYTES, input_type_names, numel
-from advisor.metrics.breakdown import name_matches
+from advisor.metrics.breakdown import name_matches, row_groups
 
 ELEMENTWISE_KERNEL = re.compile(
     r"at::native::.*(elementwise_kernel|reduce_kernel|_norm_|norm_kernel|[Ss]oft[Mm]ax|dropout|LayerNorm|GroupNorm|"
@@ -116,15 +116,14 @@ def _first_input(types_text: object, dims: object) -> tuple[int, int, int]:
 def _first_inputs(k: pd.DataFrame) -> np.ndarray:
     """_first_input of each kernel's launching op, worked out once per distinct (types,
     shapes): a run repeats the same ops every step, and equal shapes are one object."""
-    memo: dict[tuple[object, int], tuple[int, int, int]] = {}
-    out = np.zeros((len(k), 3), dtype=np.float64)
-    for i, (t, d) in enumerate(zip(k["op_input_types"].to_numpy(), k["op_input_dims"].to_numpy(), strict=True)):
-        key = (t, id(d))
-        got = memo.get(key)
-        if got is None:
-            got = memo[key] = _first_input(t, d)
-        out[i] = got
-    return out
+    types = k["op_input_types"].to_numpy()
+    dims = k["op_input_dims"].to_numpy()
+    if len(k) == 0:
+        return np.zeros((0, 3), dtype=np.float64)
+    key = row_groups([types, np.fromiter(map(id, dims), dtype=np.int64, count=len(dims))])  # 0, 1, ... by first appearance
+    first = np.unique(key, return_index=True)[1]
+    worked = np.array([_first_input(types[i], dims[i]) for i in first], dtype=np.float64).reshape(-1, 3)
+    return worked[key]
 
 
 def achieved_bandwidth(k: pd.DataFrame) -> float | None:

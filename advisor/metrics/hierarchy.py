@@ -76,12 +76,20 @@ class OpTree:
         return found
 
 
+def _used_names(names: pd.Series) -> pd.Series:
+    """The names as a categorical of the names used, sorted (`astype(str).astype("category")`),
+    without a string per row where the column is a sorted categorical of text already."""
+    if isinstance(names.dtype, pd.CategoricalDtype) and names.cat.categories.dtype == "str" and names.cat.categories.is_monotonic_increasing and not names.hasnans:
+        return names.cat.remove_unused_categories()
+    return names.astype(str).astype("category")
+
+
 def op_tree(frames: TraceFrames) -> OpTree:
     host = frames.host
     keep = (host["kind"] != "python").to_numpy() & ~name_matches(host["name"], STEP_NAME)
     cols = ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims", "input_types"]
     ops = host.loc[keep, cols + (["concrete_inputs"] if "concrete_inputs" in host else [])].reset_index(drop=True)
-    ops["name"] = ops["name"].astype(str).astype("category")
+    ops["name"] = _used_names(ops["name"])
     ops["tid"] = ops["tid"].astype(str)
     n = len(ops)
     depth = np.zeros(n, dtype=np.int64)

@@ -24,11 +24,13 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     new = np.empty(len(starts), dtype=bool)
     new[0] = True
     new[1:] = starts[1:] > run_end[:-1]
-    group = np.cumsum(new) - 1
-    out_start = starts[new]
-    out_end = np.zeros(len(out_start), dtype=np.int64)
-    np.maximum.at(out_end, group, run_end)
-    return out_start, out_end
+    first = np.flatnonzero(new)
+    out_start = starts[first]
+    # the running end never falls: each merged interval ends where its last member's runs to
+    last = np.empty(len(first), dtype=np.int64)
+    last[:-1] = first[1:] - 1
+    last[-1] = len(starts) - 1
+    return out_start, run_end[last]
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:

@@ -68,11 +68,12 @@ def roofline_chart(ops: pd.DataFrame, memory_tbps: float | None, peaks: dict[str
     time_ms = ok["time_ms"].to_numpy(np.float64)
     r = 3 + 12 * np.sqrt(time_ms / max(time_ms.max(), 1e-12))
     order = np.argsort(-time_ms)
+    # the columns a tooltip reads, as Python values (a row at a time through pandas is slow)
+    op_, shape_, precision_, dtype_, share_, kind_ = (ok[c].tolist() for c in ("op", "shape", "precision", "dtype", "ceiling_share", "kind"))
     for i in order[::-1]:  # the biggest drawn last, on top
-        row = ok.iloc[i]
-        tip = (f"{row['op']} {row['shape']} ({row['precision'] or row['dtype']}): {time_ms[i]:.3f} ms/step, {y[i]:.3g} TFLOP/s, "
-               f"{x[i]:.3g} FLOP/B" + (f", {100 * float(row['ceiling_share']):.0f}% of the ceiling" if pd.notna(row["ceiling_share"]) else ""))
-        colour = KIND_COLOUR.get(str(row["kind"]), "#333")
+        tip = (f"{op_[i]} {shape_[i]} ({precision_[i] or dtype_[i]}): {time_ms[i]:.3f} ms/step, {y[i]:.3g} TFLOP/s, "
+               f"{x[i]:.3g} FLOP/B" + (f", {100 * float(share_[i]):.0f}% of the ceiling" if pd.notna(share_[i]) else ""))
+        colour = KIND_COLOUR.get(str(kind_[i]), "#333")
         parts.append(f'<circle class="op" cx="{num(px(x[i]))}" cy="{num(py(y[i]))}" r="{num(r[i])}" fill="{colour}" fill-opacity="0.55" stroke="{colour}">{title(tip)}</circle>')
     placed: list[tuple[float, float]] = []
     labelled = []

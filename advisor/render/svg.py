@@ -14,6 +14,7 @@ Every label and tooltip passes through `esc`: kernel and op names come from the 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -252,7 +253,15 @@ AXIS_H = 22
 ZOOMS = (1, 4, 16, 64)
 
 
+@functools.lru_cache(maxsize=8192)
+def _shown_name(name: str) -> str:
+    """A span's name as its tooltip shows it, escaped: a lane repeats a few names many times."""
+    return esc(demangle(name))
+
+
 def _lane_rects(spans: pd.DataFrame, duration_ns: float, y: int, unit_name: str) -> list[str]:
+    """One rectangle per span, its tooltip escaped: the figures and the words around them are
+    the report's own text, the names and classes the trace's (`esc`, once per distinct name)."""
     if len(spans) == 0:
         return []
     d = float(duration_ns)
@@ -262,16 +271,21 @@ def _lane_rects(spans: pd.DataFrame, duration_ns: float, y: int, unit_name: str)
     xs = 100.0 * s / d
     ws = 100.0 * (e - s) / d
     out = []
-    for x, w, a, b, busy, name, cls, count in zip(xs, ws, s, e, covered, spans["name"], spans["cls"], spans["count"], strict=True):
+    for x, w, a, b, busy, name, cls, count in zip(xs, ws, s, e, covered, spans["name"].tolist(), spans["cls"].tolist(), spans["count"].tolist(), strict=True):
         where = f"at {a / 1e6:.3f} ms"
         if count > 1:
-            tip = f"{count} {unit_name}: {busy / 1e6:.3f} ms within {(b - a) / 1e6:.3f} ms {where}; longest: {demangle(name)}"
+            tip = f"{count} {esc(unit_name)}: {busy / 1e6:.3f} ms within {(b - a) / 1e6:.3f} ms {where}; longest: {_shown_name(str(name))}"
         elif cls == "idle":
             tip = f"device idle {(b - a) / 1e6:.3f} ms (from {a / 1e6:.3f} to {b / 1e6:.3f} ms)"
         else:
-            tip = f"{demangle(name)}\n{SPAN_LABELS.get(cls, cls)}, {(b - a) / 1e6:.3f} ms {where}"
-        out.append(f'<rect class="ev c-{esc(cls)}" x="{x:.4f}%" y="{y}" width="{max(w, 0):.4f}%" height="{LANE_H}">{title(tip)}</rect>')
+            tip = f"{_shown_name(str(name))}\n{_shown_class(SPAN_LABELS.get(cls, cls))}, {(b - a) / 1e6:.3f} ms {where}"
+        out.append(f'<rect class="ev c-{_shown_class(cls)}" x="{x:.4f}%" y="{y}" width="{max(w, 0):.4f}%" height="{LANE_H}"><title>{tip}</title></rect>')
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _shown_class(cls: str) -> str:
+    return esc(cls)
 
 
 def timeline(lanes: Sequence, idle: pd.DataFrame, duration_ns: int, step_label: str, uid: str = "tl") -> str:

@@ -323,8 +323,9 @@ def _static_lists(g: StepGraph) -> tuple:
         n_h = len(g.h_ts)
         counts = np.diff(g.wait_ptr)
         first_w = g.wait_ops[np.minimum(g.wait_ptr[:-1], max(len(g.wait_ops) - 1, 0))] if len(g.wait_ops) else np.full(n_h, -1)
+        first_op = np.searchsorted(g.d_launch, np.arange(n_h + 1), side="left")
         cached = (
-            np.searchsorted(g.d_launch, np.arange(n_h + 1), side="left").tolist(),
+            first_op.tolist(),
             g.h_anchor.tolist(),
             g.h_serial.tolist(),
             g.d_stream.tolist(),
@@ -335,27 +336,31 @@ def _static_lists(g: StepGraph) -> tuple:
             first_w,
             np.where(counts == 1, first_w, -1).tolist(),
             (counts > 1).tolist(),
+            first_op,
         )
         g.__dict__["_lists"] = cached
     return cached
 
 
-def _simulate(g: StepGraph, effective: EffectiveArrays) -> tuple[list[float], list[float], list[float], list[float]]:
+def _simulate(g: StepGraph, effective: EffectiveArrays) -> tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]:
     """Start and end of every host node and device op (ns, on the trace's clock)."""
     gap, own, unwait, tail, d_dur, delay, d_gap = effective
     n_h, n_d = len(g.h_ts), len(g.d_dur)
     static = _static_lists(g)
     first_op, anchor, serial, d_stream, dep, dep_gap, wp, wops = static[:8]
+    counts = np.diff(g.wait_ptr)
     if unwait.any():  # an unwaited node keeps no waits
-        counts = np.diff(g.wait_ptr) * ~unwait
+        counts = counts * ~unwait
+    if _one_chain(g) and not (counts > 1).any():
+        wone = np.where(counts == 1, static[8], -1)
+        return _simulate_chain(n_h, n_d, float(g.h_ts[0]), static[11], gap, own, tail, wone, d_dur, delay, d_gap)
+    if unwait.any():
         wone = np.where(counts == 1, static[8], -1).tolist()
         many = (counts > 1).tolist()
     else:
         wone, many = static[9], static[10]
     gap_l, own_l, tail_l = gap.tolist(), own.tolist(), tail.tolist()
     d_dur_l, delay_l, d_gap_l = d_dur.tolist(), delay.tolist(), d_gap.tolist()
-    if _one_chain(g) and not any(many):
-        return _simulate_chain(n_h, n_d, float(g.h_ts[0]), first_op, gap_l, own_l, tail_l, wone, d_dur_l, delay_l, d_gap_l)
     start = [0.0] * n_h
     end = [0.0] * n_h
     d_start = [0.0] * n_d
@@ -422,49 +427,73 @@ def _one_chain(g: StepGraph) -> bool:
     return chain
 
 
-def _simulate_chain(n_h, n_d, t0, first_op, gap_l, own_l, tail_l, wone, d_dur_l, delay_l, d_gap_l):
+def _simulate_chain(n_h, n_d, t0, first_op, gap, own, tail, wone, d_dur, delay, d_gap):
     """`_simulate` for a graph of one chain (`_one_chain`) whose calls each wait for one op at
-    most: the same arithmetic in the same order, without the anchors, streams and
-    cross-stream waits the general walk looks up per node (about a third faster)."""
-    start: list[float] = []
-    end: list[float] = []
-    d_start = [0.0] * n_d
-    d_end = [0.0] * n_d
-    last = float("-inf")
-    e = t0
-    gap_l[0] = 0.0  # the first node starts at t0 (t0 + 0.0 is t0)
-    push_s, push_e = start.append, end.append
-    for gp, ow, tl, w, k0, k1 in zip(gap_l, own_l, tail_l, wone, first_op, first_op[1:], strict=False):
-        s = e + gp
-        push_s(s)
-        if k1 == k0 + 1:  # most calls launch one op
-            b = s + delay_l[k0]
-            q = last + d_gap_l[k0]
-            if q > b:
-                b = q
-            d_start[k0] = b
-            last = d_end[k0] = b + d_dur_l[k0]
-        elif k1 > k0:
-            for k in range(k0, k1):
-                b = s + delay_l[k]
-                q = last + d_gap_l[k]
-                if q > b:
-                    b = q
-                d_start[k] = b
-                last = d_end[k] = b + d_dur_l[k]
-        e = s + ow
-        if w >= 0:
-            w = d_end[w] + tl
-            if w > e:
-                e = w
-        push_e(e)
-    k = first_op[n_h]
-    while k < n_d:  # ops after the last host node (none in practice)
-        b = max(last + d_gap_l[k], d_start[k - 1] if k else t0)
+    most, in NumPy: the walk cut into runs of calls none of which waits for an op launched
+    within its own run (a queue's waits reach about a thousand launches back, a
+    synchronize's its own launches), each run solved in closed form.
+
+    Within a run a call ends at max(previous end + gap + own, its wait's end + tail) and an op
+    at max(previous op's end + gap + duration, its launch's start + delay + duration): both
+    recurrences x_j = max(x_{j-1} + a_j, c_j), whose solution is
+    x_j = A_j + max(x_0, max_{k <= j}(c_k - A_k)) with A the running sum of a. The call that
+    waits inside its run closes it, once its run's ops are timed. The same arithmetic as the
+    node walk, summed in another order (equal to a few ulps)."""
+    first_op = np.asarray(first_op, dtype=np.int64)
+    wone = np.asarray(wone, dtype=np.int64)
+    start = np.empty(n_h)
+    end = np.empty(n_h)
+    d_start = np.zeros(n_d)
+    d_end = np.zeros(n_d + 1)  # the last slot: where a call without a wait points
+    gap = np.array(gap, dtype=np.float64)
+    gap[0] = 0.0  # the first node starts at t0
+    n_launched = int(first_op[n_h])
+    launcher = np.repeat(np.arange(n_h, dtype=np.int64), np.diff(first_op))
+    waits = wone >= 0
+    w_at = np.where(waits, wone, n_d)
+    # The node whose launch the wait is on (n_h: an op after the last node, not yet timed).
+    w_node = np.where(waits, np.append(launcher, n_h)[np.minimum(w_at, n_launched)], -1)
+    step_cost = gap + own
+    op_cost = d_gap + d_dur
+    op_ready = delay + d_dur
+    e_prev, last = float(t0), -np.inf
+    i0 = 0
+    window = 2048
+    while i0 < n_h:
+        hits = np.flatnonzero(w_node[i0 : i0 + window] >= i0)
+        while not len(hits) and i0 + window < n_h:
+            window *= 2
+            hits = np.flatnonzero(w_node[i0 : i0 + window] >= i0)
+        i1 = i0 + int(hits[0]) if len(hits) else n_h - 1  # the run's last node
+        if i1 > i0:  # nodes i0..i1-1: their waits are on ops timed before the run
+            acc = np.cumsum(step_cost[i0:i1])
+            held = np.where(waits[i0:i1], d_end[w_at[i0:i1]] + tail[i0:i1], -np.inf)
+            x = acc + np.maximum(e_prev, np.maximum.accumulate(held - acc))
+            end[i0:i1] = x
+            start[i0 + 1 : i1 + 1] = x + gap[i0 + 1 : i1 + 1]
+        start[i0] = e_prev + gap[i0]
+        k0, k1 = int(first_op[i0]), int(first_op[i1 + 1])
+        if k1 > k0:
+            s_of = start[launcher[k0:k1]]
+            acc = np.cumsum(op_cost[k0:k1])
+            y = acc + np.maximum(last, np.maximum.accumulate(s_of + op_ready[k0:k1] - acc))
+            before = np.empty(k1 - k0)
+            before[0] = last
+            before[1:] = y[:-1]
+            b = np.maximum(s_of + delay[k0:k1], before + d_gap[k0:k1])
+            d_start[k0:k1] = b
+            d_end[k0:k1] = b + d_dur[k0:k1]
+            last = float(d_end[k1 - 1])
+        e = float(start[i1] + own[i1])
+        if waits[i1]:
+            e = max(e, float(d_end[w_at[i1]] + tail[i1]))
+        end[i1] = e_prev = e
+        i0 = i1 + 1
+    for k in range(n_launched, n_d):  # ops after the last host node (none in practice)
+        b = max(last + d_gap[k], d_start[k - 1] if k else t0)
         d_start[k] = b
-        last = d_end[k] = b + d_dur_l[k]
-        k += 1
-    return start, end, d_start, d_end
+        last = d_end[k] = b + d_dur[k]
+    return start, end, d_start, d_end[:n_d]
 
 
 def _respan(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from advisor.metrics.breakdown import (
     STEP_NAME,
     name_matches,
     communication_kernels,
+    text_of,
 )
 from advisor.metrics.intervals import merge
 from advisor.metrics.summary import Metrics
@@ -79,12 +80,20 @@ def _clip(df: pd.DataFrame, lo: int, hi: int) -> pd.DataFrame:
     return out
 
 
+def _names(values: pd.Series) -> np.ndarray:
+    """The names as text ("nan" where missing, as `astype(str)` writes it)."""
+    out = text_of(values)
+    if values.hasnans:
+        out[pd.isna(out)] = "nan"
+    return out
+
+
 def _spans(df: pd.DataFrame, cls: str | np.ndarray) -> pd.DataFrame:
     out = pd.DataFrame(
         {
             "start": df["start"].to_numpy(np.int64),
             "end": df["end"].to_numpy(np.int64),
-            "name": df["name"].astype(str).to_numpy(),
+            "name": _names(df["name"]),
             "cls": cls if isinstance(cls, np.ndarray) else np.full(len(df), cls, dtype=object),
             "count": np.ones(len(df), dtype=np.int64),
         }
@@ -119,17 +128,21 @@ def coalesce(spans: pd.DataFrame, duration_ns: int, limit: int = MAX_SPANS_PER_L
     narrow = (e - s) < px
     new = np.ones(len(spans), dtype=bool)
     new[1:] = ~(narrow[1:] & narrow[:-1] & (s[1:] - np.maximum.accumulate(e)[:-1] < px))
+    first = np.flatnonzero(new)  # each run's first span: the runs are contiguous
     group = np.cumsum(new) - 1
     dur = e - s
-    longest = pd.Series(dur).groupby(group).idxmax().to_numpy()
+    # each run's longest span, the first of equals
+    is_longest = dur == np.maximum.reduceat(dur, first)[group]
+    at = np.flatnonzero(is_longest)
+    longest = at[np.unique(group[at], return_index=True)[1]]
     out = pd.DataFrame(
         {
-            "start": pd.Series(s).groupby(group).min().to_numpy(),
-            "end": pd.Series(e).groupby(group).max().to_numpy(),
+            "start": np.minimum.reduceat(s, first),
+            "end": np.maximum.reduceat(e, first),
             "name": spans["name"].to_numpy()[longest],
             "cls": spans["cls"].to_numpy()[longest],
-            "count": pd.Series(spans["count"].to_numpy()).groupby(group).sum().to_numpy(),
-            "total": pd.Series(spans["total"].to_numpy()).groupby(group).sum().to_numpy(),
+            "count": np.add.reduceat(spans["count"].to_numpy(np.int64), first),
+            "total": np.add.reduceat(spans["total"].to_numpy(np.int64), first),
         }
     )
     return out
@@ -239,7 +252,7 @@ def replayed_timeline(m: Metrics, step: ReplayedStep, reason: str) -> StepTimeli
         {
             "ts": step.call_start,
             "end": np.maximum(step.call_end, step.call_start),
-            "name": rt["name"].astype(str).to_numpy()[step.call_row] if len(step.call_row) else np.zeros(0, dtype=object),
+            "name": _names(rt["name"].iloc[step.call_row]) if len(step.call_row) else np.zeros(0, dtype=object),
         }
     )
     calls = _clip(calls, 0, dur)
