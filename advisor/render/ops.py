@@ -8,17 +8,16 @@ markup.
 from __future__ import annotations
 
 import math
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from advisor.analysis import Analysis
 from advisor.render.fmt import md
 from advisor.output import to_json_text
 from advisor.terminal_text import one_line
 from advisor.version import __version__
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 OPS_SCHEMA = "advisor/ops/v1"
 MAX_OPS = 40
@@ -76,6 +75,9 @@ def heading(a: Analysis) -> list[str]:
 
 
 def render_ops_text(a: Analysis, console: Console, n: int = MAX_OPS) -> None:
+    from rich.table import Table  # imported where a terminal table is drawn: the HTML report draws none
+    from rich.text import Text
+
     for line in heading(a):
         console.print(Text(line), soft_wrap=True)
     r = _roofline(a)
