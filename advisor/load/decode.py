@@ -215,6 +215,10 @@ GZIP_RATIO_FLOOR = 256 * 2**20
 SQUEEZE_RUN = 1024
 _LONG_WHITESPACE = re.compile(rb"[ \t\r\n]{%d,}" % SQUEEZE_RUN)
 _WHITESPACE = b" \t\r\n"
+# A run of SQUEEZE_RUN whitespace bytes covers at least 8 consecutive bytes of the piece's
+# every SAMPLE_STRIDE-th byte: a piece whose sample holds no 8 in a row holds no such run.
+_SAMPLE_STRIDE = SQUEEZE_RUN // 8
+_SAMPLED_RUN = re.compile(rb"[ \t\r\n]{8}")
 
 
 def max_trace_bytes() -> int:
@@ -331,9 +335,12 @@ def _available_memory() -> int:
 
 def _squeezed(piece: bytes) -> bytes:
     """PIECE with each run of SQUEEZE_RUN or more whitespace bytes as one space. Only pieces
-    that are mostly whitespace are searched (a counting pass in C; a real trace's pieces are
-    a fifth whitespace or less). A run that long inside a JSON string loses its length."""
-    if len(piece) < SQUEEZE_RUN or 2 * (len(piece) - len(piece.translate(None, _WHITESPACE))) < len(piece):
+    whose sample of every _SAMPLE_STRIDE-th byte could hold such a run (no real trace's does),
+    and that are mostly whitespace (a counting pass in C; a real trace's pieces are a fifth
+    whitespace or less), are searched. A run that long inside a JSON string loses its length."""
+    if len(piece) < SQUEEZE_RUN or not _SAMPLED_RUN.search(piece[::_SAMPLE_STRIDE]):
+        return piece
+    if 2 * (len(piece) - len(piece.translate(None, _WHITESPACE))) < len(piece):
         return piece
     return _LONG_WHITESPACE.sub(b" ", piece)
 

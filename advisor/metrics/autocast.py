@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from advisor.metrics.breakdown import name_matches, text_of
+from advisor.metrics.breakdown import name_matches, row_groups, text_of
 from advisor.metrics.hierarchy import OpTree, op_tree
 
 # Ops autocast runs in 16 bit (CUDA's lower-precision list), by the name the trace shows.
@@ -204,53 +204,86 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
         first = pd.Series(ts[nodes]).groupby(step[nodes]).min()
         bw_start[first.index.to_numpy()] = first.to_numpy()
     dims = ops["input_dims"].to_numpy()
-    rows: list[tuple[int, int, str, str, int]] = []
     per_elem = 4 + half_bytes
-    inputs_of = dict(zip(top.tolist(), _float_inputs_of(types_text, dims, top), strict=True))
-    for s in np.unique(step[top]):
-        low = False  # the activation's dtype under autocast: 16 bit or fp32 (data arrive in fp32)
-        stream_low: bool | None = None  # the residual stream's: the last mixing op's result, from the first autocast op's
-        touched = False  # a parameter or a second tensor has joined: activations require grad
+    inputs = _float_inputs_of(types_text, dims, top)
+    flags = lower[top] | param_op[top] << 1 | fp32_cast[top] << 2 | fp32_out[top] << 3 | keeps[top] << 4
+    # What the walk reads of an op, as one code: steps whose ops read alike are walked once
+    # (a training loop's steps all are). _float_inputs_of gives equal inputs one list object.
+    code = row_groups([flags, np.fromiter(map(id, inputs), dtype=np.int64, count=len(top))])
+    top_step = step[top]
+    walked: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for s in np.unique(top_step):
+        at = np.flatnonzero(top_step == s)
+        key = code[at].tobytes()
+        casts_of = walked.get(key)
+        if casts_of is None:
+            casts_of = walked[key] = _step_casts([inputs[j] for j in at], lower[top[at]], param_op[top[at]], fp32_cast[top[at]], fp32_out[top[at]], keeps[top[at]])
+        pos, kind, numel, at_op = casts_of
+        i = top[at[pos]]
         back = int(bw_start[s])
-        for i in top[step[top] == s].tolist():
-            inputs = inputs_of[i]
-            if not inputs:
-                continue
-            t, name = int(ts[i]), names[i]
-            back_ts = back if back >= 0 else t
-            if lower[i]:
-                for pos, _, n, _ in inputs:
-                    parameter = param_op[i] and pos > 0
-                    if parameter or not low:
-                        rows.append((s, t, "forward", name, n))
-                        if parameter or touched:
-                            rows.append((s, back_ts, "backward", name, n))
-                low, touched = True, True
-                if stream_low is None:
-                    stream_low = True
-            elif fp32_cast[i]:
-                if low:
-                    pos, _, n, _ = inputs[0]
-                    rows.append((s, t, "forward", name, n))
-                    if touched:
-                        rows.append((s, back_ts, "backward", name, n))
-                low = False
-            elif fp32_out[i]:
-                low = False
-            elif keeps[i]:
-                touched = True  # its weights require grad; the activation keeps its dtype
-            elif sum(1 for _, ndim, _, _ in inputs if ndim > 0) >= 2:  # a 0-dim tensor does not promote
-                # The second tensor: another activation of the batch (a residual: the stream's
-                # dtype), or a parameter (a position embedding, a bias: fp32).
-                second = next(x for x in inputs[1:] if x[1] > 0)
-                other_low = bool(stream_low) if second[3] == inputs[0][3] and inputs[0][1] == second[1] else False
-                out_low = low and other_low
-                if low and not out_low and touched:
-                    rows.append((s, back_ts, "promote", name, inputs[0][2]))
-                low, touched, stream_low = out_low, True, out_low
-    casts = pd.DataFrame(rows, columns=["step", "ts", "kind", "op", "numel"])
+        parts.append((int(s), np.where(at_op | (back < 0), ts[i], back), kind, names[i], numel))
+    n = sum(len(p[1]) for p in parts)
+    casts = pd.DataFrame(
+        {
+            "step": np.concatenate([np.full(len(p[1]), p[0], dtype=np.int64) for p in parts]) if parts else np.zeros(0, dtype=np.int64),
+            "ts": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64),
+            "kind": np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=object),
+            "op": np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, dtype=object),
+            "numel": np.concatenate([p[4] for p in parts]) if parts else np.zeros(0, dtype=np.int64),
+        },
+        index=pd.RangeIndex(n),
+    )
     casts["bytes"] = casts["numel"].astype(np.int64) * per_elem
     return AutocastCasts(casts, _copy_ns(metrics, tree, in_step), _node_ns(tree, in_step), _copy_bandwidth(metrics, tree, types_text), len(steps))
+
+
+def _step_casts(inputs_of: list, lower: np.ndarray, param_op: np.ndarray, fp32_cast: np.ndarray, fp32_out: np.ndarray,
+                keeps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The casts of one step, walking its top-level forward ops in order (the module
+    docstring): for each cast, the position of the op that makes it, its kind, its numel and
+    whether it happens at that op (a forward cast) or at the start of the step's backward."""
+    out: list[tuple[int, str, int, bool]] = []
+    low = False  # the activation's dtype under autocast: 16 bit or fp32 (data arrive in fp32)
+    stream_low: bool | None = None  # the residual stream's: the last mixing op's result, from the first autocast op's
+    touched = False  # a parameter or a second tensor has joined: activations require grad
+    for j, inputs in enumerate(inputs_of):
+        if not inputs:
+            continue
+        if lower[j]:
+            for pos, _, n, _ in inputs:
+                parameter = param_op[j] and pos > 0
+                if parameter or not low:
+                    out.append((j, "forward", n, True))
+                    if parameter or touched:
+                        out.append((j, "backward", n, False))
+            low, touched = True, True
+            if stream_low is None:
+                stream_low = True
+        elif fp32_cast[j]:
+            if low:
+                pos, _, n, _ = inputs[0]
+                out.append((j, "forward", n, True))
+                if touched:
+                    out.append((j, "backward", n, False))
+            low = False
+        elif fp32_out[j]:
+            low = False
+        elif keeps[j]:
+            touched = True  # its weights require grad; the activation keeps its dtype
+        elif sum(1 for _, ndim, _, _ in inputs if ndim > 0) >= 2:  # a 0-dim tensor does not promote
+            # The second tensor: another activation of the batch (a residual: the stream's
+            # dtype), or a parameter (a position embedding, a bias: fp32).
+            second = next(x for x in inputs[1:] if x[1] > 0)
+            other_low = bool(stream_low) if second[3] == inputs[0][3] and inputs[0][1] == second[1] else False
+            out_low = low and other_low
+            if low and not out_low and touched:
+                out.append((j, "promote", inputs[0][2], False))
+            low, touched, stream_low = out_low, True, out_low
+    kind = np.empty(len(out), dtype=object)
+    kind[:] = [k for _, k, _, _ in out]
+    return (np.array([j for j, _, _, _ in out], dtype=np.int64), kind, np.array([n for _, _, n, _ in out], dtype=np.int64),
+            np.array([f for _, _, _, f in out], dtype=bool))
 
 
 def _median_ns(tree: OpTree, mask: np.ndarray) -> float:

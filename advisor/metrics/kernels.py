@@ -121,7 +121,8 @@ def kernel_table(frames: TraceFrames, capability: float | None = None, switches:
     k[["family", "precision", "tensor_core", "precision_source"]] = classify_kernels(k, capability, switches)
     k["fp32_gemm"] = (k["precision"] == "fp32-fma").to_numpy()
     # Matrix work is eligible whatever launched it (compiled regions hide the op).
-    op_eligible = k["op"].astype(object).fillna("").astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP).to_numpy()
+    codes, ops = pd.factorize(k["op"].astype(object).fillna("").to_numpy())  # matched once per distinct op
+    op_eligible = np.fromiter((bool(TENSOR_CORE_ELIGIBLE_OP.match(str(o))) for o in ops), dtype=bool, count=len(ops))[codes] if len(k) else np.zeros(0, dtype=bool)
     k["eligible"] = op_eligible | (k["precision"] != "").to_numpy()
     k.attrs["compute_capability"] = capability
     return k
@@ -139,6 +140,23 @@ def kernel_totals(kernels: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"name": pd.Series([], dtype=object), "count": np.zeros(0, np.int64), "total_ns": np.zeros(0, np.int64), "tensor_core": np.zeros(0, bool), "precision": pd.Series([], dtype=object)})
     if "precision" not in kernels:  # an analysis cached before kernels had a precision
         kernels = kernels.assign(precision="")
+    name = kernels["name"]
+    if isinstance(name.dtype, pd.CategoricalDtype) and not name.hasnans and not kernels["precision"].hasnans and not kernels["tensor_core"].hasnans:
+        # the groupby below, by the categories' codes: each name's rows summed in NumPy
+        codes = name.array.codes
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+        first = order[starts]  # each name's first row (a stable sort keeps rows in order)
+        return pd.DataFrame(
+            {
+                "name": pd.Categorical.from_codes(sorted_codes[starts], dtype=name.dtype),
+                "count": np.diff(np.r_[starts, len(order)]).astype(np.int64),
+                "total_ns": np.add.reduceat(kernels["dur"].to_numpy()[order], starts),
+                "tensor_core": kernels["tensor_core"].to_numpy()[first],
+                "precision": kernels["precision"].to_numpy()[first],
+            }
+        )
     g = kernels.groupby("name", observed=True).agg(
         count=("dur", "size"), total_ns=("dur", "sum"), tensor_core=("tensor_core", "first"), precision=("precision", "first")
     )
