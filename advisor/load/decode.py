@@ -426,14 +426,17 @@ def _decoded(path: Path, doc: Any, batches: Any) -> DecodedTrace:
 
 
 def _raw_batches(path: Path, raws: list[msgspec.Raw], buffer: Any, batch_bytes: int) -> Iterator[list[Event]]:
-    """Decode raw event slices about batch_bytes at a time; each batch replaces the last."""
+    """Decode raw event slices about batch_bytes at a time; each batch replaces the last, and
+    the slices of a batch decoded are let go (the list keeps None in their place)."""
     if not raws:
         return
     sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
     cuts = np.searchsorted(np.cumsum(sizes), np.arange(batch_bytes, int(sizes.sum()) + batch_bytes, batch_bytes), side="left") + 1
     bounds = np.unique(np.clip(np.concatenate(([0], cuts, [len(raws)])), 0, len(raws)))
     for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        yield _decode_batch(path, raws, buffer, start, stop)
+        batch = _decode_batch(path, raws, buffer, start, stop)
+        raws[start:stop] = [None] * (stop - start)  # decoded: the slices' objects go (a large trace holds millions)
+        yield batch
 
 
 def _address(obj: Any) -> int:
