@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import text_of
+from advisor.metrics.breakdown import name_matches, text_of
 from advisor.metrics.intervals import merge, overlap_with
 
 ONE_TIME_FACTOR = 20.0
@@ -67,14 +67,16 @@ def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd
     dur = (rt["end"] - rt["ts"]).to_numpy(np.int64)
     names = text_of(rt["name"])
     s = pd.Series(dur)
+    # one group per name (by its category code, where the column is categorical)
+    by_name = rt["name"].array.codes if isinstance(rt["name"].dtype, pd.CategoricalDtype) and not rt["name"].hasnans else names
     # the typical call of a name: its lower quartile (a short window's cold calls can be half
     # of them: seven launches of which three load a module)
-    med = s.groupby(names).transform(lambda x: x.quantile(TYPICAL_QUANTILE)).to_numpy(np.float64)
-    count = s.groupby(names).transform("size").to_numpy(np.int64)
-    waits = pd.Series(names).str.contains(WAIT_CALL.pattern, case=False, regex=True).to_numpy()
+    med = s.groupby(by_name).transform(lambda x: x.quantile(TYPICAL_QUANTILE)).to_numpy(np.float64)
+    count = s.groupby(by_name).transform("size").to_numpy(np.int64)
+    waits = name_matches(rt["name"], WAIT_CALL)
     long = dur >= ONE_TIME_MIN_MS * 1e6
     outlier = long & (dur > ONE_TIME_FACTOR * med) & (count >= MIN_CALLS) & ~waits
-    init = long & pd.Series(names).str.match(LIBRARY_INIT.pattern).to_numpy()
+    init = long & name_matches(rt["name"], LIBRARY_INIT)
     chosen = outlier | init
     if steps is not None and len(steps):
         ts_all = rt["ts"].to_numpy(np.int64)

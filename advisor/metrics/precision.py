@@ -226,7 +226,9 @@ ARCH_NAMES = {"volta": 7.0, "turing": 7.5, "ampere": 8.0, "ada": 8.9, "hopper": 
 def capability_from_kernels(names: pd.Series) -> float | None:
     """Lower bound of the compute capability from library kernel names (volta_sgemm, sm80_xmma...)."""
     found: list[float] = []
-    for name in pd.Series(names).astype(str).unique():
+    names = pd.Series(names)
+    distinct = names.unique() if isinstance(names.dtype, pd.CategoricalDtype) else names.astype(str).unique()  # by code, not by row
+    for name in map(str, distinct):
         m = ARCH_IN_KERNEL.search(name)
         if m:
             found.append(ARCH_NAMES[m.group(1)])
@@ -361,9 +363,15 @@ def classify_kernels(
 
 
 def _text(kernels: pd.DataFrame, column: str) -> np.ndarray:
+    """The column as text, "" where missing (an object array)."""
     if column not in kernels:
         return np.full(len(kernels), "", dtype=object)
-    return kernels[column].astype(object).where(kernels[column].notna(), "").astype(str).to_numpy()
+    values = kernels[column]
+    out = text_of(values) if isinstance(values.dtype, pd.CategoricalDtype) else values.to_numpy(dtype=object, copy=True)
+    out[pd.isna(out)] = ""
+    if pd.api.types.infer_dtype(out, skipna=False) == "string":  # text already: no string made per row
+        return out
+    return values.astype(object).where(values.notna(), "").astype(str).to_numpy()
 
 
 def precision_time_ms(kernels: pd.DataFrame, n_steps: int) -> dict[str, float]:

@@ -25,6 +25,7 @@ groups the ops, charges them their kernels' time and sets them against the devic
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.metrics.autocast import input_type_names
-from advisor.metrics.breakdown import row_groups
+from advisor.metrics.breakdown import name_matches, row_groups, text_of
 from advisor.metrics.devices import DeviceCeiling, device_ceiling
 from advisor.metrics.op_cost import MATRIX_KINDS, PRECISION_OF_DTYPE, Cost, op_cost
 from advisor.metrics.steps import step_of
@@ -99,18 +100,25 @@ COMPILED_NO_SHAPES_NOTE = ("compiled Triton kernels have no cost ({n} distinct, 
                            "for their launches (PyTorch before 2.4, or kernels replayed from a CUDA graph)")
 
 
+TRITON_NAME = re.compile(r"^triton_")
+
+
 def compiled_notes(k: pd.DataFrame, inside: np.ndarray, costed: np.ndarray, n_steps: int) -> list[str]:
     """What the roofline says of the torch.compile (Inductor) Triton kernels it leaves out: how
     many distinct kernels, their time per step, and why they have no cost."""
     if len(k) == 0 or "name" not in k:
         return []
-    names = k["name"].astype(str)
-    ops = k["op"].astype(object).fillna("").astype(str) if "op" in k else pd.Series("", index=k.index)
-    triton = (names.str.startswith("triton_") | ops.str.startswith("triton_")).to_numpy() & inside & ~costed
+    names = k["name"]
+    if "op" in k:  # each distinct op tested once
+        codes, distinct = pd.factorize(k["op"].astype(object).fillna("").to_numpy())
+        triton_op = np.fromiter((str(o).startswith("triton_") for o in distinct), dtype=bool, count=len(distinct))[codes] if len(k) else np.zeros(0, dtype=bool)
+    else:
+        triton_op = np.zeros(len(k), dtype=bool)
+    triton = (name_matches(names, TRITON_NAME) | triton_op) & inside & ~costed
     if not triton.any():
         return []
     # Launched by a Triton launch op that recorded its tensors' shapes (looked at on those kernels only).
-    shaped = triton & ops.str.startswith("triton_").to_numpy()
+    shaped = triton & triton_op
     if "op_input_dims" in k and shaped.any():
         at = np.nonzero(shaped)[0]
         dims = k["op_input_dims"].to_numpy(dtype=object)[at]
@@ -121,7 +129,7 @@ def compiled_notes(k: pd.DataFrame, inside: np.ndarray, costed: np.ndarray, n_st
     out = []
     for mask, text in ((triton & shaped, COMPILED_NOTE), (triton & ~shaped, COMPILED_NO_SHAPES_NOTE)):
         if mask.any():
-            out.append(text.format(n=int(names[mask].nunique()), ms=float(dur[mask].sum()) / n_steps / 1e6))
+            out.append(text.format(n=len(set(map(str, text_of(names)[mask]))), ms=float(dur[mask].sum()) / n_steps / 1e6))
     return out
 
 

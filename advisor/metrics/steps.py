@@ -49,7 +49,18 @@ from advisor.metrics.breakdown import name_matches, text_of
 
 
 def launches(frames: TraceFrames) -> pd.DataFrame:
-    """Device activity joined to the runtime call that launched it (by correlation id)."""
+    """Device activity joined to the runtime call that launched it (by correlation id); made
+    once per frames (the steps, the device records' check and the rules all ask). Callers
+    read it, never modify it."""
+    kept = frames.__dict__.get("_launches")
+    if kept is not None and kept[0] is frames.runtime and kept[1] is frames.device:
+        return kept[2]
+    out = _launches(frames)
+    frames.__dict__["_launches"] = (frames.runtime, frames.device, out)
+    return out
+
+
+def _launches(frames: TraceFrames) -> pd.DataFrame:
     rt = frames.runtime[["correlation", "ts", "end", "tid", "external_id"]]
     rt = rt[rt["correlation"] >= 0].drop_duplicates("correlation", keep="first")
     dev = frames.device[["correlation", "ts", "end", "kind"]].reset_index(names="device_row")
