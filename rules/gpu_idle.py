@@ -131,14 +131,19 @@ def host_during(events, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int =
     if not hit.any():
         return []
     outer = tree.nearest_ancestor(inner[hit], np.ones(len(ops), dtype=bool), outermost=True)
-    names = text_of(ops["name"])
-    g = pd.DataFrame({"name": names[inner[hit]], "within": names[outer], "ns": hi[hit] - lo[hit]})
+    # grouped by name codes (one per distinct name), named after
+    if isinstance(ops["name"].dtype, pd.CategoricalDtype):
+        codes, distinct = ops["name"].array.codes, ops["name"].cat.categories
+    else:
+        codes, distinct = pd.factorize(text_of(ops["name"]))
+    names = np.append(np.asarray(distinct, dtype=object), np.nan)  # code -1: a missing name
+    g = pd.DataFrame({"name": codes[inner[hit]], "within": codes[outer], "ns": hi[hit] - lo[hit]})
     g = g.groupby(["name", "within"], sort=False)["ns"].sum().sort_values(ascending=False).head(limit)
     out = []
     for (name, within), ns in g.items():
-        row = {"name": str(name)[:110], "idle_ms_per_step": round(float(ns) / 1e6 / max(n_steps, 1), 3)}
+        row = {"name": str(names[name])[:110], "idle_ms_per_step": round(float(ns) / 1e6 / max(n_steps, 1), 3)}
         if within != name:
-            row["within"] = str(within)[:110]
+            row["within"] = str(names[within])[:110]
         out.append(row)
     return out
 

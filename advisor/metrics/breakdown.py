@@ -62,12 +62,16 @@ def _category_text(cats: pd.Index) -> np.ndarray:
 
 
 def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
-    """Regex test over a categorical column, evaluated once per distinct name."""
+    """Regex test over a column (categorical or not), evaluated once per distinct name."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories
         hit = _category_hits(cats, pattern)
         return hit[names.array.codes]  # a missing name (code -1) reads the table's last slot: False
-    return names.astype(str).str.contains(pattern).to_numpy()
+    # any other column: each distinct value tested once as text (a missing one matches nothing)
+    codes, distinct = pd.factorize(np.asarray(names, dtype=object))
+    hit = np.zeros(len(distinct) + 1, dtype=bool)
+    hit[:-1] = np.fromiter((bool(pattern.search(str(v))) for v in distinct), dtype=bool, count=len(distinct))
+    return hit[codes]
 
 
 def text_of(values: pd.Series) -> np.ndarray:

@@ -132,7 +132,7 @@ def achieved_bandwidth(k: pd.DataFrame) -> float | None:
     shapes; None where the trace has too few of them (no shapes recorded)."""
     if "op_input_dims" not in k or len(k) == 0:
         return None
-    probe = k[name_matches(k["op"].astype(str), BANDWIDTH_PROBE_OP) & (k["dur"].to_numpy() > 0)]
+    probe = k[name_matches(k["op"], BANDWIDTH_PROBE_OP) & (k["dur"].to_numpy() > 0)]
     if len(probe) < MIN_PROBES:
         return None
     elems, size, reads = _first_inputs(probe).T
@@ -154,12 +154,12 @@ def batch_norm_roofline_share(k: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     if bandwidth is None or len(rows) == 0:
         return share
     sub = k.iloc[rows]
-    names = sub["name"].astype(str)
-    is_bn = np.asarray(name_matches(names, BATCH_NORM_KERNEL), dtype=bool)
+    is_bn = np.asarray(name_matches(sub["name"], BATCH_NORM_KERNEL), dtype=bool)
     if not is_bn.any():
         return share
     elems, size, _ = _first_inputs(sub[is_bn]).T
-    backward = names[is_bn].str.contains("bw").to_numpy() | sub["op"][is_bn].astype(str).str.contains("backward").to_numpy()
+    names = sub["name"][is_bn].astype(str)
+    backward = names.str.contains("bw").to_numpy() | sub["op"][is_bn].astype(str).str.contains("backward").to_numpy()
     passes = np.where(backward, BATCH_NORM_PASSES["backward"], BATCH_NORM_PASSES["forward"])
     dur = sub["dur"].to_numpy(np.float64)[is_bn]
     roofline = passes * elems * size / bandwidth
