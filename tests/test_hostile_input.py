@@ -601,3 +601,31 @@ def test_one_kernel_name_with_a_lone_surrogate_keeps_the_trace(tmp_path, cli):
 def test_a_baseline_of_the_whole_file_system_is_refused_without_walking_it(tmp_path, cli):
     code, _, err = cli(["gate", str(RECORDED_RUN), "--baseline", "/"], tmp_path, {"ADVISOR_CACHE": "off"})
     assert (code, err) == (2, "advisor: error: /: holds more than 5,000 folders: not a torch.profiler log dir; give the run's own folder or trace file\n")
+
+
+def test_whitespace_is_squeezed_where_a_sample_could_hold_a_run_and_only_there():
+    """Inflating skips the whitespace count on a piece whose every 128th byte shows no 8
+    whitespace bytes in a row (a run of 1024 would show at least 8): a real trace's pieces
+    come back as they are, and with runs of 1024-1100 mixed whitespace bytes put anywhere
+    into them the result is the full test's (count, then squeeze the runs)."""
+    import random
+
+    from advisor.load.decode import SQUEEZE_RUN, _squeezed
+
+    runs = REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_baseline"
+    data = gzip.decompress(next(runs.glob("*.pt.trace.json.gz")).read_bytes())
+
+    def full(piece: bytes) -> bytes:
+        if len(piece) < SQUEEZE_RUN or 2 * (len(piece) - len(piece.translate(None, b" \t\r\n"))) < len(piece):
+            return piece
+        return re.sub(rb"[ \t\r\n]{%d,}" % SQUEEZE_RUN, b" ", piece)
+
+    pieces = [data[i : i + MiB] for i in range(0, len(data), MiB)]
+    assert all(_squeezed(p) is p for p in pieces)
+    rng = random.Random(5)
+    for _ in range(200):
+        piece = bytearray(rng.choice(pieces)[: rng.randint(2_000, 40_000)])
+        for _ in range(rng.randint(1, 30)):  # mostly whitespace or not, depending on how many
+            at = rng.randint(0, len(piece))
+            piece[at:at] = bytes(rng.choice(b" \t\r\n") for _ in range(rng.randint(SQUEEZE_RUN - 8, SQUEEZE_RUN + 76)))
+        assert _squeezed(bytes(piece)) == full(bytes(piece))

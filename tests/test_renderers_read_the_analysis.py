@@ -117,3 +117,34 @@ def test_a_cached_analysis_renders_without_its_trace(tmp_path, monkeypatch):
     for rule in stated:
         assert replay.saving_ms(stated[rule].change) == pytest.approx(fresh_replay.saving_ms(fresh_stated[rule].change), abs=1e-9)
         assert stated[rule].evidence == fresh_stated[rule].evidence
+
+
+def test_a_report_that_draws_no_timeline_makes_none(loads, monkeypatch):
+    """`advisor report -f json` without a cache draws no step: the analysis leaves the view's
+    lanes out (the replayed steps cost as much as a rule); an analysis stored for later formats
+    keeps them, and asking this one for them after all reads its trace once more to make them."""
+    import advisor.rank_view as view_module
+    from advisor.analysis import analyze
+    from advisor.render.html import to_html
+
+    drawn = count_calls(monkeypatch, view_module, "replayed_steps", "replayed steps drawn")
+    a = analyze(GPU_RUN, draw=False)
+    assert loads.n == 1 and drawn.n == 0
+    assert a.primary_view is not None and not a.primary_view.drawn and a.primary_view.timeline is None
+    assert a.primary_view.kernels is not None and len(a.primary_view.ops)  # the tables are kept: `--ops`, the API
+    html = to_html(a)  # drawn after all: from the trace, once
+    assert loads.n == 2 and drawn.n == 1 and ">Replayed step with every fix</h3>" in html
+    b = analyze(GPU_RUN)  # the default draws
+    assert b.primary_view.drawn and b.primary_view.timeline is not None and drawn.n == 2 and loads.n == 3
+
+
+def test_the_json_report_command_draws_no_step_and_the_html_one_does(cli, loads, monkeypatch, tmp_path):
+    import advisor.rank_view as view_module
+
+    drawn = count_calls(monkeypatch, view_module, "replayed_steps", "replayed steps drawn")
+    code, out, err = cli(["report", str(GPU_RUN), "-f", "json"])
+    assert code == 0, err
+    assert drawn.n == 0 and json.loads(out)["findings"]
+    code, out, err = cli(["report", str(GPU_RUN), "-o", str(tmp_path / "r.html")])
+    assert code == 0, err
+    assert drawn.n == 1 and loads.n == 2

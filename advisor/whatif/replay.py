@@ -343,7 +343,21 @@ def _static_lists(g: StepGraph) -> tuple:
 
 
 def _simulate(g: StepGraph, effective: EffectiveArrays) -> tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]:
-    """Start and end of every host node and device op (ns, on the trace's clock)."""
+    """Start and end of every host node and device op (ns, on the trace's clock): the chain's
+    closed form where the graph is one (`_simulate_chain`), else the node walk."""
+    if _one_chain(g):
+        counts = np.diff(g.wait_ptr)
+        if effective.unwaited.any():  # an unwaited node keeps no waits
+            counts = counts * ~effective.unwaited
+        if not (counts > 1).any():
+            gap, own, _, tail, d_dur, delay, d_gap = effective
+            wone = np.where(counts == 1, _static_lists(g)[8], -1)
+            return _simulate_chain(len(g.h_ts), len(g.d_dur), float(g.h_ts[0]), _static_lists(g)[11], gap, own, tail, wone, d_dur, delay, d_gap)
+    return _walk(g, effective)
+
+
+def _walk(g: StepGraph, effective: EffectiveArrays) -> tuple[list[float], list[float], list[float], list[float]]:
+    """The node walk: every host node in issue order, its device ops after it."""
     gap, own, unwait, tail, d_dur, delay, d_gap = effective
     n_h, n_d = len(g.h_ts), len(g.d_dur)
     static = _static_lists(g)
@@ -351,10 +365,6 @@ def _simulate(g: StepGraph, effective: EffectiveArrays) -> tuple[Sequence[float]
     counts = np.diff(g.wait_ptr)
     if unwait.any():  # an unwaited node keeps no waits
         counts = counts * ~unwait
-    if _one_chain(g) and not (counts > 1).any():
-        wone = np.where(counts == 1, static[8], -1)
-        return _simulate_chain(n_h, n_d, float(g.h_ts[0]), static[11], gap, own, tail, wone, d_dur, delay, d_gap)
-    if unwait.any():
         wone = np.where(counts == 1, static[8], -1).tolist()
         many = (counts > 1).tolist()
     else:
