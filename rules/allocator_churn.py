@@ -53,6 +53,7 @@ import pandas as pd
 from advisor.metrics.host_device import owned_allocator_calls
 
 from advisor.engine import Context
+from advisor.metrics.breakdown import text_of
 from advisor.metrics.memory import device_memory_curve
 from advisor.metrics.events import rank_events
 from advisor.metrics.source import source_lines
@@ -94,7 +95,7 @@ def check(ctx: Context):
     frees = mine[mine["call"] == "free"]
     retry_frees = frees[frees["in_op"]]
     inner = tree.innermost(mine["ts"].to_numpy(np.int64), mine["tid"].to_numpy())
-    ops = tree.ops["name"].astype(str).to_numpy()
+    ops = text_of(tree.ops["name"])
     made_by = pd.Series([ops[i] if i >= 0 else "(no op)" for i in inner]).value_counts().head(5).to_dict()
     after_warmup = len(m.steps) - int(ctx.options["warmup_steps"])
     single = after_warmup <= 0  # a window of one pass: the frees and the mallocs after them

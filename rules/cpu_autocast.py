@@ -86,7 +86,7 @@ import re
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import name_matches
+from advisor.metrics.breakdown import name_matches, text_of
 from advisor.metrics.intervals import merge
 from advisor.metrics.steps import step_of
 from advisor.whatif.savings import PROFILER_NS_PER_EVENT
@@ -147,7 +147,7 @@ def check(ctx: Context):
     us = (e - s) / 1e3
     # Each call's time without the profiler: less the profiler's cost of the events it holds
     # (its nested ops and, with stacks on, Python functions), which bf16 does not speed up.
-    kind = host["kind"].astype(str).to_numpy()
+    kind = text_of(host["kind"])
     marks = np.sort(host["ts"].to_numpy(np.int64)[(kind == "op") | (kind == "python")])
     events = np.searchsorted(marks, e, side="left") - np.searchsorted(marks, s, side="left")
     own_us = np.maximum(us - events * PROFILER_NS_PER_EVENT[1] / 1e3, 0.2 * us)
@@ -181,7 +181,7 @@ def check(ctx: Context):
     saving = replayed if replayed is not None else estimate
     if saving / step_ms < ctx.options["min_share"]:
         return None
-    names = ops["name"].astype(str).to_numpy()[keep]
+    names = text_of(ops["name"])[keep]
     by_op = {k: round(float(own_us[names == k].sum()) / 1e3 / n, 3) for k in sorted(set(names), key=lambda k: -own_us[names == k].sum())[:5]}
     losing = float(own_us[ratio > 1].sum()) / 1e3 / n
     evidence = {

@@ -108,7 +108,7 @@ def d2d_copies(m, tree) -> pd.DataFrame:
     rows = [pd.DataFrame({
         "ts": memcpy["ts"].to_numpy(np.int64), "end": memcpy["end"].to_numpy(np.int64),
         "dur": memcpy["dur"].to_numpy(np.int64), "bytes": memcpy["bytes"].to_numpy(np.float64),
-        "kind": "memcpy", "call_ts": memcpy["call_ts"].to_numpy(np.float64), "call_tid": memcpy["call_tid"].astype(str).to_numpy(),
+        "kind": "memcpy", "call_ts": memcpy["call_ts"].to_numpy(np.float64), "call_tid": text_of(memcpy["call_tid"]),
     })]
     launches = m.launches
     kernels = launches[(launches["kind"] == "kernel")]
@@ -118,7 +118,7 @@ def d2d_copies(m, tree) -> pd.DataFrame:
             "ts": kernels["ts"].to_numpy(np.int64), "end": kernels["end"].to_numpy(np.int64),
             "dur": dev["dur"].to_numpy(np.int64)[kernels["device_row"].to_numpy()],
             "bytes": np.nan, "kind": "kernel", "call_ts": kernels["launch_ts"].to_numpy(np.float64),
-            "call_tid": kernels["launch_tid"].astype(str).to_numpy(),
+            "call_tid": text_of(kernels["launch_tid"]),
         }))
     c = pd.concat(rows, ignore_index=True)
     c = c[np.isfinite(c["call_ts"].to_numpy())].reset_index(drop=True)

@@ -58,7 +58,7 @@ import re
 import numpy as np
 
 from advisor.engine import Context
-from advisor.metrics.breakdown import CATEGORIES
+from advisor.metrics.breakdown import CATEGORIES, text_of
 from advisor.metrics.steps import step_of
 
 ID = "step-time-variance"
@@ -91,7 +91,7 @@ def visible_causes(ctx: Context, slow: np.ndarray, typical: np.ndarray, grew: li
         return out
     steps = ctx.metrics.steps
     where = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), host["ts"].to_numpy(np.int64))
-    names = host["name"].astype(str).to_numpy()
+    names = text_of(host["name"])
     for label, pattern in CAUSES:
         hit = np.fromiter((bool(pattern.search(n)) for n in names), dtype=bool, count=len(names))
         in_steps = set(where[hit & (where >= 0)].tolist())

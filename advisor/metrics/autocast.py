@@ -320,7 +320,7 @@ def _launching_one_kernel(metrics, tree: OpTree) -> np.ndarray:
     lk = metrics.launches
     if len(lk) == 0 or len(ops) == 0:
         return count > 0
-    lk = lk[(lk["kind"].astype(str) == "kernel").to_numpy() & lk["launch_ts"].notna().to_numpy()]
+    lk = lk[(text_of(lk["kind"]) == "kernel") & lk["launch_ts"].notna().to_numpy()]
     ts, end = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
     l_ts = lk["launch_ts"].to_numpy(np.float64).astype(np.int64)
     l_tid = text_of(lk["launch_tid"])
@@ -337,7 +337,7 @@ def _holding_a_transfer(metrics, tree: OpTree) -> np.ndarray:
     lk = metrics.launches
     if len(lk) == 0:
         return out
-    lk = lk[(lk["kind"].astype(str) == "memcpy").to_numpy() & lk["launch_ts"].notna().to_numpy()]
+    lk = lk[(text_of(lk["kind"]) == "memcpy") & lk["launch_ts"].notna().to_numpy()]
     if len(lk) == 0:
         return out
     rows = tree.innermost(lk["launch_ts"].to_numpy(np.float64).astype(np.int64), text_of(lk["launch_tid"]))
@@ -378,7 +378,7 @@ def _copy_bandwidth(metrics, tree: OpTree, types_text: np.ndarray) -> float:
     if len(sel) == 0:
         return 0.0
     lk = metrics.launches
-    lk = lk[(lk["kind"].astype(str) == "kernel").to_numpy() & lk["launch_ts"].notna().to_numpy()]
+    lk = lk[(text_of(lk["kind"]) == "kernel") & lk["launch_ts"].notna().to_numpy()]
     if len(lk) == 0:
         return 0.0
     order = np.argsort(lk["launch_ts"].to_numpy(np.float64), kind="stable")

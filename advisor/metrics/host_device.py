@@ -574,7 +574,7 @@ def _inside_python_frame(frames: TraceFrames, rows: pd.DataFrame, pattern: re.Pa
     out = np.zeros(len(rows), dtype=bool)
     for tid, g in py.groupby("tid", observed=True):
         s, e = merge(g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
-        sel = (rows["tid"].astype(str) == str(tid)).to_numpy()
+        sel = (text_of(rows["tid"]) == str(tid))
         out[sel] = covers(s, e, rows["ts"].to_numpy(np.int64)[sel])
     return out
 

@@ -212,8 +212,8 @@ def _step_op_self_times(frames: TraceFrames, steps: pd.DataFrame) -> pd.DataFram
     np.add.at(child, tree.parent[has], dur[has])
     self_ns = np.maximum(dur - child, 0)
     inside = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), ops["ts"].to_numpy(np.int64)) >= 0
-    is_op = (ops["kind"].astype(str) == "op").to_numpy() & inside
-    return pd.DataFrame({"name": ops["name"].astype(str).to_numpy()[is_op], "self": self_ns[is_op], "dur": dur[is_op]})
+    is_op = (text_of(ops["kind"]) == "op") & inside
+    return pd.DataFrame({"name": text_of(ops["name"])[is_op], "self": self_ns[is_op], "dur": dur[is_op]})
 
 
 def top_self_ops(frames: TraceFrames, steps: pd.DataFrame, n: int = 10) -> pd.DataFrame:

@@ -187,7 +187,7 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
     g = pd.DataFrame({"code": codes[idx], "pos": idx, "dur": k["dur"].to_numpy(np.float64)[idx],
                       "ext": k["external_id"].to_numpy(np.int64)[idx] if "external_id" in k else np.full(len(idx), -1)})
     first = g.drop_duplicates("code")
-    prec_all = k["precision"].astype(str).to_numpy()[idx] if "precision" in k else np.full(len(idx), "", dtype=object)
+    prec_all = text_of(k["precision"])[idx] if "precision" in k else np.full(len(idx), "", dtype=object)
     g["tf32"] = prec_all == "tf32"  # an fp32 op any of whose kernels ran TF32 (cuDNN's default for convolutions)
     agg = g.groupby("code", sort=False).agg(dur=("dur", "sum"), kernels=("dur", "size"), tf32=("tf32", "any"))
     with_ext = g[g["ext"] >= 0].groupby("code", sort=False)["ext"].nunique()

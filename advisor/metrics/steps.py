@@ -174,7 +174,7 @@ def _outermost_per_thread(host: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
     keep = np.zeros(len(sel), dtype=bool)
     if len(sel) == 0:
         return keep
-    tids = host["tid"].astype(str).to_numpy()[sel]
+    tids = text_of(host["tid"])[sel]
     ts = host["ts"].to_numpy(np.int64)[sel]
     end = host["end"].to_numpy(np.int64)[sel]
     for tid in np.unique(tids):
@@ -247,7 +247,7 @@ def root_forward(frames: TraceFrames) -> tuple[str, int] | None:
         sel = sel[_outermost_per_thread(host, sel)]
         if len(sel) == 0:
             continue
-        pairs = pd.DataFrame({"tid": host["tid"].astype(str).to_numpy()[sel], "name": host["name"].astype(str).to_numpy()[sel]})
+        pairs = pd.DataFrame({"tid": text_of(host["tid"])[sel], "name": text_of(host["name"])[sel]})
         counts = pairs.value_counts()
         (_, name), n = counts.index[0], int(counts.iloc[0])
         return name, n
@@ -271,7 +271,7 @@ def periodic_ops(frames: TraceFrames) -> tuple[np.ndarray, np.ndarray, int] | No
     sel = np.flatnonzero((kinds == "op") | (kinds == "annotation"))
     if len(sel) < 2 * MIN_PERIOD:
         return None
-    tids = host["tid"].astype(str).to_numpy()[sel]
+    tids = text_of(host["tid"])[sel]
     main = pd.Series(tids).value_counts().index[0]
     sel = sel[tids == main]
     ts = host["ts"].to_numpy(np.int64)[sel]
@@ -338,8 +338,8 @@ def _named_iterations(frames: TraceFrames) -> Iterations | None:
     span = max(frames.window[1] - frames.window[0], 1)
     for how, rows, mode, every in _candidates(host, frames.window):
         tid = _main_tid(host, rows)
-        others = _concurrent_threads(host, every, host["tid"].iloc[every].astype(str).to_numpy(), tid)
-        rows = rows[host["tid"].iloc[rows].astype(str).to_numpy() == tid]
+        others = _concurrent_threads(host, every, text_of(host["tid"].iloc[every]), tid)
+        rows = rows[text_of(host["tid"].iloc[rows]) == tid]
         ts = host["ts"].to_numpy(np.int64)[rows]
         end = host["end"].to_numpy(np.int64)[rows]
         order = np.argsort(ts, kind="stable")
@@ -348,7 +348,7 @@ def _named_iterations(frames: TraceFrames) -> Iterations | None:
         rows, ts, end = rows[keep], ts[keep], end[keep]
         if len(rows) < 2:
             continue
-        on_tid = host[host["tid"].astype(str).to_numpy() == tid]
+        on_tid = host[text_of(host["tid"]) == tid]
         if mode == "start" and not how.startswith("the DataLoader"):
             if parts_of_larger_unit(on_tid, ts, end, span):
                 continue  # the blocks of one forward pass, called in turn: not iterations

@@ -18,7 +18,7 @@ import pandas as pd
 
 from advisor.facts import FactsFile, typed_facts
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import CATEGORIES, name_matches, step_breakdown
+from advisor.metrics.breakdown import CATEGORIES, name_matches, step_breakdown, text_of
 from advisor.metrics.collectives import RankComm, rank_comm
 from advisor.metrics.copies import copies, copy_summary
 from advisor.metrics.intervals import merge, overlap_with
@@ -386,7 +386,7 @@ def _known_convs(frames: TraceFrames) -> dict:
         return {}
     dims = rows["input_dims"].to_numpy(dtype=object)
     first = pd.Series(np.fromiter(map(id, dims), dtype=np.int64, count=len(dims))).drop_duplicates().index.to_numpy()
-    return conv_shapes(zip(rows["name"].astype(str).to_numpy()[first], dims[first], strict=True))
+    return conv_shapes(zip(text_of(rows["name"])[first], dims[first], strict=True))
 
 
 def _facts_capability(recorded: FactsFile) -> float | None:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.metrics.events import RankEvents
-from advisor.metrics.breakdown import name_matches
+from advisor.metrics.breakdown import name_matches, text_of
 from advisor.metrics.host_device import COPY_CALL, LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.whatif.graph import WAIT_CALL
@@ -279,7 +279,7 @@ def batch_growth(events: RankEvents, rows, factor: float, capability: float | No
         sms = np.round(blocks / per_sm)
         resident = np.floor(occupancy * max_warps / warps + 1e-6)
         slots = sms * resident
-        ok = (sub["kind"].astype(str).to_numpy() == "kernel") & np.isfinite(slots) & (slots >= 1) & (blocks >= slots)
+        ok = (text_of(sub["kind"]) == "kernel") & np.isfinite(slots) & (slots >= 1) & (blocks >= slots)
         waves = np.ceil(blocks / np.where(ok, slots, 1))
         grown = np.ceil(factor * blocks / np.where(ok, slots, 1))
     out[ok] = np.clip(grown[ok] / waves[ok], 1.0, factor)

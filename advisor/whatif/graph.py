@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import name_matches
+from advisor.metrics.breakdown import name_matches, text_of
 
 # CUDA's and HIP's synchronize, blocking copy and free calls; MTIA's runtime names its
 # synchronize calls without a prefix (`synchronize`, `synchronizeStream`).
@@ -434,7 +434,7 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
     is_call = runtime_row >= 0
     names = np.full(n_h, -1, dtype=np.int64)
     if len(rt):
-        codes, _ = pd.factorize(rt["name"].astype(str).to_numpy())
+        codes, _ = pd.factorize(text_of(rt["name"]))
         names[is_call] = codes[runtime_row[is_call]]
     pairs_node: list[np.ndarray] = []
     pairs_op: list[np.ndarray] = []
@@ -489,7 +489,7 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
         # 3. calls that run the device work they launch to completion (MTIA's `predictor_executor::run`)
         h_tid = np.full(n_h, -1, dtype=np.int64)
         if len(rt):
-            tid_codes, _ = pd.factorize(rt["tid"].astype(str).to_numpy())
+            tid_codes, _ = pd.factorize(text_of(rt["tid"]))
             h_tid[is_call] = tid_codes[runtime_row[is_call]]
         cont, cont_op = _container_waits(h_ts, h_end, h_tid, is_call, first_q, measured_wait, launch, end)
         if len(cont):

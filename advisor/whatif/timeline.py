@@ -209,7 +209,7 @@ def _with_class(frames, dev: pd.DataFrame, pos: np.ndarray) -> pd.DataFrame:
     """Device rows (at positions `pos` of frames.device) with their span class (`_cls`):
     collectives apart from other kernels."""
     comm = communication_kernels(frames)[pos]
-    return dev.assign(_cls=np.where(comm, "communication", dev["kind"].astype(str).to_numpy()))
+    return dev.assign(_cls=np.where(comm, "communication", text_of(dev["kind"])))
 
 
 def _device_lanes(timeline: StepTimeline, lanes: list[Lane], dev: pd.DataFrame, limit: int = MAX_SPANS_PER_LANE) -> None:
