@@ -44,7 +44,8 @@ from advisor.load.decode import read_trace_bytes  # noqa: E402
 FLOOR = REPO / "benchmarks" / "floor.py"
 
 STAGES = r"""
-import json, os, sys, time
+import gc, json, os, sys, time
+gc.disable()  # as `advisor report` runs (advisor.cli.program): the stages' figures without collector passes
 t0 = time.process_time()
 import advisor.analysis as A, advisor.engine.running as E, advisor.cli as C
 spent = {}
