@@ -89,17 +89,21 @@ def _names(values: pd.Series) -> np.ndarray:
 
 
 def _spans(df: pd.DataFrame, cls: str | np.ndarray) -> pd.DataFrame:
-    out = pd.DataFrame(
+    """The rows as a lane's spans, by start (the earlier row first where two start together);
+    names and classes stay Python text (object columns): a lane's tooltips read them back."""
+    start, end = df["start"].to_numpy(np.int64), df["end"].to_numpy(np.int64)
+    order = np.argsort(start, kind="stable")
+    classes = cls[order] if isinstance(cls, np.ndarray) else np.full(len(df), cls, dtype=object)
+    return pd.DataFrame(
         {
-            "start": df["start"].to_numpy(np.int64),
-            "end": df["end"].to_numpy(np.int64),
-            "name": _names(df["name"]),
-            "cls": cls if isinstance(cls, np.ndarray) else np.full(len(df), cls, dtype=object),
+            "start": start[order],
+            "end": end[order],
+            "name": pd.Series(_names(df["name"])[order], dtype=object),
+            "cls": pd.Series(classes, dtype=object),
             "count": np.ones(len(df), dtype=np.int64),
+            "total": end[order] - start[order],
         }
     )
-    out["total"] = out["end"] - out["start"]
-    return out.sort_values("start", kind="stable").reset_index(drop=True)
 
 
 def _top_level(df: pd.DataFrame) -> pd.DataFrame:
