@@ -185,10 +185,35 @@ class EffectiveArrays(NamedTuple):
     op_gap: np.ndarray  # per device op: after the previous op of its stream
 
 
+def _floats(g: StepGraph) -> dict[str, np.ndarray]:
+    """The graph's times as float64, made once per graph (every replay starts from them)."""
+    kept = g.__dict__.get("_floats")
+    if kept is None:
+        names = ("h_gap", "h_dur", "h_base", "wait_tail", "d_dur", "d_delay", "d_gap")
+        kept = g.__dict__["_floats"] = {n: getattr(g, n).astype(np.float64) for n in names}
+    return kept
+
+
+def _table_arrays(g: StepGraph, table: dict | set) -> tuple[np.ndarray, np.ndarray | None]:
+    """A change's per-row table as (rows, values) arrays (a set: rows alone), kept per graph
+    for the table object: a fix's table is shared, not copied, by the merges it is in."""
+    kept = g.__dict__.setdefault("_tables", {})
+    got = kept.get(id(table))
+    if got is not None and got[0] is table:
+        return got[1], got[2]
+    rows = np.fromiter(table.keys() if isinstance(table, dict) else table, dtype=np.int64, count=len(table))
+    values = np.fromiter(table.values(), dtype=np.float64, count=len(table)) if isinstance(table, dict) else None
+    if len(kept) >= 256:
+        kept.clear()
+    kept[id(table)] = (table, rows, values)  # the table is kept with its arrays, so its id is not reused
+    return rows, values
+
+
 def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
     """The change as per-node arrays: host gaps, call durations, waits, device durations."""
     scale = change.host_scale
-    gap = g.h_gap.astype(np.float64) * scale
+    floats = _floats(g)
+    gap = floats["h_gap"] * scale
     own_s = own_e = None
     own_f = 1.0
     if change.host_own:
@@ -249,30 +274,29 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
             node = np.searchsorted(g.h_ts, at, side="left")
             ok = node < len(gap)
             np.add.at(gap, node[ok], ns[ok] * factor)
-    dur = g.h_dur.astype(np.float64) * scale
+    dur = floats["h_dur"] * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
     rows = g.runtime_row
     if change.call_scale or change.unwait:
         node_of = np.full(int(rows.max()) + 1 if len(rows) else 0, -1, dtype=np.int64)
         node_of[rows[rows >= 0]] = np.nonzero(rows >= 0)[0]
         if change.call_scale:
-            r = np.fromiter(change.call_scale.keys(), dtype=np.int64, count=len(change.call_scale))
-            f = np.fromiter(change.call_scale.values(), dtype=np.float64, count=len(change.call_scale))
+            r, f = _table_arrays(g, change.call_scale)
             ok = (r >= 0) & (r < len(node_of))
             i = node_of[r[ok]]
             dur[i[i >= 0]] *= f[ok][i >= 0]
         if change.unwait:
-            r = np.fromiter(change.unwait, dtype=np.int64, count=len(change.unwait))
+            r, _ = _table_arrays(g, change.unwait)
             i = node_of[r[(r >= 0) & (r < len(node_of))]]
             unwait[i[i >= 0]] = True
     # A call that waited costs its base when it does not wait (unwaited, or the work it waited
     # for done early); a call that never waited costs its duration, and where it waits for a
     # queue slot it returns that long after the slot frees.
-    own = np.where(g.h_waited, np.minimum(dur, g.h_base.astype(np.float64) * scale), dur)
-    tail = np.where(g.h_waited, g.wait_tail.astype(np.float64), own)
-    d_dur = g.d_dur.astype(np.float64) * change.device_scale_all
-    delay = g.d_delay.astype(np.float64)
-    d_gap = g.d_gap.astype(np.float64)
+    own = np.where(g.h_waited, np.minimum(dur, floats["h_base"] * scale), dur)
+    tail = np.where(g.h_waited, floats["wait_tail"], own)
+    d_dur = floats["d_dur"] * change.device_scale_all
+    delay = floats["d_delay"].copy()
+    d_gap = floats["d_gap"].copy()
     if change.device_scale_all != 1.0:
         # A long bubble between queued ops that no op of this rank ends before, and an op's wait
         # past a launch latency (microseconds) onto an idle stream, wait on device work outside
@@ -286,18 +310,16 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
         pos_of = np.full(int(g.device_row.max()) + 1 if len(g.device_row) else 0, -1, dtype=np.int64)
         pos_of[g.device_row] = np.arange(len(g.device_row))
         if change.device_scale:
-            r = np.fromiter(change.device_scale.keys(), dtype=np.int64, count=len(change.device_scale))
-            f = np.fromiter(change.device_scale.values(), dtype=np.float64, count=len(change.device_scale))
+            r, f = _table_arrays(g, change.device_scale)
             okr = (r >= 0) & (r < len(pos_of))
             d_dur[pos_of[r[okr]]] *= f[okr]
         if change.device_add:
-            r = np.fromiter(change.device_add.keys(), dtype=np.int64, count=len(change.device_add))
-            ns = np.fromiter(change.device_add.values(), dtype=np.float64, count=len(change.device_add))
+            r, ns = _table_arrays(g, change.device_add)
             okr = (r >= 0) & (r < len(pos_of))
             p = pos_of[r[okr]]
             np.add.at(d_dur, p[p >= 0], ns[okr][p >= 0])
         if change.tight_launch:
-            r = np.fromiter(change.tight_launch, dtype=np.int64, count=len(change.tight_launch))
+            r, _ = _table_arrays(g, change.tight_launch)
             p = pos_of[r[(r >= 0) & (r < len(pos_of))]]
             d_gap[p] = np.minimum(d_gap[p], 0)
             delay[p] = np.minimum(delay[p], g.d_latency[p])
