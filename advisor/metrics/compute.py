@@ -228,26 +228,36 @@ def top_by_time(kernels: pd.DataFrame, n_steps: int, by: str = "name", n: int = 
 
 
 
-def launching_host_rows(frames, kernels: pd.DataFrame) -> pd.DataFrame:
+def launching_host_rows(frames, kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
     """Host op rows that launched the given kernel rows (runtime call's external id), so a
-    finding can name the user's line; empty where the trace does not link them by id."""
+    finding can name the user's line; empty where the trace does not link them by id. With
+    `limit`, the first that many (the rows are not copied whole to be cut)."""
     host = frames.host
     corr = frames.device.loc[kernels.index, "correlation"]
     rt = frames.runtime
     ext = rt.loc[rt["correlation"].isin(corr[corr >= 0]) & (rt["external_id"] >= 0), "external_id"].unique()
     if len(ext) == 0:
         return host.iloc[0:0]
-    return host[(host["kind"] != "python").to_numpy() & host["external_id"].isin(ext).to_numpy()]
+    return _first_rows(host, (host["kind"] != "python").to_numpy() & host["external_id"].isin(ext).to_numpy(), limit)
 
 
-def eligible_op_rows(frames, kernels: pd.DataFrame) -> pd.DataFrame:
-    """Host rows of the ops that launched the kernels (by id), else of Tensor-Core-eligible ops by name."""
-    rows = launching_host_rows(frames, kernels)
+def _first_rows(frame: pd.DataFrame, mask: np.ndarray, limit: int | None) -> pd.DataFrame:
+    return frame[mask] if limit is None else frame.iloc[np.flatnonzero(mask)[:limit]]
+
+
+def eligible_op_rows(frames, kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
+    """Host rows of the ops that launched the kernels (by id), else of Tensor-Core-eligible ops
+    by name (the first `limit` of them, where given)."""
+    rows = launching_host_rows(frames, kernels, limit)
     if len(rows):
         return rows
     host = frames.host
     names = set(kernels["op"].dropna().astype(str).unique())
-    return host[host["name"].astype(str).isin(names) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)]
+    return _first_rows(host, (host["name"].astype(str).isin(names) & host["name"].astype(str).str.match(TENSOR_CORE_ELIGIBLE_OP)).to_numpy(dtype=bool), limit)
+
+
+# The launching ops whose call stacks a finding's source lines are read from.
+SOURCE_ROWS = 300
 
 
 def kernel_evidence(frames, kernels: pd.DataFrame, steps: pd.DataFrame, exposure: float, by_eligible_op: bool = False) -> dict:
@@ -260,8 +270,8 @@ def kernel_evidence(frames, kernels: pd.DataFrame, steps: pd.DataFrame, exposure
         "ops": top_by_time(kernels.dropna(subset=["op"]), n_steps, by="op"),
         "steps": steps["step"].tolist(),
     }
-    rows = eligible_op_rows(frames, kernels) if by_eligible_op else launching_host_rows(frames, kernels)
-    lines = source_lines(frames, rows.head(300))
+    rows = eligible_op_rows(frames, kernels, SOURCE_ROWS) if by_eligible_op else launching_host_rows(frames, kernels, SOURCE_ROWS)
+    lines = source_lines(frames, rows)
     if lines:
         evidence["source"] = lines
     return evidence
