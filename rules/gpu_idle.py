@@ -122,7 +122,12 @@ def host_during(events, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int =
     on_thread = tree.thread == tid
     if not on_thread.any():
         return []
-    b = sorted_unique(np.concatenate([s, e, ops["ts"].to_numpy(np.int64)[on_thread], ops["end"].to_numpy(np.int64)[on_thread]]))
+    op_ts, op_end = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    # Only the ops that reach into an interval can split it: the others' bounds lie outside.
+    ms, me = merge(s, e)
+    first = np.searchsorted(me, op_ts, side="right")  # the first interval that ends after the op starts
+    reach = on_thread & (first < len(ms)) & (ms[np.minimum(first, len(ms) - 1)] < op_end) if len(ms) else np.zeros(len(ops), dtype=bool)
+    b = sorted_unique(np.concatenate([s, e, op_ts[reach], op_end[reach]]))
     lo, hi = b[:-1], b[1:]
     keep = covers(s, e, lo)
     lo, hi = lo[keep], hi[keep]
