@@ -373,8 +373,13 @@ def _simulate(g: StepGraph, effective: EffectiveArrays) -> tuple[Sequence[float]
             counts = counts * ~effective.unwaited
         if not (counts > 1).any():
             gap, own, _, tail, d_dur, delay, d_gap = effective
-            wone = np.where(counts == 1, _static_lists(g)[8], -1)
-            return _simulate_chain(len(g.h_ts), len(g.d_dur), float(g.h_ts[0]), _static_lists(g)[11], gap, own, tail, wone, d_dur, delay, d_gap)
+            if effective.unwaited.any():
+                runs = _chain_runs(_static_lists(g)[11], np.where(counts == 1, _static_lists(g)[8], -1), len(g.h_ts), len(g.d_dur))
+            else:  # the graph's own waits: its runs are the same for every such change
+                runs = g.__dict__.get("_chain_runs")
+                if runs is None:
+                    runs = g.__dict__["_chain_runs"] = _chain_runs(_static_lists(g)[11], np.where(counts == 1, _static_lists(g)[8], -1), len(g.h_ts), len(g.d_dur))
+            return _simulate_chain(len(g.h_ts), len(g.d_dur), float(g.h_ts[0]), runs, gap, own, tail, d_dur, delay, d_gap)
     return _walk(g, effective)
 
 
@@ -459,36 +464,29 @@ def _one_chain(g: StepGraph) -> bool:
     return chain
 
 
-def _simulate_chain(n_h, n_d, t0, first_op, gap, own, tail, wone, d_dur, delay, d_gap):
-    """`_simulate` for a graph of one chain (`_one_chain`) whose calls each wait for one op at
-    most, in NumPy: the walk cut into runs of calls none of which waits for an op launched
-    within its own run (a queue's waits reach about a thousand launches back, a
-    synchronize's its own launches), each run solved in closed form.
+class ChainRuns(NamedTuple):
+    """A chain's runs (`_simulate_chain`): for each, its first and last node and the ops they
+    launch; and per node, the op it waits for (`wait_at`, n_d: none) and whether it does."""
 
-    Within a run a call ends at max(previous end + gap + own, its wait's end + tail) and an op
-    at max(previous op's end + gap + duration, its launch's start + delay + duration): both
-    recurrences x_j = max(x_{j-1} + a_j, c_j), whose solution is
-    x_j = A_j + max(x_0, max_{k <= j}(c_k - A_k)) with A the running sum of a. The call that
-    waits inside its run closes it, once its run's ops are timed. The same arithmetic as the
-    node walk, summed in another order (equal to a few ulps)."""
+    runs: list[tuple[int, int, int, int]]  # (first node, last node, first op, op after the last)
+    launcher: np.ndarray  # per op launched by a node: that node
+    waits: np.ndarray
+    wait_at: np.ndarray
+    n_launched: int
+
+
+def _chain_runs(first_op: np.ndarray, wone: np.ndarray, n_h: int, n_d: int) -> ChainRuns:
+    """Cut a chain's calls into runs none of whose calls waits for an op launched within the
+    run, but its last one."""
     first_op = np.asarray(first_op, dtype=np.int64)
     wone = np.asarray(wone, dtype=np.int64)
-    start = np.empty(n_h)
-    end = np.empty(n_h)
-    d_start = np.zeros(n_d)
-    d_end = np.zeros(n_d + 1)  # the last slot: where a call without a wait points
-    gap = np.array(gap, dtype=np.float64)
-    gap[0] = 0.0  # the first node starts at t0
     n_launched = int(first_op[n_h])
     launcher = np.repeat(np.arange(n_h, dtype=np.int64), np.diff(first_op))
     waits = wone >= 0
     w_at = np.where(waits, wone, n_d)
     # The node whose launch the wait is on (n_h: an op after the last node, not yet timed).
     w_node = np.where(waits, np.append(launcher, n_h)[np.minimum(w_at, n_launched)], -1)
-    step_cost = gap + own
-    op_cost = d_gap + d_dur
-    op_ready = delay + d_dur
-    e_prev, last = float(t0), -np.inf
+    runs = []
     i0 = 0
     window = 2048
     while i0 < n_h:
@@ -497,6 +495,35 @@ def _simulate_chain(n_h, n_d, t0, first_op, gap, own, tail, wone, d_dur, delay, 
             window *= 2
             hits = np.flatnonzero(w_node[i0 : i0 + window] >= i0)
         i1 = i0 + int(hits[0]) if len(hits) else n_h - 1  # the run's last node
+        runs.append((i0, i1, int(first_op[i0]), int(first_op[i1 + 1])))
+        i0 = i1 + 1
+    return ChainRuns(runs, launcher, waits, w_at, n_launched)
+
+
+def _simulate_chain(n_h, n_d, t0, chain: ChainRuns, gap, own, tail, d_dur, delay, d_gap):
+    """`_simulate` for a graph of one chain (`_one_chain`) whose calls each wait for one op at
+    most, in NumPy: the walk cut into runs of calls none of which waits for an op launched
+    within its own run (`_chain_runs`: a queue's waits reach about a thousand launches back,
+    a synchronize's its own launches), each run solved in closed form.
+
+    Within a run a call ends at max(previous end + gap + own, its wait's end + tail) and an op
+    at max(previous op's end + gap + duration, its launch's start + delay + duration): both
+    recurrences x_j = max(x_{j-1} + a_j, c_j), whose solution is
+    x_j = A_j + max(x_0, max_{k <= j}(c_k - A_k)) with A the running sum of a. The call that
+    waits inside its run closes it, once its run's ops are timed. The same arithmetic as the
+    node walk, summed in another order (equal to a few ulps)."""
+    launcher, waits, w_at = chain.launcher, chain.waits, chain.wait_at
+    start = np.empty(n_h)
+    end = np.empty(n_h)
+    d_start = np.zeros(n_d)
+    d_end = np.zeros(n_d + 1)  # the last slot: where a call without a wait points
+    gap = np.array(gap, dtype=np.float64)
+    gap[0] = 0.0  # the first node starts at t0
+    step_cost = gap + own
+    op_cost = d_gap + d_dur
+    op_ready = delay + d_dur
+    e_prev, last = float(t0), -np.inf
+    for i0, i1, k0, k1 in chain.runs:
         if i1 > i0:  # nodes i0..i1-1: their waits are on ops timed before the run
             acc = np.cumsum(step_cost[i0:i1])
             held = np.where(waits[i0:i1], d_end[w_at[i0:i1]] + tail[i0:i1], -np.inf)
@@ -504,7 +531,6 @@ def _simulate_chain(n_h, n_d, t0, first_op, gap, own, tail, wone, d_dur, delay, 
             end[i0:i1] = x
             start[i0 + 1 : i1 + 1] = x + gap[i0 + 1 : i1 + 1]
         start[i0] = e_prev + gap[i0]
-        k0, k1 = int(first_op[i0]), int(first_op[i1 + 1])
         if k1 > k0:
             s_of = start[launcher[k0:k1]]
             acc = np.cumsum(op_cost[k0:k1])
@@ -520,8 +546,7 @@ def _simulate_chain(n_h, n_d, t0, first_op, gap, own, tail, wone, d_dur, delay, 
         if waits[i1]:
             e = max(e, float(d_end[w_at[i1]] + tail[i1]))
         end[i1] = e_prev = e
-        i0 = i1 + 1
-    for k in range(n_launched, n_d):  # ops after the last host node (none in practice)
+    for k in range(chain.n_launched, n_d):  # ops after the last host node (none in practice)
         b = max(last + d_gap[k], d_start[k - 1] if k else t0)
         d_start[k] = b
         last = d_end[k] = b + d_dur[k]
