@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from advisor.metrics.breakdown import name_matches, row_groups, text_of
+from advisor.metrics.breakdown import name_matches, row_groups, text_of, text_or_empty
 from advisor.metrics.hierarchy import OpTree, op_tree
 
 # Ops autocast runs in 16 bit (CUDA's lower-precision list), by the name the trace shows.
@@ -128,19 +128,6 @@ def numel(dims) -> int:
     return n if -(2**63) <= n < 2**63 else int(np.prod(dims))
 
 
-def _types_text(column: pd.Series) -> np.ndarray:
-    """An op column of input types as text, "" where missing (a categorical converted once per
-    distinct value)."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        cats = column.cat.categories
-        table = np.empty(len(cats) + 1, dtype=object)
-        table[:-1] = [str(c) for c in cats]
-        table[-1] = ""
-        codes = column.cat.codes.to_numpy()
-        return table[np.where(codes >= 0, codes, len(cats))]
-    return column.astype(object).where(column.notna(), "").astype(str).to_numpy()
-
-
 def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int, int]]]:
     """_float_inputs of each row, worked out once per distinct (types, shapes): a run repeats the
     same ops every step, and equal shapes are one object in the frames."""
@@ -179,7 +166,7 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
     ops = tree.ops
     if len(ops) == 0 or len(steps) == 0 or "input_types" not in ops:
         return None
-    types_text = _types_text(ops["input_types"])
+    types_text = text_or_empty(ops["input_types"])
     if not (types_text != "").any():
         return None  # recorded without record_shapes: no input types to follow
     is_op = text_of(ops["kind"]) == "op"

@@ -83,6 +83,16 @@ def text_of(values: pd.Series) -> np.ndarray:
     return values.astype(str).to_numpy()
 
 
+def text_or_empty(values: pd.Series) -> np.ndarray:
+    """The column as text, "" where missing (an object array of Python strings), without a
+    string made per row where its values are categories or text already."""
+    out = text_of(values) if isinstance(values.dtype, pd.CategoricalDtype) else values.to_numpy(dtype=object, copy=True)
+    out[pd.isna(out)] = ""
+    if pd.api.types.infer_dtype(out, skipna=False) == "string":
+        return out
+    return values.astype(object).where(values.notna(), "").astype(str).to_numpy()
+
+
 def row_groups(columns: list[np.ndarray]) -> np.ndarray:
     """One code per row for its tuple of values across `columns`, numbered in order of first
     appearance (as `pd.MultiIndex.from_arrays(columns).factorize()` numbers them, a missing

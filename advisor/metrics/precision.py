@@ -37,7 +37,7 @@ import orjson
 import pandas as pd
 
 from advisor.facts import FactsFile
-from advisor.metrics.breakdown import row_groups, text_of
+from advisor.metrics.breakdown import row_groups, text_of, text_or_empty
 
 PRECISIONS = ("fp32-fma", "tf32", "bf16", "fp16", "fp8", "int8", "fp64", "unknown")
 FAMILIES = ("gemm", "conv", "attention", "rnn")
@@ -363,15 +363,9 @@ def classify_kernels(
 
 
 def _text(kernels: pd.DataFrame, column: str) -> np.ndarray:
-    """The column as text, "" where missing (an object array)."""
     if column not in kernels:
         return np.full(len(kernels), "", dtype=object)
-    values = kernels[column]
-    out = text_of(values) if isinstance(values.dtype, pd.CategoricalDtype) else values.to_numpy(dtype=object, copy=True)
-    out[pd.isna(out)] = ""
-    if pd.api.types.infer_dtype(out, skipna=False) == "string":  # text already: no string made per row
-        return out
-    return values.astype(object).where(values.notna(), "").astype(str).to_numpy()
+    return text_or_empty(kernels[column])
 
 
 def precision_time_ms(kernels: pd.DataFrame, n_steps: int) -> dict[str, float]:

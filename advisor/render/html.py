@@ -24,7 +24,7 @@ import pandas as pd
 from advisor.version import __version__
 from advisor.analysis import Analysis
 from advisor.engine import Finding
-from advisor.metrics.breakdown import CATEGORIES
+from advisor.metrics.breakdown import CATEGORIES, text_of, text_or_empty
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
 from advisor.render.demangle import demangle
@@ -449,7 +449,10 @@ def kernel_summary(kernels: pd.DataFrame, n: int = TOP_KERNELS) -> pd.DataFrame:
     """Kernels by total time with the op that launches each most often."""
     if len(kernels) == 0:
         return pd.DataFrame(columns=["name", "count", "total_ns", "mean_ns", "share", "tensor_core", "op"])
-    k = kernels.assign(name=kernels["name"].astype(str), op=kernels["op"].fillna("").astype(str))
+    # names and ops as Python text in object columns (grouped by hashing, no string per row made)
+    k = pd.DataFrame({"name": pd.Series(text_of(kernels["name"]), dtype=object, index=kernels.index),
+                      "op": pd.Series(text_or_empty(kernels["op"]), dtype=object, index=kernels.index),
+                      "dur": kernels["dur"], "tensor_core": kernels["tensor_core"]})
     g = k.groupby("name").agg(count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"), tensor_core=("tensor_core", "any"))
     g["share"] = g["total_ns"] / max(int(k["dur"].sum()), 1)
     by_op = k.groupby(["name", "op"]).size().reset_index(name="n").sort_values(["name", "n"], ascending=[True, False])
