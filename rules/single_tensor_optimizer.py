@@ -77,7 +77,7 @@ Reference: https://pytorch.org/docs/stable/optim.html#algorithms
 from __future__ import annotations
 
 from advisor.whatif import Change
-from advisor.whatif.changes import device_rows_of, host_work_share, runtime_rows_of
+from advisor.whatif.changes import device_rows_of, host_work_share, row_set, row_values, runtime_rows_of
 
 import numpy as np
 import pandas as pd
@@ -170,9 +170,9 @@ def check(ctx: Context):
     calls = runtime_rows_of(ctx.events, lk["correlation"].to_numpy(np.int64))
     change = Change(
         host_remove=[(ws, we, 1.0 - kept)],
-        call_scale={int(r): kept for r in calls},
-        device_scale={int(r): float(f) for r, f in zip(rows, scale, strict=True)},
-        tight_launch={int(r) for r in rows},
+        call_scale=row_values(calls, kept),
+        device_scale=row_values(rows, scale),
+        tight_launch=row_set(rows),
         remainder_share=host_work_share(ctx.events, m.steps, ws, we, 1.0 - kept),
     )
     evidence["host_work_share_removed"] = round(change.remainder_share, 4)

@@ -56,7 +56,7 @@ def layout_transposes(k: pd.DataFrame) -> np.ndarray:
     library = name_matches(k["name"], LIBRARY_LAYOUT_KERNEL)
     if not library.any():
         return named
-    by_conv = k["op"].astype(str).str.contains(CONV_OP.pattern, case=False, regex=True).to_numpy()
+    by_conv = name_matches(k["op"], CONV_OP)
     return named | (library & by_conv)
 
 def device_capability(metrics, facts_capability: str | float | None = None) -> Capability:
@@ -84,7 +84,8 @@ def device_capability(metrics, facts_capability: str | float | None = None) -> C
 
 # --- precision of each kernel -------------------------------------------------------------
 CONV_KERNEL = re.compile(r"conv|scudnn|winograd|fft2d|fprop|dgrad|wgrad|implicit_gemm|nchwToNhwc|nhwcToNchw", re.I)
-CONV_OP = re.compile(r"conv|Conv")
+# A launching op that is convolution work (by name, as the trace writes it).
+CONV_LAUNCH_OP = re.compile(r"conv|Conv")
 
 
 def kernel_precision(kernels: pd.DataFrame, capability: float | None = None) -> np.ndarray:
@@ -101,7 +102,7 @@ def kernel_precision(kernels: pd.DataFrame, capability: float | None = None) -> 
 def is_conv(kernels: pd.DataFrame) -> np.ndarray:
     """Per kernel row: convolution work (by launching op when known, else by kernel name)."""
     has_op = kernels["op"].notna().to_numpy()
-    by_op = has_op & kernels["op"].astype(str).str.contains(CONV_OP).to_numpy()
+    by_op = has_op & name_matches(kernels["op"], CONV_LAUNCH_OP)
     by_name = name_matches(kernels["name"], CONV_KERNEL)
     return np.where(has_op, by_op | by_name, by_name)
 

@@ -406,7 +406,7 @@ def trace_end(frames: TraceFrames) -> int | None:
     host = frames.host
     ends = [int(t["end"].max()) for t in (frames.runtime, frames.device) if len(t)]
     if len(host):
-        not_step = ~host["name"].astype(str).str.startswith("ProfilerStep#").to_numpy()
+        not_step = ~name_matches(host["name"], STEP_MARKER)
         if not_step.any():
             ends.append(int(host["end"].to_numpy(np.int64)[not_step].max()))
     return max(ends) if ends else None

@@ -21,6 +21,20 @@ from advisor.whatif.replay import Change
 GRAPHED_CALL_SHARE = 0.1
 
 
+def row_values(rows, values) -> dict[int, float]:
+    """{row: value} of a change's per-row table, from arrays (a value for all, or one per row):
+    tables over thousands of kernels are made without a Python number per element."""
+    keys = np.asarray(rows, dtype=np.int64).tolist()
+    if np.ndim(values) == 0:
+        return dict.fromkeys(keys, float(values))
+    return dict(zip(keys, np.asarray(values, dtype=np.float64).tolist(), strict=True))
+
+
+def row_set(rows) -> set[int]:
+    """The rows of a change's per-row set, from an array."""
+    return set(np.asarray(rows, dtype=np.int64).tolist())
+
+
 def device_rows_of(events: RankEvents, correlations) -> np.ndarray:
     """Rows of events.device with these correlation ids."""
     corr = np.asarray(correlations, dtype=np.int64)
@@ -53,7 +67,7 @@ def wait_calls_in(events: RankEvents, starts, ends) -> np.ndarray:
 
 def unwait(events: RankEvents, starts, ends) -> Change:
     """The host no longer waits for the device in these windows (a sync removed, a copy made async)."""
-    return Change(unwait={int(r) for r in wait_calls_in(events, starts, ends)})
+    return Change(unwait=row_set(wait_calls_in(events, starts, ends)))
 
 
 # What enqueueing an asynchronous copy costs the host (ns) where the trace has no copy call
@@ -90,14 +104,14 @@ def made_async(events: RankEvents, correlations, call_ns: float | None = None) -
     ns = async_copy_call_ns(events) if call_ns is None else float(call_ns)
     dur = (events.runtime["end"] - events.runtime["ts"]).to_numpy(np.float64)[rows]
     factor = np.clip(ns / np.maximum(dur, 1.0), 0.0, 1.0)
-    return Change(call_scale={int(r): float(f) for r, f in zip(rows, factor, strict=True)}, unwait={int(r) for r in rows})
+    return Change(call_scale=row_values(rows, factor), unwait=row_set(rows))
 
 
 def scale_device(rows, factor) -> Change:
     """These device ops take `factor` of their time (an array or one number); 0 removes them."""
     rows = np.asarray(rows, dtype=np.int64)
     f = np.broadcast_to(np.asarray(factor, dtype=np.float64), rows.shape)
-    return Change(device_scale={int(r): float(x) for r, x in zip(rows, f, strict=True)})
+    return Change(device_scale=row_values(rows, f))
 
 
 def scale_op_rows(kernel_index, kernel_row, n_rows: int, rows, factors) -> Change | None:
@@ -115,8 +129,8 @@ def scale_op_rows(kernel_index, kernel_row, n_rows: int, rows, factors) -> Chang
 def remove_launches(events: RankEvents, correlations) -> Change:
     """The device ops and their launch calls go away (zero_grad memsets with set_to_none)."""
     return Change(
-        device_scale={int(r): 0.0 for r in device_rows_of(events, correlations)},
-        call_scale={int(r): 0.0 for r in runtime_rows_of(events, correlations)},
+        device_scale=row_values(device_rows_of(events, correlations), 0.0),
+        call_scale=row_values(runtime_rows_of(events, correlations), 0.0),
     )
 
 
@@ -128,7 +142,7 @@ def fused(events: RankEvents, kernels: pd.DataFrame, fused_away: np.ndarray, kep
     faster = kept_share < 1.0
     return Change.merge([
         remove_launches(events, events.device["correlation"].to_numpy(np.int64)[rows[fused_away]]),
-        Change(device_scale={int(r): float(f) for r, f in zip(rows[kept][faster], kept_share[faster], strict=True)}),
+        Change(device_scale=row_values(rows[kept][faster], kept_share[faster])),
     ])
 
 
@@ -140,7 +154,7 @@ def graphed(events: RankEvents, device_rows, host_windows=None, host_share: floa
     corr = events.device["correlation"].to_numpy(np.int64)[rows]
     calls = runtime_rows_of(events, corr)
     calls = calls[name_matches(events.runtime["name"].iloc[calls], LAUNCH_CALL)] if len(calls) else calls
-    change = Change(tight_launch={int(r) for r in rows}, call_scale={int(r): GRAPHED_CALL_SHARE for r in calls})
+    change = Change(tight_launch=row_set(rows), call_scale=row_values(calls, GRAPHED_CALL_SHARE))
     if host_windows is not None and host_share > 0:
         s, e = host_windows
         change.host_remove.append((np.asarray(s, dtype=np.int64), np.asarray(e, dtype=np.int64), float(host_share)))
@@ -169,7 +183,7 @@ def compiled(events: RankEvents, device_rows, launch_ts, step_index, kept, exclu
     rows = np.asarray(device_rows, dtype=np.int64)
     launch_ts = np.asarray(launch_ts, dtype=np.float64)
     calls = runtime_rows_of(events, events.device["correlation"].to_numpy(np.int64)[rows])
-    change = Change(tight_launch={int(r) for r in rows}, call_scale={int(r): 0.0 for r in calls})
+    change = Change(tight_launch=row_set(rows), call_scale=row_values(calls, 0.0))
     known = ~np.isnan(launch_ts)
     if not known.any():
         return change
