@@ -184,7 +184,8 @@ class Analysis:
     @property
     def view(self) -> RankView:
         """The slowest rank's view: made with the analysis; for an analysis read from the
-        cache without one, made once from its trace (the rank's rules state their fixes again)."""
+        cache without one, or made without its step lanes (`analyze(draw=False)`), made once
+        from its trace (the rank's rules state their fixes again)."""
         if self.primary_view is None or self.primary_view.rank != self.primary.rank or not self.primary_view.drawn:
             m = self.primary
             facts = self.run_facts(m.rank)
