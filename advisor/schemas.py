@@ -15,11 +15,13 @@ the same type the engine ranks and the cache stores) and the rank's replay
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import msgspec
+import msgspec.inspect
 import orjson
 
 from advisor.analysis import Report
@@ -254,14 +256,56 @@ SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": Gate
 
 
 def json_schema(name: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of one output, with its id and title."""
+    """The JSON Schema (draft 2020-12) of one output, with its id and title. The same text
+    whichever msgspec the dependency range installs: descriptions as `inspect.cleandoc` cleans
+    docstrings, "null" last among a field's alternatives, and the empty default of a field
+    made by a factory stated."""
     schema = msgspec.json.schema(SCHEMAS[name])
+    _canonical(schema)
+    _factory_defaults(schema.get("$defs", {}), SCHEMAS[name])
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"advisor/{name}/v1",
         "title": f"advisor/{name}/v1",
         **schema,
     }
+
+
+def _canonical(node: Any) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "description" and isinstance(value, str):
+                node[key] = inspect.cleandoc(value)
+            elif key == "anyOf" and isinstance(value, list):
+                value.sort(key=lambda alt: alt == {"type": "null"})  # stable: the others keep their order
+                _canonical(value)
+            else:
+                _canonical(value)
+    elif isinstance(node, list):
+        for value in node:
+            _canonical(value)
+
+
+def _factory_defaults(defs: dict[str, Any], root: Any) -> None:
+    """Each Struct or dataclass field whose default is an empty dict or list made by a
+    factory: that default in its property (msgspec states it from 0.23 on, not before)."""
+    seen: set[int] = set()
+
+    def visit(info: Any) -> None:
+        if id(info) in seen:
+            return
+        seen.add(id(info))
+        if isinstance(info, (msgspec.inspect.StructType, msgspec.inspect.DataclassType)):
+            props = defs.get(info.cls.__name__, {}).get("properties", {})
+            for f in info.fields:
+                if f.default_factory in (dict, list) and f.encode_name in props:
+                    props[f.encode_name].setdefault("default", f.default_factory())
+        for value in vars(info).values() if hasattr(info, "__dict__") else (getattr(info, a, None) for a in getattr(info, "__struct_fields__", ())):
+            for child in value if isinstance(value, tuple) else (value,):
+                if isinstance(child, (msgspec.inspect.Type, msgspec.inspect.Field)):
+                    visit(child)
+
+    visit(msgspec.inspect.type_info(root))
 
 
 def schema_text(name: str) -> str:
