@@ -210,16 +210,16 @@ def _autocast_casts(metrics, half_bytes: int) -> AutocastCasts | None:
         i = top[at[pos]]
         back = int(bw_start[s])
         parts.append((int(s), np.where(at_op | (back < 0), ts[i], back), kind, names[i], numel))
-    n = sum(len(p[1]) for p in parts)
+    # one block of rows per step (none: one empty block, so the columns keep their types)
+    parts = parts or [(0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object), np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64))]
     casts = pd.DataFrame(
         {
-            "step": np.concatenate([np.full(len(p[1]), p[0], dtype=np.int64) for p in parts]) if parts else np.zeros(0, dtype=np.int64),
-            "ts": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64),
-            "kind": np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=object),
-            "op": np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, dtype=object),
-            "numel": np.concatenate([p[4] for p in parts]) if parts else np.zeros(0, dtype=np.int64),
-        },
-        index=pd.RangeIndex(n),
+            "step": np.concatenate([np.full(len(ts_of), s, dtype=np.int64) for s, ts_of, _, _, _ in parts]),
+            "ts": np.concatenate([p[1] for p in parts]),
+            "kind": np.concatenate([p[2] for p in parts]),
+            "op": np.concatenate([p[3] for p in parts]),
+            "numel": np.concatenate([p[4] for p in parts]),
+        }
     )
     casts["bytes"] = casts["numel"].astype(np.int64) * per_elem
     return AutocastCasts(casts, _copy_ns(metrics, tree, in_step), _node_ns(tree, in_step), _copy_bandwidth(metrics, tree, types_text), len(steps))
