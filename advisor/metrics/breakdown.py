@@ -80,6 +80,8 @@ def text_of(values: pd.Series) -> np.ndarray:
     if isinstance(values.dtype, pd.CategoricalDtype):
         table = _per_categories(values.cat.categories, "text", _category_text)
         return table[values.array.codes]  # a missing value (code -1) reads the last slot
+    if values.dtype == object and pd.api.types.infer_dtype(values.to_numpy(), skipna=False) == "string":
+        return values.to_numpy(dtype=object, copy=True)  # text already, none missing: no string made
     return values.astype(str).to_numpy()
 
 
@@ -106,8 +108,9 @@ def row_groups(columns: list[np.ndarray]) -> np.ndarray:
     return key
 
 
-def host_roles(frames: TraceFrames) -> pd.Series:
-    """Role of each host event: dataloader, communication, cpu_exec, step, or none (python)."""
+def host_roles(frames: TraceFrames) -> np.ndarray:
+    """Role of each host event (an object array, in the host frame's row order): dataloader,
+    communication, cpu_exec, step, or none (python)."""
     host = frames.host
     role = np.full(len(host), "cpu_exec", dtype=object)
     role[name_matches(host["name"], COMM_OP_NAME)] = "communication"
@@ -115,7 +118,7 @@ def host_roles(frames: TraceFrames) -> pd.Series:
     role[name_matches(host["name"], STEP_NAME)] = "step"
     # Python frames (with_stack) span whole steps; like the plugin, they are not CPU exec.
     role[(host["kind"] == "python").to_numpy()] = "none"
-    return pd.Series(role, index=host.index, dtype="category")
+    return role
 
 
 def communication_kernels(frames: TraceFrames) -> np.ndarray:
@@ -136,7 +139,7 @@ def category_ranges(frames: TraceFrames) -> dict[str, tuple[np.ndarray, np.ndarr
     comm = communication_kernels(frames)
     kind = dev["kind"].to_numpy()
     ts, end = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
-    roles = host_roles(frames).to_numpy()
+    roles = host_roles(frames)
     hts, hend = frames.host["ts"].to_numpy(np.int64), frames.host["end"].to_numpy(np.int64)
 
     def pick(mask, s, e):

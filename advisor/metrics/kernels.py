@@ -45,19 +45,26 @@ def launching_op_table(frames: TraceFrames) -> pd.DataFrame:
     host = frames.host
     ops = host[(host["kind"] != "python") & (host["external_id"] >= 0)]
     ops = ops.drop_duplicates("external_id", keep="last")  # innermost op carries the id
-    ext_ids = ops["external_id"].to_numpy()
-    names = pd.Series(text_of(ops["name"]), index=ext_ids)
     rt = frames.runtime[frames.runtime["correlation"] >= 0].drop_duplicates("correlation")
     rt_ext = pd.Series(rt["external_id"].to_numpy(), index=rt["correlation"].to_numpy())
     ext = frames.device["correlation"].map(rt_ext)
     # Some Kineto versions put the correlation id in a device row's own external id.
     ext = ext.where(ext.notna() & (ext >= 0), frames.device["external_id"])
-    by_id = ext.map(names)
+    at = pd.Index(ops["external_id"].to_numpy()).get_indexer(ext.to_numpy())
+
+    def by_op(values: np.ndarray) -> pd.Series:
+        # Object columns, not str ones: the kernel table is filtered by every rule, and a str
+        # column's rows are copied one string at a time where an object column copies pointers.
+        out = np.asarray(values, dtype=object)[np.clip(at, 0, None)] if len(values) else np.full(len(at), np.nan, dtype=object)
+        out[at < 0] = np.nan
+        return pd.Series(out, index=frames.device.index, dtype=object)
+
+    by_id = by_op(text_of(ops["name"]))
     if by_id.notna().mean() >= 0.5 or len(rt) == 0 or len(host) == 0:
-        types = ext.map(pd.Series(_input_types(ops), index=ext_ids))
-        dims = ext.map(pd.Series(_input_dims(ops), index=ext_ids))
-        concrete = ext.map(pd.Series(_column(ops, "concrete_inputs"), index=ext_ids))
-        return pd.DataFrame({"op": by_id, "op_input_types": types, "op_input_dims": dims, "op_concrete_inputs": concrete}, index=frames.device.index)
+        return pd.DataFrame(
+            {"op": by_id, "op_input_types": by_op(_input_types(ops)), "op_input_dims": by_op(_input_dims(ops)), "op_concrete_inputs": by_op(_column(ops, "concrete_inputs"))},
+            index=frames.device.index,
+        )
     return _launching_ops_by_time(frames, rt)
 
 
@@ -95,10 +102,10 @@ def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.DataFram
     corr = frames.device["correlation"]
     return pd.DataFrame(
         {
-            "op": corr.map(pd.Series(op_name, index=rt["correlation"].to_numpy())),
-            "op_input_types": corr.map(pd.Series(op_types, index=rt["correlation"].to_numpy())),
-            "op_input_dims": corr.map(pd.Series(op_dims, index=rt["correlation"].to_numpy())),
-            "op_concrete_inputs": corr.map(pd.Series(op_concrete, index=rt["correlation"].to_numpy())),
+            "op": corr.map(pd.Series(op_name, index=rt["correlation"].to_numpy(), dtype=object)),
+            "op_input_types": corr.map(pd.Series(op_types, index=rt["correlation"].to_numpy(), dtype=object)),
+            "op_input_dims": corr.map(pd.Series(op_dims, index=rt["correlation"].to_numpy(), dtype=object)),
+            "op_concrete_inputs": corr.map(pd.Series(op_concrete, index=rt["correlation"].to_numpy(), dtype=object)),
         },
         index=frames.device.index,
     )
@@ -112,10 +119,8 @@ def kernel_table(frames: TraceFrames, capability: float | None = None, switches:
     mask = (dev["kind"] == "kernel").to_numpy()
     k = dev.loc[mask, ["name", "ts", "end", "dur", "device", "stream", "external_id", "occupancy", "blocks_per_sm"]].copy()
     launched_by = launching_op_table(frames)[mask]
-    k["op"] = launched_by["op"].to_numpy()
-    k["op_input_types"] = launched_by["op_input_types"].to_numpy()
-    k["op_input_dims"] = launched_by["op_input_dims"].to_numpy()
-    k["op_concrete_inputs"] = launched_by["op_concrete_inputs"].to_numpy()
+    for column in ("op", "op_input_types", "op_input_dims", "op_concrete_inputs"):
+        k[column] = pd.Series(launched_by[column].to_numpy(), index=k.index, dtype=object)
     if capability is None:
         capability = capability_from_kernels(k["name"]) if len(k) else None
     k[["family", "precision", "tensor_core", "precision_source"]] = classify_kernels(k, capability, switches)

@@ -356,7 +356,7 @@ def classify_kernels(
     first = np.unique(codes, return_index=True)[1]  # each distinct triple's first row, in code order
     cap = None if capability is None or not np.isfinite(capability) else float(capability)
     answers = [classify_kernel(name[i], op[i] or None, types[i] or None, cap, switches) for i in first.tolist()]
-    table = pd.DataFrame(answers, columns=cols)
+    table = pd.DataFrame(answers, columns=cols, dtype=object)  # object text: see metrics.kernels
     out = table.iloc[codes].set_axis(kernels.index)
     out["tensor_core"] = out["tensor_core"].astype(bool)
     return out
