@@ -70,7 +70,7 @@ from advisor.engine import Context
 from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
 from advisor.metrics.compute import step_kernels
 from advisor.metrics.hierarchy import OpTree, op_tree
-from advisor.metrics.intervals import covers, intersect, merge, sorted_unique, subtract
+from advisor.metrics.intervals import covers_bounds, intersect, merge, sorted_unique, subtract
 from advisor.metrics.host_device import (
     COPY_CALL,
     LAUNCH_CALL,
@@ -103,8 +103,8 @@ def idle_intervals(events, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     if len(b) < 2:
         return b[:0], b[:0], b[:0]
     lo, hi = b[:-1], b[1:]
-    in_step = covers(ss, se, lo)
-    idle = in_step & ~covers(ds, de, lo)
+    in_step = covers_bounds(b, ss, se)
+    idle = in_step & ~covers_bounds(b, ds, de)
     s, e = merge(lo[idle], hi[idle])
     step_idx = np.searchsorted(ss, s, side="right") - 1
     return s, e, step_idx
@@ -129,7 +129,7 @@ def host_during(events, s: np.ndarray, e: np.ndarray, n_steps: int, limit: int =
     reach = on_thread & (first < len(ms)) & (ms[np.minimum(first, len(ms) - 1)] < op_end) if len(ms) else np.zeros(len(ops), dtype=bool)
     b = sorted_unique(np.concatenate([s, e, op_ts[reach], op_end[reach]]))
     lo, hi = b[:-1], b[1:]
-    keep = covers(s, e, lo)
+    keep = covers_bounds(b, s, e)
     lo, hi = lo[keep], hi[keep]
     inner = tree.innermost(lo, np.full(len(lo), tid))
     hit = inner >= 0

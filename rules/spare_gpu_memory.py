@@ -94,7 +94,7 @@ from advisor.engine import Context, is_training
 from advisor.metrics.breakdown import STEP_NAME, name_matches
 from advisor.metrics.compute import kernel_exposure, launched_inside, step_kernels
 from advisor.metrics.host_device import OPTIMIZER_SPAN
-from advisor.metrics.intervals import covers, merge, sorted_unique
+from advisor.metrics.intervals import covers_bounds, merge, sorted_unique
 from advisor.metrics.memory_use import FACTS, LOWER_BOUND, memory_use
 
 ID = "spare-gpu-memory"
@@ -149,7 +149,7 @@ def batch_copy_host_ms(events, steps) -> float:
     if len(b) < 2:
         return 0.0
     lo, hi = b[:-1], b[1:]
-    host_only = covers(cs, ce, lo) & ~covers(ds, de, lo) & covers(ss, se, lo)
+    host_only = covers_bounds(b, cs, ce) & ~covers_bounds(b, ds, de) & covers_bounds(b, ss, se)
     return float((hi - lo)[host_only].sum()) / 1e6 / max(len(steps), 1)
 
 

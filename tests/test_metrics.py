@@ -14,7 +14,7 @@ from conftest import shared_trace, single_file
 from advisor.analysis import analyze
 from advisor.load.trace import load_trace
 from advisor.metrics.breakdown import CATEGORIES
-from advisor.metrics.intervals import merge, overlap_with, total
+from advisor.metrics.intervals import covers, covers_bounds, merge, overlap_with, sorted_unique, total
 from advisor.metrics.summary import compute_metrics
 
 PLUGIN_ROLES = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
@@ -142,6 +142,34 @@ def test_interval_overlap_matches_brute_force():
     got = overlap_with(ms, me, lo, hi)
     want = [covered[a:b].sum() for a, b in zip(lo, hi, strict=True)]
     np.testing.assert_array_equal(got, want)
+
+
+def test_covers_bounds_reads_intervals_as_covers_does(nw0):
+    """covers_bounds (the intervals' ends looked up in the bounds) equals covers (every segment
+    looked up in the intervals): on the nw0 trace's merged device and host intervals against
+    its steps, and on generated intervals that touch, overlap, repeat or have no length (which
+    covers reads its own way)."""
+    frames = load_trace(single_file(nw0))
+    dev, host = frames.device, frames.host
+    ds, de = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+    hs, he = merge(host["ts"].to_numpy(np.int64), host["end"].to_numpy(np.int64))
+    steps = frames.steps
+    ss, se = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+    b = sorted_unique(np.concatenate([ds, de, hs, he, ss, se]))
+    assert len(ds) > 1000 and len(ss) >= 2
+    for s, e in ((ds, de), (hs, he), (ss, se)):
+        np.testing.assert_array_equal(covers_bounds(b, s, e), covers(s, e, b[:-1]))
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(0, 40))
+        s = np.sort(rng.integers(0, 200, n))
+        e = s + rng.integers(0, 30, n)
+        if rng.random() < 0.5:
+            s, e = merge(s, e)
+            if len(s) > 1 and rng.random() < 0.5:
+                e[:-1] = np.minimum(e[:-1], s[1:])  # some touch their successor
+        b = sorted_unique(np.concatenate([s, e, rng.integers(0, 250, 20)]))
+        np.testing.assert_array_equal(covers_bounds(b, s, e), covers(s, e, b[:-1]))
 
 
 def test_windows_of_one_worker_are_not_ranks(nw0, tmp_path):

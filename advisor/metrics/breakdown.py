@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.intervals import covers, merge, sorted_unique
+from advisor.metrics.intervals import covers_bounds, merge, sorted_unique
 
 CATEGORIES = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
 
@@ -47,8 +47,9 @@ def _per_categories(cats: pd.Index, what: object, make) -> np.ndarray:
 
 def _category_hits(cats: pd.Index, pattern: re.Pattern) -> np.ndarray:
     def make(cats: pd.Index) -> np.ndarray:
+        text = _per_categories(cats, "text", _category_text)  # the names as Python text, once for every pattern
         hit = np.zeros(len(cats) + 1, dtype=bool)
-        hit[:-1] = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
+        hit[:-1] = np.fromiter((bool(pattern.search(t)) for t in text[:-1].tolist()), dtype=bool, count=len(cats))
         return hit
 
     return _per_categories(cats, pattern, make)
@@ -170,7 +171,7 @@ def step_breakdown(frames: TraceFrames, steps: pd.DataFrame) -> pd.DataFrame:
     cat = np.full(len(lo), len(CATEGORIES) - 1, dtype=np.int64)
     for i, name in reversed(list(enumerate(CATEGORIES[:-1]))):
         ms, me = ranges[name]
-        cat[covers(ms, me, lo)] = i
+        cat[covers_bounds(b, ms, me)] = i
     idx = np.searchsorted(s_start, lo, side="right") - 1
     ok = idx >= 0
     ok[ok] &= lo[ok] < s_end[idx[ok]]

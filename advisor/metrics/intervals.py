@@ -56,6 +56,23 @@ def covers(m_starts: np.ndarray, m_ends: np.ndarray, points: np.ndarray) -> np.n
     return out
 
 
+def covers_bounds(bounds: np.ndarray, m_starts: np.ndarray, m_ends: np.ndarray) -> np.ndarray:
+    """covers(m_starts, m_ends, bounds[:-1]) for sorted unique `bounds` that hold every start
+    and end: each interval covers the segments from its start's bound to its end's, so only
+    the intervals' ends are looked up, not every segment. Intervals that are not disjoint and
+    in order (or have no length) are read as covers() reads them."""
+    m_starts = np.asarray(m_starts, dtype=np.int64)
+    m_ends = np.asarray(m_ends, dtype=np.int64)
+    if len(bounds) == 0:
+        return np.zeros(0, dtype=bool)
+    if not ((m_starts < m_ends).all() and (m_starts[1:] >= m_ends[:-1]).all()):
+        return covers(m_starts, m_ends, bounds[:-1])
+    edge = np.zeros(len(bounds), dtype=np.int64)
+    edge[np.searchsorted(bounds, m_starts)] += 1  # starts and ends each rise strictly: no slot twice
+    edge[np.searchsorted(bounds, m_ends)] -= 1
+    return np.cumsum(edge[:-1]) > 0
+
+
 def total(starts: np.ndarray, ends: np.ndarray) -> int:
     s, e = merge(starts, ends)
     return int((e - s).sum())
@@ -84,7 +101,7 @@ def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray)
         return a_s, a_e
     bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
     lo, hi = bounds[:-1], bounds[1:]
-    keep = covers(a_s, a_e, lo) & ~covers(b_s, b_e, lo)
+    keep = covers_bounds(bounds, a_s, a_e) & ~covers_bounds(bounds, b_s, b_e)
     return merge(lo[keep], hi[keep])
 
 
@@ -94,5 +111,5 @@ def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray
         return a_s[:0], a_e[:0]
     bounds = sorted_unique(np.concatenate([a_s, a_e, b_s, b_e]))
     lo, hi = bounds[:-1], bounds[1:]
-    keep = covers(a_s, a_e, lo) & covers(b_s, b_e, lo)
+    keep = covers_bounds(bounds, a_s, a_e) & covers_bounds(bounds, b_s, b_e)
     return merge(lo[keep], hi[keep])
