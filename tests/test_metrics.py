@@ -172,6 +172,32 @@ def test_covers_bounds_reads_intervals_as_covers_does(nw0):
         np.testing.assert_array_equal(covers_bounds(b, s, e), covers(s, e, b[:-1]))
 
 
+@pytest.mark.parametrize("rel", ["v100_resnet50_nw0", "corpus/b200_ep_moe_ref_fwd.json.gz", "corpus/a100_sam_amg_compile_cudagraph.json.gz"])
+def test_innermost_op_is_the_last_started_op_open_on_the_thread(rel):
+    """OpTree.innermost (threads grouped once, each op's parent walked up) finds, for every
+    runtime call, the op on its thread that started last among those open at the call: checked
+    one call at a time, with the thread ids given as text and as the trace's own values."""
+    from advisor.metrics.breakdown import text_of
+    from advisor.metrics.hierarchy import op_tree
+
+    path = shared_trace(rel)
+    frames = load_trace(single_file(path) if path.is_dir() else path)
+    tree = op_tree(frames)
+    op_ts, op_end = tree.ops["ts"].to_numpy(np.int64), tree.ops["end"].to_numpy(np.int64)
+    rt = frames.runtime.iloc[:2000]
+    ts, tid = rt["ts"].to_numpy(np.int64), text_of(rt["tid"])
+    want = np.full(len(ts), -1)
+    for i in range(len(ts)):
+        open_ = np.flatnonzero((tree.thread == str(tid[i])) & (op_ts <= ts[i]) & (ts[i] < op_end))
+        if len(open_):
+            want[i] = open_[-1]
+    assert (want >= 0).mean() > 0.5
+    np.testing.assert_array_equal(tree.innermost(ts, tid), want)
+    np.testing.assert_array_equal(tree.innermost(ts, tid.astype(str)), want)
+    mixed = np.array([int(t) if i % 2 and str(t).isdigit() else t for i, t in enumerate(tid)], dtype=object)  # 7 and "7": one thread
+    np.testing.assert_array_equal(tree.innermost(ts, mixed), want)
+
+
 def test_windows_of_one_worker_are_not_ranks(nw0, tmp_path):
     """Two files from one worker (the handler's `<worker>.<ts>` names): the real nw0 trace and
     a copy cut to its first two steps (a partial last window). One rank, the full window."""

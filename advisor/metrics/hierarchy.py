@@ -38,18 +38,16 @@ class OpTree:
         return name_matches(self.ops["name"], pattern)
 
     def innermost(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
-        """Position of the innermost op on thread `tid` open at time `ts` (-1 if none)."""
+        """Position of the innermost op on thread `tid` (compared as text) open at time `ts` (-1 if none)."""
         ts = np.asarray(ts, dtype=np.int64)
-        tid = np.asarray(tid).astype(str)
         out = np.full(len(ts), -1, dtype=np.int64)
-        op_tid = self.thread
         op_ts = self.ops["ts"].to_numpy(np.int64)
         op_end = self.ops["end"].to_numpy(np.int64)
-        for t in pd.unique(tid):  # threads are independent: no need to sort their names
-            rows = np.nonzero(op_tid == t)[0]
-            if len(rows) == 0:
+        rows_of = self._rows_by_thread()
+        for t, pts in _positions_by_text(np.asarray(tid)).items():  # threads are independent
+            rows = rows_of.get(t)
+            if rows is None:
                 continue
-            pts = np.nonzero(tid == t)[0]
             j = np.searchsorted(op_ts[rows], ts[pts], side="right") - 1
             cur = np.where(j >= 0, rows[np.clip(j, 0, None)], -1)
             # Walk up while the candidate closed before the point.
@@ -60,6 +58,13 @@ class OpTree:
                 cur = np.where(bad, self.parent[np.clip(cur, 0, None)], cur)
             out[pts] = cur
         return out
+
+    def _rows_by_thread(self) -> dict[str, np.ndarray]:
+        """Each thread's op positions (ascending), made once per tree: innermost() is asked often."""
+        kept = self.__dict__.get("_rows_by_thread_kept")
+        if kept is None:
+            kept = self.__dict__["_rows_by_thread_kept"] = _positions_by_text(self.thread)
+        return kept
 
     def nearest_ancestor(self, pos: np.ndarray, hit: np.ndarray, outermost: bool = False) -> np.ndarray:
         """For each position, the nearest (or outermost) ancestor-or-self where `hit` is True, else -1."""
@@ -76,6 +81,31 @@ class OpTree:
         return found
 
 
+def _positions_by_text(values: np.ndarray) -> dict[str, np.ndarray]:
+    """{str(value): its positions, ascending} (as `values.astype(str) == key` would find them),
+    with each distinct value converted once."""
+    if len(values) == 0:
+        return {}
+    if values.dtype.kind == "U" and (values == values[0]).all():  # one thread's points
+        return {str(values[0]): np.arange(len(values))}
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    return _positions_by_code(codes, [str(u) for u in (uniques.tolist() if hasattr(uniques, "tolist") else list(uniques))])
+
+
+def _positions_by_code(codes: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+    """{names[code]: positions of the code, ascending}; codes whose names are equal are one key
+    (7 and "7": one thread)."""
+    order = np.argsort(codes, kind="stable")
+    edges = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    out: dict[str, np.ndarray] = {}
+    for i, key in enumerate(names):
+        rows = order[edges[i]:edges[i + 1]]
+        if len(rows) == 0:
+            continue
+        out[key] = np.sort(np.concatenate([out[key], rows])) if key in out else rows
+    return out
+
+
 def _used_names(names: pd.Series) -> pd.Series:
     """The names as a categorical of the names used, sorted (`astype(str).astype("category")`),
     without a string per row where the column is a sorted categorical of text already."""
@@ -90,14 +120,20 @@ def op_tree(frames: TraceFrames) -> OpTree:
     cols = ["name", "tid", "ts", "end", "dur", "kind", "external_id", "call_stack", "input_dims", "input_types"]
     ops = host.loc[keep, cols + (["concrete_inputs"] if "concrete_inputs" in host else [])].reset_index(drop=True)
     ops["name"] = _used_names(ops["name"])
-    ops["tid"] = ops["tid"].astype(str)
+    tid_column = ops["tid"]
+    ops["tid"] = tid_column.astype(str)
     n = len(ops)
     depth = np.zeros(n, dtype=np.int64)
     parent = np.full(n, -1, dtype=np.int64)
     prev = np.full(n, -1, dtype=np.int64)
     tids = ops["tid"].to_numpy().astype(str)
-    for t in pd.unique(tids):  # hashing, not sorting, the thread names (threads are independent)
-        rows = np.nonzero(tids == t)[0]  # already in (ts asc, dur desc) order
+    if isinstance(tid_column.dtype, pd.CategoricalDtype):  # grouped by category code, each name made once
+        codes = np.asarray(tid_column.array.codes, dtype=np.int64)
+        names = [str(c) for c in tid_column.cat.categories.tolist()]
+        by_thread = _positions_by_code(np.where(codes < 0, len(names), codes), [*names, "nan"])
+    else:
+        by_thread = _positions_by_text(tids)
+    for rows in by_thread.values():  # threads are independent; rows already in (ts asc, dur desc) order
         ts = ops["ts"].to_numpy(np.int64)[rows]
         end = ops["end"].to_numpy(np.int64)[rows]
         pos = np.arange(len(rows))
@@ -118,4 +154,6 @@ def op_tree(frames: TraceFrames) -> OpTree:
             if len(at) > 1:
                 same = parent[rows[at[1:]]] == parent[rows[at[:-1]]]
                 prev[rows[at[1:]]] = np.where(same, rows[at[:-1]], -1)
-    return OpTree(ops=ops, parent=parent, prev_sibling=prev, depth=depth, thread=tids)
+    tree = OpTree(ops=ops, parent=parent, prev_sibling=prev, depth=depth, thread=tids)
+    tree.__dict__["_rows_by_thread_kept"] = by_thread
+    return tree
