@@ -88,13 +88,13 @@ def copy_launches(frames: TraceFrames, kind: str) -> pd.DataFrame:
     plus call_ts, call_end, call_tid (NaN/None when the trace lost the call).
     """
     dev = frames.device
-    c = dev[(dev["kind"] == "memcpy") & (dev["copy_kind"] == kind)][
-        ["name", "ts", "end", "dur", "bytes", "copy_src", "copy_dst", "correlation", "stream"]
-    ]
+    mask = ((dev["kind"] == "memcpy") & (dev["copy_kind"] == kind)).to_numpy()
+    c = dev.loc[mask, ["name", "ts", "end", "dur", "bytes", "copy_src", "copy_dst", "correlation", "stream"]]  # columns first: no copy of the rest
     rt = frames.runtime
     # Only the calls of these copies (first call per correlation id, as over all calls).
-    rt = rt[(rt["correlation"] >= 0) & rt["correlation"].isin(c["correlation"])]
-    rt = rt.drop_duplicates("correlation")[["correlation", "ts", "end", "tid"]]
+    corr = rt["correlation"]
+    rt = rt.loc[((corr >= 0) & corr.isin(c["correlation"])).to_numpy(), ["correlation", "ts", "end", "tid"]]
+    rt = rt.drop_duplicates("correlation")
     rt = rt.rename(columns={"ts": "call_ts", "end": "call_end", "tid": "call_tid"})
     out = c.merge(rt, on="correlation", how="left")
     out["call_tid"] = out["call_tid"].astype(str)
