@@ -209,6 +209,28 @@ def _table_arrays(g: StepGraph, table: dict | set) -> tuple[np.ndarray, np.ndarr
     return rows, values
 
 
+def _gap_overlap(g: StepGraph, ms: np.ndarray, me: np.ndarray) -> np.ndarray:
+    """Each host gap's overlap with the merged windows (ns, float)."""
+    return overlap_with(ms, me, g.h_gap_start, g.h_ts).astype(np.float64)
+
+
+def _window_overlaps(g: StepGraph, parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """The windows (start, end arrays of several fixes) merged, and their overlap with each host
+    gap, kept per graph for the arrays: the greedy ranking replays one fix's windows with each
+    of the others'."""
+    kept = g.__dict__.setdefault("_window_overlaps", {})
+    key = tuple((id(a), id(b)) for a, b in parts)
+    got = kept.get(key)
+    if got is not None and all(x is a and y is b for (x, y), (a, b) in zip(got[0], parts, strict=True)):
+        return got[1], got[2]
+    ms, me = merge(np.concatenate([np.asarray(a, dtype=np.int64) for a, _ in parts]), np.concatenate([np.asarray(b, dtype=np.int64) for _, b in parts]))
+    ov = _gap_overlap(g, ms, me)
+    if len(kept) >= 256:
+        kept.clear()
+    kept[key] = (parts, (ms, me), ov)  # the arrays are kept with their overlap, so their ids are not reused
+    return (ms, me), ov
+
+
 def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
     """The change as per-node arrays: host gaps, call durations, waits, device durations."""
     scale = change.host_scale
@@ -224,9 +246,9 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
         own_f = float(change.host_own[0][2])
         gap += overlap_with(own_s, own_e, g.h_gap_start, g.h_ts) * (own_f - scale)
 
-    def host_time(ms: np.ndarray, me: np.ndarray) -> np.ndarray:
-        """Replayed host time of each gap inside the windows (own windows at their own factor)."""
-        ov = overlap_with(ms, me, g.h_gap_start, g.h_ts).astype(np.float64)
+    def host_time(ms: np.ndarray, me: np.ndarray, ov: np.ndarray) -> np.ndarray:
+        """Replayed host time of each gap inside the windows (own windows at their own factor);
+        `ov`: the windows' overlap with each gap."""
         if own_s is None or len(ms) == 0:
             return ov * scale
         from advisor.metrics.intervals import intersect
@@ -236,31 +258,28 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
         return (ov - ov_own) * scale + ov_own * own_f
 
     if change.host_remove:
-        s = np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_remove])
-        e = np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_remove])
         # Fractions: windows of the same fraction merge; the largest fraction wins where they overlap.
         from advisor.metrics.intervals import intersect
 
-        windows = {}
+        windows, overlaps = {}, {}
         for frac in sorted({f for _, _, f in change.host_remove}):
-            sel = np.concatenate([np.full(len(a), f == frac) for a, _, f in change.host_remove])
-            windows[frac] = merge(s[sel], e[sel])
+            windows[frac], overlaps[frac] = _window_overlaps(g, [(a, b) for a, b, f in change.host_remove if f == frac])
         removed = np.zeros(len(gap))
         added = np.zeros(len(gap))
         for frac, (ms, me) in windows.items():
             if frac >= 0:
-                removed = np.maximum(removed, host_time(ms, me) * frac)  # the largest removal wins where fixes overlap
+                removed = np.maximum(removed, host_time(ms, me, overlaps[frac]) * frac)  # the largest removal wins where fixes overlap
                 continue
             # A negative fraction adds host time (more samples per step, a compute thread
             # fewer), except where a removal takes the same time away: time a fix removes is not
             # added back. Counted on the windows' overlap, not per gap: one gap can hold both
             # (a CPU step is one gap, its loading and its compute).
-            grown = host_time(ms, me) * -frac
+            grown = host_time(ms, me, overlaps[frac]) * -frac
             back = np.zeros(len(gap))
             for pf, (ps, pe) in windows.items():
                 if pf > 0:
                     both = intersect(ms, me, ps, pe)
-                    back = np.maximum(back, host_time(*both) * -frac * min(pf, 1.0))
+                    back = np.maximum(back, host_time(*both, _gap_overlap(g, *both)) * -frac * min(pf, 1.0))
             added += grown - back
         gap = np.maximum(gap - removed + added, 0.0)
     kept = 1.0 - min(max(change.remainder_share, 0.0), 1.0)
