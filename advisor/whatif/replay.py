@@ -209,6 +209,20 @@ def _table_arrays(g: StepGraph, table: dict | set) -> tuple[np.ndarray, np.ndarr
     return rows, values
 
 
+def _row_positions(g: StepGraph) -> dict[str, np.ndarray]:
+    """Runtime row -> host node and device row -> op position (-1: not in the graph), made once
+    per graph: a change's tables name rows, the replay's arrays are per node."""
+    kept = g.__dict__.get("_row_positions")
+    if kept is None:
+        rows = g.runtime_row
+        node_of = np.full(int(rows.max()) + 1 if len(rows) else 0, -1, dtype=np.int64)
+        node_of[rows[rows >= 0]] = np.nonzero(rows >= 0)[0]
+        pos_of = np.full(int(g.device_row.max()) + 1 if len(g.device_row) else 0, -1, dtype=np.int64)
+        pos_of[g.device_row] = np.arange(len(g.device_row))
+        kept = g.__dict__["_row_positions"] = {"node_of": node_of, "pos_of": pos_of}
+    return kept
+
+
 def _gap_overlap(g: StepGraph, ms: np.ndarray, me: np.ndarray) -> np.ndarray:
     """Each host gap's overlap with the merged windows (ns, float)."""
     return overlap_with(ms, me, g.h_gap_start, g.h_ts).astype(np.float64)
@@ -295,10 +309,8 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
             np.add.at(gap, node[ok], ns[ok] * factor)
     dur = floats["h_dur"] * scale
     unwait = np.zeros(len(g.h_ts), dtype=bool)
-    rows = g.runtime_row
     if change.call_scale or change.unwait:
-        node_of = np.full(int(rows.max()) + 1 if len(rows) else 0, -1, dtype=np.int64)
-        node_of[rows[rows >= 0]] = np.nonzero(rows >= 0)[0]
+        node_of = _row_positions(g)["node_of"]
         if change.call_scale:
             r, f = _table_arrays(g, change.call_scale)
             ok = (r >= 0) & (r < len(node_of))
@@ -326,8 +338,7 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
         past = delay - lat
         delay = np.where(past >= HELD_NS, lat + past * change.device_scale_all, delay)
     if change.device_scale or change.tight_launch or change.device_add:
-        pos_of = np.full(int(g.device_row.max()) + 1 if len(g.device_row) else 0, -1, dtype=np.int64)
-        pos_of[g.device_row] = np.arange(len(g.device_row))
+        pos_of = _row_positions(g)["pos_of"]
         if change.device_scale:
             r, f = _table_arrays(g, change.device_scale)
             okr = (r >= 0) & (r < len(pos_of))
