@@ -111,10 +111,10 @@ class Change:
             out.host_add += c.host_add
             out.host_add_unprofiled += c.host_add_unprofiled
         out.remainder_share = remainder
-        out.call_scale = _merged_table([c.call_scale for c in changes], _combine)
-        out.device_scale = _merged_table([c.device_scale for c in changes], _combine)
-        out.device_add = _merged_table([c.device_add for c in changes], max)  # the same casts do not stack
-        out.untimed_host = _merged_table([c.untimed_host for c in changes], lambda a, b: a + b)
+        out.call_scale = _merged_table([c.call_scale for c in changes], _combine, _combine_arrays)
+        out.device_scale = _merged_table([c.device_scale for c in changes], _combine, _combine_arrays)
+        out.device_add = _merged_table([c.device_add for c in changes], max, _max_arrays)  # the same casts do not stack
+        out.untimed_host = _merged_table([c.untimed_host for c in changes], lambda a, b: a + b, np.add)
         out.unwait = _merged_set([c.unwait for c in changes])
         out.tight_launch = _merged_set([c.tight_launch for c in changes])
         return out
@@ -125,9 +125,10 @@ class Change:
         return out
 
 
-def _merged_table(tables: list[dict], combine) -> dict:
+def _merged_table(tables: list[dict], combine, combine_arrays=None) -> dict:
     """Per-row tables combined: a row in one table keeps its value, rows in several are
-    combined in order."""
+    combined in order (`combine_arrays`: `combine` over float64 arrays, for the many rows two
+    fixes of the same kernels share)."""
     tables = [t for t in tables if t]
     if not tables:
         return {}
@@ -135,11 +136,13 @@ def _merged_table(tables: list[dict], combine) -> dict:
         return tables[0]
     out = dict(tables[0])
     for t in tables[1:]:
-        common = out.keys() & t.keys()
-        old = {k: out[k] for k in common}
+        common = list(out.keys() & t.keys())
+        a, b = list(map(out.__getitem__, common)), list(map(t.__getitem__, common))
         out.update(t)
-        for k in common:
-            out[k] = combine(old[k], t[k])
+        if combine_arrays is not None and len(common) >= 64 and set(map(type, a)) | set(map(type, b)) == {float}:
+            out.update(zip(common, combine_arrays(np.array(a), np.array(b)).tolist(), strict=True))  # float64 holds them exactly
+        else:
+            out.update(zip(common, map(combine, a, b), strict=True))
     return out
 
 
@@ -148,6 +151,16 @@ def _merged_set(sets: list[set]) -> set:
     if len(sets) == 1:
         return sets[0]
     return set().union(*sets)
+
+
+def _combine_arrays(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """_combine row by row (its min as Python's: `a` unless `b` is smaller)."""
+    return np.where((a > 1) | (b > 1), a * b, np.where(b < a, b, a))
+
+
+def _max_arrays(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """max row by row, as Python's: `a` unless `b` is larger."""
+    return np.where(b > a, b, a)
 
 
 def _combine(a: float, b: float) -> float:
