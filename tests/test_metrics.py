@@ -198,6 +198,34 @@ def test_innermost_op_is_the_last_started_op_open_on_the_thread(rel):
     np.testing.assert_array_equal(tree.innermost(ts, mixed), want)
 
 
+def test_nearest_and_outermost_ancestor_walk_the_parents(nw0):
+    """OpTree.nearest_ancestor (positions dropped from the walk once answered) gives, for every
+    op, the first and the last ancestor-or-self with a hit found by following `parent` one op
+    at a time."""
+    import re
+
+    from advisor.metrics.hierarchy import op_tree
+
+    tree = op_tree(load_trace(single_file(nw0)))
+    hit = tree.mask(re.compile(r"^(aten::(to|copy_|_to_copy|convolution|linear)|Optimizer\.|autograd::engine)"))
+    assert 0 < hit.mean() < 0.5
+    pos = np.arange(len(tree.ops))
+    nearest, outermost = np.full(len(pos), -1), np.full(len(pos), -1)
+    for i in pos:
+        j = i
+        while j >= 0:
+            if hit[j]:
+                outermost[i] = j
+                if nearest[i] < 0:
+                    nearest[i] = j
+            j = tree.parent[j]
+    assert (nearest >= 0).mean() > 0.2 and (outermost != nearest).any()
+    np.testing.assert_array_equal(tree.nearest_ancestor(pos, hit), nearest)
+    np.testing.assert_array_equal(tree.nearest_ancestor(pos, hit, outermost=True), outermost)
+    some = np.concatenate([pos[::7], [-1, -1]])
+    np.testing.assert_array_equal(tree.nearest_ancestor(some, hit), np.append(nearest[::7], [-1, -1]))
+
+
 def test_windows_of_one_worker_are_not_ranks(nw0, tmp_path):
     """Two files from one worker (the handler's `<worker>.<ts>` names): the real nw0 trace and
     a copy cut to its first two steps (a partial last window). One rank, the full window."""

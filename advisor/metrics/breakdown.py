@@ -104,7 +104,11 @@ def row_groups(columns: list[np.ndarray]) -> np.ndarray:
     n = len(columns[0]) if columns else 0
     key = np.zeros(n, dtype=np.int64)
     for c in columns:
-        codes = pd.factorize(c, use_na_sentinel=True)[0].astype(np.int64) + 1  # a missing value: 0
+        c = np.asarray(c)
+        if c.dtype.kind in "iu" and n and int(c.max()) - int(c.min()) < 2**20:
+            codes = c.astype(np.int64) - int(c.min())  # small integers (codes) are their own codes: one value, one number
+        else:
+            codes = pd.factorize(c, use_na_sentinel=True)[0].astype(np.int64) + 1  # a missing value: 0
         key = pd.factorize(key * (int(codes.max(initial=0)) + 1) + codes)[0].astype(np.int64)
     return key
 

@@ -70,14 +70,17 @@ class OpTree:
         """For each position, the nearest (or outermost) ancestor-or-self where `hit` is True, else -1."""
         cur = np.asarray(pos, dtype=np.int64).copy()
         found = np.full(len(cur), -1, dtype=np.int64)
+        at = np.arange(len(cur))  # the positions still walking up, and where each one is
         for _ in range(int(self.depth.max(initial=0)) + 2):
             live = cur >= 0
-            if not live.any():
+            at, cur = at[live], cur[live]
+            if len(cur) == 0:
                 break
-            here = live & hit[np.clip(cur, 0, None)]
-            take = here & ((found < 0) | outermost)
-            found[take] = cur[take]
-            cur = np.where(live, self.parent[np.clip(cur, 0, None)], -1)
+            here = hit[cur]
+            found[at[here]] = cur[here]
+            if not outermost:  # the nearest is found: that position stops
+                at, cur = at[~here], cur[~here]
+            cur = self.parent[cur]
         return found
 
 

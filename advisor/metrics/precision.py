@@ -352,7 +352,8 @@ def classify_kernels(
     if len(kernels) == 0:
         return pd.DataFrame({c: pd.Series(dtype=bool if c == "tensor_core" else object) for c in cols}, index=kernels.index)
     name, op, types = text_of(kernels["name"]), _text(kernels, "op"), _text(kernels, "op_input_types")
-    codes = row_groups([name, op, types])
+    by_name = kernels["name"].array.codes if isinstance(kernels["name"].dtype, pd.CategoricalDtype) else name  # one code per name
+    codes = row_groups([by_name, op, types])
     first = np.unique(codes, return_index=True)[1]  # each distinct triple's first row, in code order
     cap = None if capability is None or not np.isfinite(capability) else float(capability)
     answers = [classify_kernel(name[i], op[i] or None, types[i] or None, cap, switches) for i in first.tolist()]
