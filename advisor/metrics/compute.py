@@ -155,6 +155,14 @@ def precision_table(metrics, capability: float | None) -> KernelPrecision:
     return metrics.shared(f"compute.precision_table.{capability}", lambda: _precision_table(metrics, capability))
 
 
+def _switch_of(family: np.ndarray) -> np.ndarray:
+    """The TF32 switch of each kernel's family ("" for none), looked up once per family."""
+    codes, families = pd.factorize(family, use_na_sentinel=False)
+    table = np.empty(len(families), dtype=object)
+    table[:] = [TF32_SWITCH_OF_FAMILY.get(f, "") for f in families]
+    return table[codes]
+
+
 def _precision_table(metrics, capability: float | None) -> KernelPrecision:
     k = step_kernels(metrics)
     family = text_of(k["family"])
@@ -166,7 +174,7 @@ def _precision_table(metrics, capability: float | None) -> KernelPrecision:
         source=text_of(k["precision_source"]) if "precision_source" in k else np.full(len(k), "", dtype=object),
         eligible=k["eligible"].to_numpy(bool),
         dur=k["dur"].to_numpy(np.float64),
-        switch_of=np.array([TF32_SWITCH_OF_FAMILY.get(f, "") for f in family], dtype=object),
+        switch_of=_switch_of(family),
     )
 
 

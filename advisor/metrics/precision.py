@@ -499,9 +499,10 @@ def precision_speedup(kernels: pd.DataFrame, target: str, capability: float | No
     factor = np.ones(len(kernels), dtype=np.float64)
     movable = np.isin(precision, ("fp32-fma", "tf32")) & (family != "")
     if movable.any():
-        pairs = pd.DataFrame({"family": family[movable], "precision": precision[movable]})
-        codes, uniques = pd.factorize(pd.MultiIndex.from_frame(pairs))
-        per_pair = np.array([1.0 / table.ratio(f, p, target)[0] for f, p in uniques], dtype=np.float64)
+        fam, prec = family[movable], precision[movable]
+        codes = row_groups([fam, prec])  # numbered as a MultiIndex of the pairs would number them
+        first = np.unique(codes, return_index=True)[1]
+        per_pair = np.array([1.0 / table.ratio(fam[i], prec[i], target)[0] for i in first.tolist()], dtype=np.float64)
         factor[movable] = per_pair[codes]
     return pd.Series(factor, index=kernels.index, name=f"scale_to_{target}")
 
