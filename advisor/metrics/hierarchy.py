@@ -124,17 +124,20 @@ def op_tree(frames: TraceFrames) -> OpTree:
     ops = host.loc[keep, cols + (["concrete_inputs"] if "concrete_inputs" in host else [])].reset_index(drop=True)
     ops["name"] = _used_names(ops["name"])
     tid_column = ops["tid"]
-    ops["tid"] = tid_column.astype(str)
     n = len(ops)
     depth = np.zeros(n, dtype=np.int64)
     parent = np.full(n, -1, dtype=np.int64)
     prev = np.full(n, -1, dtype=np.int64)
-    tids = ops["tid"].to_numpy().astype(str)
-    if isinstance(tid_column.dtype, pd.CategoricalDtype):  # grouped by category code, each name made once
+    if isinstance(tid_column.dtype, pd.CategoricalDtype):  # each thread's name made once, its ops grouped by code
         codes = np.asarray(tid_column.array.codes, dtype=np.int64)
         names = [str(c) for c in tid_column.cat.categories.tolist()]
-        by_thread = _positions_by_code(np.where(codes < 0, len(names), codes), [*names, "nan"])
+        codes = np.where(codes < 0, len(names), codes)
+        ops["tid"] = pd.Series(np.array([*names, np.nan], dtype=object)[codes], dtype=object)  # the text, NaN where missing
+        tids = np.array([*names, "nan"], dtype=str)[codes]
+        by_thread = _positions_by_code(codes, [*names, "nan"])
     else:
+        ops["tid"] = tid_column.astype(str)
+        tids = ops["tid"].to_numpy().astype(str)
         by_thread = _positions_by_text(tids)
     for rows in by_thread.values():  # threads are independent; rows already in (ts asc, dur desc) order
         ts = ops["ts"].to_numpy(np.int64)[rows]
