@@ -202,10 +202,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="34MB,87MB,1GB")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--tools", default="tb,hta", help="peers to run where installed (tb, hta); empty: none")
+    ap.add_argument("--tools", default="tb,hta", help="peers to run where installed (tb, hta); empty or none: no peer")
     ap.add_argument("--out", default=str(RESULTS / "report_vs_floor"))
     args = ap.parse_args()
-    wanted = [t for t in args.tools.split(",") if t]
+    wanted = [t for t in args.tools.split(",") if t and t != "none"]
+    unknown = [t for t in wanted if t not in ("tb", "hta")]
+    if unknown:
+        ap.error(f"--tools: unknown peer {unknown[0]!r} (tb, hta, or none)")
     tools = [t for t in wanted if installed({"tb": "torch_tb_profiler", "hta": "hta"}[t])]
     out = Path(args.out)
     done: list[dict] = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else []
