@@ -238,19 +238,29 @@ def view_files(view: RankView | None) -> dict[str, bytes]:
     if view is None:
         return {}
     try:
-        import msgspec
-
         replay = None
         if view.replay is not None:
             replay = {k: _enc(x) for k, x in vars(view.replay).items() if k not in _REPLAY_SKIP}
-        plain = {
-            "format": VIEW_FORMAT,
-            "fields": {f.name: _enc(getattr(view, f.name)) for f in dataclasses.fields(view) if f.name != "replay"},
-            "replay": replay,
-        }
+        fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(view) if f.name != "replay"}
+        fields["stated"] = _stated_as_replayed(view)
+        plain = {"format": VIEW_FORMAT, "fields": {k: _enc(x) for k, x in fields.items()}, "replay": replay}
         return {VIEW_FILE: msgspec.msgpack.encode(plain)}
     except (TypeError, ValueError, OverflowError):
         return {}
+
+
+def _stated_as_replayed(view: RankView) -> dict[str, Finding]:
+    """The stated findings with their fixes cut to the rows the view's replay holds (the block
+    of a long run it replays): what every use of a stored view's fixes replays, and a small
+    part of the whole fix's rows on a long run."""
+    if view.replay is None:
+        return view.stated
+    out = {}
+    for rule, f in view.stated.items():
+        kept = msgspec.structs.replace(f)
+        kept.change = view.replay.in_block(f.change) if f.change is not None else None
+        out[rule] = kept
+    return out
 
 
 def view_from_files(files: dict[str, bytes], metrics: Metrics, facts: dict[str, Any] | None) -> RankView | None:
@@ -260,8 +270,6 @@ def view_from_files(files: dict[str, bytes], metrics: Metrics, facts: dict[str, 
     if data is None:
         return None
     try:
-        import msgspec
-
         plain = msgspec.msgpack.decode(data)
         if plain.get("format") != VIEW_FORMAT:
             return None

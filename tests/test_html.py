@@ -310,6 +310,32 @@ def test_cli_writes_the_html_report(tmp_path):
     assert out.read_text().startswith("<!DOCTYPE html>")
 
 
+@pytest.mark.parametrize("rel", ["v100_resnet50_nw0", "corpus/a4000_gpu_only_vit_infer.json.gz", "corpus/b200_ep_moe_ref_fwd.json.gz"])
+def test_the_kernel_table_is_what_grouping_the_kernels_by_name_gives(rel):
+    """The kernel table's rows, counted over codes, are pandas' groupby of every kernel by its
+    name as text: calls, total and mean time, Tensor Cores, share, and the op launching each
+    most often (of equal counts, the first by name); kernels whose op is unknown count under ''."""
+    import pandas as pd
+
+    from advisor.render.html import TOP_KERNELS, kernel_summary
+
+    kernels = analyze(trace_path(rel)).view.kernels
+    got = kernel_summary(kernels)
+    k = pd.DataFrame({"name": kernels["name"].astype(object), "op": kernels["op"].astype(object).where(kernels["op"].notna(), ""),
+                      "dur": kernels["dur"], "tensor_core": kernels["tensor_core"]})
+    k = k[k["name"].notna()].astype({"name": str, "op": str})
+    g = k.groupby("name").agg(count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"), tensor_core=("tensor_core", "any"))
+    g["share"] = g["total_ns"] / kernels["dur"].sum()
+    ops = k.groupby(["name", "op"]).size().rename("n").reset_index().sort_values(["name", "n"], ascending=[True, False], kind="stable")
+    g["op"] = ops.drop_duplicates("name").set_index("name")["op"]
+    want = g.sort_values("total_ns", ascending=False).head(TOP_KERNELS).reset_index()
+    assert len(got) == min(TOP_KERNELS, kernels["name"].nunique()) > 0
+    for col in ("count", "total_ns", "mean_ns", "share", "tensor_core", "op"):
+        by_name = dict(zip(want["name"], want[col], strict=True))
+        assert {n: by_name.get(n) for n in got["name"]} == dict(zip(got["name"], got[col], strict=True)), col
+    assert list(got["total_ns"]) == sorted(got["total_ns"], reverse=True)
+
+
 # --- C++ kernel names for display ---------------------------------------------------------
 def test_mangled_kernel_names_are_shown_as_cpp():
     from advisor.render.demangle import _runtime, demangle

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 import advisor.load.trace as trace_module
-from conftest import REPO, SAMPLE_RUNS, count_calls
+from conftest import REPO, SAMPLE_RUNS, count_calls, shared_trace
 
 GPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
 CPU_RUN = SAMPLE_RUNS / "cpu_transformer" / "runs" / "cpu_baseline"
@@ -117,6 +117,27 @@ def test_a_cached_analysis_renders_without_its_trace(tmp_path, monkeypatch):
     for rule in stated:
         assert replay.saving_ms(stated[rule].change) == pytest.approx(fresh_replay.saving_ms(fresh_stated[rule].change), abs=1e-9)
         assert stated[rule].evidence == fresh_stated[rule].evidence
+
+
+def test_a_long_runs_stored_fixes_hold_its_replayed_block_and_replay_as_the_whole_ones(tmp_path, monkeypatch):
+    # 99 iterations of a compiled linear (GTX 1650): the replay takes a block of 8. The view
+    # stores each fix cut to the block's calls and device ops, a fraction of its rows, and
+    # from the cache every fix and all of them together replay as the whole fixes do.
+    from advisor.analysis import analyze
+    from advisor.whatif.replay import Change
+
+    def rows(c: Change) -> int:
+        return len(c.call_scale) + len(c.unwait) + len(c.device_scale) + len(c.tight_launch) + len(c.device_add)
+
+    path = shared_trace("corpus/gtx1650_compile_infer_stack_mem.json.gz")
+    monkeypatch.setenv("ADVISOR_CACHE", str(tmp_path / "cache"))
+    fresh_replay, fresh = analyze(path, cache=True, store=True).stated_fixes()
+    replay, stated = analyze(path, cache=True).stated_fixes()
+    assert fresh_replay.first_step > 0 and set(stated) == set(fresh) and fresh
+    assert 0 < sum(rows(f.change) for f in stated.values()) < sum(rows(f.change) for f in fresh.values()) / 4
+    for rule in stated:
+        assert replay.saving_ms(stated[rule].change) == fresh_replay.saving_ms(fresh[rule].change), rule
+    assert replay.replayed_ms(Change.merge([f.change for f in stated.values()])) == fresh_replay.replayed_ms(Change.merge([f.change for f in fresh.values()]))
 
 
 def test_a_report_that_draws_no_timeline_makes_none(loads, monkeypatch):

@@ -230,9 +230,9 @@ def test_the_early_reading_of_a_report_line_agrees_with_the_parser(line):
     import typer.main
 
     from advisor.cli import app, format_option, report
-    from advisor.cli.warm import ANSWERED_EARLY, _report_arguments
+    from advisor.cli.warm import ANSWERED_EARLY, _arguments
 
-    early = _report_arguments(line, report)
+    early = _arguments(line, report)
     try:
         parsed = typer.main.get_command(app).commands["report"].make_context("report", list(line)).params
     except Exception:  # noqa: BLE001 - a usage error: the early reading must not answer it either
@@ -262,13 +262,43 @@ def test_a_report_made_without_the_parser_gets_the_parsers_arguments(line):
     argument the parser would give it, or not at all (then the parser reads the line)."""
     import typer.main
 
-    from advisor.cli import app, format_option, report
-    from advisor.cli.warm import early_arguments
+    from advisor.cli import app, report
+    from advisor.cli.warm import MADE_EARLY, early_arguments
 
-    early = early_arguments(["report", *line], report, format_option)
+    early = early_arguments(list(line), report, MADE_EARLY["report"])
     try:
         parsed = typer.main.get_command(app).commands["report"].make_context("report", list(line)).params
     except Exception:  # noqa: BLE001 - a usage error: never answered early
+        parsed = None
+    if early is None:
+        return
+    assert parsed is not None
+    assert early == parsed
+    assert {k: type(v) for k, v in early.items()} == {k: type(v) for k, v in parsed.items()}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        ["run"], ["run", "--apply", "launch-bound"], ["--apply", "a,b", "run"], ["run", "--apply=a"], ["run", "--apply"],
+        ["run", "--apply", "a", "--apply", "b"], ["run", "--run", "r1"], ["run", "--config", "advisor.toml"], ["run", "--apply", ""],
+        ["run", "other"], ["--", "run"], ["run", "-a", "x"], ["run", "--help"],
+    ],
+)
+def test_a_whatif_made_without_the_parser_gets_the_parsers_arguments(line):
+    """A plain whatif line is run by calling the command directly: with every argument the
+    parser would give it, or not at all (then the parser reads the line)."""
+    import typer.main
+
+    from advisor.cli import _optional_command, _register_optional_commands, app
+    from advisor.cli.warm import MADE_EARLY, early_arguments
+
+    whatif = _optional_command("whatif")
+    early = early_arguments(list(line), whatif, MADE_EARLY["whatif"])
+    _register_optional_commands("whatif")
+    try:
+        parsed = typer.main.get_command(app).commands["whatif"].make_context("whatif", list(line)).params
+    except BaseException:  # noqa: BLE001 - a usage error, or --help's exit: never answered early
         parsed = None
     if early is None:
         return

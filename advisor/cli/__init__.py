@@ -11,7 +11,7 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 
@@ -348,6 +348,11 @@ def _register_optional_commands(only: str | None = None) -> None:
             app.command(name, **({"context_settings": settings} if settings else {}))(fn)
 
 
+def _optional_command(name: str) -> Callable[..., Any]:
+    """The function of an optional command (OPTIONAL_COMMANDS), its module imported."""
+    return getattr(__import__(OPTIONAL_COMMANDS[name][0], fromlist=[name]), name)
+
+
 def _named_command(args: list[str]) -> str | None:
     """The subcommand a command line names (its first word that is not an option)."""
     return next((a for a in args if not a.startswith("-")), None)
@@ -431,11 +436,11 @@ def main() -> None:
 
 def _main() -> None:
     try:
-        from advisor.cli.warm import direct_report, fast_report
+        from advisor.cli.warm import direct_command, fast_report
 
         if fast_report(sys.argv[1:], report, format_option):  # a report rendered before: written before the parser is built
             return
-        if direct_report(sys.argv[1:], report, format_option):  # a plain report line: made without the parser
+        if direct_command(sys.argv[1:], {"report": lambda: report, "whatif": lambda: _optional_command("whatif")}):  # a plain line: run without the parser
             return
         core = {c.name or c.callback.__name__ for c in app.registered_commands}
         named = _named_command(sys.argv[1:])

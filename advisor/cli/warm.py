@@ -15,8 +15,9 @@ differ. Other options (--select, --ignore, --run, --config) reach the same store
 parsing. Anything this module does not recognise, and every miss, takes the full path, which
 gives errors their usual messages.
 
-A miss on `advisor report PATH [-f FORMAT] [-o FILE] [-v]` is made without the parser too
-(`direct_report`): the report command is called with the arguments the parser would give it.
+A miss on `advisor report PATH [-f FORMAT] [-o FILE] [-v]` is made without the parser too, and so
+is `advisor whatif PATH [--apply RULES]` (`direct_command`): the command's function is called
+with the arguments the parser would give it.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ CONSOLE_ENV = (
 )
 # The report's parameters answered before the parser is built; any other option takes the full path.
 ANSWERED_EARLY = ("path", "format", "verbose")
-# The parameters of a report made without the parser (direct_report): the rest keep their defaults.
-MADE_EARLY = ("path", "format", "output", "verbose")
 
 
 def destination(fmt: str) -> dict[str, Any]:
@@ -99,7 +98,7 @@ def fast_report(args: list[str], command: Callable[..., Any], format_option: Cal
         return False
     import typer
 
-    given = _report_arguments(args[1:], command)
+    given = _arguments(args[1:], command)
     if given is None or "path" not in given or not set(given) <= set(ANSWERED_EARLY):
         return False
     try:
@@ -122,48 +121,60 @@ def fast_report(args: list[str], command: Callable[..., Any], format_option: Cal
     return True
 
 
-def early_arguments(args: list[str], command: Callable[..., Any], format_option: Callable[[str | None], str | None]) -> dict[str, Any] | None:
-    """Every argument of the report command for `report PATH [-f FORMAT] [-o FILE] [-v]`, as
-    its parser would give them (the other options at their declared defaults); None for any
-    other command line, or a format the parser would refuse (it then says so)."""
+# The commands made without the parser (direct_command): the parameters each may be given
+# with, and the type the parser converts each one's text to (a declared callback then runs on
+# it, as the parser runs it). Any other parameter keeps its declared default.
+MADE_EARLY = {
+    "report": {"path": Path, "format": str, "output": Path, "verbose": bool},
+    "whatif": {"path": Path, "apply": str},
+}
+
+
+def early_arguments(args: list[str], command: Callable[..., Any], made_early: dict[str, type]) -> dict[str, Any] | None:
+    """Every argument of COMMAND for ARGS (the words after the command's name) when they give
+    only the parameters of MADE_EARLY, as its parser would give them (the other parameters at
+    their declared defaults); None for any other command line, or a value the parser would
+    refuse (it then says so)."""
     import inspect
 
     import typer
 
-    if len(args) < 2 or args[0] != "report":
+    given = _arguments(args, command)
+    if given is None or "path" not in given or not set(given) <= set(made_early):
         return None
-    given = _report_arguments(args[1:], command)
-    if given is None or "path" not in given or not set(given) <= set(MADE_EARLY):
-        return None
-    if given.get("output") == "":
-        return None  # the parser's reading of an empty path is its own
-    try:
-        fmt = format_option(given.get("format"))
-    except typer.BadParameter:
-        return None
+    if any(v == "" for v in given.values()):
+        return None  # the parser's reading of an empty value is its own
     out: dict[str, Any] = {}
     for name, param in inspect.signature(command).parameters.items():
-        default = getattr(param.default, "default", None)
-        out[name] = list(default) if isinstance(default, list) else default
-    out.update(path=Path(given["path"]), format=fmt, verbose=bool(given.get("verbose")))
-    if "output" in given:
-        out["output"] = Path(given["output"])
+        info = param.default
+        value = made_early[name](given[name]) if name in given else getattr(info, "default", None)
+        callback = getattr(info, "callback", None)
+        if callback is not None:
+            try:
+                value = callback(value)
+            except typer.BadParameter:
+                return None
+        out[name] = list(value) if isinstance(value, list) else value
     return out
 
 
-def direct_report(args: list[str], command: Callable[..., Any], format_option: Callable[[str | None], str | None]) -> bool:
-    """Make the report of `report PATH [-f FORMAT] [-o FILE] [-v]` by calling COMMAND with the
-    arguments its parser would give it (True), without building the parser: building it, and
-    the validators of every parameter, cost about 0.1 s of a cold report; False: any other
-    command line, which the parser then reads."""
-    kwargs = early_arguments(args, command, format_option)
+def direct_command(argv: list[str], commands: dict[str, Callable[[], Callable[..., Any]]]) -> bool:
+    """Run the command of a plain command line (`report PATH [-f FORMAT] [-o FILE] [-v]`,
+    `whatif PATH [--apply RULES]`) by calling its function with the arguments its parser would
+    give it (True), without building the parser: building it, and the validators of every
+    parameter, cost about 0.1 s of a short command; False: any other command line, which the
+    parser then reads. COMMANDS: name -> a function that returns the command's function."""
+    if not argv or argv[0] not in MADE_EARLY or argv[0] not in commands:
+        return False
+    command = commands[argv[0]]()
+    kwargs = early_arguments(argv[1:], command, MADE_EARLY[argv[0]])
     if kwargs is None:
         return False
     command(**kwargs)
     return True
 
 
-def _report_options(command: Callable[..., Any]) -> dict[str, tuple[str, bool]]:
+def _options(command: Callable[..., Any]) -> dict[str, tuple[str, bool]]:
     """The command's option strings, from its declaration: the parameter each sets, and
     whether it takes a value (a flag's default is a bool)."""
     import inspect
@@ -176,11 +187,11 @@ def _report_options(command: Callable[..., Any]) -> dict[str, tuple[str, bool]]:
     return options
 
 
-def _report_arguments(args: list[str], command: Callable[..., Any]) -> dict[str, Any] | None:
-    """{parameter: value} of a report command line, as its parser would read it; None for
-    anything less plain (an option given twice, a value glued to a short option, `--`, a
-    second path), which the full parser then reads."""
-    options = _report_options(command)
+def _arguments(args: list[str], command: Callable[..., Any]) -> dict[str, Any] | None:
+    """{parameter: value} of a command line (the words after the command's name), as its
+    parser would read it; None for anything less plain (an option given twice, a value glued
+    to a short option, `--`, a second path), which the full parser then reads."""
+    options = _options(command)
     given: dict[str, Any] = {}
     rest = iter(args)
     for a in rest:

@@ -96,6 +96,21 @@ def text_or_empty(values: pd.Series) -> np.ndarray:
     return values.astype(object).where(values.notna(), "").astype(str).to_numpy()
 
 
+def sorted_text_codes(values: pd.Series, missing: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's position among the column's distinct texts in sorted order, and those texts:
+    the groups of a `groupby` on the column as text, from one factorize of the column (its
+    codes, for a categorical) and a string per distinct value, not per row. A missing value
+    reads -1 (groupby leaves it out), or the text `missing` where one is given."""
+    codes, uniques = pd.factorize(values)
+    text = np.array([str(u) for u in uniques] + ([missing] if missing is not None else []), dtype=object)
+    if missing is not None:
+        codes = np.where(codes < 0, len(text) - 1, codes)
+    if len(text) == 0:
+        return codes, text
+    distinct, inverse = np.unique(text, return_inverse=True)  # equal texts of distinct values (7 and "7") are one group
+    return np.append(inverse.reshape(-1), -1)[codes], distinct
+
+
 def row_groups(columns: list[np.ndarray]) -> np.ndarray:
     """One code per row for its tuple of values across `columns`, numbered in order of first
     appearance (as `pd.MultiIndex.from_arrays(columns).factorize()` numbers them, a missing

@@ -24,7 +24,7 @@ import pandas as pd
 from advisor.version import __version__
 from advisor.analysis import Analysis
 from advisor.engine import Finding
-from advisor.metrics.breakdown import CATEGORIES, text_of, text_or_empty
+from advisor.metrics.breakdown import CATEGORIES, sorted_text_codes
 from advisor.metrics.summary import Metrics
 from advisor.render import svg
 from advisor.render.demangle import demangle
@@ -446,17 +446,27 @@ def _memory(a: Analysis) -> str:
 
 
 def kernel_summary(kernels: pd.DataFrame, n: int = TOP_KERNELS) -> pd.DataFrame:
-    """Kernels by total time with the op that launches each most often."""
+    """Kernels by total time with the op that launches each most often (of ops launching it
+    equally often, the first by name), worked out over codes: a kernel table holds a row per
+    launch, hundreds of thousands in a long run."""
     if len(kernels) == 0:
         return pd.DataFrame(columns=["name", "count", "total_ns", "mean_ns", "share", "tensor_core", "op"])
-    # names and ops as Python text in object columns (grouped by hashing, no string per row made)
-    k = pd.DataFrame({"name": pd.Series(text_of(kernels["name"]), dtype=object, index=kernels.index),
-                      "op": pd.Series(text_or_empty(kernels["op"]), dtype=object, index=kernels.index),
-                      "dur": kernels["dur"], "tensor_core": kernels["tensor_core"]})
-    g = k.groupby("name").agg(count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"), tensor_core=("tensor_core", "any"))
-    g["share"] = g["total_ns"] / max(int(k["dur"].sum()), 1)
-    by_op = k.groupby(["name", "op"]).size().reset_index(name="n").sort_values(["name", "n"], ascending=[True, False])
-    g["op"] = by_op.drop_duplicates("name").set_index("name")["op"]
+    name, names = sorted_text_codes(kernels["name"])  # a kernel without a name is left out, as groupby leaves it
+    op, ops = sorted_text_codes(kernels["op"], missing="")
+    dur = kernels["dur"].to_numpy()
+    keep = name >= 0
+    name, op, kept_dur = name[keep], op[keep], dur[keep]
+    count = np.bincount(name, minlength=len(names))
+    total = np.zeros(len(names), dtype=kept_dur.dtype)
+    np.add.at(total, name, kept_dur)
+    tensor_core = np.bincount(name, weights=kernels["tensor_core"].to_numpy(dtype=bool)[keep], minlength=len(names)) > 0
+    by_op = np.bincount(name * len(ops) + op, minlength=len(names) * len(ops)).reshape(len(names), len(ops))
+    g = pd.DataFrame(
+        {"count": count, "total_ns": total, "mean_ns": total / np.maximum(count, 1), "tensor_core": tensor_core},
+        index=pd.Index(names, dtype=object, name="name"),
+    )
+    g["share"] = g["total_ns"] / max(int(dur.sum()), 1)
+    g["op"] = ops[by_op.argmax(axis=1)] if len(ops) else ""
     return g.sort_values("total_ns", ascending=False).head(n).reset_index()
 
 

@@ -179,9 +179,10 @@ class RankReplay:
         """Row in metrics.steps of the graph's first step (0 unless a block of a long run is replayed)."""
         return replayed_block(self.metrics.steps).start
 
-    def _in_block(self, change: Change) -> Change:
+    def in_block(self, change: Change) -> Change:
         """The change cut to the calls and device ops of the replayed block (a whole run: as it
-        is), once per change object."""
+        is), once per change object. Every replay cuts its changes so: a row outside the block
+        changes no replay, and a change kept cut (a stored view's) replays as the whole one."""
         _ = self.graph
         if self._rows is None:
             return change
@@ -334,9 +335,9 @@ class RankReplay:
         if seen is not None and all(a is b for a, b in zip(seen[0], changes, strict=True)):
             return seen[1]
         if len(changes) > 2:  # the merge of all but the last continued (the greedy ranking's rounds share it)
-            out = Change.merge([self._in_block(changes[-1])], onto=self.merged(changes[:-1]))
+            out = Change.merge([self.in_block(changes[-1])], onto=self.merged(changes[:-1]))
         else:
-            out = Change.merge([self._in_block(c) for c in changes])
+            out = Change.merge([self.in_block(c) for c in changes])
         self._merged[key] = (list(changes), out)
         if self._rows is not None:
             self._cut[id(out)] = (out, out)  # already cut
@@ -354,11 +355,11 @@ class RankReplay:
 
     def _replayed_ms(self, change: Change) -> float:
         remainder = self.remainder_ms * (1.0 - min(max(change.remainder_share, 0.0), 1.0))
-        return self._of(replay_graph(self.graph, Change.merge([self.base, self._in_block(change)]))) + remainder / change.per_sample
+        return self._of(replay_graph(self.graph, Change.merge([self.base, self.in_block(change)]))) + remainder / change.per_sample
 
     def with_base(self, change: Change) -> Change:
         """The baseline with `change` on it, as the replayed graph takes it (for replay_step)."""
-        return Change.merge([self.base, self._in_block(change)])
+        return Change.merge([self.base, self.in_block(change)])
 
     def saving_ms(self, change: Change) -> float:
         """Baseline minus the replay with `change` (never below 0)."""
