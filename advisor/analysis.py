@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import msgspec
 import numpy as np
@@ -40,6 +39,9 @@ from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metr
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 WINDOW_FILE = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)

@@ -30,7 +30,6 @@ option's type is its default value's type.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -47,12 +46,6 @@ from advisor.files_read import remember
 
 if TYPE_CHECKING:
     from advisor.engine import Rule
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 
 class AdvisorTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """`[tool.advisor]` (or the top of an advisor.toml)."""
@@ -83,6 +76,11 @@ class Config:
 
 # --- reading ------------------------------------------------------------------------------
 def _read_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):  # imported here: most runs have no config file to read
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+
     remember(path)
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
@@ -297,6 +295,8 @@ def _kind(value: Any) -> str:
 
 
 def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    import difflib  # only for a message
+
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

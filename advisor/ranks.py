@@ -19,16 +19,17 @@ layer of our own.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from advisor.errors import InputError
 from advisor.load.trace import TraceFrames, load_trace
+
+if TYPE_CHECKING:  # the pool's modules are imported where a pool is made: a run of one rank needs none
+    from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
 T = TypeVar("T")
 Progress = Callable[[Path], None]
@@ -63,6 +64,9 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     forkserver, not fork: the caller may be running threads (the progress bar) and forking a
     threaded process can deadlock the child; spawn would re-import pandas in every worker.
     """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
@@ -165,6 +169,8 @@ def _path_of(item: Any) -> Path:
 def _run_items(fn: Callable[[Any], T], items: list[Any], workers: int, progress: Progress | None, executor: Executor | None) -> Iterator[tuple[Any, T]]:
     """Submit every item, yield results as they finish; a finished future is let go at once
     (a cluster frees its copy of the result)."""
+    from concurrent.futures import as_completed
+
     own = executor is None
     pool = process_pool(workers) if own else executor
     try:
@@ -182,6 +188,8 @@ def _run_items(fn: Callable[[Any], T], items: list[Any], workers: int, progress:
 
 
 def _run(fn: Callable[..., T], paths: list[Path], workers: int, progress: Progress | None, executor: Executor | None, *args: Any) -> Iterator[tuple[Path, T]]:
+    from concurrent.futures import as_completed
+
     own = executor is None
     pool = process_pool(workers) if own else executor
     try:

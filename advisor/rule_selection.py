@@ -18,7 +18,6 @@ line, and a close spelling is offered ("did you mean ...").
 
 from __future__ import annotations
 
-import difflib
 from typing import Iterable, Protocol, TypeVar
 
 from advisor.errors import InputError
@@ -49,6 +48,8 @@ def matching(selector: str, rules: list[R]) -> list[str]:
 
 def did_you_mean(word: str, names: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest of the names (rule ids, groups), or ''."""
+    import difflib  # only for a message
+
     close = difflib.get_close_matches(word.lower(), list(names), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -152,3 +152,28 @@ def test_the_advisors_own_failure_has_its_own_exit_code(cli, tmp_path, monkeypat
     code, _, err = cli(["report", str(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline")], tmp_path)
     assert code == 70, err
     assert err.strip() == "advisor: internal error: ZeroDivisionError: float division by zero (set ADVISOR_DEBUG=1 for the traceback)"
+
+
+def test_an_analysis_command_ends_as_python_would_without_the_teardown(tmp_path):
+    """report, gate, baseline, diff and whatif leave by advisor.leaving.leave, skipping the
+    interpreter's teardown: all they wrote reaches the pipe, the status is sys.exit's, an error
+    is its one line, and the atexit handlers run (a temporary folder is removed)."""
+    r = advisor(["report", str(GPU_RUN), "-f", "json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["findings"]
+    missing = advisor(["report", str(tmp_path / "missing")], cwd=tmp_path)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "missing" in missing.stderr
+    script = (
+        "import atexit, sys, tempfile\n"
+        "from advisor.leaving import leave\n"
+        "folder = tempfile.TemporaryDirectory()\n"
+        "sys.stderr.write(folder.name)\n"
+        "atexit.register(lambda: open(sys.argv[1], 'w').write('ran'))\n"
+        "sys.stdout.write('written, never flushed')\n"
+        "leave(5)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "atexit")], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 5 and r.stdout == "written, never flushed", r.stderr
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert r.stderr and not Path(r.stderr).exists()

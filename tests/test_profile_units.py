@@ -15,7 +15,8 @@ from conftest import REPO
 
 from advisor.cli.profile import prepare_out_dir
 from advisor.capture.progress import Window, step_span
-from advisor.capture.runner import Target, _exit_code, check_target
+from advisor.capture.runner import Target, check_target
+from advisor.leaving import exit_status
 from advisor.errors import InputError
 
 SAMPLE_RUNS = REPO / "sample_runs" / "resnet18_cifar" / "runs"
@@ -42,8 +43,8 @@ def test_window_phases_match_torch_schedule():
 
 
 def test_exit_codes_are_pythons():
-    assert _exit_code(None) == 0 and _exit_code(3) == 3 and _exit_code(-1) == 255 and _exit_code(256 + 4) == 4
-    assert _exit_code("a message") == 1  # printed to stderr, like Python does
+    assert exit_status(None) == 0 and exit_status(3) == 3 and exit_status(-1) == 255 and exit_status(256 + 4) == 4
+    assert exit_status("a message") == 1  # printed to stderr, like Python does
 
 
 def test_target_names_and_checks(tmp_path: Path, monkeypatch):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from advisor.errors import InputError
+from advisor.leaving import exit_status, flush_streams, leave
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _RUNPY = os.path.abspath(runpy.__file__)
@@ -150,7 +151,7 @@ def run(target: Target, on_purpose: tuple[type[BaseException], ...] = (), owner_
             exc.__traceback__ = None  # let the frames (and the script's DataLoader workers) go
             outcome = Outcome("stopped", 0)
         except SystemExit as exc:
-            outcome = Outcome("exit", _exit_code(exc.code))
+            outcome = Outcome("exit", exit_status(exc.code))
         except KeyboardInterrupt:
             outcome = Outcome("interrupted", 130)
         except Terminated:
@@ -189,58 +190,20 @@ def _run_script(path: str, source_path: str | None = None) -> None:
 
 
 def _leave_forked_process(code: int) -> None:
-    """End a process the script forked, as Python would end it, minus native destructors.
-
-    Plain Python would wait for the process's threads, run the atexit handlers, flush the
-    streams and exit. The same is done here, except that the process leaves by `os._exit`:
+    """End a process the script forked, as Python would end it, minus native destructors:
     the fork inherited a running torch.profiler whose native threads do not exist in it,
-    and the profiler's C++ destructors would wait for them forever at a normal exit.
-    """
-    import atexit
-    import threading
-
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads, as at exit
-    except Exception:
-        pass
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:
-        pass
-    _flush_streams()
-    os._exit(code)
+    and the profiler's C++ destructors would wait for them forever at a normal exit."""
+    leave(code)
 
 
 def end_by_sigterm() -> None:
     """Leave the way a process that SIGTERM killed leaves (the status a scheduler expects)."""
     import signal
 
-    _flush_streams()
+    flush_streams()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
     raise SystemExit(SIGTERM_EXIT)  # not reached where the signal is delivered at once
-
-
-def _flush_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-
-
-def _exit_code(code: object) -> int:
-    """What `sys.exit(code)` makes the process exit with."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF if code >= 0 else code % 256
-    try:  # Python prints it on the script's stderr, if it can
-        sys.stderr.write(f"{code}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
-    return 1
 
 
 def _ours(tb: types.TracebackType) -> bool:
@@ -271,9 +234,9 @@ def _print_user_traceback(exc: BaseException) -> None:
         seen.add(id(e))
         e.__traceback__ = _strip(e.__traceback__, leading=e is exc)
         todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-    _flush_streams()
+    flush_streams()
     try:  # on the script's stderr, as Python would (nothing, where the script closed it)
         sys.excepthook(type(exc), exc, exc.__traceback__)
     except Exception:
         pass
-    _flush_streams()
+    flush_streams()

@@ -19,7 +19,7 @@ from advisor.load.decode import (
     Span,
 )
 from advisor.load.categories import DEVICE, DEVICE_CATS, DEVICE_KINDS, HOST, HOST_CATS, HOST_KINDS, IGNORED, MAX_BYTES, MEMORY_EVENT, MTIA_DEVICE_CAT, MTIA_NOT_WORK, PROFILER_SESSION_CAT, RUNTIME, RUNTIME_CATS, SYNC, SYNC_CATS
-from advisor.load.columns import _ids_pair, categorical, decoded_raw, floats, ids, object_categorical, raw_json_categorical, raw_text_categorical, str_codes
+from advisor.load.columns import _ids_pair, categorical, decoded_raw, floats, ids, object_categorical, objects, raw_json_categorical, raw_text_categorical, str_codes
 
 # --- one batch of events to column pieces ---------------------------------------------------
 _INSTANT_TYPES = frozenset(INSTANT_TYPES)
@@ -141,11 +141,11 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
     args = [e.args for e in spans]
     del spans
 
-    cat_codes, cat_uniques = pd.factorize(np.array(cat, dtype=object))
+    cat_codes, cat_uniques = pd.factorize(objects(cat))
     del cat
     group_of_cat = np.array([_group_of(c) for c in cat_uniques] + [IGNORED], dtype=np.int8)
     group = group_of_cat[cat_codes]
-    name_codes, name_uniques = pd.factorize(np.array(name, dtype=object))
+    name_codes, name_uniques = pd.factorize(objects(name))
     del name
     name_uniques = np.asarray(name_uniques, dtype=object)
     if (name_codes < 0).any():  # "name": null

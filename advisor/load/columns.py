@@ -29,7 +29,7 @@ def _num(v: Any) -> float:
 def floats(values: Sequence[float]) -> np.ndarray:
     """float64 column in one numpy call (the decoder types these fields: every value is a float)."""
     try:
-        return np.array(values, dtype=np.float64)
+        return np.fromiter(values, dtype=np.float64, count=len(values))
     except (TypeError, ValueError, OverflowError):
         return np.fromiter(map(_num, values), dtype=np.float64, count=len(values))
 
@@ -37,7 +37,7 @@ def floats(values: Sequence[float]) -> np.ndarray:
 def ids(values: Sequence[int]) -> np.ndarray:
     """int64 id column, -1 where absent or not an integer that fits (ints up to 2**64 decode)."""
     try:
-        return np.array(values, dtype=np.int64)
+        return np.fromiter(values, dtype=np.int64, count=len(values))
     except (TypeError, ValueError, OverflowError):
         pass
     vals = np.fromiter(map(_num, values), dtype=np.float64, count=len(values))
@@ -45,6 +45,11 @@ def ids(values: Sequence[int]) -> np.ndarray:
     ok = np.isfinite(vals) & (np.abs(vals) < 2**62)
     out[ok] = vals[ok].astype(np.int64)
     return out
+
+
+def objects(values: Sequence[Any]) -> np.ndarray:
+    """A 1-d object array of the values as they are (np.array would look into each one for a shape)."""
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def _first_id(primary: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -71,7 +76,7 @@ def str_codes(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
             return codes, np.array([str(u) for u in uniques], dtype=object)
         except OverflowError:
             pass
-    codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=False)
+    codes, uniques = pd.factorize(objects(values), use_na_sentinel=False)
     names = np.array([str(u) for u in uniques], dtype=object)
     if len(set(names)) < len(names):  # e.g. 7 and "7": one category
         merged, names = pd.factorize(names)
@@ -88,12 +93,12 @@ def _ids_pair(primary: list[Any], fallback: list[Any]) -> np.ndarray:
 
 def object_categorical(values: Sequence[Any]) -> pd.Categorical:
     """Categorical of strings where None is missing."""
-    codes, uniques = pd.factorize(np.array(values, dtype=object))
+    codes, uniques = pd.factorize(objects(values))
     return categorical(codes, uniques)
 
 
 def _raw_bytes(raws: Sequence[Any]) -> np.ndarray:
-    return np.array(list(map(bytes, raws)), dtype=object)
+    return np.fromiter(map(bytes, raws), dtype=object, count=len(raws))
 
 
 def _decode_each(uniques: np.ndarray) -> list[Any]:
