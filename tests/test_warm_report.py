@@ -249,55 +249,35 @@ def test_the_early_reading_of_a_report_line_agrees_with_the_parser(line):
     assert only_early == (set(early) <= set(ANSWERED_EARLY))
 
 
-@pytest.mark.parametrize(
-    "line",
-    [
+# Command lines a plain command may be, or may seem to be: each is read early as its parser reads it, or not at all.
+EARLY_LINES = {
+    "report": [
         ["run"], ["run", "-f", "json", "-o", "r.txt"], ["-o", "out.md", "run", "-v"], ["run", "--output=r.html"], ["run", "-o", "-"],
         ["run", "-f", "pdf", "-o", "r.json"], ["run", "-o"], ["run", "-o", "a", "-o", "b"], ["run", "-o", "r.json", "--ops"],
         ["run", "--select", "a", "-o", "r"], ["run", "-or.json"], ["run", "-o", ""],
     ],
-)
-def test_a_report_made_without_the_parser_gets_the_parsers_arguments(line):
-    """A plain report line is made by calling the report command directly: with every
-    argument the parser would give it, or not at all (then the parser reads the line)."""
-    import typer.main
-
-    from advisor.cli import app, report
-    from advisor.cli.warm import MADE_EARLY, early_arguments
-
-    early = early_arguments(list(line), report, MADE_EARLY["report"])
-    try:
-        parsed = typer.main.get_command(app).commands["report"].make_context("report", list(line)).params
-    except Exception:  # noqa: BLE001 - a usage error: never answered early
-        parsed = None
-    if early is None:
-        return
-    assert parsed is not None
-    assert early == parsed
-    assert {k: type(v) for k, v in early.items()} == {k: type(v) for k, v in parsed.items()}
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
+    "whatif": [
         ["run"], ["run", "--apply", "launch-bound"], ["--apply", "a,b", "run"], ["run", "--apply=a"], ["run", "--apply"],
         ["run", "--apply", "a", "--apply", "b"], ["run", "--run", "r1"], ["run", "--config", "advisor.toml"], ["run", "--apply", ""],
         ["run", "other"], ["--", "run"], ["run", "-a", "x"], ["run", "--help"],
     ],
-)
-def test_a_whatif_made_without_the_parser_gets_the_parsers_arguments(line):
-    """A plain whatif line is run by calling the command directly: with every argument the
-    parser would give it, or not at all (then the parser reads the line)."""
+}
+
+
+@pytest.mark.parametrize("name,line", [(name, line) for name, lines in EARLY_LINES.items() for line in lines])
+def test_a_command_made_without_the_parser_gets_the_parsers_arguments(name, line):
+    """A plain report or whatif line is run by calling the command's function directly: with
+    every argument the parser would give it, or not at all (then the parser reads the line)."""
     import typer.main
 
-    from advisor.cli import _optional_command, _register_optional_commands, app
+    from advisor.cli import _optional_command, _register_optional_commands, app, report
     from advisor.cli.warm import MADE_EARLY, early_arguments
 
-    whatif = _optional_command("whatif")
-    early = early_arguments(list(line), whatif, MADE_EARLY["whatif"])
-    _register_optional_commands("whatif")
+    command = report if name == "report" else _optional_command(name)
+    early = early_arguments(list(line), command, MADE_EARLY[name])
+    _register_optional_commands(name)
     try:
-        parsed = typer.main.get_command(app).commands["whatif"].make_context("whatif", list(line)).params
+        parsed = typer.main.get_command(app).commands[name].make_context(name, list(line)).params
     except BaseException:  # noqa: BLE001 - a usage error, or --help's exit: never answered early
         parsed = None
     if early is None:
