@@ -182,11 +182,11 @@ def test_a_warm_report_imports_no_frames_library(tmp_path):
     run = copy_run(SAMPLE_RUN, tmp_path)
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONWARNINGS": "ignore"}
     env.pop("COLUMNS", None)
-    probe = (
-        "import sys; from advisor.cli import program\n"
-        "try:\n    program()\nexcept SystemExit:\n    pass\n"
-        "heavy = sorted(m for m in ('pandas', 'pyarrow', 'numpy', 'rich', 'torch') if m in sys.modules)\n"
-        "print('imported:', ','.join(heavy), file=sys.stderr)\n"
+    probe = (  # said at exit: the program ends the process itself (advisor.leaving), after the atexit handlers
+        "import atexit, sys; from advisor.cli import program\n"
+        "heavy = lambda: sorted(m for m in ('pandas', 'pyarrow', 'numpy', 'rich', 'torch') if m in sys.modules)\n"
+        "atexit.register(lambda: print('imported:', ','.join(heavy()), file=sys.stderr))\n"
+        "program()\n"
     )
     for args in ([], ["-f", "json"], ["-f", "md", "-v"]):
         cmd = [sys.executable, "-c", probe, "report", *args, str(run)]

@@ -484,8 +484,9 @@ WITHOUT_COLLECTOR = {"report", "gate", "baseline", "diff", "whatif"}
 
 
 def program() -> None:
-    """The `advisor` program (console script and `python -m advisor`). Tests call main()
-    itself, so a long-lived process keeps collecting and exits as usual."""
+    """The `advisor` program (console script and `python -m advisor`); for the analysis
+    commands it ends the process itself and does not return. Tests call main() itself, so a
+    long-lived process keeps collecting and exits as usual."""
     if _named_command(sys.argv[1:]) not in WITHOUT_COLLECTOR:
         try:
             main()
