@@ -70,9 +70,9 @@ def categorical(codes: np.ndarray, uniques: np.ndarray) -> pd.Categorical:
 
 def str_codes(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Codes and unique str(v) for mixed values (thread ids are ints in one trace, strings in another)."""
-    if set(map(type, values)) <= {int}:
+    if (not values or type(values[0]) is int) and set(map(type, values)) <= {int}:  # a first value not an int settles it
         try:
-            codes, uniques = pd.factorize(np.array(values, dtype=np.int64))
+            codes, uniques = pd.factorize(np.fromiter(values, dtype=np.int64, count=len(values)))
             return codes, np.array([str(u) for u in uniques], dtype=object)
         except OverflowError:
             pass

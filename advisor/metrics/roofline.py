@@ -189,7 +189,17 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
     first = g.drop_duplicates("code")
     prec_all = text_of(k["precision"])[idx] if "precision" in k else np.full(len(idx), "", dtype=object)
     g["tf32"] = prec_all == "tf32"  # an fp32 op any of whose kernels ran TF32 (cuDNN's default for convolutions)
-    agg = g.groupby("code", sort=False).agg(dur=("dur", "sum"), kernels=("dur", "size"), tf32=("tf32", "any"))
+    # per group, in order of first appearance: kernel time (whole ns: summed exactly), kernels, any TF32
+    order = first["code"].to_numpy()
+    code_of, n_codes = g["code"].to_numpy(), int(codes.max()) + 1
+    agg = pd.DataFrame(
+        {
+            "dur": np.bincount(code_of, weights=g["dur"].to_numpy(), minlength=n_codes)[order],
+            "kernels": np.bincount(code_of, minlength=n_codes)[order],
+            "tf32": np.bincount(code_of, weights=g["tf32"].to_numpy(np.float64), minlength=n_codes)[order] > 0,
+        },
+        index=pd.Index(order, name="code"),
+    )
     with_ext = g[g["ext"] >= 0].groupby("code", sort=False)["ext"].nunique()
     calls = agg["kernels"].astype(np.float64).copy()
     calls.loc[with_ext.index] = with_ext.astype(np.float64)

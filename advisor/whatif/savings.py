@@ -10,6 +10,7 @@ rank (`RankWhatIf`), small and picklable for per-rank workers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
@@ -311,9 +312,10 @@ class RankReplay:
     def host_scale(self) -> float:
         return self.base.host_scale
 
-    @property
+    @functools.cached_property
     def statistic(self) -> str:
-        """"mean" where slow steps recur in the window (throughput is the mean step), else "median"."""
+        """"mean" where slow steps recur in the window (throughput is the mean step), else
+        "median". Asked at every replay: worked out once (the steps do not change)."""
         return "mean" if recurring_slow_steps(self.metrics.steps["duration"].to_numpy(np.float64)) else "median"
 
     def _of(self, result) -> float:
