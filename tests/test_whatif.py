@@ -242,6 +242,27 @@ def test_a_long_run_replays_a_block_of_its_steps_with_the_same_savings(monkeypat
     assert analyze(shared("traces/v100_resnet50_nw0")).whatif[0].baseline_ms == pytest.approx(whole.baseline_ms, rel=0.02)
 
 
+def test_device_rows_outside_a_replayed_block_change_nothing():
+    # The GTX 1650 run's replay is a block of 8 of its 99 steps: the device ops before the
+    # block have rows below the block's, which are not the graph's. A change naming only them
+    # (a hundred times slower, launched back to back) replays as no change at all; the same
+    # change on the block's own ops makes its steps longer.
+    from advisor.whatif.replay import Change, replay_graph
+    from advisor.whatif.savings import sampled_graph
+
+    frames = load_trace(shared("traces/corpus/gtx1650_compile_infer_stack_mem.json.gz"))
+    m = compute_metrics(frames)
+    g, rows = sampled_graph(frames, m.steps)
+    assert rows is not None
+    before = np.arange(int(g.device_row.min()))
+    assert len(before) > 0 and not np.isin(before, g.device_row).any()
+    outside = Change(device_scale={int(r): 100.0 for r in before}, tight_launch={int(r) for r in before})
+    unchanged, replayed = replay_graph(g), replay_graph(g, outside)
+    assert np.array_equal(replayed.step_ns, unchanged.step_ns)
+    inside = Change(device_scale={int(r): 100.0 for r in g.device_row})
+    assert (replay_graph(g, inside).step_ns > unchanged.step_ns).all()
+
+
 def test_the_profiler_cost_estimate_counts_the_events_of_the_steps_it_replays():
     # A compiled fp16 linear called 100 times on a GTX 1650, recorded with stacks and no
     # unprofiled steps: 99 iterations, of which the replay takes a block of 8. The profiler's

@@ -355,7 +355,8 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
         if change.device_scale:
             r, f = _table_arrays(g, change.device_scale)
             okr = (r >= 0) & (r < len(pos_of))
-            d_dur[pos_of[r[okr]]] *= f[okr]
+            p = pos_of[r[okr]]
+            d_dur[p[p >= 0]] *= f[okr][p >= 0]  # a row not in the graph (-1) is no op's
         if change.device_add:
             r, ns = _table_arrays(g, change.device_add)
             okr = (r >= 0) & (r < len(pos_of))
@@ -364,6 +365,7 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
         if change.tight_launch:
             r, _ = _table_arrays(g, change.tight_launch)
             p = pos_of[r[(r >= 0) & (r < len(pos_of))]]
+            p = p[p >= 0]
             d_gap[p] = np.minimum(d_gap[p], 0)
             delay[p] = np.minimum(delay[p], g.d_latency[p])
     return EffectiveArrays(gap, own, unwait, tail, d_dur, delay, d_gap)
