@@ -311,9 +311,10 @@ def _launching_one_kernel(metrics, tree: OpTree) -> np.ndarray:
     ts, end = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
     l_ts = lk["launch_ts"].to_numpy(np.float64).astype(np.int64)
     l_tid = text_of(lk["launch_tid"])
+    rows_of = tree.rows_by_thread()
     for t in pd.unique(l_tid):
         mine = np.sort(l_ts[l_tid == t])
-        rows = np.nonzero(tree.thread == t)[0]
+        rows = rows_of.get(t, np.zeros(0, dtype=np.int64))
         count[rows] = np.searchsorted(mine, end[rows], side="left") - np.searchsorted(mine, ts[rows], side="left")
     return count == 1
 

@@ -43,7 +43,7 @@ class OpTree:
         out = np.full(len(ts), -1, dtype=np.int64)
         op_ts = self.ops["ts"].to_numpy(np.int64)
         op_end = self.ops["end"].to_numpy(np.int64)
-        rows_of = self._rows_by_thread()
+        rows_of = self.rows_by_thread()
         for t, pts in _positions_by_text(np.asarray(tid)).items():  # threads are independent
             rows = rows_of.get(t)
             if rows is None:
@@ -59,8 +59,8 @@ class OpTree:
             out[pts] = cur
         return out
 
-    def _rows_by_thread(self) -> dict[str, np.ndarray]:
-        """Each thread's op positions (ascending), made once per tree: innermost() is asked often."""
+    def rows_by_thread(self) -> dict[str, np.ndarray]:
+        """Each thread's op positions (ascending), by the thread's text, made once per tree."""
         kept = self.__dict__.get("_rows_by_thread_kept")
         if kept is None:
             kept = self.__dict__["_rows_by_thread_kept"] = _positions_by_text(self.thread)
@@ -92,7 +92,7 @@ def _positions_by_text(values: np.ndarray) -> dict[str, np.ndarray]:
     if values.dtype.kind == "U" and (values == values[0]).all():  # one thread's points
         return {str(values[0]): np.arange(len(values))}
     codes, uniques = pd.factorize(values, use_na_sentinel=False)
-    return _positions_by_code(codes, [str(u) for u in (uniques.tolist() if hasattr(uniques, "tolist") else list(uniques))])
+    return _positions_by_code(codes, [str(u) for u in uniques.tolist()])
 
 
 def _positions_by_code(codes: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:

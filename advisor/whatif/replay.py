@@ -210,16 +210,27 @@ def _floats(g: StepGraph) -> dict[str, np.ndarray]:
 def _table_arrays(g: StepGraph, table: dict | set) -> tuple[np.ndarray, np.ndarray | None]:
     """A change's per-row table as (rows, values) arrays (a set: rows alone), kept per graph
     for the table object: a fix's table is shared, not copied, by the merges it is in."""
-    kept = g.__dict__.setdefault("_tables", {})
-    got = kept.get(id(table))
-    if got is not None and got[0] is table:
-        return got[1], got[2]
-    rows = np.fromiter(table.keys() if isinstance(table, dict) else table, dtype=np.int64, count=len(table))
-    values = np.fromiter(table.values(), dtype=np.float64, count=len(table)) if isinstance(table, dict) else None
+    def make() -> tuple[np.ndarray, np.ndarray | None]:
+        rows = np.fromiter(table.keys() if isinstance(table, dict) else table, dtype=np.int64, count=len(table))
+        values = np.fromiter(table.values(), dtype=np.float64, count=len(table)) if isinstance(table, dict) else None
+        return rows, values
+
+    return _kept_for(g, "_tables", (table,), make)
+
+
+def _kept_for(g: StepGraph, cache: str, objects: tuple, make):
+    """make()'s value, kept per graph for the objects it is made from (keyed by their ids; the
+    objects are kept with it, so their ids are not reused), at most 256 per cache."""
+    kept = g.__dict__.setdefault(cache, {})
+    key = tuple(map(id, objects))
+    got = kept.get(key)
+    if got is not None and all(a is b for a, b in zip(got[0], objects, strict=True)):
+        return got[1]
+    value = make()
     if len(kept) >= 256:
         kept.clear()
-    kept[id(table)] = (table, rows, values)  # the table is kept with its arrays, so its id is not reused
-    return rows, values
+    kept[key] = (objects, value)
+    return value
 
 
 def _row_positions(g: StepGraph) -> dict[str, np.ndarray]:
@@ -245,17 +256,11 @@ def _window_overlaps(g: StepGraph, parts: list[tuple[np.ndarray, np.ndarray]]) -
     """The windows (start, end arrays of several fixes) merged, and their overlap with each host
     gap, kept per graph for the arrays: the greedy ranking replays one fix's windows with each
     of the others'."""
-    kept = g.__dict__.setdefault("_window_overlaps", {})
-    key = tuple((id(a), id(b)) for a, b in parts)
-    got = kept.get(key)
-    if got is not None and all(x is a and y is b for (x, y), (a, b) in zip(got[0], parts, strict=True)):
-        return got[1], got[2]
-    ms, me = merge(np.concatenate([np.asarray(a, dtype=np.int64) for a, _ in parts]), np.concatenate([np.asarray(b, dtype=np.int64) for _, b in parts]))
-    ov = _gap_overlap(g, ms, me)
-    if len(kept) >= 256:
-        kept.clear()
-    kept[key] = (parts, (ms, me), ov)  # the arrays are kept with their overlap, so their ids are not reused
-    return (ms, me), ov
+    def make() -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        ms, me = merge(np.concatenate([np.asarray(a, dtype=np.int64) for a, _ in parts]), np.concatenate([np.asarray(b, dtype=np.int64) for _, b in parts]))
+        return (ms, me), _gap_overlap(g, ms, me)
+
+    return _kept_for(g, "_window_overlaps", tuple(x for pair in parts for x in pair), make)
 
 
 def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
