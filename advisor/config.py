@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterable, get_args, get_origin
 import msgspec
 import orjson
 
-from advisor.errors import InputError
+from advisor.errors import InputError, did_you_mean
 from advisor.files_read import remember
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ def check_rule_options(config: Config, rules: Iterable[Rule]) -> Config:
     for rule_id, options in config.rule_options.items():
         rule = by_id.get(rule_id)
         if rule is None:
-            hint = _did_you_mean(rule_id, by_id)
+            hint = did_you_mean(rule_id, by_id)
             raise InputError(
                 config.path,
                 f"{config.table_name('rules.' + rule_id)}: unknown rule {rule_id!r}{hint}; run `advisor rules` to list them",
@@ -294,13 +294,6 @@ def _kind(value: Any) -> str:
     return {bool: "bool", int: "int", float: "float", str: "str", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
-def _did_you_mean(key: str, known: Iterable[str]) -> str:
-    import difflib  # only for a message
-
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _problem(exc: msgspec.ValidationError, table: str, known: list[tuple[str, str, Any]], given: dict[str, Any]) -> str:
     """One line from msgspec's error: the table, the key, and what was expected."""
     text = str(exc)
@@ -308,7 +301,7 @@ def _problem(exc: msgspec.ValidationError, table: str, known: list[tuple[str, st
     m = _UNKNOWN.match(text)
     if m:
         key = ((m["at"] or "").lstrip(".") + "." + m["key"]).lstrip(".")
-        return f"{_at(table, key)}: unknown key{_did_you_mean(m['key'], [n for n, _, _ in known])}; expected one of: {listing}"
+        return f"{_at(table, key)}: unknown key{did_you_mean(m['key'], [n for n, _, _ in known])}; expected one of: {listing}"
     m = _EXPECTED.match(text)
     if m:
         at = (m["at"] or "").lstrip(".")

@@ -6,6 +6,7 @@ one line naming the file and what is wrong, and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
@@ -28,6 +29,15 @@ class InputError(Exception):
 
         problem = one_line(self.problem)
         return f"{path_text(self.path)}: {problem}" if self.path else problem
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of the names (rule ids, groups, config keys:
+    all lower case), or ''."""
+    import difflib  # only for a message
+
+    close = difflib.get_close_matches(word.lower(), list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # The exit status when stdout closes before the output is written: 0, or a verdict already

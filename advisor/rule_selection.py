@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, TypeVar
 
-from advisor.errors import InputError
+from advisor.errors import InputError, did_you_mean
 
 ALL = "all"
 
@@ -44,14 +44,6 @@ def matching(selector: str, rules: list[R]) -> list[str]:
     if s == ALL:
         return [r.id for r in rules]
     return [r.id for r in rules if r.id == s or r.group == s or r.id.startswith(s + "-")]
-
-
-def did_you_mean(word: str, names: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest of the names (rule ids, groups), or ''."""
-    import difflib  # only for a message
-
-    close = difflib.get_close_matches(word.lower(), list(names), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def resolve(rules: list[R], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[R]:

@@ -1,7 +1,8 @@
 """Cold `advisor report` against the floor (floor.py), per trace size, interleaved in one run.
 
     .venv/bin/python benchmarks/report_vs_floor.py [--sizes 34MB,87MB,1GB] [--repeat 3]
-        [--tools tb,hta] [--out benchmarks/results/report_vs_floor]
+        [--tools tb,hta] [--traces corpus/mi300x_xdit_flux_infer.json.gz,...]
+        [--out benchmarks/results/report_vs_floor]
 
 Per size and repeat, one after another on the same file (so the machine's load falls on all
 alike), each a whole fresh process, CPU seconds (user + sys, from wait4) and peak RSS:
@@ -21,7 +22,8 @@ alike), each a whole fresh process, CPU seconds (user + sys, from wait4) and pea
 
 Traces: 34 MB is ../shared/traces/v100_resnet50_nw0 as it is (gzip, 34 MB of JSON); the
 others are scaled copies of it made by make_large_trace.py under $ADVISOR_BENCH_DIR (default
-/tmp/advisor-bench). Medians of the repeats; at 1 GB one repeat and no peers by default. The
+/tmp/advisor-bench). `--traces` adds held-out traces of other shapes and vendors (`--sizes
+none` for those alone), each row named by its file. Medians of the repeats; at 1 GB one repeat and no peers by default. The
 ratio of the fastest runs is printed beside the medians' (a busy machine only ever adds time).
 """
 
@@ -38,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_speed import machine_info  # noqa: E402
-from report_vs_peers import HTA, PY, REPO, RESULTS, TB, measured, trace_for  # noqa: E402
+from report_vs_peers import HTA, PY, REPO, RESULTS, SHARED, TB, measured, trace_for  # noqa: E402
 
 from advisor.load.decode import read_trace_bytes  # noqa: E402
 
@@ -121,8 +123,14 @@ def compiled() -> None:
         compileall.compile_dir(str(REPO / folder), quiet=1)
 
 
-def bench(size: str, repeat: int, tools: list[str]) -> dict:
-    trace = trace_for(size)
+def held_out(name: str) -> Path:
+    """A trace of ../shared/traces by its path there (corpus/mi300x_xdit_flux_infer.json.gz), or any path."""
+    path = Path(name)
+    return path if path.exists() else SHARED / name
+
+
+def bench(size: str, repeat: int, tools: list[str], trace: Path | None = None) -> dict:
+    trace = trace or trace_for(size)
     compiled()
     mb = len(read_trace_bytes(trace)) / 2**20
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "ADVISOR_CACHE": "off"}
@@ -209,8 +217,13 @@ def main() -> None:
     ap.add_argument("--sizes", default="34MB,87MB,1GB")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tools", default="tb,hta", help="peers to run where installed (tb, hta); empty or none: no peer")
+    ap.add_argument("--traces", default="", help="also these traces, comma-separated: paths under ../shared/traces (corpus/NAME.json.gz) or any path")
     ap.add_argument("--out", default=str(RESULTS / "report_vs_floor"))
     args = ap.parse_args()
+    extra = [t for t in args.traces.split(",") if t]
+    missing = [t for t in extra if not held_out(t).exists()]
+    if missing:
+        ap.error(f"--traces: no such trace {missing[0]!r} (here or under {SHARED})")
     wanted = [t for t in args.tools.split(",") if t and t != "none"]
     unknown = [t for t in wanted if t not in ("tb", "hta")]
     if unknown:
@@ -218,10 +231,12 @@ def main() -> None:
     tools = [t for t in wanted if installed({"tb": "torch_tb_profiler", "hta": "hta"}[t])]
     out = Path(args.out)
     done: list[dict] = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else []
-    done = [r for r in done if r["size"] not in args.sizes.split(",")]
-    for size in args.sizes.split(","):
+    sizes = [s for s in args.sizes.split(",") if s and s != "none"]
+    labels = [*sizes, *(Path(t).name for t in extra)]
+    done = [r for r in done if r["size"] not in labels]
+    for size, trace in [*((s, None) for s in sizes), *((Path(t).name, held_out(t)) for t in extra)]:
         big = size.upper().endswith("GB")
-        row = bench(size, 1 if big else args.repeat, [] if big else tools)
+        row = bench(size, 1 if big else args.repeat, [] if big else tools, trace)
         done.append(row)
         order = {s: i for i, s in enumerate(["34MB", "51MB", "87MB", "1GB"])}
         done.sort(key=lambda r: order.get(r["size"], 99))

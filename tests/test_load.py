@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO, SHARED_TRACES, shared_trace, single_file
 
 from advisor import cache as frame_cache
+from advisor.load import decode
 from advisor.load.decode import read_trace_bytes
 from advisor.load.discover import find_run
 from advisor.ranks import load_frames
@@ -158,6 +159,44 @@ def test_batched_decoding_gives_the_same_frames(name):
     whole = frames_from_bytes(path, data)
     batched = frames_from_bytes(path, data, batch_threshold=0, batch_bytes=256 * 1024)
     assert_same_frames(whole, batched)
+
+
+def _rejected_events(data: bytes) -> int:
+    """How many events the typed decoder refuses, each decoded on its own (an independent count)."""
+    import msgspec
+
+    events = msgspec.json.decode(data)["traceEvents"]
+    one = msgspec.json.Decoder(decode.Event)
+    rejected = 0
+    for e in events:
+        try:
+            one.decode(msgspec.json.encode(e))
+        except msgspec.ValidationError:
+            rejected += 1
+    return rejected
+
+
+@needs_traces
+@pytest.mark.parametrize("name", ["corpus/mi300x_qwen15_05b_chat_infer.json.gz", "misc/amd_mi250_minitoy.json.gz"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_odd_value_sends_only_the_events_around_it_down_the_lenient_path(name, batched, monkeypatch):
+    """AMD's runtime calls write `bytes` (and an old ROCm `stream`) as text, which the typed
+    decoder refuses. The frames are those of cleaning up every event, and only the refused
+    events and their neighbours in a chunk are cleaned up, not the whole trace."""
+    path = shared_trace(name)
+    data = bytes(read_trace_bytes(path))
+    rejected = _rejected_events(data)
+    assert rejected > 0  # the trace holds such values (else this test checks nothing)
+    cleaned = []
+    real_clean = decode._clean_event
+    monkeypatch.setattr(decode, "_clean_event", lambda e: cleaned.append(1) or real_clean(e))
+    sizes = {"batch_threshold": 0, "batch_bytes": 64 * 1024} if batched else {}
+    frames = frames_from_bytes(path, bytearray(data), **sizes)
+    events = len(orjson.loads(data)["traceEvents"])
+    assert len(cleaned) <= rejected + decode.CHUNK_EVENTS * (rejected // decode.REJECTED_ALONE)
+    assert len(cleaned) < events / 4 or events < 4 * decode.CHUNK_EVENTS
+    monkeypatch.setattr(decode, "REJECTED_ALONE", 0)  # every chunk cleaned up whole: the lenient reading
+    assert_same_frames(frames_from_bytes(path, bytearray(data), **sizes), frames)
 
 
 # --- inputs: files, run folders, folders of runs ----------------------------------------------

@@ -39,7 +39,7 @@ def whatif(
         wanted = [r for r in ranked if head is not None and r in head.fixes and r in modelled]
     else:
         wanted = [r.strip() for r in apply.split(",") if r.strip()]
-        from advisor.rule_selection import did_you_mean
+        from advisor.errors import did_you_mean
 
         known = {r.id for r in all_rules()}
         for rule in wanted:

@@ -94,7 +94,7 @@ def find_rule(rule_id: str, extra_dir: str | Path | None = None) -> Rule:
     for r in all_rules(extra_dir):
         if r.id == rule_id:
             return r
-    from advisor.rule_selection import did_you_mean
+    from advisor.errors import did_you_mean
 
     ids = [r.id for r in all_rules(extra_dir)]
     raise InputError(None, f"unknown rule {rule_id!r}{did_you_mean(rule_id, ids)}; `advisor rules` lists them")

@@ -15,9 +15,12 @@ next one is decoded.
 Anything msgspec rejects (wrong types, non-UTF-8 bytes, NaN/Infinity literals, numbers out
 of range) is retried once through a lenient path (Python's json with replacement of bad
 bytes, then a clean-up of each event), so a trace is refused only when it is not JSON at all
-or not a Chrome trace; the refusal is an InputError naming the file.
+or not a Chrome trace; the refusal is an InputError naming the file. A value of an odd type
+in valid JSON (a byte count written as text, as AMD's runtime calls write it) sends only the
+events around it down that path, a chunk at a time (_decode_chunk): the lenient path costs
+about six times the typed decode, and every event of a trace would otherwise pay for one.
 
-It stays one module of about 615 lines: the fast (msgspec) and the lenient path decode the
+It stays one module of about 680 lines: the fast (msgspec) and the lenient path decode the
 same event types, and kept side by side they accept the same fields.
 """
 
@@ -219,6 +222,8 @@ _WHITESPACE = b" \t\r\n"
 # every SAMPLE_STRIDE-th byte: a piece whose sample holds no 8 in a row holds no such run.
 _SAMPLE_STRIDE = SQUEEZE_RUN // 8
 _SAMPLED_RUN = re.compile(rb"[ \t\r\n]{8}")
+_AS_SPACE = bytes.maketrans(b"\t\r\n", b"   ")
+_SPACE_RUN = b" " * SQUEEZE_RUN
 
 
 def max_trace_bytes() -> int:
@@ -340,6 +345,10 @@ def _squeezed(piece: bytes) -> bytes:
     whitespace or less), are searched. A run that long inside a JSON string loses its length."""
     if len(piece) < SQUEEZE_RUN or not _SAMPLED_RUN.search(piece[::_SAMPLE_STRIDE]):
         return piece
+    # Pretty-printed JSON passes the sample (a third of it is indentation) but holds no run that
+    # long: a search in C on the piece with all whitespace as spaces says so before the regex.
+    if _SPACE_RUN not in piece.translate(_AS_SPACE):
+        return piece
     if 2 * (len(piece) - len(piece.translate(None, _WHITESPACE))) < len(piece):
         return piece
     return _LONG_WHITESPACE.sub(b" ", piece)
@@ -401,9 +410,17 @@ def decode_trace(
     if len(data) <= batch_threshold:
         try:
             doc = _DOC.decode(data)
-        except msgspec.DecodeError as exc:
-            doc = _lenient_doc(path, data, exc)
-        except (msgspec.ValidationError, UnicodeDecodeError) as exc:
+        except msgspec.ValidationError as exc:
+            # A value of an odd type (AMD's runtime calls give `bytes` as text): the events
+            # are split raw and decoded as batches, where only the events the typed decoder
+            # rejects are cleaned up (_decode_batch), not the whole document.
+            try:
+                raw = _DOC_RAW.decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+                doc = _lenient_doc(path, data, exc)
+            else:
+                return _decoded(path, raw, lambda raws: _raw_batches(path, raws, data, batch_bytes, rejected=True))
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             doc = _lenient_doc(path, data, exc)
         return _decoded(path, doc, lambda events: iter([events]))
     try:
@@ -425,16 +442,17 @@ def _decoded(path: Path, doc: Any, batches: Any) -> DecodedTrace:
     return DecodedTrace(doc.deviceProperties, doc.distributedInfo, meta, len(events), batches(events))
 
 
-def _raw_batches(path: Path, raws: list[msgspec.Raw], buffer: Any, batch_bytes: int) -> Iterator[list[Event]]:
+def _raw_batches(path: Path, raws: list[msgspec.Raw], buffer: Any, batch_bytes: int, rejected: bool = False) -> Iterator[list[Event]]:
     """Decode raw event slices about batch_bytes at a time; each batch replaces the last, and
-    the slices of a batch decoded are let go (the list keeps None in their place)."""
+    the slices of a batch decoded are let go (the list keeps None in their place). `rejected`:
+    the typed decoder has rejected an event of these, so each batch goes chunk by chunk."""
     if not raws:
         return
     sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
     cuts = np.searchsorted(np.cumsum(sizes), np.arange(batch_bytes, int(sizes.sum()) + batch_bytes, batch_bytes), side="left") + 1
     bounds = np.unique(np.clip(np.concatenate(([0], cuts, [len(raws)])), 0, len(raws)))
     for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        batch = _decode_batch(path, raws, buffer, start, stop)
+        batch = _decode_batch(path, raws, buffer, start, stop, rejected)
         raws[start:stop] = [None] * (stop - start)  # decoded: the slices' objects go (a large trace holds millions)
         yield batch
 
@@ -443,8 +461,52 @@ def _address(obj: Any) -> int:
     return np.frombuffer(obj, dtype=np.uint8).__array_interface__["data"][0]
 
 
-def _decode_batch(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, stop: int) -> list[Event]:
-    """Decode raws[start:stop] as one JSON array.
+def _decode_batch(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, stop: int, rejected: bool = False) -> list[Event]:
+    """Decode raws[start:stop] as one JSON array; where the typed decoder rejects an event (or
+    has: `rejected`), chunk by chunk (_decode_chunk), so one odd event costs its chunk."""
+    if not rejected:
+        try:
+            return _typed(raws, buffer, start, stop)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            pass
+    out: list[Event] = []
+    for lo in range(start, stop, CHUNK_EVENTS):
+        out += _decode_chunk(path, raws, buffer, lo, min(lo + CHUNK_EVENTS, stop))
+    return out
+
+
+# A batch the typed decoder rejects is decoded again CHUNK_EVENTS events at a time. In a
+# chunk, each rejected event is cleaned up alone and the typed decode resumes after it, up to
+# REJECTED_ALONE times; past that the rest of the chunk is cleaned up as one (a trace whose
+# every event is odd costs what the lenient path costs, not a retry per event).
+CHUNK_EVENTS = 1024
+REJECTED_ALONE = 8
+_REJECTED_AT = re.compile(r"- at `\$\[(\d+)\]")
+
+
+def _decode_chunk(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, stop: int) -> list[Event]:
+    out: list[Event] = []
+    for _ in range(REJECTED_ALONE):
+        try:
+            return out + _typed(raws, buffer, start, stop)
+        except msgspec.ValidationError as exc:
+            m = _REJECTED_AT.search(str(exc))
+            if m is None:
+                return out + _cleaned(path, raws, start, stop, exc)
+            at = start + int(m.group(1))  # the events before it passed: msgspec validates in order
+            if at > start:
+                out += _typed(raws, buffer, start, at)
+            out += _cleaned(path, raws, at, at + 1, exc)
+            start = at + 1
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            return out + _cleaned(path, raws, start, stop, exc)
+        if start >= stop:
+            return out
+    return out + _cleaned(path, raws, start, stop, None)
+
+
+def _typed(raws: list[msgspec.Raw], buffer: Any, start: int, stop: int) -> list[Event]:
+    """raws[start:stop] through the typed decoder (its errors raised).
 
     The raw slices are views into the document, separated by commas and whitespace, so when
     the document is a bytearray the array is decoded in place: the separator before the first
@@ -459,18 +521,18 @@ def _decode_batch(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, 
             buffer[first - 1], buffer[last] = 0x5B, 0x5D  # "[" and "]"
             try:
                 # No explicit release: raw values decoded from the view (Input Dims) point into it.
-                return _decode_events(path, memoryview(buffer)[first - 1 : last + 1])
+                return _EVENTS.decode(memoryview(buffer)[first - 1 : last + 1])
             finally:
                 buffer[first - 1], buffer[last] = before, after
-    return _decode_events(path, b"[" + b",".join(raws[start:stop]) + b"]")
+    return _EVENTS.decode(b"[" + b",".join(raws[start:stop]) + b"]")
 
 
-def _decode_events(path: Path, data: Any) -> list[Event]:
-    try:
-        return _EVENTS.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-        events = _lenient_json(path, data, exc)
-        return _typed_events(path, events if isinstance(events, list) else [])
+def _cleaned(path: Path, raws: list[msgspec.Raw], start: int, stop: int, first: Exception | None) -> list[Event]:
+    """raws[start:stop] through the lenient path (Python's json, then each event cleaned up);
+    `first`: what the typed decoder said of them, for the error should the JSON be bad."""
+    data = b"[" + b",".join(raws[start:stop]) + b"]"
+    events = _lenient_json(path, data, first)
+    return _typed_events(path, events if isinstance(events, list) else [])
 
 
 def _json_problem(exc: Exception) -> str:
@@ -485,7 +547,7 @@ def _json_problem(exc: Exception) -> str:
     return f"invalid JSON: {msg}"
 
 
-def _lenient_json(path: Path, data: bytes | bytearray | memoryview, first: Exception) -> Any:
+def _lenient_json(path: Path, data: bytes | bytearray | memoryview, first: Exception | None) -> Any:
     """Python's json on the text with bad bytes replaced: accepts NaN, Infinity, 1e400, big ints."""
     if isinstance(first, msgspec.DecodeError) and "truncated" in str(first):
         raise InputError(path, _json_problem(first)) from None
