@@ -82,23 +82,47 @@ def _open_at_start(frames: TraceFrames, frame_ts: np.ndarray, frame_end: np.ndar
     return (frame_end - frame_ts) >= 0.9 * max(hi - lo, 1)
 
 
+def _user_python_frames(frames: TraceFrames) -> tuple[pd.DataFrame, np.ndarray]:
+    """The user frames among the host's python_function events (`train.py(42): fn`, not
+    library code), and which of them were open when profiling started. Made once per frames,
+    each distinct name read once: every finding's source line reads them, and a trace recorded
+    with stacks holds hundreds of thousands of such events."""
+    host, steps = frames.host, getattr(frames, "steps", None)
+    kept = frames.__dict__.get("_user_python_frames")
+    if kept is not None and kept[0] is host and kept[1] is steps:
+        return kept[2], kept[3]
+    py = host[host["kind"] == "python"]
+    user = py[_is_user_frame(py["name"])]
+    open_at_start = np.zeros(len(user), dtype=bool)
+    for tid in user["tid"].unique():
+        on = (user["tid"] == tid).to_numpy()
+        open_at_start[on] = _open_at_start(frames, user["ts"].to_numpy(np.int64)[on], user["end"].to_numpy(np.int64)[on], tid)
+    frames.__dict__["_user_python_frames"] = (host, steps, user, open_at_start)
+    return user, open_at_start
+
+
+def _is_user_frame(names: pd.Series) -> np.ndarray:
+    """Whether each name is a frame (`file(line): fn`) of code that is not a library's."""
+    def user(name: str) -> bool:
+        return FRAME.match(name) is not None and LIBRARY.search(name) is None
+
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return np.fromiter((user(n) for n in names.astype(str)), dtype=bool, count=len(names))
+    codes = names.cat.codes.to_numpy()
+    flags = np.zeros(len(names.cat.categories) + 1, dtype=bool)  # the last slot: a missing name
+    categories = names.cat.categories
+    for c in np.unique(codes[codes >= 0]).tolist():
+        flags[c] = user(str(categories[c]))
+    return flags[codes]
+
+
 def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: bool = False) -> list[str]:
     """The innermost user frame enclosing each row, leaving out frames open when profiling
     started (with outer=True: only those)."""
-    host = frames.host
-    py = host[(host["kind"] == "python")]
-    if len(py) == 0 or len(rows) == 0:
+    if len(rows) == 0:
         return []
-    names = py["name"].astype(str)
-    is_frame = names.map(lambda n: FRAME.match(n) is not None).astype(bool)
-    user = py[is_frame & ~names.map(lambda n: LIBRARY.search(n) is not None).astype(bool)]
-    if len(user) == 0:
-        return []
-    keep = np.zeros(len(user), dtype=bool)
-    for tid in user["tid"].unique():
-        on = (user["tid"] == tid).to_numpy()
-        keep[on] = _open_at_start(frames, user["ts"].to_numpy(np.int64)[on], user["end"].to_numpy(np.int64)[on], tid) == outer
-    user = user[keep]
+    user, open_at_start = _user_python_frames(frames)
+    user = user[open_at_start == outer]
     if len(user) == 0:
         return []
     out = []
@@ -108,12 +132,14 @@ def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: boo
             continue
         starts = cand["ts"].to_numpy(np.int64)
         ends = cand["end"].to_numpy(np.int64)
-        names_ = text_of(cand["name"])
+        found = []
         for ts, end in zip(grp["ts"].to_numpy(np.int64), grp["end"].to_numpy(np.int64), strict=True):
             # innermost enclosing user frame: the latest-starting one that still covers the row
             i = np.searchsorted(starts, ts, side="right") - 1
             while i >= 0 and ends[i] < end:
                 i -= 1
             if i >= 0:
-                out.append(names_[i])
+                found.append(i)
+        if found:
+            out.extend(text_of(cand["name"].iloc[found]).tolist())
     return out
