@@ -75,6 +75,22 @@ def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     return hit[codes]
 
 
+def name_group(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """The pattern's first group in each name (`str.extract`), None where it does not match:
+    an object array, each distinct name searched once."""
+    def groups_of(values) -> np.ndarray:
+        out = np.empty(len(values) + 1, dtype=object)  # the last slot: a missing name
+        found = [pattern.search(str(v)) for v in values]
+        out[:-1] = [m.group(1) if m else None for m in found]
+        return out
+
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        table = _per_categories(names.cat.categories, ("group", pattern), lambda cats: groups_of(_per_categories(cats, "text", _category_text)[:-1].tolist()))
+        return table[names.array.codes]
+    codes, distinct = pd.factorize(np.asarray(names, dtype=object))
+    return groups_of(distinct)[codes]
+
+
 def text_of(values: pd.Series) -> np.ndarray:
     """`values.astype(str).to_numpy()` (an object array, NaN where missing), for a categorical
     column converted once per distinct value instead of once per row."""

@@ -29,6 +29,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import (
+    name_group,
     name_matches,
     communication_kernels,
     text_of,
@@ -452,7 +453,7 @@ def optimizer_dispatch_windows(tl: Timeline, tree: OpTree, spans: np.ndarray) ->
     host = tl.frames.host
     py = host[(host["kind"] == "python").to_numpy()]
     if len(py) and len(ops):
-        method = py["name"].astype(str).str.extract(BUILTIN_CALL, expand=False).to_numpy()
+        method = name_group(py["name"], BUILTIN_CALL)
         dispatched = set(ops["name"].astype(str).str.replace(r"^aten::", "", regex=True))
         wrap = py[pd.Series(method).isin(dispatched).to_numpy()]
         ss, se = tree.ops["ts"].to_numpy(np.int64)[spans], tree.ops["end"].to_numpy(np.int64)[spans]

@@ -82,23 +82,28 @@ def _open_at_start(frames: TraceFrames, frame_ts: np.ndarray, frame_end: np.ndar
     return (frame_end - frame_ts) >= 0.9 * max(hi - lo, 1)
 
 
-def _user_python_frames(frames: TraceFrames) -> tuple[pd.DataFrame, np.ndarray]:
+def _user_python_frames(frames: TraceFrames) -> dict[tuple[object, bool], tuple[np.ndarray, np.ndarray, pd.Series]]:
     """The user frames among the host's python_function events (`train.py(42): fn`, not
-    library code), and which of them were open when profiling started. Made once per frames,
-    each distinct name read once: every finding's source line reads them, and a trace recorded
-    with stacks holds hundreds of thousands of such events."""
+    library code) by thread and by whether they were open when profiling started: (starts,
+    ends, names) of each. Made once per frames, each distinct name read once: every finding's
+    source line reads them, and a trace recorded with stacks holds hundreds of thousands."""
     host, steps = frames.host, getattr(frames, "steps", None)
     kept = frames.__dict__.get("_user_python_frames")
     if kept is not None and kept[0] is host and kept[1] is steps:
-        return kept[2], kept[3]
+        return kept[2]
     py = host[host["kind"] == "python"]
     user = py[_is_user_frame(py["name"])]
-    open_at_start = np.zeros(len(user), dtype=bool)
+    ts, end = user["ts"].to_numpy(np.int64), user["end"].to_numpy(np.int64)
+    by_thread = {}
     for tid in user["tid"].unique():
         on = (user["tid"] == tid).to_numpy()
-        open_at_start[on] = _open_at_start(frames, user["ts"].to_numpy(np.int64)[on], user["end"].to_numpy(np.int64)[on], tid)
-    frames.__dict__["_user_python_frames"] = (host, steps, user, open_at_start)
-    return user, open_at_start
+        open_at_start = _open_at_start(frames, ts[on], end[on], tid)
+        for outer in (False, True):
+            pick = np.flatnonzero(on)[open_at_start == outer]
+            if len(pick):
+                by_thread[(tid, outer)] = (ts[pick], end[pick], user["name"].iloc[pick])
+    frames.__dict__["_user_python_frames"] = (host, steps, by_thread)
+    return by_thread
 
 
 def _is_user_frame(names: pd.Series) -> np.ndarray:
@@ -121,17 +126,12 @@ def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: boo
     started (with outer=True: only those)."""
     if len(rows) == 0:
         return []
-    user, open_at_start = _user_python_frames(frames)
-    user = user[open_at_start == outer]
-    if len(user) == 0:
-        return []
+    by_thread = _user_python_frames(frames)
     out = []
     for tid, grp in rows.groupby("tid", observed=True):
-        cand = user[user["tid"] == tid]
-        if len(cand) == 0:
+        if (tid, outer) not in by_thread:
             continue
-        starts = cand["ts"].to_numpy(np.int64)
-        ends = cand["end"].to_numpy(np.int64)
+        starts, ends, names = by_thread[(tid, outer)]
         found = []
         for ts, end in zip(grp["ts"].to_numpy(np.int64), grp["end"].to_numpy(np.int64), strict=True):
             # innermost enclosing user frame: the latest-starting one that still covers the row
@@ -141,5 +141,5 @@ def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: boo
             if i >= 0:
                 found.append(i)
         if found:
-            out.extend(text_of(cand["name"].iloc[found]).tolist())
+            out.extend(text_of(names.iloc[found]).tolist())
     return out
