@@ -262,3 +262,22 @@ def test_row_groups_number_tuples_as_a_multiindex_does():
                 col[np.equal(col, None)] = np.nan
                 cols.append(col)
         assert np.array_equal(row_groups(cols), pd.MultiIndex.from_arrays(cols).factorize()[0])
+
+
+def test_name_group_is_pandas_extract_once_per_distinct_name():
+    """The optimizer's bound-method calls, read once per distinct Python frame name, are what
+    pandas' str.extract reads in every row of a run recorded with stacks (this project's own)."""
+    from conftest import SAMPLE_RUNS
+
+    from advisor.metrics.breakdown import name_group
+    from advisor.metrics.host_device import BUILTIN_CALL
+
+    trace = next((SAMPLE_RUNS / "heldout_h200" / "vit" / "baseline").glob("*.pt.trace.json.gz"))
+    host = load_trace(trace).host
+    py = host[host["kind"] == "python"]["name"]
+    ours = name_group(py, BUILTIN_CALL)
+    theirs = py.astype(str).str.extract(BUILTIN_CALL, expand=False)
+    assert (theirs.notna()).sum() > 100  # bound-method calls are there to find
+    assert [v if isinstance(v, str) else None for v in theirs] == ours.tolist()
+    as_text = py.astype(object)  # the same on a column that is not categorical
+    assert name_group(as_text, BUILTIN_CALL).tolist() == ours.tolist()
