@@ -23,7 +23,7 @@ alike), each a whole fresh process, CPU seconds (user + sys, from wait4) and pea
 Traces: 34 MB is ../shared/traces/v100_resnet50_nw0 as it is (gzip, 34 MB of JSON); the
 others are scaled copies of it made by make_large_trace.py under $ADVISOR_BENCH_DIR (default
 /tmp/advisor-bench). `--traces` adds held-out traces of other shapes and vendors (`--sizes
-none` for those alone), each row named by its file. Medians of the repeats; at 1 GB one repeat and no peers by default. The
+none` for those alone), each row named as given. Medians of the repeats; at 1 GB one repeat and no peers by default. The
 ratio of the fastest runs is printed beside the medians' (a busy machine only ever adds time).
 """
 
@@ -232,9 +232,9 @@ def main() -> None:
     out = Path(args.out)
     done: list[dict] = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else []
     sizes = [s for s in args.sizes.split(",") if s and s != "none"]
-    labels = [*sizes, *(Path(t).name for t in extra)]
+    labels = [*sizes, *extra]
     done = [r for r in done if r["size"] not in labels]
-    for size, trace in [*((s, None) for s in sizes), *((Path(t).name, held_out(t)) for t in extra)]:
+    for size, trace in [*((s, None) for s in sizes), *((t, held_out(t)) for t in extra)]:
         big = size.upper().endswith("GB")
         row = bench(size, 1 if big else args.repeat, [] if big else tools, trace)
         done.append(row)
