@@ -14,7 +14,10 @@ on any trace, not on one picked to show a case:
   records, a device timeline outside the host's) gets a warning, and no finding that rests on
   the device's records;
 - without unprofiled steps, the profiler-cost calibration of host time never turns a window
-  whose device idles most of the step into one the device holds.
+  whose device idles most of the step into one the device holds;
+- a finding's source line (where to look) is never PyTorch's own code or Python's: the
+  profiler writes an installed package's file under its own folder (`torchvision/models/
+  resnet.py`), as it writes the user's script (`train.py`).
 
 They run over `public_traces()` (../shared/traces, skipped with the reason when absent) and
 `own_runs()` (this project's recordings); each run is analysed once per process.
@@ -55,7 +58,7 @@ KERNEL_RULES = {
 }
 COPY_RULES = {"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume"}
 
-# (checks: iteration, one-time, device-gaps, calibration, rules-run)
+# (checks: iteration, one-time, device-gaps, calibration, rules-run, source)
 # Runs where an invariant does not hold for a reason the trace itself sets (strict: the day
 # it holds, the mark must go). Keyed by (check, run).
 KNOWN: dict[tuple[str, str], str] = {}
@@ -304,3 +307,20 @@ def test_no_rule_fails_on_a_real_trace(name):
     # is a bug in the rule (a fact read the wrong way, a column assumed), never the trace's fault.
     failed = [w for w in analysis_of(name).warnings if re.search(r"^rule \S+ failed on rank", w)]
     assert not failed, "; ".join(failed)
+
+
+# --- the user's line is the user's ---------------------------------------------------------
+# PyTorch's packages and Python's own as the profiler names their files (the path under the
+# sys.path folder that holds them), and as their absolute paths read.
+NOT_THE_USERS = re.compile(
+    r"^(?:torch|torchvision|torchaudio|torchtext|functorch|multiprocessing|concurrent|asyncio|importlib|threading\.py)[/(]"
+    r"|/(?:site-packages|dist-packages)/torch(?:vision|audio)?/"
+)
+
+
+@pytest.mark.parametrize("name", _params("source"))
+def test_a_findings_source_line_is_not_pytorchs_or_pythons_own_code(name):
+    a = analysis_of(name)
+    lines = [(f.rule, line) for f in [*a.findings, *a.considered] for line in f.evidence.get("source") or []]
+    wrong = [(rule, line) for rule, line in lines if NOT_THE_USERS.search(str(line))]
+    assert not wrong, f"source lines in library code: {wrong[:3]}"

@@ -8,6 +8,7 @@ enclose the op on the same thread ("train.py(42): <module>").
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,24 @@ from advisor.metrics.breakdown import text_of
 
 FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python3|/torch/|/torchvision/|<built-in|<frozen|^torch/|^threading\.py|advisor/capture/)")
+# The profiler names a file by its path under the first folder of sys.path that holds it
+# (torch.profiler.python_tracer), so an installed package's file reads `torchvision/models/
+# resnet.py` and the user's script `train.py`: a path whose first folder is one of PyTorch's
+# own packages, or of Python's, is library code, as the absolute paths LIBRARY names are.
+# Other libraries' frames stay: a wait inside Lightning's loader is told to be there, and
+# where the module builds its DataLoader is the fix (advisor.fix). (`test` is Python's
+# package and many a user's folder.)
+LIBRARY_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "torchdata", "functorch"}) | (
+    frozenset(sys.stdlib_module_names) - {"test"}
+)
+
+
+def library_file(file: str) -> bool:
+    """Whether a frame's file is library code rather than the user's."""
+    if LIBRARY.search(file):
+        return True
+    top, folder, _ = file.replace("\\", "/").partition("/")
+    return bool(folder) and top in LIBRARY_PACKAGES
 
 
 def user_frame(stack: str | None) -> str | None:
@@ -26,7 +45,7 @@ def user_frame(stack: str | None) -> str | None:
     for frame in str(stack).split(";"):
         frame = frame.strip()
         m = FRAME.match(frame)
-        if m and not LIBRARY.search(m.group("file")):
+        if m and not library_file(m.group("file")):
             return frame
     return None
 
@@ -109,7 +128,8 @@ def _user_python_frames(frames: TraceFrames) -> dict[tuple[object, bool], tuple[
 def _is_user_frame(names: pd.Series) -> np.ndarray:
     """Whether each name is a frame (`file(line): fn`) of code that is not a library's."""
     def user(name: str) -> bool:
-        return FRAME.match(name) is not None and LIBRARY.search(name) is None
+        m = FRAME.match(name)
+        return m is not None and LIBRARY.search(name) is None and not library_file(m.group("file"))
 
     if not isinstance(names.dtype, pd.CategoricalDtype):
         return np.fromiter((user(n) for n in names.astype(str)), dtype=bool, count=len(names))
