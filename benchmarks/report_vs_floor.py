@@ -40,9 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_speed import machine_info  # noqa: E402
-from report_vs_peers import HTA, PY, REPO, RESULTS, SHARED, TB, measured, trace_for  # noqa: E402
+from report_vs_peers import HTA, PY, REPO, RESULTS, SHARED, TB, decompressed_mb, measured, trace_for  # noqa: E402
 
-from advisor.load.decode import read_trace_bytes  # noqa: E402
 
 FLOOR = REPO / "benchmarks" / "floor.py"
 
@@ -132,7 +131,7 @@ def held_out(name: str) -> Path:
 def bench(size: str, repeat: int, tools: list[str], trace: Path | None = None) -> dict:
     trace = trace or trace_for(size)
     compiled()
-    mb = len(read_trace_bytes(trace)) / 2**20
+    mb = decompressed_mb(trace)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "ADVISOR_CACHE": "off"}
     runs: dict[str, list[dict]] = {k: [] for k in ("floor", "json", "html", *tools)}
     stages: list[dict] = []

@@ -48,7 +48,6 @@ sys.path.insert(0, str(REPO))
 from load_speed import machine_info  # noqa: E402
 from make_large_trace import parse_size  # noqa: E402
 
-from advisor.load.decode import read_trace_bytes  # noqa: E402
 
 BENCH = Path(os.environ.get("ADVISOR_BENCH_DIR", "/tmp/advisor-bench"))
 SHARED = REPO.parent / "shared" / "traces"
@@ -133,6 +132,14 @@ def measured(cmd: list[str], env: dict[str, str], capture: bool = False) -> dict
     return result
 
 
+def decompressed_mb(trace: Path) -> float:
+    """The trace's JSON size, read in a child process: a child reports the peak RSS of the
+    process it was forked from as its own floor (Linux keeps the high-water mark across fork
+    and exec), so the benchmark itself never holds a trace's bytes."""
+    code = "import sys; from pathlib import Path; from advisor.load.decode import read_trace_bytes; print(len(read_trace_bytes(Path(sys.argv[1]))))"
+    return int(subprocess.run([PY, "-c", code, str(trace)], check=True, capture_output=True, text=True).stdout) / 2**20
+
+
 def trace_for(size: str) -> Path:
     if size.upper() == "34MB":
         return next(SOURCE.glob("*.pt.trace.json.gz"))
@@ -152,7 +159,7 @@ def median_of(runs: list[dict]) -> dict:
 
 def bench(size: str, repeat: int, tools: list[str]) -> dict:
     trace = trace_for(size)
-    mb = len(read_trace_bytes(trace)) / 2**20
+    mb = decompressed_mb(trace)
     base_env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     cold_env = {**base_env, "ADVISOR_CACHE": "off"}
     with tempfile.TemporaryDirectory(prefix="advisor-peers-") as tmp:
