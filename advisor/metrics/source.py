@@ -105,7 +105,7 @@ def _user_python_frames(frames: TraceFrames) -> dict[tuple[object, bool], tuple[
     """The user frames among the host's python_function events (`train.py(42): fn`, not
     library code) by thread and by whether they were open when profiling started: (starts,
     ends, names) of each. Made once per frames, each distinct name read once: every finding's
-    source line reads them, and a trace recorded with stacks holds hundreds of thousands."""
+    source line reads them, and a trace recorded with stacks holds tens of thousands."""
     host, steps = frames.host, getattr(frames, "steps", None)
     kept = frames.__dict__.get("_user_python_frames")
     if kept is not None and kept[0] is host and kept[1] is steps:
