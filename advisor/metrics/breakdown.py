@@ -10,6 +10,7 @@ counted on current-schema traces too.
 from __future__ import annotations
 
 import re
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -45,16 +46,6 @@ def _per_categories(cats: pd.Index, what: object, make) -> np.ndarray:
     return table
 
 
-def _category_hits(cats: pd.Index, pattern: re.Pattern) -> np.ndarray:
-    def make(cats: pd.Index) -> np.ndarray:
-        text = _per_categories(cats, "text", _category_text)  # the names as Python text, once for every pattern
-        hit = np.zeros(len(cats) + 1, dtype=bool)
-        hit[:-1] = np.fromiter((bool(pattern.search(t)) for t in text[:-1].tolist()), dtype=bool, count=len(cats))
-        return hit
-
-    return _per_categories(cats, pattern, make)
-
-
 def _category_text(cats: pd.Index) -> np.ndarray:
     table = np.empty(len(cats) + 1, dtype=object)
     table[:-1] = [str(c) for c in cats]
@@ -62,33 +53,36 @@ def _category_text(cats: pd.Index) -> np.ndarray:
     return table
 
 
+def per_name(names: pd.Series, what: object, value_of: Callable[[str], Any], dtype: Any = object, missing: Any = None) -> np.ndarray:
+    """value_of(name as text) for each name of a column, worked out once per distinct name;
+    for a categorical column once per category, kept per category index under `what` (which
+    names what value_of computes); `missing` where a name is missing."""
+    def table(texts: list[str]) -> np.ndarray:
+        out = np.empty(len(texts) + 1, dtype=dtype)
+        out[:-1] = [value_of(t) for t in texts]
+        out[-1] = missing
+        return out
+
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        made = _per_categories(names.cat.categories, what, lambda cats: table(_per_categories(cats, "text", _category_text)[:-1].tolist()))
+        return made[names.array.codes]  # a missing name (code -1) reads the table's last slot
+    codes, distinct = pd.factorize(np.asarray(names, dtype=object))
+    return table([str(v) for v in distinct])[codes]
+
+
 def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     """Regex test over a column (categorical or not), evaluated once per distinct name."""
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories
-        hit = _category_hits(cats, pattern)
-        return hit[names.array.codes]  # a missing name (code -1) reads the table's last slot: False
-    # any other column: each distinct value tested once as text (a missing one matches nothing)
-    codes, distinct = pd.factorize(np.asarray(names, dtype=object))
-    hit = np.zeros(len(distinct) + 1, dtype=bool)
-    hit[:-1] = np.fromiter((bool(pattern.search(str(v))) for v in distinct), dtype=bool, count=len(distinct))
-    return hit[codes]
+    return per_name(names, pattern, lambda t: pattern.search(t) is not None, dtype=bool, missing=False)
 
 
 def name_group(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     """The pattern's first group in each name (`str.extract`), None where it does not match:
     an object array, each distinct name searched once."""
-    def groups_of(values) -> np.ndarray:
-        out = np.empty(len(values) + 1, dtype=object)  # the last slot: a missing name
-        found = [pattern.search(str(v)) for v in values]
-        out[:-1] = [m.group(1) if m else None for m in found]
-        return out
+    def group(text: str) -> str | None:
+        m = pattern.search(text)
+        return m.group(1) if m else None
 
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        table = _per_categories(names.cat.categories, ("group", pattern), lambda cats: groups_of(_per_categories(cats, "text", _category_text)[:-1].tolist()))
-        return table[names.array.codes]
-    codes, distinct = pd.factorize(np.asarray(names, dtype=object))
-    return groups_of(distinct)[codes]
+    return per_name(names, ("group", pattern), group)
 
 
 def text_of(values: pd.Series) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import text_of
+from advisor.metrics.breakdown import per_name, text_of
 
 FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python3|/torch/|/torchvision/|<built-in|<frozen|^torch/|^threading\.py|advisor/capture/)")
@@ -111,7 +111,7 @@ def _user_python_frames(frames: TraceFrames) -> dict[tuple[object, bool], tuple[
     if kept is not None and kept[0] is host and kept[1] is steps:
         return kept[2]
     py = host[host["kind"] == "python"]
-    user = py[_is_user_frame(py["name"])]
+    user = py[per_name(py["name"], "user frame", _is_user_frame, dtype=bool, missing=False)]
     ts, end = user["ts"].to_numpy(np.int64), user["end"].to_numpy(np.int64)
     by_thread = {}
     for tid in user["tid"].unique():
@@ -125,20 +125,10 @@ def _user_python_frames(frames: TraceFrames) -> dict[tuple[object, bool], tuple[
     return by_thread
 
 
-def _is_user_frame(names: pd.Series) -> np.ndarray:
-    """Whether each name is a frame (`file(line): fn`) of code that is not a library's."""
-    def user(name: str) -> bool:
-        m = FRAME.match(name)
-        return m is not None and LIBRARY.search(name) is None and not library_file(m.group("file"))
-
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        return np.fromiter((user(n) for n in names.astype(str)), dtype=bool, count=len(names))
-    codes = names.cat.codes.to_numpy()
-    flags = np.zeros(len(names.cat.categories) + 1, dtype=bool)  # the last slot: a missing name
-    categories = names.cat.categories
-    for c in np.unique(codes[codes >= 0]).tolist():
-        flags[c] = user(str(categories[c]))
-    return flags[codes]
+def _is_user_frame(name: str) -> bool:
+    """Whether a name is a frame (`file(line): fn`) of code that is not a library's."""
+    m = FRAME.match(name)
+    return m is not None and LIBRARY.search(name) is None and not library_file(m.group("file"))
 
 
 def _enclosing_python_frames(frames: TraceFrames, rows: pd.DataFrame, outer: bool = False) -> list[str]:
