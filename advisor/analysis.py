@@ -37,6 +37,7 @@ from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
+from advisor.rule_selection import selector_list
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
@@ -640,8 +641,8 @@ def analyze(
     remember_all(run_files.files)
     if run_files.directory is not None and run_files.directory.is_dir():  # the facts files are inputs too, read or not
         remember_all(p for p in sorted(run_files.directory.iterdir()) if FACTS_FILE.match(p.name))
-    select = select or config.select
-    ignore = [*(ignore or []), *config.ignore]
+    select = selector_list(select) or selector_list(config.select)  # "input,optimizer" or ["h2d"], as on the command line
+    ignore = [*selector_list(ignore), *selector_list(config.ignore)]
     key = _cache_key(run_files, config, select, ignore, rules_dir) if cache else None
     if key is not None:
         hit = read_analysis(run_files, key)

@@ -165,15 +165,16 @@ def analyze(
     path: str | Path,
     *,
     run: str | None = None,
-    select: list[str] | None = None,
-    ignore: list[str] | None = None,
+    select: str | list[str] | None = None,
+    ignore: str | list[str] | None = None,
     rules_dir: str | Path | None = None,
     config: str | Path | None = None,
     cache: bool = True,
 ) -> RunAnalysis:
     """Analyse a torch.profiler log dir or trace file, as `advisor report PATH` does.
 
-    `select` / `ignore` take rule ids, groups and prefixes as the command line does;
+    `select` / `ignore` take rule ids, groups and prefixes as the command line does (a string
+    or a list, each a comma-separated list: `select="input,optimizer"`);
     `config` an advisor.toml or pyproject.toml (else the nearest one is used). Bad input
     raises `advisor.errors.InputError`, whose message names the file and the problem.
     """

@@ -18,7 +18,7 @@ line, and a close spelling is offered ("did you mean ...").
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol, TypeVar
+from typing import Iterable, Protocol, TypeVar, Union
 
 from advisor.errors import InputError, did_you_mean
 
@@ -31,6 +31,16 @@ class HasIdAndGroup(Protocol):
 
 
 R = TypeVar("R", bound=HasIdAndGroup)
+
+
+def selector_list(values: Union[str, Iterable[str], None]) -> list[str]:
+    """Selectors as the command line takes them: one string or several, each a comma-separated
+    list (`"input"`, `["input,optimizer", "h2d"]`); a lone string is one list, not its letters."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [part.strip() for v in values for part in str(v).split(",") if part.strip()]
 
 
 def group_names(rules: Iterable[HasIdAndGroup]) -> set[str]:
@@ -50,7 +60,7 @@ def resolve(rules: list[R], select: Iterable[str] = (), ignore: Iterable[str] = 
     """The rules to run, in their order; a selector that names no rule is an InputError."""
     chosen: set[str] = set()
     dropped: set[str] = set()
-    select, ignore = list(select), list(ignore)
+    select, ignore = selector_list(select), selector_list(ignore)
     for bucket, selectors, what in ((chosen, select, "select"), (dropped, ignore, "ignore")):
         for sel in selectors:
             hit = matching(sel, rules)

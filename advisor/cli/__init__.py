@@ -71,7 +71,9 @@ def format_option(value: Optional[str]) -> Optional[str]:
 
 def rule_ids(values: List[str]) -> List[str]:
     """Rule ids from repeated options and comma-separated lists (`--select a,b --select c`)."""
-    return [part.strip() for v in values for part in v.split(",") if part.strip()]
+    from advisor.rule_selection import selector_list
+
+    return selector_list(values)
 
 
 def _version_callback(value: bool) -> None:
