@@ -63,8 +63,12 @@ def replace_file(path: str | os.PathLike[str], data: str | bytes, *, sync: bool 
         raise
 
 
-def write_atomically(path: Path, data: str | bytes) -> None:
+def write_atomically(path: Path, data: str | bytes, *, make_parents: bool = False) -> None:
     """An output the user named, whole or nothing (`replace_file`); InputError when it cannot be.
+
+    A folder that does not exist is not made (`-o /nonexistent/dir/r.html` is a typo more often
+    than a wish): one line names it, unless `make_parents` (a default path such as
+    perf/baseline.json, whose folder the user never typed).
 
     A new file gets the usual permissions (0666 less the umask); a replaced one keeps its own;
     a symbolic link is written through, not replaced. What is not a regular file is never
@@ -92,13 +96,26 @@ def write_atomically(path: Path, data: str | bytes) -> None:
         raise InputError(path, f"is {kind}; the advisor writes only files, character devices and pipes")
     if path.is_symlink():
         path = Path(os.path.realpath(path))
+    if not make_parents:
+        refuse_missing_folder(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if make_parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
         replace_file(path, payload)
     except NoLongerAFile:  # became a device or FIFO meanwhile
         raise InputError(path, "is no longer a regular file; not replaced") from None
     except OSError as exc:
         raise InputError(path, f"cannot write output: {exc.strerror or exc}") from None
+
+
+def refuse_missing_folder(path: Path) -> None:
+    """InputError when the folder an output file would go in does not exist (or is not a folder)."""
+    from advisor.terminal_text import path_text
+
+    parent = Path(path).parent
+    if not parent.is_dir():
+        what = "is not a folder" if os.path.lexists(parent) else "does not exist"
+        raise InputError(path, f"cannot write output: the folder {path_text(parent)} {what} (the advisor makes no folder you did not name; create it first)")
 
 
 _STREAM_ALIAS = re.compile(r"^/(?:dev/(?:std(?P<std>out|err)|fd/(?P<fd>\d+))|proc/(?:self|thread-self)/fd/(?P<pfd>\d+))$")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -15,7 +16,7 @@ from typing import Any, Iterable, Optional
 import orjson
 
 from advisor.errors import InputError
-from advisor.files import write_atomically
+from advisor.files import refuse_missing_folder, write_atomically
 from advisor.terminal_text import inert_lines, path_text, valid_unicode
 
 
@@ -31,6 +32,36 @@ def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = ())
     # in it); written as it is, without importing rich for one line.
     sys.stderr.write(inert_lines(f"wrote {path_text(output)}") + "\n")
     sys.stderr.flush()
+
+
+# The suffixes a report file may have (each names a format: advisor.cli.FORMAT_BY_SUFFIX);
+# `-o out.pdf` would be plain text under a name that promises something else.
+REPORT_SUFFIXES = (".txt", ".json", ".md", ".markdown", ".html", ".htm")
+
+
+def check_report_file(output: Optional[Path]) -> None:
+    """An `-o` report file is refused before any work when its suffix names no format or its
+    folder does not exist (`-` is stdout; a character device or FIFO is written into)."""
+    if output is None or str(output) == "-":
+        return
+    try:
+        st = os.stat(output)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        return  # /dev/stdout, a pipe: the bytes go where the name leads (advisor.files.write_atomically)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise InputError(output, "is a directory; give the output a file name")
+    if output.suffix.lower() not in REPORT_SUFFIXES:
+        shown = f"suffix {output.suffix!r}" if output.suffix else "no suffix"
+        raise InputError(output, f"{shown}: a report file is named for its format ({', '.join(REPORT_SUFFIXES[:4])}, .html)")
+    refuse_missing_folder(output)
+
+
+def refuse_terminal_for_html(what: str = "report") -> None:
+    """HTML without -o goes to stdout; a terminal is refused (a page of markup is no use there)."""
+    if sys.stdout.isatty():
+        raise InputError(None, f"an HTML {what} is not for a terminal: name a file with -o {what}.html, or redirect stdout (> {what}.html)")
 
 
 def unused_default_name(name: str) -> Path:

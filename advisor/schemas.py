@@ -113,6 +113,7 @@ class Baseline(_Out):
     breakdown_ms: dict[str, Optional[float]]
     breakdown_share: dict[str, float]
     findings: list[FindingRecord]
+    considered: Optional[list[FindingRecord]]  # fired, not ranked (the gate's "new" leaves them out)
     environment: Environment
 
 

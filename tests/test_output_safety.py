@@ -154,9 +154,14 @@ def test_an_input_is_never_overwritten(cli, tmp_path: Path):
     mine = tmp_path / "t.pt.trace.json.gz"
     shutil.copy(trace, mine)
     before = mine.read_bytes()
+    # a report file's name ends in a format's suffix (`-o t.json.gz` is refused for that alone):
+    # the same trace, uncompressed, is an input such a name can hit
+    plain = tmp_path / "t.json"
+    plain.write_bytes(gzip.decompress(before))
+    plain_before = plain.read_bytes()
     for args in (
-        ["report", str(mine), "-o", str(mine)],
-        ["report", str(mine), "--format", "json", "-o", str(tmp_path / "." / mine.name)],
+        ["report", str(plain), "-o", str(plain)],
+        ["report", str(plain), "--format", "json", "-o", str(tmp_path / "." / plain.name)],
         ["gate", str(mine), "--max-step-time-ms", "1e6", "--json", str(mine)],
         ["gate", str(mine), "--max-step-time-ms", "1e6", "--junit", str(tmp_path / "t.pt.trace.json.gz")],
         ["baseline", str(mine), "-o", str(mine)],
@@ -165,10 +170,10 @@ def test_an_input_is_never_overwritten(cli, tmp_path: Path):
         assert code == 2, (args, err)
         [line] = err.strip().splitlines()
         assert "is one of the files this command reads" in line
-        assert mine.read_bytes() == before
-    os.link(mine, tmp_path / "hardlink.json.gz")  # the same file under another name
-    code, _, err = cli(["report", str(mine), "-o", str(tmp_path / "hardlink.json.gz")])
-    assert code == 2 and mine.read_bytes() == before
+        assert mine.read_bytes() == before and plain.read_bytes() == plain_before
+    os.link(plain, tmp_path / "hardlink.json")  # the same file under another name
+    code, _, err = cli(["report", str(plain), "-o", str(tmp_path / "hardlink.json")])
+    assert code == 2 and plain.read_bytes() == plain_before
     run = tmp_path / "run"
     shutil.copytree(CPU_RUN, run)
     code, _, err = cli(["report", str(run), "--format", "json", "-o", str(run / "advisor_facts.json")])
@@ -261,21 +266,25 @@ def test_no_output_ever_replaces_a_file_the_command_read(cli, tmp_path: Path):
 
     refused(["gate", "run", "--json", "perf/baseline.json"], work / "perf" / "baseline.json")
     refused(["gate", "run", "--junit", "b2.json"], work / "b2.json", '[tool.advisor.gate]\nbaseline = "b2.json"\n')
-    refused(["report", "run", "-o", "pyproject.toml"], work / "pyproject.toml", "[tool.advisor]\nignore = []\n")
+    # the configuration is never a report file's name: refused for its suffix before it is read
+    (work / "pyproject.toml").write_text("[tool.advisor]\nignore = []\n")
+    code, _, err = cli(["report", "run", "-o", "pyproject.toml"], work)
+    assert (code, err) == (2, "advisor: error: pyproject.toml: suffix '.toml': a report file is named for its format (.txt, .json, .md, .markdown, .html)\n")
+    assert (work / "pyproject.toml").read_text() == "[tool.advisor]\nignore = []\n"
     refused(["gate", "run", "-b", "other", "--json", "other/advisor_facts.json"], other / "advisor_facts.json")
     refused(["gate", "multi", "--run", "r1", "--max-step-time-ms", "1e6", "--json", "multi/r1/advisor_facts.json"], multi / "r1" / "advisor_facts.json")
     (work / "perf" / "baseline.json").unlink()
     refused(["gate", "run", "--budget", "budget.toml", "--junit", "budget.toml"], budget)
 
 
-def test_html_without_output_keeps_an_earlier_report(cli, tmp_path: Path):
+def test_html_without_output_goes_to_stdout_and_writes_no_file(cli, tmp_path: Path):
     earlier = tmp_path / "advisor_report.html"
     earlier.write_text("my earlier report")
-    code, _, err = cli(["report", str(CPU_RUN), "--format", "html"], tmp_path)
+    code, out, err = cli(["report", str(CPU_RUN), "--format", "html"], tmp_path)
     assert code == 0, err
+    assert out.startswith("<!DOCTYPE html>")
     assert earlier.read_text() == "my earlier report"
-    assert err.strip().splitlines()[-1] == "wrote advisor_report-2.html"
-    assert (tmp_path / "advisor_report-2.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["advisor_report.html"]
 
 
 # --- CI commands and control characters from trace and facts strings, at any width -----------------

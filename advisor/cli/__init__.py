@@ -17,7 +17,7 @@ import typer
 
 from advisor.errors import EXIT_BAD_INPUT, InputError, set_status_if_output_closes, status_if_output_closes
 from advisor.terminal_text import OutputClosed
-from advisor.output import run_input_files, write_output
+from advisor.output import check_report_file, refuse_terminal_for_html, run_input_files, write_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -128,10 +128,7 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
     elif fmt is Format.html:
         from advisor.render.html import to_html
 
-        from advisor.output import unused_default_name
-
-        # without -o: ./advisor_report.html, or a numbered name beside it (an earlier report is kept)
-        write_output(to_html(analysis), output or unused_default_name("advisor_report.html"), inputs)
+        write_output(to_html(analysis), output, inputs)  # without -o: stdout, as every format
     else:
         from advisor.render.text import render_text
 
@@ -185,7 +182,7 @@ def analyze_with_progress(path: Path, **kwargs):
 def report(
     path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file (.json, .json.gz)."),
     format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md, .txt set the format; its folder must exist)."),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
     select: List[str] = typer.Option([], "--select", help="Only these rules: ids, groups (memory, input, ...) or id prefixes (h2d); repeatable, or comma-separated: a,b."),
@@ -209,8 +206,11 @@ def report(
         sys.stdout.write(settings_text(cfg, rule_ids(select), rule_ids(ignore), rules_dir, scheduler))
         return
     format = Format(format_for(format, output))
-    if output is not None and str(output) == "-" and format is not Format.html:
-        output = None  # `-o -`: stdout, as without -o (HTML too goes to stdout: write_output)
+    check_report_file(output)  # `-o out.pdf`, `-o missing/r.html`: refused before the analysis
+    if output is not None and str(output) == "-":
+        output = None  # `-o -`: stdout, as without -o
+    if format is Format.html and output is None:
+        refuse_terminal_for_html()
     address = cfg.scheduler
     if address:
         from advisor.cluster import cluster_executor

@@ -12,7 +12,7 @@ import typer
 
 from advisor.cli import format_option
 from advisor.render.console import UNWRAPPED_WIDTH, output_console, trim_lines
-from advisor.output import run_input_files, write_output
+from advisor.output import check_report_file, refuse_terminal_for_html, run_input_files, write_output
 from advisor.terminal_text import inert_console, path_text
 
 
@@ -27,7 +27,7 @@ def diff(
     before: Path = typer.Argument(..., help="The run before the change: a log dir or trace file."),
     after: Path = typer.Argument(..., help="The run after the change: a log dir or trace file."),
     format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format; html: advisor_diff.html)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md, .txt set the format; its folder must exist)."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
 ) -> None:
@@ -40,6 +40,11 @@ def diff(
 
     cfg = load_config(config)
     format = DiffFormat(format_for(format, output))
+    check_report_file(output)
+    if output is not None and str(output) == "-":
+        output = None
+    if format is DiffFormat.html and output is None:
+        refuse_terminal_for_html("diff")
     first, second = analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True)
     comparison = compare(first, second, cfg.rule_options)
     inputs = run_input_files(first) + run_input_files(second)
@@ -53,9 +58,7 @@ def diff(
         return
     text = render_diff(comparison, format.value)
     assert text is not None
-    from advisor.output import unused_default_name
-
-    write_output(text, output or (unused_default_name("advisor_diff.html") if format is DiffFormat.html else None), inputs)
+    write_output(text, output, inputs)
 
 
 def view(

@@ -230,7 +230,8 @@ def baseline(
     record = record_from_analysis(analysis)
     import orjson
 
-    write_file(target, orjson.dumps(record.to_baseline(), option=orjson.OPT_INDENT_2).decode() + "\n", run_input_files(analysis))
+    # perf/ of the default path is made; a folder in a path the user typed (-o) must exist
+    write_file(target, orjson.dumps(record.to_baseline(), option=orjson.OPT_INDENT_2).decode() + "\n", run_input_files(analysis), make_parents=output is None)
     err = _stderr()
     env = record.environment
     mean = record.mean_step_ms

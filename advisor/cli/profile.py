@@ -41,6 +41,7 @@ from advisor.capture.progress import say_lines
 from advisor.cli import format_option
 from advisor.capture.runner import SIGTERM_EXIT, end_by_sigterm
 from advisor.errors import InputError
+from advisor.output import REPORT_SUFFIXES
 from advisor.terminal_text import path_text
 
 
@@ -53,7 +54,6 @@ class Device(str, Enum):
 RUNS_DIR = Path("advisor_runs")
 EXIT_STOPPED = 0  # stopped on purpose after the window and reported on: what was asked for
 EXIT_NOTHING_REPORTED = 1  # stopped after the window, but no trace was written to report on
-REPORT_SUFFIXES = (".txt", ".json", ".md", ".markdown", ".html", ".htm")
 
 
 def profile(
@@ -315,7 +315,10 @@ def print_report(out_dir: Path, fmt: str, verbose: bool, output: Path | None = N
         from advisor.cli import Format as ReportFormat
         from advisor.cli import emit_report
 
-        emit_report(analysis, ReportFormat.html, None, verbose)  # advisor_report.html, as `report` writes it
+        from advisor.output import unused_default_name
+
+        # its stdout is the script's: ./advisor_report.html, or a numbered name beside it (an earlier report is kept)
+        emit_report(analysis, ReportFormat.html, unused_default_name("advisor_report.html"), verbose)
     else:
         from advisor.render.console import output_console
         from advisor.render.text import render_text

@@ -138,9 +138,14 @@ def _step_check(baseline: RunRecord, candidate: RunRecord, settings: GateSetting
 
 
 def findings_check(baseline: RunRecord, candidate: RunRecord, settings: GateSettings) -> tuple[Check, list[dict[str, Any]], list[dict[str, Any]]]:
+    # New: the rule did not fire on the baseline at all; a rule the baseline considered (fired,
+    # not ranked) and the candidate ranks has changed rank, as one ranked before and only
+    # considered now has not gone.
     before, after = baseline.rules_fired, candidate.rules_fired
-    new = [after[r] for r in after if r not in before]
-    gone = [before[r] for r in before if r not in after]
+    fired_before = {**baseline.rules_considered, **before}
+    fired_after = {**candidate.rules_considered, **after}
+    new = [after[r] for r in after if r not in fired_before]
+    gone = [before[r] for r in before if r not in fired_after]
     new_d = [{"rule": f.rule, "severity": f.severity, "title": f.title, "saving_ms": f.saving_ms, "message": f.message} for f in new]
     gone_d = [{"rule": f.rule, "severity": f.severity, "title": f.title} for f in gone]
     if new:

@@ -196,10 +196,11 @@ def emit_github(result: GateResult, stream: IO[str], environ: dict[str, str] | N
 
 
 # --- files ----------------------------------------------------------------------------------
-def write_file(path: Path, text: str, inputs: Iterable[Path] = ()) -> None:
-    """A gate output file, atomically, never over one of the INPUTS it was computed from."""
+def write_file(path: Path, text: str, inputs: Iterable[Path] = (), *, make_parents: bool = False) -> None:
+    """A gate output file, atomically, never over one of the INPUTS it was computed from; its
+    folder is made only with `make_parents` (a default path the user did not type)."""
     refuse_overwriting_inputs(path, inputs)
-    write_atomically(path, text)
+    write_atomically(path, text, make_parents=make_parents)
 
 
 __all__ = ["render_terminal", "to_json", "to_junit", "github_annotations", "github_summary", "emit_github", "write_file", "Check"]

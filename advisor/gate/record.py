@@ -65,6 +65,9 @@ class RunRecord:
     created: str | None = None
     kind: str = "run"  # run | baseline | report: where the record came from
     summary_step_time_ms: dict[str, float | None] = field(default_factory=dict)
+    # Rules that fired but were not ranked (considered: their fix gains nothing on this run).
+    # None where the file does not say (a baseline written before they were recorded).
+    considered: list[FindingRecord] | None = None
 
     # --- derived figures ------------------------------------------------------------------
     @property
@@ -108,7 +111,13 @@ class RunRecord:
 
     @property
     def rules_fired(self) -> dict[str, FindingRecord]:
+        """The ranked findings, by rule."""
         return {f.rule: f for f in self.findings}
+
+    @property
+    def rules_considered(self) -> dict[str, FindingRecord]:
+        """The rules that fired without being ranked (none where the record does not say)."""
+        return {f.rule: f for f in self.considered or [] if f.rule not in self.rules_fired}
 
     # --- (de)serialisation ----------------------------------------------------------------
     def to_baseline(self) -> dict[str, Any]:
@@ -133,6 +142,7 @@ class RunRecord:
                 "breakdown_ms": self.breakdown_ms,
                 "breakdown_share": share,
                 "findings": [asdict(f) for f in self.findings],
+                "considered": None if self.considered is None else [asdict(f) for f in self.considered],
                 "environment": asdict(self.environment),
             }
         )
@@ -203,6 +213,10 @@ def record_from_analysis(analysis: Any) -> RunRecord:
             )
             for f in analysis.findings
         ],
+        considered=[
+            FindingRecord(rule=f.rule, severity=f.severity, title=f.title, saving_ms=f.saving_ms, saving_pct=f.saving_pct, message=f.message)
+            for f in analysis.considered
+        ],
         environment=environment_of(analysis),
         created=_now(),
         kind="run",
@@ -240,9 +254,9 @@ def _number(value: Any, what: str, path: Path, *, upper: float = math.inf, share
     return float(value)
 
 
-def _findings(raw: Any, path: Path) -> list[FindingRecord]:
+def _findings(raw: Any, path: Path, key: str = "findings") -> list[FindingRecord]:
     if not isinstance(raw, list):
-        raise InputError(path, "not a valid baseline: 'findings' must be a list")
+        raise InputError(path, f"not a valid baseline: {key!r} must be a list")
     out = []
     for f in raw:
         if not isinstance(f, dict) or not isinstance(f.get("rule"), str):
@@ -308,6 +322,7 @@ def record_from_baseline(doc: dict[str, Any], path: Path) -> RunRecord:
         gpu_utilization=_number(metrics.get("gpu_utilization"), "'metrics.gpu_utilization'", path, share=True),
         peak_memory_bytes=_number(metrics.get("peak_memory_bytes"), "'metrics.peak_memory_bytes'", path),
         findings=_findings(_need(doc, "findings", list, path), path),
+        considered=None if doc.get("considered") is None else _findings(doc["considered"], path, "considered"),
         environment=env,
         advisor_version=str(doc.get("advisor_version", "")),
         created=doc.get("created"),
@@ -340,6 +355,7 @@ def record_from_report(doc: dict[str, Any], path: Path) -> RunRecord:
         gpu_utilization=_number(summary.get("gpu_utilization"), "'summary.gpu_utilization'", path, share=True),
         peak_memory_bytes=_number(summary.get("peak_memory_bytes"), "'summary.peak_memory_bytes'", path),
         findings=_findings(doc.get("findings", []), path),
+        considered=None if doc.get("considered") is None else _findings(doc["considered"], path, "considered"),
         environment=_environment(
             {
                 "device_name": dev.get("name"),

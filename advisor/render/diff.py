@@ -93,6 +93,11 @@ class Side:
         return float(self.step_ms.mean()) if len(self.step_ms) else None
 
     @property
+    def samples_per_step(self) -> int | None:
+        """Samples one step processes across the ranks; None when the batch size is unknown."""
+        return self.batch_size * self.ranks if self.batch_size else None
+
+    @property
     def median_ms(self) -> float | None:
         return float(np.median(self.step_ms)) if len(self.step_ms) else None
 
@@ -164,11 +169,33 @@ class Comparison:
         return self.before.unprofiled_ms is not None and self.after.unprofiled_ms is not None
 
     @property
-    def measured_saving_ms(self) -> float | None:
+    def per_sample(self) -> bool:
+        """Both runs know their samples per step and they differ: a step of 512 samples is not
+        a step of 32, so the promise is judged on time per sample (as `advisor gate` judges)."""
+        b, a = self.before.samples_per_step, self.after.samples_per_step
+        return bool(b and a and b != a)
+
+    @property
+    def after_step_scale(self) -> float:
+        """What one after-step's time is multiplied by to cover a before-step's samples."""
+        if not self.per_sample:
+            return 1.0
+        return self.before.samples_per_step / self.after.samples_per_step  # type: ignore[operator]
+
+    def _measured_times(self) -> tuple[float, float] | None:
+        """(before, after) step time the measurement compares: the median step after the window
+        when both runs timed one, else the mean profiled step."""
         if self.measured_from_unprofiled:
-            return float(np.median(self.before.unprofiled_ms)) - float(np.median(self.after.unprofiled_ms))
-        d = self.step_change_ms
-        return None if d is None else -d
+            return float(np.median(self.before.unprofiled_ms)), float(np.median(self.after.unprofiled_ms))
+        b, a = self.before.mean_ms, self.after.mean_ms
+        return None if b is None or a is None else (b, a)
+
+    @property
+    def measured_saving_ms(self) -> float | None:
+        """Time saved per before-step: the before step's samples, before against after (per
+        sample when the batch changed, otherwise per step)."""
+        times = self._measured_times()
+        return None if times is None else times[0] - times[1] * self.after_step_scale
 
     @property
     def realised(self) -> float | None:
@@ -229,7 +256,7 @@ class Comparison:
             "promise": {
                 "resolved_saving_ms": self.promised_ms,
                 "measured_saving_ms": self.measured_saving_ms,
-                "measured_from": "unprofiled median" if self.measured_from_unprofiled else "window mean",
+                "measured_from": ("unprofiled median" if self.measured_from_unprofiled else "window mean") + (" per sample" if self.per_sample else ""),
                 "realised": self.realised,
             },
             "warnings": self.warnings,
@@ -251,8 +278,13 @@ def compare(before: Analysis, after: Analysis, rule_options: dict[str, dict[str,
                 g.message if g else f.message,
             )
         )
+    # Fired before but not ranked, ranked now: its rank changed, it is not new.
+    b_considered = {f.rule: f for f in before.considered if f.rule not in b_by_rule}
     for rule, g in a_by_rule.items():
-        if rule not in b_by_rule:
+        if rule in b_considered:
+            f = b_considered[rule]
+            changes.append(FindingChange(rule, g.title, "remaining", f.saving_ms, g.saving_ms, f.saving_pct, g.saving_pct, g.message))
+        elif rule not in b_by_rule:
             changes.append(FindingChange(rule, g.title, "new", None, g.saving_ms, None, g.saving_pct, g.message))
     order = {s: i for i, s in enumerate(STATUSES)}
     changes.sort(key=lambda c: (order[c.status], -((c.before_ms if c.status == "resolved" else c.after_ms) or 0.0)))
@@ -295,9 +327,17 @@ def promise_sentence(c: Comparison) -> str | None:
     m = c.measured_saving_ms
     if m is None:
         return f"Resolved {names}: promised {c.promised_ms:.2f} ms per step; no steps to measure."
-    moved = f"fell by {m:.2f} ms" if m >= 0 else f"rose by {-m:.2f} ms"
     share = f" ({c.realised * 100:.0f}% of the promise)" if c.realised is not None and m > 0 else ""
     what = "the median step after the profiled window" if c.measured_from_unprofiled else "the mean step"
+    if c.per_sample:
+        b_n, a_n = c.before.samples_per_step, c.after.samples_per_step
+        b, a = c._measured_times()  # type: ignore[misc]
+        moved = f"{m:.2f} ms less" if m >= 0 else f"{-m:.2f} ms more"
+        return (
+            f"Resolved {names}: promised {c.promised_ms:.2f} ms per step; judged per sample ({b_n} → {a_n} samples per step, "
+            f"from {what}): {b / b_n:.3f} → {a / a_n:.3f} ms per sample, {moved} for a step of {b_n} samples{share}.{movers_sentence(c)}"
+        )
+    moved = f"fell by {m:.2f} ms" if m >= 0 else f"rose by {-m:.2f} ms"
     return f"Resolved {names}: promised {c.promised_ms:.2f} ms per step; {what} {moved}{share}.{movers_sentence(c)}"
 
 
