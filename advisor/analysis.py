@@ -12,6 +12,7 @@ half would import the other.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 import msgspec
 import numpy as np
 
+from advisor.units import rate
 from advisor.version import __version__
 import advisor.cache as cache_store
 from advisor.cache import AnalysisKey, cache_enabled, load_cached, read_analysis, write_analysis
@@ -65,6 +67,22 @@ class Communication(msgspec.Struct, forbid_unknown_fields=True):
     caused_wait_ms_per_step: Optional[float]
 
 
+class Throughput(msgspec.Struct, forbid_unknown_fields=True):
+    """Samples a second over the mean step (steps a second where the batch size is not
+    recorded), rounded as every report rounds it (advisor.units.rate)."""
+
+    value: float
+    unit: Literal["samples/s", "steps/s"]
+
+
+class RunSummary(Summary):
+    """The run's summary in the JSON report: the figures of `Summary`, and the throughput the
+    other formats show, with the batch size it is counted in (per rank, from the facts file)."""
+
+    batch_size: Optional[int]
+    throughput: Optional[Throughput]
+
+
 class RankReport(msgspec.Struct, forbid_unknown_fields=True):
     rank: int
     file: str
@@ -81,7 +99,7 @@ class Report(msgspec.Struct, forbid_unknown_fields=True):
     source: str
     run: str
     files: list[str]
-    summary: Summary
+    summary: RunSummary
     profiler_overhead: Optional[ProfilerOverhead]
     ranks: list[RankReport]
     whatif: Optional[RankWhatIf]  # the slowest rank's replayed step
@@ -135,6 +153,25 @@ class Analysis:
     def run_facts(self, rank: int | None = None) -> dict[str, Any] | None:
         rank = self.primary.rank if rank is None else rank
         return self.facts.get(rank) or self.facts.get(-1)
+
+    def batch_size(self) -> int | None:
+        """The batch size from the run's facts file (`advisor profile`), when it was recorded."""
+        facts = self.run_facts()
+        if facts and facts.get("dataloaders"):
+            bs = facts["dataloaders"][0].get("batch_size")
+            if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0:
+                return bs
+        return None
+
+    def throughput(self) -> tuple[float, str] | None:
+        """(value, unit): samples/s when the batch size is known, else steps/s, from the mean step."""
+        mean = self.summary()["step_time_ms"]["mean"]
+        if not mean:
+            return None
+        bs = self.batch_size()
+        if bs:
+            return bs / mean * 1000.0, "samples/s"
+        return 1000.0 / mean, "steps/s"
 
     def step_times_ms(self) -> np.ndarray:
         """The run's step times: per step, the slowest rank's (a job is as fast as its slowest rank)."""
@@ -221,6 +258,12 @@ class Analysis:
             s = msgspec.structs.replace(s, steps=int(len(ms)), step_time_ms=step_stats(ms))
         return s
 
+    def run_summary(self) -> RunSummary:
+        """The JSON report's summary: `summary_figures`, the batch size and the throughput."""
+        tp = self.throughput()
+        throughput = Throughput(float(rate(tp[0]).replace(",", "")), tp[1]) if tp and math.isfinite(tp[0]) else None  # type: ignore[arg-type]
+        return RunSummary(**msgspec.structs.asdict(self.summary_figures()), batch_size=self.batch_size(), throughput=throughput)
+
     def summary(self) -> dict[str, Any]:
         """The run's `summary` as plain values (what the renderers read)."""
         return plain(self.summary_figures())
@@ -254,7 +297,7 @@ class Analysis:
             source=self.source,
             run=self.run.name,
             files=[str(p) for p in self.run.files],
-            summary=self.summary_figures(),
+            summary=self.run_summary(),
             profiler_overhead=overhead.figures() if overhead else None,
             ranks=[
                 RankReport(

@@ -20,14 +20,17 @@ from advisor.files import refuse_missing_folder, write_atomically
 from advisor.terminal_text import inert_lines, path_text, valid_unicode
 
 
-def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = ()) -> None:
+def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = (), note: bool = True) -> None:
     """TEXT to stdout, or to the file OUTPUT (atomically), never over one of INPUTS; an OUTPUT
-    of `-` is stdout, as with most command-line tools."""
+    of `-` is stdout, as with most command-line tools. A file written is named on stderr
+    (unless not `note`: the caller names it itself)."""
     if output is None or str(output) == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     refuse_overwriting_inputs(output, inputs)
     write_atomically(output, text)
+    if not note:
+        return
     # One plain line, as a console prints it unwrapped (path_text leaves no control character
     # in it); written as it is, without importing rich for one line.
     sys.stderr.write(inert_lines(f"wrote {path_text(output)}") + "\n")
@@ -119,6 +122,21 @@ def jsonable(obj: Any) -> Any:
         return [jsonable(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
         return jsonable(obj.item())
+    return obj
+
+
+def rounded(obj: Any, digits: int = 7) -> Any:
+    """Plain JSON values with each float to DIGITS significant digits (78.59808, not
+    78.59807833333333: more than a trace's clock measures), and never fewer than its whole
+    part (byte counts stay whole)."""
+    if isinstance(obj, float):
+        if obj == 0 or not math.isfinite(obj):
+            return obj
+        return round(obj, max(0, digits - 1 - math.floor(math.log10(abs(obj)))))
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [rounded(v, digits) for v in obj]
     return obj
 
 

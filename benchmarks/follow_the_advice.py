@@ -588,7 +588,7 @@ def findings_lines(walk: Walk, top: int = 6) -> list[str]:
         for k, f in enumerate(r.findings[:top]):
             p = propose(f, s)
             action = f"switch: {p.change(r.switches)}" if p.applicable else f"(no switch: {p.why_not})"
-            out.append(f"  {k + 1}. {f.get('rule')} [{f.get('severity')}] {_ms(f.get('saving_ms'), 2)} ms ({_pct(f.get('saving_pct'))}) {action}")
+            out.append(f"  {k + 1}. {f.get('rule')} [{f.get('severity')}] {_ms(f.get('saving_ms'), 2)} ms ({_pct(f.get('saving_share', f.get('saving_pct')))}) {action}")
         if len(r.findings) > top:
             out.append(f"  ... {len(r.findings) - top} more")
     return out
@@ -641,7 +641,8 @@ def to_json(walk: Walk) -> dict[str, Any]:
             "dataloader_share": r.dataloader_share,
             "gpu_utilization": r.gpu_utilization,
             "findings": [
-                {k: f.get(k) for k in ("rule", "severity", "saving_ms", "saving_pct", "confidence")} for f in r.findings
+                {"rule": f.get("rule"), "severity": f.get("severity"), "saving_ms": f.get("saving_ms"),
+                 "saving_pct": f.get("saving_share", f.get("saving_pct")), "confidence": f.get("confidence")} for f in r.findings
             ],
         }
 

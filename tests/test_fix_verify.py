@@ -25,7 +25,7 @@ RUN = SAMPLE / "runs" / "cpu_baseline"
 
 
 def stall_share() -> float:
-    return next(f for f in analyze(RUN).to_dict()["findings"] if f["rule"] == "dataloader-stall")["saving_pct"]
+    return next(f for f in analyze(RUN).to_dict()["findings"] if f["rule"] == "dataloader-stall")["saving_share"]
 
 
 @pytest.fixture(scope="module")

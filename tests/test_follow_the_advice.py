@@ -75,7 +75,7 @@ def test_v100_with_workers_moves_on_and_keeps_the_promise(nw0, nw4):
     stall = next(f for f in before_report["findings"] if f["rule"] == "dataloader-stall")
     before = bench.Round(bench.Switches(), nw0, 0, 0.0, report=before_report)
     after = bench.Round(bench.Switches(workers=4), nw4, 0, 0.0, report=after_report)
-    change = bench.Change(1, stall["rule"], 1, stall["severity"], "workers", "", stall["saving_ms"], stall["saving_pct"], before, after)
+    change = bench.Change(1, stall["rule"], 1, stall["severity"], "workers", "", stall["saving_ms"], stall["saving_share"], before, after)
     measured = change.measured_ms("window", 0)
     assert measured == pytest.approx(before.window_median_ms - after.window_median_ms)
     assert 0.5 <= change.ratio(0) <= 1.5, (measured, stall["saving_ms"])

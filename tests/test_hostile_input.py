@@ -522,7 +522,7 @@ def _wrong_type(value):
 
 TYPED_RANK_FIELDS = ["rank", "file_index", "metadata", "distributed", "has_device", "device", "tensor_core_kernel_share",
                      "tensor_core_eligible_share", "h2d", "d2h", "peak_memory", "notes"]
-TYPED_FINDING_FIELDS = ["rule", "severity", "title", "message", "saving_ms", "saving_pct", "confidence", "evidence", "fix", "causes", "rank"]
+TYPED_FINDING_FIELDS = ["rule", "severity", "title", "message", "saving_ms", "saving_share", "confidence", "evidence", "fix", "causes", "rank"]
 
 
 def test_type_corrupted_analysis_entries_are_misses(tmp_path, cli, monkeypatch):

@@ -676,5 +676,5 @@ def test_dataloader_stall_hidden_by_prefetching_is_found_after_the_window(tmp_pa
     assert len(steady) >= 30
     assert stall["evidence"]["unprofiled_steps"] == len(steady)
     mean_wait = statistics.mean(after_waits[i] for i in steady)
-    assert stall["saving_pct"] == pytest.approx(mean_wait / statistics.mean(after_steps[i] for i in steady), rel=1e-3)
+    assert stall["saving_share"] == pytest.approx(mean_wait / statistics.mean(after_steps[i] for i in steady), rel=1e-3)
     assert stall["evidence"]["unprofiled_wait_ms_per_step"] == pytest.approx(mean_wait, abs=1e-3)

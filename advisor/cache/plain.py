@@ -38,7 +38,8 @@ def to_plain(v: Any) -> Any:
     if isinstance(v, list):
         return [to_plain(x) for x in v]
     if isinstance(v, msgspec.Struct):  # a finding, a replay summary: its fields, as the type reads them back
-        return {name: to_plain(getattr(v, name)) for name in v.__struct_fields__}
+        # under the names msgspec reads back (a field renamed for the JSON, Finding.saving_pct as saving_share)
+        return {key: to_plain(getattr(v, name)) for name, key in zip(v.__struct_fields__, v.__struct_encode_fields__, strict=True)}
     if isinstance(v, dict):
         if all(isinstance(k, str) for k in v) and TAG not in v:
             return {k: to_plain(x) for k, x in v.items()}

@@ -36,13 +36,15 @@ def _report_name(files: dict[str, bytes], fields: dict[str, Any]) -> str:
     return f"{REPORT_PREFIX}{_sha(body)[:40]}.json"
 
 
-def _report_mac(key: bytes, name: str, text: str) -> str:
-    return hmac.new(key, orjson.dumps(["report", name, text]), hashlib.sha256).hexdigest()
+def _report_mac(key: bytes, name: str, text: str, err: str = "") -> str:
+    signed = ["report", name, text] if not err else ["report", name, text, err]
+    return hmac.new(key, orjson.dumps(signed), hashlib.sha256).hexdigest()
 
 
-def read_report(run: RunFiles, key: AnalysisKey, fields: dict[str, Any]) -> str | None:
+def read_report(run: RunFiles, key: AnalysisKey, fields: dict[str, Any]) -> tuple[str, str] | None:
     """The report rendered before for this analysis key and these fields, from a sealed entry
-    whose every file still matches its seal; None otherwise."""
+    whose every file still matches its seal: (its stdout, its stderr: the notes and warnings
+    after it); None otherwise."""
     found = read_entry("analysis", key.digest, run.directory)
     secret_key = secret()
     if found is None or secret_key is None or ANALYSIS_META not in found[1]:
@@ -50,15 +52,15 @@ def read_report(run: RunFiles, key: AnalysisKey, fields: dict[str, Any]) -> str 
     name = _report_name(found[1], fields)
     try:
         doc = orjson.loads(found[1][name])
-        text, mac = doc["text"], doc["mac"]
-        if doc.get("name") != name or not isinstance(text, str) or not isinstance(mac, str):
+        text, mac, err = doc["text"], doc["mac"], doc.get("err", "")
+        if doc.get("name") != name or not isinstance(text, str) or not isinstance(mac, str) or not isinstance(err, str):
             return None
-        return text if hmac.compare_digest(mac, _report_mac(secret_key, name, text)) else None
+        return (text, err) if hmac.compare_digest(mac, _report_mac(secret_key, name, text, err)) else None
     except (KeyError, TypeError, orjson.JSONDecodeError):
         return None
 
 
-def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: str) -> Path | None:
+def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: str, err: str = "") -> Path | None:
     """Add a rendered report to the analysis entry in `folder` (the one the report was rendered
     from) and seal it again over the files as verified now; the report's file, or None."""
     secret_key = secret()
@@ -66,7 +68,7 @@ def store_report(folder: Path, key: AnalysisKey, fields: dict[str, Any], text: s
     if files is None or ANALYSIS_META not in files:
         return None
     name = _report_name(files, fields)
-    data = orjson.dumps({"name": name, "text": text, "mac": _report_mac(secret_key, name, text)})
+    data = orjson.dumps({"name": name, "text": text, **({"err": err} if err else {}), "mac": _report_mac(secret_key, name, text, err)})
     try:
         reports = sorted((n for n in files if n.startswith(REPORT_PREFIX) and n != name), key=lambda n: (folder / n).stat().st_mtime_ns)
         dropped = reports[: max(0, len(reports) + 1 - MAX_REPORTS)]

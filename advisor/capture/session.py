@@ -471,8 +471,18 @@ def capture(target: Target, options: CaptureOptions) -> CaptureResult:
         take_back_streams()
 
 
-def summary_lines(result: CaptureResult) -> list[str]:
-    """What to tell the user about how the capture went (one idea per line)."""
+def left_nothing(result: CaptureResult) -> bool:
+    """The script ended with a status of its own (an exception, `sys.exit(3)`) before any step
+    was recorded and wrote no trace: its log dir holds only the facts of a run that did not get
+    as far as training, which no report reads (`advisor profile` removes a folder it named)."""
+    how = result.outcome.how
+    ended_badly = how == "error" or (how == "exit" and result.exit_code != 0)
+    return ended_badly and not result.recorded_steps and not result.own_traces and not result.traces
+
+
+def summary_lines(result: CaptureResult, removed: bool = False) -> list[str]:
+    """What to tell the user about how the capture went (one idea per line); `removed`: the
+    log dir was removed (left_nothing), so no line points into it."""
     t, o = result.target.display, result.options
     out = o.out_dir
     lines: list[str] = []
@@ -499,8 +509,15 @@ def summary_lines(result: CaptureResult) -> list[str]:
         by = "terminated (SIGTERM)" if how == "terminated" else "interrupted"
         lines.append(f"{by} during step {result.steps}; {kept} in {out}")
     elif how == "error" or (how == "exit" and result.exit_code != 0):
-        kept = f"kept the trace of {recorded}" if result.recorded_steps else "no step had been recorded"
-        lines.append(f"{t} failed with exit code {result.exit_code} after {result.steps} step{'s' if result.steps != 1 else ''}; {kept} in {out}")
+        # an uncaught exception is a failure; sys.exit(N) is the script's own status, passed on
+        ended = f"failed with exit code {result.exit_code}" if how == "error" else f"exited with status {result.exit_code}"
+        steps = f"after {result.steps} step{'s' if result.steps != 1 else ''}"
+        if result.recorded_steps:
+            lines.append(f"{t} {ended} {steps}; kept the trace of {recorded} in {out}")
+        elif removed:
+            lines.append(f"{t} {ended} {steps}, before any step was recorded: nothing to report, and no log dir kept")
+        else:
+            lines.append(f"{t} {ended} {steps}; no step had been recorded in {out}")
     elif not result.window_complete:
         if result.recorded_steps:
             lines.append(f"{t} ended after {result.steps} steps, before the window was complete; recorded {recorded} only")

@@ -33,6 +33,7 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # -h as well, as most tools take it
 )
 
 
@@ -132,14 +133,17 @@ def emit_report(analysis, fmt: Format, output: Optional[Path], verbose: bool) ->
     else:
         from advisor.render.text import render_text
 
+        from advisor.render.console import output_console
+
+        notes = output_console(stderr=True)  # stdout (or the file) holds the report alone
         if output is None:
-            render_text(analysis, stdout_console(), verbose=verbose)
+            render_text(analysis, stdout_console(), verbose=verbose, notes=notes)
         else:
             from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
             from advisor.terminal_text import inert_console
 
             console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
-            render_text(analysis, console, verbose=verbose)
+            render_text(analysis, console, verbose=verbose, notes=notes)
             write_output(trim_lines(console.export_text()), output, inputs)
 
 
@@ -256,12 +260,13 @@ def list_rules(
     select: List[str] = typer.Option([], "--select", help="Only the rules these ids, groups or prefixes name."),
 ) -> None:
     """List the rules the advisor checks, with their group (`--select GROUP` runs a group)."""
-    from advisor.engine import all_rules, select_rules
     from advisor.metrics.vendors import tested_on
+    from advisor.rule_catalogue import rule_pages
+    from advisor.rule_selection import resolve
 
     if format not in ("text", "json"):
         raise typer.BadParameter(f"{format!r} is not one of text, json", param_hint="'--format'")
-    rules = select_rules(all_rules(rules_dir), select=rule_ids(select))
+    rules = resolve(rule_pages(rules_dir), select=rule_ids(select))  # read from the rule files, not run
     if format == "json":
         from advisor.output import to_json_text
 
@@ -292,11 +297,9 @@ def explain(
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
 ) -> None:
     """Print one rule's page: what it detects, why it is slow, the fix, how the saving is estimated."""
-    from rich.markdown import Markdown
+    from advisor.rule_catalogue import rule_page
 
-    from advisor.engine import find_rule
-
-    r = find_rule(rule, rules_dir)
+    r = rule_page(rule, rules_dir)
     page = r.doc or r.title
     if r.docs_url and r.docs_url not in page:
         page += f"\n\nReference: {r.docs_url}"
@@ -318,6 +321,8 @@ def explain(
     if not sys.stdout.isatty():  # a pipe or file: the page's Markdown as it is, unwrapped
         sys.stdout.write(page)
         return
+    from rich.markdown import Markdown
+
     stdout_console().print(Markdown(page))
 
 
@@ -367,10 +372,30 @@ def _paths_checked_by_the_stages() -> None:
 
     from typer.models import ParameterInfo
 
+    from typer.models import ArgumentInfo
+
     for command in app.registered_commands:
         for param in inspect.signature(command.callback).parameters.values():
             if isinstance(param.default, ParameterInfo):
                 param.default.readable = False
+            # usage reads `report [OPTIONS] PATH`, as usage lines do (not the parser's `{path}`)
+            if isinstance(param.default, ArgumentInfo) and param.default.metavar is None:
+                param.default.metavar = param.name.upper()
+
+
+def _plain_usage_names() -> None:
+    """Usage lines name a required argument as `PATH`, an optional one as `[PATH]`, as usage
+    lines do (the parser's own way writes `{path}`, which reads as a shell brace expansion)."""
+    from typer.core import TyperArgument
+
+    if not hasattr(TyperArgument, "_usage_display_name"):
+        return
+
+    def usage_name(self: Any) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    TyperArgument._usage_display_name = usage_name  # type: ignore[method-assign]
 
 
 class _ClosedPipeGuard:
@@ -448,8 +473,9 @@ def _main() -> None:
         named = _named_command(sys.argv[1:])
         if named not in core:
             # `advisor whatif RUN` imports the whatif command's module, not the gate's or fix's
-            _register_optional_commands(named if named in OPTIONAL_COMMANDS and "--help" not in sys.argv[1:2] else None)
+            _register_optional_commands(named if named in OPTIONAL_COMMANDS and not {"-h", "--help"} & set(sys.argv[1:2]) else None)
         _paths_checked_by_the_stages()
+        _plain_usage_names()
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
@@ -467,6 +493,9 @@ def _main() -> None:
         raise
     except Exception as exc:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # usage errors from the CLI parser
+            if isinstance(getattr(exc, "message", None), str):
+                # the parser's validation library prefixes its own words ("Value error, 'x' is not one of ...")
+                exc.message = exc.message.replace("Value error, ", "")
             exc.show()
             sys.exit(EXIT_BAD_INPUT if exc.exit_code == 2 else exc.exit_code)
         if os.environ.get("ADVISOR_DEBUG"):

@@ -68,6 +68,13 @@ def browser_available() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
+def no_browser_reason() -> str:
+    """Why no browser opened the report, in a few words."""
+    if not browser_available():
+        return "no browser found (no display, and $BROWSER is not set)"
+    return "the browser did not open it"
+
+
 def open_in_browser(path: Path) -> bool:
     """Open the file in the browser; False when there is none to open it."""
     if not browser_available():

@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 
-import advisor.cache as store
 from advisor.sizes import format_bytes
 
 
@@ -19,6 +18,8 @@ class CacheAction(str, Enum):
 
 
 def _roots(path: Optional[Path]) -> list[Path]:
+    import advisor.cache as store
+
     directory = None if path is None else (path if path.is_dir() else path.parent)
     return store.cache_roots(directory)
 
@@ -28,6 +29,8 @@ def cache(
     path: Optional[Path] = typer.Argument(None, help="A trace or log dir: with ADVISOR_CACHE=beside, its .advisor-cache/ folder too."),
 ) -> None:
     """Show or clear the cache of parsed frames, finished analyses and their reports."""
+    import advisor.cache as store  # here, not on import: `advisor --help` lists this command
+
     roots = _roots(path)
     out = sys.stdout
     if not roots:

@@ -48,12 +48,13 @@ def diff(
     first, second = analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True)
     comparison = compare(first, second, cfg.rule_options)
     inputs = run_input_files(first) + run_input_files(second)
+    notes = output_console(stderr=True)  # warnings on stderr: stdout (or the file) holds the comparison alone
     if format is DiffFormat.text and output is None:
-        render_diff(comparison, "text", output_console())
+        render_diff(comparison, "text", output_console(), notes)
         return
     if format is DiffFormat.text:
         console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
-        render_diff(comparison, "text", console)
+        render_diff(comparison, "text", console, notes)
         write_output(trim_lines(console.export_text()), output, inputs)
         return
     text = render_diff(comparison, format.value)
@@ -83,12 +84,16 @@ def view(
     from advisor.cli import analyze_with_progress
     from advisor.config import load_config
     from advisor.render.html import to_html
-    from advisor.cli.browser import open_in_browser, view_file
+    from advisor.cli.browser import no_browser_reason, open_in_browser, view_file
 
     analysis = analyze_with_progress(path, run=run, config=load_config(config), rules_dir=rules_dir, cache=False)
     target = output or view_file(analysis.run)
-    write_output(to_html(analysis), target, run_input_files(analysis))
+    write_output(to_html(analysis), target, run_input_files(analysis), note=False)
     if browser and open_in_browser(target):
+        sys.stderr.write(f"wrote {path_text(target)}, opened in the browser\n")
         return
-    # no browser to hand the file to: its path, on stdout, for the user (or a script) to open
+    # no browser to hand the file to: its path once, on stdout, for the user (or a script) to open
     sys.stdout.write(f"{path_text(target.resolve())}\n")
+    if browser:
+        sys.stdout.flush()
+        sys.stderr.write(f"advisor view: {no_browser_reason()}: open the report at the path above\n")

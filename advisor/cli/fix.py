@@ -272,7 +272,7 @@ def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
             doc = record(v, plan, findings, environment_of(analysis))
             refuse_overwriting_inputs(output, [plan.script.path])
             try:
-                write_atomically(output, to_json_text(doc))
+                write_atomically(output, to_json_text(doc), make_parents=True)  # a record, made as the gate's are
             except OSError as exc:
                 raise InputError(output, f"cannot write: {exc.strerror or exc}") from None
             note(f"wrote {path_text(output)} (a baseline for `advisor gate --baseline {path_text(output)}`)")

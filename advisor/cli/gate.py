@@ -7,33 +7,22 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from advisor.errors import InputError, set_status_if_output_closes
-from advisor.gate.budgets import (
-    GateSettings,
-    build_settings,
-    parse_gate_table,
-    read_budget_file,
-)
-from advisor.gate.evaluate import run_gate
-from advisor.gate.outputs import (
-    emit_github,
-    render_terminal,
-    to_json,
-    to_junit,
-    write_file,
-)
-from advisor.gate.record import RunRecord, read_record_file, record_from_analysis
-from advisor.gate.verdict import GateResult
-from advisor.render.console import output_console
-from advisor.output import run_input_files
+from advisor.errors import InputError
 from advisor.terminal_text import inert_console, one_line, path_text
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from advisor.gate.budgets import GateSettings
+    from advisor.gate.record import RunRecord
+    from advisor.gate.verdict import GateResult
+
+# The gate's own modules (numpy, pandas through the budgets' categories) are imported where
+# they are used: `advisor --help` imports this module to list its commands.
 DEFAULT_BASELINE = Path("perf/baseline.json")
 
 
@@ -45,6 +34,8 @@ def _config_layer(cfg: Any) -> tuple[str, dict[str, Any]]:
     if not cfg.gate or cfg.path is None:
         return ("config", {})
     table = "[gate]" if cfg.path.name == "advisor.toml" else "[tool.advisor.gate]"
+    from advisor.gate.budgets import parse_gate_table
+
     return (str(cfg.path), parse_gate_table(cfg.gate, cfg.path, cfg.path.parent, table))
 
 
@@ -63,6 +54,8 @@ def _share_flags(values: list[str]) -> dict[str, Any]:
 
 def _flag_layer(flags: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     given = {k: v for k, v in flags.items() if v is not None and v != [] and v != {}}
+    from advisor.gate.budgets import parse_gate_table
+
     return ("command line", parse_gate_table(given, None, None, "command line") if given else {})
 
 
@@ -90,6 +83,8 @@ def _input_files(path: Path, run: Optional[str], baseline: Optional[Path]) -> li
 
 def load_baseline(path: Path, config: Any, rules_dir: Optional[Path], run: Optional[str] = None) -> tuple[RunRecord, list[str]]:
     """A baseline JSON, a report JSON, or a log dir / trace analysed now."""
+    from advisor.gate.record import read_record_file, record_from_analysis
+
     if not path.exists():
         raise InputError(path, "baseline not found (write one with `advisor baseline PATH -o FILE`)")
     if path.is_file():
@@ -112,6 +107,8 @@ def evaluate_gate(
 ) -> GateResult:
     """Analyse the candidate, load the baseline, run every check."""
     from advisor.cli import analyze_with_progress
+    from advisor.gate.evaluate import run_gate
+    from advisor.gate.record import record_from_analysis
 
     if settings.baseline is None and not settings.budgets.any():
         raise InputError(
@@ -157,6 +154,12 @@ def gate(
     """Fail when a run is slower than its baseline or breaks a budget (exit 0 pass, 1 fail, 2 bad input)."""
     from advisor.cli import rule_ids
     from advisor.config import load_config
+    from rich.text import Text
+
+    from advisor.errors import set_status_if_output_closes
+    from advisor.gate.budgets import build_settings, read_budget_file
+    from advisor.gate.outputs import emit_github, render_terminal, to_json, to_junit, write_file
+    from advisor.render.console import output_console
 
     cfg = load_config(config)
     layers = [_config_layer(cfg)]
@@ -215,6 +218,13 @@ def baseline(
     """Record a run as the baseline a later `advisor gate` compares with (schema advisor/baseline/v1)."""
     import os
 
+    from rich.text import Text
+
+    from advisor.gate.budgets import build_settings
+    from advisor.gate.outputs import write_file
+    from advisor.gate.record import record_from_analysis
+    from advisor.output import run_input_files
+
     from advisor.cli import analyze_with_progress
     from advisor.config import load_config
     from advisor.gate.record import is_advisor_baseline
@@ -230,8 +240,7 @@ def baseline(
     record = record_from_analysis(analysis)
     import orjson
 
-    # perf/ of the default path is made; a folder in a path the user typed (-o) must exist
-    write_file(target, orjson.dumps(record.to_baseline(), option=orjson.OPT_INDENT_2).decode() + "\n", run_input_files(analysis), make_parents=output is None)
+    write_file(target, orjson.dumps(record.to_baseline(), option=orjson.OPT_INDENT_2).decode() + "\n", run_input_files(analysis))
     err = _stderr()
     env = record.environment
     mean = record.mean_step_ms

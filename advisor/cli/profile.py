@@ -151,10 +151,11 @@ def profile(
         terminated = exit_code == SIGTERM_EXIT
         report_wanted = not terminated
     else:
-        from advisor.capture.session import capture, summary_lines
+        from advisor.capture.session import capture, left_nothing, summary_lines
 
         result = capture(target, options)
-        say_lines(summary_lines(result))
+        removed = out is None and left_nothing(result) and remove_empty_run(out_dir)
+        say_lines(summary_lines(result, removed))
         stopped = result.outcome.how == "stopped"
         exit_code = EXIT_STOPPED if stopped else result.exit_code
         terminated = result.outcome.how == "terminated"
@@ -260,6 +261,27 @@ def prepare_out_dir(out: Path | None, stem: str) -> Path:
     except OSError as exc:
         raise InputError(out, f"cannot create the log directory: {exc.strerror or exc}") from None
     return _writable(out).absolute()  # resolved once: the script may os.chdir()
+
+
+def remove_empty_run(out_dir: Path) -> bool:
+    """Remove a log dir `prepare_out_dir` named when it holds only the facts files of a run that
+    recorded nothing, and advisor_runs/ with it when that is left empty; whether it was removed."""
+    from advisor.facts import FACTS_FILE
+
+    try:
+        found = list(out_dir.iterdir())
+        if not all(p.is_file() and not p.is_symlink() and FACTS_FILE.match(p.name) for p in found):
+            return False
+        for p in found:
+            p.unlink()
+        out_dir.rmdir()
+    except OSError:
+        return False
+    try:
+        out_dir.parent.rmdir()  # advisor_runs/, only when nothing else is in it
+    except OSError:
+        pass
+    return True
 
 
 def check_out_dir(out: Path) -> None:

@@ -67,8 +67,8 @@ def report_fields(fmt: str, verbose: bool, source: Path, run: Any) -> dict[str, 
     }
 
 
-def stored_report(path: Path, run: str | None, config: Any, select: list[str], ignore: list[str], fmt: str, verbose: bool) -> str | None:
-    """The text of this report rendered before, or None (then the report is made)."""
+def stored_report(path: Path, run: str | None, config: Any, select: list[str], ignore: list[str], fmt: str, verbose: bool) -> tuple[str, str] | None:
+    """This report as rendered before (its stdout and stderr), or None (then the report is made)."""
     from advisor import cache
     from advisor.load.discover import find_run
 
@@ -84,9 +84,14 @@ def stored_report(path: Path, run: str | None, config: Any, select: list[str], i
         return None
 
 
-def serve(text: str) -> None:
+def serve(stored: tuple[str, str]) -> None:
+    """A stored report: its text on stdout, then its notes and warnings on stderr."""
+    text, err = stored
     sys.stdout.write(text)
     sys.stdout.flush()
+    if err:
+        sys.stderr.write(err)
+        sys.stderr.flush()
 
 
 def fast_report(args: list[str], command: Callable[..., Any], format_option: Callable[[str | None], str | None]) -> bool:
@@ -229,29 +234,29 @@ class _Recorder:
 
 
 @contextmanager
-def recording() -> Iterator[list[str | None]]:
-    """What a report writes to stdout, as one text (None when it also wrote to stderr, whose
-    lines a stored report would not repeat)."""
+def recording() -> Iterator[list[tuple[str, str] | None]]:
+    """What a report (rendered from its analysis, made before) writes: (its stdout, its stderr:
+    the notes and warnings after it), as a stored report repeats them."""
     out, err = _Recorder(sys.stdout), _Recorder(sys.stderr)
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
-    got: list[str | None] = [None]
+    got: list[tuple[str, str] | None] = [None]
     try:
         yield got
     finally:
         sys.stdout, sys.stderr = saved
-    got[0] = None if err.parts else "".join(out.parts)
+    got[0] = ("".join(out.parts), "".join(err.parts))
 
 
-def keep(analysis: Any, path: Path, run: str | None, fmt: str, verbose: bool, text: str | None) -> None:
+def keep(analysis: Any, path: Path, run: str | None, fmt: str, verbose: bool, written: tuple[str, str] | None) -> None:
     """Store the report just written in the analysis entry it was rendered from, under the
     fields stored_report will ask for (the run as find_run gives it for this path)."""
-    if text is None or analysis.cache_entry is None or analysis.cache_key is None or analysis.rule_options:
+    if written is None or analysis.cache_entry is None or analysis.cache_key is None or analysis.rule_options:
         return
     from advisor import cache
     from advisor.load.discover import find_run
 
     try:
-        cache.store_report(analysis.cache_entry, analysis.cache_key, report_fields(fmt, verbose, path, find_run(path, run)), text)
+        cache.store_report(analysis.cache_entry, analysis.cache_key, report_fields(fmt, verbose, path, find_run(path, run)), *written)
     except Exception:  # noqa: BLE001 - the cache never fails a report
         pass

@@ -110,7 +110,7 @@ def promise(finding: dict, step_ms: float | None = None) -> tuple[float | None, 
     where the replay set one, else its `saving_ms` (its ranked saving counts the fixes above
     it as done). The share is against `step_ms` (the replay's baseline step), else scaled from
     the finding's own ranked share."""
-    ms, pct, alone = finding.get("saving_ms"), finding.get("saving_pct"), finding.get("saving_alone_ms")
+    ms, pct, alone = finding.get("saving_ms"), finding.get("saving_share", finding.get("saving_pct")), finding.get("saving_alone_ms")
     if not isinstance(alone, (int, float)):
         return ms, pct
     if step_ms:

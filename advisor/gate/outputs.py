@@ -44,11 +44,28 @@ def render_terminal(result: GateResult, console: Console) -> None:
     for c in result.checks:
         status = c.effective_status(result.strict)
         t.add_row(_term(c.title), Text(status.upper(), style=STATUS_STYLE[status]), _term(c.measured), _term(c.limit), _term(c.message))
-    console.print(t)
+    _print_table(t, console)
     # Whole lines (soft_wrap): a wrap could start a line with a trace's `::error::`.
     for w in result.warnings:
         console.print(_term(f"warning: {w}", style="yellow"), soft_wrap=True)
     console.print(_term(f"advisor gate: {result.headline()}", style=STATUS_STYLE[result.verdict]), soft_wrap=True)
+
+
+def _print_table(table: Table, console: Console) -> None:
+    """The table; in a pipe or file (laid out unwrapped, each row one line) the rule under the
+    header ends where the header does, not under the longest message: hundreds of characters
+    of ━ in a CI log otherwise."""
+    from advisor.render.console import is_unwrapped
+
+    if not is_unwrapped(console) or console.color_system is not None:
+        console.print(table)
+        return
+    with console.capture() as captured:
+        console.print(table)
+    lines = captured.get().split("\n")
+    if len(lines) > 1:
+        lines[1] = lines[1][: len(lines[0].rstrip())]
+    console.out("\n".join(lines), end="", highlight=False)
 
 
 def _term(s: str, style: str = "") -> Text:
@@ -196,11 +213,12 @@ def emit_github(result: GateResult, stream: IO[str], environ: dict[str, str] | N
 
 
 # --- files ----------------------------------------------------------------------------------
-def write_file(path: Path, text: str, inputs: Iterable[Path] = (), *, make_parents: bool = False) -> None:
-    """A gate output file, atomically, never over one of the INPUTS it was computed from; its
-    folder is made only with `make_parents` (a default path the user did not type)."""
+def write_file(path: Path, text: str, inputs: Iterable[Path] = ()) -> None:
+    """A gate output file (a baseline, the JSON result, JUnit XML), atomically, never over one
+    of the INPUTS it was computed from. Its folder is made as CI tools make theirs (`--junit
+    reports/gate.xml`, `-o perf/baseline.json`); a report's is not (advisor.output)."""
     refuse_overwriting_inputs(path, inputs)
-    write_atomically(path, text, make_parents=make_parents)
+    write_atomically(path, text, make_parents=True)
 
 
 __all__ = ["render_terminal", "to_json", "to_junit", "github_annotations", "github_summary", "emit_github", "write_file", "Check"]

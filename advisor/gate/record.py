@@ -267,7 +267,8 @@ def _findings(raw: Any, path: Path, key: str = "findings") -> list[FindingRecord
                 severity=str(f.get("severity") or "low"),
                 title=str(f.get("title") or f["rule"]),
                 saving_ms=_number(f.get("saving_ms"), "a finding's 'saving_ms'", path, upper=MAX_STEP_MS),
-                saving_pct=_number(f.get("saving_pct"), "a finding's 'saving_pct'", path, upper=MAX_STEP_MS),
+                # a report's findings say saving_share (older reports, and baselines, saving_pct)
+                saving_pct=_number(f.get("saving_share", f.get("saving_pct")), "a finding's 'saving_share'", path, upper=MAX_STEP_MS),
                 message=str(f.get("message") or ""),
             )
         )

@@ -78,7 +78,14 @@ def is_unwrapped(console: Console) -> bool:
 def output_console(stderr: bool = False, soft_wrap: bool = False) -> Console:
     """The console a command prints its report or table on."""
     stream = sys.stderr if stderr else sys.stdout
-    width = output_width(stream)
-    if width is None:
+    if _is_terminal(stream):
         return inert_console(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
-    return inert_console(file=LineEndTrimmer(stream), highlight=False, soft_wrap=soft_wrap, width=width)
+    # a pipe or file: its lines end where their text ends, at any width (COLUMNS=100 too)
+    return inert_console(file=LineEndTrimmer(stream), highlight=False, soft_wrap=soft_wrap, width=output_width(stream))
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -359,7 +359,7 @@ def _breakdown_lines(c: Comparison) -> list[tuple[str, float, float, float]]:
 
 
 # --- text ---------------------------------------------------------------------------------
-def render_diff_text(c: Comparison, console: Console) -> None:
+def render_diff_text(c: Comparison, console: Console, notes: Console | None = None) -> None:
     b, a = c.before, c.after
     unit = c.throughput_unit
     head = Table.grid(padding=(0, 2))
@@ -402,7 +402,7 @@ def render_diff_text(c: Comparison, console: Console) -> None:
         console.print()
         console.print(Text(one_line(sentence), style="bold"))
     for w in c.warnings:
-        console.print(Text(one_line(f"warning: {w}"), style="yellow"))
+        (notes or console).print(Text(one_line(f"warning: {w}"), style="yellow"))
 
 
 # --- Markdown -----------------------------------------------------------------------------
@@ -503,15 +503,16 @@ def diff_html(c: Comparison) -> str:
     return page(f"advisor diff: {b.name} → {a.name}", "".join(body))
 
 
-def render_diff(c: Comparison, fmt: str, console: Console | None = None) -> str | None:
-    """The comparison in a format (text goes to the console and returns None)."""
+def render_diff(c: Comparison, fmt: str, console: Console | None = None, notes: Console | None = None) -> str | None:
+    """The comparison in a format (text goes to the console, its warnings to NOTES when given,
+    and returns None)."""
     if fmt == "json":
         return diff_json(c)
     if fmt == "markdown":
         return diff_markdown(c)
     if fmt == "html":
         return diff_html(c)
-    render_diff_text(c, console or inert_console(highlight=False))
+    render_diff_text(c, console or inert_console(highlight=False), notes)
     return None
 
 

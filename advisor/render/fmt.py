@@ -78,12 +78,7 @@ def signed(x: float | None, unit: str = "", digits: int = 2) -> str:
 
 def batch_size(a: Analysis) -> int | None:
     """The batch size from the run's facts file (`advisor profile`), when it was recorded."""
-    facts = a.run_facts()
-    if facts and facts.get("dataloaders"):
-        bs = facts["dataloaders"][0].get("batch_size")
-        if isinstance(bs, int) and bs > 0:
-            return bs
-    return None
+    return a.batch_size()
 
 
 def step_time_text(st: dict[str, Any], steps: int) -> str:
@@ -95,14 +90,9 @@ def step_time_text(st: dict[str, Any], steps: int) -> str:
 
 
 def throughput(a: Analysis) -> tuple[float, str] | None:
-    """(value, unit): samples/s when the batch size is known, else steps/s, from the mean step."""
-    mean = a.summary()["step_time_ms"]["mean"]
-    if not mean:
-        return None
-    bs = batch_size(a)
-    if bs:
-        return bs / mean * 1000.0, "samples/s"
-    return 1000.0 / mean, "steps/s"
+    """(value, unit): samples/s when the batch size is known, else steps/s, from the mean step
+    (the JSON report's `summary.throughput`, unrounded)."""
+    return a.throughput()
 
 
 def finding_rank(a: Analysis, f: Any) -> str:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from advisor.analysis import Analysis
-from advisor.output import to_json_text
+from advisor.output import jsonable, rounded, to_json_text
 
 
 def to_json(analysis: Analysis) -> str:
-    return to_json_text(analysis.to_dict())
+    """The report's figures to 7 significant digits (advisor.output.rounded): within a millionth of each."""
+    return to_json_text(rounded(jsonable(analysis.to_dict())))

@@ -172,7 +172,12 @@ def _considered(a: Analysis) -> list:
         return []
     out: list = [Text("Considered, not ranked", style="bold")]
     for f in a.considered:
-        out.append(Text.assemble("  - ", (one_line(f.rule), "bold"), "  ", one_line(f.no_gain or "")))
+        # a hanging indent: a line wrapped at the console's width goes on under the rule's name
+        entry = Table.grid()
+        entry.add_column(no_wrap=True)
+        entry.add_column()
+        entry.add_row("  - ", Text.assemble((one_line(f.rule), "bold"), "  ", one_line(f.no_gain or "")))
+        out.append(entry)
     return out
 
 
@@ -233,7 +238,9 @@ def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
     return out
 
 
-def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
+def render_text(a: Analysis, console: Console, verbose: bool = False, notes: Console | None = None) -> None:
+    """The report on CONSOLE; its notes and warnings after it on NOTES (the command line's
+    stderr, so that stdout holds the report alone), else on CONSOLE."""
     plain = is_unwrapped(console)
     console.print(_overview(a, console))
     kt = _kernels_table(a, width=console.width, whole_names=plain) or _cpu_ops_table(a, width=console.width, whole_names=plain)
@@ -257,10 +264,11 @@ def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
     console.print()
     for part in _findings(a, verbose, plain):
         console.print(part)
-    notes = a.notes()
-    if notes or a.warnings:
-        console.print()
-        for n in notes:
-            console.print(Text(one_line(f"note: {n}"), style="bright_black"))
+    said = a.notes()
+    if said or a.warnings:
+        if notes is None:
+            console.print()
+        for n in said:
+            (notes or console).print(Text(one_line(f"note: {n}"), style="bright_black"))
         for w in a.warnings:
-            console.print(Text(one_line(f"warning: {w}"), style="yellow"))
+            (notes or console).print(Text(one_line(f"warning: {w}"), style="yellow"))
