@@ -345,3 +345,17 @@ def test_the_catalogue_read_from_the_files_is_the_engines_own():
             engine.title, engine.docs_url, engine.defaults, engine.source, engine.training_only, engine.scope, engine.group), page.id
         assert tested_on(page) == tested_on(engine), page.id
         assert rule_page(page.id).doc == engine.doc, page.id
+
+
+def test_a_baseline_names_its_shares_as_the_report_does_and_reads_older_files(cli, tmp_path):
+    code, out, err = cli(["report", str(CPU_RUN), "-f", "json"], cwd=tmp_path)
+    report = {f["rule"]: f["saving_share"] for f in json.loads(out)["findings"]}
+    assert cli(["baseline", str(CPU_RUN), "-o", str(tmp_path / "b.json")], cwd=tmp_path)[0] == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert {f["rule"]: f["saving_share"] for f in doc["findings"]} == pytest.approx(report, rel=1e-6)
+    # a baseline written before the field was renamed is read the same
+    for f in doc["findings"]:
+        f["saving_pct"] = f.pop("saving_share")
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    code, out, err = cli(["gate", str(CPU_RUN), "-b", str(tmp_path / "old.json"), "--min-steps", "3"], cwd=tmp_path)
+    assert code == 0 and "no finding that the baseline did not have" in out, (out, err)

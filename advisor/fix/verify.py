@@ -239,7 +239,7 @@ def record(v: Verification, plan: Plan, findings: list[dict], environment: Envir
     if record_gap(v):
         raise ValueError(f"no record of a verification whose fixed copy did not run: {record_gap(v)}")
     open_findings = [
-        FindingRecord(rule=str(f.get("rule")), severity=str(f.get("severity") or "low"), title=str(f.get("title") or ""), saving_ms=f.get("saving_ms"), saving_pct=f.get("saving_share", f.get("saving_pct")), message=str(f.get("message") or ""))
+        FindingRecord(rule=str(f.get("rule")), severity=str(f.get("severity") or "low"), title=str(f.get("title") or ""), saving_ms=f.get("saving_ms"), saving_share=f.get("saving_share", f.get("saving_pct")), message=str(f.get("message") or ""))
         for f in findings
         if f.get("rule") not in fixed
     ]

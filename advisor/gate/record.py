@@ -47,8 +47,13 @@ class FindingRecord:
     severity: str
     title: str
     saving_ms: float | None = None
-    saving_pct: float | None = None
+    saving_share: float | None = None  # of the step (0.3: 30%), as the JSON report's findings say it
     message: str = ""
+
+    @classmethod
+    def of(cls, finding: Any) -> "FindingRecord":
+        """The record of an analysis's finding (advisor.engine.Finding)."""
+        return cls(finding.rule, finding.severity, finding.title, finding.saving_ms, finding.saving_pct, finding.message)
 
 
 @dataclass
@@ -207,16 +212,8 @@ def record_from_analysis(analysis: Any) -> RunRecord:
         breakdown_ms={k: float(v) for k, v in m.breakdown_mean_ms.items()},
         gpu_utilization=m.gpu_utilization,
         peak_memory_bytes=float(peak) if peak is not None else None,
-        findings=[
-            FindingRecord(
-                rule=f.rule, severity=f.severity, title=f.title, saving_ms=f.saving_ms, saving_pct=f.saving_pct, message=f.message
-            )
-            for f in analysis.findings
-        ],
-        considered=[
-            FindingRecord(rule=f.rule, severity=f.severity, title=f.title, saving_ms=f.saving_ms, saving_pct=f.saving_pct, message=f.message)
-            for f in analysis.considered
-        ],
+        findings=[FindingRecord.of(f) for f in analysis.findings],
+        considered=[FindingRecord.of(f) for f in analysis.considered],
         environment=environment_of(analysis),
         created=_now(),
         kind="run",
@@ -267,8 +264,8 @@ def _findings(raw: Any, path: Path, key: str = "findings") -> list[FindingRecord
                 severity=str(f.get("severity") or "low"),
                 title=str(f.get("title") or f["rule"]),
                 saving_ms=_number(f.get("saving_ms"), "a finding's 'saving_ms'", path, upper=MAX_STEP_MS),
-                # a report's findings say saving_share (older reports, and baselines, saving_pct)
-                saving_pct=_number(f.get("saving_share", f.get("saving_pct")), "a finding's 'saving_share'", path, upper=MAX_STEP_MS),
+                # saving_share (files written before it was named so: saving_pct)
+                saving_share=_number(f.get("saving_share", f.get("saving_pct")), "a finding's 'saving_share'", path, upper=MAX_STEP_MS),
                 message=str(f.get("message") or ""),
             )
         )
