@@ -13,7 +13,7 @@ from advisor.metrics.breakdown import DATALOADER_NAME, name_matches
 from advisor.metrics.summary import compute_metrics
 from advisor.whatif.graph import build_graph
 from advisor.whatif.replay import Change, replay_graph
-from tests.conftest import SAMPLE_RUNS, shared, shared_trace
+from conftest import SAMPLE_RUNS, shared, shared_trace
 
 
 def _graph(directory):
