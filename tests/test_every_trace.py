@@ -32,6 +32,7 @@ import pandas as pd
 import pytest
 from conftest import check_invariant_minimum
 from corpus import analysis_of, own_runs, public_traces
+from device_rules import COPY_RULES, KERNEL_RULES
 
 ALL_RUNS = public_traces() + own_runs()
 
@@ -42,22 +43,6 @@ LAUNCH_CALL = re.compile(
 )
 COPY_CALL = re.compile(r"^(cuda|hip)Memcpy")
 
-# Findings that rest on the device's own records (its kernels, its idle time, its copies).
-KERNEL_RULES = {
-    "gpu-idle",
-    "launch-bound",
-    "tensor-cores-unused",
-    "tf32-disabled",
-    "unfused-elementwise",
-    "channels-last",
-    "compile-graph-breaks",
-    "communication-exposed",
-    "straggler",
-    "host-sync",
-    "spare-gpu-memory",
-    "step-time-variance",
-}
-COPY_RULES = {"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume"}
 
 # (checks: iteration, one-time, device-gaps, calibration, rules-run, source)
 # Runs where an invariant does not hold for a reason the trace itself sets (strict: the day

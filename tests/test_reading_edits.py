@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from device_rules import COPY_RULES, KERNEL_RULES
 from trace_edit import by_cat, clone, add_events, drop_events, events, insert_time, load_events, trace_path, write_trace
 
 from advisor.analysis import analyze
 from advisor.config import Config
-from advisor.metrics.device_records import COPY_RULES, KERNEL_RULES
 
 B200 = "corpus/b200_ep_moe_syncless_fwd.json.gz"  # NVIDIA B200, 2 ProfilerSteps
 MI300X_VIT = "corpus/mi300x_falconsai_vit_infer.json.gz"  # AMD MI300X, one step in the window
