@@ -1,4 +1,4 @@
-"""Promises on runs the replay was never tuned on: an H200, two models, each fix alone.
+"""Promises on the H200 runs (recorded to be held out, since used to tune unfused-elementwise: see tests/data/labels/README.md): two models, each fix alone.
 
     .venv/bin/python benchmarks/promise_heldout.py [--out benchmarks/results/promise_heldout_h200.txt]
 

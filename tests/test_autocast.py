@@ -23,7 +23,7 @@ from advisor.metrics.hierarchy import op_tree
 from advisor.metrics.unprofiled import unprofiled_steps
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import rank_replay
-from tests.conftest import shared
+from conftest import shared
 
 HALF_OR_FP32 = ("float", "c10::BFloat16")
 

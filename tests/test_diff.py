@@ -123,7 +123,7 @@ def test_several_resolved_fixes_are_promised_as_replayed_together_and_checked_wi
     # ViT on an H100: the baseline against the run with every fix applied. tf32-disabled and
     # tensor-cores-unused speed up the same kernels, so their savings cannot add up; both runs
     # timed their steps after the window, so the promise is checked against those steps.
-    from tests.conftest import shared
+    from conftest import shared
 
     before_dir, after_dir = shared("whatif/h100_vit/baseline"), shared("whatif/h100_vit/all")
     c = compare(analyze(before_dir), analyze(after_dir))

@@ -1,4 +1,4 @@
-"""Runs the replay was never tuned on: the sample ResNet-18 and the ViT on an H200.
+"""H200 runs recorded to be held out, since used to tune unfused-elementwise (not held out; see tests/data/labels/README.md): the sample ResNet-18 and the ViT on an H200.
 
 sample_runs/heldout_h200 holds them (README.md there says how each was recorded);
 benchmarks/promise_heldout.py prints every pair's promise against its measured gain. These

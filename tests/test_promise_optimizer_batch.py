@@ -15,7 +15,7 @@ import pytest
 
 from advisor.analysis import analyze
 from advisor.config import Config
-from tests.conftest import shared
+from conftest import shared
 
 
 def _after_median(run) -> float:
@@ -65,7 +65,7 @@ def test_batch256_promise_is_what_the_4x_batch_measured_per_64_samples(baseline)
 
 def test_the_walks_larger_batch_promise_stays_kept():
     # The sample's GPU walk, round 3: batch 32 -> 128 on an H100, measured 6.8 ms per current step.
-    from tests.conftest import REPO, SAMPLE_RUNS
+    from conftest import REPO, SAMPLE_RUNS
 
     walk = json.loads((REPO / "benchmarks" / "results" / "follow_the_advice_gpu.json").read_text())
     change = next(c for c in walk["changes"] if c["number"] == 3)

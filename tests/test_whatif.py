@@ -13,7 +13,7 @@ from advisor.metrics.breakdown import DATALOADER_NAME, name_matches
 from advisor.metrics.summary import compute_metrics
 from advisor.whatif.graph import build_graph
 from advisor.whatif.replay import Change, replay_graph
-from tests.conftest import SAMPLE_RUNS, shared, shared_trace
+from conftest import SAMPLE_RUNS, shared, shared_trace
 
 
 def _graph(directory):
@@ -328,3 +328,25 @@ def test_fixes_cut_to_the_block_then_merged_replay_as_the_whole_merge(monkeypatc
     for i in range(1, len(changes)):
         pair = [changes[0], changes[i]]
         assert block.replayed_ms(block.merged(pair)) == block.replayed_ms(Change.merge(pair))
+
+
+def test_host_windows_of_several_factors_each_keep_their_own():
+    """Host windows measured on their own (`Change.host_own`) from two changes merged: each
+    window is replayed at its own factor, not at the first window's. The first DataLoader wait
+    of the sample's GPU run (no workers) at 0.2 and the others at 1.0 (the host's own scale: no change)
+    replay as the first alone; the order the windows are listed in changes nothing."""
+    from advisor.whatif.savings import dataloader_spans
+
+    frames, _, g = _graph(SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline")
+    dl_s, dl_e = dataloader_spans(frames)
+    assert len(dl_s) >= 2
+    half = len(dl_s) // 2
+    first, second = (dl_s[:half], dl_e[:half]), (dl_s[half:], dl_e[half:])
+    unchanged = replay_graph(g).step_ns
+    alone = replay_graph(g, Change(host_own=[(*first, 0.2)])).step_ns
+    assert alone.sum() < 0.95 * unchanged.sum()  # the faster loading shows in the steps
+    both = replay_graph(g, Change.merge([Change(host_own=[(*first, 0.2)]), Change(host_own=[(*second, 1.0)])])).step_ns
+    assert np.allclose(both, alone, rtol=0, atol=1.0)
+    one_way = replay_graph(g, Change(host_own=[(*first, 0.2), (*second, 0.6)])).step_ns
+    other_way = replay_graph(g, Change(host_own=[(*second, 0.6), (*first, 0.2)])).step_ns
+    assert np.allclose(one_way, other_way, rtol=0, atol=1.0)

@@ -19,6 +19,8 @@ import numpy as np
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import name_matches, text_of
 
+# The runtime calls that launch device work, and those that copy: one definition for every stage
+# (metrics.host_device re-exports them for the rules and the what-if changes).
 LAUNCH_CALL = re.compile(
     r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch|mtiaLaunch)"
 )

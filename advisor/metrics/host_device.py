@@ -34,6 +34,10 @@ from advisor.metrics.breakdown import (
     communication_kernels,
     text_of,
 )
+# One definition of a launch and of a copy call for every stage (the device-records check, the
+# rules, the what-if changes): device_records'.
+from advisor.metrics.device_records import COPY_CALL as COPY_CALL
+from advisor.metrics.device_records import LAUNCH_CALL as LAUNCH_CALL
 from advisor.metrics.hierarchy import OpTree, op_tree
 from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
 from advisor.metrics.summary import Metrics
@@ -41,9 +45,7 @@ from advisor.metrics.timeline import Timeline
 from advisor.metrics.timeline import timeline as timeline  # the rules read it from here
 
 SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
-COPY_CALL = re.compile(r"^(cuda|hip)Memcpy")
 MEMSET_CALL = re.compile(r"Memset")
-LAUNCH_CALL = re.compile(r"^(cudaLaunch|cuLaunch|hipLaunch|hipExtLaunch|hipModuleLaunch|hipExtModuleLaunch|cudaGraphLaunch|hipGraphLaunch)")
 MALLOC_CALL = re.compile(r"^(cuda|hip)Malloc(Managed|Pitch)?$")
 FREE_CALL = re.compile(r"^(cuda|hip)Free$")
 COPY_OP = re.compile(r"^aten::(to|_to_copy|copy_|cpu|cuda)$")

@@ -263,31 +263,53 @@ def _window_overlaps(g: StepGraph, parts: list[tuple[np.ndarray, np.ndarray]]) -
     return _kept_for(g, "_window_overlaps", tuple(x for pair in parts for x in pair), make)
 
 
+def _own_windows(host_own: list[tuple[np.ndarray, np.ndarray, float]]) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """The host windows measured on their own, merged per factor and made disjoint: each keeps
+    its own factor, and where windows of two factors overlap the smaller factor (the faster
+    host) holds, as the largest removal does for `host_remove`."""
+    from advisor.metrics.intervals import subtract
+
+    out: list[tuple[np.ndarray, np.ndarray, float]] = []
+    taken_s, taken_e = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    for factor in sorted({float(f) for _, _, f in host_own}):
+        s, e = merge(
+            np.concatenate([np.asarray(a, dtype=np.int64) for a, _, f in host_own if float(f) == factor]),
+            np.concatenate([np.asarray(b, dtype=np.int64) for _, b, f in host_own if float(f) == factor]),
+        )
+        s, e = subtract(s, e, taken_s, taken_e) if len(taken_s) else (s, e)
+        if len(s):
+            out.append((s, e, factor))
+        taken_s, taken_e = merge(np.concatenate([taken_s, s]), np.concatenate([taken_e, e]))
+    return out
+
+
+def _host_time_in(g: StepGraph, ms: np.ndarray, me: np.ndarray, ov: np.ndarray, own: list[tuple[np.ndarray, np.ndarray, float]], scale: float) -> np.ndarray:
+    """Replayed host time of each gap inside the windows (ms, me), whose overlap with each gap
+    is `ov`: at `scale`, and the parts in a window measured on its own at that window's factor."""
+    out = ov * scale
+    if not own or len(ms) == 0:
+        return out
+    from advisor.metrics.intervals import intersect
+
+    for own_s, own_e, own_f in own:
+        i_s, i_e = intersect(ms, me, own_s, own_e)
+        out = out + overlap_with(i_s, i_e, g.h_gap_start, g.h_ts).astype(np.float64) * (own_f - scale)
+    return out
+
+
 def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
     """The change as per-node arrays: host gaps, call durations, waits, device durations."""
     scale = change.host_scale
     floats = _floats(g)
     gap = floats["h_gap"] * scale
-    own_s = own_e = None
-    own_f = 1.0
-    if change.host_own:
-        own_s, own_e = merge(
-            np.concatenate([np.asarray(a, dtype=np.int64) for a, _, _ in change.host_own]),
-            np.concatenate([np.asarray(b, dtype=np.int64) for _, b, _ in change.host_own]),
-        )
-        own_f = float(change.host_own[0][2])
+    own = _own_windows(change.host_own)
+    for own_s, own_e, own_f in own:
         gap += overlap_with(own_s, own_e, g.h_gap_start, g.h_ts) * (own_f - scale)
 
     def host_time(ms: np.ndarray, me: np.ndarray, ov: np.ndarray) -> np.ndarray:
         """Replayed host time of each gap inside the windows (own windows at their own factor);
         `ov`: the windows' overlap with each gap."""
-        if own_s is None or len(ms) == 0:
-            return ov * scale
-        from advisor.metrics.intervals import intersect
-
-        i_s, i_e = intersect(ms, me, own_s, own_e)
-        ov_own = overlap_with(i_s, i_e, g.h_gap_start, g.h_ts).astype(np.float64)
-        return (ov - ov_own) * scale + ov_own * own_f
+        return _host_time_in(g, ms, me, ov, own, scale)
 
     if change.host_remove:
         # Fractions: windows of the same fraction merge; the largest fraction wins where they overlap.
