@@ -121,6 +121,8 @@ from advisor.metrics.compute import (
 )
 from advisor.metrics.autocast import autocast_casts
 from advisor.metrics.precision import (
+    names_only_sentence,
+    record_shapes_in_trace,
     FROM_OP,
     Tf32Switches,
     ratio_table,
@@ -215,6 +217,7 @@ def check(ctx: Context):
     eligible_ms = eligible_ns / n_steps / 1e6
     where = "TF32" if tf32_ns > fp32_ns else "fp32"
     evidence = {
+        "record_shapes": record_shapes_in_trace(m),  # the names-only sentence says why from this
         "compute_capability": cap.value,
         "compute_capability_source": cap.source,
         "architecture": arch.name,
@@ -294,7 +297,7 @@ def check(ctx: Context):
     else:
         message += " It changes the numerics of the outputs, not only their speed: check the accuracy against the fp32 outputs."
     if names_only:
-        message += " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
+        message += names_only_sentence(evidence["record_shapes"])
     confidence = "high" if cap.source in ("trace", "facts") else "medium"
     if names_only and cap.value >= 8.0:
         confidence = "medium" if confidence == "high" else "low"  # TF32 or fp32 is then a guess from names

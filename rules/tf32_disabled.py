@@ -87,6 +87,8 @@ from advisor.metrics.compute import (
     precision_table,
 )
 from advisor.metrics.precision import (
+    names_only_sentence,
+    record_shapes_in_trace,
     FROM_OP,
     TF32_SWITCH_OF_FAMILY,
     Tf32Switches,
@@ -174,10 +176,12 @@ def check(ctx: Context):
     )
     if not switches_known:
         message += " The TF32 switches are not recorded (no facts file); no TF32 kernel of this kind ran, so they look off."
+    record_shapes = record_shapes_in_trace(m)
     if names_only:
-        message += " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
+        message += names_only_sentence(record_shapes)
     candidates = k[chosen]
     evidence = {
+        "record_shapes": record_shapes,  # the names-only sentence says why from this
         "compute_capability": cap.value,
         "compute_capability_source": cap.source,
         "architecture": table.arch.name,

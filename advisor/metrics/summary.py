@@ -21,6 +21,7 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import CATEGORIES, name_matches, step_breakdown, text_of
 from advisor.metrics.collectives import RankComm, rank_comm
 from advisor.metrics.copies import copies, copy_summary
+from advisor.metrics.device_records import LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.kernels import (
     kernel_table,
@@ -306,6 +307,26 @@ def _inside(rows: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     return step_of(s, e, rows["ts"].to_numpy(np.int64)) >= 0
 
 
+IDLE_DEVICE_NOTE = "is listed in the trace but no kernel, copy or launch is recorded on it"
+
+
+def idle_device_note(frames: TraceFrames, name: str | None) -> str | None:
+    """The trace lists a device that ran nothing (a CPU run on a GPU host, every op on the
+    CPU): the run is read as a CPU run, and the report says so rather than naming the device
+    as if it did the work. Launches without device records are another case (the device's
+    records are missing, advisor.metrics.device_records), not this one."""
+    if not name or len(frames.device_properties) == 0 or len(frames.device):
+        return None
+    if len(frames.runtime) and name_matches(frames.runtime["name"], LAUNCH_CALL).any():
+        return None
+    return f"{name} {IDLE_DEVICE_NOTE}: every op ran on the CPU, and the run is read as a CPU run"
+
+
+def device_idle(metrics: Metrics) -> bool:
+    """Whether the rank's listed device ran nothing (its note is among the rank's notes)."""
+    return any(IDLE_DEVICE_NOTE in n for n in metrics.notes)
+
+
 def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | None = None) -> Metrics:
     """The rank's metrics; `facts` (the run's advisor_facts.json, if any) gives the TF32
     switches and the compute capability that decide each kernel's precision."""
@@ -324,6 +345,9 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     busy = overlap_with(ms, me, steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))
     util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
     device = _device_info(frames)
+    idle = idle_device_note(frames, device.name)
+    if idle:
+        notes.append(idle)
     recorded = typed_facts(facts)
     kernels = kernel_table(frames, device.capability or _facts_capability(recorded), Tf32Switches.from_facts(recorded))
     comm = rank_comm(frames, steps)

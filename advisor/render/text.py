@@ -19,6 +19,7 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
+from advisor.metrics.summary import device_idle
 from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
 from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, rate, saving_note, short_value, step_time_text, throughput
@@ -63,7 +64,8 @@ def _overview(a: Analysis, console: Console) -> Group:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
         cc += " (MTIA accelerator)" if dev.vendor == "mtia" else ""
         mem = f", {fmt_bytes(dev.total_memory_bytes)}" if dev.total_memory_bytes else ""
-        head.add_row("Device", Text(one_line(f"{dev.name}{cc}{mem}")))
+        idle = " (listed; ran nothing: read as a CPU run)" if device_idle(m) else ""
+        head.add_row("Device", Text(one_line(f"{dev.name}{cc}{mem}{idle}")))
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
@@ -122,22 +124,31 @@ def _overview(a: Analysis, console: Console) -> Group:
 
 class _NamedTable:
     """A top-N table whose first column is a name (kernel or op) and the rest figures. The
-    figures keep their width (`figures_width` columns with the rules between them); in a
-    terminal the name gets what is left and is cut with "…"; in a pipe or a file (no width to
-    fit) names are whole, so they can be searched for."""
+    figures are never cut: each column is as wide as its widest figure or header, and the name
+    gets what is left of the width; in a terminal it is cut with "…"; in a pipe or a file (no
+    width to fit) names are whole, so they can be searched for."""
 
-    def __init__(self, title: str, name: str, figures: list[tuple[str, str]], width: int, figures_width: int, whole_names: bool):
-        self.table = Table(title=title, title_justify="left", expand=False, show_edge=False)
-        self.name_width = 1_000_000 if whole_names else max(16, min(70, width - figures_width))
-        self.table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=None if whole_names else self.name_width)
-        for header, justify in figures:
-            self.table.add_column(header, justify=justify, no_wrap=True)
+    def __init__(self, title: str, name: str, figures: list[tuple[str, str]], width: int, whole_names: bool):
+        self.title, self.name, self.figures, self.width, self.whole_names = title, name, figures, width, whole_names
+        self.rows: list[tuple[str, tuple[str, ...]]] = []
 
     def add(self, name: str, *figures: str) -> None:
-        name = one_line(name)
-        if len(name) > self.name_width:
-            name = name[: self.name_width - 1] + "…"
-        self.table.add_row(Text(name), *figures)
+        self.rows.append((one_line(name), figures))
+
+    @property
+    def table(self) -> Table:
+        widths = [max([len(h), *(len(r[1][i]) for r in self.rows)]) for i, (h, _) in enumerate(self.figures)]
+        # each column's padding (1 each side) and the rule between columns
+        name_width = 1_000_000 if self.whole_names else max(12, min(70, self.width - sum(widths) - 3 * len(widths) - 3))
+        table = Table(title=self.title, title_justify="left", expand=False, show_edge=False)
+        table.add_column(self.name, overflow="ellipsis", no_wrap=True, max_width=None if self.whole_names else name_width)
+        for (header, justify), w in zip(self.figures, widths, strict=True):
+            table.add_column(header, justify=justify, no_wrap=True, min_width=w)
+        for name, figures in self.rows:
+            if len(name) > name_width:
+                name = name[: name_width - 1] + "…"
+            table.add_row(Text(name), *figures)
+        return table
 
 
 def _kernels_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool = False) -> Table | None:
@@ -145,7 +156,7 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     if len(k) == 0:
         return None
     figures = [("calls", "right"), ("total ms", "right"), ("share", "right"), ("TC", "center"), ("precision", "left")]
-    t = _NamedTable("Top kernels", "kernel", figures, width, 46, whole_names)
+    t = _NamedTable("Top kernels", "kernel", figures, width, whole_names)
     for r in k.itertuples():
         # display only: _ZN... symbols as C++
         t.add(demangle(str(r.name)), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "", r.precision or "")
@@ -160,7 +171,7 @@ def _cpu_ops_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     if len(ops) == 0:
         return None
     figures = [("calls", "right"), ("self ms", "right"), ("total ms", "right"), ("share", "right")]
-    t = _NamedTable("Top CPU ops (self time per step)", "op", figures, width, 40, whole_names)
+    t = _NamedTable("Top CPU ops (self time per step)", "op", figures, width, whole_names)
     for r in ops.itertuples():
         t.add(str(r.name), f"{r.count:g}", f"{r.self_ms:.2f}", f"{r.total_ms:.2f}", f"{100 * r.share:.1f}%")
     return t.table
