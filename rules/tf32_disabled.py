@@ -9,6 +9,14 @@ and cuDNN work are judged apart, because PyTorch has one switch for each:
 `torch.set_float32_matmul_precision("high")`) for GEMMs and attention, and
 `torch.backends.cudnn.allow_tf32` (on by default) for convolutions and cuDNN RNNs.
 
+## What it needs from the trace
+The device's kernel records on an NVIDIA GPU of compute capability 8.0 or more; without them
+it says nothing. The TF32 switches come from the facts file; without it a switch looks off
+when no TF32 kernel of its family ran, and the finding says the switches are not recorded.
+The launching ops' input types (`record_shapes=True`) make each kernel's precision exact;
+without them the kernel names decide, and the finding says whether the trace holds no input
+types at all or holds them but not on these kernels' ops (evidence `record_shapes`).
+
 ## Why it is slow
 TF32 runs fp32 matmuls on the Tensor Cores with a 10-bit mantissa and fp32 range (A100: 156
 TFLOPS against 19.5 for fp32; H100: 494 against 67). Most training is insensitive to the

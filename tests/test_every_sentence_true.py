@@ -320,3 +320,158 @@ def test_names_only_precision_never_says_record_shapes_false_when_it_was_on(tmp_
     assert ("record_shapes=False" in f.message) is (not recorded)
     if recorded:
         assert "record_shapes=True" in f.message
+
+
+# --- facts stated wrongly: a GradScaler on a forward-only run -------------------------------------
+def test_forward_only_run_gets_no_gradscaler_and_no_loss(tmp_path):
+    """The same fp32 sgemm steps on a V100 (cc 7.0: the 16-bit target is fp16), with no backward
+    op and no optimizer: a forward-only run. Before, tensor-cores-unused said "Autocast to float16
+    with a GradScaler" and "scale the loss with torch.amp.GradScaler" there."""
+    events = [{**e, "name": "volta_sgemm_128x64_nn"} if e["name"] == "ampere_sgemm_128x64_nn" else e for e in _fp32_matmul_steps(False)]
+    v100 = [{"id": 0, "name": "Tesla V100-SXM2-32GB", "computeMajor": 7, "computeMinor": 0, "totalGlobalMem": 34e9}]
+    a = analysis(write(tmp_path / "v100_infer.json", events, deviceProperties=v100))
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "tensor-cores-unused")
+    assert f.evidence["training"] is False
+    for text in (f.message, f.fix.text, f.fix.snippet):
+        assert "GradScaler" not in text and "loss" not in text.replace("no loss to scale", ""), text
+    assert "float16" in f.fix.text
+
+
+# --- facts stated wrongly: "fuses its 0 chains" ---------------------------------------------------
+EW = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"
+CONV = "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_kernel"
+
+
+def test_no_chain_to_fuse_is_never_promised(tmp_path):
+    """Per 3.4 ms step: twice a layout transpose (300 µs), a convolution (1,000 µs) and one add
+    kernel (400 µs), in that order: every elementwise kernel stands alone between others, so there
+    is no chain to fuse (0 per step); what compiling removes is the 2 transposes (0.6 ms/step).
+    Before, the message said "fuses its 0 chains per step into one kernel each"."""
+    events, corr = [], 0
+    for i in range(4):
+        t0 = i * 3500.0
+        events.append(span("user_annotation", f"ProfilerStep#{i}", t0, 3500.0))
+        t = t0 + 50.0
+        for name, dur in (("nchwToNhwcKernel", 300.0), (CONV, 1000.0), (EW, 400.0)) * 2:
+            events.append(span("cpu_op", "aten::add" if name == EW else "aten::cudnn_convolution", t0 + 1 + corr % 6 * 4, 3.0, **{"External id": corr}))
+            events.append(span("cuda_runtime", "cudaLaunchKernel", t0 + 2 + corr % 6 * 4, 1.0, correlation=corr, **{"External id": corr}))
+            events.append(span("kernel", name, t, dur, tid=7, device=0, stream=7, correlation=corr, **{"External id": corr}))
+            t += dur
+            corr += 1
+        events.append(span("cuda_runtime", "cudaDeviceSynchronize", t0 + 30.0, t - t0 - 25.0, correlation=-1))
+    a = analysis(write(tmp_path / "no_chains.json", events, deviceProperties=A100))
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "unfused-elementwise")
+    assert f.evidence["fusable_chains_per_step"] == 0
+    assert "chains" not in f.message and "fuses" not in f.message
+    assert f.evidence["layout_transposes_per_step"] == 2 and "2 layout transposes go" in f.message
+
+
+# --- facts stated wrongly: "after allowing TF32" where convolutions ran TF32 -------------------------
+def test_after_allowing_tf32_names_the_switch_and_what_already_runs_tf32(tmp_path):
+    """Per step on an A100: a TF32 convolution kernel (sm80_xmma ..._tf32f32..., 3 ms, from
+    aten::cudnn_convolution) and an fp32 FMA sgemm (ampere_sgemm, 6 ms, from aten::mm). cuDNN's
+    TF32 switch is on (its TF32 kernel ran); the matmul one looks off (no TF32 GEMM ran). Before,
+    tensor-cores-unused said "after allowing TF32", as if the convolutions needed it too."""
+    events, corr = [], 0
+    for i in range(4):
+        t0 = i * 9200.0
+        events.append(span("user_annotation", f"ProfilerStep#{i}", t0, 9200.0))
+        t = t0 + 100.0
+        for op, name, dur in (("aten::cudnn_convolution", CONV, 3000.0), ("aten::mm", "ampere_sgemm_128x64_nn", 6000.0)):
+            events.append(span("cpu_op", op, t0 + 5 + 10 * (corr % 2), 8.0, **{"External id": corr}))
+            events.append(span("cuda_runtime", "cudaLaunchKernel", t0 + 6 + 10 * (corr % 2), 2.0, correlation=corr, **{"External id": corr}))
+            events.append(span("kernel", name, t, dur, tid=7, device=0, stream=7, correlation=corr, **{"External id": corr}))
+            t += dur
+            corr += 1
+        events.append(span("cuda_runtime", "cudaDeviceSynchronize", t0 + 30.0, t - t0 - 25.0, correlation=-1))
+    a = analysis(write(tmp_path / "conv_tf32.json", events, deviceProperties=A100))
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "tensor-cores-unused")
+    assert f.evidence["tf32_off_for"] == ["matmuls"] and f.evidence["tf32_ran_for"] == ["convolutions"]
+    assert "after allowing TF32 for matmuls (convolutions already run TF32)" in f.message
+
+
+# --- a folder of which one file is read: titled with the file, said at the top --------------------
+def test_report_of_one_file_of_a_folder_is_titled_with_the_file(tmp_path):
+    """Two traces in one folder from different devices (an A100 and a V100): not one job, so the
+    report reads the newer file alone. Before, it was titled with the folder's name and said which
+    file it read only in a warning at the end."""
+    import os
+
+    run = tmp_path / "experiments"
+    run.mkdir()
+    v100 = [{"id": 0, "name": "Tesla V100-SXM2-32GB", "computeMajor": 7, "computeMinor": 0, "totalGlobalMem": 34e9}]
+    old = write(run / "old_v100.json", _fp32_matmul_steps(False), deviceProperties=v100)
+    new = write(run / "new_a100.json", _fp32_matmul_steps(False), deviceProperties=A100)
+    os.utime(old, (1_700_000_000, 1_700_000_000))
+    os.utime(new, (1_700_000_100, 1_700_000_100))
+    a = analysis(run)
+    assert a.run.name == "new_a100.json" and [p.name for p in a.run.files] == ["new_a100.json"]
+    p = report(run)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("Run") and "new_a100.json" in lines[0] and "experiments  (" not in lines[0]
+    assert "reads 1 of the 2 trace files" in lines[1]
+
+
+# --- memory near the limit with the kernels' records missing; the peak in the text ---------------
+def _memory(ts: float, allocated: float, reserved: float) -> Event:
+    """A `[memory]` instant event as profile_memory=True writes it (device type 1: CUDA)."""
+    args = {"Device Type": 1, "Device Id": 0, "Addr": 1, "Bytes": 1024, "Total Allocated": allocated, "Total Reserved": reserved}
+    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts, "args": args}
+
+
+def test_memory_near_limit_speaks_without_kernel_records_and_text_shows_the_peak(tmp_path):
+    """Three 10 ms steps of 10 launches each, none with a kernel record (the device's activity is
+    missing), and memory events reaching 45.4 GB allocated, 46.0 GB reserved, of a 47.7 GB
+    device: 95.2%, over memory-near-limit's 90%. Before, the rule was not run (the kernels are
+    missing) and the text report had no peak memory line (shown only with device activity)."""
+    events, corr = [], 0
+    for i in range(3):
+        t0 = i * 10000.0
+        events.append(span("user_annotation", f"ProfilerStep#{i}", t0, 10000.0))
+        for j in range(10):
+            t = t0 + 100.0 + j * 900.0
+            events.append(span("cpu_op", "aten::mm", t, 50.0, **{"External id": corr}))
+            events.append(span("cuda_runtime", "cudaLaunchKernel", t + 10.0, 10.0, correlation=corr, **{"External id": corr}))
+            corr += 1
+        events.append(_memory(t0 + 50.0, 45.0e9, 46.0e9))
+        events.append(_memory(t0 + 500.0, 45.4e9, 46.0e9))
+    gpu = [{"id": 0, "name": "NVIDIA RTX A6000", "computeMajor": 8, "computeMinor": 6, "totalGlobalMem": 47.7e9}]
+    path = write(tmp_path / "no_kernels.json", events, deviceProperties=gpu)
+    a = analysis(path)
+    assert any("device's activity is missing" in w for w in a.warnings)
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "memory-near-limit")
+    assert "95%" in f.message
+    p = report(path)
+    assert p.returncode == 0, p.stderr
+    peak = next(line for line in p.stdout.splitlines() if line.startswith("Peak memory"))
+    # 45.4e9 B = 42.28 GiB of 47.7e9 B = 44.42 GiB (95.2%); reserved 46.0e9 B = 42.84 GiB
+    assert "42.3 GiB allocated" in peak and "95" in peak and "42.8 GiB reserved" in peak, peak
+
+
+# --- unfused-elementwise claims no CPU support it does not have --------------------------------------
+def test_unfused_elementwise_does_not_claim_cpu_runs():
+    """On a CPU-only run there are no kernels to fuse and the rule never fires, however much of
+    the op time aten::relu and friends take: its metadata and page say so, not "Tested on: ...
+    CPU-only traces"."""
+    from advisor.engine import builtin_rules
+    from advisor.metrics.vendors import tested_on_text
+
+    rule = next(r for r in builtin_rules() if r.id == "unfused-elementwise")
+    assert "cpu" not in rule.module.TESTED_ON
+    assert "CPU-only" not in tested_on_text(rule)
+    assert "A CPU-only run has no kernels, and the rule says nothing there" in " ".join(rule.doc.split())
+
+
+def test_unfused_elementwise_is_silent_on_a_cpu_run_of_elementwise_ops(tmp_path):
+    """Four CPU steps in which aten::relu, aten::add and aten::mul take 35% of the op time."""
+    events = []
+    for i in range(4):
+        t0 = i * 1000.0
+        events.append(span("user_annotation", f"ProfilerStep#{i}", t0, 1000.0))
+        t = t0 + 10.0
+        for name, dur in (("aten::conv2d", 600.0), ("aten::relu", 150.0), ("aten::add", 100.0), ("aten::mul", 100.0)):
+            events.append(span("cpu_op", name, t, dur))
+            t += dur + 5.0
+    a = analysis(write(tmp_path / "cpu_ew.json", events))
+    assert not any(f.rule == "unfused-elementwise" for f in [*a.findings, *a.considered])

@@ -56,7 +56,9 @@ IDLE_RULES = frozenset(
 )
 # What the host side alone supports when the device's kernels are missing (a capture phase:
 # the launches are recorded, not run, so nothing about the loop's steps holds either).
-HOST_SIDE_RULES = frozenset({"inference-mode", "cpu-threads", "cpu-autocast", "cpu-optimizer"})
+# The `[memory]` events are the allocator's, recorded on the host side too: how near the
+# device's memory the peak came stands without the kernels' records.
+HOST_SIDE_RULES = frozenset({"inference-mode", "cpu-threads", "cpu-autocast", "cpu-optimizer", "memory-near-limit"})
 # Rules that read the device's kernels alone, and still hold without the host's operators.
 KERNEL_ONLY_RULES = frozenset({"tensor-cores-unused", "tf32-disabled", "unfused-elementwise", "h2d-pageable-copy"})
 # Launched work that waits this much of the window to start, nothing recorded on the device

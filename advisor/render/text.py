@@ -51,6 +51,19 @@ def breakdown_bar(breakdown: dict[str, float], width: int) -> Text:
     return bar
 
 
+def _peak_memory_text(s: dict) -> str | None:
+    """The summary's peak memory as a sentence: allocated (of the device's memory), reserved;
+    either alone where the other is not recorded."""
+    allocated, reserved, total = s["peak_memory_bytes"], s["peak_reserved_bytes"], s["device_memory_bytes"]
+    if allocated is None and reserved is None:
+        return None
+    first = allocated if allocated is not None else reserved
+    share = f" of {fmt_bytes(total)} ({pct(first / total)})" if total else ""
+    if allocated is None:
+        return f"{fmt_bytes(reserved)} reserved{share}"
+    return f"{fmt_bytes(allocated)} allocated{share}" + (f", {fmt_bytes(reserved)} reserved" if reserved is not None else "")
+
+
 def _overview(a: Analysis, console: Console) -> Group:
     m = a.primary
     s = a.summary()
@@ -59,6 +72,8 @@ def _overview(a: Analysis, console: Console) -> Group:
     head.add_column(style="bold")
     head.add_column()
     head.add_row("Run", Text(f"{one_line(a.run.name)}  ({len(a.run.files)} trace file{'s' if len(a.run.files) != 1 else ''})"))
+    for note in a.run.notes:  # which files of the folder the report reads: said before any figure
+        head.add_row("", Text(one_line(note), style="yellow"))
     dev = m.device
     if dev.name:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
@@ -80,6 +95,7 @@ def _overview(a: Analysis, console: Console) -> Group:
         bs = batch_size(a)
         per = f"batch {bs} / {st['mean']:.2f} ms mean step" if bs else f"1 / {st['mean']:.2f} ms mean step"
         head.add_row("Throughput", Text(f"{rate(tp[0])} {tp[1]} ({per})"))
+    peak_memory = _peak_memory_text(s)
     if m.has_device:
         head.add_row(f"{dev.short_kind} utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
         if dev.has_tensor_cores:
@@ -90,11 +106,9 @@ def _overview(a: Analysis, console: Console) -> Group:
             if s.get("kernel_time_by_precision_ms"):
                 by = ", ".join(f"{p} {v:.2f} ms" for p, v in s["kernel_time_by_precision_ms"].items())
                 head.add_row("Precision", Text(f"matrix kernels per step: {by}"))
-        mem = s["peak_memory_bytes"]
-        if mem is not None:
-            tot = s["device_memory_bytes"]
-            share = f" of {fmt_bytes(tot)} ({pct(mem / tot)})" if tot else ""
-            head.add_row("Peak memory", Text(f"{fmt_bytes(mem)} allocated{share}, {fmt_bytes(s['peak_reserved_bytes'])} reserved"))
+    if peak_memory:  # the JSON's peak, on every run that recorded memory (device records or not)
+        head.add_row("Peak memory", Text(peak_memory))
+    if m.has_device:
         h = s["h2d"]
         if h["count"]:
             head.add_row(
@@ -268,7 +282,7 @@ def render_text(a: Analysis, console: Console, verbose: bool = False) -> None:
     console.print()
     for part in _findings(a, verbose, plain):
         console.print(part)
-    notes = a.notes()
+    notes = [n for n in a.notes() if n not in a.run.notes]  # the run's own are in the header
     if notes or a.warnings:
         console.print()
         for n in notes:
