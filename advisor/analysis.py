@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from advisor.version import __version__
 import advisor.cache as cache_store
@@ -137,7 +138,8 @@ class Analysis:
 
     def step_times_ms(self) -> np.ndarray:
         """The run's step times: per step, the slowest rank's (a job is as fast as its slowest rank)."""
-        per_rank = [m.steps.set_index("step")["duration"] for m in self.ranks]
+        # as measured (one-time work in them), as the headline states them
+        per_rank = [pd.Series(m.headline_step_ms * 1e6, index=m.steps["step"].to_numpy()) for m in self.ranks]
         if len(per_rank) == 1:
             return per_rank[0].to_numpy(np.float64) / 1e6
         common = set(per_rank[0].index)

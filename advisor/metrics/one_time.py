@@ -171,7 +171,8 @@ def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None
     note = (
         f"{ONE_TIME_NOTE}, {total:,.1f} ms in all: {'; '.join(parts)}"
         + (f" and {len(calls) - 5} more" if len(calls) > 5 else "")
-        + " (a library loaded or initialised, autotuning, first-call compilation): reported apart, never a per-step saving"
+        + " (a library loaded or initialised, autotuning, first-call compilation): reported apart, never a per-step saving; "
+        "the headline is the window as measured, with the steps without it beside it as a projection"
     )
     notes = [note]
     if steps is not None and len(steps) and _every_step_holds(steps, calls["ts"].to_numpy(np.int64)):

@@ -171,6 +171,12 @@ def _verdict(a: Analysis) -> str:
         f"<b>{st['mean']:.2f} ms per step</b> (mean of {s['steps']}), bound by <b>{esc(BOUND_BY.get(top, top))}</b>: "
         f"{bd[top]:.2f} ms of it ({pct(bd[top] / total)})."
     )
+    projected = s.get("projected")
+    if projected is not None and projected["step_time_ms"]["mean"] is not None:
+        answer += (
+            f" Without the one-time work (see the notes): {projected['step_time_ms']['mean']:.2f} ms per step, a projection, "
+            "not a measurement; the replay and the savings are figured on it."
+        )
     replayed = a.headline()
     if replayed is not None and replayed.all_fixes_ms is not None and replayed.fixes:
         saved = replayed.all_fixes_saving_ms or 0.0

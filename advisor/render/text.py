@@ -51,6 +51,15 @@ def breakdown_bar(breakdown: dict[str, float], width: int) -> Text:
     return bar
 
 
+def projection_text(projected: dict) -> str:
+    """The projection beside the measured headline, named as one."""
+    busy = f", device busy {pct(projected['gpu_utilization'])}" if projected["gpu_utilization"] is not None else ""
+    return (
+        f"{projected['step_time_ms']['mean']:.2f} ms mean step without the one-time work (see the note){busy}: a projection, "
+        "not a measurement; the replay, the findings and their savings are figured on it"
+    )
+
+
 def _peak_memory_text(s: dict) -> str | None:
     """The summary's peak memory as a sentence: allocated (of the device's memory), reserved;
     either alone where the other is not recorded."""
@@ -87,9 +96,12 @@ def _overview(a: Analysis, console: Console) -> Group:
         head.add_row("Ranks", Text(ranks_line(a)))
     if st["mean"] is not None:
         head.add_row("Step time", Text(step_time_text(st, s["steps"])))
+    projected = s.get("projected")
+    if projected is not None and projected["step_time_ms"]["mean"] is not None:
+        head.add_row("Projected", Text(projection_text(projected)))
     replayed = a.headline()
     if replayed is not None:
-        head.add_row("Replayed step", Text(replayed.headline()))
+        head.add_row("Replayed step", Text(replayed.headline(projected=projected is not None)))
     tp = throughput(a)
     if tp:
         bs = batch_size(a)
