@@ -286,6 +286,8 @@ def check(ctx: Context):
     kernels_change = scale_device(k.index.to_numpy()[candidates_mask], kept[candidates_mask])
     change, casts_note = kernels_change, ""
     casts = None if autocast_used else autocast_casts(m)
+    if casts is not None and not evidence["training"]:
+        casts = casts.forward_only()  # a forward-only run casts nothing back in a backward it never runs
     if casts is not None and len(casts.casts):
         c = casts.casts
         cast_change = added_work(ctx.events, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())

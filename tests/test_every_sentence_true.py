@@ -544,3 +544,24 @@ def test_single_pass_headline_is_the_measured_window_and_the_projection_is_named
     assert s["gpu_utilization"] == pytest.approx(windows[primary][1], abs=0.002)
     assert s["projected"] is not None and s["projected"]["step_time_ms"]["mean"] < 0.7 * s["step_time_ms"]["mean"]
     assert any("one-time work" in n and "the headline is the window as measured" in n for n in a.notes())
+
+
+def test_public_forward_only_run_with_tf32_convolutions_is_described_as_it_ran():
+    """SAM's automatic mask generator on an A100 (compiled, CUDA graphs): its raw events hold
+    TF32 convolution kernels (`..._tf32f32...` names on convolution work) and no backward op or
+    optimizer step. tensor-cores-unused used to say "after allowing TF32" and count autocast's
+    casts "in the backward" there."""
+    from conftest import SHARED_TRACES
+
+    path = SHARED_TRACES / "corpus" / "a100_sam_amg_compile_cudagraph.json.gz"
+    if not path.is_file():
+        pytest.skip(f"public trace not found: {path}")
+    events = _raw_events(path)
+    names = [str(e.get("name", "")) for e in events if e.get("ph") == "X"]
+    assert not any("backward" in n.lower() or n.startswith("Optimizer.") for n in names)
+    assert any("tf32" in n.lower() and ("fprop" in n or "dgrad" in n or "conv" in n.lower()) for n in names)
+    a = analysis(path)
+    f = next(f for f in [*a.findings, *a.considered] if f.rule == "tensor-cores-unused")
+    assert f.evidence["training"] is False
+    assert "after allowing TF32 for matmuls (convolutions already run TF32)" in f.message
+    assert "in the backward" not in f.message and "GradScaler" not in f.message + f.fix.text

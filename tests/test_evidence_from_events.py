@@ -112,15 +112,15 @@ def test_stated_facts_match_the_raw_events(name):
     check_trace(name)
 
 
-# At least this many traces per check: on the public set and the project's recordings as they
-# are today, a subset alone (misc/, the CPU ResNet-18 and memcpy traces, resnet18_cifar's GPU
-# runs) gives 1, 1, 7 and 13.
-LEAST = {"record_shapes": 1, "training": 1, "peak_memory": 3, "forward_only_words": 5}
+# At least this many runs per check: about half of what each asserts on today over the public
+# set and the project's recordings (73 runs: record_shapes 10, training 4, peak memory 19,
+# forward-only wording 31).
+LEAST = {"record_shapes": 5, "training": 2, "peak_memory": 10, "forward_only_words": 15}
 
 
 def test_every_check_asserted_on_real_traces():
-    if not TRACES:
-        pytest.skip("no traces reachable: neither ../shared/traces nor the project's recordings")
+    if not public_traces():
+        pytest.skip("public traces not found: ../shared/traces (the data set beside the repository) is absent; the counts are over it")
     for name in TRACES:
         if not any(name in names for names in ASSERTED.values()):
             check_trace(name)  # analysed once per process (corpus.analysis_of): cheap after the test above
