@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from advisor.units import rate
 from advisor.version import __version__
@@ -175,7 +176,8 @@ class Analysis:
 
     def step_times_ms(self) -> np.ndarray:
         """The run's step times: per step, the slowest rank's (a job is as fast as its slowest rank)."""
-        per_rank = [m.steps.set_index("step")["duration"] for m in self.ranks]
+        # as measured (one-time work in them), as the headline states them
+        per_rank = [pd.Series(m.headline_step_ms * 1e6, index=m.steps["step"].to_numpy()) for m in self.ranks]
         if len(per_rank) == 1:
             return per_rank[0].to_numpy(np.float64) / 1e6
         common = set(per_rank[0].index)
@@ -632,7 +634,17 @@ def _reduce(run: RunFiles, results: list[RankResult], warnings: list[str]) -> tu
     if not kept:
         raise errors[0]
     job = _one_job(kept, run.directory, warnings)
-    return _one_window_per_worker(job, warnings), len(job) < len(kept)
+    windows = _one_window_per_worker(job, warnings)
+    return windows, len(windows) < len(kept)
+
+
+def _narrowed(run: RunFiles, chosen: set[Path]) -> RunFiles:
+    """The run as reported when some of its files are left out (other jobs, other windows of
+    one worker): those files only, and one file is the run's name (a report of one file of a
+    folder is never titled with the folder's name)."""
+    files = [p for p in run.files if p in chosen]
+    name = files[0].name if len(files) == 1 else run.name
+    return replace(run, files=files, name=name, notes=[*run.notes, f"reads {len(files)} of the {len(run.files)} trace files in {run.directory}: see the warnings"])
 
 
 def _one_window_per_worker(results: list[RankResult], warnings: list[str]) -> list[RankResult]:
@@ -692,8 +704,7 @@ def analyze(
         if hit is not None:
             facts = _read_facts(run_files.directory, [])  # its warnings are among the stored ones
             if hit.split_job:
-                chosen = {m.frames.path for m in hit.ranks}
-                run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
+                run_files = _narrowed(run_files, {m.frames.path for m in hit.ranks})
             slowest = max(hit.ranks, key=lambda m: m.mean_step_ns)
             view = view_from_files(hit.extra, slowest, facts.get(slowest.rank) or facts.get(-1))
             return Analysis(
@@ -718,9 +729,9 @@ def analyze(
     )
     tasks = [replace(base, path=p, index=i) for i, p in enumerate(run_files.files)]
     results, split_job = _reduce(run_files, analyze_ranks(tasks, progress, executor), warnings)
+    found_files = run_files  # the cache's entry indexes the files as found (its reader narrows them again)
     if split_job:
-        chosen = {r.path for r in results}
-        run_files = replace(run_files, files=[p for p in run_files.files if p in chosen])
+        run_files = _narrowed(run_files, {r.path for r in results})
     warnings += fact_warnings
     ranks = _assign_ranks([r.distributed_rank for r in results], [r.path.name for r in results])
     # A rank that guessed its number (or the world size) wrong is analysed again as what it is.
@@ -749,7 +760,7 @@ def analyze(
     if key is not None and (store or time.perf_counter() - started >= cache_store.MIN_ANALYSIS_SECONDS):
         # Stored only if the bytes analysed are the bytes keyed (a trace still being written, say).
         if key.parsed_as_keyed(results):
-            entry = write_analysis(run_files, key, metrics, findings, warnings, whatif, extra=view_files(view), split_job=split_job)
+            entry = write_analysis(found_files, key, metrics, findings, warnings, whatif, extra=view_files(view), split_job=split_job)
     return Analysis(
         source=str(path), run=run_files, ranks=metrics, facts=facts, findings=findings, warnings=warnings, whatif=whatif,
         rule_options=config.rule_options, cache_key=key if entry is not None else None, cache_entry=entry, primary_view=view,

@@ -5,6 +5,13 @@ Peak allocated device memory (reserved when allocated is unknown) above `min_sha
 of the device's memory. A trace whose `[memory]` events carry only allocation sizes gives a
 lower bound of the peak; a lower bound above the threshold is enough.
 
+## What it needs from the trace
+A peak: the facts file's, or the trace's `[memory]` events (`profile_memory=True`); and the
+device's memory (the trace's device properties or the facts file). Without either it says
+nothing. The `[memory]` events are the allocator's, recorded on the host side: the rule runs
+where the device's kernel records are missing too (a capture phase, a profiler stopped with
+work queued).
+
 ## Why it is slow
 Near the limit PyTorch's caching allocator cannot find free blocks: it frees its cache
 (`cudaFree`, which synchronises the device) and allocates again (`cudaMalloc`), step after

@@ -8,6 +8,18 @@ while they hold at least `min_eligible_share` (10%) of the kernel time, and the 
 saving is at least `min_share` (5%) of the step. TF32 kernels on Ampere and newer use the
 Tensor Cores but are not mixed precision: they count as work that bf16 would still speed up.
 
+## What it needs from the trace
+The device's kernel records, on an NVIDIA GPU of compute capability 7.0 or more (named by the
+trace's device properties, the facts file, or the kernels' own names); without kernel records
+it says nothing. The launching ops' input types (`record_shapes=True`) make each kernel's
+precision exact; without them the kernel names decide, and the finding says so and why: the
+trace holds no input types at all, or holds them but not on these kernels' ops (evidence
+`record_shapes`). Whether the run trains (a backward op or an optimizer step in the trace, or
+the facts file's `mode`; evidence `training`) decides the fix: a forward-only run gets
+autocast around its forward pass, with no loss, backward or GradScaler in the message. "After
+allowing TF32" names the work whose TF32 switch is off and the work that already runs TF32
+(evidence `tf32_off_for`, `tf32_ran_for`).
+
 ## Why it is slow
 Tensor Cores multiply fp16/bf16 matrices many times faster than the fp32 units (the
 datasheet peaks are 8× on a V100, 16× bf16 over fp32 on an A100) and half-precision tensors
@@ -121,6 +133,8 @@ from advisor.metrics.compute import (
 )
 from advisor.metrics.autocast import autocast_casts
 from advisor.metrics.precision import (
+    names_only_sentence,
+    record_shapes_in_trace,
     FROM_OP,
     Tf32Switches,
     ratio_table,
@@ -154,6 +168,10 @@ loss.backward()
 optimizer.step()
 """
 AFTER = AFTER_FP16
+# A forward-only run (inference): no loss, no backward, nothing for a GradScaler to scale.
+AFTER_INFERENCE = """with torch.inference_mode(), torch.autocast("cuda", dtype=torch.{dtype}):
+    out = model(x)
+"""
 
 
 def check(ctx: Context):
@@ -208,6 +226,7 @@ def check(ctx: Context):
 
     bf16 = cap.value >= 8.0
     dtype = "bfloat16" if bf16 else "float16"
+    training = is_training(m, ctx.recorded)
     autocast_used = ctx.recorded.autocast.used
     candidates = k[candidates_mask]
     from_op = float(dur[candidates_mask & (kp.source == FROM_OP)].sum() / max(fp32_ns + tf32_ns, 1))
@@ -215,6 +234,7 @@ def check(ctx: Context):
     eligible_ms = eligible_ns / n_steps / 1e6
     where = "TF32" if tf32_ns > fp32_ns else "fp32"
     evidence = {
+        "record_shapes": record_shapes_in_trace(m),  # the names-only sentence says why from this
         "compute_capability": cap.value,
         "compute_capability_source": cap.source,
         "architecture": arch.name,
@@ -224,9 +244,13 @@ def check(ctx: Context):
         "fp32_eligible_ms_per_step": round(fp32_ns / n_steps / 1e6, 3),
         "tf32_eligible_ms_per_step": round(tf32_ns / n_steps / 1e6, 3),
         "promised_after_tf32_ms_per_step": round(float(dur[after_tf32].sum()) / n_steps / 1e6, 3),
+        # which switches "after allowing TF32" means, and which families already ran TF32 kernels
+        "tf32_off_for": sorted({SWITCH_WORK[w] for w in np.unique(kp.switch_of[after_tf32]) if w in SWITCH_WORK}),
+        "tf32_ran_for": sorted({SWITCH_WORK[w] for w in np.unique(kp.switch_of[tf32_mask]) if w in SWITCH_WORK}),
         "speedup_used": method,
         "kernel_time_by_precision_ms": m.kernel_time_by_precision_ms,
         "precision_from_op_input_types": round(from_op, 4),
+        "training": training,  # a forward-only run: no backward, no loss, no GradScaler in the message
     }
     evidence.update(kernel_evidence(ctx.events, candidates, m.steps, exposure, by_eligible_op=True))
     evidence["autocast"] = (
@@ -249,14 +273,21 @@ def check(ctx: Context):
         how = "Autocast to bfloat16"
         if after_tf32.any():
             fix = "First allow TF32 (see tf32-disabled); then run the forward pass and the loss under torch.autocast('cuda', dtype=torch.bfloat16); bf16 needs no GradScaler."
-            how = "Autocast to bfloat16, after allowing TF32"
+            how = "Autocast to bfloat16, " + _after_tf32(evidence)
     else:
         fix = "Run the forward pass and the loss under torch.autocast('cuda', dtype=torch.float16) and scale the loss with torch.amp.GradScaler."
         how = "Autocast to float16 with a GradScaler"
+    if not evidence["training"] and not autocast_used:
+        fix = f"Run the forward pass under torch.autocast('cuda', dtype=torch.{dtype}) (a forward-only run: no loss to scale)."
+        how = f"Autocast to {dtype}" + (", " + _after_tf32(evidence) if after_tf32.any() else "")
+        if after_tf32.any():
+            fix = "First allow TF32 (see tf32-disabled); then " + fix[0].lower() + fix[1:]
     # The fix, replayed: these kernels at the 16-bit rate, plus the casts autocast adds.
     kernels_change = scale_device(k.index.to_numpy()[candidates_mask], kept[candidates_mask])
     change, casts_note = kernels_change, ""
     casts = None if autocast_used else autocast_casts(m)
+    if casts is not None and not evidence["training"]:
+        casts = casts.forward_only()  # a forward-only run casts nothing back in a backward it never runs
     if casts is not None and len(casts.casts):
         c = casts.casts
         cast_change = added_work(ctx.events, c["ts"].to_numpy(), casts.host_ns(), casts.device_ns())
@@ -281,24 +312,43 @@ def check(ctx: Context):
             "replayed_cost_ms_per_step": None if cost_ms is None else round(cost_ms, 3),
         }
         cost = f"~{cost_ms:.1f} ms/step of" if cost_ms is not None else "the cost of"
+        counts = evidence["autocast_casts"]
+        where_casts = (
+            f"{counts['forward_per_step']:.0f} in the forward pass, {counts['backward_per_step']:.0f} in the backward"
+            if counts["backward_per_step"] > 0
+            else "all in the forward pass"
+        )
         casts_note = (
-            f" The promise is net of {cost} the {casts.per_step():.0f} casts per step autocast adds "
-            f"({casts.per_step('forward'):.0f} in the forward pass, the rest in the backward), replayed at this run's own cost of a copy op."
+            f" The promise is net of {cost} the {counts['per_step']:.0f} casts per step autocast adds "
+            f"({where_casts}), replayed at this run's own cost of a copy op."
         )
     message = (
         f"{100 * eligible_ns / total:.0f}% of kernel time ({eligible_ms:.1f} ms/step) is convolution/matmul work that can use "
         f"Tensor Cores, yet {state} on {gpu}. {how} moves them onto the Tensor Cores ({method}).{casts_note}"
     )
-    if is_training(m, ctx.recorded):
+    if evidence["training"]:
         message += " It changes the numerics of what is trained, not only its speed: check that the loss follows the fp32 run's."
     else:
         message += " It changes the numerics of the outputs, not only their speed: check the accuracy against the fp32 outputs."
     if names_only:
-        message += " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
+        message += names_only_sentence(evidence["record_shapes"])
     confidence = "high" if cap.source in ("trace", "facts") else "medium"
     if names_only and cap.value >= 8.0:
         confidence = "medium" if confidence == "high" else "low"  # TF32 or fp32 is then a guess from names
-    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=AFTER_BF16 if bf16 else AFTER_FP16, change=change)
+    snippet = (AFTER_BF16 if bf16 else AFTER_FP16) if evidence["training"] else AFTER_INFERENCE.format(dtype=dtype)
+    return ctx.finding(message, saving_ms, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change)
+
+
+SWITCH_WORK = {"matmul": "matmuls", "cudnn": "convolutions"}
+
+
+def _after_tf32(evidence: dict) -> str:
+    """"after allowing TF32", naming the work whose switch is off, and the work that already
+    runs TF32 (never a plain "after allowing TF32" on a run whose convolutions ran TF32)."""
+    off = evidence["tf32_off_for"]
+    ran = [w for w in evidence["tf32_ran_for"] if w not in off]
+    out = f"after allowing TF32 for {' and '.join(off)}"
+    return out + (f" ({' and '.join(ran)} already run TF32)" if ran else "")
 
 
 def _method(family, fp32_mask, tf32_mask, dur, table, target: str) -> str:

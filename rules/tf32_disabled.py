@@ -9,6 +9,14 @@ and cuDNN work are judged apart, because PyTorch has one switch for each:
 `torch.set_float32_matmul_precision("high")`) for GEMMs and attention, and
 `torch.backends.cudnn.allow_tf32` (on by default) for convolutions and cuDNN RNNs.
 
+## What it needs from the trace
+The device's kernel records on an NVIDIA GPU of compute capability 8.0 or more; without them
+it says nothing. The TF32 switches come from the facts file; without it a switch looks off
+when no TF32 kernel of its family ran, and the finding says the switches are not recorded.
+The launching ops' input types (`record_shapes=True`) make each kernel's precision exact;
+without them the kernel names decide, and the finding says whether the trace holds no input
+types at all or holds them but not on these kernels' ops (evidence `record_shapes`).
+
 ## Why it is slow
 TF32 runs fp32 matmuls on the Tensor Cores with a 10-bit mantissa and fp32 range (A100: 156
 TFLOPS against 19.5 for fp32; H100: 494 against 67). Most training is insensitive to the
@@ -87,6 +95,8 @@ from advisor.metrics.compute import (
     precision_table,
 )
 from advisor.metrics.precision import (
+    names_only_sentence,
+    record_shapes_in_trace,
     FROM_OP,
     TF32_SWITCH_OF_FAMILY,
     Tf32Switches,
@@ -174,10 +184,12 @@ def check(ctx: Context):
     )
     if not switches_known:
         message += " The TF32 switches are not recorded (no facts file); no TF32 kernel of this kind ran, so they look off."
+    record_shapes = record_shapes_in_trace(m)
     if names_only:
-        message += " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
+        message += names_only_sentence(record_shapes)
     candidates = k[chosen]
     evidence = {
+        "record_shapes": record_shapes,  # the names-only sentence says why from this
         "compute_capability": cap.value,
         "compute_capability_source": cap.source,
         "architecture": table.arch.name,

@@ -188,6 +188,7 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "notes": to_plain(m.notes),
         "comm": m.comm is not None,
         "roofline": _roofline_meta(m),
+        "measured": to_plain(asdict(m.measured)) if m.measured is not None else None,
     }
 
 
@@ -312,7 +313,7 @@ def _device(fields: dict[str, Any]) -> DeviceInfo:
 
 def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> CachedRun | None:
     from advisor.metrics.collectives import RankComm
-    from advisor.metrics.summary import FramesHeader, Metrics
+    from advisor.metrics.summary import FramesHeader, MeasuredWindow, Metrics
 
     try:
         raw = orjson.loads(files[ANALYSIS_META])
@@ -348,6 +349,7 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
                     d2h=msgspec.structs.asdict(r.d2h),
                     peak_memory=r.peak_memory,
                     notes=r.notes,
+                    measured=MeasuredWindow(**r.measured) if r.measured is not None else None,
                     comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,
                     roofline=_roofline_of(r.roofline, t.get("roofline")),
                 )

@@ -56,6 +56,7 @@ class RankEntry(_Entry):
     peak_memory: dict[int, dict[str, NonNegative | None]]
     notes: list[str]
     comm: bool = False  # the rank's collectives and compute tables are stored
+    measured: dict[str, Any] | None = None  # the window as recorded, where one-time work was taken out (metrics.summary.MeasuredWindow)
     roofline: dict[str, Any] | None = None  # the roofline's figures (its ops are the `roofline` table)
 
 

@@ -201,6 +201,7 @@ class DecodedTrace:
     metadata: dict[str, Any]
     event_count: int
     batches: Iterator[list[Event]] = field(repr=False)
+    notes: list[str] = field(default_factory=list)  # how the document was read, when not as Kineto writes it
 
 
 # --- bytes ------------------------------------------------------------------------------------
@@ -407,6 +408,8 @@ def decode_trace(
             data = bytes(data[3:])
     if len(data) == 0 or data.isspace():
         raise InputError(path, "file is empty")
+    if bytes(data[:64]).lstrip()[:1] == b"[" and (legacy := _bare_list(path, data)) is not None:
+        return legacy
     if len(data) <= batch_threshold:
         try:
             doc = _DOC.decode(data)
@@ -430,6 +433,41 @@ def decode_trace(
             raise InputError(path, _json_problem(exc)) from None
         return _decoded(path, _lenient_doc(path, data, exc), lambda events: iter([events]))
     return _decoded(path, doc, lambda raws: _raw_batches(path, raws, data, batch_bytes))
+
+
+# The autograd profiler's exporter (torch.autograd.profiler, and torch.profiler where Kineto was
+# not built in, 2019-2022) wrote a bare JSON list of events: complete events without a `cat`, an
+# op's on `"pid": "CPU functions"`, the GPU time of its kernels on `"pid": "CUDA functions"` with
+# the device as `tid`, and flow arrows (`cat` "cpu_to_cuda") between them.
+LEGACY_PIDS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}
+
+
+def _bare_list(path: Path, data: bytes | bytearray | memoryview) -> DecodedTrace | None:
+    """A document that is a list of events, read as the autograd profiler's exporter wrote it
+    (a span without a category is an op or a kernel by its `pid`); None when it is not valid
+    JSON (the usual path then names the problem)."""
+    try:
+        events = msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(events, list):
+        return None
+    legacy = 0
+    for e in events:
+        if type(e) is dict and e.get("ph") == "X" and e.get("cat") is None and (cat := LEGACY_PIDS.get(e.get("pid"))) is not None:  # type: ignore[arg-type]
+            e["cat"] = cat
+            legacy += 1
+            if cat == "kernel" and type(e.get("tid")) is int:
+                e["args"] = {**(e.get("args") if type(e.get("args")) is dict else {}), "device": e["tid"]}
+    typed = _typed_events(path, events)
+    notes = [LEGACY_NOTE % legacy] if legacy else []
+    return DecodedTrace(None, None, {}, len(typed), iter([typed]), notes)
+
+
+LEGACY_NOTE = (
+    "read as the autograd profiler's exporter wrote it (a bare list of events, %d without a category): "
+    "ops and the GPU time of their kernels, no runtime calls, copies or device properties"
+)
 
 
 def _decoded(path: Path, doc: Any, batches: Any) -> DecodedTrace:

@@ -400,7 +400,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
                 raise InputError(path, "trace has no events")
             raise InputError(path, "trace has no profiler events (no ops, kernels or runtime calls)")
         base_us, outliers = _base_time(np.concatenate([b.profiler_ts for b in batches]))
-        load_warnings = []
+        load_warnings = list(decoded.notes)
         if outliers:
             load_warnings.append(
                 f"left out {outliers} event(s) timed more than {MAX_SPAN_US / 86400e6:.1f} days away from the rest of the trace (impossible timestamps)"
@@ -414,6 +414,7 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
         runtime = _frame([b.runtime for b in batches], base_us, "ts", timeless)
         too_fast: list[int] = []
         device, bad_bytes = _device_frame([b.device for b in batches], base_us, timeless, too_fast)
+        _refuse_empty_window(path, host, runtime, device, batches)
         if too_fast and too_fast[0]:
             load_warnings.append(
                 f"{too_fast[0]} copy event(s) move more bytes than any link can in their recorded time (over {MAX_COPY_GBPS / 1000:.0f} TB/s): "
@@ -456,6 +457,18 @@ def frames_from_bytes(path: Path, data: bytes | bytearray | memoryview, **batchi
             syncs=syncs,
             load_warnings=load_warnings + _impossible_values(decoded.device_properties, bad_bytes),
         )
+
+
+def _refuse_empty_window(path: Path, host: pd.DataFrame, runtime: pd.DataFrame, device: pd.DataFrame, batches: list[Any]) -> None:
+    """A window that recorded no op, kernel or runtime call (only step marks, annotations or
+    Python frames) has no work to measure: said so plainly, never reported as a step."""
+    if len(runtime) or len(device) or any(len(b.memory.ts) for b in batches):
+        return
+    if len(host) and (host["kind"].array.codes == HOST_KINDS.index("op")).any():
+        return
+    span = (float(host["end"].max() - host["ts"].min()) / 1e6) if len(host) else 0.0
+    kept = f"{len(host)} annotation or Python span(s) over {span:,.1f} ms" if len(host) else "no span with a time"
+    raise InputError(path, f"an empty profiling window: no op, kernel or runtime call was recorded ({kept}), so there is no work to analyse")
 
 
 def load_trace(path: str | Path, hash_content: bool = True) -> TraceFrames:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -110,6 +110,11 @@ class AutocastCasts:
     def per_step(self, kind: str | None = None) -> float:
         n = len(self.casts) if kind is None else int((self.casts["kind"] == kind).sum())
         return n / max(self.n_steps, 1)
+
+    def forward_only(self) -> AutocastCasts:
+        """The casts of a run that never runs its backward (inference, evaluation): the
+        forward's alone, no ToCopyBackward0 node and no gradient cast back."""
+        return replace(self, casts=self.casts[(self.casts["kind"] == "forward").to_numpy()].reset_index(drop=True))
 
 
 @lru_cache(maxsize=8192)

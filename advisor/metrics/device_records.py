@@ -58,7 +58,9 @@ IDLE_RULES = frozenset(
 )
 # What the host side alone supports when the device's kernels are missing (a capture phase:
 # the launches are recorded, not run, so nothing about the loop's steps holds either).
-HOST_SIDE_RULES = frozenset({"inference-mode", "cpu-threads", "cpu-autocast", "cpu-optimizer"})
+# The `[memory]` events are the allocator's, recorded on the host side too: how near the
+# device's memory the peak came stands without the kernels' records.
+HOST_SIDE_RULES = frozenset({"inference-mode", "cpu-threads", "cpu-autocast", "cpu-optimizer", "memory-near-limit"})
 # Rules that read the device's kernels alone, and still hold without the host's operators.
 KERNEL_ONLY_RULES = frozenset({"tensor-cores-unused", "tf32-disabled", "unfused-elementwise", "h2d-pageable-copy"})
 # Launched work that waits this much of the window to start, nothing recorded on the device
@@ -79,6 +81,7 @@ class DeviceGaps:
     skew_ms: float | None  # how far the device timeline sits outside the host's (None: it does not)
     host_missing: bool = False  # device records and runtime calls, but no operator on the host
     unrecorded_lead_ms: float | None = None  # launched work waited this long with nothing recorded on the device
+    backlog: int = 0  # launches at the window's end with no device record: the profiler stopped with work queued
 
     @property
     def any(self) -> bool:
@@ -88,6 +91,7 @@ class DeviceGaps:
             or self.skew_ms is not None
             or self.host_missing
             or self.unrecorded_lead_ms is not None
+            or self.backlog > 0
         )
 
     def supports(self, rule: str) -> bool:
@@ -130,6 +134,12 @@ class DeviceGaps:
             return (
                 f"the device's copy records are missing: {self.copy_calls} copy calls but no copy on the device: "
                 "no advice about copies' device time"
+            )
+        if self.backlog:
+            return (
+                f"{self.backlog} of {self.launches} kernel launches have no kernel record, the window's last ones: the profiler "
+                "stopped while the device was still working through them (the device ran behind the host); the device "
+                "time of the last steps is incomplete"
             )
         return None
 
@@ -175,6 +185,28 @@ def device_gaps(frames: TraceFrames) -> DeviceGaps:
     lead = None
     if len(dev) and len(rt) and skew is None and not kernels_missing:
         lead = _unrecorded_wait_ms(frames)
+    backlog = _backlog(frames) if launches >= MIN_LAUNCHES and not kernels_missing and kernels else 0
     return DeviceGaps(
-        launches, kernels, copy_calls, copies, bool(kernels_missing), bool(copies_missing), skew, bool(host_missing), lead
+        launches, kernels, copy_calls, copies, bool(kernels_missing), bool(copies_missing), skew, bool(host_missing), lead, backlog
     )
+
+
+# Launches without a kernel record count as a backlog from this share of all launches up,
+# when nearly all of them (BACKLOG_TAIL) come after the last launch that has one.
+BACKLOG_SHARE = 0.2
+BACKLOG_TAIL = 0.9
+
+
+def _backlog(frames: TraceFrames) -> int:
+    """How many kernel launches at the window's end have no device record (the profiler
+    stopped with the device behind the host: what was queued never ran while it recorded);
+    0 when the unrecorded launches are few or spread through the window."""
+    rt = frames.runtime
+    launch = rt[name_matches(rt["name"], LAUNCH_CALL) & (rt["correlation"] >= 0).to_numpy()]
+    recorded = launch["correlation"].isin(frames.device["correlation"]).to_numpy()
+    unrecorded = int((~recorded).sum())
+    if not recorded.any() or unrecorded < BACKLOG_SHARE * len(launch):
+        return 0
+    last_recorded = int(launch["ts"].to_numpy(np.int64)[recorded].max())
+    after = int((launch["ts"].to_numpy(np.int64)[~recorded] > last_recorded).sum())
+    return unrecorded if after >= BACKLOG_TAIL * unrecorded else 0

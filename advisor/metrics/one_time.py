@@ -8,7 +8,9 @@ run) would charge it to a step and promise it back as a per-step saving. A runti
 taken as one-time work when it lasts at least ONE_TIME_MIN_MS and more than ONE_TIME_FACTOR
 times the typical call of its name (the lower quartile of their durations) (at least MIN_CALLS of them), and is not a wait for
 the device (a synchronize lasts as long as the work it waits for); also a call that only
-initialises a library (LIBRARY_INIT) lasting at least ONE_TIME_MIN_MS.
+initialises a library (LIBRARY_INIT) lasting at least ONE_TIME_MIN_MS. Long calls that recur,
+a name's in more than half the steps (`hipFree` stalling in every iteration), are the steps'
+own work and stay in them, however large: one-time work is what happens once.
 
 Its excess over the typical call is cut out of the timeline (everything after it moves
 earlier by that much), where the device had nothing to do meanwhile: every figure after
@@ -36,6 +38,8 @@ ONE_TIME_FACTOR = 20.0
 TYPICAL_QUANTILE = 0.25
 ONE_TIME_MIN_MS = 5.0
 MIN_CALLS = 3
+# Long calls of one name in more than this share of the steps recur: the steps' own work.
+RECURRING_SHARE = 0.5
 # A wait lasts as long as the work it waits for, a copy as long as its bytes take: neither is
 # one-time work of its own.
 WAIT_CALL = re.compile(r"synchroni[sz]e|wait|query|memcpy|memset", re.IGNORECASE)
@@ -83,6 +87,7 @@ def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd
         s0, s1 = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
         i = np.searchsorted(s0, ts_all, side="right") - 1
         chosen &= (i >= 0) & (ts_all < s1[np.maximum(i, 0)])
+        chosen &= ~_recurring(by_name, i, chosen & ~init, len(steps))
     pick = np.flatnonzero(chosen)
     if len(pick) == 0:
         return empty
@@ -97,6 +102,21 @@ def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd
         busy = overlap_with(ds, de, out["end"].to_numpy(np.int64) - out["excess"].to_numpy(np.int64), out["end"].to_numpy(np.int64))
         out = out[busy <= MAX_BUSY_SHARE * out["excess"].to_numpy(np.float64)]
     return out.sort_values("ts").reset_index(drop=True)
+
+
+def _recurring(by_name: np.ndarray, step: np.ndarray, long: np.ndarray, steps: int) -> np.ndarray:
+    """Per call, whether its name's long calls recur: they fall in more than RECURRING_SHARE of
+    the steps (a `hipFree` that stalls 135 times in every iteration), so they are the steps'
+    own work, never one-time, however large. A window of one step cannot tell: False there."""
+    out = np.zeros(len(by_name), dtype=bool)
+    if steps < 2 or not long.any():
+        return out
+    rows = np.flatnonzero(long)
+    per_name = pd.Series(step[rows]).groupby(np.asarray(by_name)[rows]).nunique()
+    recurring = per_name.index[per_name.to_numpy() > RECURRING_SHARE * steps]
+    if len(recurring):
+        out[rows] = np.isin(np.asarray(by_name)[rows], recurring)
+    return out
 
 
 def _shift(t: np.ndarray, cut_at: np.ndarray, cut_len: np.ndarray) -> np.ndarray:
@@ -151,7 +171,8 @@ def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None
     note = (
         f"{ONE_TIME_NOTE}, {total:,.1f} ms in all: {'; '.join(parts)}"
         + (f" and {len(calls) - 5} more" if len(calls) > 5 else "")
-        + " (a library loaded or initialised, autotuning, first-call compilation): reported apart, never a per-step saving"
+        + " (a library loaded or initialised, autotuning, first-call compilation): reported apart, never a per-step saving; "
+        "the headline is the window as measured, with the steps without it beside it as a projection"
     )
     notes = [note]
     if steps is not None and len(steps) and _every_step_holds(steps, calls["ts"].to_numpy(np.int64)):

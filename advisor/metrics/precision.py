@@ -535,6 +535,26 @@ __all__ = [
 
 
 # --- the page section the precision rules share ------------------------------------------------
+def record_shapes_in_trace(m) -> bool:
+    """Whether the rank's trace was recorded with record_shapes: its header says so, or its ops
+    carry input shapes or types (what a message may then never call record_shapes=False)."""
+    flag = m.frames.metadata.get("record_shapes")
+    if flag in (1, True, "1", "true", "True"):
+        return True
+    return bool(m.roofline is not None and m.roofline.shapes_recorded)
+
+
+def names_only_sentence(record_shapes: bool) -> str:
+    """What a precision finding read from kernel names alone says of why, as the evidence's
+    `record_shapes` holds it."""
+    if record_shapes:
+        return (
+            " The precision is read from kernel names alone: the trace holds input types (record_shapes=True), "
+            "but not on the ops that launched these kernels."
+        )
+    return " The precision is read from kernel names alone (the trace has no input types: record_shapes=False)."
+
+
 def with_precision_page(doc: str) -> str:
     """A rule page with the precision section added before its closing reference line."""
     section = precision_page()

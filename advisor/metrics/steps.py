@@ -290,11 +290,25 @@ def periodic_ops(frames: TraceFrames) -> tuple[np.ndarray, np.ndarray, int] | No
         if not (codes[p : p + k] == codes[:k]).all():
             continue
         if (codes[p:] == codes[: n - p]).all():
+            p = _shortest_period(codes, int(p))
             reps = n // p
             starts = ts[np.arange(reps) * p]
             ends = np.append(ts[np.arange(1, reps) * p], end[reps * p - 1 :].max() if reps * p < n else end[-1])
             return starts, ends, int(p)
     return None
+
+
+def _shortest_period(codes: np.ndarray, period: int) -> int:
+    """The shortest period that repeats the whole sequence, among the divisors of PERIOD: a
+    3-op loop body (`rand`, `square`, `.to()`) repeats every 9 ops too, and 3 of its
+    iterations are not one. A sequence periodic in PERIOD and in a divisor of it holds nothing
+    longer than the divisor's ops that could be one pass (MIN_PERIOD only keeps a short run
+    inside a longer pass from being taken for the pass)."""
+    n = len(codes)
+    for q in range(1, period):
+        if period % q == 0 and (codes[q:] == codes[: n - q]).all():
+            return q
+    return period
 
 
 def find_iterations(frames: TraceFrames) -> Iterations | None:
@@ -441,7 +455,12 @@ def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str
     return clipped
 
 
-def own_device_end(h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, dev_max: np.ndarray, dev_count: np.ndarray) -> np.ndarray:
+TRAILING_SPAN = 1.5
+
+
+def own_device_end(
+    h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, dev_max: np.ndarray, dev_count: np.ndarray, notes: list[str] | None = None
+) -> np.ndarray:
     """Per step, where its own device work ends: the end of its last device activity, unless
     the device runs behind the host, where that end is a queue of earlier work draining.
 
@@ -457,6 +476,22 @@ def own_device_end(h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, 
     nxt_min = dev_min[idx[1:]]
     behind = dev_max[idx[:-1]] > nxt_min
     if not behind.any():
+        # A last step whose device work spans far longer than any other step's (TRAILING_SPAN
+        # times) ends as far past its host end as the others' did (or its own start's lag):
+        # the rest is the profiler's closing synchronisation draining work queued behind a
+        # stall, not a step longer than its ProfilerStep mark.
+        last = idx[-1]
+        others_span = int((dev_max[idx[:-1]] - dev_min[idx[:-1]]).max())
+        if int(dev_max[last]) - int(dev_min[last]) <= TRAILING_SPAN * others_span:
+            return out
+        overhang = max(int((np.maximum(dev_max[idx[:-1]] - h_end[idx[:-1]], 0)).max()), int(dev_min[last]) - int(h_start[last]), 0)
+        out[last] = min(int(dev_max[last]), max(int(h_end[last]) + overhang, int(dev_min[last])))
+        if notes is not None and out[last] < dev_max[last]:
+            notes.append(
+                f"the last step's device work ran {(int(dev_max[last]) - int(h_end[last])) / 1e6:,.2f} ms past its ProfilerStep mark, "
+                f"where no other step's ran more than {overhang / 1e6:,.2f} ms past its own: that step is measured as the others are, "
+                "to that far past its mark (a step's time is never read from a queue the end of the recording drains)"
+            )
         return out
     out[idx[:-1]] = np.minimum(dev_max[idx[:-1]], nxt_min)
     last = idx[-1]
@@ -542,7 +577,7 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     start = h_start.copy()
     end = h_end.copy()
     if use_device:
-        own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count)
+        own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count, notes)
         for i in range(n):  # a step's start depends on the previous step's stretched end
             s = max(prev_end, int(h_start[i]))
             e = int(h_end[i])

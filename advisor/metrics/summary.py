@@ -21,6 +21,7 @@ from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import CATEGORIES, name_matches, step_breakdown, text_of
 from advisor.metrics.collectives import RankComm, rank_comm
 from advisor.metrics.copies import copies, copy_summary
+from advisor.metrics.device_records import LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.kernels import (
     kernel_table,
@@ -71,8 +72,19 @@ class HostToDevice(msgspec.Struct, forbid_unknown_fields=True):
     bandwidth_gbps: Optional[float]
 
 
+class ProjectedWindow(msgspec.Struct, forbid_unknown_fields=True):
+    """The steps with the one-time work taken out of them (first-call stalls: a library loaded,
+    autotuning): a projection, never the headline. The replay, the findings and their savings
+    are figured on it, so that none promises one-time work back per step."""
+
+    step_time_ms: StepTimeStats
+    breakdown_ms: Breakdown
+    gpu_utilization: Optional[float]
+
+
 class Summary(msgspec.Struct, forbid_unknown_fields=True):
-    """A rank's figures, as the JSON report writes them and the renderers read them."""
+    """A rank's figures, as the JSON report writes them and the renderers read them: the window
+    as measured; `projected` holds the steps without one-time work where some was taken out."""
 
     steps: int
     step_time_ms: StepTimeStats
@@ -86,6 +98,7 @@ class Summary(msgspec.Struct, forbid_unknown_fields=True):
     peak_reserved_bytes: Optional[float]
     device_memory_bytes: Optional[float]
     h2d: HostToDevice
+    projected: Optional[ProjectedWindow]
 
 
 def plain(value: Any) -> Any:
@@ -98,6 +111,16 @@ def _plain_scalar(v: Any) -> Any:
     if hasattr(v, "item") and callable(v.item):
         return v.item()
     raise TypeError(f"an output holds a {type(v).__name__}")
+
+
+@dataclass
+class MeasuredWindow:
+    """The window's steps as recorded, where the analysis took one-time work out of them: what
+    the report's headline states (step times, breakdown, device busy share)."""
+
+    step_ms: list[float]
+    breakdown_ms: dict[str, float]
+    gpu_utilization: float | None
 
 
 @dataclass
@@ -170,6 +193,9 @@ class Metrics:
     comm: RankComm | None = None
     # Ops against the device's ceilings (metrics.roofline); None: not measured (an older cache entry).
     roofline: Any = None
+    # The window as recorded, where one-time work was taken out of `steps` (None: nothing was):
+    # the headline figures are these, the rest of the metrics are of the projection.
+    measured: Optional[MeasuredWindow] = None
     # Intermediate results several rules share (op tree, idle timeline), built once per rank.
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -223,14 +249,23 @@ class Metrics:
         vals = [v["reserved"] for v in self.peak_memory.values() if v["reserved"] is not None]
         return max(vals) if vals else None
 
+    @property
+    def headline_step_ms(self) -> np.ndarray:
+        """Each step's time as measured (with any one-time work in it): the headline's."""
+        return np.asarray(self.measured.step_ms, dtype=np.float64) if self.measured is not None else self.step_ms
+
     def summary_figures(self) -> Summary:
-        """The rank's `summary` (schema advisor/report/v1)."""
-        ms = self.step_ms
+        """The rank's `summary` (schema advisor/report/v1): the measured window, and the
+        projection without one-time work beside it where some was taken out."""
+        ms = self.headline_step_ms
+        projected = None
+        if self.measured is not None:
+            projected = ProjectedWindow(step_time_ms=step_stats(self.step_ms), breakdown_ms=Breakdown(**self.breakdown_mean_ms), gpu_utilization=self.gpu_utilization)
         return Summary(
             steps=int(len(ms)),
             step_time_ms=step_stats(ms),
-            breakdown_ms=Breakdown(**self.breakdown_mean_ms),
-            gpu_utilization=self.gpu_utilization,
+            breakdown_ms=Breakdown(**(self.measured.breakdown_ms if self.measured is not None else self.breakdown_mean_ms)),
+            gpu_utilization=self.measured.gpu_utilization if self.measured is not None else self.gpu_utilization,
             tensor_core_kernel_share=self.tensor_core_kernel_share,
             tensor_core_eligible_share=self.tensor_core_eligible_share,
             kernel_time_by_precision_ms=self.kernel_time_by_precision_ms if self.has_device else None,
@@ -238,6 +273,7 @@ class Metrics:
             peak_reserved_bytes=self.peak_reserved,
             device_memory_bytes=self.device.total_memory_bytes,
             h2d=HostToDevice(**{f: self.h2d[f] for f in HostToDevice.__struct_fields__}),
+            projected=projected,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -306,12 +342,56 @@ def _inside(rows: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     return step_of(s, e, rows["ts"].to_numpy(np.int64)) >= 0
 
 
+IDLE_DEVICE_NOTE = "is listed in the trace but no kernel, copy or launch is recorded on it"
+
+
+def idle_device_note(frames: TraceFrames, name: str | None) -> str | None:
+    """The trace lists a device that ran nothing (a CPU run on a GPU host, every op on the
+    CPU): the run is read as a CPU run, and the report says so rather than naming the device
+    as if it did the work. Launches without device records are another case (the device's
+    records are missing, advisor.metrics.device_records), not this one."""
+    if not name or len(frames.device_properties) == 0 or len(frames.device):
+        return None
+    if len(frames.runtime) and name_matches(frames.runtime["name"], LAUNCH_CALL).any():
+        return None
+    return f"{name} {IDLE_DEVICE_NOTE}: every op ran on the CPU, and the run is read as a CPU run"
+
+
+def device_idle(metrics: Metrics) -> bool:
+    """Whether the rank's listed device ran nothing (its note is among the rank's notes)."""
+    return any(IDLE_DEVICE_NOTE in n for n in metrics.notes)
+
+
+def _utilization(frames: TraceFrames, steps: pd.DataFrame) -> pd.Series:
+    """Per step, the share of it with any device activity."""
+    dev = frames.device
+    ms, me = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
+    busy = overlap_with(ms, me, steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))
+    return pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
+
+
+def _measured_window(frames: TraceFrames, steps: pd.DataFrame) -> MeasuredWindow:
+    """The headline's figures of the steps as recorded, before one-time work is taken out."""
+    duration = steps["duration"].to_numpy(np.float64)
+    breakdown = step_breakdown(frames, steps)
+    busy = None
+    if frames.has_device and len(steps):
+        busy = float((_utilization(frames, steps).to_numpy() * duration).sum() / max(duration.sum(), 1))
+    return MeasuredWindow(
+        step_ms=(duration / NS_PER_MS).tolist(),
+        breakdown_ms={c: float(breakdown[c].mean() / NS_PER_MS) for c in CATEGORIES},
+        gpu_utilization=busy,
+    )
+
+
 def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | None = None) -> Metrics:
     """The rank's metrics; `facts` (the run's advisor_facts.json, if any) gives the TF32
     switches and the compute capability that decide each kernel's precision."""
     steps, notes = step_spans(frames)
     cut, once = without_one_time_work(frames, steps)
-    if once:  # the steps again, on the timeline without the one-time work
+    measured = None
+    if once:  # the steps again, on the timeline without the one-time work; the headline stays the window's
+        measured = _measured_window(frames, steps)
         frames = cut
         steps, notes = step_spans(frames)
         notes += once
@@ -319,11 +399,11 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     if uneven:
         notes.append(uneven)
     breakdown = step_breakdown(frames, steps)
-    dev = frames.device
-    ms, me = merge(dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64))
-    busy = overlap_with(ms, me, steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64))
-    util = pd.Series(busy / np.maximum(steps["duration"].to_numpy(np.float64), 1), index=steps["step"].to_numpy())
+    util = _utilization(frames, steps)
     device = _device_info(frames)
+    idle = idle_device_note(frames, device.name)
+    if idle:
+        notes.append(idle)
     recorded = typed_facts(facts)
     kernels = kernel_table(frames, device.capability or _facts_capability(recorded), Tf32Switches.from_facts(recorded))
     comm = rank_comm(frames, steps)
@@ -352,6 +432,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
         d2h=copy_summary(d2h[_inside(d2h, steps)], n),
         peak_memory=peak_memory(frames),
         notes=notes,
+        measured=measured,
         kernel_time_by_precision_ms=by_precision,
         comm=comm,
         roofline=roof,
@@ -413,6 +494,7 @@ def without_frames(m: Metrics) -> Metrics:
         d2h=m.d2h,
         peak_memory=m.peak_memory,
         notes=m.notes,
+        measured=m.measured,
         kernel_time_by_precision_ms=m.kernel_time_by_precision_ms,
         comm=m.comm,
         roofline=m.roofline,

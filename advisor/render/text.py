@@ -19,6 +19,7 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
+from advisor.metrics.summary import device_idle
 from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
 from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, rate, saving_note, short_value, step_time_text, throughput
@@ -50,6 +51,28 @@ def breakdown_bar(breakdown: dict[str, float], width: int) -> Text:
     return bar
 
 
+def projection_text(projected: dict) -> str:
+    """The projection beside the measured headline, named as one."""
+    busy = f", device busy {pct(projected['gpu_utilization'])}" if projected["gpu_utilization"] is not None else ""
+    return (
+        f"{projected['step_time_ms']['mean']:.2f} ms mean step without the one-time work (see the note){busy}: a projection, "
+        "not a measurement; the replay, the findings and their savings are figured on it"
+    )
+
+
+def _peak_memory_text(s: dict) -> str | None:
+    """The summary's peak memory as a sentence: allocated (of the device's memory), reserved;
+    either alone where the other is not recorded."""
+    allocated, reserved, total = s["peak_memory_bytes"], s["peak_reserved_bytes"], s["device_memory_bytes"]
+    if allocated is None and reserved is None:
+        return None
+    first = allocated if allocated is not None else reserved
+    share = f" of {fmt_bytes(total)} ({pct(first / total)})" if total else ""
+    if allocated is None:
+        return f"{fmt_bytes(reserved)} reserved{share}"
+    return f"{fmt_bytes(allocated)} allocated{share}" + (f", {fmt_bytes(reserved)} reserved" if reserved is not None else "")
+
+
 def _overview(a: Analysis, console: Console) -> Group:
     m = a.primary
     s = a.summary()
@@ -58,26 +81,33 @@ def _overview(a: Analysis, console: Console) -> Group:
     head.add_column(style="bold")
     head.add_column()
     head.add_row("Run", Text(f"{one_line(a.run.name)}  ({len(a.run.files)} trace file{'s' if len(a.run.files) != 1 else ''})"))
+    for note in a.run.notes:  # which files of the folder the report reads: said before any figure
+        head.add_row("", Text(one_line(note), style="yellow"))
     dev = m.device
     if dev.name:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
         cc += " (MTIA accelerator)" if dev.vendor == "mtia" else ""
         mem = f", {fmt_bytes(dev.total_memory_bytes)}" if dev.total_memory_bytes else ""
-        head.add_row("Device", Text(one_line(f"{dev.name}{cc}{mem}")))
+        idle = " (listed; ran nothing: read as a CPU run)" if device_idle(m) else ""
+        head.add_row("Device", Text(one_line(f"{dev.name}{cc}{mem}{idle}")))
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
         head.add_row("Ranks", Text(ranks_line(a)))
     if st["mean"] is not None:
         head.add_row("Step time", Text(step_time_text(st, s["steps"])))
+    projected = s.get("projected")
+    if projected is not None and projected["step_time_ms"]["mean"] is not None:
+        head.add_row("Projected", Text(projection_text(projected)))
     replayed = a.headline()
     if replayed is not None:
-        head.add_row("Replayed step", Text(replayed.headline()))
+        head.add_row("Replayed step", Text(replayed.headline(projected=projected is not None)))
     tp = throughput(a)
     if tp:
         bs = batch_size(a)
         per = f"batch {bs} / {st['mean']:.2f} ms mean step" if bs else f"1 / {st['mean']:.2f} ms mean step"
         head.add_row("Throughput", Text(f"{rate(tp[0])} {tp[1]} ({per})"))
+    peak_memory = _peak_memory_text(s)
     if m.has_device:
         head.add_row(f"{dev.short_kind} utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
         if dev.has_tensor_cores:
@@ -88,11 +118,9 @@ def _overview(a: Analysis, console: Console) -> Group:
             if s.get("kernel_time_by_precision_ms"):
                 by = ", ".join(f"{p} {v:.2f} ms" for p, v in s["kernel_time_by_precision_ms"].items())
                 head.add_row("Precision", Text(f"matrix kernels per step: {by}"))
-        mem = s["peak_memory_bytes"]
-        if mem is not None:
-            tot = s["device_memory_bytes"]
-            share = f" of {fmt_bytes(tot)} ({pct(mem / tot)})" if tot else ""
-            head.add_row("Peak memory", Text(f"{fmt_bytes(mem)} allocated{share}, {fmt_bytes(s['peak_reserved_bytes'])} reserved"))
+    if peak_memory:  # the JSON's peak, on every run that recorded memory (device records or not)
+        head.add_row("Peak memory", Text(peak_memory))
+    if m.has_device:
         h = s["h2d"]
         if h["count"]:
             head.add_row(
@@ -122,22 +150,31 @@ def _overview(a: Analysis, console: Console) -> Group:
 
 class _NamedTable:
     """A top-N table whose first column is a name (kernel or op) and the rest figures. The
-    figures keep their width (`figures_width` columns with the rules between them); in a
-    terminal the name gets what is left and is cut with "…"; in a pipe or a file (no width to
-    fit) names are whole, so they can be searched for."""
+    figures are never cut: each column is as wide as its widest figure or header, and the name
+    gets what is left of the width; in a terminal it is cut with "…"; in a pipe or a file (no
+    width to fit) names are whole, so they can be searched for."""
 
-    def __init__(self, title: str, name: str, figures: list[tuple[str, str]], width: int, figures_width: int, whole_names: bool):
-        self.table = Table(title=title, title_justify="left", expand=False, show_edge=False)
-        self.name_width = 1_000_000 if whole_names else max(16, min(70, width - figures_width))
-        self.table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=None if whole_names else self.name_width)
-        for header, justify in figures:
-            self.table.add_column(header, justify=justify, no_wrap=True)
+    def __init__(self, title: str, name: str, figures: list[tuple[str, str]], width: int, whole_names: bool):
+        self.title, self.name, self.figures, self.width, self.whole_names = title, name, figures, width, whole_names
+        self.rows: list[tuple[str, tuple[str, ...]]] = []
 
     def add(self, name: str, *figures: str) -> None:
-        name = one_line(name)
-        if len(name) > self.name_width:
-            name = name[: self.name_width - 1] + "…"
-        self.table.add_row(Text(name), *figures)
+        self.rows.append((one_line(name), figures))
+
+    @property
+    def table(self) -> Table:
+        widths = [max([len(h), *(len(r[1][i]) for r in self.rows)]) for i, (h, _) in enumerate(self.figures)]
+        # each column's padding (1 each side) and the rule between columns
+        name_width = 1_000_000 if self.whole_names else max(12, min(70, self.width - sum(widths) - 3 * len(widths) - 3))
+        table = Table(title=self.title, title_justify="left", expand=False, show_edge=False)
+        table.add_column(self.name, overflow="ellipsis", no_wrap=True, max_width=None if self.whole_names else name_width)
+        for (header, justify), w in zip(self.figures, widths, strict=True):
+            table.add_column(header, justify=justify, no_wrap=True, min_width=w)
+        for name, figures in self.rows:
+            if len(name) > name_width:
+                name = name[: name_width - 1] + "…"
+            table.add_row(Text(name), *figures)
+        return table
 
 
 def _kernels_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool = False) -> Table | None:
@@ -145,7 +182,7 @@ def _kernels_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     if len(k) == 0:
         return None
     figures = [("calls", "right"), ("total ms", "right"), ("share", "right"), ("TC", "center"), ("precision", "left")]
-    t = _NamedTable("Top kernels", "kernel", figures, width, 46, whole_names)
+    t = _NamedTable("Top kernels", "kernel", figures, width, whole_names)
     for r in k.itertuples():
         # display only: _ZN... symbols as C++
         t.add(demangle(str(r.name)), str(r.count), f"{r.total_ns / 1e6:.2f}", f"{100 * r.share:.1f}%", "✓" if r.tensor_core else "", r.precision or "")
@@ -160,7 +197,7 @@ def _cpu_ops_table(a: Analysis, n: int = 8, width: int = 120, whole_names: bool 
     if len(ops) == 0:
         return None
     figures = [("calls", "right"), ("self ms", "right"), ("total ms", "right"), ("share", "right")]
-    t = _NamedTable("Top CPU ops (self time per step)", "op", figures, width, 40, whole_names)
+    t = _NamedTable("Top CPU ops (self time per step)", "op", figures, width, whole_names)
     for r in ops.itertuples():
         t.add(str(r.name), f"{r.count:g}", f"{r.self_ms:.2f}", f"{r.total_ms:.2f}", f"{100 * r.share:.1f}%")
     return t.table
@@ -264,7 +301,7 @@ def render_text(a: Analysis, console: Console, verbose: bool = False, notes: Con
     console.print()
     for part in _findings(a, verbose, plain):
         console.print(part)
-    said = a.notes()
+    said = [n for n in a.notes() if n not in a.run.notes]  # the run's own are in the header
     if said or a.warnings:
         if notes is None:
             console.print()

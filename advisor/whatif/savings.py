@@ -58,11 +58,14 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
     def all_fixes_saving_ms(self) -> float | None:
         return None if self.all_fixes_ms is None else max(self.baseline_ms - self.all_fixes_ms, 0.0)
 
-    def headline(self) -> str:
-        """One line for the reports: measured step, replayed step, the step with every fix replayed."""
-        out = f"measured {self.measured_ms:.2f} ms (window median)"
+    def headline(self, projected: bool = False) -> str:
+        """One line for the reports: measured step, replayed step, the step with every fix
+        replayed. `projected`: the replay's steps are the window's without one-time work
+        (metrics.summary.ProjectedWindow), and the line says so rather than "measured"."""
+        measured = "without one-time work (a projection)" if projected else "measured"
+        out = f"{measured} {self.measured_ms:.2f} ms (window median)"
         if self.statistic == "mean":
-            out = (f"measured {self.measured_ms:.2f} ms (window mean: slow steps recur, and throughput is the mean step; "
+            out = (f"{measured} {self.measured_ms:.2f} ms (window mean: slow steps recur, and throughput is the mean step; "
                    "every replayed figure is a mean)")
         if self.unprofiled_ms is not None and abs(self.baseline_ms - self.measured_ms) > 0.005 * self.measured_ms:
             out += f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f} to match the unprofiled steps ({self.unprofiled_ms:.2f} ms)"
