@@ -33,7 +33,7 @@ from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.device_records import device_gaps
 from advisor.metrics.one_time import HOST_PACE_RULES, cold_window
-from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_note, profiler_overhead
+from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_caveat, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
@@ -225,8 +225,19 @@ class Analysis:
         return plain(self.summary_figures())
 
     def profiler_overhead(self) -> MeasuredOverhead | None:
-        """The slowest rank's window against its unprofiled steps (facts of `advisor profile --full`)."""
-        return profiler_overhead(typed_facts(self.run_facts()))
+        """The slowest rank's window against its unprofiled steps (facts of `advisor profile --full`).
+        The window's median is the trace's, the one the step time and the replay show: one
+        "window median" per report, whatever the facts file's clock made of the same steps."""
+        return profiler_overhead(typed_facts(self.run_facts()), self._window_median_ms())
+
+    def _window_median_ms(self) -> float | None:
+        d = self.primary.steps["duration"].to_numpy(np.float64) if len(self.primary.steps) else None
+        return float(np.median(d)) / 1e6 if d is not None else None
+
+    def noisy_caveat(self) -> str | None:
+        """The short caveat the verdict carries beside the step figure when the window was timed
+        beside other work (the notes say it at length)."""
+        return noisy_window_caveat(typed_facts(self.run_facts()))
 
     def notes(self) -> list[str]:
         out = list(self.run.notes)
@@ -234,7 +245,7 @@ class Analysis:
             prefix = f"rank {m.rank}: " if len(self.ranks) > 1 else ""
             out += [prefix + n for n in m.notes]
         recorded = typed_facts(self.run_facts())
-        overhead = profiler_overhead(recorded)
+        overhead = self.profiler_overhead()
         # stacks are recorded unless the facts say they were not (older files do not say)
         note = overhead.note(recorded.profiler.with_stack is not False) if overhead else None
         if note:

@@ -26,6 +26,7 @@ def whatif(
     from advisor.cli import say, stdout_console
     from advisor.config import load_config
     from advisor.engine import all_rules
+    from advisor.units import saved_text
     from advisor.whatif.replay import Change
 
     cfg = load_config(config)
@@ -90,7 +91,7 @@ def whatif(
         alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
         together = min(replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted])), head.baseline_ms)
     saved = head.baseline_ms - together
-    say(out, f"With the fixes   {together:.2f} ms per step ({saved:+.2f} ms saved, {100 * saved / head.baseline_ms:.0f}% of the step): " + ", ".join(wanted))
+    say(out, f"With the fixes   {together:.2f} ms per step ({saved_text(saved, head.baseline_ms)} of the replayed {head.baseline_ms:.2f} ms): " + ", ".join(wanted))
     for rule in wanted:
         say(out, f"  {rule:<26} alone: {alone[rule]:6.2f} ms/step")
     if apply is None and analysis.considered:

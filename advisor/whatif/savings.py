@@ -21,6 +21,7 @@ from advisor.facts import typed_facts
 from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
 from advisor.metrics.intervals import merge
 from advisor.metrics.unprofiled import unprofiled_steps
+from advisor.units import saved_text
 from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
 from advisor.whatif.replay import Change, calibrate, replay_graph, replay_nodes
 
@@ -58,8 +59,10 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
     def all_fixes_saving_ms(self) -> float | None:
         return None if self.all_fixes_ms is None else max(self.baseline_ms - self.all_fixes_ms, 0.0)
 
-    def headline(self) -> str:
-        """One line for the reports: measured step, replayed step, the step with every fix replayed."""
+    def headline(self, noisy: bool = False) -> str:
+        """One line for the reports: measured step, replayed step, the step with every fix
+        replayed (its saving from the replayed step, the same statistic). `noisy`: the window was
+        timed beside other work, where no estimate from the host events is the profiler's cost."""
         out = f"measured {self.measured_ms:.2f} ms (window median)"
         if self.statistic == "mean":
             out = (f"measured {self.measured_ms:.2f} ms (window mean: slow steps recur, and throughput is the mean step; "
@@ -70,6 +73,12 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
                 out += f", {self.untimed_host_ms:.2f} ms of it host time the trace does not show (replayed after each step's longest wait on the device)"
             if self.remainder_ms > 0.005:
                 out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
+        elif self.unprofiled_ms is None and noisy:
+            out += (
+                f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f}: the profiler's own cost is not known on this "
+                "noisy window (an estimate from its host events cannot tell it from the waits for a core), and no unprofiled steps "
+                "were recorded to measure it (`advisor profile --full` records them)"
+            )
         elif self.unprofiled_ms is None and self.scale_range is not None and self.baseline_range_ms is not None:
             lo, hi = self.baseline_range_ms
             out += (
@@ -84,7 +93,7 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
             n = len(self.fixes)
             out += (
                 f"; with the {n} replayed fix{'es' if n != 1 else ''} together: {self.all_fixes_ms:.2f} ms "
-                f"(−{saved:.2f} ms, {100 * saved / self.baseline_ms:.0f}%)"
+                f"({saved_text(saved, self.baseline_ms)} of the replayed {self.baseline_ms:.2f} ms)"
             )
         return out
 
