@@ -37,7 +37,6 @@ from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
-from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
 if TYPE_CHECKING:
@@ -201,7 +200,11 @@ class Analysis:
         """The slowest rank's replay and its findings with their fixes as graph changes
         (`.change`), as its rules stated them during the analysis (with its rule options)."""
         v = self.view
-        return (v.replay if v.replay is not None else RankReplay(self.primary, self.run_facts())), v.stated
+        replay = v.replay if v.replay is not None else RankReplay(self.primary, self.run_facts())
+        for f in v.stated.values():  # the step each fix leaves at least, as its rule said (RankReplay.leaves)
+            if f.change is not None and isinstance(f.evidence.get("leaves_ms"), (int, float)):
+                replay.leaves(f.change, float(f.evidence["leaves_ms"]), str(f.evidence.get("leaves", "")))
+        return replay, v.stated
 
     def replayed_saving(self, rules: list[str], rule_options: dict[str, dict[str, Any]] | None = None) -> float | None:
         """What the named findings' fixes save per step, replayed together on the slowest rank
@@ -210,7 +213,7 @@ class Analysis:
         changes = [modelled[r].change for r in rules if r in modelled]
         if not changes or not replay.available:
             return None
-        return replay.saving_ms(Change.merge(changes))
+        return replay.saving_ms(replay.merged(changes))
 
     def summary_figures(self) -> Summary:
         """The run's `summary`: the slowest rank's, with the job's step times when several ranks ran."""

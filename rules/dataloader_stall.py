@@ -308,6 +308,16 @@ def check(ctx: Context):
             change = Change()
             message += " " + budget.sentence()
             finding_kwargs["no_gain"] = budget.sentence()
+        if change is not None and budget is not None and nw_now == 0 and budget.loader_ms > 0 and "no_gain" not in finding_kwargs:
+            # The loading does not go away: each batch still takes loader_ms on one worker, so
+            # with n workers the step is never below loader_ms / n (in the replay's units).
+            n_after = max(budget.loaders, 1)
+            replay = ctx.replay
+            loads_ms = budget.loader_ms * replay.loader_scale_of_base() if replay.available else 0.0
+            if loads_ms > 0:
+                evidence["leaves_ms"] = round(loads_ms / n_after, 3)
+                evidence["leaves"] = f"each batch still loads in {loads_ms:.1f} ms on one of {n_after} worker{'s' if n_after != 1 else ''}"
+                replay.leaves(change, loads_ms / n_after, evidence["leaves"])
     return ctx.finding(message, saving, confidence=confidence, evidence=evidence, fix=fix, snippet=snippet, change=change, **finding_kwargs)
 
 

@@ -27,7 +27,6 @@ def whatif(
     from advisor.config import load_config
     from advisor.engine import all_rules
     from advisor.units import saved_text
-    from advisor.whatif.replay import Change
 
     cfg = load_config(config)
     analysis = analyze(path, run=run, config=cfg, cache=True)
@@ -89,7 +88,7 @@ def whatif(
         together = report.all_fixes_ms
     else:
         alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
-        together = min(replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted])), head.baseline_ms)
+        together = min(replay.replayed_ms(replay.merged([modelled[rule].change for rule in wanted])), head.baseline_ms)
     saved = head.baseline_ms - together
     say(out, f"With the fixes   {together:.2f} ms per step ({saved_text(saved, head.baseline_ms)} of the replayed {head.baseline_ms:.2f} ms): " + ", ".join(wanted))
     for rule in wanted:

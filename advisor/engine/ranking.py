@@ -41,6 +41,16 @@ def _pick(trials: list[tuple[float, Finding]], pool: list[Finding]) -> tuple[flo
     return gain, best
 
 
+def _say_what_capped_it(replay: RankReplay, f: Finding) -> None:
+    """Where a bound capped the fix's replayed saving (RankReplay.removable, RankReplay.leaves,
+    RankReplay.gain_ms), the evidence (`capped`) and the message say which, once."""
+    why = replay.capped_by(f.change)
+    if why is None or f.evidence.get("capped") == why:
+        return
+    f.evidence["capped"] = why
+    f.message = f.message.rstrip() + f" The replayed saving is {why}."
+
+
 def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summary: RankWhatIf,
                   dependent: list[Finding] = (), alone_of: dict[str, float] | None = None) -> None:
     """Each ranked finding's saving on top of the fixes ranked above it, so the list adds up to
@@ -69,8 +79,11 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     while pool or (waiting and chosen):
         # the first round is each fix alone: the replays its saving came from (cached)
         candidates = [*pool, *(waiting if chosen else ())]
-        trials = [(step - replay.replayed_ms(replay.merged([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in candidates]
+        # each saving on top of the fixes chosen, never past what the fix itself changes (RankReplay.gain_ms)
+        above = replay.merged([c.change for c in chosen]) if chosen else None
+        trials = [(replay.gain_ms(step, replay.merged([*(c.change for c in chosen), f.change]) if chosen else f.change, f.change, above), f) for f in candidates]
         gain, best = _pick(trials, candidates)
+        _say_what_capped_it(replay, best)
         if best in waiting:
             if gain < NO_GAIN_MS:
                 break  # none of them gains on top of the fixes chosen
