@@ -152,7 +152,7 @@ def test_a_cold_window_promises_no_first_call_host_time():
             assert replay.saving_ms(f.change) <= _bound_ms(replay, device_only) + SLACK_MS, (name, rule)
             asserted += 1
     if asserted == 0:
-        pytest.skip("no trace with a cold window and a replayed fix among the recordings reached (misc/amd_mi250_minitoy in ../shared/traces has one)")
+        pytest.skip("no trace with a cold window and a replayed fix among the recordings reached")
 
 
 def _raw_loading_ms(run_dir) -> float | None:
