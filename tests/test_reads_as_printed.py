@@ -152,6 +152,9 @@ def test_a_noisy_window_says_so_beside_the_step_figure(cli, run, tmp_path):
     answer = re.search(r'<p class="answer">(.*?)</p>', _html(cli, run, tmp_path), re.S).group(1)
     step_figure = answer.index("ms per step")
     assert 0 <= answer.index("noisy window") - step_figure < 120 and cores in answer, answer
+    code, out, _ = cli(["whatif", str(run)])
+    replayed = next(line for line in out.splitlines() if line.startswith("Replayed step"))
+    assert code == 0 and "estimated" not in replayed and "not known on this" in replayed and cores in replayed, replayed
 
 
 def test_a_quiet_window_carries_no_noisy_caveat(cli):

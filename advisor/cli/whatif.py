@@ -63,6 +63,13 @@ def whatif(
             f"Replayed step    {head.baseline_ms:.2f} ms: host time scaled ×{head.host_scale:.2f} (DataLoader ×{replay.loader_scale:.2f}) to match "
             f"the {head.unprofiled_ms:.2f} ms median of the unprofiled steps, so the profiler's own cost is not counted",
         )
+    elif head.unprofiled_ms is None and (noisy := analysis.noisy_caveat()) is not None:
+        say(
+            out,
+            f"Replayed step    {head.baseline_ms:.2f} ms with host time ×{head.host_scale:.2f}: the profiler's own cost is not known on this "
+            f"window ({noisy}; an estimate from its host events cannot tell them apart), and no unprofiled steps were recorded to "
+            "measure it (`advisor profile --full` records them)",
+        )
     elif head.scale_range is not None and head.baseline_range_ms is not None:
         lo, hi = head.baseline_range_ms
         say(
