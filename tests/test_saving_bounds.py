@@ -15,6 +15,7 @@ traces it asserted on: a check that found nothing to assert fails.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -244,3 +245,49 @@ def test_the_issues_public_cases_keep_their_bounds(case):
         for rule, f in a.view.stated.items():
             if f.change is not None:
                 assert replay.saving_ms(f.change) <= _bound_ms(replay, f.change) + SLACK_MS, (name, rule)
+
+
+def _window_after_queued_work(path) -> None:
+    """A one-step window opened while a 40 ms kernel launched before it still runs on another
+    stream: the step launches ten 0.5 ms elementwise kernels and ends in a
+    cudaDeviceSynchronize that waits for the earlier kernel (the conv+LSTM run's 42.6 ms sync)."""
+    def x(name, cat, ts, dur, tid=1, pid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    ev = [x("cudaLaunchKernel", "cuda_runtime", 0, 10, correlation=1),
+          x("queued_before_the_window", "kernel", 20, 40_000, pid=0, tid=13, correlation=1, device=0, stream=13)]
+    t = 150
+    for k in range(10):
+        ev += [x("aten::relu", "cpu_op", t, 30), x("cudaLaunchKernel", "cuda_runtime", t + 5, 10, correlation=2 + k),
+               x("void at::native::vectorized_elementwise_kernel<4, relu>", "kernel", 170 + k * 500, 500, pid=0, tid=7, correlation=2 + k, device=0, stream=7)]
+        t += 40
+    ev.append(x("cudaDeviceSynchronize", "cuda_runtime", t, 40_030 - t, correlation=20))
+    ev.append(x("ProfilerStep#1", "user_annotation", 100, 40_060 - 100))
+    doc = {"schemaVersion": 1, "traceEvents": ev,
+           "deviceProperties": [{"id": 0, "name": "Quadro RTX 6000", "totalGlobalMem": 24 * 2**30, "computeMajor": 7, "computeMinor": 5}]}
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+def test_a_wait_on_work_queued_before_the_window_is_no_saving(tmp_path):
+    """Taking the sync away replays 30+ ms shorter: the wait it removes is on the kernel queued
+    before the window, which no fix of the step removes. The saving stops at what the sync
+    holds of the window's own work (its 10 µs call and the kernels' last few µs), and says so."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _window_after_queued_work(run / "w.pt.trace.json.gz")
+    from advisor.analysis import analyze
+    from advisor.config import Config
+
+    a = analyze(run, config=Config())
+    replay = a.view.replay
+    g = replay.graph
+    calls = np.nonzero(g.h_kind == CALL)[0]
+    sync = calls[np.argmax(g.h_dur[calls])]  # the 39.9 ms cudaDeviceSynchronize
+    row = int(g.runtime_row[sync])
+    change = Change(unwait={row}, call_scale={row: 0.0})
+    assert replay.baseline_ms - replay._replayed_ms(change) > 30.0  # the replay alone: the earlier kernel's time
+    # the window's own device work ends at 5.17 ms (10 kernels of 0.5 ms from 0.17 ms); the sync
+    # returns 0.03 ms after the earlier kernel (40.02 ms): at most that, and its own call, is the fix's
+    assert replay.saving_ms(change) <= 0.05 + SLACK_MS
+    assert replay.saving_ms(change) <= _bound_ms(replay, change) + SLACK_MS
+    assert "of what the fix changes in the window" in replay.capped_by(change)
