@@ -404,7 +404,7 @@ class RankReplay:
         """The replayed step with `change`, never shorter than the baseline less what the change
         removes (`removable`), nor than the work it leaves (`leaves`); the bound that capped it
         is kept for the finding's message (`capped_by`)."""
-        if self._is_base(change):
+        if self._is_base(change) or len(self.graph.step_ids) == 0:
             return replayed
         base = self.baseline_ms
         removed, parts = self.removable(change)
