@@ -291,3 +291,38 @@ def test_a_wait_on_work_queued_before_the_window_is_no_saving(tmp_path):
     assert replay.saving_ms(change) <= 0.05 + SLACK_MS
     assert replay.saving_ms(change) <= _bound_ms(replay, change) + SLACK_MS
     assert "of what the fix changes in the window" in replay.capped_by(change)
+
+
+def _cold_pass(path) -> None:
+    """One cold 3D-conv pass: cuDNN's handle made inside it (30 ms, one-time work), one 10 ms
+    convolution kernel, then 18.4 ms of first-call host work and a sync."""
+    def x(name, cat, ts, dur, tid=1, pid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    ev = [x("ProfilerStep#1", "user_annotation", 100, 59_000), x("aten::conv3d", "cpu_op", 150, 40_300),
+          x("cudnnCreate", "cuda_runtime", 200, 30_000, correlation=1), x("cudaLaunchKernel", "cuda_runtime", 30_300, 10, correlation=2),
+          x("implicit_convolve_3d_sgemm", "kernel", 30_320, 10_000, pid=0, tid=7, correlation=2, device=0, stream=7),
+          x("aten::first_call_host_work", "cpu_op", 40_500, 18_400), x("cudaDeviceSynchronize", "cuda_runtime", 58_950, 20, correlation=3)]
+    doc = {"schemaVersion": 1, "traceEvents": ev,
+           "deviceProperties": [{"id": 0, "name": "Tesla T4", "totalGlobalMem": 16 * 2**30, "computeMajor": 7, "computeMinor": 5}]}
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+def test_a_cold_pass_promises_its_device_work_not_its_first_call_host_time(tmp_path):
+    """On a window of one cold pass, a fix that would take the step's host time away and halve
+    its convolution replays 24 ms shorter: all but the kernel's 5 ms is first-call host time.
+    The promise stops at the 5 ms of device work, and says so."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _cold_pass(run / "w.pt.trace.json.gz")
+    from advisor.analysis import analyze
+    from advisor.config import Config
+
+    a = analyze(run, config=Config())
+    replay = a.view.replay
+    assert cold_window(replay.metrics)  # cudnnCreate's 30 ms cut out, its one step a first pass
+    g = replay.graph
+    change = Change(host_remove=[(g.step_host_start[:1], g.step_end[:1], 1.0)], device_scale={int(g.device_row[0]): 0.5})
+    assert replay.baseline_ms - replay._replayed_ms(change) > 20.0  # the replay alone: host time of the first call
+    assert replay.saving_ms(change) == pytest.approx(5.0, abs=0.01)  # half the 10 ms kernel
+    assert "device work 5.00" in replay.capped_by(change)
