@@ -120,6 +120,8 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             above = ", ".join(c.rule for c in chosen) or "none"
             best.no_gain = (f"It saves {gain:.2f} ms/step on top of the fixes ranked above it ({above}), under "
                             f"{100 * MIN_RANKED_SHARE:.1f}% of the {measured:.1f} ms step. Alone it saves ~{alone:.2f} ms/step.")
+            if (why := replay.capped_by(best.change, on_top=True)) is not None:
+                best.no_gain += f" On top of them its replayed saving is {why}."
             best.evidence["critical_path"] = best.no_gain
             best.evidence["saving_after_fixes_above_ms"] = round(gain, 3)
             best.saving_ms, best.saving_pct, best.severity = 0.0, 0.0, "low"

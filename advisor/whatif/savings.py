@@ -392,9 +392,10 @@ class RankReplay:
         if ms > 0:
             self._leaves[id(change)] = (change, float(ms), what)
 
-    def capped_by(self, change: Change) -> str | None:
-        """Which bound capped the change's replayed saving, in words; None where none did."""
-        for capped in (self._gain_capped, self._capped):
+    def capped_by(self, change: Change, on_top: bool = False) -> str | None:
+        """Which bound capped the change's replayed saving (last on top of other fixes, else
+        alone; `on_top`: only on top of them), in words; None where none did."""
+        for capped in (self._gain_capped,) if on_top else (self._gain_capped, self._capped):
             seen = capped.get(id(change))
             if seen is not None and seen[0] is change:
                 return seen[1]
