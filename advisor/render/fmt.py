@@ -155,7 +155,8 @@ def saving_note(f: Any) -> str:
 def order_note(findings: list[Any], i: int) -> str:
     """Why the i-th finding (0-based) sits below findings whose ranked figure is smaller: the
     list is sorted by that figure except where a saving is measured on top of fixes it needs
-    (evidence `depends_on`); "" where it is in order."""
+    (evidence `depends_on`) or an "up to" promise was passed over for a measured fix of like
+    size (evidence `ranked_after_measured`, advisor.engine.ranking); "" where it is in order."""
     f = findings[i]
     if f.saving_ms is None:
         return ""
@@ -163,6 +164,10 @@ def order_note(findings: list[Any], i: int) -> str:
     if not smaller:
         return ""
     below = ", ".join(g.rule for g in smaller)
+    measured = [g.rule for g in smaller if g.rule in (f.evidence.get("ranked_after_measured") or ())]
+    if measured:
+        return (f"listed below {', '.join(measured)}: a fix that measured pairs confirm goes before an \"up to\" promise "
+                "of like size (within 2×); it saves this on top of the fixes above it")
     if any(isinstance(d, str) for d in f.evidence.get("depends_on") or ()):
         return f"listed below {below}: it saves this only with the fixes above it in"
     return f"listed below {below}: it saves this on top of the fixes above it"
