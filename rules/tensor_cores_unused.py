@@ -97,6 +97,15 @@ The fix is replayed on the run's own step graph (`advisor.whatif`):
    median cost of a copy op (and, in the backward, of a node that passes its gradient on).
    The message says how much of the saving the casts take.
 
+3. **The promise in its parts** (evidence `promise_parts`, and the message): the **casts**
+   (their device time, negative) and their **host cost** (negative), the casts' replayed cost
+   split as this run's own copy ops take it, and the **per-op speed-ups**, what the replay
+   gives beyond the casts' cost (at most the candidate kernels' time less their time at the
+   16-bit rates). They add up to the fix's saving alone. No measured pair confirms the
+   speed-ups (the H100 ViT bf16 pair measured 16.18 ms against 27.27 promised,
+   `benchmarks/results/promise_accuracy.txt`): they read "up to". The fix changes the recipe,
+   so it already ranks behind a speed fix that saves half as much (`RECIPE_MARGIN`).
+
 The rule's first-order estimate (`estimate_ms` in the evidence) is the kernels' arithmetic.
 Where the replay leaves the host on the critical path (a fast GPU, an eager loop), the casts
 and the host's pace bound what autocast gains, and the replayed saving is below it. Without

@@ -81,6 +81,22 @@ profiler's own cost included, as for every host-side fix. The rule's own estimat
 the timeline. The constants and how far the model matched recorded compiled runs are in
 `benchmarks/results/rule_constants.md` and `benchmarks/results/compiled_host_cost.txt`.
 
+**The promise in its parts.** The finding's evidence (`promise_parts`) and its message give
+each part with its figure and its bound: **fusion** (the chains' other members' kernel time,
+at the share of kernel time on the timeline; at most that kernel time), **launches removed**
+(what the replay saves beyond the device parts: the eager host time that goes, less the
+generated code's; at most the eager host time from the region's first launch to its last),
+**layout** (cuDNN's layout transposes; at most their kernel time) and **norms** (the kept
+cuDNN batch norms at the run's bandwidth; at most their kernel time). They add up to the
+fix's saving alone; where the replay gives less than the device parts, those are scaled down
+together. The H100 ViT compile pair (`../shared/whatif/h100_vit`: 6.33 ms promised, 7.99
+measured) checked fusion and launches; no measured pair has checked layout or norms (a ViT
+has no batch norm and one convolution), so those read "up to". A promise whose "up to" parts
+are at least 5% of it ranks behind a fix whose model measured pairs confirm (a rule page's
+`CONFIRMED_BY`: `dataloader-stall`, `tf32-disabled`, `single-tensor-optimizer`, `host-sync`)
+unless it saves more than twice as much (`advisor.engine.ranking.UNCHECKED_MARGIN`), and its
+line then says why it sits below a smaller figure.
+
 Reference: https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html
 """
 

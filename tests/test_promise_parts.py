@@ -105,3 +105,26 @@ def test_up_to_promise_goes_behind_a_measured_fix_of_like_size(nw0_analysis):
     note = order_note([loader_row, compile_row], 1)
     assert "listed below dataloader-stall" in note and "measured pairs confirm" in note and "up to" in note
     compile_.evidence.pop("ranked_after_measured", None)
+
+
+def test_cpu_autocast_parts_on_a_measured_pair():
+    # a CPU inference run and the same run under bf16 autocast (tests/data/cpu_inference_grad):
+    # the measured saving is the drop of the median step after the window (the first one after
+    # it left out, as the trace is written then), read from the facts files: 4.403 -> 3.237 ms,
+    # below the speed-ups' "up to" figure, which no pair confirms
+    import numpy as np
+    import orjson
+    from conftest import REPO
+
+    runs = REPO / "tests" / "data" / "cpu_inference_grad" / "runs"
+    median = {}
+    for r in ("batch256", "batch256_bf16"):
+        facts = orjson.loads((runs / r / "advisor_facts.json").read_bytes())
+        median[r] = float(np.median(facts["step_times_ms"][max(facts["profiled_steps"]) + 2:]))
+    assert median == pytest.approx({"batch256": 4.403, "batch256_bf16": 3.237}, abs=0.001)
+    measured = median["batch256"] - median["batch256_bf16"]
+    f = _finding(analyze(runs / "batch256"), "cpu-autocast")
+    parts = {p["part"]: p for p in f.evidence["promise_parts"]}
+    assert sum(p["ms"] for p in parts.values()) == pytest.approx(f.saving_alone_ms, abs=0.01)
+    assert parts["per-op speed-ups"]["up_to"] and "per-op speed-ups up to" in f.message
+    assert 0 < measured <= parts["per-op speed-ups"]["ms"]

@@ -31,7 +31,7 @@ class PromisePart:
 
     def as_evidence(self) -> dict:
         d = asdict(self)
-        d["ms"] = round(self.ms, 3)
+        d["ms"] = round(self.ms, 3) + 0.0  # never "-0"
         d["bound_ms"] = None if self.bound_ms is None else round(self.bound_ms, 3)
         d["up_to"] = self.checked_by is None
         return d
@@ -58,7 +58,7 @@ def settle_parts(evidence: dict, promise_ms: float) -> None:
     # the gains the replay does not give (a step the host holds) are scaled down together
     scale = min(1.0, max(promise_ms - costs, 0.0) / gains) if gains > 0 else 1.0
     for p in modelled:
-        p["ms"] = round(float(p["ms"]) * (scale if float(p["ms"]) > 0 else 1.0), 3)
+        p["ms"] = round(float(p["ms"]) * (scale if float(p["ms"]) > 0 else 1.0), 3) + 0.0  # never "-0"
     rest = [p for p in parts if p.get("rest")]
     left = round(promise_ms - sum(p["ms"] for p in modelled), 3)
     if rest:
