@@ -80,11 +80,14 @@ def parts_text(evidence: dict) -> str:
         shown.append(f"{p['part']} {figure}{bound}")
     if not shown:
         return ""
-    checked = sorted({p["checked_by"] for p in parts_of(evidence) if p.get("checked_by")})
+    sources: dict[str, list[str]] = {}
+    for p in parts_of(evidence):
+        if p.get("checked_by") and abs(float(p.get("ms") or 0.0)) >= MIN_PART_MS:
+            sources.setdefault(p["checked_by"], []).append(p["part"])
     unchecked = [p["part"] for p in parts_of(evidence) if p.get("up_to") and float(p.get("ms") or 0.0) >= MIN_PART_MS]
     said = f"In parts ({'; '.join(shown)})"
     if unchecked:
-        said += f": no measured pair has checked {', '.join(unchecked)}, so {'that is' if len(unchecked) == 1 else 'those are'} an upper figure"
-    if checked:
-        said += f"; checked on {', '.join(checked)}"
+        said += f": no measured pair has checked {', '.join(unchecked)}, so {'that is an upper figure' if len(unchecked) == 1 else 'those are upper figures'}"
+    for source, names in sources.items():
+        said += f"; {', '.join(names)} checked on {source}"
     return said + "."
