@@ -36,12 +36,11 @@ from advisor.load.discover import RunFiles, find_run
 from advisor.load.trace import TraceFrames
 from advisor.metrics.device_records import device_gaps
 from advisor.metrics.one_time import HOST_PACE_RULES, cold_window
-from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_note, profiler_overhead
+from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_caveat, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
 from advisor.rule_selection import selector_list
-from advisor.whatif.replay import Change
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
 if TYPE_CHECKING:
@@ -241,7 +240,11 @@ class Analysis:
         """The slowest rank's replay and its findings with their fixes as graph changes
         (`.change`), as its rules stated them during the analysis (with its rule options)."""
         v = self.view
-        return (v.replay if v.replay is not None else RankReplay(self.primary, self.run_facts())), v.stated
+        replay = v.replay if v.replay is not None else RankReplay(self.primary, self.run_facts())
+        for f in v.stated.values():  # the step each fix leaves at least, as its rule said (RankReplay.leaves)
+            if f.change is not None and isinstance(f.evidence.get("leaves_ms"), (int, float)):
+                replay.leaves(f.change, float(f.evidence["leaves_ms"]), str(f.evidence.get("leaves", "")))
+        return replay, v.stated
 
     def replayed_saving(self, rules: list[str], rule_options: dict[str, dict[str, Any]] | None = None) -> float | None:
         """What the named findings' fixes save per step, replayed together on the slowest rank
@@ -250,7 +253,7 @@ class Analysis:
         changes = [modelled[r].change for r in rules if r in modelled]
         if not changes or not replay.available:
             return None
-        return replay.saving_ms(Change.merge(changes))
+        return replay.saving_ms(replay.merged(changes))
 
     def summary_figures(self) -> Summary:
         """The run's `summary`: the slowest rank's, with the job's step times when several ranks ran."""
@@ -271,8 +274,19 @@ class Analysis:
         return plain(self.summary_figures())
 
     def profiler_overhead(self) -> MeasuredOverhead | None:
-        """The slowest rank's window against its unprofiled steps (facts of `advisor profile --full`)."""
-        return profiler_overhead(typed_facts(self.run_facts()))
+        """The slowest rank's window against its unprofiled steps (facts of `advisor profile --full`).
+        The window's median is the trace's, the one the step time and the replay show: one
+        "window median" per report, whatever the facts file's clock made of the same steps."""
+        return profiler_overhead(typed_facts(self.run_facts()), self._window_median_ms())
+
+    def _window_median_ms(self) -> float | None:
+        d = self.primary.steps["duration"].to_numpy(np.float64) if len(self.primary.steps) else None
+        return float(np.median(d)) / 1e6 if d is not None else None
+
+    def noisy_caveat(self) -> str | None:
+        """The short caveat the verdict carries beside the step figure when the window was timed
+        beside other work (the notes say it at length)."""
+        return noisy_window_caveat(typed_facts(self.run_facts()))
 
     def notes(self) -> list[str]:
         out = list(self.run.notes)
@@ -280,7 +294,7 @@ class Analysis:
             prefix = f"rank {m.rank}: " if len(self.ranks) > 1 else ""
             out += [prefix + n for n in m.notes]
         recorded = typed_facts(self.run_facts())
-        overhead = profiler_overhead(recorded)
+        overhead = self.profiler_overhead()
         # stacks are recorded unless the facts say they were not (older files do not say)
         note = overhead.note(recorded.profiler.with_stack is not False) if overhead else None
         if note:

@@ -22,3 +22,11 @@ def rate(x: float) -> str:
 def step_ms(x: float | None) -> str:
     """A step time in milliseconds, two decimals everywhere (78.60 ms)."""
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.2f} ms"
+
+
+def saved_text(saved_ms: float, baseline_ms: float, digits: int = 0) -> str:
+    """A saving as every command and format prints it: a positive number of ms "saved" and its
+    share of the replayed step it is taken from (`58.63 ms saved, 93%`). A step change (diff,
+    gate) carries its sign instead."""
+    share = f", {100 * saved_ms / baseline_ms:.{digits}f}%" if baseline_ms > 0 else ""
+    return f"{saved_ms:.2f} ms saved{share}"

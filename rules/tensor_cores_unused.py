@@ -109,6 +109,15 @@ The fix is replayed on the run's own step graph (`advisor.whatif`):
    median cost of a copy op (and, in the backward, of a node that passes its gradient on).
    The message says how much of the saving the casts take.
 
+3. **The promise in its parts** (evidence `promise_parts`, and the message): the **casts**
+   (their device time, negative) and their **host cost** (negative), the casts' replayed cost
+   split as this run's own copy ops take it, and the **per-op speed-ups**, what the replay
+   gives beyond the casts' cost (at most the candidate kernels' time less their time at the
+   16-bit rates). They add up to the fix's saving alone. No measured pair confirms the
+   speed-ups (the H100 ViT bf16 pair measured 16.18 ms against 27.27 promised,
+   `benchmarks/results/promise_accuracy.txt`): they read "up to". The fix changes the recipe,
+   so it already ranks behind a speed fix that saves half as much (`RECIPE_MARGIN`).
+
 The rule's first-order estimate (`estimate_ms` in the evidence) is the kernels' arithmetic.
 Where the replay leaves the host on the critical path (a fast GPU, an eager loop), the casts
 and the host's pace bound what autocast gains, and the replayed saving is below it. Without
@@ -121,6 +130,7 @@ from __future__ import annotations
 
 from advisor.whatif import Change
 from advisor.whatif.changes import added_work, scale_device
+from advisor.whatif.parts import PromisePart
 
 import numpy as np
 
@@ -311,6 +321,8 @@ def check(ctx: Context):
             "host_cost_per_cast_us": {"copy_op": round(casts.copy_ns / 1e3, 1), "backward_node": round(casts.node_ns / 1e3, 1)},
             "replayed_cost_ms_per_step": None if cost_ms is None else round(cost_ms, 3),
         }
+        if cost_ms is not None:
+            evidence["promise_parts"] = _parts(k, candidates_mask, kept, casts, cost_ms)
         cost = f"~{cost_ms:.1f} ms/step of" if cost_ms is not None else "the cost of"
         counts = evidence["autocast_casts"]
         where_casts = (
@@ -369,3 +381,24 @@ def _method(family, fp32_mask, tf32_mask, dur, table, target: str) -> str:
     groups.sort(key=lambda g: -g[0])
     where = f"measured on an {table.measured_on}" if "measured" in sources else f"conservative, {table.arch.name}"
     return "; ".join(g[1] for g in groups) + f", {where}"
+
+
+def _parts(k, candidates_mask, kept, casts, cost_ms: float) -> list[dict]:
+    """Autocast's promise in its parts (advisor.whatif.parts): the casts' replayed cost, split
+    between device and host as this run's own copy ops take them, and the per-op speed-ups,
+    which take the rest of the replayed saving. No measured pair confirms the speed-ups (the
+    H100 ViT bf16 pair measured 16.18 ms against 27.27 promised), so they are an "up to"."""
+    dur = k["dur"].to_numpy(np.float64)[candidates_mask]
+    n_steps = casts.n_steps
+    device_ms = float(casts.device_ns().sum()) / n_steps / 1e6
+    host_ms = float(casts.host_ns().sum()) / n_steps / 1e6
+    device_share = device_ms / (device_ms + host_ms) if device_ms + host_ms > 0 else 0.0
+    sped_up_bound = float((dur * (1.0 - np.asarray(kept, dtype=np.float64)[candidates_mask])).sum()) / n_steps / 1e6
+    return [
+        PromisePart("per-op speed-ups", 0.0, sped_up_bound, "the candidate kernels' time less their time at the 16-bit rates",
+                    rest=True).as_evidence(),
+        PromisePart("casts", -cost_ms * device_share, device_ms, "the casts' device time, at this run's copy bandwidth",
+                    "this run's own copy ops").as_evidence(),
+        PromisePart("host cost", -cost_ms * (1.0 - device_share), host_ms, "the casts' host time, at this run's cost of a copy op",
+                    "this run's own copy ops").as_evidence(),
+    ]

@@ -89,6 +89,22 @@ profiler's own cost included, as for every host-side fix. The rule's own estimat
 the timeline. The constants and how far the model matched recorded compiled runs are in
 `benchmarks/results/rule_constants.md` and `benchmarks/results/compiled_host_cost.txt`.
 
+**The promise in its parts.** The finding's evidence (`promise_parts`) and its message give
+each part with its figure and its bound: **fusion** (the chains' other members' kernel time,
+at the share of kernel time on the timeline; at most that kernel time), **launches removed**
+(what the replay saves beyond the device parts: the eager host time that goes, less the
+generated code's; at most the eager host time from the region's first launch to its last),
+**layout** (cuDNN's layout transposes; at most their kernel time) and **norms** (the kept
+cuDNN batch norms at the run's bandwidth; at most their kernel time). They add up to the
+fix's saving alone; where the replay gives less than the device parts, those are scaled down
+together. The H100 ViT compile pair (`../shared/whatif/h100_vit`: 6.33 ms promised, 7.99
+measured) checked fusion and launches; no measured pair has checked layout or norms (a ViT
+has no batch norm and one convolution), so those read "up to". A promise whose "up to" parts
+are at least 5% of it ranks behind a fix whose model measured pairs confirm (a rule page's
+`CONFIRMED_BY`: `dataloader-stall`, `tf32-disabled`, `single-tensor-optimizer`, `host-sync`)
+unless it saves more than twice as much (`advisor.engine.ranking.UNCHECKED_MARGIN`), and its
+line then says why it sits below a smaller figure.
+
 Reference: https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html
 """
 
@@ -99,6 +115,7 @@ import re
 import numpy as np
 
 from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL, compiled, fused
+from advisor.whatif.parts import PromisePart
 from advisor.whatif.replay import Change
 from advisor.whatif.savings import dataloader_spans
 
@@ -125,6 +142,9 @@ FIX = "Compile the model with torch.compile so chains of elementwise ops run as 
 AFTER = """model = torch.compile(model)
 """
 DDP_REDUCER = re.compile(r"^torch\.distributed\.ddp\.reducer::")
+# The measured pair that checked the fusion and launch models (the layout and batch-norm ones
+# have none: a ViT has neither): benchmarks/results/promise_accuracy.txt.
+COMPILE_PAIR = "the H100 ViT compile pair (../shared/whatif/h100_vit)"
 
 
 def _count(x: float) -> str:
@@ -214,11 +234,27 @@ def check(ctx: Context):
     kept_host = host[name_matches(host["name"], OPTIMIZER_SPAN) | name_matches(host["name"], COMM_OP_NAME) | name_matches(host["name"], DDP_REDUCER)]
     dl_s, dl_e = dataloader_spans(ctx.events)
     exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
-    change = Change.merge(
-        [fused(ctx.events, k, fused_away, kept, bn_share),
-         compiled(ctx.events, region.index.to_numpy(), launch_ts_of(m, region.index.to_numpy()), region["step_index"].to_numpy(np.int64),
-                  ~fused_away[~in_optimizer], exclude)]
-    )
+    generated = compiled(ctx.events, region.index.to_numpy(), launch_ts_of(m, region.index.to_numpy()), region["step_index"].to_numpy(np.int64),
+                         ~fused_away[~in_optimizer], exclude)
+    change = Change.merge([fused(ctx.events, k, fused_away, kept, bn_share), generated])
+    evidence["promise_parts"] = _parts(k, fused_away & ~transposes, transposes, kept_dur[np.asarray(bn_share) < 1.0], bn_saved_ns, generated, exposure, n_steps)
     evidence["compiled_kernels_per_step"] = round(float(np.count_nonzero(~fused_away[~in_optimizer])) / n_steps, 1)
     evidence["compiled_host_us_per_kernel"] = round(COMPILED_HOST_NS_PER_KERNEL / 1e3, 1)
     return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, change=change)
+
+
+def _parts(k, chained, transposes, kept_bn_dur, bn_saved_ns: float, generated: Change, exposure: float, n_steps: int) -> list[dict]:
+    """The promise in its parts (advisor.whatif.parts): the device time each model removes, at
+    the share of kernel time on the timeline; the host's part is what the replay adds on top."""
+    dur = k["dur"].to_numpy(np.float64)
+    per_step = lambda ns: float(ns) * exposure / n_steps / 1e6
+    host_ns = sum(float((we - ws).sum()) for ws, we, _ in generated.host_remove)
+    return [
+        PromisePart("fusion", per_step(dur[chained].sum()), per_step(dur[chained].sum()),
+                    "the chains' other members' kernel time", COMPILE_PAIR).as_evidence(),
+        PromisePart("launches removed", 0.0, host_ns / n_steps / 1e6,
+                    "the eager host time from the region's first launch to its last", COMPILE_PAIR, rest=True).as_evidence(),
+        PromisePart("layout", per_step(dur[transposes].sum()), per_step(dur[transposes].sum()),
+                    "cuDNN's layout transposes' kernel time").as_evidence(),
+        PromisePart("norms", per_step(bn_saved_ns), per_step(kept_bn_dur.sum()), "the kept cuDNN batch norms' kernel time").as_evidence(),
+    ]

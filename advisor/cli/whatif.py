@@ -26,7 +26,7 @@ def whatif(
     from advisor.cli import say, stdout_console
     from advisor.config import load_config
     from advisor.engine import all_rules
-    from advisor.whatif.replay import Change
+    from advisor.units import saved_text
 
     cfg = load_config(config)
     analysis = analyze(path, run=run, config=cfg, cache=True)
@@ -63,6 +63,13 @@ def whatif(
             f"Replayed step    {head.baseline_ms:.2f} ms: host time scaled ×{head.host_scale:.2f} (DataLoader ×{replay.loader_scale:.2f}) to match "
             f"the {head.unprofiled_ms:.2f} ms median of the unprofiled steps, so the profiler's own cost is not counted",
         )
+    elif head.unprofiled_ms is None and (noisy := analysis.noisy_caveat()) is not None:
+        say(
+            out,
+            f"Replayed step    {head.baseline_ms:.2f} ms with host time ×{head.host_scale:.2f}: the profiler's own cost is not known on this "
+            f"window ({noisy}; an estimate from its host events cannot tell them apart), and no unprofiled steps were recorded to "
+            "measure it (`advisor profile --full` records them)",
+        )
     elif head.scale_range is not None and head.baseline_range_ms is not None:
         lo, hi = head.baseline_range_ms
         say(
@@ -88,9 +95,9 @@ def whatif(
         together = report.all_fixes_ms
     else:
         alone = {rule: replay.saving_ms(modelled[rule].change) for rule in wanted}
-        together = min(replay.replayed_ms(Change.merge([modelled[rule].change for rule in wanted])), head.baseline_ms)
+        together = min(replay.replayed_ms(replay.merged([modelled[rule].change for rule in wanted])), head.baseline_ms)
     saved = head.baseline_ms - together
-    say(out, f"With the fixes   {together:.2f} ms per step ({saved:+.2f} ms saved, {100 * saved / head.baseline_ms:.0f}% of the step): " + ", ".join(wanted))
+    say(out, f"With the fixes   {together:.2f} ms per step ({saved_text(saved, head.baseline_ms)} of the replayed {head.baseline_ms:.2f} ms): " + ", ".join(wanted))
     for rule in wanted:
         say(out, f"  {rule:<26} alone: {alone[rule]:6.2f} ms/step")
     if apply is None and analysis.considered:

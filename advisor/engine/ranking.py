@@ -6,6 +6,7 @@ from __future__ import annotations
 from advisor.engine.contract import Finding, RankFindings, Rule, find_loaded_rule
 from advisor.engine.critical_path import _own_step_ms, critical_path_of_base, measured_step_ms
 from advisor.metrics.summary import Metrics
+from advisor.whatif.parts import parts_text, settle_parts, unchecked_ms
 from advisor.whatif.savings import RankReplay, RankWhatIf
 
 
@@ -27,9 +28,26 @@ def changes_recipe(f: Finding) -> str | None:
     return getattr(rule.module, "RECIPE", None) if rule is not None else None
 
 
+# A fix whose promise has parts no measured pair has checked ("up to" figures: evidence
+# `promise_parts`) ranks above a fix whose model measured pairs confirm (its rule's
+# CONFIRMED_BY) only where it saves more than this many times as much.
+UNCHECKED_MARGIN = 2.0
+# ... where those parts are at least this share of its saving (a layout part of 0.07 ms in a
+# 6 ms promise the measured parts make is not what decides it).
+UNCHECKED_SHARE = 0.05
+
+
+def confirmed_by(f: Finding) -> str | None:
+    """The measured pairs that confirm a finding's saving model: its rule's CONFIRMED_BY."""
+    rule = find_loaded_rule(f.rule)
+    return getattr(rule.module, "CONFIRMED_BY", None) if rule is not None else None
+
+
 def _pick(trials: list[tuple[float, Finding]], pool: list[Finding]) -> tuple[float, Finding]:
     """The fix to rank next: the one that saves most, unless it changes the recipe and a fix
-    that changes nothing but speed saves at least 1/RECIPE_MARGIN of it."""
+    that changes nothing but speed saves at least 1/RECIPE_MARGIN of it, or its promise has
+    "up to" parts and a fix whose model measured pairs confirm saves at least 1/UNCHECKED_MARGIN
+    of it (the one passed over says so: evidence `ranked_after_measured`)."""
     order = lambda t: (t[0], -pool.index(t[1]))
     gain, best = max(trials, key=order)
     if changes_recipe(best) is not None:
@@ -38,7 +56,39 @@ def _pick(trials: list[tuple[float, Finding]], pool: list[Finding]) -> tuple[flo
             alt = max(speed, key=order)
             if alt[0] * RECIPE_MARGIN >= gain:
                 return alt
+    if confirmed_by(best) is None and unchecked_ms(best.evidence) >= max(UNCHECKED_SHARE * gain, NO_GAIN_MS):
+        measured = [t for t in trials if confirmed_by(t[1]) is not None and t[0] >= NO_GAIN_MS
+                    and (changes_recipe(t[1]) is None or changes_recipe(best) is not None)]
+        if measured:
+            alt = max(measured, key=order)
+            if alt[0] * UNCHECKED_MARGIN >= gain:
+                passed = best.evidence.setdefault("ranked_after_measured", [])
+                if alt[1].rule not in passed:
+                    passed.append(alt[1].rule)
+                return alt
     return gain, best
+
+
+def _in_parts(findings: list[Finding]) -> None:
+    """A bundled fix's parts add up to its saving alone, and its message says each (the ones no
+    measured pair checked as "up to")."""
+    for f in findings:
+        if "promise_parts" not in f.evidence or f.evidence.get("promise_parts_total_ms") is not None:
+            continue
+        alone = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
+        settle_parts(f.evidence, alone or 0.0)
+        if said := parts_text(f.evidence):
+            f.message = f.message.rstrip() + " " + said
+
+
+def _say_what_capped_it(replay: RankReplay, f: Finding) -> None:
+    """Where a bound capped the fix's replayed saving (RankReplay.removable, RankReplay.leaves,
+    RankReplay.gain_ms), the evidence (`capped`) and the message say which, once."""
+    why = replay.capped_by(f.change)
+    if why is None or f.evidence.get("capped") == why:
+        return
+    f.evidence["capped"] = why
+    f.message = f.message.rstrip() + f" The replayed saving is {why}."
 
 
 def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summary: RankWhatIf,
@@ -69,8 +119,11 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
     while pool or (waiting and chosen):
         # the first round is each fix alone: the replays its saving came from (cached)
         candidates = [*pool, *(waiting if chosen else ())]
-        trials = [(step - replay.replayed_ms(replay.merged([*(c.change for c in chosen), f.change]) if chosen else f.change), f) for f in candidates]
+        # each saving on top of the fixes chosen, never past what the fix itself changes (RankReplay.gain_ms)
+        above = replay.merged([c.change for c in chosen]) if chosen else None
+        trials = [(replay.gain_ms(step, replay.merged([*(c.change for c in chosen), f.change]) if chosen else f.change, f.change, above), f) for f in candidates]
         gain, best = _pick(trials, candidates)
+        _say_what_capped_it(replay, best)
         if best in waiting:
             if gain < NO_GAIN_MS:
                 break  # none of them gains on top of the fixes chosen
@@ -107,6 +160,8 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             above = ", ".join(c.rule for c in chosen) or "none"
             best.no_gain = (f"It saves {gain:.2f} ms/step on top of the fixes ranked above it ({above}), under "
                             f"{100 * MIN_RANKED_SHARE:.1f}% of the {measured:.1f} ms step. Alone it saves ~{alone:.2f} ms/step.")
+            if (why := replay.capped_by(best.change, on_top=True)) is not None:
+                best.no_gain += f" On top of them its replayed saving is {why}."
             best.evidence["critical_path"] = best.no_gain
             best.evidence["saving_after_fixes_above_ms"] = round(gain, 3)
             best.saving_ms, best.saving_pct, best.severity = 0.0, 0.0, "low"
@@ -128,6 +183,7 @@ def in_rank_order(replay: RankReplay, base: float, findings: list[Finding], summ
             summary.fixes.remove(f.rule)
             continue
         chosen.append(f)
+    _in_parts(findings)
     if chosen:
         # without symptoms the last round replayed every chosen fix together: `step` is that replay
         together = step if not symptoms else replay.replayed_ms(replay.merged([c.change for c in chosen]))
@@ -189,6 +245,7 @@ def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]
         if f.saving_alone_ms is None:
             # a finding without a replayed fix: its saving alone is its own (0 for a risk with no time cost)
             f.saving_alone_ms = f.saving_ms if f.saving_ms is not None else 0.0
+    _in_parts(findings)
     findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
     return _after_what_they_depend_on(findings)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from advisor.engine.contract import Finding
 from advisor.engine.critical_path import _own_step_ms, critical_path, departs_from_estimate, measured_step_ms
-from advisor.engine.ranking import NO_GAIN_MS, in_rank_order
+from advisor.engine.ranking import NO_GAIN_MS, _say_what_capped_it, in_rank_order
 from advisor.metrics.summary import Metrics
 from advisor.whatif.savings import RankReplay, RankWhatIf, rank_replay
 
@@ -44,7 +44,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
             # A symptom (the device idles) is what its causes' fixes leave: its saving is
             # the replayed step with every other fix minus that step with its change too.
             with_others = replay.replayed_ms(others)
-            saving = max(with_others - replay.replayed_ms(replay.merged([others, f.change])), 0.0)
+            saving = max(replay.gain_ms(with_others, replay.merged([others, f.change]), f.change, others), 0.0)
             f.causes = [c.rule for c in gains]
             f.evidence["estimate_ms"] = round(f.saving_ms, 3)
             if saving <= 0.01 * base:
@@ -61,6 +61,7 @@ def settle_by_replay(m: Metrics, facts: dict[str, Any] | None, findings: list[Fi
         else:
             saving = _not_modelled_saving(m, f, base)
         if f.change is not None and f.rule not in dropped:
+            _say_what_capped_it(replay, f)
             if f.rule in dependent:
                 f.evidence["saving_alone_replayed_ms"] = round(alone[f.rule], 3)
             else:

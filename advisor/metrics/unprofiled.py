@@ -98,12 +98,14 @@ def unprofiled_steps(recorded: FactsFile) -> UnprofiledSteps | None:
     return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:])
 
 
-def profiler_overhead(recorded: FactsFile) -> MeasuredOverhead | None:
-    """Window vs after-window median step times (see unprofiled_steps)."""
+def profiler_overhead(recorded: FactsFile, window_median_ms: float | None = None) -> MeasuredOverhead | None:
+    """Window vs after-window median step times (see unprofiled_steps); `window_median_ms`:
+    the window's median as the trace times it (what the report shows), else the facts file's."""
     after = unprofiled_steps(recorded)
     if after is None:
         return None
-    return MeasuredOverhead(float(np.median(after.window_ms)), float(np.median(after.step_ms)), len(after.step_ms))
+    window = window_median_ms if window_median_ms is not None and window_median_ms > 0 else float(np.median(after.window_ms))
+    return MeasuredOverhead(window, float(np.median(after.step_ms)), len(after.step_ms))
 
 
 # Cores other processes kept busy, on average over the window, from which it is called noisy.
@@ -132,3 +134,14 @@ def noisy_window_note(recorded: FactsFile) -> str | None:
         f"the window was timed beside other work: other processes kept {other:.1f}{of} busy while it was recorded, so its "
         "step and op times include waits for a core (noisy); profile again on an idle machine to measure this run's own times"
     )
+
+
+def noisy_window_caveat(recorded: FactsFile) -> str | None:
+    """The noisy window's caveat in a few words, for the verdict beside the step figure it
+    qualifies (`noisy_window_note` says it at length)."""
+    other = window_other_cores(recorded)
+    if other is None or other < NOISY_OTHER_CORES:
+        return None
+    cores = recorded.cpu_count
+    of = f" of {cores}" if cores is not None else ""
+    return f"noisy window: other processes kept {other:.1f}{of} cores busy, so these times include waits for a core"

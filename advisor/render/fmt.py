@@ -18,7 +18,7 @@ from advisor.analysis import Analysis
 from advisor.engine.critical_path import departs_from_estimate
 from advisor.sizes import format_bytes
 from advisor.terminal_text import BIDI_CONTROLS, multi_line, one_line, valid_unicode
-from advisor.units import rate  # noqa: F401  (one rounding of throughput for every renderer)
+from advisor.units import rate, saved_text  # noqa: F401  (one rounding of throughput, one way to say a saving, for every renderer)
 
 NS_PER_MS = 1e6
 
@@ -140,3 +140,24 @@ def saving_note(f: Any) -> str:
     if f.saving_ms is not None and departs_from_estimate(estimate, alone if alone is not None else f.saving_ms):
         notes.append(f"rule's estimate {estimate:.2f}")
     return f" ({'; '.join(notes)})" if notes else ""
+
+
+def order_note(findings: list[Any], i: int) -> str:
+    """Why the i-th finding (0-based) sits below findings whose ranked figure is smaller: the
+    list is sorted by that figure except where a saving is measured on top of fixes it needs
+    (evidence `depends_on`) or an "up to" promise was passed over for a measured fix of like
+    size (evidence `ranked_after_measured`, advisor.engine.ranking); "" where it is in order."""
+    f = findings[i]
+    if f.saving_ms is None:
+        return ""
+    smaller = [g for g in findings[:i] if g.saving_ms is not None and g.saving_ms < f.saving_ms - 0.005]
+    if not smaller:
+        return ""
+    below = ", ".join(g.rule for g in smaller)
+    measured = [g.rule for g in smaller if g.rule in (f.evidence.get("ranked_after_measured") or ())]
+    if measured:
+        return (f"listed below {', '.join(measured)}: a fix that measured pairs confirm goes before an \"up to\" promise "
+                "of like size (within 2×); it saves this on top of the fixes above it")
+    if any(isinstance(d, str) for d in f.evidence.get("depends_on") or ()):
+        return f"listed below {below}: it saves this only with the fixes above it in"
+    return f"listed below {below}: it saves this on top of the fixes above it"

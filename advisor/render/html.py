@@ -28,7 +28,7 @@ from advisor.metrics.breakdown import CATEGORIES, sorted_text_codes
 from advisor.metrics.summary import Metrics, device_idle
 from advisor.render import svg
 from advisor.render.demangle import demangle
-from advisor.render.fmt import esc, finding_rank, fmt_bytes, ms, pct, rate, saving_note, short_value, throughput
+from advisor.render.fmt import esc, finding_rank, fmt_bytes, ms, order_note, pct, rate, saved_text, saving_note, short_value, throughput
 from advisor.whatif.timeline import StepTimeline
 
 TOP_KERNELS = 40
@@ -167,9 +167,11 @@ def _verdict(a: Analysis) -> str:
     bd = s["breakdown_ms"]
     total = sum(bd.values()) or 1.0
     top = max(CATEGORIES, key=lambda c: bd.get(c, 0.0))
+    noisy = a.noisy_caveat()
+    noisy_html = f'; <span class="noisy">{esc(noisy)}</span>' if noisy else ""
     answer = (
-        f"<b>{st['mean']:.2f} ms per step</b> (mean of {s['steps']}), bound by <b>{esc(BOUND_BY.get(top, top))}</b>: "
-        f"{bd[top]:.2f} ms of it ({pct(bd[top] / total)})."
+        f"<b>{st['mean']:.2f} ms per step</b> (mean of {s['steps']}{noisy_html}), "
+        f"bound by <b>{esc(BOUND_BY.get(top, top))}</b>: {bd[top]:.2f} ms of it ({pct(bd[top] / total)})."
     )
     projected = s.get("projected")
     if projected is not None and projected["step_time_ms"]["mean"] is not None:
@@ -179,11 +181,12 @@ def _verdict(a: Analysis) -> str:
         )
     replayed = a.headline()
     if replayed is not None and replayed.all_fixes_ms is not None and replayed.fixes:
+        # the replay against the replay: the same statistic on both sides (never the mean step above)
         saved = replayed.all_fixes_saving_ms or 0.0
         n = len(replayed.fixes)
         answer += (
-            f" With the {n} replayed fix{'es' if n != 1 else ''} together: <b>{replayed.all_fixes_ms:.2f} ms</b> per step "
-            f"(from {replayed.baseline_ms:.2f} ms replayed, {pct(saved / replayed.baseline_ms)} less)."
+            f" The replayed {esc(replayed.statistic)} step is {replayed.baseline_ms:.2f} ms. With the {n} replayed fix{'es' if n != 1 else ''} "
+            f"together: <b>{replayed.all_fixes_ms:.2f} ms</b> ({esc(saved_text(saved, replayed.baseline_ms, 1))})."
         )
     out = ['<section class="verdict" id="verdict">', f'<p class="answer">{answer}</p>']
     fixes = [(i, f) for i, f in enumerate(a.findings, 1) if f.saving_ms][:TOP_FIXES]
@@ -220,7 +223,7 @@ def _docs_urls() -> dict[str, str]:
         return {}
 
 
-def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "") -> str:
+def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "", order: str = "") -> str:
     saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms/step{saving_note(f)}"
     share = f" <small>({pct(f.saving_pct)})</small>" if f.saving_pct is not None else ""
     parts = [
@@ -228,7 +231,9 @@ def finding_card(i: int, f: Finding, docs: dict[str, str], where: str = "") -> s
         f'<header><span class="rank">#{i}</span><span class="rule"><code>{esc(f.rule)}</code></span><span>{esc(f.title)}</span>'
         f'<span class="badge sev-{esc(f.severity)}">{esc(f.severity)}</span><span class="badge">confidence {esc(f.confidence)}</span>'
         + (f'<span class="badge">{esc(where)}</span>' if where else "")
-        + f'<span class="saving">{esc(saving)}{share}</span></header>',
+        + f'<span class="saving">{esc(saving)}{share}</span>'
+        + (f'<span class="order">{esc(order)}</span>' if order else "")
+        + "</header>",
         f'<p class="msg">{esc(f.message)}</p>',
     ]
     if f.causes:
@@ -260,7 +265,7 @@ def _findings(a: Analysis) -> str:
         out.append(_considered(a))
         return "".join(out)
     docs = _docs_urls()
-    out.append('<div class="cards">' + "".join(finding_card(i, f, docs, finding_rank(a, f)) for i, f in enumerate(a.findings, 1)) + "</div>")
+    out.append('<div class="cards">' + "".join(finding_card(i, f, docs, finding_rank(a, f), order_note(a.findings, i - 1)) for i, f in enumerate(a.findings, 1)) + "</div>")
     out.append(_considered(a))
     return "".join(out)
 

@@ -19,7 +19,9 @@ from advisor.render.fmt import (
     fmt_bytes,
     md,
     md_code_block,
+    order_note,
     pct,
+    saved_text,
     rate,
     saving_note,
     short_value,
@@ -35,14 +37,18 @@ def _headline(a: Analysis) -> list[str]:
     s = a.summary()
     st = s["step_time_ms"]
     m = a.primary
-    step = f"{st['mean']:.2f} ms/step (mean)" if st["mean"] is not None else "no steps"
     replayed = a.headline()
+    noisy = a.noisy_caveat()
+    step = f"{st['mean']:.2f} ms/step (mean)" if st["mean"] is not None else "no steps"
+    if noisy and st["mean"] is not None:
+        step = f"{st['mean']:.2f} ms/step (mean; {md(noisy)})"
     could = ""
     if a.findings and replayed is not None and replayed.all_fixes_ms is not None:
+        # the replay against the replay: the same statistic on both sides (never the mean step)
         saved = replayed.all_fixes_saving_ms or 0.0
         could = (
-            f" — {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}; with the fixes replayed together "
-            f"{replayed.all_fixes_ms:.2f} ms/step ({pct(saved / replayed.baseline_ms, 0)} less)"
+            f" — {len(a.findings)} finding{'s' if len(a.findings) != 1 else ''}; the replayed {replayed.statistic} step "
+            f"{replayed.baseline_ms:.2f} ms, with the fixes replayed together {replayed.all_fixes_ms:.2f} ms ({saved_text(saved, replayed.baseline_ms)})"
         )
     out = [f"### advisor: {md(a.run.name)} — {step}{could}", ""]
     facts = []
@@ -90,6 +96,8 @@ def _findings(a: Analysis, verbose: bool, details: bool = True) -> list[str]:
     for i, f in enumerate(a.findings, 1):
         saving = "risk" if f.saving_ms is None else f"{f.saving_ms:.2f} ms ({pct(f.saving_pct)}){saving_note(f)}"
         where = finding_rank(a, f)
+        order = order_note(a.findings, i - 1)
+        saving += f" ({md(order)})" if order else ""
         out.append(f"| {i} | {md(f.rule)}{' (' + md(where) + ')' if where else ''} | {saving} | {md(f.message)} |")
     out.append("")
     out += _considered(a)

@@ -22,7 +22,7 @@ from advisor.metrics.kernels import top_kernels
 from advisor.metrics.summary import device_idle
 from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
-from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, pct, ranks_line, rate, saving_note, short_value, step_time_text, throughput
+from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, order_note, pct, ranks_line, rate, saving_note, short_value, step_time_text, throughput
 from advisor.terminal_text import multi_line, one_line
 
 COLOURS = {
@@ -94,14 +94,15 @@ def _overview(a: Analysis, console: Console) -> Group:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))
     if len(a.ranks) > 1:
         head.add_row("Ranks", Text(ranks_line(a)))
+    noisy = a.noisy_caveat()
     if st["mean"] is not None:
-        head.add_row("Step time", Text(step_time_text(st, s["steps"])))
+        head.add_row("Step time", Text(step_time_text(st, s["steps"]) + (f"; {noisy}" if noisy else "")))
     projected = s.get("projected")
     if projected is not None and projected["step_time_ms"]["mean"] is not None:
         head.add_row("Projected", Text(projection_text(projected)))
     replayed = a.headline()
     if replayed is not None:
-        head.add_row("Replayed step", Text(replayed.headline(projected=projected is not None)))
+        head.add_row("Replayed step", Text(replayed.headline(projected=projected is not None, noisy=noisy is not None)))
     tp = throughput(a)
     if tp:
         bs = batch_size(a)
@@ -234,6 +235,7 @@ def _findings(a: Analysis, verbose: bool, plain: bool = False) -> list:
                 (saving, "bold"),
                 (f"  {f.severity}", SEVERITY_STYLE.get(f.severity, "")),
                 (f"  {where}" if (where := finding_rank(a, f)) else "", "bold"),
+                (f"  ({order})" if (order := order_note(a.findings, i - 1)) else "", "italic"),
             )
         )
         out.append(Padding(Text(one_line(f.message)), (0, 0, 0, 4), expand=False))

@@ -20,8 +20,10 @@ import numpy as np
 from advisor.facts import typed_facts
 from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
 from advisor.metrics.intervals import merge
+from advisor.metrics.one_time import cold_window
 from advisor.metrics.unprofiled import unprofiled_steps
-from advisor.whatif.graph import MARK_END, MARK_START, StepGraph, build_graph
+from advisor.units import saved_text
+from advisor.whatif.graph import CALL, MARK_END, MARK_START, StepGraph, build_graph
 from advisor.whatif.replay import Change, calibrate, replay_graph, replay_nodes
 
 
@@ -58,10 +60,12 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
     def all_fixes_saving_ms(self) -> float | None:
         return None if self.all_fixes_ms is None else max(self.baseline_ms - self.all_fixes_ms, 0.0)
 
-    def headline(self, projected: bool = False) -> str:
+    def headline(self, projected: bool = False, noisy: bool = False) -> str:
         """One line for the reports: measured step, replayed step, the step with every fix
-        replayed. `projected`: the replay's steps are the window's without one-time work
-        (metrics.summary.ProjectedWindow), and the line says so rather than "measured"."""
+        replayed (its saving from the replayed step, the same statistic). `projected`: the
+        replay's steps are the window's without one-time work (metrics.summary.ProjectedWindow),
+        and the line says so rather than "measured". `noisy`: the window was timed beside other
+        work, where no estimate from the host events is the profiler's cost."""
         measured = "without one-time work (a projection)" if projected else "measured"
         out = f"{measured} {self.measured_ms:.2f} ms (window median)"
         if self.statistic == "mean":
@@ -73,6 +77,12 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
                 out += f", {self.untimed_host_ms:.2f} ms of it host time the trace does not show (replayed after each step's longest wait on the device)"
             if self.remainder_ms > 0.005:
                 out += f", {self.remainder_ms:.2f} ms of which neither the host nor the device explains"
+        elif self.unprofiled_ms is None and noisy:
+            out += (
+                f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f}: the profiler's own cost is not known on this "
+                "noisy window (an estimate from its host events cannot tell it from the waits for a core), and no unprofiled steps "
+                "were recorded to measure it (`advisor profile --full` records them)"
+            )
         elif self.unprofiled_ms is None and self.scale_range is not None and self.baseline_range_ms is not None:
             lo, hi = self.baseline_range_ms
             out += (
@@ -87,7 +97,7 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
             n = len(self.fixes)
             out += (
                 f"; with the {n} replayed fix{'es' if n != 1 else ''} together: {self.all_fixes_ms:.2f} ms "
-                f"(−{saved:.2f} ms, {100 * saved / self.baseline_ms:.0f}%)"
+                f"({saved_text(saved, self.baseline_ms)} of the replayed {self.baseline_ms:.2f} ms)"
             )
         return out
 
@@ -151,6 +161,13 @@ class RankReplay:
         self._cut: dict[int, tuple[Change, Change]] = {}
         self._merged: dict[tuple[int, ...], tuple[list[Change], Change]] = {}
         self.scale_range: list[float] | None = None  # host scales at the profiler cost estimate's high and low end
+        # id(change) -> (change, ms, what): the step a fix leaves at least (see `leaves`)
+        self._leaves: dict[int, tuple[Change, float, str]] = {}
+        # id(change) -> (change, why): the bound that capped a change's replayed saving
+        self._capped: dict[int, tuple[Change, str]] = {}
+        self._gain_capped: dict[int, tuple[Change, str]] = {}  # the same, on top of the fixes above it
+        self._removable: dict[tuple[int, int], tuple[Change, Change | None, tuple[float, list[tuple[str, float]]]]] = {}
+        self._nodes: dict[int, tuple[Change | None, tuple]] = {}  # id(fixes above) -> their replay's nodes
 
     @property
     def available(self) -> bool:
@@ -169,6 +186,7 @@ class RankReplay:
         out.metrics = without_frames(self.metrics)
         out._replayed = {}  # the rules' replays are settled: not carried
         out._cut, out._merged = {}, {}
+        out._leaves, out._capped, out._gain_capped, out._removable, out._nodes = dict(self._leaves), {}, {}, {}, {}
         out._detached = True
         return out
 
@@ -344,6 +362,10 @@ class RankReplay:
         else:
             out = Change.merge([self.in_block(c) for c in changes])
         self._merged[key] = (list(changes), out)
+        floors = [self._leaves[id(c)] for c in changes if id(c) in self._leaves and self._leaves[id(c)][0] is c]
+        if floors:  # the fixes together leave at least what the one that leaves most does
+            _, ms, what = max(floors, key=lambda t: t[1])
+            self._leaves[id(out)] = (out, ms, what)
         if self._rows is not None:
             self._cut[id(out)] = (out, out)  # already cut
         return out
@@ -354,9 +376,195 @@ class RankReplay:
         seen = self._replayed.get(id(change))
         if seen is not None and seen[0] is change:
             return seen[1]
-        out = self._replayed_ms(change)
+        out = self._bounded(change, self._replayed_ms(change))
         self._replayed[id(change)] = (change, out)
         return out
+
+    # --- the bounds every replayed saving keeps (one place: every saving, alone, together
+    # or on top of other fixes, is the baseline minus `replayed_ms`) ---------------------------
+
+    def loader_scale_of_base(self) -> float:
+        """The DataLoader's scale in the baseline (its unprofiled wait against the window's),
+        once the baseline is calibrated."""
+        _ = self.base
+        return self.loader_scale
+
+    def leaves(self, change: Change, ms: float, what: str) -> None:
+        """Say that the step with `change` is never below `ms` (replayed units, per step): the
+        work the fix leaves on the step's path (`what`: loading L ms with n workers, L/n)."""
+        if ms > 0:
+            self._leaves[id(change)] = (change, float(ms), what)
+
+    def capped_by(self, change: Change, on_top: bool = False) -> str | None:
+        """Which bound capped the change's replayed saving (last on top of other fixes, else
+        alone; `on_top`: only on top of them), in words; None where none did."""
+        for capped in (self._gain_capped,) if on_top else (self._gain_capped, self._capped):
+            seen = capped.get(id(change))
+            if seen is not None and seen[0] is change:
+                return seen[1]
+        return None
+
+    def _bounded(self, change: Change, replayed: float) -> float:
+        """The replayed step with `change`, never shorter than the baseline less what the change
+        removes (`removable`), nor than the work it leaves (`leaves`); the bound that capped it
+        is kept for the finding's message (`capped_by`)."""
+        if self._is_base(change) or len(self.graph.step_ids) == 0:
+            return replayed
+        base = self.baseline_ms
+        removed, parts = self.removable(change)
+        least = base - removed
+        why = None
+        if replayed < least - BOUND_SLACK_MS:
+            said = ", ".join(f"{what} {ms:.2f}" for what, ms in parts if ms >= 0.005) or "nothing in the window"
+            why = (f"capped at the {removed:.2f} ms per step of what the fix changes in the window ({said} ms): "
+                   f"the replay gave {base - replayed:.2f} ms")
+            replayed = least
+        floor = self._leaves.get(id(change))
+        if floor is not None and floor[0] is change and replayed < floor[1] - BOUND_SLACK_MS:
+            why = (f"capped at the step the fix leaves: {floor[2]} ({floor[1]:.2f} ms per step); the replay gave a "
+                   f"{replayed:.2f} ms step")
+            replayed = floor[1]
+        if why is not None:
+            self._capped[id(change)] = (change, why)
+        return replayed
+
+    def _waits_on(self, on: Change | None, before_window: np.ndarray) -> np.ndarray:
+        """Per host node, how long it waits on the window's device work in the replay of the
+        baseline with `on` (the fixes ranked above; None: the baseline alone), in ns: from when
+        its own cost is done, or the device work queued before the window (`before_window`, a
+        mask of device ops) is, whichever is later, to its end."""
+        key = id(on)
+        seen = self._nodes.get(key)
+        if seen is None or seen[0] is not on:
+            seen = (on, replay_nodes(self.graph, self.base if on is None else self.with_base(on)))
+            self._nodes[key] = seen
+        start, end, _, d_end = seen[1]
+        g = self.graph
+        ready = start + g.h_base * self.base.host_scale * (1.0 if on is None else on.host_scale)
+        if before_window.any():
+            ready = np.maximum(ready, float(np.max(d_end[before_window])))
+        waits = np.clip(end - ready, 0, None)
+        return np.where(np.diff(g.wait_ptr) > 0, waits, 0.0)
+
+    def gain_ms(self, before_ms: float, together: Change, change: Change, above: Change | None = None) -> float:
+        """What `change` saves on top of a step of `before_ms` (the replay of `above`, the fixes
+        ranked above it): that step less the replay of `together` (those fixes and this one),
+        never past what the change itself removes there (`removable`, its waits as long as the
+        replay with `above` holds them); the bound that capped it is kept for its message."""
+        gain = before_ms - self.replayed_ms(together)
+        removed, parts = self.removable(change, above)
+        if gain > removed + BOUND_SLACK_MS:
+            said = ", ".join(f"{what} {ms:.2f}" for what, ms in parts if ms >= 0.005) or "nothing in the window"
+            self._gain_capped[id(change)] = (change, f"capped at the {removed:.2f} ms per step of what the fix changes in the window ({said} ms): "
+                                                     f"the replay gave {gain:.2f} ms on top of the fixes above it")
+            return removed
+        self._gain_capped.pop(id(change), None)
+        return gain
+
+    def _is_base(self, change: Change) -> bool:
+        return change is self._base
+
+    def removable(self, change: Change, above: Change | None = None) -> tuple[float, list[tuple[str, float]]]:
+        """The most `change` can take off the replayed step (ms), and its parts: the device work
+        it removes or shortens, the launch gaps it closes, the host calls and host time it takes
+        off, the waits it removes on work the window launched, and its share of the host time
+        the trace does not show. Each is counted in the step of the window it falls in; the
+        bound is their mean over the replayed steps where the replay prices the mean step, and
+        the largest step's where it prices the median. Never time outside the window: device
+        work queued before the first step (a wait on it is no wait a fix of the step removes),
+        nor, in a window whose every step holds one-time work, the host's first-call time; never
+        work the trace does not show beyond the unexplained time the calibration placed. A
+        larger batch (`per_sample`) spreads at most the whole step over its samples. `above`:
+        the fixes ranked above it, on whose replay its waits are measured (None: the baseline)."""
+        key = (id(change), id(above))
+        seen = self._removable.get(key)
+        if seen is not None and seen[0] is change and seen[1] is above:
+            return seen[2]
+        out = self._removable_of(change, above)
+        self._removable[key] = (change, above, out)
+        return out
+
+    def _removable_of(self, change: Change, above: Change | None) -> tuple[float, list[tuple[str, float]]]:
+        g = self.graph
+        n = len(g.step_ids)
+        names = ("device work", "launch gaps", "host time", "waits on the window's device work", "host time the trace does not show")
+        if n == 0:
+            return 0.0, [(name, 0.0) for name in names]
+        per = np.zeros((len(names), n))  # ns removed, per part and step
+        block = self.in_block(change)
+        starts = g.step_host_start.astype(np.int64)
+        lo, hi = int(min(starts.min(), g.step_start.min())), int(g.step_end.max())
+        in_window = (g.h_ts >= lo) & (g.h_ts <= hi)
+
+        def step_of(ts: np.ndarray) -> np.ndarray:
+            return np.clip(np.searchsorted(starts, ts, side="right") - 1, 0, n - 1)
+
+        # device ops the window launched: by a step, or by a call inside the window (never
+        # work in flight when it opened, nor work queued before its first step)
+        launched_in = (g.h_kind[g.d_launch] == CALL) & in_window[g.d_launch] if len(g.h_ts) else np.zeros(len(g.d_dur), dtype=bool)
+        in_steps = ((g.d_step >= 0) | launched_in) & ~g.d_before_first_step
+        op_step = np.where(g.d_step >= 0, g.d_step, step_of(g.h_ts[g.d_launch]) if len(g.h_ts) else 0)
+        pos = _positions(g.device_row)
+        if block.device_scale:
+            at = pos(np.fromiter(block.device_scale.keys(), np.int64, len(block.device_scale)))
+            f = np.fromiter(block.device_scale.values(), np.float64, len(block.device_scale))
+            ok = (at >= 0) & (f < 1.0)
+            ok[ok] = in_steps[at[ok]]
+            np.add.at(per[0], op_step[at[ok]], (1.0 - np.clip(f[ok], 0.0, 1.0)) * g.d_dur[at[ok]])
+        if block.device_scale_all < 1.0:
+            np.add.at(per[0], op_step[in_steps], (1.0 - max(block.device_scale_all, 0.0)) * g.d_dur[in_steps])
+        if block.tight_launch:
+            at = pos(np.fromiter(block.tight_launch, np.int64, len(block.tight_launch)))
+            at = at[at >= 0]
+            at = at[in_steps[at]]
+            np.add.at(per[1], op_step[at], np.clip(g.d_gap[at], 0, None) + np.clip(g.d_delay[at] - g.d_latency[at], 0, None))
+        cold = cold_window(self.metrics)
+        node = _positions(g.runtime_row)
+        node_step = step_of(g.h_ts)
+        unwait_nodes = np.zeros(len(g.h_ts), dtype=bool)
+        if block.unwait:
+            at = node(np.fromiter(block.unwait, np.int64, len(block.unwait)))
+            at = at[at >= 0]
+            at = at[in_window[at]]
+            unwait_nodes[at] = True
+            # a wait counts only on device work the window launched: in the baseline's replay
+            # (a faster host, calibrated, reaches the same wait earlier), the part of the wait
+            # after the device work queued before the window is done
+            waits = self._waits_on(above, ~in_steps)
+            np.add.at(per[3], node_step[at], waits[at])
+        if block.call_scale:
+            at = node(np.fromiter(block.call_scale.keys(), np.int64, len(block.call_scale)))
+            f = np.fromiter(block.call_scale.values(), np.float64, len(block.call_scale))
+            ok = (at >= 0) & (f < 1.0)
+            ok[ok] = in_window[at[ok]]
+            at, f = at[ok], f[ok]
+            own = np.where(unwait_nodes[at], g.h_base[at], g.h_dur[at])
+            np.add.at(per[2], node_step[at], (1.0 - np.clip(f, 0.0, 1.0)) * np.clip(own, 0, None))
+        # host windows: a share of them removed (host_remove), or kept at a factor (host_own)
+        ends = np.append(starts[1:], hi)
+        shares = [(s_, e_, frac) for s_, e_, frac in block.host_remove] + [(s_, e_, 1.0 - f_) for s_, e_, f_ in block.host_own]
+        for s_, e_, share in shares:
+            if share <= 0:
+                continue
+            s_, e_ = np.asarray(s_, dtype=np.int64), np.asarray(e_, dtype=np.int64)
+            for k in range(n):
+                per[2, k] += min(share, 1.0) * float(np.clip(np.minimum(e_, ends[k]) - np.maximum(s_, starts[k]), 0, None).sum())
+        if block.host_scale < 1.0:
+            host_ns = np.clip(g.h_gap, 0, None) + np.clip(g.h_dur, 0, None)
+            np.add.at(per[2], node_step[in_window], (1.0 - max(block.host_scale, 0.0)) * host_ns[in_window])
+        if cold:  # first-call host time: not a step's to give back
+            per[2:4] = 0.0
+        else:
+            per[4] += min(max(block.remainder_share, 0.0), 1.0) * (self.remainder_ms + self.step_host_ms) * 1e6
+        step = int(np.argmax(per.sum(axis=0)))
+        taken = per.mean(axis=1) if self.statistic == "mean" else per[:, step]
+        parts = [(name, float(ns) / 1e6) for name, ns in zip(names, taken, strict=True)]
+        total = sum(ms for _, ms in parts)
+        if block.per_sample > 1.0:
+            spread = self.baseline_ms * (1.0 - 1.0 / block.per_sample)
+            parts.append(("the step spread over a larger batch", spread))
+            total += spread
+        return total, parts
 
     def _replayed_ms(self, change: Change) -> float:
         remainder = self.remainder_ms * (1.0 - min(max(change.remainder_share, 0.0), 1.0))
@@ -409,6 +617,25 @@ class RankReplay:
             self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled,
             all_fixes_ms=None, scale_range=scales, baseline_range_ms=ranged, fixes=[], savings={}, statistic=self.statistic,
         )
+
+
+# Replayed savings may pass their bound by this much (ms per step) before they are capped:
+# rounding in the replay, not a promise.
+BOUND_SLACK_MS = 0.01
+
+
+def _positions(rows: np.ndarray):
+    """A lookup from frame rows to their positions in `rows` (-1 where absent)."""
+    order = np.argsort(rows, kind="stable")
+    sorted_rows = rows[order]
+
+    def at(wanted: np.ndarray) -> np.ndarray:
+        if len(sorted_rows) == 0:
+            return np.full(len(wanted), -1, dtype=np.int64)
+        i = np.clip(np.searchsorted(sorted_rows, wanted), 0, len(sorted_rows) - 1)
+        return np.where(sorted_rows[i] == wanted, order[i], -1).astype(np.int64)
+
+    return at
 
 
 def replayed_block(steps) -> slice:
