@@ -74,6 +74,7 @@ from advisor.metrics.host_device import per_step
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import communication_kernels
+from advisor.metrics.kernels import read_kernel_names
 from advisor.metrics.intervals import intersect, merge, subtract
 
 ID = "communication-exposed"
@@ -168,7 +169,8 @@ def check(ctx: Context):
     kernels = dev[comm & tl.in_steps(ts)]
     names = kernels["name"].astype(str)
     kinds = names.str.extract(r"ncclKernel_([A-Za-z]+)|nccl[A-Za-z]*?(AllReduce|ReduceScatter|AllGather|Broadcast|SendRecv|AllToAll)", expand=True)
-    kind = kinds[0].fillna(kinds[1]).fillna("other")
+    by_taxonomy = read_kernel_names(kernels["name"])["kind"].str.replace("communication:", "", regex=False)
+    kind = kinds[0].fillna(kinds[1]).fillna(by_taxonomy.where(by_taxonomy.ne("other"))).fillna("other")
     p2p_share = float(kernels.loc[names.str.contains(POINT_TO_POINT).to_numpy(), "dur"].sum() / max(kernels["dur"].sum(), 1))
     world = ctx.recorded.world_size or ctx.events.distributed.get("world_size")
     evidence = {
