@@ -170,6 +170,15 @@ def summarise(scores: list[TraceScore]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _display(path: str) -> str:
+    """A trace's path from the data set's or the repository's folder on (shared/traces/..., sample_runs/...)."""
+    for marker in ("/shared/traces/", "/sample_runs/", "/tests/data/"):
+        at = path.find(marker)
+        if at >= 0:
+            return path[at + 1:]
+    return path
+
+
 def main(argv: list[str]) -> int:
     roots = [Path(a) for a in argv] or [r for r in (SHARED, *OWN) if r.exists()]
     truth = read_truth()
@@ -184,7 +193,7 @@ def main(argv: list[str]) -> int:
             scores.append(s)
     print(f"{'trace':<70} {'generation':<10} {'family':>7} {'prec':>7} {'unit':>7} {'all':>7} {'matrix':>7} {'comm':>7}  unlabelled")
     for s in scores:
-        short = str(s.path).replace(str(REPO.parent) + "/", "")[-70:]
+        short = _display(s.path)[-70:]
         print(f"{short:<70} {s.generation:<10} " + " ".join(f"{100 * s.right[c]:6.1f}%" for c in SCORES) + f"  {s.unlabelled}")
     print()
     for key, row in summarise(scores).items():
