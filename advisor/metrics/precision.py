@@ -1,9 +1,12 @@
 """In which precision each matrix kernel ran, whether it ran on Tensor Cores, and how much
 faster it would run in another precision.
 
-A kernel's name alone misleads: cuBLAS's fp32 GEMMs on Ampere and Hopper are called
-`sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...` and run on the FMA units, and cuDNN's
-bf16 attention kernel is called `..._wgmma_f16_...`. So the classifier reads, in this order:
+The kernel name decides first, read by the kernel taxonomy (metrics.kernel_taxonomy: library,
+family, precision and matrix-unit use by naming convention; cuBLAS's
+`sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...` is fp32 on the FMA units whatever its `xmma`).
+Where the taxonomy leaves the precision or unit open (cuDNN's bf16 attention kernel is called
+`..._wgmma_f16_...`; an Inductor GEMM template names no type), and for names no taxonomy row
+reads, the classifier reads, in this order:
 
 1. the launching op's input dtypes (`Input type` in traces recorded with
    `record_shapes=True`: `float`, `c10::BFloat16`, `c10::Half`, `c10::Float8_*`...) and,
@@ -300,6 +303,8 @@ _TAXONOMY_PRECISION = {"fp64": "fp64", "fp32": "fp32-fma", "tf32": "tf32", "fp16
                        "fp8_e5m2": "fp8", "mxfp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4", "int8": "int8", "mixed": "mixed"}
 _TAXONOMY_FAMILY = {"gemm": "gemm", "grouped_gemm": "gemm", "conv": "conv", "attention": "attention"}
 _TAXONOMY_UNIT = {"yes": "tensor", "no": "fma", "unknown": "matrix"}
+# The op input dtype (op_dtype) a precision runs from: an fp32 op runs fp32 FMA or TF32 kernels.
+_OP_DTYPE_OF = {"fp32-fma": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "fp64": "fp64"}
 
 
 @lru_cache(maxsize=65536)
@@ -328,7 +333,9 @@ def classify_kernel(name: str, op: str | None, input_types: str | None, capabili
         on_tensor = reading.matrix_unit == "yes"
     if capability is not None and capability < 7.0:
         on_tensor = False
-    return (by_op or family, precision, on_tensor, FROM_NAME)
+    # The op's input types, where recorded and saying the same, back the name's reading.
+    agrees = dtype is not None and _OP_DTYPE_OF.get(precision) == dtype
+    return (by_op or family, precision, on_tensor, FROM_OP if agrees else FROM_NAME)
 
 
 def _resolve(reading: NameReading, by_op: str, dtype: str | None, capability: float | None, switches: Tf32Switches) -> tuple[str, str, bool, str]:
@@ -592,7 +599,9 @@ def precision_page() -> str:
     return (
         "## How the precision is decided\n"
         "Every GEMM, convolution, attention and RNN kernel gets a precision (`fp32-fma`, `tf32`, `bf16`, "
-        "`fp16`, `fp8`, `int8`, `fp64`, `unknown`) and whether it ran on Tensor Cores, from, in this order:\n"
+        "`fp16`, `fp8`, `fp4`, `int8`, `fp64`, `mixed`, `unknown`) and whether it ran on Tensor Cores. The kernel name "
+        "decides first where its library's naming convention spells the types and the unit (the kernel taxonomy: "
+        "`advisor report --kernels` shows each kernel's reading); where it does not, from, in this order:\n"
         "1. the launching op's input dtypes (`Input type`, recorded with `record_shapes=True`: `float`, "
         "`c10::BFloat16`, `c10::Half`, `c10::Float8_*`); a 16-bit or 8-bit op runs in that precision; an fp32 op "
         "whose kernel name does not say which unit ran it follows the run's TF32 switch for its family "
