@@ -200,3 +200,17 @@ def test_the_name_decides_before_the_op_and_the_switches():
     assert classify_kernel("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x64x128_MI16x16x1_SN", None, None, None, Tf32Switches())[1:3] == ("bf16", True)
     # A Triton GEMM template: the op's dtype and the device decide, the name saying nothing.
     assert classify_kernel("triton_tem_fused_mm_2", "aten::mm", bf16_op, 9.0, Tf32Switches())[1:3] == ("bf16", True)
+
+
+def test_the_report_summary_counts_the_grouped_and_fp8_gemms_on_tensor_cores(cli):
+    ref, syncless = shared_trace(REF), shared_trace(SYNCLESS)
+    # From the raw events: the grouped GEMM alone is 20.9% of ref's kernel time; the two
+    # block-scaled MX-FP8 GEMMs are 11.5% of syncless's (7.6% + 3.9%).
+    grouped = _shares(ref, ("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm10",))
+    mxfp8 = _shares(syncless, ("kernel_cutlass_kernel_torchaoprototypemoe", "_ZN12cutlass_mslk13device_kernel"))
+    assert 0.11 < mxfp8 < 0.12
+    code, out, _ = cli(["report", "-f", "json", str(ref)])
+    assert code == 0 and json.loads(out)["summary"]["tensor_core_kernel_share"] >= grouped
+    code, out, _ = cli(["report", "-f", "json", str(syncless)])
+    summary = json.loads(out)["summary"]
+    assert code == 0 and summary["tensor_core_kernel_share"] >= mxfp8 and summary["kernel_time_by_precision_ms"]["fp8"] > 0
