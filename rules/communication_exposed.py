@@ -2,7 +2,8 @@
 
 ## What it detects
 Collective kernels (NCCL/RCCL/Gloo: all-reduce, reduce-scatter, all-gather, broadcast,
-send/recv) inside the steps that run while no compute kernel runs: the device does nothing
+send/recv; and every communication kernel the kernel taxonomy reads: expert-parallel
+all-to-all in Triton or DeepEP, NVSHMEM, symmetric-memory and custom all-reduce) inside the steps that run while no compute kernel runs: the device does nothing
 but communicate. It fires when that exposed time, less what cannot be hidden, is at least
 `min_share` of the step (5% by default).
 
