@@ -178,6 +178,7 @@ def test_report_kernels_shows_them(cli, tmp_path):
         ("Cijk_Ailk_Bljk_SSS_BH_MT64x64x8_SN_1LDSB0_GRVW4", "gemm", "fp32", "no"),
         ("void cudnn::cnn::wgrad_alg0_engine_NHWC<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int, float*)", "conv", "fp32", "no"),
         ("volta_gcgemm_64x64_nt", "conv", "fp32", "no"),
+        ("volta_cgemm_32x32_tn", "conv", "fp32", "no"),
         ("void fft1d_r2c_32<float, float, float2, true, false>(float2*, float const*, int, int)", "conv", "fp32", "no"),
         ("triton_tem_fused_mm_3", "gemm", "unknown", "unknown"),
         ("volta_h884gemm_64x64_ldg8_nn", "gemm", "fp16", "yes"),
