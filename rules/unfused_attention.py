@@ -15,8 +15,8 @@ Instinct in fp16/bf16/fp32, the flash CPU kernel in fp32/bf16 on a run without a
 where the estimated saving is at least `min_share` (2%) of the step.
 
 Options: `min_share` (float, 0.02): the least saving, as a share of the step, worth a finding;
-`fused_peak_share` (float, 0.35): the share of the device's peak for the products' precision
-that a fused kernel is modelled to reach.
+`fused_peak_share` (float, 0.25): the share of the device's peak for the products' precision
+that a fused kernel is modelled to reach at best.
 
 ## Why it is slow
 Unfused attention writes the L×S score matrix to memory, reads it back for the softmax, writes
@@ -52,10 +52,14 @@ Where SDPA itself falls back to math, the common causes are fp64 inputs, an expl
 ## How the saving is estimated
 Up to the time of the unfused attention's kernels (on a CPU: its calls' time) minus a fused
 kernel's modelled time: the calls' FLOPs at `fused_peak_share` of the device's peak for the
-products' precision (fp32 peak for memory-efficient attention in fp32), bounded by the time it
-replaces. On a device the table does not know, and on a CPU, the fused kernel is modelled at the
-rate the run's own products reached (its time is then theirs: the softmax, the scaling and the
-score matrix's traffic go). Only the forward calls are counted: the backward of unfused
+products' precision (fp32 peak for memory-efficient attention in fp32), never less than the time
+the run's own two products took (a fused kernel does their FLOPs, and the GEMM library's kernels
+run them at least as fast: what goes is the softmax, the scaling, masking and dropout and the
+score matrix's traffic), and never more than the time it replaces. On a device the table does
+not know, and on a CPU, the fused kernel takes the products' time. Real fused kernels reach well
+under the datasheet peak: the MI300X's flash kernel ran at 20% of its bf16 peak on 32k-token
+sequences (`mi300x_sdpa_rocprofiler_sdk`) and at 3–8% on ViT and chat shapes
+(`mi300x_falconsai_vit_infer`, `mi300x_qwen15_05b_chat_infer`), hence the default of 25% as a best case. Only the forward calls are counted: the backward of unfused
 attention runs unfused too and gains as well. The fix is replayed as the calls' kernels scaled
 to the modelled time (on a CPU, the calls' host time shortened by the same share).
 
@@ -79,9 +83,9 @@ from advisor.whatif.changes import scale_device
 ID = "unfused-attention"
 TITLE = "Attention runs unfused where a fused kernel exists"
 GROUP = "compute"
-TESTED_ON = ("cpu",)  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
+TESTED_ON = ("amd", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html"
-DEFAULTS = {"min_share": 0.02, "fused_peak_share": 0.35}
+DEFAULTS = {"min_share": 0.02, "fused_peak_share": 0.25}
 FIX = "Call torch.nn.functional.scaled_dot_product_attention(q, k, v) and let it pick a fused kernel."
 AFTER = """out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
 """
@@ -154,8 +158,10 @@ def check(ctx: Context):
     flops = calls.groupby("dtype")["flops"].sum()
     peaks = {d: ceiling.peak_tflops(d) if ceiling else None for d in flops.index}
     if all(p for p in peaks.values()):
-        fused_ns = float(sum(f / (opts["fused_peak_share"] * peaks[d] * 1e3) for d, f in flops.items()))
-        model = f"{opts['fused_peak_share']:.0%} of the {ceiling.name}'s peak"
+        at_peak_ns = float(sum(f / (opts["fused_peak_share"] * peaks[d] * 1e3) for d, f in flops.items()))
+        fused_ns = max(at_peak_ns, products_ns)
+        model = (f"{opts['fused_peak_share']:.0%} of the {ceiling.name}'s peak" if at_peak_ns >= products_ns
+                 else "the rate this run's own products reached (faster than the modelled fused rate)")
     else:
         fused_ns = products_ns
         model = "the rate this run's own products reached"

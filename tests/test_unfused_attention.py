@@ -12,6 +12,7 @@ import json
 
 import pytest
 from conftest import REPO, shared_trace
+from trace_edit import by_name, load_events, rename_events, trace_path, write_trace
 
 from advisor.analysis import analyze
 from advisor.engine import builtin_rules
@@ -68,9 +69,25 @@ def test_sdpa_on_the_cpu_runs_its_fused_kernel_and_the_rule_stays_silent():
     assert RULE not in _all_findings(RUNS / "sdpa")
 
 
-def test_fused_sdpa_on_an_amd_gpu_stays_silent():
-    # aten::scaled_dot_product_attention -> _scaled_dot_product_flash_attention on an MI300X
-    assert RULE not in _all_findings(shared_trace("corpus/mi300x_sdpa_rocprofiler_sdk.json.gz"))
+def test_sdpa_on_an_mi300x_silent_when_fused_and_priced_from_the_device_table_when_it_falls_back(tmp_path):
+    # mi300x_sdpa_rocprofiler_sdk: 10 calls of SDPA on bf16 q, k, v [1, 32, 32768, 128], each
+    # running _scaled_dot_product_flash_attention (Triton's attn_fwd kernel): fused, silent.
+    rel = "corpus/mi300x_sdpa_rocprofiler_sdk.json.gz"
+    assert RULE not in _all_findings(shared_trace(rel))
+    # The same trace with that op renamed to the math fallback (its kernels unchanged), as if
+    # SDPA had fallen back: one window, no ProfilerStep, so per step is per window.
+    doc = load_events(trace_path(rel))
+    assert rename_events(doc, by_name("aten::_scaled_dot_product_flash_attention"), "aten::_scaled_dot_product_attention_math") == 10
+    kernel_us = sum(e["dur"] for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["name"] == "attn_fwd.kd")
+    f = _all_findings(write_trace(doc, tmp_path / "math.pt.trace.json"))[RULE]
+    ev = f.evidence
+    flops = 10 * 2 * 32 * 32768 * 32768 * (128 + 128)  # 2·B·H·L·S·(D + Dv), ten calls
+    fused_ms = flops / (0.25 * 1307.4e12) * 1e3  # 25% of the MI300X datasheet's 1,307.4 dense bf16 TFLOP/s
+    assert ev["paths"] == {"SDPA's math fallback": 10.0} and ev["fused_kernel"] == "flash attention"
+    assert ev["unfused_ms_per_step"] == pytest.approx(kernel_us / 1e3, rel=1e-4)
+    assert ev["fused_modelled_ms_per_step"] == pytest.approx(fused_ms, rel=1e-4)
+    assert ev["estimate_ms"] == pytest.approx(kernel_us / 1e3 - fused_ms, rel=1e-3)
+    assert "fell back to math" in f.message
 
 
 def test_a_fused_kernel_is_claimed_only_for_the_devices_and_dtypes_that_have_one():
