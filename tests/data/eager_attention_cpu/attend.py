@@ -3,10 +3,11 @@
 Two blocks of single-layer multi-head self-attention (width 128, 4 heads, sequence 256,
 batch 4) and a linear head, fp32, AdamW, random inputs (the same every run). By default the
 attention is the eager `softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v`; `--sdpa` calls
-`torch.nn.functional.scaled_dot_product_attention` instead (its fused CPU kernel). Recorded with
+`torch.nn.functional.scaled_dot_product_attention` instead (its fused CPU kernel). Recorded
+from this folder with
 
-    advisor profile --full --out runs/eager tests/data/eager_attention_cpu/attend.py -- --threads 1
-    advisor profile --full --out runs/sdpa tests/data/eager_attention_cpu/attend.py -- --threads 1 --sdpa
+    advisor profile --full --out runs/eager attend.py -- --threads 1
+    advisor profile --full --out runs/sdpa attend.py -- --threads 1 --sdpa
 
     --steps N     training steps (default 40)
     --threads N   torch.set_num_threads(N) (default: PyTorch's own choice)
