@@ -90,6 +90,45 @@ class OpsReport(_Out):
     notes: list[str]
 
 
+# --- advisor/kernels/v1 (`advisor report --kernels --format json`) -------------------------------
+Family = Literal[
+    "gemm", "grouped_gemm", "conv", "attention", "elementwise", "reduction", "norm", "softmax", "copy", "optimizer", "embedding", "sort",
+    "communication:all_reduce", "communication:all_gather", "communication:reduce_scatter", "communication:all_to_all",
+    "communication:send_recv", "communication:other", "other",
+]
+NamePrecision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4", "nvfp4", "int8", "mixed", "unknown"]
+Unit = Literal["yes", "no", "unknown"]
+
+
+class KernelRow(_Out):
+    """One distinct kernel name of the slowest rank: what its name says (advisor.metrics.kernel_taxonomy),
+    the precision and Tensor Core use the rules read, and its time."""
+
+    name: str
+    library: str
+    family: Family
+    precision: NamePrecision
+    matrix_unit: Unit
+    precision_used: Optional[str]
+    tensor_core: bool
+    matrix_units: Unit
+    calls: int
+    total_ms: float
+    share: float
+    convention: Optional[str]
+
+
+class KernelsReport(_Out):
+    """`advisor report --kernels --format json`."""
+
+    schema: Literal["advisor/kernels/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    rank: int
+    kernels: list[KernelRow]
+
+
 # --- advisor/baseline/v1 --------------------------------------------------------------------
 class BaselineMetrics(_Out):
     steps: int
@@ -253,7 +292,7 @@ class GateResult(_Out):
     settings: GateSettings
 
 
-SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport}
+SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport, "kernels": KernelsReport}
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -231,11 +231,11 @@ def main() -> int:
         both_here = 0
         for e, (types, m), t in zip(events, mine, theirs, strict=True):
             name = e["name"]
+            triton = name.startswith("triton_")
+            triton_zero += triton and isinstance(t, list) and t[1] == 0
             if m is None:
                 if isinstance(t, list):
-                    triton = name.startswith("triton_")
                     only_tl["Triton kernels (triton_*)" if triton else name] += 1
-                    triton_zero += triton and t[1] == 0
                 continue
             if t is None:
                 only_us[name] += 1

@@ -2,7 +2,8 @@
 
 ## What it detects
 Collective kernels (NCCL/RCCL/Gloo: all-reduce, reduce-scatter, all-gather, broadcast,
-send/recv) inside the steps that run while no compute kernel runs: the device does nothing
+send/recv; and every communication kernel the kernel taxonomy reads: expert-parallel
+all-to-all in Triton or DeepEP, NVSHMEM, symmetric-memory and custom all-reduce) inside the steps that run while no compute kernel runs: the device does nothing
 but communicate. It fires when that exposed time, less what cannot be hidden, is at least
 `min_share` of the step (5% by default).
 
@@ -74,6 +75,7 @@ from advisor.metrics.host_device import per_step
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import communication_kernels
+from advisor.metrics.kernels import read_kernel_names
 from advisor.metrics.intervals import intersect, merge, subtract
 
 ID = "communication-exposed"
@@ -168,7 +170,8 @@ def check(ctx: Context):
     kernels = dev[comm & tl.in_steps(ts)]
     names = kernels["name"].astype(str)
     kinds = names.str.extract(r"ncclKernel_([A-Za-z]+)|nccl[A-Za-z]*?(AllReduce|ReduceScatter|AllGather|Broadcast|SendRecv|AllToAll)", expand=True)
-    kind = kinds[0].fillna(kinds[1]).fillna("other")
+    by_taxonomy = read_kernel_names(kernels["name"])["kind"].str.replace("communication:", "", regex=False)
+    kind = kinds[0].fillna(kinds[1]).fillna(by_taxonomy.where(by_taxonomy.ne("other"))).fillna("other")
     p2p_share = float(kernels.loc[names.str.contains(POINT_TO_POINT).to_numpy(), "dur"].sum() / max(kernels["dur"].sum(), 1))
     world = ctx.recorded.world_size or ctx.events.distributed.get("world_size")
     evidence = {

@@ -307,3 +307,38 @@ def test_a_norm_without_dim_reduces_everything():
     for types, dims, conc in _events(shared_trace("a100_two_ranks/rank-0.json.gz"), "aten::linalg_norm"):
         c = _cost("aten::linalg_norm", types, dims, conc)
         assert c.flops == prod(dims[0]) and c.bytes == (prod(dims[0]) + 1) * BYTES[types[0]]
+
+
+def test_inductor_gemm_templates_are_the_product_their_output_joins():
+    # Real launches of torch.compile's GEMM templates (SAM's mask generator on an A100): the
+    # operands as Inductor passes them (an input [.., K] with its leading dims flattened, a weight
+    # [N, K] or [K, N], [batch.., K, N] for bmm) and the output of M·N elements per batch.
+    sam = "traces/corpus/a100_sam_amg_compile_cudagraph.json.gz"
+    expected = {
+        "triton_tem_fused_mm_2": (2048, 128, 2, 1),  # [1024, 2, 2] @ [2, 128] -> [2048, 128]
+        "triton_tem_fused_bmm_12": (8, 4096, 16, 8192),  # [1024, 8, 8, 16] @ [1024, 8, 16, 4096] -> [8192, 8, 4096]
+        "triton_tem_fused_relu_31": (1024, 4, 256, 1),  # [1024, 256] @ [4, 256]ᵀ -> [1024, 4], relu fused
+    }
+    for name, (m, n, k, batch) in expected.items():
+        ((types, dims, conc),) = _events(sam, name)[:1]
+        cost = op_cost(name, tuple(types), dims, conc)
+        assert cost is not None and cost.kind == "gemm", name
+        assert (cost.m, cost.n, cost.k, cost.batch) == (m, n, k, batch), name
+        assert cost.flops == 2 * batch * m * n * k, name
+
+
+def test_inductor_pointwise_kernels_move_their_tensors_once_and_gathers_get_no_cost():
+    # ResNet-18 compiled (bf16 autocast, batch 512, the sample's final run): its launches' tensors.
+    run = REPO / "sample_runs" / "resnet18_cifar" / "runs" / "gpu_walk_final"
+    name = "triton_poi_fused__native_batch_norm_legit_functional_relu_5"
+    ((types, dims, conc),) = _events(run, name)[:1]
+    cost = op_cost(name, tuple(types), dims, conc)
+    act = 512 * 64 * 112 * 112
+    # x and the output in bf16, mean and invstd [1, 64, 1, 1] and weight and bias [64] in fp32
+    assert cost.kind == "elementwise" and cost.bytes == 2 * act * 2 + 4 * 64 * 4
+    assert cost.flops == 2 * act  # `norm` and `relu`: one FLOP per element each (a lower bound)
+    # max-pool's backward gathers each input's windows from the output gradient and indices:
+    # the tensors' sizes are not its bytes, so no cost rather than a wrong one
+    name = "triton_poi_fused_add_max_pool2d_with_indices_max_pool2d_with_indices_backward_36"
+    ((types, dims, conc),) = _events(run, name)[:1]
+    assert op_cost(name, tuple(types), dims, conc) is None

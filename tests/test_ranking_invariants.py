@@ -211,6 +211,8 @@ def test_a_recipe_change_says_it_changes_what_is_trained_or_served(name):
                 assert "changes what is trained" in f.message, f.message
         elif f.rule == "tensor-cores-unused":
             assert "changes the numerics" in f.message, f.message
+        elif f.rule == "fp8-gemm":
+            assert "change to the numerics" in f.message and f.evidence["changes_numerics"] is True, f.message
 
 
 def test_v100_without_workers_ranks_the_loader_then_autocast_once_it_is_exposed():

@@ -41,6 +41,9 @@ ELSEWHERE = [
     ("small-gemm", "nvidia", "tests/test_roofline.py", "test_small_gemm_and_slow_memory_bound_findings_on_the_h100_recording", "tests/data/shared/kernels/h100/bf16.pt.trace.json.gz"),
     ("memory-bound-slow", "nvidia", "tests/test_roofline.py", "test_small_gemm_and_slow_memory_bound_findings_on_the_h100_recording", "tests/data/shared/kernels/h100/bf16.pt.trace.json.gz"),
     ("cpu-tensor-then-copy", "amd", "tests/test_rules_transfer.py", "test_cpu_tensor_then_copy_fires_on_randn_then_to", "traces/misc/amd_mi250_minitoy.json.gz"),
+    ("unfused-attention", "cpu", "tests/test_unfused_attention.py", "test_eager_softmax_qkv_on_the_cpu_is_named_and_priced_from_its_own_ops", "tests/data/eager_attention_cpu/runs/eager"),
+    ("fp8-gemm", "nvidia", "tests/test_fp8_gemm.py", "test_bf16_grouped_gemms_on_a_b200_get_an_fp8_option_priced_at_the_fp8_rate", "traces/corpus/b200_ep_moe_ref_fwd.json.gz"),
+    ("unfused-attention", "amd", "tests/test_unfused_attention.py", "test_sdpa_on_an_mi300x_silent_when_fused_and_priced_from_the_device_table_when_it_falls_back", "traces/corpus/mi300x_sdpa_rocprofiler_sdk.json.gz"),
     ("empty-cache", "nvidia", "tests/test_rules_transfer.py", "test_empty_cache_and_churn_silent_without_step_markers", "traces/misc/a100_alexnet.json.gz"),
 ]
 

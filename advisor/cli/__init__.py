@@ -167,6 +167,26 @@ def emit_ops(analysis, fmt: Format, output: Optional[Path]) -> None:
         write_output(trim_lines(console.export_text()), output, inputs)
 
 
+def emit_kernels(analysis, fmt: Format, output: Optional[Path]) -> None:
+    """`report --kernels`: the kernels as the advisor read them, in text, JSON or Markdown."""
+    from advisor.render import kernels as kernels_render
+
+    inputs = run_input_files(analysis)
+    if fmt is Format.json:
+        write_output(kernels_render.to_kernels_json(analysis), output, inputs)
+    elif fmt is Format.markdown:
+        write_output(kernels_render.to_kernels_markdown(analysis), output, inputs)
+    elif output is None:
+        kernels_render.render_kernels_text(analysis, stdout_console())
+    else:
+        from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
+        from advisor.terminal_text import inert_console
+
+        console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
+        kernels_render.render_kernels_text(analysis, console)
+        write_output(trim_lines(console.export_text()), output, inputs)
+
+
 def analyze_with_progress(path: Path, **kwargs):
     """analyze() with a progress bar on stderr when there is more than one rank to analyse."""
     from advisor.analysis import analyze
@@ -197,6 +217,7 @@ def report(
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; also ADVISOR_SCHEDULER, never from a config merely found; needs torch-advisor[cluster])."),
     ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it)."),
+    kernels: bool = typer.Option(False, "--kernels", help="List the kernels by total time as the advisor read them: library, family, precision, matrix units, share (text, json, markdown)."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
     from contextlib import nullcontext
@@ -224,7 +245,7 @@ def report(
         engine = nullcontext(None)
     # A report to stdout rendered before for this run and these options is written as it was
     # (advisor.cli.warm); one made now is kept in its analysis entry for the next time.
-    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard and not ops
+    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard and not ops and not kernels
     if warm:
         from advisor.cli.warm import keep, recording, serve, stored_report
 
@@ -243,7 +264,9 @@ def report(
             emit_report(analysis, format, output, verbose)
         keep(analysis, path, run, format.value, verbose, written[0])
         return
-    if ops and format is not Format.html:
+    if kernels and format is not Format.html:
+        emit_kernels(analysis, format, output)
+    elif ops and format is not Format.html:
         emit_ops(analysis, format, output)
     else:
         emit_report(analysis, format, output, verbose)

@@ -246,8 +246,17 @@ def combine_findings(rules: list[Rule], ranks: list[tuple[Metrics, RankFindings]
             # a finding without a replayed fix: its saving alone is its own (0 for a risk with no time cost)
             f.saving_alone_ms = f.saving_ms if f.saving_ms is not None else 0.0
     _in_parts(findings)
-    findings.sort(key=lambda f: (f.saving_ms is None, -(f.saving_ms or 0), f.rule))
+    findings.sort(key=lambda f: (f.saving_ms is None, -listed_saving(f), f.rule))
     return _after_what_they_depend_on(findings)
+
+
+def listed_saving(f: Finding) -> float:
+    """The saving a finding is listed by: a fix that changes what is trained (its rule's RECIPE)
+    counts 1/RECIPE_MARGIN of its saving, so it is listed above a fix that changes nothing but
+    speed only where it saves more than RECIPE_MARGIN times as much, whichever of the two the
+    greedy replay took first (a symptom's saving, what the fixes leave, is taken after them)."""
+    saving = f.saving_ms or 0.0
+    return saving / RECIPE_MARGIN if saving > 0 and changes_recipe(f) is not None else saving
 
 
 def _after_what_they_depend_on(findings: list[Finding]) -> list[Finding]:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.intervals import covers_bounds, merge, sorted_unique
+from advisor.metrics.kernel_taxonomy import is_communication
 
 CATEGORIES = ["kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other"]
 
@@ -152,10 +153,12 @@ def host_roles(frames: TraceFrames) -> np.ndarray:
 
 
 def communication_kernels(frames: TraceFrames) -> np.ndarray:
-    """Mask over device rows: kernels that are collectives (by name, or launched by a collective op)."""
+    """Mask over device rows: kernels that are collectives or point-to-point transfers (by name:
+    NCCL/RCCL/Gloo, or any communication the kernel taxonomy reads, DeepEP, NVSHMEM, symmetric
+    memory, custom all-reduce, all-to-all kernels; or launched by a collective op)."""
     dev = frames.device
     is_kernel = (dev["kind"] == "kernel").to_numpy()
-    by_name = name_matches(dev["name"], COMM_KERNEL_NAME)
+    by_name = name_matches(dev["name"], COMM_KERNEL_NAME) | per_name(dev["name"], "is_communication", is_communication, dtype=bool, missing=False)
     host = frames.host
     comm_ids = host.loc[name_matches(host["name"], COMM_OP_NAME), "external_id"]
     comm_ids = comm_ids[comm_ids >= 0].unique()

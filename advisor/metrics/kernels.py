@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import text_of
+from advisor.metrics.breakdown import per_name, text_of
 from advisor.metrics.hierarchy import op_tree
+from advisor.metrics.kernel_taxonomy import UNREAD, read_kernel
 from advisor.metrics.precision import Tf32Switches, capability_from_kernels, classify_kernels
 
 # Ops whose work can run on Tensor Cores (forward and backward; old and new names).
@@ -111,10 +112,26 @@ def _launching_ops_by_time(frames: TraceFrames, rt: pd.DataFrame) -> pd.DataFram
     )
 
 
+def read_kernel_names(names: pd.Series) -> pd.DataFrame:
+    """What each name of a column of kernel names says (metrics.kernel_taxonomy): `library`,
+    `kind` (its family), `name_precision`, `matrix_unit`; each distinct name read once."""
+    readings = per_name(names, "kernel_taxonomy", read_kernel, missing=UNREAD)
+    return pd.DataFrame(
+        {
+            "library": np.array([r.library for r in readings], dtype=object),
+            "kind": np.array([r.family for r in readings], dtype=object),
+            "name_precision": np.array([r.precision for r in readings], dtype=object),
+            "matrix_unit": np.array([r.matrix_unit for r in readings], dtype=object),
+        },
+        index=names.index,
+    )
+
+
 def kernel_table(frames: TraceFrames, capability: float | None = None, switches: Tf32Switches | None = None) -> pd.DataFrame:
     """Kernels only, each with its launching op (`op`, `op_input_types`), its `family`,
-    `precision` and `tensor_core` (ran on Tensor Cores, see metrics.precision), and whether
-    it is Tensor-Core-eligible work. `attrs["compute_capability"]` keeps the capability used."""
+    `precision` and `tensor_core` (ran on Tensor Cores, see metrics.precision), what its name
+    alone says (`library`, `kind`, `name_precision`, `matrix_unit`: metrics.kernel_taxonomy),
+    and whether it is Tensor-Core-eligible work. `attrs["compute_capability"]` keeps the capability used."""
     dev = frames.device
     mask = (dev["kind"] == "kernel").to_numpy()
     k = dev.loc[mask, ["name", "ts", "end", "dur", "device", "stream", "external_id", "occupancy", "blocks_per_sm"]].copy()
@@ -124,6 +141,7 @@ def kernel_table(frames: TraceFrames, capability: float | None = None, switches:
     if capability is None:
         capability = capability_from_kernels(k["name"]) if len(k) else None
     k[["family", "precision", "tensor_core", "precision_source"]] = classify_kernels(k, capability, switches)
+    k[["library", "kind", "name_precision", "matrix_unit"]] = read_kernel_names(k["name"])
     k["fp32_gemm"] = (k["precision"] == "fp32-fma").to_numpy()
     # Matrix work is eligible whatever launched it (compiled regions hide the op).
     codes, ops = pd.factorize(k["op"].astype(object).fillna("").to_numpy())  # matched once per distinct op
@@ -276,4 +294,5 @@ __all__ = [
     "fp32_gemm_share",
     "launching_ops",
     "launching_op_table",
+    "read_kernel_names",
 ]

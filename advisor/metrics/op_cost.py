@@ -1,7 +1,8 @@
 """What one op costs: FLOPs and bytes from its shapes, dtypes and scalar arguments.
 
 For every op with a cost model (GEMMs, convolutions forward and backward, attention, the
-norms, softmax, common elementwise ops and reductions, the optimizers' multi-tensor ops),
+norms, softmax, common elementwise ops and reductions, the optimizers' multi-tensor ops,
+Inductor's compiled Triton kernels),
 from its input shapes, dtypes and scalar arguments (`record_shapes=True`): the FLOPs it does
 and the bytes it must move at least (each input read once, each output written once).
 `advisor.metrics.roofline` sets these against the time the op's kernels took and the
@@ -677,6 +678,82 @@ def _cost_optimizer(op: str, types: tuple, dims) -> Cost | None:
     return None
 
 
+# --- compiled (Inductor) Triton kernels ----------------------------------------------------------
+# Inductor names a kernel after its class and the ATen ops it fused: `triton_poi_fused_add_relu_3`
+# (pointwise), `triton_per_…`/`triton_red_…` (persistent and looped reductions), `triton_tem_fused_mm_0`
+# (a GEMM template). Its launch (`record_shapes=True`, PyTorch 2.4+) records the shapes of the
+# tensors passed to it: its inputs and outputs, each read or written once by a pointwise or
+# reduction kernel.
+TRITON_KERNEL = re.compile(r"^triton_(poi|per|red|tem)_(?:fused_)?(.*?)(?:_\d+)?$")
+# The name's words that are arithmetic (one FLOP per element each); views, copies and layout
+# changes (view, clone, transpose, permute, expand, cat, ...) are none.
+# Fused ops whose generated code reads its tensors more than once or in part (a pooling
+# backward gathers each input's windows, an index or scatter reads where its indices point):
+# the tensors' sizes are not their bytes, so such a kernel gets no cost rather than a wrong one.
+TRITON_REREADS = re.compile(r"pool\d?d(?:_with_indices)?_backward|index|gather|scatter|embedding|upsample|grid_sampler|col2im|im2col|unfold|sort|topk")
+TRITON_ARITHMETIC = {
+    "add", "sub", "mul", "div", "neg", "exp", "exp2", "log", "log1p", "sqrt", "rsqrt", "pow", "abs", "reciprocal", "relu", "gelu", "silu",
+    "sigmoid", "tanh", "softmax", "sum", "mean", "amax", "amin", "max", "min", "var", "norm", "where", "maximum", "minimum", "clamp",
+    "lerp", "addcmul", "addcdiv", "erf", "sin", "cos", "bernoulli", "dropout", "threshold", "hardtanh", "leaky", "sign", "mse", "nll",
+}
+
+
+def _template_gemm(shapes: list[list[int]]) -> tuple[int, int, int, int] | None:
+    """(M, N, K, batch) of a GEMM template's launch: an operand A [..., K] (its leading dims
+    flattened), an operand B [K, N] (or a weight [N, K]; [batch, K, N] for bmm) and an output of
+    batch·M·N elements whose last dim is N, among the tensors passed to it."""
+    matrices = [i for i, d in enumerate(shapes) if len(d) >= 2]
+    for i in matrices:
+        a = shapes[i]
+        for j in matrices:
+            b = shapes[j]
+            if i == j:
+                continue
+            for k, n in ((b[-2], b[-1]), *(((b[-1], b[-2]),) if len(b) == 2 else ())):
+                if a[-1] != k or k <= 0 or n <= 0:
+                    continue
+                rows = _prod(a) // k
+                batch = _prod(b) // (k * n) if len(b) > 2 else 1
+                if batch <= 0 or rows % batch:
+                    continue
+                m = rows // batch
+                if any(h not in (i, j) and c[-1] == n and _prod(c) == batch * m * n for h, c in enumerate(shapes) if c):
+                    return m, n, k, batch
+    return None
+
+
+def _cost_triton(op: str, types: tuple, dims) -> Cost | None:
+    """A compiled Triton kernel from its launch's tensors and its name. Pointwise and reduction
+    kernels: each tensor passed read or written once (a buffer updated in place is counted once:
+    a lower bound), one FLOP per element of the largest tensor per arithmetic op the name lists;
+    none for a kernel that fuses a gather (TRITON_REREADS).
+    GEMM templates (not convolution or flex-attention ones): the M×N×K of the two operands the
+    output's shape joins."""
+    found = TRITON_KERNEL.match(op)
+    if not found:
+        return None
+    cls, fused = found.group(1), found.group(2).split("_")
+    tensors = [(d, t) for d, t in zip(dims, types, strict=False) if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and BPE.get(t) and t != "Scalar"]
+    if not tensors:
+        return None
+    dtype = max(tensors, key=lambda dt: _prod(dt[0]))[1]
+    if cls == "tem":
+        if "convolution" in fused or "flex" in fused:
+            return None  # a convolution or flex-attention template: not a GEMM
+        found_gemm = _template_gemm([d for d, _ in tensors])
+        if found_gemm is None:
+            return None
+        m, n, k, batch = found_gemm
+        return _gemm(m, n, k, "addmm" in fused or "baddbmm" in fused, BPE[dtype], dtype, batch=batch)
+    if TRITON_REREADS.search(found.group(2)):
+        return None
+    elements = max(_prod(d) for d, _ in tensors)
+    arithmetic = max(sum(1 for w in fused if w in TRITON_ARITHMETIC), 1)
+    moved = float(sum(_prod(d) * BPE[t] for d, t in tensors))
+    kind = "elementwise" if cls == "poi" else "reduce"
+    return Cost(kind, float(elements * arithmetic), moved, dtype, " ".join(_fmt(d) for d, _ in tensors[:4]))
+
+
 def op_cost(op: str, types: tuple, dims, concrete, known_convs: dict | None = None) -> Cost | None:
     """The FLOPs and bytes of one call of `op` with these input types, shapes (`Input Dims`)
     and scalar arguments (`Concrete Inputs`, or None); None where there is no model for it or
@@ -692,6 +769,11 @@ def op_cost(op: str, types: tuple, dims, concrete, known_convs: dict | None = No
                 return _cost_gated_silu(types, dims)
             return _cost_gemm("linear", types, dims) if op in LINEAR_LIKE else _cost_library_norm(op, types, dims)
         except (TypeError, ValueError, IndexError, OverflowError, ZeroDivisionError):
+            return None
+    if op.startswith("triton_"):
+        try:
+            return _cost_triton(op, types, dims)
+        except (TypeError, ValueError, IndexError, OverflowError):
             return None
     if not op.startswith("aten::"):
         return None

@@ -1,9 +1,12 @@
 """In which precision each matrix kernel ran, whether it ran on Tensor Cores, and how much
 faster it would run in another precision.
 
-A kernel's name alone misleads: cuBLAS's fp32 GEMMs on Ampere and Hopper are called
-`sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...` and run on the FMA units, and cuDNN's
-bf16 attention kernel is called `..._wgmma_f16_...`. So the classifier reads, in this order:
+The kernel name decides first, read by the kernel taxonomy (metrics.kernel_taxonomy: library,
+family, precision and matrix-unit use by naming convention; cuBLAS's
+`sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...` is fp32 on the FMA units whatever its `xmma`).
+Where the taxonomy leaves the precision or unit open (cuDNN's bf16 attention kernel is called
+`..._wgmma_f16_...`; an Inductor GEMM template names no type), and for names no taxonomy row
+reads, the classifier reads, in this order:
 
 1. the launching op's input dtypes (`Input type` in traces recorded with
    `record_shapes=True`: `float`, `c10::BFloat16`, `c10::Half`, `c10::Float8_*`...) and,
@@ -38,15 +41,16 @@ import pandas as pd
 
 from advisor.facts import FactsFile
 from advisor.metrics.breakdown import row_groups, text_of, text_or_empty
+from advisor.metrics.kernel_taxonomy import MATRIX_FAMILIES, read_kernel
 
-PRECISIONS = ("fp32-fma", "tf32", "bf16", "fp16", "fp8", "int8", "fp64", "unknown")
+PRECISIONS = ("fp32-fma", "tf32", "bf16", "fp16", "fp8", "fp4", "int8", "fp64", "mixed", "unknown")
 FAMILIES = ("gemm", "conv", "attention", "rnn")
 TARGETS = ("tf32", "bf16", "fp16")
 HALF = ("bf16", "fp16")
 # How far along fp32 → TF32 → 16 bit → 8 bit a precision is (a move never goes back).
 _LEVEL = {"fp32-fma": 0, "tf32": 1, "bf16": 2, "fp16": 2, "fp8": 3, "int8": 3}
 # The first compute capability whose Tensor Cores take each precision.
-TENSOR_CORE_MIN_CAPABILITY = {"fp16": 7.0, "int8": 7.2, "tf32": 8.0, "bf16": 8.0, "fp8": 8.9}
+TENSOR_CORE_MIN_CAPABILITY = {"fp16": 7.0, "int8": 7.2, "tf32": 8.0, "bf16": 8.0, "fp8": 8.9, "fp4": 10.0}
 
 # Where each answer came from (the `precision_source` column).
 FROM_OP = "op input types"
@@ -294,15 +298,52 @@ def _runs_on_tensor_cores(precision: str, capability: float | None) -> bool:
     return least is not None and (capability is None or capability + 1e-9 >= least)
 
 
+# The taxonomy's precisions in this module's words, and its matrix families as the ratio table's.
+_TAXONOMY_PRECISION = {"fp64": "fp64", "fp32": "fp32-fma", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "fp8_e4m3": "fp8",
+                       "fp8_e5m2": "fp8", "mxfp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4", "int8": "int8", "mixed": "mixed"}
+_TAXONOMY_FAMILY = {"gemm": "gemm", "grouped_gemm": "gemm", "conv": "conv", "attention": "attention"}
+_TAXONOMY_UNIT = {"yes": "tensor", "no": "fma", "unknown": "matrix"}
+# The op input dtype (op_dtype) a precision runs from: an fp32 op runs fp32 FMA or TF32 kernels.
+_OP_DTYPE_OF = {"fp32-fma": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "fp64": "fp64"}
+
+
 @lru_cache(maxsize=65536)
 def classify_kernel(name: str, op: str | None, input_types: str | None, capability: float | None, switches: Tf32Switches) -> tuple[str, str, bool, str]:
-    """(family, precision, on Tensor Cores, where the precision came from) of one kernel."""
-    reading = read_kernel_name(name)
+    """(family, precision, on Tensor Cores, where the precision came from) of one kernel.
+
+    The name decides first (metrics.kernel_taxonomy): a kernel of a non-matrix family is not
+    matrix work whatever launched it; a precision the name spells is the precision. Only where
+    the name leaves the precision or the unit open do the launching op's dtypes, the TF32
+    switches and the compute capability decide. Names no taxonomy row reads keep the older token
+    reading (read_kernel_name)."""
+    reading = read_kernel(name)
     by_op = op_family(op)
+    dtype = op_dtype(input_types)
+    if not reading.convention:
+        return _resolve(read_kernel_name(name), by_op, dtype, capability, switches)
+    if reading.family not in MATRIX_FAMILIES:
+        return (by_op, "", False, "")
+    family = _TAXONOMY_FAMILY[reading.family]
+    precision = _TAXONOMY_PRECISION.get(reading.precision)
+    if precision is None or (precision == "mixed" and dtype is None and reading.matrix_unit == "unknown"):
+        return _resolve(NameReading(_TAXONOMY_UNIT[reading.matrix_unit], None, family), by_op, dtype, capability, switches)
+    if reading.matrix_unit == "unknown":
+        on_tensor = precision != "mixed" and _runs_on_tensor_cores(precision, capability)
+    else:
+        on_tensor = reading.matrix_unit == "yes"
+    if capability is not None and capability < 7.0:
+        on_tensor = False
+    # The op's input types, where recorded and saying the same, back the name's reading.
+    agrees = dtype is not None and _OP_DTYPE_OF.get(precision) == dtype
+    return (by_op or family, precision, on_tensor, FROM_OP if agrees else FROM_NAME)
+
+
+def _resolve(reading: NameReading, by_op: str, dtype: str | None, capability: float | None, switches: Tf32Switches) -> tuple[str, str, bool, str]:
+    """Family, precision, unit and source from a name reading that may leave the precision or
+    the unit open, completed by the op's dtype, the switches and the capability."""
     if reading.unit == "helper" or (not by_op and not reading.unit):
         return (by_op, "", False, "")
     family = by_op or reading.family
-    dtype = op_dtype(input_types)
     no_tensor_cores = capability is not None and capability < 7.0
     if reading.unit == "fma":
         precision = reading.precision or (dtype if dtype and dtype != "fp32" else "fp32-fma")
@@ -578,7 +619,9 @@ def precision_page() -> str:
     return (
         "## How the precision is decided\n"
         "Every GEMM, convolution, attention and RNN kernel gets a precision (`fp32-fma`, `tf32`, `bf16`, "
-        "`fp16`, `fp8`, `int8`, `fp64`, `unknown`) and whether it ran on Tensor Cores, from, in this order:\n"
+        "`fp16`, `fp8`, `fp4`, `int8`, `fp64`, `mixed`, `unknown`) and whether it ran on Tensor Cores. The kernel name "
+        "decides first where its library's naming convention spells the types and the unit (the kernel taxonomy: "
+        "`advisor report --kernels` shows each kernel's reading); where it does not, from, in this order:\n"
         "1. the launching op's input dtypes (`Input type`, recorded with `record_shapes=True`: `float`, "
         "`c10::BFloat16`, `c10::Half`, `c10::Float8_*`); a 16-bit or 8-bit op runs in that precision; an fp32 op "
         "whose kernel name does not say which unit ran it follows the run's TF32 switch for its family "

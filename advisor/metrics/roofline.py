@@ -1,7 +1,8 @@
 """Roofline per operation: FLOPs and bytes from an op's shapes, against the device's ceilings.
 
 For every op with a cost model (GEMMs, convolutions forward and backward, attention, the
-norms, softmax, common elementwise ops and reductions, the optimizers' multi-tensor ops),
+norms, softmax, common elementwise ops and reductions, the optimizers' multi-tensor ops,
+Inductor's compiled Triton kernels),
 from its input shapes, dtypes and scalar arguments (`record_shapes=True`): the FLOPs it does
 and the bytes it must move at least (each input read once, each output written once), the
 time its kernels took on the device, and so the achieved TFLOP/s and TB/s, its arithmetic
@@ -93,9 +94,9 @@ SHAPES_NOTE = "the roofline needs input shapes: record the trace with record_sha
 UNKNOWN_DEVICE_NOTE = "no ceiling for {name}: not in the device table (advisor.metrics.devices); achieved rates shown without a share of peak"
 
 
-COMPILED_NOTE = ("compiled Triton kernels have no cost ({n} distinct, {ms:.2f} ms/step): their launches record the shapes of "
-                 "the tensors passed to them but not the fused computation, so neither their FLOPs nor which tensors they "
-                 "read and write (in place, in part) follow from the trace")
+COMPILED_NOTE = ("Triton kernels without a cost ({n} distinct, {ms:.2f} ms/step): their names are not Inductor's pointwise, "
+                 "reduction or GEMM-template kernels (triton_poi/per/red/tem_…), so the shapes of the tensors passed to them "
+                 "do not give their computation")
 COMPILED_NO_SHAPES_NOTE = ("compiled Triton kernels have no cost ({n} distinct, {ms:.2f} ms/step): the trace records no shapes "
                            "for their launches (PyTorch before 2.4, or kernels replayed from a CUDA graph)")
 
