@@ -6,6 +6,8 @@ per-step mean; this table keeps every kernel the steps ran, grouped by the op th
 it, with the count, total, mean, p50, p90 and max of a call's device time. A call is one
 launching op (its external id), or one kernel where the trace links none, as the roofline
 counts calls; kernels are those that start inside a step, as the roofline's kernel time.
+`step_sd_ms` is the standard deviation over the steps of a row's device time per step: what
+`op_diff` weighs a change against.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pandas as pd
 
 from advisor.metrics.steps import step_of
 
-OP_TABLE_COLUMNS = ["op", "input_shapes", "input_dtypes", "scalar_inputs", "count", "total_ms", "ms_per_step", "mean_ms", "p50_ms", "p90_ms", "max_ms"]
+OP_TABLE_COLUMNS = ["op", "input_shapes", "input_dtypes", "scalar_inputs", "kernels", "count", "total_ms", "ms_per_step", "step_sd_ms", "mean_ms", "p50_ms", "p90_ms", "max_ms"]
 NO_OP = "(no launching op)"
 # What tells two rows apart: ops that differ in input shapes, input dtypes or scalar arguments
 # (stride, padding) are different work.
@@ -42,8 +44,10 @@ def op_time_table(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     if len(kernels) == 0:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in OP_TABLE_COLUMNS})
     ts = kernels["ts"].to_numpy(np.int64)
-    inside = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), ts) >= 0 if len(steps) else np.ones(len(kernels), bool)
+    step = step_of(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), ts) if len(steps) else np.zeros(len(kernels), np.int64)
+    inside = step >= 0
     k = kernels.loc[inside]
+    step = step[inside]
     n_steps = max(len(steps), 1)
     op = k["op"].astype(object).where(k["op"].notna(), NO_OP).astype(str).to_numpy(dtype=object)
     dims = k["op_input_dims"].to_numpy(dtype=object) if "op_input_dims" in k else np.full(len(k), None, dtype=object)
@@ -56,6 +60,12 @@ def op_time_table(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     ext = k["external_id"].to_numpy(np.int64) if "external_id" in k else np.full(len(k), -1, np.int64)
     call = np.where(ext >= 0, ext, -1 - np.arange(len(k)))
     per_call = pd.DataFrame({"op": op, "input_shapes": dims_text, "input_dtypes": types_text, "scalar_inputs": conc_text, "call": call, "dur": k["dur"].to_numpy(np.int64)})
+    # Each row's device time in each step: its spread is the row's own step-to-step noise.
+    group = per_call.groupby(KEY, sort=False, observed=True).ngroup().to_numpy()
+    per_step = np.zeros((group.max() + 1, n_steps))
+    np.add.at(per_step, (group, step), k["dur"].to_numpy(np.float64))
+    spread = pd.DataFrame(per_call[KEY].drop_duplicates().to_numpy(), columns=KEY)
+    spread["step_sd_ms"] = per_step.std(axis=1, ddof=1) / 1e6 if n_steps > 1 else np.nan
     per_call = per_call.groupby(KEY + ["call"], sort=False, observed=True)["dur"].sum().reset_index()
     g = per_call.groupby(KEY, sort=False, observed=True)["dur"]
     table = pd.DataFrame({
@@ -64,6 +74,14 @@ def op_time_table(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     }).reset_index()
     table["ms_per_step"] = table["total_ms"] / n_steps
     table["count"] = table["count"].astype(np.int64)
+    table = table.merge(spread, on=KEY, how="left")
+    # The kernels each row ran (distinct names, sorted): a row whose kernels differ between two
+    # runs ran other code (cuDNN chose another algorithm), not the same code slower.
+    names = pd.DataFrame({"g": group, "name": k["name"].astype(str).to_numpy(dtype=object)}).drop_duplicates()
+    kernels = names.sort_values("name", kind="stable").groupby("g", sort=True)["name"].agg("; ".join)
+    spread_key = per_call[KEY].drop_duplicates().reset_index(drop=True).assign(kernels=kernels.reindex(range(len(spread))).to_numpy())
+    table = table.merge(spread_key, on=KEY, how="left")
+    table.attrs["steps"] = n_steps
     return table[OP_TABLE_COLUMNS].sort_values(["total_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
@@ -78,3 +96,30 @@ def _texts(values: np.ndarray) -> np.ndarray:
             t = cache[key] = _text(v)
         out[i] = t
     return out
+
+
+DIFF_KEY_COLUMNS = KEY
+# How many standard errors of the difference a change must exceed to be told apart from the
+# steps' own spread (about 95% for normal step times).
+NOISE_SE = 2.0
+
+
+def op_diff(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """Two runs' op tables lined up by (op, input shapes, input dtypes, scalar inputs), ranked
+    by the size of the change in device time per step. noise_ms: NOISE_SE standard errors of
+    the difference of the two means per step, from each row's step-to-step spread (a row
+    present in one run only has the other's spread as 0 and its mean as 0)."""
+    n_b, n_a = max(before.attrs.get("steps", 1), 1), max(after.attrs.get("steps", 1), 1)
+    cols = [*KEY, "ms_per_step", "step_sd_ms", "count", "kernels"]
+    m = before[cols].merge(after[cols], on=KEY, how="outer", suffixes=("_before", "_after"))
+    for side in ("before", "after"):
+        m[f"ms_per_step_{side}"] = m[f"ms_per_step_{side}"].fillna(0.0)
+        m[f"step_sd_ms_{side}"] = m[f"step_sd_ms_{side}"].fillna(0.0)
+        m[f"count_{side}"] = m[f"count_{side}"].fillna(0).astype(np.int64)
+    m["change_ms"] = m["ms_per_step_after"] - m["ms_per_step_before"]
+    m["noise_ms"] = NOISE_SE * np.sqrt(m["step_sd_ms_before"] ** 2 / n_b + m["step_sd_ms_after"] ** 2 / n_a)
+    m["beyond_noise"] = m["change_ms"].abs() > m["noise_ms"]
+    m["status"] = np.where(m["count_before"] == 0, "new", np.where(m["count_after"] == 0, "gone", "both"))
+    m["kernels_changed"] = (m["status"] == "both") & (m["kernels_before"] != m["kernels_after"])
+    order = m["change_ms"].abs().sort_values(ascending=False, kind="stable").index
+    return m.loc[order].reset_index(drop=True)
