@@ -204,3 +204,24 @@ def test_text_and_markdown_and_bad_formats(cli):
     assert code == 0 and out.startswith("# Collectives") and "| kind | size |" in out
     code, out, err = cli(["report", job, "--collectives", "-f", "html"])
     assert code == 2 and "--collectives writes text, json or markdown" in err and "Traceback" not in err
+
+
+def test_the_plain_report_computes_none_of_these_views(nw0, tmp_path):
+    """The report without --collectives or --ops -f csv imports neither view's code (the
+    views are computed only when asked, so the plain report costs what it did)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from advisor.cli import main\n"
+        f"sys.argv = ['advisor', 'report', {str(nw0)!r}, '-f', 'json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "views = ['advisor.metrics.links', 'advisor.metrics.op_table', 'advisor.render.collectives']\n"
+        "sys.stderr.write('LOADED ' + ' '.join(m for m in views if m in sys.modules) + '\\n')\n"
+    )
+    env = {**os.environ, "ADVISOR_CACHE": "off", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    line = [x for x in done.stderr.splitlines() if x.startswith("LOADED")]
+    assert line == ["LOADED "], done.stderr[-2000:]
