@@ -225,3 +225,42 @@ def test_the_plain_report_computes_none_of_these_views(nw0, tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     line = [x for x in done.stderr.splitlines() if x.startswith("LOADED")]
     assert line == ["LOADED "], done.stderr[-2000:]
+
+
+def test_skew_survives_clock_offsets_and_finds_a_late_rank(cli, tmp_path):
+    """16 ranks made from the 8 of the DLRM job: rank r is rank r % 8 recorded on a host whose
+    clock is r x 1234.5 µs ahead (every event shifted), and rank 13 arrives late at every
+    collective: its NCCL kernels start D µs later and end as recorded (the last rank's data
+    arrives when it did). The lags of every rank but 13 are their originals' (the clocks are
+    put on one base); rank 13's mean lag is rank 5's plus D."""
+    folder = shared_trace("corpus/v100_dlrm_8rank")
+    originals = {}
+    for f in sorted(folder.iterdir()):
+        t = _raw(f)
+        originals[t["distributedInfo"]["rank"]] = t
+    late = 13
+    d_us = 0.5 * min(e["dur"] for e in originals[late % 8]["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower())
+    job = tmp_path / "job16"
+    job.mkdir()
+    for r in range(16):
+        t = json.loads(json.dumps(originals[r % 8]))
+        t["distributedInfo"].update(rank=r, world_size=16)
+        for e in t["traceEvents"]:
+            if "ts" in e:
+                e["ts"] = e["ts"] + r * 1234.5
+            if r == late and e.get("cat") == "kernel" and "nccl" in e["name"].lower():
+                e["ts"] += d_us
+                e["dur"] -= d_us
+        (job / f"rank{r}.json.gz").write_bytes(gzip.compress(json.dumps(t).encode()))
+    code, out, err = cli(["report", str(folder), "--collectives", "-f", "json"])
+    assert code == 0, err
+    base = {r["rank"]: r["mean_lag_ms"] for r in json.loads(out)["ranks"]}
+    code, out, err = cli(["report", str(job), "--collectives", "-f", "json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    lag = {r["rank"]: r["mean_lag_ms"] for r in doc["ranks"]}
+    assert sorted(lag) == list(range(16))
+    for r in range(16):
+        expected = base[r % 8] + (d_us / 1e3 if r == late else 0.0)
+        assert lag[r] == pytest.approx(expected, abs=2e-3), r  # µs timestamps, ns arithmetic
+    assert doc["link"]["name"] is None  # 16 ranks, 8 GPUs in each trace: the network is not recorded
