@@ -10,8 +10,9 @@ HTA is not a dependency: install it in a scratch environment and name its Python
 
 Without a Python that imports `hta` the script says so and exits 0 (nothing to compare).
 HTA reports, per rank, the share of communication kernel time during which compute kernels
-ran, per iteration (ProfilerStep) and averaged; the advisor's `overlapped_ms /
-communication_ms` is the same share over the whole trace. Both are printed side by side,
+ran, over the first iteration (ProfilerStep) of the trace; the advisor's `overlapped_ms /
+communication_ms` is the same share over the whole trace (results/collectives_vs_hta.txt:
+equal where the trace has one step, HTA's figure over the first step where it has more). Both are printed side by side,
 with each side's wall time (HTA's includes its parse of the traces).
 """
 
