@@ -90,6 +90,106 @@ class OpsReport(_Out):
     notes: list[str]
 
 
+# --- advisor/collectives/v1 (`advisor report --collectives --format json`) ---------------------
+class CollectiveRow(_Out):
+    """One collective kind and message size bucket over every rank: NCCL's algorithm and bus
+    bandwidth (null where the message size is not recorded), and its share of the link's peak
+    (null where the link is unknown)."""
+
+    kind: str
+    bucket: str
+    algorithm: str
+    count: int
+    ranks: int
+    time_ms: float
+    bytes: Optional[float]
+    algbw_gbps: Optional[float]
+    busbw_gbps: Optional[float]
+    peak_share: Optional[float]
+
+
+class CollectiveRank(_Out):
+    """One rank: its collectives, how late it started them behind the earliest rank (clocks
+    aligned on the collectives' ends) and how long it waited for the last (null: not compared)."""
+
+    rank: int
+    collectives: int
+    time_ms: float
+    matched: int
+    mean_lag_ms: Optional[float]
+    max_lag_ms: Optional[float]
+    wait_ms: Optional[float]
+
+
+class RankOverlap(_Out):
+    """One rank's kernel time: compute, communication, both at once, communication alone."""
+
+    rank: int
+    compute_ms: float
+    communication_ms: float
+    overlapped_ms: float
+    exposed_ms: float
+    overlap_share: Optional[float]
+
+
+class Link(_Out):
+    name: Optional[str]
+    peak_gbps: Optional[float]
+    why: str
+
+
+class CollectivesReport(_Out):
+    """`advisor report --collectives --format json`."""
+
+    schema: Literal["advisor/collectives/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    group_size: Optional[int]
+    link: Link
+    collectives: list[CollectiveRow]
+    ranks: list[CollectiveRank]
+    skew_p50_ms: Optional[float]
+    skew_max_ms: Optional[float]
+    overlap: list[RankOverlap]
+    notes: list[str]
+
+
+# --- advisor/op-diff/v1 (`advisor diff --ops --format json`) -----------------------------------
+class OpChange(_Out):
+    """One (op, input shapes, input dtypes, scalar inputs) in two runs: device time per step,
+    its spread over the steps, calls and kernels on each side, the change and its noise."""
+
+    op: str
+    input_shapes: str
+    input_dtypes: str
+    scalar_inputs: str
+    ms_per_step_before: float
+    step_sd_ms_before: float
+    count_before: int
+    kernels_before: Optional[str]
+    ms_per_step_after: float
+    step_sd_ms_after: float
+    count_after: int
+    kernels_after: Optional[str]
+    change_ms: float
+    noise_ms: float
+    beyond_noise: bool
+    status: Literal["both", "new", "gone"]
+    kernels_changed: bool
+    verdict: str
+
+
+class OpDiff(_Out):
+    """`advisor diff --ops --format json`."""
+
+    schema: Literal["advisor/op-diff/v1"]
+    advisor_version: str
+    before: str
+    after: str
+    ops: list[OpChange]
+
+
 # --- advisor/baseline/v1 --------------------------------------------------------------------
 class BaselineMetrics(_Out):
     steps: int
@@ -252,7 +352,7 @@ class GateResult(_Out):
     settings: GateSettings
 
 
-SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport}
+SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport, "collectives": CollectivesReport, "op-diff": OpDiff}
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -84,9 +84,13 @@ def hand_collectives(path: Path) -> list[dict]:
 
 
 def _report(cli, job: str) -> dict:
+    from advisor.schemas import check
+
     code, out, err = cli(["report", str(shared_trace(job)), "--collectives", "-f", "json"])
     assert code == 0, err
-    return json.loads(out)
+    doc = json.loads(out)
+    check("collectives", doc)  # every key of the published schema, and no other
+    return doc
 
 
 @pytest.mark.parametrize("job", JOBS)

@@ -46,7 +46,11 @@ def test_op_diff_nw0_to_nw4(cli, nw0, nw4):
     n0, n4 = _steps(nw0), _steps(nw4)
     code, out, err = cli(["diff", str(nw0), str(nw4), "--ops", "-f", "json"])
     assert code == 0, err
-    rows = json.loads(out)["ops"]
+    from advisor.schemas import check
+
+    doc = json.loads(out)
+    check("op-diff", doc)  # every key of the published schema, and no other
+    rows = doc["ops"]
     assert len(rows) == len(set(before) | set(after))
     changes = [abs(r["change_ms"]) for r in rows]
     assert changes == sorted(changes, reverse=True)

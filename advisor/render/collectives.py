@@ -60,6 +60,8 @@ def tables(job) -> list[tuple[str, list[str], list[list[str]]]]:
 def heading(run_name: str, job) -> list[str]:
     n = f"{job.group_size} ranks per collective" if job.group_size else "group size not recorded"
     lines = [f"Collectives of {run_name}: {n}; {job.link.why}."]
+    if len(job.table) == 0:
+        lines.append("No collective kernel (NCCL, RCCL, Gloo, or one a c10d op launched) in this run.")
     if job.skew_p50_ms is not None:
         lines.append(f"Start skew across ranks (clocks aligned on the collectives' ends): median {job.skew_p50_ms:.3f} ms, max {job.skew_max_ms:.3f} ms.")
     lines.append("Bus bandwidth by NCCL's definitions: algbw = size / time; busbw = algbw × 2(n-1)/n (all-reduce), "
