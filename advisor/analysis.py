@@ -191,6 +191,14 @@ class Analysis:
         m = self.with_primary_frames().primary
         return op_time_table(m.kernels, m.steps)
 
+    def launch_table(self):
+        """The slowest rank's launch delays and queue lengths per stream over its whole trace
+        (advisor.metrics.launches), made from its frames when asked."""
+        from advisor.metrics.launches import launch_table
+
+        m = self.primary
+        return launch_table(load_cached(m.frames.path))
+
     @property
     def view(self) -> RankView:
         """The slowest rank's view: made with the analysis; for an analysis read from the

@@ -190,6 +190,31 @@ class OpDiff(_Out):
     ops: list[OpChange]
 
 
+# --- advisor/launches/v1 (`advisor report --launches --format json`) ---------------------------
+class StreamLaunches(_Out):
+    """One stream (-1: all of them): its linked ops, the delay from launch call to device start
+    (µs) and the stream's queue length at each launch."""
+
+    stream: int
+    ops: int
+    delay_p50_us: float
+    delay_p90_us: float
+    delay_max_us: float
+    queue_mean: float
+    queue_max: int
+
+
+class LaunchesReport(_Out):
+    """`advisor report --launches --format json`."""
+
+    schema: Literal["advisor/launches/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    rank: int
+    streams: list[StreamLaunches]
+
+
 # --- advisor/baseline/v1 --------------------------------------------------------------------
 class BaselineMetrics(_Out):
     steps: int
@@ -352,7 +377,7 @@ class GateResult(_Out):
     settings: GateSettings
 
 
-SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport, "collectives": CollectivesReport, "op-diff": OpDiff}
+SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport, "collectives": CollectivesReport, "op-diff": OpDiff, "launches": LaunchesReport}
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -222,7 +222,7 @@ def test_the_plain_report_computes_none_of_these_views(nw0, tmp_path):
         "from advisor.cli import main\n"
         f"sys.argv = ['advisor', 'report', {str(nw0)!r}, '-f', 'json']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "views = ['advisor.metrics.links', 'advisor.metrics.op_table', 'advisor.render.collectives']\n"
+        "views = ['advisor.metrics.links', 'advisor.metrics.op_table', 'advisor.render.collectives', 'advisor.metrics.launches', 'advisor.render.launches']\n"
         "sys.stderr.write('LOADED ' + ' '.join(m for m in views if m in sys.modules) + '\\n')\n"
     )
     env = {**os.environ, "ADVISOR_CACHE": "off", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

@@ -215,6 +215,21 @@ def emit_collectives(path: Path, run: Optional[str], fmt: Format, output: Option
         write_output(render.to_collectives_text(found.name, job), output, inputs)
 
 
+def emit_launches(analysis, fmt: Format, output: Optional[Path]) -> None:
+    """`report --launches`: the slowest rank's launch delays and queue lengths per stream."""
+    from advisor.render import launches as render
+
+    table = analysis.launch_table()
+    inputs = run_input_files(analysis)
+    args = (analysis.run.name, analysis.primary.rank, table)
+    if fmt is Format.json:
+        write_output(render.to_launches_json(analysis.source, *args), output, inputs)
+    elif fmt is Format.markdown:
+        write_output(render.to_launches_markdown(*args), output, inputs)
+    else:
+        write_output(render.to_launches_text(*args), output, inputs)
+
+
 def analyze_with_progress(path: Path, **kwargs):
     """analyze() with a progress bar on stderr when there is more than one rank to analyse."""
     from advisor.analysis import analyze
@@ -245,6 +260,7 @@ def report(
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; also ADVISOR_SCHEDULER, never from a config merely found; needs torch-advisor[cluster])."),
     ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it); with -f csv or parquet, every op by input shapes and dtypes with count, total, mean, p50, p90, max of its calls' device time."),
+    launches: bool = typer.Option(False, "--launches", help="List the slowest rank's launch delays (launch call to device start: p50, p90, max) and queue lengths per stream (text, json, markdown)."),
     collectives: bool = typer.Option(False, "--collectives", help="List the job's collectives by kind and message size: count, time, algorithm, bus bandwidth against the link's peak; each rank's skew and wait; each rank's overlap of communication and compute (text, json, markdown)."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
@@ -263,6 +279,8 @@ def report(
         raise InputError(f"--format {format.value}", "is a table's format: use it with --ops")
     if collectives and format in (Format.html, *(Format(f) for f in TABLE_FORMATS)):
         raise InputError(f"--format {format.value}", "--collectives writes text, json or markdown")
+    if launches and format in (Format.html, *(Format(f) for f in TABLE_FORMATS)):
+        raise InputError(f"--format {format.value}", "--launches writes text, json or markdown")
     if output is not None and str(output) == "-" and format is not Format.html:
         output = None  # `-o -`: stdout, as without -o (HTML too goes to stdout: write_output)
     address = cfg.scheduler
@@ -274,7 +292,7 @@ def report(
         engine = nullcontext(None)
     # A report to stdout rendered before for this run and these options is written as it was
     # (advisor.cli.warm); one made now is kept in its analysis entry for the next time.
-    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard and not ops and not collectives
+    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard and not ops and not collectives and not launches
     if warm:
         from advisor.cli.warm import keep, recording, serve, stored_report
 
@@ -297,7 +315,9 @@ def report(
             emit_report(analysis, format, output, verbose)
         keep(analysis, path, run, format.value, verbose, written[0])
         return
-    if ops and format.value in TABLE_FORMATS:
+    if launches:
+        emit_launches(analysis, format, output)
+    elif ops and format.value in TABLE_FORMATS:
         emit_op_table(analysis, format, output)
     elif ops and format is not Format.html:
         emit_ops(analysis, format, output)
