@@ -192,12 +192,13 @@ class Analysis:
         return op_time_table(m.kernels, m.steps)
 
     def launch_table(self):
-        """The slowest rank's launch delays and queue lengths per stream over its whole trace
-        (advisor.metrics.launches), made from its frames when asked."""
-        from advisor.metrics.launches import launch_table
+        """The slowest rank's launch delays and queue lengths per stream, and its streams' idle
+        time by cause, over its whole trace (advisor.metrics.launches), made from its frames
+        when asked."""
+        from advisor.metrics.launches import idle_table, launch_table
 
-        m = self.primary
-        return launch_table(load_cached(m.frames.path))
+        frames = load_cached(self.primary.frames.path)
+        return launch_table(frames), idle_table(frames)
 
     @property
     def view(self) -> RankView:

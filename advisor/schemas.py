@@ -204,6 +204,17 @@ class StreamLaunches(_Out):
     queue_max: int
 
 
+class StreamIdle(_Out):
+    """One stream (-1: all of them): its idle time between consecutive ops (ms), by cause."""
+
+    stream: int
+    gaps: int
+    idle_ms: float
+    host_wait_ms: float
+    kernel_wait_ms: float
+    other_ms: float
+
+
 class LaunchesReport(_Out):
     """`advisor report --launches --format json`."""
 
@@ -213,6 +224,7 @@ class LaunchesReport(_Out):
     run: str
     rank: int
     streams: list[StreamLaunches]
+    idle: list[StreamIdle]
 
 
 # --- advisor/baseline/v1 --------------------------------------------------------------------

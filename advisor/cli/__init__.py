@@ -219,9 +219,9 @@ def emit_launches(analysis, fmt: Format, output: Optional[Path]) -> None:
     """`report --launches`: the slowest rank's launch delays and queue lengths per stream."""
     from advisor.render import launches as render
 
-    table = analysis.launch_table()
+    table, idle = analysis.launch_table()
     inputs = run_input_files(analysis)
-    args = (analysis.run.name, analysis.primary.rank, table)
+    args = (analysis.run.name, analysis.primary.rank, table, idle)
     if fmt is Format.json:
         write_output(render.to_launches_json(analysis.source, *args), output, inputs)
     elif fmt is Format.markdown:
@@ -260,7 +260,7 @@ def report(
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; also ADVISOR_SCHEDULER, never from a config merely found; needs torch-advisor[cluster])."),
     ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it); with -f csv or parquet, every op by input shapes and dtypes with count, total, mean, p50, p90, max of its calls' device time."),
-    launches: bool = typer.Option(False, "--launches", help="List the slowest rank's launch delays (launch call to device start: p50, p90, max) and queue lengths per stream (text, json, markdown)."),
+    launches: bool = typer.Option(False, "--launches", help="List the slowest rank's launch delays (launch call to device start: p50, p90, max), queue lengths and idle time by cause (host wait, kernel wait, other) per stream (text, json, markdown)."),
     collectives: bool = typer.Option(False, "--collectives", help="List the job's collectives by kind and message size: count, time, algorithm, bus bandwidth against the link's peak; each rank's skew and wait; each rank's overlap of communication and compute (text, json, markdown)."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""

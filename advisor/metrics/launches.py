@@ -44,3 +44,39 @@ def launch_table(frames) -> pd.DataFrame:
         rows.append({"stream": int(stream), "ops": len(g), "delay_p50_us": float(np.percentile(d, 50)), "delay_p90_us": float(np.percentile(d, 90)),
                      "delay_max_us": float(d.max()), "queue_mean": float(g["queue"].mean()), "queue_max": int(g["queue"].max())})
     return pd.DataFrame(rows, columns=LAUNCH_COLUMNS)
+
+
+# A gap between two ops of a stream no longer than this is the device starting the next op
+# (HTA's `consecutive_kernel_delay`, 30 ns), not idling.
+BACK_TO_BACK_NS = 30
+IDLE_COLUMNS = ["stream", "gaps", "idle_ms", "host_wait_ms", "kernel_wait_ms", "other_ms"]
+
+
+def idle_table(frames) -> pd.DataFrame:
+    """One row per stream (and stream -1: all): the stream's idle time between consecutive
+    ops (ms, within the span of its ops), split by cause as HTA splits it: host wait (the next
+    op's launch call started after the previous op ended: the device waited for the host),
+    kernel wait (a gap of BACK_TO_BACK_NS or less), other (the op was launched in time and
+    still started later: a sync, an event wait, another stream)."""
+    dev, rt = frames.device, frames.runtime
+    if len(dev) == 0:
+        return pd.DataFrame({c: pd.Series(dtype=np.float64) for c in IDLE_COLUMNS})
+    calls = rt[rt["correlation"] >= 0].drop_duplicates("correlation")
+    launch = pd.Series(calls["ts"].to_numpy(np.int64), index=calls["correlation"].to_numpy(np.int64))
+    at = launch.reindex(dev["correlation"].to_numpy(np.int64)).to_numpy()
+    t = pd.DataFrame({"stream": dev["stream"].to_numpy(np.int64), "start": dev["ts"].to_numpy(np.int64), "end": dev["end"].to_numpy(np.int64), "launch": at})
+    rows = []
+    for stream, g in t.groupby("stream", sort=True):
+        g = g.sort_values(["start", "end"], kind="stable")
+        start, end, lau = g["start"].to_numpy(), g["end"].to_numpy(), g["launch"].to_numpy()
+        reach = np.maximum.accumulate(end)[:-1]  # the stream is busy until every earlier op has ended
+        gap = start[1:] - reach
+        idle = gap > 0
+        host = idle & ~np.isnan(lau[1:]) & (lau[1:] > reach)
+        kernel = idle & ~host & (gap <= BACK_TO_BACK_NS)
+        other = idle & ~host & ~kernel
+        rows.append({"stream": int(stream), "gaps": int(idle.sum()), "idle_ms": gap[idle].sum() / 1e6, "host_wait_ms": gap[host].sum() / 1e6,
+                     "kernel_wait_ms": gap[kernel].sum() / 1e6, "other_ms": gap[other].sum() / 1e6})
+    table = pd.DataFrame(rows, columns=IDLE_COLUMNS)
+    total = table.drop(columns="stream").sum().to_dict() | {"stream": -1}
+    return pd.concat([table, pd.DataFrame([total], columns=IDLE_COLUMNS)], ignore_index=True).astype({"stream": np.int64, "gaps": np.int64})
