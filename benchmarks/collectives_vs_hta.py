@@ -13,7 +13,8 @@ HTA reports, per rank, the share of communication kernel time during which compu
 ran, over the first iteration (ProfilerStep) of the trace; the advisor's `overlapped_ms /
 communication_ms` is the same share over the whole trace (results/collectives_vs_hta.txt:
 equal where the trace has one step, HTA's figure over the first step where it has more). Both are printed side by side,
-with each side's wall time (HTA's includes its parse of the traces).
+with each side's wall time (HTA's includes its parse of the traces). Then rank 0's idle time
+by cause per stream (`report --launches`) beside HTA's `get_idle_time_breakdown`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,54 @@ try:
 except Exception as exc:
     json.dump({"error": f"{type(exc).__name__}: {exc}"[:300], "seconds": time.perf_counter() - t0}, sys.stdout)
 """
+
+
+HTA_IDLE_SIDE = r"""
+import json, sys, warnings, logging
+warnings.filterwarnings("ignore")
+logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+rank = int(sys.argv[2])
+try:
+    r = TraceAnalysis(trace_dir=sys.argv[1]).get_idle_time_breakdown(ranks=[rank], visualize=False, show_idle_interval_stats=False)
+    df = r[0] if isinstance(r, tuple) else r
+    out = {}
+    for _, row in df.iterrows():
+        out.setdefault(str(int(row["stream"])), {})[row["idle_category"]] = float(row["idle_time"]) / 1e3  # the trace's µs -> ms
+    json.dump(out, sys.stdout)
+except Exception as exc:
+    json.dump({"error": f"{type(exc).__name__}: {exc}"[:300]}, sys.stdout)
+"""
+
+
+def idle_rows(folder: Path, python: str) -> list[str]:
+    """Rank 0's idle time by cause per stream: the advisor's (report --launches) and HTA's
+    get_idle_time_breakdown. HTA compares each op with the one before it only (an overlap
+    counts as negative idle) and applies its 30 (documented: ns) threshold to the trace's
+    µs, so its kernel wait is gaps under 30 µs; the advisor's is gaps of 30 ns or less after
+    the latest end so far."""
+    import gzip
+
+    from advisor.load.trace import load_trace
+    from advisor.metrics.launches import idle_table
+
+    path = next(p for p in sorted(folder.iterdir()) if json.loads(gzip.open(p).read())["distributedInfo"]["rank"] == 0)
+    ours = idle_table(load_trace(path))
+    done = subprocess.run([python, "-c", HTA_IDLE_SIDE, str(folder), "0"], capture_output=True, text=True, timeout=600)
+    try:
+        theirs = json.loads(done.stdout)
+    except ValueError:
+        theirs = {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    lines = []
+    for r in ours.itertuples(index=False):
+        if r.stream < 0:
+            continue
+        h = theirs.get(str(r.stream), {})
+        lines.append(f"{folder.name:28} {r.stream:6d} {r.host_wait_ms:10.3f} {h.get('host_wait', float('nan')):10.3f} {r.kernel_wait_ms:10.3f} "
+                     f"{h.get('kernel_wait', float('nan')):10.3f} {r.other_ms:10.3f} {h.get('other', float('nan')):10.3f}")
+    if "error" in theirs:
+        lines.append(f"  HTA failed on {folder.name}: {theirs['error']}")
+    return lines
 
 
 def hta_available(python: str) -> bool:
@@ -80,6 +129,12 @@ def main() -> int:
             print(f"{folder.name:28} {rank:4d} {r['communication_ms']:10.3f} {r['overlapped_ms']:14.3f} {share:10.2f} {hta_text} {our_s:10.2f} {theirs['seconds']:8.2f}")
         if "error" in theirs:
             print(f"  HTA failed on {folder.name}: {theirs['error']}")
+    print()
+    print("Idle time by cause, rank 0, ms (advisor report --launches | HTA get_idle_time_breakdown)")
+    print(f"{'job':28} {'stream':>6} {'host ours':>10} {'host HTA':>10} {'kern ours':>10} {'kern HTA':>10} {'other ours':>10} {'other HTA':>10}")
+    for folder in args.folders:
+        for line in idle_rows(folder, args.hta_python):
+            print(line)
     return 0
 
 
