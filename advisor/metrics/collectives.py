@@ -238,18 +238,18 @@ def collective_calls(frames: TraceFrames) -> pd.DataFrame:
     ann = host.loc[is_ann, ["name", "tid", "ts", "end", "input_dims", "input_types"]].reset_index(drop=True)
     owner = np.full(len(k), -1, np.int64)
     if len(ann) and len(rt):
-        for tid, rows in ann.groupby("tid", sort=False, observed=True).groups.items():
-            rows = np.asarray(rows)
-            rows = rows[np.argsort(ann["ts"].to_numpy(np.int64)[rows], kind="stable")]
-            a_ts, a_end = ann["ts"].to_numpy(np.int64)[rows], ann["end"].to_numpy(np.int64)[rows]
-            for i in np.nonzero(~np.isnan(pos))[0]:
-                r = int(pos[i])
-                if rt["tid"].iat[r] != tid:
-                    continue
-                t = int(rt["ts"].iat[r])
-                j = np.searchsorted(a_ts, t, side="right") - 1
-                if j >= 0 and a_end[j] >= t:
-                    owner[i] = rows[j]
+        linked = np.nonzero(~np.isnan(pos))[0]
+        at = pos[linked].astype(np.int64)
+        k_tid, k_t = rt["tid"].to_numpy()[at], rt["ts"].to_numpy(np.int64)[at]
+        a_tid, a_ts_all, a_end_all = ann["tid"].to_numpy(), ann["ts"].to_numpy(np.int64), ann["end"].to_numpy(np.int64)
+        for tid in pd.unique(a_tid):
+            rows = np.nonzero(a_tid == tid)[0]
+            rows = rows[np.argsort(a_ts_all[rows], kind="stable")]
+            mine = k_tid == tid
+            t = k_t[mine]
+            j = np.searchsorted(a_ts_all[rows], t, side="right") - 1
+            inside = (j >= 0) & (a_end_all[rows[np.clip(j, 0, None)]] >= t)
+            owner[linked[mine][inside]] = rows[j[inside]]
     a_names = ann["name"].astype(str).to_numpy(dtype=object)
     a_bytes = np.array([_annotation_bytes(d, t) for d, t in zip(ann["input_dims"], ann["input_types"], strict=True)], dtype=np.float64)
     key = np.where(owner >= 0, owner, -1 - np.arange(len(k)))
