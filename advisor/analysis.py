@@ -222,6 +222,23 @@ class Analysis:
         out._derived = dict(self._derived)
         return out
 
+    def op_table(self):
+        """The slowest rank's ops by (op, input shapes, input dtypes) with their call-time
+        distribution (advisor.metrics.op_table), made from its frames when asked."""
+        from advisor.metrics.op_table import op_time_table
+
+        m = self.with_primary_frames().primary
+        return op_time_table(m.kernels, m.steps)
+
+    def launch_table(self):
+        """The slowest rank's launch delays and queue lengths per stream, and its streams' idle
+        time by cause, over its whole trace (advisor.metrics.launches), made from its frames
+        when asked."""
+        from advisor.metrics.launches import idle_table, launch_table
+
+        frames = load_cached(self.primary.frames.path)
+        return launch_table(frames), idle_table(frames)
+
     @property
     def view(self) -> RankView:
         """The slowest rank's view: made with the analysis; for an analysis read from the
@@ -783,3 +800,35 @@ def analyze(
 
 def _cache_key(run: RunFiles, config: Config, select: list[str], ignore: list[str], rules_dir: str | Path | None) -> AnalysisKey | None:
     return AnalysisKey.of(run, config.rule_options, select, ignore, rules_dir) if cache_enabled() else None
+
+
+# --- views computed only when asked (`report --collectives`, `report --ops -f csv`, `diff --ops`) ---
+# Each reads the ranks' frames (the frames cache first) where they are loaded and sends back
+# a small table: the cold report computes none of them.
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """A rank's trace and its place in the run (the rank number where the trace names none)."""
+
+    index: int
+    path: Path
+
+
+def _rank_collectives_task(item: RankFile):
+    from advisor.metrics.collectives import rank_collectives
+
+    frames = load_cached(item.path)
+    return rank_collectives(frames, provisional_rank(frames, item.index))
+
+
+def collectives_of_run(path: str | Path, run: str | None = None, executor: Executor | None = None):
+    """The run's files and its job's collectives (`advisor.metrics.collectives.JobCollectives`),
+    every rank read once where it is loaded."""
+    from advisor.metrics.collectives import job_collectives
+    from advisor.ranks import map_ranks
+
+    found = find_run(Path(path), run)
+    items = [RankFile(i, p) for i, p in enumerate(found.files)]
+    per_rank = [r for _, r in map_ranks(_rank_collectives_task, items, executor=executor)]
+    return found, job_collectives(per_rank)

@@ -40,9 +40,11 @@ def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = (),
 # The suffixes a report file may have (each names a format: advisor.cli.FORMAT_BY_SUFFIX);
 # `-o out.pdf` would be plain text under a name that promises something else.
 REPORT_SUFFIXES = (".txt", ".json", ".md", ".markdown", ".html", ".htm")
+# ... and a table's (`report --ops -f csv|parquet`).
+TABLE_SUFFIXES = (".csv", ".parquet")
 
 
-def check_report_file(output: Optional[Path]) -> None:
+def check_report_file(output: Optional[Path], tables: bool = False) -> None:
     """An `-o` report file is refused before any work when its suffix names no format or its
     folder does not exist (`-` is stdout; a character device or FIFO is written into)."""
     if output is None or str(output) == "-":
@@ -55,9 +57,11 @@ def check_report_file(output: Optional[Path]) -> None:
         return  # /dev/stdout, a pipe: the bytes go where the name leads (advisor.files.write_atomically)
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError(output, "is a directory; give the output a file name")
-    if output.suffix.lower() not in REPORT_SUFFIXES:
+    allowed = (*REPORT_SUFFIXES, *TABLE_SUFFIXES) if tables else REPORT_SUFFIXES
+    if output.suffix.lower() not in allowed:
         shown = f"suffix {output.suffix!r}" if output.suffix else "no suffix"
-        raise InputError(output, f"{shown}: a report file is named for its format ({', '.join(REPORT_SUFFIXES[:4])}, .html)")
+        named = f"{', '.join(REPORT_SUFFIXES[:4])}, .html" + (", .csv, .parquet" if tables else "")
+        raise InputError(output, f"{shown}: a report file is named for its format ({named})")
     refuse_missing_folder(output)
 
 

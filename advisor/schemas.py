@@ -129,6 +129,143 @@ class KernelsReport(_Out):
     kernels: list[KernelRow]
 
 
+# --- advisor/collectives/v1 (`advisor report --collectives --format json`) ---------------------
+class CollectiveRow(_Out):
+    """One collective kind and message size bucket over every rank: NCCL's algorithm and bus
+    bandwidth (null where the message size is not recorded), and its share of the link's peak
+    (null where the link is unknown)."""
+
+    kind: str
+    bucket: str
+    algorithm: str
+    count: int
+    ranks: int
+    time_ms: float
+    bytes: Optional[float]
+    algbw_gbps: Optional[float]
+    busbw_gbps: Optional[float]
+    peak_share: Optional[float]
+
+
+class CollectiveRank(_Out):
+    """One rank: its collectives, how late it started them behind the earliest rank (clocks
+    aligned on the collectives' ends) and how long it waited for the last (null: not compared)."""
+
+    rank: int
+    collectives: int
+    time_ms: float
+    matched: int
+    mean_lag_ms: Optional[float]
+    max_lag_ms: Optional[float]
+    wait_ms: Optional[float]
+
+
+class RankOverlap(_Out):
+    """One rank's kernel time: compute, communication, both at once, communication alone."""
+
+    rank: int
+    compute_ms: float
+    communication_ms: float
+    overlapped_ms: float
+    exposed_ms: float
+    overlap_share: Optional[float]
+
+
+class Link(_Out):
+    name: Optional[str]
+    peak_gbps: Optional[float]
+    why: str
+
+
+class CollectivesReport(_Out):
+    """`advisor report --collectives --format json`."""
+
+    schema: Literal["advisor/collectives/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    group_size: Optional[int]
+    link: Link
+    collectives: list[CollectiveRow]
+    ranks: list[CollectiveRank]
+    skew_p50_ms: Optional[float]
+    skew_max_ms: Optional[float]
+    overlap: list[RankOverlap]
+    notes: list[str]
+
+
+# --- advisor/op-diff/v1 (`advisor diff --ops --format json`) -----------------------------------
+class OpChange(_Out):
+    """One (op, input shapes, input dtypes, scalar inputs) in two runs: device time per step,
+    its spread over the steps, calls and kernels on each side, the change and its noise."""
+
+    op: str
+    input_shapes: str
+    input_dtypes: str
+    scalar_inputs: str
+    ms_per_step_before: float
+    step_sd_ms_before: float
+    count_before: int
+    kernels_before: Optional[str]
+    ms_per_step_after: float
+    step_sd_ms_after: float
+    count_after: int
+    kernels_after: Optional[str]
+    change_ms: float
+    noise_ms: float
+    beyond_noise: bool
+    status: Literal["both", "new", "gone"]
+    kernels_changed: bool
+    verdict: str
+
+
+class OpDiff(_Out):
+    """`advisor diff --ops --format json`."""
+
+    schema: Literal["advisor/op-diff/v1"]
+    advisor_version: str
+    before: str
+    after: str
+    ops: list[OpChange]
+
+
+# --- advisor/launches/v1 (`advisor report --launches --format json`) ---------------------------
+class StreamLaunches(_Out):
+    """One stream (-1: all of them): its linked ops, the delay from launch call to device start
+    (µs) and the stream's queue length at each launch."""
+
+    stream: int
+    ops: int
+    delay_p50_us: float
+    delay_p90_us: float
+    delay_max_us: float
+    queue_mean: float
+    queue_max: int
+
+
+class StreamIdle(_Out):
+    """One stream (-1: all of them): its idle time between consecutive ops (ms), by cause."""
+
+    stream: int
+    gaps: int
+    idle_ms: float
+    host_wait_ms: float
+    kernel_wait_ms: float
+    other_ms: float
+
+
+class LaunchesReport(_Out):
+    """`advisor report --launches --format json`."""
+
+    schema: Literal["advisor/launches/v1"]
+    advisor_version: str
+    source: str
+    run: str
+    rank: int
+    streams: list[StreamLaunches]
+    idle: list[StreamIdle]
+
+
 # --- advisor/baseline/v1 --------------------------------------------------------------------
 class BaselineMetrics(_Out):
     steps: int
@@ -292,7 +429,10 @@ class GateResult(_Out):
     settings: GateSettings
 
 
-SCHEMAS: dict[str, type] = {"report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport, "kernels": KernelsReport}
+SCHEMAS: dict[str, type] = {
+    "report": Report, "baseline": Baseline, "gate": GateResult, "verify": VerifyRecord, "ops": OpsReport, "kernels": KernelsReport,
+    "collectives": CollectivesReport, "op-diff": OpDiff, "launches": LaunchesReport,
+}
 
 
 def json_schema(name: str) -> dict[str, Any]:

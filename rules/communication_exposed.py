@@ -55,6 +55,9 @@ typical NCCL bus bandwidths: NVLink (V100 ~130, A100 ~230, H100/H200 ~360, B200 
 xGMI (MI250 ~150, MI300X ~300 GB/s), PCIe (3: ~10, 4: ~20, 5: ~40 GB/s), InfiniBand (HDR
 ~23, NDR ~45 GB/s per NIC). Far below the GPU-to-GPU link, the traffic takes a slower path
 (PCIe, the network) or waits for a slow rank: the message says so, and which transport to check.
+`advisor report --collectives` breaks the collectives down by kind and message size, with
+their bus bandwidth against the link's peak and each rank's overlap of communication and
+compute.
 
 ## How the saving is estimated
 Exposed collective time per step (collective kernels minus the time compute kernels run

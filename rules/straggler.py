@@ -23,7 +23,9 @@ rank looks healthy.
 - per rank and step, the time in collective kernels (durations only: each trace has its own
   clock, so start times are never compared across ranks);
 - the rank with the least collective time in a step arrived last; the others' excess is
-  their wait for it (`advisor report --format json` lists each rank's wait and overlap);
+  their wait for it (`advisor report --format json` lists each rank's wait and overlap;
+  `advisor report --collectives` lists each collective kind's time and bus bandwidth, and each
+  rank's lag and wait per collective, the clocks aligned on the collectives' ends);
 - the straggler's step-time breakdown, compute-kernel count and kernel time against the
   median of the other ranks, and the device each rank names.
 

@@ -42,10 +42,14 @@ class Format(str, Enum):
     json = "json"
     markdown = "markdown"
     html = "html"
+    csv = "csv"  # tables only: `report --ops`
+    parquet = "parquet"
 
 
+# Formats of a table rather than a report: `report --ops` writes them.
+TABLE_FORMATS = {"csv", "parquet"}
 # `-o report.html` without --format writes HTML: the format follows the file's suffix.
-FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "text"}
+FORMAT_BY_SUFFIX = {".csv": "csv", ".parquet": "parquet", ".html": "html", ".htm": "html", ".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "text"}
 
 
 def format_for(given: Optional[str], output: Optional[Path], default: str = "text") -> str:
@@ -65,9 +69,19 @@ def format_option(value: Optional[str]) -> Optional[str]:
     if value is None:
         return None
     name = FORMAT_ALIASES.get(value.lower(), value.lower())
-    if name not in {f.value for f in Format}:
+    if name not in {f.value for f in Format} - TABLE_FORMATS:
         raise typer.BadParameter(f"{value!r} is not one of text, json, markdown (md), html")
     return name
+
+
+def report_format_option(value: Optional[str]) -> Optional[str]:
+    """`report --format`: a report's format, or a table's (csv, parquet: with --ops)."""
+    if value is not None and value.lower() in TABLE_FORMATS:
+        return value.lower()
+    try:
+        return format_option(value)
+    except typer.BadParameter:
+        raise typer.BadParameter(f"{value!r} is not one of text, json, markdown (md), html, csv or parquet (with --ops)") from None
 
 
 def rule_ids(values: List[str]) -> List[str]:
@@ -187,6 +201,58 @@ def emit_kernels(analysis, fmt: Format, output: Optional[Path]) -> None:
         write_output(trim_lines(console.export_text()), output, inputs)
 
 
+def emit_op_table(analysis, fmt: Format, output: Optional[Path]) -> None:
+    """`report --ops -f csv|parquet`: every op of the slowest rank by (op, input shapes, input
+    dtypes, scalar arguments) with its calls' device-time distribution (Parquet: to a file)."""
+    table = analysis.op_table()
+    inputs = run_input_files(analysis)
+    if fmt is Format.csv:
+        write_output(table.to_csv(index=False), output, inputs)
+        return
+    if output is None:
+        raise InputError("--format parquet", "writes a file: name it with -o FILE.parquet")
+    import io
+
+    from advisor.files import write_atomically
+    from advisor.output import refuse_overwriting_inputs
+
+    refuse_overwriting_inputs(output, inputs)
+    buffer = io.BytesIO()
+    table.to_parquet(buffer, index=False)
+    write_atomically(output, buffer.getvalue())
+    sys.stderr.write(f"wrote {output}\n")
+
+
+def emit_collectives(path: Path, run: Optional[str], fmt: Format, output: Optional[Path], executor) -> None:
+    """`report --collectives`: the job's collectives, bandwidth, skew and overlap."""
+    from advisor.analysis import collectives_of_run
+    from advisor.render import collectives as render
+
+    found, job = collectives_of_run(path, run, executor=executor)
+    inputs = list(found.files)
+    if fmt is Format.json:
+        write_output(render.to_collectives_json(str(path), found.name, job), output, inputs)
+    elif fmt is Format.markdown:
+        write_output(render.to_collectives_markdown(found.name, job), output, inputs)
+    else:
+        write_output(render.to_collectives_text(found.name, job), output, inputs)
+
+
+def emit_launches(analysis, fmt: Format, output: Optional[Path]) -> None:
+    """`report --launches`: the slowest rank's launch delays and queue lengths per stream."""
+    from advisor.render import launches as render
+
+    table, idle = analysis.launch_table()
+    inputs = run_input_files(analysis)
+    args = (analysis.run.name, analysis.primary.rank, table, idle)
+    if fmt is Format.json:
+        write_output(render.to_launches_json(analysis.source, *args), output, inputs)
+    elif fmt is Format.markdown:
+        write_output(render.to_launches_markdown(*args), output, inputs)
+    else:
+        write_output(render.to_launches_text(*args), output, inputs)
+
+
 def analyze_with_progress(path: Path, **kwargs):
     """analyze() with a progress bar on stderr when there is more than one rank to analyse."""
     from advisor.analysis import analyze
@@ -207,6 +273,10 @@ def report(
     path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file (.json, .json.gz)."),
     format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md, .txt set the format; its folder must exist)."),
+
+
+    format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html|csv|parquet]", callback=report_format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text); csv or parquet with --ops."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format)."),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
     select: List[str] = typer.Option([], "--select", help="Only these rules: ids, groups (memory, input, ...) or id prefixes (h2d); repeatable, or comma-separated: a,b."),
@@ -218,6 +288,11 @@ def report(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; also ADVISOR_SCHEDULER, never from a config merely found; needs torch-advisor[cluster])."),
     ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it)."),
     kernels: bool = typer.Option(False, "--kernels", help="List the kernels by total time as the advisor read them: library, family, precision, matrix units, share (text, json, markdown)."),
+
+
+    ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it); with -f csv or parquet, every op by input shapes and dtypes with count, total, mean, p50, p90, max of its calls' device time."),
+    launches: bool = typer.Option(False, "--launches", help="List the slowest rank's launch delays (launch call to device start: p50, p90, max), queue lengths and idle time by cause (host wait, kernel wait, other) per stream (text, json, markdown)."),
+    collectives: bool = typer.Option(False, "--collectives", help="List the job's collectives by kind and message size: count, time, algorithm, bus bandwidth against the link's peak; each rank's skew and wait; each rank's overlap of communication and compute (text, json, markdown)."),
 ) -> None:
     """Analyse an existing torch.profiler log dir or trace file."""
     from contextlib import nullcontext
@@ -231,11 +306,17 @@ def report(
         sys.stdout.write(settings_text(cfg, rule_ids(select), rule_ids(ignore), rules_dir, scheduler))
         return
     format = Format(format_for(format, output))
-    check_report_file(output)  # `-o out.pdf`, `-o missing/r.html`: refused before the analysis
+    check_report_file(output, tables=ops)  # `-o out.pdf`, `-o missing/r.html`: refused before the analysis
     if output is not None and str(output) == "-":
         output = None  # `-o -`: stdout, as without -o
     if format is Format.html and output is None:
         refuse_terminal_for_html()
+    if format.value in TABLE_FORMATS and not ops:
+        raise InputError(f"--format {format.value}", "is a table's format: use it with --ops")
+    if collectives and format in (Format.html, *(Format(f) for f in TABLE_FORMATS)):
+        raise InputError(f"--format {format.value}", "--collectives writes text, json or markdown")
+    if launches and format in (Format.html, *(Format(f) for f in TABLE_FORMATS)):
+        raise InputError(f"--format {format.value}", "--launches writes text, json or markdown")
     address = cfg.scheduler
     if address:
         from advisor.cluster import cluster_executor
@@ -245,7 +326,8 @@ def report(
         engine = nullcontext(None)
     # A report to stdout rendered before for this run and these options is written as it was
     # (advisor.cli.warm); one made now is kept in its analysis entry for the next time.
-    warm = output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard and not ops and not kernels
+    warm = (output is None and format is not Format.html and rules_dir is None and not address and not cfg.rule_options and not tensorboard
+            and not ops and not kernels and not collectives and not launches)
     if warm:
         from advisor.cli.warm import keep, recording, serve, stored_report
 
@@ -253,6 +335,10 @@ def report(
         if text is not None:
             serve(text)
             return
+    if collectives:
+        with engine as executor:
+            emit_collectives(path, run, format, output, executor)
+        return
     with engine as executor:
         # Every format comes from the analysis (the HTML's timeline and top ops too: advisor.rank_view), cached or not.
         analysis = analyze_with_progress(
@@ -266,6 +352,10 @@ def report(
         return
     if kernels and format is not Format.html:
         emit_kernels(analysis, format, output)
+    elif launches:
+        emit_launches(analysis, format, output)
+    elif ops and format.value in TABLE_FORMATS:
+        emit_op_table(analysis, format, output)
     elif ops and format is not Format.html:
         emit_ops(analysis, format, output)
     else:

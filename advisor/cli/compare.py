@@ -30,6 +30,7 @@ def diff(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md, .txt set the format; its folder must exist)."),
     rules_dir: Optional[Path] = typer.Option(None, "--rules", help="Also run the rule files in this folder: every *.py there is imported, i.e. executed as Python with your permissions (use only folders you trust)."),
     config: Optional[Path] = typer.Option(None, "--config", help="advisor.toml or pyproject.toml to use."),
+    ops: bool = typer.Option(False, "--ops", help="Line up the ops of the two runs by (op, input shapes, input dtypes, scalar inputs) and rank the changes in device time per step against the steps' noise (text, json, markdown)."),
 ) -> None:
     """Compare two runs: step time, throughput, breakdown, and which findings were resolved or are new."""
     from advisor.analysis import analyze
@@ -46,6 +47,9 @@ def diff(
     if format is DiffFormat.html and output is None:
         refuse_terminal_for_html("diff")
     first, second = analyze(before, config=cfg, rules_dir=rules_dir, cache=True), analyze(after, config=cfg, rules_dir=rules_dir, cache=True)
+    if ops:
+        _emit_op_diff(first, second, format, output)
+        return
     comparison = compare(first, second, cfg.rule_options)
     inputs = run_input_files(first) + run_input_files(second)
     notes = output_console(stderr=True)  # warnings on stderr: stdout (or the file) holds the comparison alone
@@ -60,6 +64,25 @@ def diff(
     text = render_diff(comparison, format.value)
     assert text is not None
     write_output(text, output, inputs)
+
+
+def _emit_op_diff(first, second, format: DiffFormat, output: Optional[Path]) -> None:
+    """`diff --ops`: the two runs' op tables lined up (advisor.metrics.op_table.op_diff)."""
+    from advisor.errors import InputError
+    from advisor.metrics.op_table import op_diff
+    from advisor.render import ops as ops_render
+
+    if format is DiffFormat.html:
+        raise InputError("--format html", "diff --ops writes text, json or markdown")
+    table = op_diff(first.op_table(), second.op_table())
+    names = (first.run.name, second.run.name)
+    inputs = run_input_files(first) + run_input_files(second)
+    if format is DiffFormat.json:
+        write_output(ops_render.to_op_diff_json(*names, table), output, inputs)
+    elif format is DiffFormat.markdown:
+        write_output(ops_render.to_op_diff_markdown(*names, table), output, inputs)
+    else:
+        write_output(ops_render.to_op_diff_text(*names, table), output, inputs)
 
 
 def view(

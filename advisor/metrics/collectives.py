@@ -18,7 +18,10 @@ what `job_waits` compares.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -153,3 +156,277 @@ def job_waits(comms: list[tuple[int, RankComm | None]]) -> JobWaits | None:
     second = np.partition(collective, 1, axis=0)[1]
     caused[last, np.arange(len(common))] = second - shortest
     return JobWaits(ranks, common.to_numpy(np.int64), collective, wait, caused)
+
+
+# --- every collective of a rank: kind, message size, algorithm (`advisor report --collectives`) ---
+
+# NCCL's bus bandwidth factors (nccl-tests, doc/PERFORMANCE.md): busbw = algbw x factor(n).
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+# A collective's name, as an annotation (nccl:_all_gather_base) or a kernel (ncclDevKernel_AllGather_RING_LL) writes it.
+_KINDS = (
+    ("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+    ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("send", "send_recv"),
+    ("recv", "send_recv"), ("reduce", "reduce"),
+)
+_ALGORITHM = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)_?(LL128|LL|SIMPLE)?(?=[_(]|$)")
+ELEMENT_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "unsigned int": 4, "double": 8, "float64": 8, "long": 8, "long int": 8,
+    "int64": 8, "half": 2, "c10::half": 2, "float16": 2, "c10::bfloat16": 2, "bfloat16": 2, "short": 2, "int16": 2,
+    "signed char": 1, "unsigned char": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1, "byte": 1,
+}
+CALL_COLUMNS = ["start", "end", "dur", "kind", "algorithm", "bytes"]
+
+
+def collective_kind(name: str) -> str | None:
+    """all_reduce, all_gather, ... from an annotation's or a kernel's name; None if neither says."""
+    squashed = name.lower().replace("_", "").replace("ncclkernel", "").replace("nccldevkernel", "").replace("nccl:", "")
+    for needle, kind in _KINDS:
+        if squashed.startswith(needle) or f":{needle}" in squashed:
+            return kind
+    return None
+
+
+def collective_algorithm(kernel: str) -> str:
+    """The algorithm and protocol a NCCL kernel's name states (RING LL, TREE SIMPLE), "" where none."""
+    m = _ALGORITHM.search(kernel.split("(")[0])
+    return " ".join(p for p in m.groups() if p) if m else ""
+
+
+def _annotation_bytes(dims, types) -> float:
+    """The first input's bytes of an `nccl:*` annotation (record_shapes): elements x element size."""
+    if not isinstance(dims, list) or not dims or not isinstance(dims[0], list):
+        return np.nan
+    text = types if isinstance(types, str) else ""
+
+    try:
+        names = json.loads(text) if text else []
+    except ValueError:
+        return np.nan
+    size = ELEMENT_BYTES.get(str(names[0]).lower()) if names else None
+    if size is None or not all(isinstance(d, int) and d >= 0 for d in dims[0]):
+        return np.nan
+    return float(np.prod(dims[0], dtype=np.float64) * size)
+
+
+def collective_calls(frames: TraceFrames) -> pd.DataFrame:
+    """One row per collective on one rank, in start order: start, end, dur (ns of its kernels),
+    kind, algorithm, bytes (the message as the call's record states it: the kernel's `In msg
+    nelems` x dtype, else the first input of the `nccl:*` annotation around its launch; NaN
+    where neither is recorded). Kernels launched under one annotation are one collective."""
+    dev = frames.device
+    comm = communication_kernels(frames) if len(dev) else np.zeros(0, dtype=bool)
+    if not comm.any():
+        return pd.DataFrame({"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64), "dur": np.zeros(0, np.int64),
+                             "kind": np.zeros(0, object), "algorithm": np.zeros(0, object), "bytes": np.zeros(0)})
+    k = dev.loc[comm, ["name", "ts", "end", "correlation", "msg_bytes"]].reset_index(drop=True)
+    names = k["name"].astype(str).to_numpy(dtype=object)
+    # The launch call of each kernel, and the nccl:* annotation around it on the same thread.
+    rt = frames.runtime
+    launch = pd.Series(np.arange(len(rt)), index=rt["correlation"].to_numpy(np.int64))
+    launch = launch[~launch.index.duplicated()]
+    pos = launch.reindex(k["correlation"].to_numpy(np.int64)).to_numpy()
+    host = frames.host
+    is_ann = host["name"].astype(str).str.startswith("nccl:").to_numpy()
+    ann = host.loc[is_ann, ["name", "tid", "ts", "end", "input_dims", "input_types"]].reset_index(drop=True)
+    owner = np.full(len(k), -1, np.int64)
+    if len(ann) and len(rt):
+        linked = np.nonzero(~np.isnan(pos))[0]
+        at = pos[linked].astype(np.int64)
+        k_tid, k_t = rt["tid"].to_numpy()[at], rt["ts"].to_numpy(np.int64)[at]
+        a_tid, a_ts_all, a_end_all = ann["tid"].to_numpy(), ann["ts"].to_numpy(np.int64), ann["end"].to_numpy(np.int64)
+        for tid in pd.unique(a_tid):
+            rows = np.nonzero(a_tid == tid)[0]
+            rows = rows[np.argsort(a_ts_all[rows], kind="stable")]
+            mine = k_tid == tid
+            t = k_t[mine]
+            j = np.searchsorted(a_ts_all[rows], t, side="right") - 1
+            inside = (j >= 0) & (a_end_all[rows[np.clip(j, 0, None)]] >= t)
+            owner[linked[mine][inside]] = rows[j[inside]]
+    a_names = ann["name"].astype(str).to_numpy(dtype=object)
+    a_bytes = np.array([_annotation_bytes(d, t) for d, t in zip(ann["input_dims"], ann["input_types"], strict=True)], dtype=np.float64)
+    key = np.where(owner >= 0, owner, -1 - np.arange(len(k)))
+    out = []
+    for _, idx in pd.Series(np.arange(len(k))).groupby(key, sort=False):
+        idx = idx.to_numpy()
+        first = idx[0]
+        a = owner[first]
+        kind = (collective_kind(a_names[a]) if a >= 0 else None) or collective_kind(names[first]) or "other"
+        size = float(k["msg_bytes"].iat[first])
+        if np.isnan(size) and a >= 0:
+            size = a_bytes[a]
+        dur = int((k["end"].to_numpy(np.int64)[idx] - k["ts"].to_numpy(np.int64)[idx]).sum())
+        out.append((int(k["ts"].iat[first]), int(k["end"].to_numpy(np.int64)[idx].max()), dur, kind, collective_algorithm(names[first]), size))
+    table = pd.DataFrame(out, columns=CALL_COLUMNS)
+    return table.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def comm_compute_overlap(frames: TraceFrames) -> dict[str, int]:
+    """A rank's kernel time (ns) split as HTA's overlap table does: compute (non-collective
+    kernels, merged), communication (collective kernels, merged), their overlap, and the
+    communication no compute ran beside (exposed)."""
+    dev = frames.device
+    if len(dev) == 0:
+        return {"compute_ns": 0, "communication_ns": 0, "overlapped_ns": 0, "exposed_ns": 0}
+    is_kernel = (dev["kind"] == "kernel").to_numpy()
+    comm = communication_kernels(frames)
+    ts, te = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
+    ks, ke = merge(ts[is_kernel & ~comm], te[is_kernel & ~comm])
+    cs, ce = merge(ts[comm], te[comm])
+    overlapped = int(overlap_with(ks, ke, cs, ce).sum()) if len(cs) else 0
+    communication = int((ce - cs).sum())
+    return {"compute_ns": int((ke - ks).sum()), "communication_ns": communication, "overlapped_ns": overlapped, "exposed_ns": communication - overlapped}
+
+
+# --- the job's collectives: size buckets, bandwidth against the link, skew and wait across ranks ---
+
+# Message size buckets (bytes): each bucket holds sizes from its edge up to the next.
+SIZE_EDGES = (0, 2**10, 2**16, 2**20, 2**24, 2**28)
+SIZE_LABELS = ("< 1 KiB", "1–64 KiB", "64 KiB–1 MiB", "1–16 MiB", "16–256 MiB", "≥ 256 MiB")
+
+
+@dataclass
+class RankCollectives:
+    """What one rank sends back for the job's collectives table (small: one row per collective)."""
+
+    rank: int
+    calls: pd.DataFrame  # collective_calls
+    overlap: dict[str, int]  # comm_compute_overlap
+    device_name: str | None
+    devices_in_trace: int
+    group_size: int | None
+
+
+def group_size_of(distributed: dict) -> int | None:
+    """The ranks a collective spans: the one process group's size, else the world size."""
+    groups = distributed.get("pg_config")
+    if isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict) and isinstance(groups[0].get("pg_size"), int):
+        return int(groups[0]["pg_size"])
+    world = distributed.get("world_size")
+    return int(world) if isinstance(world, int) and world > 0 else None
+
+
+def rank_collectives(frames: TraceFrames, rank: int) -> RankCollectives:
+    props = frames.device_properties
+    name = str(props["name"].iloc[0]) if len(props) else None
+    return RankCollectives(rank, collective_calls(frames), comm_compute_overlap(frames), name, len(props), group_size_of(frames.distributed))
+
+
+def size_bucket(size: np.ndarray) -> np.ndarray:
+    """The bucket label of each message size (bytes), "size unknown" for NaN."""
+    idx = np.searchsorted(np.asarray(SIZE_EDGES, np.float64), np.nan_to_num(size, nan=-1.0), side="right") - 1
+    labels = np.array(SIZE_LABELS, dtype=object)
+    return np.where(np.isnan(size), "size unknown", labels[np.clip(idx, 0, len(labels) - 1)])
+
+
+def nccl_size(kind: np.ndarray, recorded: np.ndarray, n: int) -> np.ndarray:
+    """nccl-tests' size of each collective from the bytes its record gives: an all-gather's
+    record names one rank's input, its size is the gathered output (x n); every other kind's
+    record names the size itself."""
+    return np.where(kind == "all_gather", recorded * n, recorded)
+
+
+@dataclass
+class JobCollectives:
+    """The job's collectives (see to_dict for the fields)."""
+
+    table: pd.DataFrame  # kind, bucket, algorithm, count, time_ms, bytes, algbw_gbps, busbw_gbps, peak_share
+    ranks: pd.DataFrame  # rank, collectives, time_ms, matched, mean_lag_ms, max_lag_ms, wait_ms
+    overlap: pd.DataFrame  # rank, compute_ms, communication_ms, overlapped_ms, exposed_ms, overlap_share
+    link: Any
+    group_size: int | None
+    skew_p50_ms: float | None
+    skew_max_ms: float | None
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+            return [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in df.to_dict("records")]
+
+        return {"group_size": self.group_size, "link": self.link.to_dict(), "collectives": rows(self.table), "ranks": rows(self.ranks),
+                "skew_p50_ms": self.skew_p50_ms, "skew_max_ms": self.skew_max_ms, "overlap": rows(self.overlap), "notes": list(self.notes)}
+
+
+def job_collectives(ranks: list[RankCollectives]) -> JobCollectives:
+    """Every rank's collectives in one table per kind and size bucket (the first rank's sizes:
+    every rank of a collective moves the same), bandwidth by NCCL's definitions against the
+    inferred link, and per rank how late it arrived and how long it waited for the last.
+
+    Skew and wait need the ranks' clocks on one time base: a collective ends on every rank at
+    about the same moment (when the last rank's data arrived), so each rank's clock offset is
+    the median over matched collectives of its end less the first rank's, and a collective's
+    start on each rank is compared after that offset. Collectives are matched by kind and
+    order of that kind."""
+    from advisor.metrics.links import infer_link
+
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    notes: list[str] = []
+    n = next((r.group_size for r in ranks if r.group_size), None)
+    named = next((r for r in ranks if r.device_name), None)
+    link = infer_link(named.device_name if named else None, named.devices_in_trace if named else 0, n)
+    frames = [r.calls.assign(rank=r.rank) for r in ranks]
+    calls = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*CALL_COLUMNS, "rank"])
+    kind = calls["kind"].to_numpy(dtype=object)
+    size = nccl_size(kind, calls["bytes"].to_numpy(np.float64), n or 1)
+    calls = calls.assign(size=size, bucket=size_bucket(size))
+    factor = np.array([BUS_FACTOR[k](n) if k in BUS_FACTOR and n else np.nan for k in kind], dtype=np.float64)
+    calls["factor"] = factor
+    rows = []
+    for (kd, bucket), g in calls.groupby(["kind", "bucket"], sort=True):
+        dur = float(g["dur"].sum())
+        moved = float(g["size"].sum()) if g["size"].notna().all() else np.nan
+        algbw = moved / dur if dur > 0 else np.nan  # bytes/ns = GB/s
+        busbw = algbw * float(g["factor"].iloc[0])
+        algs = sorted({a for a in g["algorithm"] if a})
+        rows.append({"kind": kd, "bucket": bucket, "algorithm": ", ".join(algs) or "not named", "count": len(g), "ranks": int(g["rank"].nunique()),
+                     "time_ms": dur / 1e6, "bytes": moved, "algbw_gbps": algbw, "busbw_gbps": busbw,
+                     "peak_share": busbw / link.peak_gbps if link.peak_gbps and np.isfinite(busbw) else np.nan})
+    table = pd.DataFrame(rows, columns=["kind", "bucket", "algorithm", "count", "ranks", "time_ms", "bytes", "algbw_gbps", "busbw_gbps", "peak_share"])
+    table = table.sort_values("time_ms", ascending=False, kind="stable").reset_index(drop=True)
+    if calls["size"].isna().any():
+        notes.append("Some collectives' message size is not in the trace (neither the kernel's `In msg nelems` nor an `nccl:*` op's input shapes): "
+                     "their bandwidth is not computed. Record with record_shapes=True.")
+    if n and len(ranks) < n:
+        notes.append(f"The run holds {len(ranks)} of the group's {n} ranks: skew and wait compare these ranks only.")
+    per_rank, skew = _lateness(ranks, notes)
+    overlap = pd.DataFrame([{"rank": r.rank, "compute_ms": r.overlap["compute_ns"] / 1e6, "communication_ms": r.overlap["communication_ns"] / 1e6,
+                             "overlapped_ms": r.overlap["overlapped_ns"] / 1e6, "exposed_ms": r.overlap["exposed_ns"] / 1e6,
+                             "overlap_share": r.overlap["overlapped_ns"] / r.overlap["communication_ns"] if r.overlap["communication_ns"] else np.nan}
+                            for r in ranks], columns=["rank", "compute_ms", "communication_ms", "overlapped_ms", "exposed_ms", "overlap_share"])
+    return JobCollectives(table, per_rank, overlap, link, n, skew[0], skew[1], notes)
+
+
+def _lateness(ranks: list[RankCollectives], notes: list[str]) -> tuple[pd.DataFrame, tuple[float | None, float | None]]:
+    """Per rank: collectives, time in them, how late it started each (after the clock offset)
+    behind the earliest rank, and the time it waited for the last (see job_collectives)."""
+    base = pd.DataFrame({"rank": [r.rank for r in ranks], "collectives": [len(r.calls) for r in ranks],
+                         "time_ms": [r.calls["dur"].sum() / 1e6 for r in ranks]})
+    empty = base.assign(matched=0, mean_lag_ms=np.nan, max_lag_ms=np.nan, wait_ms=np.nan)
+    if len(ranks) < 2 or any(len(r.calls) == 0 for r in ranks):
+        return empty, (None, None)
+    kinds = sorted(set.intersection(*(set(r.calls["kind"]) for r in ranks)))
+    starts, ends = [], []
+    for kd in kinds:
+        per = [r.calls.loc[r.calls["kind"] == kd] for r in ranks]
+        m = min(len(p) for p in per)
+        if any(len(p) != m for p in per):
+            notes.append(f"The ranks recorded different numbers of {kd} collectives: the first {m} of each are compared.")
+        starts.append(np.vstack([p["start"].to_numpy(np.int64)[:m] for p in per]))
+        ends.append(np.vstack([p["end"].to_numpy(np.int64)[:m] for p in per]))
+    s, e = np.hstack(starts), np.hstack(ends)
+    if s.shape[1] == 0:
+        return empty, (None, None)
+    offset = np.median(e - e[0], axis=1)
+    aligned = s - offset[:, None]
+    lag = aligned - aligned.min(axis=0)  # behind the earliest rank
+    wait = aligned.max(axis=0) - aligned  # waiting for the last rank to arrive
+    spread = aligned.max(axis=0) - aligned.min(axis=0)
+    out = base.assign(matched=s.shape[1], mean_lag_ms=lag.mean(axis=1) / 1e6, max_lag_ms=lag.max(axis=1) / 1e6, wait_ms=wait.sum(axis=1) / 1e6)
+    return out, (float(np.median(spread)) / 1e6, float(spread.max()) / 1e6)

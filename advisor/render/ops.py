@@ -120,4 +120,61 @@ def to_ops_json(a: Analysis) -> str:
     return to_json_text(ops_document(a))
 
 
-__all__ = ["OPS_SCHEMA", "heading", "ops_document", "render_ops_text", "to_ops_json", "to_ops_markdown"]
+__all__ = ["OPS_SCHEMA", "OP_DIFF_SCHEMA", "heading", "ops_document", "render_ops_text", "to_op_diff_json", "to_op_diff_markdown", "to_op_diff_text", "to_ops_json", "to_ops_markdown"]
+
+
+# --- `advisor diff --ops`: the ops of two runs lined up, by the size of the change -----------
+OP_DIFF_SCHEMA = "advisor/op-diff/v1"
+OP_DIFF_ROWS = 30
+
+
+def _verdict(row: Any) -> str:
+    if row.status != "both":
+        return "only after" if row.status == "new" else "only before"
+    if not row.beyond_noise:
+        return "within noise"
+    return "beyond noise, other kernels" if row.kernels_changed else "beyond noise"
+
+
+def op_diff_heading(before: str, after: str, diff: Any) -> list[str]:
+    beyond = diff[diff["beyond_noise"]]
+    return [
+        f"Ops of {one_line(before)} → {one_line(after)}: device time per step by (op, input shapes, input dtypes, scalar inputs), "
+        f"largest change first; {len(diff)} rows, {len(beyond)} beyond the steps' noise "
+        f"({int(beyond['kernels_changed'].sum())} of them ran other kernels).",
+        "Noise: two standard errors of the difference of the two runs' mean per step, from each row's own step-to-step spread. "
+        "Separate runs also differ by what one run's steps do not show (GPU clocks, cuDNN's choice of algorithm).",
+    ]
+
+
+def _diff_cells(row: Any) -> list[str]:
+    return [one_line(row.op), one_line(row.input_shapes), one_line(row.input_dtypes), _num(row.ms_per_step_before, 3),
+            _num(row.ms_per_step_after, 3), f"{row.change_ms:+.3f}", _num(row.noise_ms, 3), _verdict(row)]
+
+
+DIFF_HEADER = ["op", "input shapes", "input dtypes", "before ms/step", "after ms/step", "change ms", "noise ms", ""]
+
+
+def to_op_diff_text(before: str, after: str, diff: Any, n: int = OP_DIFF_ROWS) -> str:
+    rows = [_diff_cells(r) for r in diff.head(n).itertuples(index=False)]
+    widths = [min(60, max(len(h), *(len(r[i]) for r in rows))) if rows else len(h) for i, h in enumerate(DIFF_HEADER)]
+    out = op_diff_heading(before, after, diff) + [""]
+    out.append("  ".join(h.ljust(w) for h, w in zip(DIFF_HEADER, widths, strict=True)).rstrip())
+    for r in rows:
+        out.append("  ".join((c if len(c) <= w else c[: w - 1] + "…").ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(out) + "\n"
+
+
+def to_op_diff_markdown(before: str, after: str, diff: Any, n: int = OP_DIFF_ROWS) -> str:
+    out = [f"# Ops: {md(before)} → {md(after)}", ""] + [md(line) + "  " for line in op_diff_heading(before, after, diff)]
+    out += ["", "| " + " | ".join(DIFF_HEADER[:-1]) + " | verdict |", "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    out += ["| " + " | ".join(md(c) for c in _diff_cells(r)) + " |" for r in diff.head(n).itertuples(index=False)]
+    return "\n".join(out) + "\n"
+
+
+def to_op_diff_json(before: str, after: str, diff: Any) -> str:
+    rows = []
+    for r in diff.itertuples(index=False):
+        d = r._asdict()
+        rows.append({k: (None if isinstance(v, float) and not math.isfinite(v) else (v.item() if hasattr(v, "item") else v)) for k, v in d.items()} | {"verdict": _verdict(r)})
+    return to_json_text({"schema": OP_DIFF_SCHEMA, "advisor_version": __version__, "before": before, "after": after, "ops": rows})
