@@ -271,12 +271,8 @@ def analyze_with_progress(path: Path, **kwargs):
 @app.command()
 def report(
     path: Path = typer.Argument(..., help="A torch.profiler log dir or trace file (.json, .json.gz)."),
-    format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html]", callback=format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md, .txt set the format; its folder must exist)."),
-
-
     format: Optional[str] = typer.Option(None, "--format", "-f", metavar="[text|json|markdown|md|html|csv|parquet]", callback=report_format_option, help="text, json, markdown (md) or html (default: from the -o suffix, else text); csv or parquet with --ops."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md set the format)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout (.html, .json, .md, .txt set the format, .csv and .parquet with --ops; its folder must exist)."),
     run: Optional[str] = typer.Option(None, "--run", help="Which run of a log dir holding several."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence and code for each finding."),
     select: List[str] = typer.Option([], "--select", help="Only these rules: ids, groups (memory, input, ...) or id prefixes (h2d); repeatable, or comma-separated: a,b."),
@@ -286,10 +282,7 @@ def report(
     show_settings: bool = typer.Option(False, "--show-settings", help="Print the resolved configuration (config file, rules that run, their options, cache) and exit."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Then open the run in TensorBoard's profiler view."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Analyse the ranks on this Dask cluster (tcp://HOST:PORT; also ADVISOR_SCHEDULER, never from a config merely found; needs torch-advisor[cluster])."),
-    ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it)."),
     kernels: bool = typer.Option(False, "--kernels", help="List the kernels by total time as the advisor read them: library, family, precision, matrix units, share (text, json, markdown)."),
-
-
     ops: bool = typer.Option(False, "--ops", help="List the ops by device time on the device's roofline: FLOPs, bytes, TFLOP/s, TB/s, share of the ceiling (text, json, markdown; html always draws it); with -f csv or parquet, every op by input shapes and dtypes with count, total, mean, p50, p90, max of its calls' device time."),
     launches: bool = typer.Option(False, "--launches", help="List the slowest rank's launch delays (launch call to device start: p50, p90, max), queue lengths and idle time by cause (host wait, kernel wait, other) per stream (text, json, markdown)."),
     collectives: bool = typer.Option(False, "--collectives", help="List the job's collectives by kind and message size: count, time, algorithm, bus bandwidth against the link's peak; each rank's skew and wait; each rank's overlap of communication and compute (text, json, markdown)."),
