@@ -5,6 +5,7 @@ torchrun (RANK set) it is one rank. Rank 0 prints the step times.
 """
 
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,6 @@ def build() -> nn.Module:
 
 
 def train(rank: int, world_size: int, args) -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -53,6 +52,10 @@ def main() -> None:
     if "RANK" in os.environ:
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
     else:
+        with socket.socket() as probe:  # a free port for the ranks' rendezvous
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         mp.spawn(train, args=(2, args), nprocs=2)
 
 
