@@ -294,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default: the script's)")
     parser.add_argument("--out", type=Path, default=None, help="write the table here too")
     args = parser.parse_args(argv)
+    if args.alternations < 1 or (args.steps is not None and args.steps < 1):
+        print("run.py: --alternations and --steps must be at least 1", file=sys.stderr)
+        return 2
     workloads = [w for w in load_manifest() if args.device in w.devices]
     if args.only:
         unknown = set(args.only) - {w.name for w in workloads}
