@@ -123,3 +123,17 @@ def test_scoring_with_nothing_to_score():
     totals = bench.score([bench.Result("c", (), None, [])])
     assert totals["precision"] is None and totals["recall"] is None
     assert totals["error_median"] is None and totals["scored_pairs"] == 0
+
+
+def test_the_table_shows_promise_and_measurement_per_workload():
+    result = bench.Result("pair", ("r1",), "r1", [("r1", 12.0, 0.12)], measured_ms=10.0, measured_pct=0.10,
+                          spread_pct=(0.08, 0.14), defect_ms=100.0, twin_ms=90.0)
+    control = bench.Result("control", (), None, [("r2", 9.0, 0.09)])
+    table = bench.render([result, control], bench.score([result, control]), "cpu", 5, [1.0, 3.0], 12.0)
+    assert "first fix: r1 (right)" in table
+    assert "promised 12.0 ms (12.0%); measured 10.0 ms (10.0%, paired runs 8.0% to 14.0%)" in table
+    assert "control: seeded (control)\n  detected: r2 9.0%" in table
+    # one false positive (the control's 9% finding): precision 1 / 2; error |12 - 10| / 10 = 20%
+    assert "precision 50% (1 unseeded finding(s)" in table
+    assert "median 20%, 80th percentile 20%, within ±30%: 1 of 1" in table
+    assert "median 2.00, max 3.00" in table
