@@ -1,0 +1,23 @@
+"""Inference loop that makes each input with torch.randn on the host and copies it to the device."""
+
+import torch
+from torch import nn
+
+from _bench import StepTimer, parse_args
+
+
+def main() -> None:
+    args = parse_args(steps=40)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 16)).to(args.device).eval()
+    timer = StepTimer(args)
+    with torch.inference_mode():
+        while True:
+            batch = torch.randn(256, 1024).to(args.device)
+            model(batch).argmax(1)
+            if timer.tick():
+                return timer.done()
+
+
+if __name__ == "__main__":
+    main()
