@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_trace
+from conftest import shared_trace
 
 JOBS = ["corpus/v100_dlrm_8rank", "corpus/rtx4090_nccl_2rank", "corpus/rtx4090_llama_tp2", "a100_two_ranks"]
 ELEMENT = {"float": 4, "Float": 4, "long": 8, "long int": 8, "unsigned char": 1, "Long": 8, "signed char": 1, "int": 4, "c10::Half": 2, "c10::BFloat16": 2, "BFloat16": 2, "Half": 2, "double": 8}

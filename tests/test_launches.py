@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import shared_trace
+from conftest import shared_trace
 
 DEVICE = {"kernel", "gpu_memcpy", "gpu_memset"}
 

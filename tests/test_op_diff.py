@@ -25,7 +25,9 @@ import io
 import json
 import math
 
-from tests.conftest import single_file
+import pytest
+
+from conftest import single_file
 
 CLOCK_TOLERANCE = 0.03
 
@@ -86,3 +88,14 @@ def test_op_diff_text_and_bad_format(cli, nw0, nw4):
     assert code == 0 and "beyond noise, other kernels" in out and "before ms/step" in out
     code, _, err = cli(["diff", str(nw0), str(nw4), "--ops", "-f", "html"])
     assert code == 2 and "diff --ops writes text, json or markdown" in err
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the claim as written before the diff was read: no op of nw0 -> nw4 changes beyond the steps' noise but the "
+    "DataLoader's. It does not hold: cuDNN chose other algorithms for seven convolutions in the second run "
+    "(up to +0.53 ms/step), which the diff labels 'beyond noise, other kernels'"
+))
+def test_no_op_changes_beyond_noise_between_the_two_loader_settings(cli, nw0, nw4):
+    code, out, err = cli(["diff", str(nw0), str(nw4), "--ops", "-f", "json"])
+    assert code == 0, err
+    assert [r["op"] for r in json.loads(out)["ops"] if r["beyond_noise"]] == []

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.conftest import single_file
+from conftest import single_file
 
 
 def _csv(cli, run) -> list[dict]:
