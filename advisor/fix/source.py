@@ -52,6 +52,35 @@ def has_star_kwargs(call: cst.Call) -> bool:
     return any(a.star == "**" for a in call.args)
 
 
+def _plain_positional(call: cst.Call) -> list[cst.Arg]:
+    """The call's positional arguments up to the first keyword or starred one."""
+    out = []
+    for a in call.args:
+        if a.keyword is not None or a.star:
+            break
+        out.append(a)
+    return out
+
+
+def argument(call: cst.Call, name: str, positional: tuple[str, ...] = ()) -> cst.Arg | None:
+    """The argument that passes parameter NAME: its keyword, or its place among the positional
+    arguments, POSITIONAL naming the callee's positional parameters in order
+    (`DataLoader(ds, 4, False, None, None, 0)` passes num_workers sixth)."""
+    found = keyword(call, name)
+    if found is not None or name not in positional:
+        return found
+    plain = _plain_positional(call)
+    i = positional.index(name)
+    return plain[i] if i < len(plain) else None
+
+
+def star_args_may_pass(call: cst.Call, name: str, positional: tuple[str, ...]) -> bool:
+    """A `*args` of the call may be what passes NAME (it starts at or before NAME's place)."""
+    if name not in positional:
+        return False
+    return any(a.star == "*" for a in call.args) and len(_plain_positional(call)) <= positional.index(name)
+
+
 @dataclass
 class Edits:
     """What one fix changes, by node of the parsed tree."""
@@ -61,16 +90,21 @@ class Edits:
     remove: set[cst.CSTNode] = field(default_factory=set)  # statements removed
     wrap: dict[cst.CSTNode, tuple[cst.CSTNode, str]] = field(default_factory=dict)  # first stmt -> (last stmt, `with` header)
     values: dict[cst.Assign, str] = field(default_factory=dict)  # assignment -> its new value
+    positional: dict[cst.Call, tuple[str, ...]] = field(default_factory=dict)  # call -> its positional parameters, in order
 
-    def set_keywords(self, call: cst.Call, values: dict[str, str]) -> None:
+    def set_keywords(self, call: cst.Call, values: dict[str, str], positional: tuple[str, ...] = ()) -> None:
+        """Set these arguments of the call; one it passes by position (POSITIONAL: the callee's
+        positional parameters, in order) gets its new value there, never a second keyword."""
         self.keywords.setdefault(call, {}).update(values)
+        if positional:
+            self.positional[call] = positional
 
     def insert_after(self, statement: cst.CSTNode, lines: list[str]) -> None:
         self.after.setdefault(statement, []).extend(lines)
 
     def merge(self, other: Edits) -> None:
         for call, values in other.keywords.items():
-            self.set_keywords(call, values)
+            self.set_keywords(call, values, other.positional.get(call, ()))
         for stmt, lines in other.after.items():
             for line in lines:
                 if line not in self.after.get(stmt, []):
@@ -294,11 +328,15 @@ class _Collect(cst.CSTVisitor):
         return True
 
 
-def _with_keywords(call: cst.Call, values: dict[str, str]) -> cst.Call:
-    """The call with these keyword arguments set: an existing one gets the new value, a new
+def _with_keywords(call: cst.Call, values: dict[str, str], positional: tuple[str, ...] = ()) -> cst.Call:
+    """The call with these keyword arguments set: an existing one gets the new value (passed by
+    keyword, or by position where POSITIONAL names the callee's positional parameters), a new
     one is appended in the layout of the arguments before it (one per line stays one per line)."""
     args = list(call.args)
     remaining = dict(values)
+    for i, a in enumerate(_plain_positional(call)[: len(positional)]):
+        if positional[i] in remaining:
+            args[i] = a.with_changes(value=cst.parse_expression(remaining.pop(positional[i])))
     for i, a in enumerate(args):
         if a.keyword is not None and a.keyword.value in remaining:
             args[i] = a.with_changes(value=cst.parse_expression(remaining.pop(a.keyword.value)))
@@ -363,7 +401,7 @@ class _Apply(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         values = self.e.keywords.get(original)
-        return _with_keywords(updated, values) if values else updated
+        return _with_keywords(updated, values, self.e.positional.get(original, ())) if values else updated
 
     def _body(self, originals, updated_body) -> list:
         out = []
