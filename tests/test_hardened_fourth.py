@@ -83,3 +83,158 @@ def test_the_cache_hash_refuses_what_the_loader_refuses_by_size(tmp_path, monkey
     import hashlib
 
     assert content_digest(trace) == hashlib.sha256(trace.read_bytes()).hexdigest()
+
+
+# --- P5, P6: the decoder ------------------------------------------------------------------------
+def _events(n: int) -> list[dict]:
+    """N host ops and their kernels, as a current-schema trace writes them."""
+    out = []
+    for i in range(n):
+        out.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0, "args": {"External id": i + 1}})
+        out.append({"ph": "X", "cat": "kernel", "name": f"kernel{i % 5}", "pid": 0, "tid": 7, "ts": 10.0 * i + 2, "dur": 3.0, "args": {"External id": i + 1, "device": 0, "stream": 7}})
+    return out
+
+
+def _same_frames(a, b) -> None:
+    import pandas as pd
+
+    for table in ("host", "device", "runtime", "steps"):
+        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
+
+
+def test_a_lone_surrogate_in_the_last_string_of_the_document_reads_as_elsewhere(tmp_path):
+    """The reproducer: `"traceName": "run\\ud83d"}` at the end of the document gave "truncated
+    JSON (profiler stopped mid-write?)", exit 2 (msgspec reads on past the end for the low
+    surrogate); anywhere else a lone surrogate reads as U+FFFD. At the end it does too, and the
+    events are those of the same trace without it. A trace really cut short is still said so."""
+    import orjson
+
+    from advisor.errors import InputError
+    from advisor.load.trace import load_trace
+
+    events = _events(30)
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(orjson.dumps({"traceEvents": events, "traceName": "run"}))
+    odd = tmp_path / "odd.json"
+    odd.write_bytes(orjson.dumps({"traceEvents": events, "traceName": "runMARK"}).replace(b"MARK", b"\\ud83d"))
+    assert odd.read_bytes().endswith(b'"run\\ud83d"}')
+    frames = load_trace(odd)
+    assert frames.metadata["traceName"] == "run\ufffd"
+    _same_frames(frames, load_trace(plain))
+    # the same in the last event of a chunk the typed decoder rejected (an odd type earlier on)
+    chunked = [dict(e) for e in events]
+    chunked[3]["dur"] = "5"
+    chunked[-1]["name"] = "kernelMARK"
+    odd.write_bytes(orjson.dumps({"traceEvents": chunked}).replace(b"MARK", b"\\ud83d"))
+    assert load_trace(odd).device["name"].iloc[-1] == "kernel\ufffd"
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(orjson.dumps({"traceEvents": events})[:-40])
+    with pytest.raises(InputError, match="truncated JSON"):
+        load_trace(cut)
+    cut.write_bytes(orjson.dumps({"traceEvents": events, "traceName": "runMARK"}).replace(b"MARK", b"\\ud83d")[:-2])
+    with pytest.raises(InputError, match="truncated JSON"):
+        load_trace(cut)
+
+
+@pytest.mark.parametrize("where", [0, 1023, 1500])
+@pytest.mark.parametrize("ph", ["- at `$[9999]`", "- at `$[0]`", "x - at `$[2].ph`", "Q"])
+def test_an_event_whose_value_reads_like_msgspecs_path_is_dropped_alone(tmp_path, where, ph):
+    """The reproducer: one event with `"ph": "- at `$[9999]`"` refused the whole trace
+    ("malformed trace events (IndexError)"): the rejected event's index was read out of the
+    value msgspec's message quotes, not the path it ends with. It is dropped, as one with
+    `"ph": "Q"` is, wherever it sits in the 1,024-event chunks: the frames are the trace's
+    without it."""
+    import orjson
+
+    from advisor.load.trace import load_trace
+
+    events = _events(1000)  # 2,000 events: two chunks
+    bad = {"ph": ph, "cat": "cpu_op", "name": "odd", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}
+    with_bad = tmp_path / "bad.json"
+    with_bad.write_bytes(orjson.dumps({"traceEvents": events[:where] + [bad] + events[where:]}))
+    without = tmp_path / "without.json"
+    without.write_bytes(orjson.dumps({"traceEvents": events}))
+    _same_frames(load_trace(with_bad), load_trace(without))
+
+
+# --- P4: shapes no run has, rates no device reaches ----------------------------------------------
+H100 = [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000, "computeMajor": 9, "computeMinor": 0, "numSms": 132}]
+
+
+def _gemm_trace(path: Path, gemms: list[tuple[list, float]]) -> Path:
+    """One 10 ms ProfilerStep of bf16 `aten::mm` calls, each (Input Dims, kernel µs), on an H100."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 10_000}]
+    t = 10.0
+    for i, (dims, us) in enumerate(gemms):
+        args = {"External id": i + 1, "Input Dims": dims, "Input type": ["c10::BFloat16", "c10::BFloat16"]}
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t, "dur": 8, "args": args})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 1, "dur": 5, "args": {"External id": i + 1, "correlation": i + 1}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "pid": 0, "tid": 7, "ts": t + 10, "dur": us,
+                   "args": {"External id": i + 1, "correlation": i + 1, "device": 0, "stream": 7}})
+        t += 10 + us + 5
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::sum", "pid": 1, "tid": 1, "ts": 9_990, "dur": 5})
+    import orjson
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "t.pt.trace.json").write_bytes(orjson.dumps({"traceEvents": ev, "deviceProperties": H100}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [
+        [[-64, 128], [128, 256]],  # a negative dimension: negative FLOPs
+        [[True, True], [True, 256]],  # booleans read as 1
+        [[64.0, 128], [128, 256]],  # not a whole number
+        [[64, 128], [128, -1]],
+    ],
+)
+def test_a_shape_with_a_negative_or_non_integer_dimension_is_not_costed(dims):
+    """The reproducer: `Input Dims` with a negative dimension gave negative FLOPs and TFLOP/s,
+    booleans read as 1 (`True×True×256`). No cost for such a shape; a real one beside it is
+    costed by hand: mm [2,3]×[3,4] is 2·2·4·3 = 48 FLOPs, (2·3 + 3·4 + 2·4)·4 = 104 bytes."""
+    from advisor.metrics.op_cost import op_cost
+
+    assert op_cost("aten::mm", ("float", "float"), dims, None) is None
+    cost = op_cost("aten::mm", ("float", "float"), [[2, 3], [3, 4]], None)
+    assert (cost.flops, cost.bytes) == (48, 104)
+    assert op_cost("aten::_fused_adam_", ("float",), [[[4, 4], [-4, 4]]], None).flops == 12 * 16  # the negative tensor is not counted
+
+
+def test_a_rate_past_the_device_is_left_out_with_a_note(cli, tmp_path):
+    """The reproducer: a 10⁶×10⁶ `mm` in 2 µs showed 400,000,000 TFLOP/s on a 67 TFLOP/s H100
+    (fp32; 989 bf16), and booleans and negative dimensions were costed. Now only the real
+    512³ GEMM is on the roofline: 2·512³ = 268,435,456 FLOP in 2 µs = 134.2 TFLOP/s; the
+    10⁶ one is left out, said in one note naming the op."""
+    import json
+
+    run = _gemm_trace(tmp_path / "run", [([[1_000_000, 1_000_000], [1_000_000, 1_000_000]], 2.0), ([[-64, 128], [128, 256]], 2.0), ([[True, True], [True, 256]], 2.0), ([[512, 512], [512, 512]], 2.0)])
+    code, out, err = cli(["report", str(run), "--ops", "-f", "json"], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [(o["shape"], round(o["tflops"], 1)) for o in doc["ops"]] == [("512×512×512", 134.2)]
+    [note] = [n for n in doc["notes"] if "op shape" in n]
+    assert note.startswith("left out 1 op shape(s)") and "H100 SXM" in note and "(aten::mm)" in note, note
+    code, out, err = cli(["report", str(run), "-f", "json"], env={"ADVISOR_CACHE": "off"})
+    assert code == 0 and note in json.loads(out)["notes"], err  # the report says it too, not only --ops
+
+
+def test_an_impossible_rate_never_sets_tensor_core_tiles_reference(cli, tmp_path):
+    """tensor-core-tile sets a misaligned GEMM against the run's aligned GEMMs of its precision
+    of about the same FLOPs. An aligned 4096×4096×4104 GEMM recorded in 0.01 µs (13.8 million
+    TFLOP/s) was that reference; now it is left out, and the reference is the aligned 4096³ GEMM
+    that took 250 µs: 2·4096³ / 250 µs = 549.76 TFLOP/s (the misaligned 4095×4096×4096 took
+    1,000 µs)."""
+    import json
+
+    gemms = [([[4095, 4096], [4096, 4096]], 1000.0), ([[4096, 4104], [4104, 4096]], 0.01)]
+    code, out, err = cli(["report", str(_gemm_trace(tmp_path / "alone", gemms)), "-f", "json", "--select", "tensor-core-tile"], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    doc = json.loads(out)
+    assert not [f for f in doc["findings"] + doc["considered"] if f["rule"] == "tensor-core-tile"], "no aligned GEMM that ran: no reference"
+    gemms.append(([[4096, 4096], [4096, 4096]], 250.0))
+    code, out, err = cli(["report", str(_gemm_trace(tmp_path / "beside", gemms)), "-f", "json", "--select", "tensor-core-tile"], env={"ADVISOR_CACHE": "off"})
+    assert code == 0, err
+    doc = json.loads(out)  # ranked or considered (the host's own work holds this made-up step)
+    [finding] = [f for f in doc["findings"] + doc["considered"] if f["rule"] == "tensor-core-tile"]
+    assert [s["aligned_tflops"] for s in finding["evidence"]["shapes"]] == [549.76]

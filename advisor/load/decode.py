@@ -496,7 +496,9 @@ def _decode_batch(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, 
 # every event is odd costs what the lenient path costs, not a retry per event).
 CHUNK_EVENTS = 1024
 REJECTED_ALONE = 8
-_REJECTED_AT = re.compile(r"- at `\$\[(\d+)\]")
+# The event msgspec rejected: the index of the path its message ends with (`... - at `$[12].ph``).
+# Greedy: a value the message quotes before it (a "ph" of "- at `$[9999]`") is not the path.
+_REJECTED_AT = re.compile(r".*- at `\$\[(\d+)\][^`]*`$", re.S)
 
 
 def _decode_chunk(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, stop: int) -> list[Event]:
@@ -505,8 +507,8 @@ def _decode_chunk(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, 
         try:
             return out + _typed(raws, buffer, start, stop)
         except msgspec.ValidationError as exc:
-            m = _REJECTED_AT.search(str(exc))
-            if m is None:
+            m = _REJECTED_AT.match(str(exc))
+            if m is None or int(m.group(1)) >= stop - start:
                 return out + _cleaned(path, raws, start, stop, exc)
             at = start + int(m.group(1))  # the events before it passed: msgspec validates in order
             if at > start:
@@ -562,9 +564,20 @@ def _json_problem(exc: Exception) -> str:
     return f"invalid JSON: {msg}"
 
 
+# A `\uD800`-`\uDBFF` escape: msgspec reads on for the low surrogate after it, so one in the
+# document's last string (`"traceName": "run\ud83d"}`) reads to it as truncated.
+_HIGH_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")
+
+
+def _truncated(exc: Exception | None, data: bytes | bytearray | memoryview) -> bool:
+    """msgspec says the input ends early, and no lone surrogate escape at its end says so instead."""
+    return isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc) and not _HIGH_SURROGATE_ESCAPE.search(bytes(data[-16:]))
+
+
 def _lenient_json(path: Path, data: bytes | bytearray | memoryview, first: Exception | None) -> Any:
-    """Python's json on the text with bad bytes replaced: accepts NaN, Infinity, 1e400, big ints."""
-    if isinstance(first, msgspec.DecodeError) and "truncated" in str(first):
+    """Python's json on the text with bad bytes replaced: accepts NaN, Infinity, 1e400, big ints,
+    and lone surrogate escapes (made U+FFFD by _clean)."""
+    if _truncated(first, data):
         raise InputError(path, _json_problem(first)) from None
     text = bytes(data).decode("utf-8", errors="replace")
     try:

@@ -94,13 +94,17 @@ def _prod(shape) -> int:
     return out
 
 
+def _is_dims(s) -> bool:
+    """A tensor's shape as a run records it: a list of whole numbers, none negative (a bool or
+    a negative count is a damaged or forged trace: no cost rather than a negative or unit one)."""
+    return isinstance(s, list) and all(type(x) is int and x >= 0 for x in s)
+
+
 def _shape(dims, i) -> list[int] | None:
     if not isinstance(dims, list) or i >= len(dims):
         return None
     s = dims[i]
-    if not isinstance(s, list) or not all(isinstance(x, int) for x in s):
-        return None
-    return s
+    return s if _is_dims(s) else None
 
 
 def _ints(concrete, i) -> list[int] | None:
@@ -649,7 +653,7 @@ def _cost_library_norm(op: str, types: tuple, dims) -> Cost | None:
 def _tensor_list(dims, i) -> list[list[int]]:
     if not isinstance(dims, list) or i >= len(dims) or not isinstance(dims[i], list):
         return []
-    return [s for s in dims[i] if isinstance(s, list) and all(isinstance(x, int) for x in s)]
+    return [s for s in dims[i] if _is_dims(s)]
 
 
 def _cost_optimizer(op: str, types: tuple, dims) -> Cost | None:
