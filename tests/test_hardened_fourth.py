@@ -238,3 +238,65 @@ def test_an_impossible_rate_never_sets_tensor_core_tiles_reference(cli, tmp_path
     doc = json.loads(out)  # ranked or considered (the host's own work holds this made-up step)
     [finding] = [f for f in doc["findings"] + doc["considered"] if f["rule"] == "tensor-core-tile"]
     assert [s["aligned_tflops"] for s in finding["evidence"]["shapes"]] == [549.76]
+
+
+# --- P7, P8, P9: scripts as Python reads them -----------------------------------------------------
+GPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"  # its dataloader-stall finding asks for num_workers=15
+LOADER = b"from torch.utils.data import DataLoader\n\nloader = DataLoader(list(range(8)), batch_size=4)\nfor x in loader:\n    pass\n"
+FIXED_CALL = b"loader = DataLoader(list(range(8)), batch_size=4, num_workers=15, persistent_workers=True)"
+
+
+def _fix_write(cli, script: Path) -> tuple[int, str, str]:
+    return cli(["fix", str(script), "--from", str(GPU_RUN), "--select", "dataloader-stall", "--write"], cwd=script.parent, env={"ADVISOR_CACHE": "off"})
+
+
+@pytest.mark.parametrize(
+    "encoding, line",
+    [("latin-1", 'name = "café"  # naïve\n'), ("shift_jis", 'name = "日本"\n'), ("cp1252", 'euro = "€"\n')],
+)
+def test_a_script_in_its_declared_encoding_is_fixed_in_it(cli, tmp_path, encoding, line):
+    """The reproducer: `advisor fix` on a script with `# -*- coding: latin-1 -*-` (or shift_jis)
+    said "'utf-8' codec can't decode" although Python runs it. It is read and written in the
+    encoding it declares (PEP 263): the written file is the original's bytes with only the
+    DataLoader line changed, and Python compiles it."""
+    script = tmp_path / "train.py"
+    original = f"# -*- coding: {encoding} -*-\n{line}".encode(encoding) + LOADER
+    script.write_bytes(original)
+    code, out, err = _fix_write(cli, script)
+    assert code == 0, err
+    want = original.replace(b"loader = DataLoader(list(range(8)), batch_size=4)", FIXED_CALL)
+    assert script.read_bytes() == want
+    assert (tmp_path / "train.py.orig").read_bytes() == original
+    compile(script.read_bytes(), str(script), "exec")
+
+
+def test_an_encoding_python_does_not_know_is_one_line(cli, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_bytes(b"# -*- coding: no-such-codec -*-\n" + LOADER)
+    code, out, err = _fix_write(cli, script)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no-such-codec" in err and str(script) in err, err
+    assert script.read_bytes() == b"# -*- coding: no-such-codec -*-\n" + LOADER and not (tmp_path / "train.py.orig").exists()
+
+
+@pytest.mark.parametrize("end", [b"\r", b"\r\n", b"\n"])
+def test_a_script_keeps_its_line_ends_to_the_last(cli, tmp_path, end):
+    """The reproducer: `fix --write` on a script with CR-only line ends dropped the final CR.
+    Every line end of the written file is the script's own, the last one included."""
+    script = tmp_path / "train.py"
+    original = LOADER.replace(b"\n", end)
+    script.write_bytes(original)
+    code, out, err = _fix_write(cli, script)
+    assert code == 0, err
+    assert script.read_bytes() == original.replace(b"loader = DataLoader(list(range(8)), batch_size=4)", FIXED_CALL)
+
+
+def test_a_nul_byte_is_named_with_its_line(cli, tmp_path):
+    """The reproducer: a NUL byte in a script said "does not compile as Python (… (line None))".
+    The line of the first NUL is named (here 2), in one line, and nothing is written."""
+    script = tmp_path / "train.py"
+    original = b"import os\nx = 'a\x00b'\n" + LOADER
+    script.write_bytes(original)
+    code, out, err = _fix_write(cli, script)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "line None" not in err and "null bytes (line 2)" in err, err
+    assert script.read_bytes() == original and not (tmp_path / "train.py.orig").exists()

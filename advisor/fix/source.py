@@ -12,7 +12,9 @@ become one call), and `apply` writes them all in one pass.
 from __future__ import annotations
 
 import codecs
+import io
 import re
+import tokenize
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,10 +123,11 @@ class Edits:
 class Script:
     """One parsed source file, with positions and parents of its nodes."""
 
-    def __init__(self, path: Path, text: str, bom: bool = False) -> None:
+    def __init__(self, path: Path, text: str, bom: bool = False, encoding: str = "utf-8") -> None:
         self.path = path
         self.text = text  # as in the file: its own line endings (CRLF stays CRLF), without a BOM
         self.bom = bom  # the file starts with a UTF-8 byte order mark, which the written file keeps
+        self.encoding = encoding  # as the file declares it (PEP 263), the written file's too
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError as exc:
@@ -142,16 +145,27 @@ class Script:
         UTF-8 byte order mark noted, so that the written file differs only in the fix's lines."""
         try:
             raw = path.read_bytes()
-            bom = raw.startswith(codecs.BOM_UTF8)
-            text = raw[len(codecs.BOM_UTF8):].decode("utf-8") if bom else raw.decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(path, f"cannot read the script: {getattr(exc, 'strerror', None) or exc}") from None
-        return cls(path, text, bom)
+        except OSError as exc:
+            raise InputError(path, f"cannot read the script: {exc.strerror or exc}") from None
+        bom = raw.startswith(codecs.BOM_UTF8)
+        try:
+            # the encoding Python reads it in: a `# -*- coding: latin-1 -*-` line, else UTF-8
+            encoding = "utf-8" if bom else tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+        except SyntaxError as exc:
+            raise InputError(path, f"cannot read the script: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+        try:
+            text = raw[len(codecs.BOM_UTF8):].decode("utf-8") if bom else raw.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise InputError(path, f"cannot read the script as {encoding}, the encoding it is read in: {exc.reason} at byte {exc.start}") from None
+        return cls(path, text, bom, encoding)
 
     def encode(self, text: str) -> bytes:
-        """TEXT (this script or a fixed version of it) as the file's bytes: UTF-8, with the
-        byte order mark where the script has one."""
-        return (codecs.BOM_UTF8 if self.bom else b"") + text.encode("utf-8")
+        """TEXT (this script or a fixed version of it) as the file's bytes: in its declared
+        encoding (UTF-8 by default), with the byte order mark where the script has one."""
+        try:
+            return (codecs.BOM_UTF8 if self.bom else b"") + text.encode(self.encoding)
+        except UnicodeEncodeError as exc:
+            raise InputError(self.path, f"the fix holds {text[exc.start:exc.end]!r}, which the script's encoding ({self.encoding}) cannot hold; nothing is written") from None
 
     # --- finding nodes -----------------------------------------------------------------------
     def nodes(self, kind: type | tuple[type, ...]) -> list:
@@ -282,7 +296,11 @@ class Script:
     def apply(self, edits: Edits) -> str:
         if edits.empty:
             return self.text
-        return self.module.visit(_Apply(edits)).code
+        code = self.module.visit(_Apply(edits)).code
+        # libcst drops the last line end of a file whose lines end in a lone CR: put it back
+        if self.text.endswith("\r") and not code.endswith(("\r", "\n")):
+            code += "\r"
+        return code
 
 
 def compile_error(data: bytes, path: Path) -> str | None:
@@ -292,7 +310,10 @@ def compile_error(data: bytes, path: Path) -> str | None:
             warnings.simplefilter("ignore")  # the script's own invalid escapes and the like
             compile(data, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return f"{exc.msg} (line {exc.lineno})"
+        line = exc.lineno
+        if line is None and b"\0" in data:  # "source code string cannot contain null bytes" names no line
+            line = data.count(b"\n", 0, data.index(b"\0")) + 1
+        return f"{exc.msg} (line {line})" if line is not None else exc.msg
     except (ValueError, TypeError) as exc:  # null bytes and the like
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return None
