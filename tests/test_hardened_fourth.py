@@ -14,6 +14,7 @@ Every input is generated here (or is one of this project's own recordings, chang
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,31 @@ def test_a_nul_byte_is_named_with_its_line(cli, tmp_path):
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "line None" not in err and "null bytes (line 2)" in err, err
     assert script.read_bytes() == original and not (tmp_path / "train.py.orig").exists()
+
+
+# --- N19: a report file that cannot be written is refused before the script runs -----------------
+@pytest.mark.parametrize("where", ["under-a-file", "socket", "unwritable"])
+def test_profile_refuses_a_report_file_it_could_not_write_before_running(cli, tmp_path, where):
+    """The reproducer: a bad `-o` for `advisor profile` was refused only after the whole
+    measurement (10.3 s). Now it is one line (exit 2) before the script starts: the script,
+    which would leave a file behind at its first line, never runs, and no log dir is made."""
+    import socket
+
+    script = tmp_path / "train.py"
+    script.write_text("from pathlib import Path\nPath(__file__).with_name('ran').write_text('')\n")
+    if where == "under-a-file":
+        (tmp_path / "notes.txt").write_text("mine")
+        output, said = tmp_path / "notes.txt" / "r.json", "is not a folder"
+    elif where == "socket":
+        output, said = tmp_path / "r.json", "is a socket"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(output))
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into any folder: an unwritable one cannot be made here")
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        output, said = locked / "r.json", "is not writable"
+    code, out, err = cli(["profile", "--out", str(tmp_path / "logs"), "-o", str(output), str(script)], cwd=tmp_path)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and said in err and str(output) in err, err
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "logs").exists() and not (tmp_path / "advisor_runs").exists()
