@@ -329,3 +329,48 @@ def test_profile_refuses_a_report_file_it_could_not_write_before_running(cli, tm
     code, out, err = cli(["profile", "--out", str(tmp_path / "logs"), "-o", str(output), str(script)], cwd=tmp_path)
     assert code == 2 and len(err.strip().splitlines()) == 1 and said in err and str(output) in err, err
     assert not (tmp_path / "ran").exists() and not (tmp_path / "logs").exists() and not (tmp_path / "advisor_runs").exists()
+
+
+# --- where the advisor writes (docs/files.md) ---------------------------------------------------
+def _tree(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every path under FOLDER with its size and mtime (ns)."""
+    return {p.relative_to(folder).as_posix(): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("cache", ["default", "off", "dir"])
+def test_a_report_writes_nothing_beside_the_trace(cli, tmp_path, cache):
+    """docs/files.md: `advisor report` leaves the log dir as it was, in every format and with
+    the cache on (its entries, secret and remembered hashes in the user cache folder only),
+    off (nothing anywhere), or in a folder of its own (entries there, secret and hashes in the
+    user cache folder). The working folder gets nothing either, unless -o names a file."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(CPU_RUN, run)
+    work = tmp_path / "work"
+    work.mkdir()
+    xdg = Path(os.environ["XDG_CACHE_HOME"])
+    own = tmp_path / "own-cache"
+    env = {"default": {}, "off": {"ADVISOR_CACHE": "off"}, "dir": {"ADVISOR_CACHE": str(own)}}[cache]
+    before = _tree(run)
+    trace = next(p for p in run.iterdir() if ".pt.trace.json" in p.name)
+    for target in (run, trace):
+        for fmt in ("text", "json", "md"):
+            code, out, err = cli(["report", str(target), "-f", fmt], cwd=work, env=env)
+            assert code == 0 and out, err
+    assert _tree(run) == before, "nothing written, changed or touched in the log dir"
+    assert not list(work.iterdir())
+    cached = sorted(p.relative_to(xdg).parts[1] for p in xdg.rglob("*") if len(p.relative_to(xdg).parts) == 2)
+    if cache == "off":
+        assert cached == [] and not own.exists()
+    elif cache == "dir":
+        assert set(cached) == {"secret.key", "digests"}, cached
+        entries = [p.name for p in own.iterdir()]  # a frames entry only where the parse took long enough to keep
+        assert all(n.startswith(("frames-", "analysis-")) for n in entries) and any(n.startswith("analysis-") for n in entries), entries
+    else:
+        entries = set(cached) - {"secret.key", "digests"}
+        assert {"secret.key", "digests"} <= set(cached) and all(n.startswith(("frames-", "analysis-")) for n in entries), cached
+        assert any(n.startswith("analysis-") for n in entries), cached
+    code, out, err = cli(["report", str(run), "-f", "html", "-o", str(work / "r.html")], cwd=work, env=env)
+    assert code == 0, err
+    assert [p.name for p in work.iterdir()] == ["r.html"] and _tree(run) == before
