@@ -374,3 +374,20 @@ def test_a_report_writes_nothing_beside_the_trace(cli, tmp_path, cache):
     code, out, err = cli(["report", str(run), "-f", "html", "-o", str(work / "r.html")], cwd=work, env=env)
     assert code == 0, err
     assert [p.name for p in work.iterdir()] == ["r.html"] and _tree(run) == before
+
+
+def test_a_convolution_whose_shapes_give_no_output_is_not_costed():
+    """Found by the roofline's fuzz harness: a kernel larger than its padded input (x 2×2, w
+    64×64) gave an output of -61×-61 and 30 MFLOP (two negatives make a positive), and a
+    negative stride or padding a size no run has. Not costed now; a real 3×3 convolution of
+    an 8×8 input, stride 1, padding 1, is: output 8×8, 2·(1·3·3) FLOP per output element,
+    18·64 = 1,152 FLOP."""
+    from advisor.metrics.op_cost import op_cost
+
+    args = lambda stride, padding, transposed="False": ["", "", "", stride, padding, "[1, 1]", transposed, "[0, 0]", "1"]  # noqa: E731
+    types = ("float", "float", "float")
+    assert op_cost("aten::convolution", types, [[1, 1, 2, 2], [1, 1, 64, 64], []], args("[1, 1]", "[0, 0]")) is None
+    assert op_cost("aten::convolution", types, [[1, 1, 8, 8], [1, 1, 3, 3], []], args("[-1, -1]", "[0, 0]")) is None
+    assert op_cost("aten::convolution", types, [[1, 1, 8, 8], [1, 1, 3, 3], []], args("[1, 1]", "[-5, -5]", "True")) is None
+    cost = op_cost("aten::convolution", types, [[1, 1, 8, 8], [1, 1, 3, 3], []], args("[1, 1]", "[1, 1]"))
+    assert cost.flops == 1152 and cost.shape.endswith("→ [1,1,8,8]")

@@ -214,11 +214,15 @@ def _conv_out(x, w, stride, padding, dilation, transposed=False, output_padding=
     output_padding = spread(output_padding, 0)
     if not all(len(v) == nd for v in (stride, padding, dilation, output_padding)):
         return None
+    if min(stride + dilation) < 1 or min(padding + output_padding) < 0:
+        return None  # arguments PyTorch refuses: no output shape follows from them
     if transposed:
         spatial = [(x[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w[2 + i] - 1) + output_padding[i] + 1 for i in range(nd)]
-        return [x[0], w[1]] + spatial  # grouped transposed convolutions are left to TraceLens's own reading
-    spatial = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(nd)]
-    return [x[0], w[0]] + spatial
+        out = [x[0], w[1]] + spatial  # grouped transposed convolutions are left to TraceLens's own reading
+    else:
+        spatial = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(nd)]
+        out = [x[0], w[0]] + spatial
+    return out if min(spatial) >= 0 else None  # a kernel larger than its padded input: PyTorch refuses it
 
 
 def _conv_fwd(x, w, out, bias: bool, bpe: int, dtype: str, transposed: bool = False) -> Cost:
