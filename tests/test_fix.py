@@ -519,3 +519,27 @@ def test_a_positional_pin_memory_or_batch_size_is_set_where_it_is(tmp_path):
     edits = Edits()
     edits.set_keywords(call, {"pin_memory": "True", "batch_size": "8", "drop_last": "True"}, DATALOADER_POSITIONAL)
     assert script.apply(edits) == "loader = DataLoader(ds, 8, False, None, None, 0, None, True, drop_last=True)\n"
+
+
+@pytest.mark.parametrize(
+    "call, status, said",
+    [
+        ("DataLoader(ds, 32)", PLACED, "batch_size=32 → 64"),  # second by position: replaced there
+        ("DataLoader(ds, 64)", DONE, "already has batch_size=64"),
+        ("DataLoader(ds, **extra)", SKIPPED, "passes **kwargs"),  # **kwargs may hold it: not written beside it
+        ("DataLoader(*extra)", SKIPPED, "passes *args"),
+    ],
+)
+def test_the_batch_fix_reads_batch_size_by_position_and_never_beside_kwargs(tmp_path, call, status, said):
+    """A larger batch (spare-gpu-memory, unsafe) read `DataLoader(ds, 32)` as the default batch
+    of 1, and wrote batch_size= beside a **kwargs that may hold it ("got multiple values" when
+    it runs)."""
+    finding = {"rule": "spare-gpu-memory", "message": "", "fix": {"text": "batch_size=32 → 64 (2x)"}}
+    path = _one_loader(tmp_path, call)
+    if "**" in call:
+        path.write_text(path.read_text().replace("extra = ()", "extra = {}"))
+    plan = plan_fixes(path, [finding], select=["spare-gpu-memory"], unsafe=True)
+    result = by_rule(plan)["spare-gpu-memory"]
+    assert result.status == status and said in result.detail, result
+    if status == PLACED:
+        assert "loader = DataLoader(ds, 64)" in plan.fixed_text()

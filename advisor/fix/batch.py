@@ -11,7 +11,7 @@ import re
 from advisor.fix.base import UNSAFE, Done, Outcome, Placed, Skipped, literal, register
 from advisor.fix.loader import DATALOADER_POSITIONAL, loader_argument, training_loader
 from advisor.fix.libraries import library_of
-from advisor.fix.source import Edits, Script, code_of, star_args_may_pass
+from advisor.fix.source import Edits, Script, code_of, has_star_kwargs, star_args_may_pass
 
 LR_NOTE = "scale the learning rate with the batch (x{k}: linear scaling, with warm-up) and check that the run still converges"
 
@@ -38,6 +38,8 @@ def fix_batch(script: Script, finding: dict) -> Outcome:
     if star_args_may_pass(call, "batch_size", DATALOADER_POSITIONAL):
         return Skipped(f"the DataLoader call at line {script.line(call)} passes *args: batch_size may be set there")
     arg = loader_argument(call, "batch_size")
+    if arg is None and has_star_kwargs(call):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes **kwargs: batch_size may be set there")
     value = literal(arg.value) if arg is not None else 1
     if value == new:
         return Done(f"the DataLoader at line {script.line(call)} already has batch_size={new}")
