@@ -444,3 +444,102 @@ def test_cli_hands_a_compute_thread_to_the_worker_where_no_core_is_idle(cli, tmp
     assert "torch.set_num_threads(1) after it" in err
     code, out, err = cli(["fix", str(script), "--from", str(SAMPLE / "runs" / "cpu_baseline"), "--select", "dataloader-stall"])
     assert code == 0 and WORKERS_DEFAULT_1 in out and "set_num_threads" not in out
+
+
+# --- arguments passed by position ----------------------------------------------------------
+def _one_loader(tmp_path: Path, call: str) -> Path:
+    path = tmp_path / "positional.py"
+    path.write_text(f"from torch.utils.data import DataLoader\n\nds = list(range(8))\nextra = ()\nloader = {call}\nfor x in loader:\n    pass\n")
+    return path
+
+
+def test_the_dataloader_parameters_passed_by_position_are_torchs():
+    """DATALOADER_POSITIONAL is what the fixes read positional arguments by: torch's own
+    signature says which parameters may be passed by position, in order."""
+    import inspect
+
+    torch_data = pytest.importorskip("torch.utils.data")
+    from advisor.fix.loader import DATALOADER_POSITIONAL
+
+    params = inspect.signature(torch_data.DataLoader).parameters.values()
+    assert DATALOADER_POSITIONAL == tuple(p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def test_a_positional_num_workers_is_replaced_where_it_is(tmp_path, workers_finding):
+    """The reproducer: `DataLoader(ds, 4, False, None, None, 0)` was fixed to `..., 0,
+    num_workers=1, persistent_workers=True)`: TypeError "got multiple values for argument
+    'num_workers'" when the script ran, and a second `fix` said it already had num_workers=1.
+    The sixth positional argument is num_workers (torch's signature): it becomes the finding's
+    15 where it is; the call binds to torch's DataLoader; a second fix finds nothing to do."""
+    import inspect
+
+    torch_data = pytest.importorskip("torch.utils.data")
+    path = _one_loader(tmp_path, "DataLoader(ds, 4, False, None, None, 0)")
+    plan = plan_fixes(path, [workers_finding], select=["dataloader-stall"])
+    assert by_rule(plan)["dataloader-stall"].status == PLACED
+    fixed_call = plan.fixed_text().splitlines()[4]
+    assert fixed_call == "loader = DataLoader(ds, 4, False, None, None, 15, persistent_workers=True)"
+    bound = eval(fixed_call.split(" = ", 1)[1].replace("DataLoader(", "bind("), {"bind": inspect.signature(torch_data.DataLoader).bind, "ds": []})
+    assert bound.arguments["num_workers"] == 15 and bound.arguments["persistent_workers"] is True
+    again = refix(path, plan.fixed_text(), [workers_finding], tmp_path, select=["dataloader-stall"])
+    assert by_rule(again)["dataloader-stall"].status == DONE and "num_workers=15" in by_rule(again)["dataloader-stall"].detail
+
+
+@pytest.mark.parametrize(
+    "call, status, said",
+    [
+        # the positional value is read: 16 >= 15 asked for, persistent already on
+        ("DataLoader(ds, 4, False, None, None, 16, persistent_workers=True)", DONE, "already has num_workers=16"),
+        # 16 kept, only persistent_workers added
+        ("DataLoader(ds, 4, False, None, None, 16)", PLACED, "persistent_workers=True"),
+        # what the old fix wrote: passed twice, a TypeError when it runs; not fixed further
+        ("DataLoader(ds, 4, False, None, None, 0, num_workers=1, persistent_workers=True)", SKIPPED, "both by position and by keyword"),
+        # *args may hold num_workers: not guessed
+        ("DataLoader(ds, 4, *extra)", SKIPPED, "passes *args"),
+        ("DataLoader(*extra)", SKIPPED, "passes *args"),
+    ],
+)
+def test_positional_num_workers_read_or_not_guessed(tmp_path, workers_finding, call, status, said):
+    path = _one_loader(tmp_path, call)
+    plan = plan_fixes(path, [workers_finding], select=["dataloader-stall"])
+    result = by_rule(plan)["dataloader-stall"]
+    assert result.status == status and said in result.detail, result.detail
+    if status != PLACED:
+        assert not plan.changed
+
+
+def test_a_positional_pin_memory_or_batch_size_is_set_where_it_is(tmp_path):
+    """The same for the other DataLoader fixes' parameters passed by position (pin_memory is
+    eighth, batch_size second): the new value replaces the positional one."""
+    from advisor.fix.loader import DATALOADER_POSITIONAL
+    from advisor.fix.source import Edits
+
+    script = Script(tmp_path / "s.py", "loader = DataLoader(ds, 4, False, None, None, 0, None, False)\n")
+    [call] = script.calls(last="DataLoader")
+    edits = Edits()
+    edits.set_keywords(call, {"pin_memory": "True", "batch_size": "8", "drop_last": "True"}, DATALOADER_POSITIONAL)
+    assert script.apply(edits) == "loader = DataLoader(ds, 8, False, None, None, 0, None, True, drop_last=True)\n"
+
+
+@pytest.mark.parametrize(
+    "call, status, said",
+    [
+        ("DataLoader(ds, 32)", PLACED, "batch_size=32 → 64"),  # second by position: replaced there
+        ("DataLoader(ds, 64)", DONE, "already has batch_size=64"),
+        ("DataLoader(ds, **extra)", SKIPPED, "passes **kwargs"),  # **kwargs may hold it: not written beside it
+        ("DataLoader(*extra)", SKIPPED, "passes *args"),
+    ],
+)
+def test_the_batch_fix_reads_batch_size_by_position_and_never_beside_kwargs(tmp_path, call, status, said):
+    """A larger batch (spare-gpu-memory, unsafe) read `DataLoader(ds, 32)` as the default batch
+    of 1, and wrote batch_size= beside a **kwargs that may hold it ("got multiple values" when
+    it runs)."""
+    finding = {"rule": "spare-gpu-memory", "message": "", "fix": {"text": "batch_size=32 → 64 (2x)"}}
+    path = _one_loader(tmp_path, call)
+    if "**" in call:
+        path.write_text(path.read_text().replace("extra = ()", "extra = {}"))
+    plan = plan_fixes(path, [finding], select=["spare-gpu-memory"], unsafe=True)
+    result = by_rule(plan)["spare-gpu-memory"]
+    assert result.status == status and said in result.detail, result
+    if status == PLACED:
+        assert "loader = DataLoader(ds, 64)" in plan.fixed_text()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -181,3 +182,90 @@ def test_an_output_that_is_one_of_the_runs_files_is_refused_before_measuring(cli
     code, out, err = cli(["fix", str(script), "--from", str(run), "--select", "dataloader-stall", "--verify", "-o", str(facts)])
     assert code == 2 and "is one of the files this command reads" in err and len(err.strip().splitlines()) == 1
     assert "round" not in err and out == "" and facts.read_bytes() == before
+
+
+# --- a process the script forks never holds the run; --timeout -----------------------------
+FORKS = """\
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+if os.fork() == 0:  # a logger or a watchdog that outlives the script, holding its stdout and stderr
+    Path(sys.argv[1]).joinpath(f"child-{os.getpid()}").write_text("")
+    time.sleep(600)
+    os._exit(0)
+data = [torch.full((4,), float(r)) for r in range(16)]
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(data, batch_size=2)
+for epoch in range(50):
+    for x in loader:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not running: it waits for its parent (not this process) to read its status
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the reproducer forks")
+def test_a_process_the_script_forks_does_not_hold_the_run(cli, tmp_path):
+    """The reproducer: a script that forks a child sleeping past its own end (a logger, a
+    watchdog) made every run wait on the stderr pipe the child held, for the 900 s timeout, then
+    "did not finish N steps". Each run now ends with the script's process (within --timeout 60,
+    a guard only: the child sleeps 600 s), every round measures its steps, and the children of
+    both runs are ended with them."""
+    pytest.importorskip("torch")
+    folder = tmp_path / "project"
+    folder.mkdir()
+    script = folder / "train.py"
+    script.write_text(FORKS)
+    children = tmp_path / "children"
+    children.mkdir()
+    code, out, err = _verify(cli, script, "--timeout", "60", "--", str(children))
+    runs = [line for line in err.splitlines() if line.startswith("advisor: round 1/1 ")]
+    assert len(runs) == 2 and not any("failed" in line for line in runs), err
+    assert code in (0, 1), err
+    pids = [int(p.name.split("-")[1]) for p in children.iterdir()]
+    assert len(pids) == 2, pids
+    import time
+
+    deadline = time.monotonic() + 10  # a killed process is gone once its new parent has read its status
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), [Path(f"/proc/{pid}/stat").read_text() for pid in pids if _alive(pid)]
+
+
+def test_a_run_past_the_timeout_is_stopped_and_failed(cli, tmp_path):
+    """--timeout sets how long a run may take: a script that never reaches its steps is stopped
+    after it, the run failed with the limit named (exit 4)."""
+    pytest.importorskip("torch")
+    folder = tmp_path / "project"
+    folder.mkdir()
+    script = folder / "train.py"
+    script.write_text("import time\n" + BESIDE.replace("rows = ", "time.sleep(600)\nrows = "))
+    (folder / "rows.txt").write_text("1 2 3 4")
+    code, out, err = _verify(cli, script, "--timeout", "2")
+    assert code == 4, err
+    assert "failed: did not finish 4 steps in 2 s (--timeout)" in err, err
+
+
+@pytest.mark.parametrize("value, why", [("0", "above 0"), ("-5", "above 0"), ("nan", "above 0"), ("inf", "above 0")])
+def test_a_timeout_that_is_no_time_is_refused_in_one_line(cli, tmp_path, value, why):
+    script = _beside(tmp_path)
+    code, out, err = cli(["fix", str(script), "--from", str(PLAIN_RUN), "--verify", "--timeout", value])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--timeout" in err and why in err, err
+    code, out, err = cli(["fix", str(script), "--from", str(PLAIN_RUN), "--timeout", "30"])
+    assert code == 2 and "add --verify" in err, err

@@ -983,7 +983,8 @@ def test_trace_strings_never_issue_ci_commands(data, fuzz_dir):
 # edit: positional and keyword arguments in any mix, a bare generator as the only argument,
 # `*args` and `**kwargs`, one line or one argument per line, trailing commas, comments after
 # arguments, the closing bracket on its own line, num_workers from a literal, an argparse
-# switch, a plain name or a config object; LF or CRLF line endings, with or without a BOM.
+# switch, a plain name or a config object, or passed sixth by position; LF, CRLF or CR line
+# endings, with or without a BOM.
 FIX_FINDINGS = [
     {"rule": "dataloader-stall", "message": "", "fix": {"text": "set num_workers=2"}},
     {"rule": "single-tensor-optimizer", "message": "", "fix": {"text": "foreach=True"}},
@@ -1050,10 +1051,16 @@ def _script(draw: Callable) -> tuple[str, list[tuple[int, int]]]:
         opt_pos, opt_kw = ["p for p in model.parameters() if p.requires_grad"], []
     statement("opt = ", "torch.optim.AdamW", opt_pos, opt_kw)
     dl_pos = draw(st.sampled_from([["ds"], ["ds", "4"], ["(x for x in ds)"], ["*[ds]"], []]))
+    if draw(st.integers(0, 3)) == 0:
+        dl_pos = ["ds", "4", "False", "None", "None"]
     dl_kw = [("num_workers", workers)] if draw(st.booleans()) or workers not in ("0", "2", "4") else []
+    if len(dl_pos) == 5 and dl_kw:  # num_workers sixth by position (then pin_memory eighth, sometimes)
+        dl_pos, dl_kw = dl_pos + [workers] + draw(st.sampled_from([[], ["None", "False"], ["None", "True"]])), []
     dl_kw += draw(st.lists(st.sampled_from([("batch_size", "4"), ("shuffle", "False"), ("persistent_workers", "False"), ("pin_memory", "False")]), max_size=3, unique_by=lambda kv: kv[0]))
     if not dl_pos:
         dl_kw = [("dataset", "ds"), *dl_kw]
+    plain = 0 if dl_pos[:1] == ["*[ds]"] else len(dl_pos)
+    dl_kw = [(k, v) for k, v in dl_kw if k not in _LOADER_PARAMETERS[:plain]]  # the script runs: nothing given twice
     if draw(st.integers(0, 3)) == 0:
         dl_pos, dl_kw = ["x for x in ds"], []
     statement("loader = ", "DataLoader", dl_pos, dl_kw, star=bool(dl_kw) and draw(st.integers(0, 9)) == 0)  # **kwargs: the fix is not placed
@@ -1064,6 +1071,28 @@ def _script(draw: Callable) -> tuple[str, list[tuple[int, int]]]:
     lines.append("    opt.step()  # the step")
     lines.append("")
     return "\n".join(lines), editable
+
+
+# torch.utils.data.DataLoader's parameters that may be given by position (its signature in
+# PyTorch 2.x: the rest are keyword-only).
+_LOADER_PARAMETERS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+                      "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator")
+
+
+def _no_argument_given_twice(source: bytes) -> None:
+    """No DataLoader call of SOURCE passes a parameter by position and by keyword (compile()
+    accepts it; the call fails with "got multiple values for argument" when it runs)."""
+    import ast
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "DataLoader":
+            plain = 0
+            for a in node.args:
+                if isinstance(a, ast.Starred):
+                    break
+                plain += 1
+            twice = set(_LOADER_PARAMETERS[:plain]) & {k.arg for k in node.keywords}
+            assert not twice, (twice, ast.unparse(node))
 
 
 @FUZZ
@@ -1079,7 +1108,7 @@ def test_fix_writes_code_that_compiles_and_changes_only_the_fixs_lines(data):
     from advisor.fix import plan_fixes
 
     text, editable = _script(data.draw)
-    newline = data.draw(st.sampled_from(["\n", "\r\n"]))
+    newline = data.draw(st.sampled_from(["\n", "\r\n", "\r"]))
     bom = data.draw(st.booleans())
     original = (codecs.BOM_UTF8 if bom else b"") + text.replace("\n", newline).encode()
     compile(original, "train.py", "exec")  # the generated script itself is valid Python
@@ -1095,9 +1124,12 @@ def test_fix_writes_code_that_compiles_and_changes_only_the_fixs_lines(data):
         written = path.read_bytes()
         assert (folder / "train.py.orig").read_bytes() == original
         compile(written, "train.py", "exec")
+        _no_argument_given_twice(written)
         assert written.startswith(codecs.BOM_UTF8) == bom
         if newline == "\r\n":
             assert written.count(b"\n") == written.count(b"\r\n"), written
+        elif newline == "\r":
+            assert b"\n" not in written and written.endswith(b"\r"), written
         else:
             assert b"\r" not in written, written
         before = original.decode("utf-8-sig").split(newline)
@@ -1114,6 +1146,175 @@ def test_fix_writes_code_that_compiles_and_changes_only_the_fixs_lines(data):
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- the loader's chunk edges: the typed decode and its fallback agree -------------------------
+# A trace the typed decoder refuses (a value of an odd type) is decoded again CHUNK_EVENTS
+# events at a time, each refused event cleaned up alone and the typed decode resumed after it
+# (advisor.load.decode._decode_chunk). Generated traces of about one or two chunks, with odd
+# events put at and around the chunk edges, must give the frames of the lenient reading (every
+# chunk cleaned up whole), batched or not, or the same one-line refusal.
+def _odd(change: Callable[[dict, int], None]) -> Callable[[list, int, int], None]:
+    """A change to one event of a list, made where the event is still an object."""
+    def apply(events: list, at: int, n: int) -> None:
+        if isinstance(events[at], dict):
+            change(events[at], n)
+    return apply
+
+
+ODD_EVENTS: dict[str, Callable[[list, int, int], None]] = {
+    "dur as text": _odd(lambda e, n: e.update(dur=str(e.get("dur")))),
+    "unknown ph": _odd(lambda e, n: e.update(ph="Q")),
+    "ph quoting a path": _odd(lambda e, n: e.update(ph=f"- at `$[{n}]`")),
+    "ph quoting a field path": _odd(lambda e, n: e.update(ph=f"x - at `$[{n}].ph`")),
+    "args as a list": _odd(lambda e, n: e.update(args=[1, 2])),
+    "external id as text": _odd(lambda e, n: e.update(args={"External id": str(n)})),
+    "huge integer": _odd(lambda e, n: e.update(tid=10**30)),
+    "lone surrogate in the name": _odd(lambda e, n: e.update(name=f"{e.get('name')}\ud800")),
+    "NaN duration": _odd(lambda e, n: e.update(dur=float("nan"))),
+    "not an object": lambda events, at, n: events.__setitem__(at, [n]),
+}
+
+
+def _chunk_edge_trace(draw: Callable) -> bytes:
+    from advisor.load.decode import CHUNK_EVENTS
+
+    n = draw(st.sampled_from([CHUNK_EVENTS - 1, CHUNK_EVENTS, CHUNK_EVENTS + 1, 2 * CHUNK_EVENTS - 1, 2 * CHUNK_EVENTS + 1]) | st.integers(1, 2 * CHUNK_EVENTS + 100))
+    events: list[Any] = []
+    for i in range(n):
+        if i % 2:
+            events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 5}", "pid": 0, "tid": 7, "ts": 10 * i + 2, "dur": 3, "args": {"External id": i, "device": 0, "stream": 7}})
+        else:
+            events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5, "args": {"External id": i + 1}})
+    edges = [0, 1, CHUNK_EVENTS - 2, CHUNK_EVENTS - 1, CHUNK_EVENTS, CHUNK_EVENTS + 1, 2 * CHUNK_EVENTS - 1, 2 * CHUNK_EVENTS, n - 1]
+    places = draw(st.lists(st.sampled_from([p for p in edges if 0 <= p < n]) | st.integers(0, n - 1), min_size=1, max_size=12))  # past REJECTED_ALONE too
+    for at in places:
+        ODD_EVENTS[draw(st.sampled_from(sorted(ODD_EVENTS)))](events, at, draw(st.integers(0, 3 * CHUNK_EVENTS)))
+    doc: dict[str, Any] = {"traceEvents": events}
+    if draw(st.booleans()):  # a lone surrogate in the document's last string
+        doc["traceName"] = "run\ud83d"
+    return json.dumps(doc, allow_nan=True, separators=(",", ":")).encode()
+
+
+@settings(FUZZ, max_examples=max(FUZZ.max_examples // 2, 1))
+@given(data=st.data())
+def test_chunked_decoding_agrees_with_the_lenient_reading_at_chunk_edges(data, monkeypatch):
+    from advisor.load import decode
+    from advisor.load.trace import frames_from_bytes
+    from test_load import assert_same_frames
+
+    raw = _chunk_edge_trace(data.draw)
+    path = Path("edges.pt.trace.json")
+    sizes = data.draw(st.sampled_from([{}, {"batch_threshold": 0, "batch_bytes": data.draw(st.sampled_from([4096, 65536, 1 << 20]))}]))
+
+    def frames(**kw: int) -> Any:
+        try:
+            return frames_from_bytes(path, bytearray(raw), **kw)
+        except InputError as exc:
+            assert "\n" not in exc.line() and str(path) in exc.line()
+            return exc.line()
+
+    typed = frames(**sizes)
+    monkeypatch.setattr(decode, "REJECTED_ALONE", 0)  # every chunk a refused event is in, cleaned up whole
+    lenient = frames(**sizes)
+    whole = frames()  # the document at once (its own fallback: the lenient reading of all of it)
+    for other in (lenient, whole):
+        if isinstance(typed, str) or isinstance(other, str):
+            assert typed == other
+        else:
+            assert_same_frames(typed, other)
+
+
+# --- the roofline's shapes: no cost from a shape no run has, no rate past the device ------------
+ROOFLINE_OPS = [
+    ("aten::mm", 2), ("aten::addmm", 3), ("aten::bmm", 2), ("aten::baddbmm", 3), ("aten::linear", 3), ("aten::_scaled_mm", 5),
+    ("aten::convolution", 3), ("aten::convolution_backward", 4), ("aten::_scaled_dot_product_flash_attention", 3),
+    ("aten::_flash_attention_forward", 3), ("aten::native_layer_norm", 4), ("aten::native_batch_norm", 5), ("aten::_softmax", 1),
+    ("aten::add", 2), ("aten::mul", 2), ("aten::relu", 1), ("aten::sum", 1), ("aten::_fused_adam_", 5), ("aten::_foreach_add_", 2),
+]
+_DIM = st.integers(-3, 70) | st.sampled_from([0, 1, 4095, 4096, 10**6, 10**12, 2**62]) | st.sampled_from([True, False, 2.0, -1.5, None, "8"])
+_SHAPE = st.lists(_DIM, min_size=0, max_size=5)
+_DTYPES = ["float", "c10::BFloat16", "c10::Half", "c10::Float8_e4m3fn", "long int", "bool", "", "Scalar", "odd"]
+_CONCRETE = st.sampled_from(["", "[1, 1]", "[0, 0]", "[2, 2]", "[-1, -1]", "[3]", "1", "0", "-1", "True", "False", "[True, True, False]", "[64]", "1e400", "[", "None"])
+
+
+def _roofline_inputs(draw: Callable) -> tuple[str, tuple, list, list]:
+    op, n = draw(st.sampled_from(ROOFLINE_OPS))
+    dims: list[Any] = [draw(_SHAPE | st.lists(_SHAPE, max_size=3)) if op.startswith(("aten::_fused", "aten::_foreach")) else draw(_SHAPE) for _ in range(n)]
+    if draw(st.booleans()):  # a real-looking shape beside the odd ones
+        dims[0] = draw(st.lists(st.integers(1, 512), min_size=2, max_size=4))
+    types = tuple(draw(st.lists(st.sampled_from(_DTYPES), min_size=0, max_size=n + 1)))
+    concrete = [draw(_CONCRETE) for _ in range(draw(st.integers(0, 16)))]
+    if draw(st.integers(0, 2)) == 0:  # shapes of one rank with the scalar arguments a convolution takes
+        op, n = draw(st.sampled_from([("aten::convolution", 3), ("aten::convolution_backward", 4), ("aten::_scaled_dot_product_flash_attention", 3), ("aten::bmm", 2)]))
+        rank = draw(st.integers(3, 5))
+        dims = [draw(st.lists(st.integers(0, 9), min_size=rank, max_size=rank)) for _ in range(n)]
+        types = ("float",) * n
+        ints = st.sampled_from(["[1]", "[2]", "[0]", "[-1]", "[3]", "[1, 1]", "[2, 2]", "[0, 0]", "[-1, -1]", "[5, 5]"])
+        concrete = ["", "", "", draw(ints), draw(ints), draw(ints), draw(st.sampled_from(["False", "True"])), draw(ints), "1", "", ""]
+    return op, types, dims, concrete
+
+
+def _unusable(shape: Any) -> bool:
+    """Not a shape a run records: not a list, a dimension that is not a whole number >= 0
+    (bools included), or a list of tensor shapes none of which is usable."""
+    if not isinstance(shape, list):
+        return True
+    if shape and all(isinstance(s, list) for s in shape):
+        return all(_unusable(s) for s in shape)
+    return any(type(x) is not int or x < 0 for x in shape)
+
+
+@settings(FUZZ, max_examples=FUZZ.max_examples * 5)
+@given(data=st.data())
+def test_op_cost_is_none_or_non_negative_for_any_shape(data):
+    """Any Input Dims, types and scalar arguments: no exception, and a cost that is None or
+    non-negative FLOPs and bytes; an op whose every input shape has a negative or non-integer
+    dimension is never costed."""
+    from advisor.metrics.op_cost import op_cost
+
+    op, types, dims, concrete = _roofline_inputs(data.draw)
+    cost = op_cost(op, types, dims, concrete)
+    if cost is None:
+        return
+    assert cost.flops >= 0 and cost.bytes >= 0, (op, types, dims, concrete, cost)
+    assert not re.search(r"(?<![\w.])-\d", cost.shape), (op, dims, concrete, cost)  # no negative dimension, read or derived
+    assert not all(_unusable(s) for s in dims), (op, dims, cost)
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_roofline_never_shows_a_rate_past_the_device(data):
+    """A kernel table of generated ops (odd shapes, any kernel time down to 0.001 µs) on a
+    device from the table, or one it does not know: every row the roofline keeps is within
+    twice the device's fastest peak and CACHE_SLACK times its bandwidth (the bounds past which
+    it leaves a row out, with a note), with non-negative FLOPs, bytes and time."""
+    import numpy as np
+    import pandas as pd
+
+    from advisor.metrics.devices import PRECISIONS, known_devices
+    from advisor.metrics.roofline import CACHE_SLACK, roofline
+
+    device = data.draw(st.sampled_from([c.name for c in known_devices()] + ["Mystery GPU", None]))
+    rows = []
+    for i in range(data.draw(st.integers(1, 12))):
+        op, types, dims, concrete = _roofline_inputs(data.draw)
+        for _ in range(data.draw(st.integers(1, 3))):  # kernels of the op
+            rows.append({"ts": 1000 * i + len(rows), "dur": data.draw(st.sampled_from([1, 2, 10, 1000, 10**6])), "op": op,
+                         "op_input_types": "[" + ", ".join(f'"{t}"' for t in types) + "]", "op_input_dims": dims,
+                         "op_concrete_inputs": concrete, "external_id": i, "name": f"kernel_{i}", "precision": ""})
+    k = pd.DataFrame(rows)
+    steps = pd.DataFrame({"start": np.array([0], dtype=np.int64), "end": np.array([10**9], dtype=np.int64)})
+    roof, kernel_row, table = roofline(k, steps, device, True)
+    if len(table) == 0:
+        return
+    ceiling = roof.device
+    devices = [ceiling] if ceiling is not None else known_devices()
+    max_tflops = 2 * max((c.peak_tflops(p) or 0.0) for c in devices for p in PRECISIONS)
+    max_tbps = CACHE_SLACK * ceiling.memory_tbps if ceiling is not None else 50.0
+    assert (table["tflops"] <= max_tflops).all() and (table["tbps"] <= max_tbps).all(), table[["op", "shape", "tflops", "tbps"]]
+    assert (table["flops"] >= 0).all() and (table["bytes"] >= 0).all() and (table["time_ms"] >= 0).all()
+    assert len(kernel_row) == len(k) and kernel_row.max() < len(table)
 
 
 # --- one fixed case per failure class (regressions, no randomness) ---------------------------
@@ -1207,6 +1408,9 @@ LONG_RUN_HARNESSES = [
     "test_trace_strings_never_issue_ci_commands",
     "test_fix_writes_code_that_compiles_and_changes_only_the_fixs_lines",
     "test_special_files_in_log_dirs_and_caches_never_hang_or_reach_elsewhere",
+    "test_chunked_decoding_agrees_with_the_lenient_reading_at_chunk_edges",
+    "test_op_cost_is_none_or_non_negative_for_any_shape",
+    "test_the_roofline_never_shows_a_rate_past_the_device",
 ]
 
 

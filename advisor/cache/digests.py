@@ -22,11 +22,16 @@ _MEMO_NAME = re.compile(r"^\.?([0-9a-f]{32})(?:\.\d+)?$")
 
 
 def content_digest(path: Path) -> str:
-    """SHA-256 of a file's bytes, read in pieces (about 1.5 GB/s)."""
+    """SHA-256 of a trace file's bytes, read in pieces (about 1.5 GB/s), once the loader's
+    checks by size have passed: a sparse or too-large file is refused (InputError) before a
+    byte of it is hashed, as it would be by the loader with the cache off."""
     from advisor.files_read import open_regular
+    from advisor.load.decode import refuse_before_reading
 
     h = hashlib.sha256()
     with open_regular(path) as f:  # a FIFO or device is an OSError, never a hang
+        refuse_before_reading(Path(path), f)
+        f.seek(0)
         while chunk := f.read(HASH_READ_BYTES):
             h.update(chunk)
     return h.hexdigest()

@@ -4,6 +4,7 @@
     advisor fix train.py --select dataloader-stall --write
     advisor fix train.py --unsafe-fixes           # also TF32, bf16 autocast, torch.compile, ...
     advisor fix train.py --verify --steps 30 -o fix.json -- --lr 0.1
+    advisor fix train.py --verify --timeout 120     # a run still going after 120 s has failed
 
 The findings come from the script's last `advisor profile` in this folder (the newest
 advisor_runs/<script>-<time>/ whose facts name the same script, run with the same
@@ -20,6 +21,7 @@ write, or a fixed script that would not compile (one line).
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +32,8 @@ import typer
 
 from advisor.errors import InputError
 from advisor.terminal_text import path_text
+
+VERIFY_TIMEOUT_S = 900.0  # --verify: a run still going after this long is stopped (--timeout)
 
 
 def fix(
@@ -46,6 +50,9 @@ def fix(
     warmup: int = typer.Option(5, "--warmup", min=0, help="--verify: steps dropped at the start of each run."),
     rounds: int = typer.Option(2, "--rounds", min=1, help="--verify: runs of each variant."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="--verify: write the record (a baseline `advisor gate` reads) to this file."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", help=f"--verify: seconds a run may take before it is stopped and counted as failed (default {VERIFY_TIMEOUT_S:g})."
+    ),
 ) -> None:
     """Write the code change each finding asks for (a diff by default), and --verify it."""
     from advisor.cli import rule_ids, say, stderr_console
@@ -59,6 +66,10 @@ def fix(
         raise InputError(None, "--verify measures fixed copies and leaves the script as it is; run --write once it has measured")
     if output is not None and not verify:
         raise InputError(output, "-o writes the record of --verify; add --verify (the diff goes to stdout, --write edits the script)")
+    if timeout is not None and not verify:
+        raise InputError(None, "--timeout limits each run of --verify; add --verify")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise InputError(None, f"--timeout {timeout:g}: expected a number of seconds above 0")
     if not script.exists():
         raise InputError(script, "no such file")
     if not script.is_file():
@@ -90,7 +101,7 @@ def fix(
     for line in result_lines(plan):
         say(err, line)
     if verify:
-        code = _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note)
+        code = _verify(plan, findings, analysis, args, steps, warmup, rounds, timeout or VERIFY_TIMEOUT_S, output, note)
         if code:
             raise SystemExit(code)  # SystemExit: typer.Exit is swallowed by a non-standalone app
         return
@@ -252,14 +263,14 @@ def new_profile(script: Path, args: list[str], note, why: str | None = None) -> 
     return out
 
 
-def _verify(plan, findings, analysis, args, steps, warmup, rounds, output, note) -> int:
+def _verify(plan, findings, analysis, args, steps, warmup, rounds, timeout_s, output, note) -> int:
     """Measure, print the table, write the record where asked; the exit status
     (advisor.fix.verify.exit_status: 0 every promise kept, 1 one missed, 4 a run failed)."""
     from advisor.fix.verify import exit_status, record, record_gap, table_lines, verify
     from advisor.gate.record import environment_of
     from advisor.output import to_json_text
 
-    v = verify(plan, args, steps=steps, warmup=warmup, rounds=rounds, say=note)
+    v = verify(plan, args, steps=steps, warmup=warmup, rounds=rounds, timeout_s=timeout_s, say=note)
     sys.stdout.write("\n".join(table_lines(v)) + "\n")
     if output is not None:
         from advisor.files import write_atomically

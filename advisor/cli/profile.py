@@ -211,7 +211,33 @@ def check_report_output(output: Path | None, given: str | None) -> str:
             "-o names the report file (as in `advisor report`), with a suffix for its format "
             f"({', '.join(REPORT_SUFFIXES[:4])}, .html); the log dir is --out {path_text(output)}",
         )
+    if output is not None:
+        _check_report_file(output)
     return format_for(given, output)
+
+
+def _check_report_file(output: Path) -> None:
+    """Refuse, before the script runs, a report file that could not be written after it: one
+    that is a block device or a socket, or under a path whose nearest existing folder is a
+    file or cannot be written (`advisor.files.write_atomically` would refuse it only then)."""
+    import stat
+
+    try:
+        st = os.stat(output)
+    except OSError:
+        st = None
+    if st is not None and (stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        kind = "a block device" if stat.S_ISBLK(st.st_mode) else "a socket"
+        raise InputError(output, f"is {kind}; the advisor writes only files, character devices and pipes")
+    if st is not None:
+        return  # a file (replaced, as by `advisor report -o`), a character device or a FIFO (written into)
+    folder = next((p for p in output.absolute().parents if os.path.lexists(p)), None)
+    if folder is None:
+        return
+    if not folder.is_dir():
+        raise InputError(output, f"cannot write the report there: {path_text(folder)} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(output, f"cannot write the report there: {path_text(folder)} is not writable")
 
 
 def require_torch() -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 
 from advisor.fix.base import UNSAFE, Done, Outcome, Placed, Skipped, literal, register
-from advisor.fix.loader import training_loader
+from advisor.fix.loader import DATALOADER_POSITIONAL, loader_argument, training_loader
 from advisor.fix.libraries import library_of
-from advisor.fix.source import Edits, Script, keyword, code_of
+from advisor.fix.source import Edits, Script, code_of, has_star_kwargs, star_args_may_pass
 
 LR_NOTE = "scale the learning rate with the batch (x{k}: linear scaling, with warm-up) and check that the run still converges"
 
@@ -35,7 +35,11 @@ def fix_batch(script: Script, finding: dict) -> Outcome:
         return lib.setting("spare-gpu-memory", finding, new) if lib else Skipped("no DataLoader call in the script to set the batch size on")
     if isinstance(call, Skipped):
         return call
-    arg = keyword(call, "batch_size")
+    if star_args_may_pass(call, "batch_size", DATALOADER_POSITIONAL):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes *args: batch_size may be set there")
+    arg = loader_argument(call, "batch_size")
+    if arg is None and has_star_kwargs(call):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes **kwargs: batch_size may be set there")
     value = literal(arg.value) if arg is not None else 1
     if value == new:
         return Done(f"the DataLoader at line {script.line(call)} already has batch_size={new}")
@@ -43,5 +47,5 @@ def fix_batch(script: Script, finding: dict) -> Outcome:
         shown = code_of(arg.value) if arg is not None else "(default 1)"
         return Skipped(f"batch_size is {shown} at line {script.line(call)}, not the {old} the run used: run with batch size {new} and " + LR_NOTE.format(k=k))
     edits = Edits()
-    edits.set_keywords(call, {"batch_size": str(new)})
+    edits.set_keywords(call, {"batch_size": str(new)}, DATALOADER_POSITIONAL)
     return Placed(edits, f"batch_size={old} → {new} on the DataLoader at line {script.line(call)}", LR_NOTE.format(k=k))

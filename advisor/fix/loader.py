@@ -23,8 +23,14 @@ import libcst as cst
 
 from advisor.fix.base import SAFE, Done, Outcome, Placed, Skipped, literal, number_after, register, text_of
 from advisor.fix.libraries import library_of
-from advisor.fix.source import Edits, Script, code_of, has_star_kwargs, keyword
+from advisor.fix.source import Edits, Script, argument, code_of, has_star_kwargs, keyword, star_args_may_pass
 
+# torch.utils.data.DataLoader's parameters that may be passed by position, in order (those
+# after `generator` are keyword-only): `DataLoader(ds, 4, False, None, None, 0)` sets num_workers.
+DATALOADER_POSITIONAL = (
+    "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+    "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
+)  # fmt: skip
 WORKERS = (r"set num_workers=(\d+)", r"raise it towards (\d+)", r"num_workers to about (\d+)", r"\(about (\d+) here\)", r"about (\d+)")
 
 
@@ -76,6 +82,16 @@ def training_loader(script: Script, finding: dict) -> cst.Call | Skipped | None:
     return Skipped(f"{len(calls)} DataLoader calls (lines {where}) and the finding's line does not say which one feeds the training loop")
 
 
+def loader_argument(call: cst.Call, name: str) -> cst.Arg | None:
+    """The argument of a DataLoader call that passes NAME, by keyword or by position."""
+    return argument(call, name, DATALOADER_POSITIONAL)
+
+
+def _passed_twice(call: cst.Call, name: str) -> bool:
+    """NAME passed by keyword and by position at once: the call fails when it runs."""
+    return keyword(call, name) is not None and argument(cst.Call(func=call.func, args=[a for a in call.args if a.keyword is None]), name, DATALOADER_POSITIONAL) is not None
+
+
 def wanted_workers(finding: dict) -> int | None:
     text = text_of(finding)
     for pattern in WORKERS:
@@ -125,7 +141,11 @@ def fix_workers(script: Script, finding: dict) -> Outcome:
         return call
     if has_star_kwargs(call):
         return Skipped(f"the DataLoader call at line {script.line(call)} passes **kwargs: num_workers may be set there")
-    current = keyword(call, "num_workers")
+    if star_args_may_pass(call, "num_workers", DATALOADER_POSITIONAL):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes *args: num_workers may be set there")
+    if _passed_twice(call, "num_workers"):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes num_workers both by position and by keyword (a TypeError when it runs): keep one")
+    current = loader_argument(call, "num_workers")
     value = literal(current.value) if current is not None else 0
     edits = Edits()
     notes = []
@@ -166,7 +186,7 @@ def fix_workers(script: Script, finding: dict) -> Outcome:
         shown = expr if expr is not None else value
         return Done(f"the DataLoader at line {script.line(call)} already has num_workers={shown}" + (f", persistent_workers={code_of(persistent.value)}" if persistent_on else ""))
     if values:
-        edits.set_keywords(call, values)
+        edits.set_keywords(call, values, DATALOADER_POSITIONAL)
     what = "; ".join(what_first + ([f"DataLoader at line {script.line(call)}: " + ", ".join(f"{k}={v}" for k, v in values.items())] if values else []))
     threads = number_after(r"torch\.set_num_threads\(", finding)
     if threads is not None:
@@ -258,13 +278,15 @@ def fix_pinned(script: Script, finding: dict) -> Outcome:
         return call
     if has_star_kwargs(call):
         return Skipped(f"the DataLoader call at line {script.line(call)} passes **kwargs: pin_memory may be set there")
+    if star_args_may_pass(call, "pin_memory", DATALOADER_POSITIONAL):
+        return Skipped(f"the DataLoader call at line {script.line(call)} passes *args: pin_memory may be set there")
     edits = Edits()
     done: list[str] = []
-    pin = keyword(call, "pin_memory")
+    pin = loader_argument(call, "pin_memory")
     if pin is not None and literal(pin.value) is True:
         done.append(f"the DataLoader at line {script.line(call)} already pins memory")
     else:
-        edits.set_keywords(call, {"pin_memory": "True"})
+        edits.set_keywords(call, {"pin_memory": "True"}, DATALOADER_POSITIONAL)
     own = pin is not None and literal(pin.value) is ...  # the script's own setting: it becomes True, and it says so
     copies = [c for loop in loops_over(script, call) for c in _to_calls_in(script, loop)]
     for c in copies:

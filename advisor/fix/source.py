@@ -12,7 +12,9 @@ become one call), and `apply` writes them all in one pass.
 from __future__ import annotations
 
 import codecs
+import io
 import re
+import tokenize
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,35 @@ def has_star_kwargs(call: cst.Call) -> bool:
     return any(a.star == "**" for a in call.args)
 
 
+def _plain_positional(call: cst.Call) -> list[cst.Arg]:
+    """The call's positional arguments up to the first keyword or starred one."""
+    out = []
+    for a in call.args:
+        if a.keyword is not None or a.star:
+            break
+        out.append(a)
+    return out
+
+
+def argument(call: cst.Call, name: str, positional: tuple[str, ...] = ()) -> cst.Arg | None:
+    """The argument that passes parameter NAME: its keyword, or its place among the positional
+    arguments, POSITIONAL naming the callee's positional parameters in order
+    (`DataLoader(ds, 4, False, None, None, 0)` passes num_workers sixth)."""
+    found = keyword(call, name)
+    if found is not None or name not in positional:
+        return found
+    plain = _plain_positional(call)
+    i = positional.index(name)
+    return plain[i] if i < len(plain) else None
+
+
+def star_args_may_pass(call: cst.Call, name: str, positional: tuple[str, ...]) -> bool:
+    """A `*args` of the call may be what passes NAME (it starts at or before NAME's place)."""
+    if name not in positional:
+        return False
+    return any(a.star == "*" for a in call.args) and len(_plain_positional(call)) <= positional.index(name)
+
+
 @dataclass
 class Edits:
     """What one fix changes, by node of the parsed tree."""
@@ -61,16 +92,21 @@ class Edits:
     remove: set[cst.CSTNode] = field(default_factory=set)  # statements removed
     wrap: dict[cst.CSTNode, tuple[cst.CSTNode, str]] = field(default_factory=dict)  # first stmt -> (last stmt, `with` header)
     values: dict[cst.Assign, str] = field(default_factory=dict)  # assignment -> its new value
+    positional: dict[cst.Call, tuple[str, ...]] = field(default_factory=dict)  # call -> its positional parameters, in order
 
-    def set_keywords(self, call: cst.Call, values: dict[str, str]) -> None:
+    def set_keywords(self, call: cst.Call, values: dict[str, str], positional: tuple[str, ...] = ()) -> None:
+        """Set these arguments of the call; one it passes by position (POSITIONAL: the callee's
+        positional parameters, in order) gets its new value there, never a second keyword."""
         self.keywords.setdefault(call, {}).update(values)
+        if positional:
+            self.positional[call] = positional
 
     def insert_after(self, statement: cst.CSTNode, lines: list[str]) -> None:
         self.after.setdefault(statement, []).extend(lines)
 
     def merge(self, other: Edits) -> None:
         for call, values in other.keywords.items():
-            self.set_keywords(call, values)
+            self.set_keywords(call, values, other.positional.get(call, ()))
         for stmt, lines in other.after.items():
             for line in lines:
                 if line not in self.after.get(stmt, []):
@@ -87,10 +123,11 @@ class Edits:
 class Script:
     """One parsed source file, with positions and parents of its nodes."""
 
-    def __init__(self, path: Path, text: str, bom: bool = False) -> None:
+    def __init__(self, path: Path, text: str, bom: bool = False, encoding: str = "utf-8") -> None:
         self.path = path
         self.text = text  # as in the file: its own line endings (CRLF stays CRLF), without a BOM
         self.bom = bom  # the file starts with a UTF-8 byte order mark, which the written file keeps
+        self.encoding = encoding  # as the file declares it (PEP 263), the written file's too
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError as exc:
@@ -108,16 +145,27 @@ class Script:
         UTF-8 byte order mark noted, so that the written file differs only in the fix's lines."""
         try:
             raw = path.read_bytes()
-            bom = raw.startswith(codecs.BOM_UTF8)
-            text = raw[len(codecs.BOM_UTF8):].decode("utf-8") if bom else raw.decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(path, f"cannot read the script: {getattr(exc, 'strerror', None) or exc}") from None
-        return cls(path, text, bom)
+        except OSError as exc:
+            raise InputError(path, f"cannot read the script: {exc.strerror or exc}") from None
+        bom = raw.startswith(codecs.BOM_UTF8)
+        try:
+            # the encoding Python reads it in: a `# -*- coding: latin-1 -*-` line, else UTF-8
+            encoding = "utf-8" if bom else tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+        except SyntaxError as exc:
+            raise InputError(path, f"cannot read the script: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+        try:
+            text = raw[len(codecs.BOM_UTF8):].decode("utf-8") if bom else raw.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise InputError(path, f"cannot read the script as {encoding}, the encoding it is read in: {exc.reason} at byte {exc.start}") from None
+        return cls(path, text, bom, encoding)
 
     def encode(self, text: str) -> bytes:
-        """TEXT (this script or a fixed version of it) as the file's bytes: UTF-8, with the
-        byte order mark where the script has one."""
-        return (codecs.BOM_UTF8 if self.bom else b"") + text.encode("utf-8")
+        """TEXT (this script or a fixed version of it) as the file's bytes: in its declared
+        encoding (UTF-8 by default), with the byte order mark where the script has one."""
+        try:
+            return (codecs.BOM_UTF8 if self.bom else b"") + text.encode(self.encoding)
+        except UnicodeEncodeError as exc:
+            raise InputError(self.path, f"the fix holds {text[exc.start:exc.end]!r}, which the script's encoding ({self.encoding}) cannot hold; nothing is written") from None
 
     # --- finding nodes -----------------------------------------------------------------------
     def nodes(self, kind: type | tuple[type, ...]) -> list:
@@ -248,7 +296,11 @@ class Script:
     def apply(self, edits: Edits) -> str:
         if edits.empty:
             return self.text
-        return self.module.visit(_Apply(edits)).code
+        code = self.module.visit(_Apply(edits)).code
+        # libcst drops the last line end of a file whose lines end in a lone CR: put it back
+        if self.text.endswith("\r") and not code.endswith(("\r", "\n")):
+            code += "\r"
+        return code
 
 
 def compile_error(data: bytes, path: Path) -> str | None:
@@ -258,7 +310,10 @@ def compile_error(data: bytes, path: Path) -> str | None:
             warnings.simplefilter("ignore")  # the script's own invalid escapes and the like
             compile(data, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return f"{exc.msg} (line {exc.lineno})"
+        line = exc.lineno
+        if line is None and b"\0" in data:  # "source code string cannot contain null bytes" names no line
+            line = data.count(b"\n", 0, data.index(b"\0")) + 1
+        return f"{exc.msg} (line {line})" if line is not None else exc.msg
     except (ValueError, TypeError) as exc:  # null bytes and the like
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return None
@@ -294,11 +349,15 @@ class _Collect(cst.CSTVisitor):
         return True
 
 
-def _with_keywords(call: cst.Call, values: dict[str, str]) -> cst.Call:
-    """The call with these keyword arguments set: an existing one gets the new value, a new
+def _with_keywords(call: cst.Call, values: dict[str, str], positional: tuple[str, ...] = ()) -> cst.Call:
+    """The call with these keyword arguments set: an existing one gets the new value (passed by
+    keyword, or by position where POSITIONAL names the callee's positional parameters), a new
     one is appended in the layout of the arguments before it (one per line stays one per line)."""
     args = list(call.args)
     remaining = dict(values)
+    for i, a in enumerate(_plain_positional(call)[: len(positional)]):
+        if positional[i] in remaining:
+            args[i] = a.with_changes(value=cst.parse_expression(remaining.pop(positional[i])))
     for i, a in enumerate(args):
         if a.keyword is not None and a.keyword.value in remaining:
             args[i] = a.with_changes(value=cst.parse_expression(remaining.pop(a.keyword.value)))
@@ -363,7 +422,7 @@ class _Apply(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         values = self.e.keywords.get(original)
-        return _with_keywords(updated, values) if values else updated
+        return _with_keywords(updated, values, self.e.positional.get(original, ())) if values else updated
 
     def _body(self, originals, updated_body) -> list:
         out = []

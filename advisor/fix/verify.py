@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,26 +113,51 @@ def _num(x: float | None) -> float | None:
 def time_script(path: Path, args: list[str], warmup: int, steps: int, source: Path | None, timeout_s: float) -> tuple[list[float], float, str]:
     """One run of the script under the step clock: (kept step times, wall seconds, error or "").
     SOURCE, where given, is the code that runs as the script (a fixed copy kept elsewhere): it
-    runs as PATH itself, with PATH's `__file__`, folder on sys.path and `sys.argv[0]`."""
+    runs as PATH itself, with PATH's `__file__`, folder on sys.path and `sys.argv[0]`.
+
+    The run ends when the script's process ends: its stderr goes to a file, not a pipe (a
+    process it forked, a logger or a watchdog, would hold a pipe open until the timeout), and
+    it runs in a session of its own, whose processes still there then are ended (they would
+    share the machine with the next run)."""
     with tempfile.TemporaryDirectory(prefix="advisor-clock-") as tmp:
         result = Path(tmp) / "clock.json"
         cmd = [sys.executable, "-m", "advisor.fix.clock", str(result), str(warmup), str(steps), str(source or "-"), str(path), *args]
         started = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return [], time.perf_counter() - started, f"did not finish {warmup + steps} steps in {timeout_s:.0f} s"
-        wall = time.perf_counter() - started
+        with open(Path(tmp) / "stderr.txt", "w+b") as err_file:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return [], time.perf_counter() - started, f"did not finish {warmup + steps} steps in {timeout_s:g} s (--timeout)"
+            finally:
+                _end_session(proc)
+            wall = time.perf_counter() - started
+            err_file.seek(0, 2)
+            err_file.seek(max(0, err_file.tell() - 64 * 1024))
+            stderr = err_file.read().decode("utf-8", "replace")
         if not result.exists():
-            tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+            tail = stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
             return [], wall, tail[0][:300]
         doc = json.loads(result.read_text())
     times = [float(t) for t in doc.get("step_times_ms") or []][warmup:]
     if proc.returncode != 0 or len(times) < steps:
-        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        tail = stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         why = tail[0][:300] if proc.returncode else f"the script ended after {len(times) + warmup} steps, fewer than the {warmup + steps} asked for"
         return times, wall, why
     return times, wall, ""
+
+
+def _end_session(proc: subprocess.Popen) -> None:
+    """End every process of the run's session (the script, and what it forked that is still
+    there); the script itself is waited for, so no zombie is left."""
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    elif proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 def verify(

@@ -260,17 +260,7 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
     limit = max_trace_bytes() if limit is None else limit
     try:
         with open_regular(path) as f:  # a FIFO or a link to a device is refused, never read
-            if f.read(2) != b"\x1f\x8b":
-                if bounded:
-                    # sized up front: half the memory available at most, before a byte is read
-                    # (a sparse file of many GB would otherwise be read whole into memory)
-                    memory_limit = _available_memory() // 2
-                    if memory_limit < limit and os.fstat(f.fileno()).st_size > memory_limit:
-                        size = os.fstat(f.fileno()).st_size
-                        raise InputError(
-                            path, f"the file holds {format_bytes(size)}, more than half the memory available ({format_bytes(memory_limit)}); set {MAX_TRACE_ENV} to raise the limit"
-                        )
-                _refuse_sparse(path, os.fstat(f.fileno()))
+            if not refuse_before_reading(path, f, limit, bounded):
                 return _read_plain(path, f, limit, digest)
             if bounded:
                 ratio_limit = max(GZIP_RATIO_FLOOR, GZIP_RATIO * os.fstat(f.fileno()).st_size)
@@ -284,6 +274,31 @@ def read_trace_bytes(path: Path, limit: int | None = None, digest: Any = None) -
         raise InputError(path, f"not enough memory to read the trace (set {MAX_TRACE_ENV} to refuse traces this large sooner)") from None
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def refuse_before_reading(path: Path, f: Any, limit: int | None = None, bounded: bool | None = None) -> bool:
+    """Refuse (InputError) a trace file the loader would refuse by its size alone, from its
+    first two bytes and its stat: a sparse file, a plain file over the limit or over half the
+    memory available. True when it is gzip. The cache calls it before hashing a trace, so a
+    file of many GB is refused in the time of a stat, cache on or off. `f` is left at offset 2."""
+    if bounded is None:
+        bounded = limit is None and not os.environ.get(MAX_TRACE_ENV, "").strip()
+    limit = max_trace_bytes() if limit is None else limit
+    st = os.fstat(f.fileno())
+    if f.read(2) == b"\x1f\x8b":
+        _refuse_sparse(path, st)  # zero padding after a gzip member is read to its end
+        return True
+    if bounded:
+        # sized up front: half the memory available at most, before a byte is read
+        memory_limit = _available_memory() // 2
+        if memory_limit < limit and st.st_size > memory_limit:
+            raise InputError(
+                path, f"the file holds {format_bytes(st.st_size)}, more than half the memory available ({format_bytes(memory_limit)}); set {MAX_TRACE_ENV} to raise the limit"
+            )
+    _refuse_sparse(path, st)
+    if st.st_size > limit:
+        raise _too_large(path, limit, "the file holds")
+    return False
 
 
 # A file this long with under 1/SPARSE_RATIO of it stored on disk is mostly holes (`truncate
@@ -519,7 +534,9 @@ def _decode_batch(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, 
 # every event is odd costs what the lenient path costs, not a retry per event).
 CHUNK_EVENTS = 1024
 REJECTED_ALONE = 8
-_REJECTED_AT = re.compile(r"- at `\$\[(\d+)\]")
+# The event msgspec rejected: the index of the path its message ends with (`... - at `$[12].ph``).
+# Greedy: a value the message quotes before it (a "ph" of "- at `$[9999]`") is not the path.
+_REJECTED_AT = re.compile(r".*- at `\$\[(\d+)\][^`]*`$", re.S)
 
 
 def _decode_chunk(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, stop: int) -> list[Event]:
@@ -528,8 +545,8 @@ def _decode_chunk(path: Path, raws: list[msgspec.Raw], buffer: Any, start: int, 
         try:
             return out + _typed(raws, buffer, start, stop)
         except msgspec.ValidationError as exc:
-            m = _REJECTED_AT.search(str(exc))
-            if m is None:
+            m = _REJECTED_AT.match(str(exc))
+            if m is None or int(m.group(1)) >= stop - start:
                 return out + _cleaned(path, raws, start, stop, exc)
             at = start + int(m.group(1))  # the events before it passed: msgspec validates in order
             if at > start:
@@ -585,9 +602,20 @@ def _json_problem(exc: Exception) -> str:
     return f"invalid JSON: {msg}"
 
 
+# A `\uD800`-`\uDBFF` escape: msgspec reads on for the low surrogate after it, so one in the
+# document's last string (`"traceName": "run\ud83d"}`) reads to it as truncated.
+_HIGH_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")
+
+
+def _truncated(exc: Exception | None, data: bytes | bytearray | memoryview) -> bool:
+    """msgspec says the input ends early, and no lone surrogate escape at its end says so instead."""
+    return isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc) and not _HIGH_SURROGATE_ESCAPE.search(bytes(data[-16:]))
+
+
 def _lenient_json(path: Path, data: bytes | bytearray | memoryview, first: Exception | None) -> Any:
-    """Python's json on the text with bad bytes replaced: accepts NaN, Infinity, 1e400, big ints."""
-    if isinstance(first, msgspec.DecodeError) and "truncated" in str(first):
+    """Python's json on the text with bad bytes replaced: accepts NaN, Infinity, 1e400, big ints,
+    and lone surrogate escapes (made U+FFFD by _clean)."""
+    if _truncated(first, data):
         raise InputError(path, _json_problem(first)) from None
     text = bytes(data).decode("utf-8", errors="replace")
     try:

@@ -95,13 +95,17 @@ def _prod(shape) -> int:
     return out
 
 
+def _is_dims(s) -> bool:
+    """A tensor's shape as a run records it: a list of whole numbers, none negative (a bool or
+    a negative count is a damaged or forged trace: no cost rather than a negative or unit one)."""
+    return isinstance(s, list) and all(type(x) is int and x >= 0 for x in s)
+
+
 def _shape(dims, i) -> list[int] | None:
     if not isinstance(dims, list) or i >= len(dims):
         return None
     s = dims[i]
-    if not isinstance(s, list) or not all(isinstance(x, int) for x in s):
-        return None
-    return s
+    return s if _is_dims(s) else None
 
 
 def _ints(concrete, i) -> list[int] | None:
@@ -211,11 +215,15 @@ def _conv_out(x, w, stride, padding, dilation, transposed=False, output_padding=
     output_padding = spread(output_padding, 0)
     if not all(len(v) == nd for v in (stride, padding, dilation, output_padding)):
         return None
+    if min(stride + dilation) < 1 or min(padding + output_padding) < 0:
+        return None  # arguments PyTorch refuses: no output shape follows from them
     if transposed:
         spatial = [(x[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w[2 + i] - 1) + output_padding[i] + 1 for i in range(nd)]
-        return [x[0], w[1]] + spatial  # grouped transposed convolutions are left to TraceLens's own reading
-    spatial = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(nd)]
-    return [x[0], w[0]] + spatial
+        out = [x[0], w[1]] + spatial  # grouped transposed convolutions are left to TraceLens's own reading
+    else:
+        spatial = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(nd)]
+        out = [x[0], w[0]] + spatial
+    return out if min(spatial) >= 0 else None  # a kernel larger than its padded input: PyTorch refuses it
 
 
 def _conv_fwd(x, w, out, bias: bool, bpe: int, dtype: str, transposed: bool = False) -> Cost:
@@ -650,7 +658,7 @@ def _cost_library_norm(op: str, types: tuple, dims) -> Cost | None:
 def _tensor_list(dims, i) -> list[list[int]]:
     if not isinstance(dims, list) or i >= len(dims) or not isinstance(dims[i], list):
         return []
-    return [s for s in dims[i] if isinstance(s, list) and all(isinstance(x, int) for x in s)]
+    return [s for s in dims[i] if _is_dims(s)]
 
 
 def _cost_optimizer(op: str, types: tuple, dims) -> Cost | None:

@@ -103,6 +103,30 @@ COMPILED_NO_SHAPES_NOTE = ("compiled Triton kernels have no cost ({n} distinct, 
 
 TRITON_NAME = re.compile(r"^triton_")
 
+# A group whose shapes give a rate no device reaches is left out (its shapes are damaged or
+# forged: a 10⁶×10⁶ `mm` in 2 µs), with a note, and never sets a reference rate. The bounds
+# leave room for what real runs show: a fast convolution algorithm does fewer FLOPs than the
+# direct count (an fp32 convolution on a V100 at 1.7× the fp32 peak), and a tensor in the L2
+# cache moves faster than memory (small elementwise ops at 1.5× the V100's bandwidth).
+# FLOP/s: above twice the device's fastest dense peak of any precision (2:4 sparsity's
+# datasheet figure); bytes/s: above CACHE_SLACK × its memory bandwidth. With no ceiling known,
+# the fastest device in the table, and MAX_COPY_GBPS (no link or memory moves more).
+CACHE_SLACK = 4.0
+BEYOND_CEILING_NOTE = ("left out {n} op shape(s) whose recorded time gives a rate no {device} reaches "
+                       "(up to {tflops:,.0f} TFLOP/s, {tbps:,.1f} TB/s against {peak:,.0f} TFLOP/s and {bw:,.2f} TB/s): "
+                       "their Input Dims are not what ran ({ops})")
+
+
+def _impossible_bounds(ceiling: DeviceCeiling | None) -> tuple[float, float]:
+    """(TFLOP/s, TB/s) past which an op's rate is not a measurement (see CACHE_SLACK)."""
+    from advisor.load.categories import MAX_COPY_GBPS
+    from advisor.metrics.devices import PRECISIONS, known_devices
+
+    devices = [ceiling] if ceiling is not None else known_devices()
+    fastest = max((c.peak_tflops(p) or 0.0) for c in devices for p in PRECISIONS)
+    bandwidth = CACHE_SLACK * ceiling.memory_tbps if ceiling is not None else MAX_COPY_GBPS / 1e3
+    return 2.0 * fastest, bandwidth
+
 
 def compiled_notes(k: pd.DataFrame, inside: np.ndarray, costed: np.ndarray, n_steps: int) -> list[str]:
     """What the roofline says of the torch.compile (Inductor) Triton kernels it leaves out: how
@@ -229,6 +253,23 @@ def roofline(k: pd.DataFrame, steps: pd.DataFrame, device_name: str | None, shap
     with np.errstate(divide="ignore", invalid="ignore"):
         tflops = np.where(dur > 0, flops * ncalls / dur / 1e3, np.nan)  # FLOP/ns = GFLOP/s; /1e3: TFLOP/s
         tbps = np.where(dur > 0, moved * ncalls / dur / 1e3, np.nan)  # bytes/ns = GB/s; /1e3: TB/s
+    max_tflops, max_tbps = _impossible_bounds(ceiling)
+    impossible = (tflops > max_tflops) | (tbps > max_tbps)
+    if impossible.any():
+        shown = sorted({r[1] for r, bad in zip(rows, impossible, strict=True) if bad})
+        notes.append(BEYOND_CEILING_NOTE.format(
+            n=int(impossible.sum()), device=ceiling.name if ceiling is not None else "device", tflops=float(np.nanmax(tflops[impossible])),
+            tbps=float(np.nanmax(tbps[impossible])), peak=max_tflops / 2, bw=max_tbps / CACHE_SLACK if ceiling is not None else max_tbps,
+            ops=", ".join(shown[:5]) + (", ..." if len(shown) > 5 else ""),
+        ))
+        keep = ~impossible
+        rows = [r for r, k_ in zip(rows, keep, strict=True) if k_]
+        if not rows:
+            notes += compiled_notes(k, inside, np.zeros(len(k), dtype=bool), n_steps)
+            return Roofline(empty, ceiling, device_name, True, 0.0, kernel_ms, notes=notes), np.full(len(k), -1), empty
+        codes_kept, dur, ncalls, flops, moved = codes_kept[keep], dur[keep], ncalls[keep], flops[keep], moved[keep]
+        kind, precision, tflops, tbps = kind[keep], precision[keep], tflops[keep], tbps[keep]
+    with np.errstate(divide="ignore", invalid="ignore"):
         intensity = np.where(moved > 0, flops / moved, np.nan)
     if ceiling is not None:
         peak = np.array([ceiling.peak_tflops(p) or np.nan for p in precision], dtype=np.float64)

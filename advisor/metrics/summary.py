@@ -418,6 +418,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
         tc = eligible = None  # NVIDIA's Tensor Core kernel names say nothing about other devices
         by_precision = {}
     roof, roof_rows, roof_table = _roofline(frames, kernels, steps, device)
+    notes = notes + beyond_ceiling_notes(roof)  # shapes left out of the roofline: said with the run's notes
     out = Metrics(
         rank=rank,
         frames=frames,
@@ -440,6 +441,13 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     out.derived["roofline.kernel_row"] = roof_rows  # each kernel's row of roofline.table (-1: not costed)
     out.derived["roofline.table"] = roof_table  # every costed group, not only the stored ones
     return out
+
+
+def beyond_ceiling_notes(roof) -> list[str]:
+    from advisor.metrics.roofline import BEYOND_CEILING_NOTE
+
+    head = BEYOND_CEILING_NOTE.split("{", 1)[0]
+    return [n for n in roof.notes if n.startswith(head)]
 
 
 def _roofline(frames: TraceFrames, kernels: pd.DataFrame, steps: pd.DataFrame, device: DeviceInfo):
