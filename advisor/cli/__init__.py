@@ -165,39 +165,32 @@ def emit_ops(analysis, fmt: Format, output: Optional[Path]) -> None:
     """`report --ops`: the ops on the roofline, in text, JSON or Markdown."""
     from advisor.render import ops as ops_render
 
-    inputs = run_input_files(analysis)
-    if fmt is Format.json:
-        write_output(ops_render.to_ops_json(analysis), output, inputs)
-    elif fmt is Format.markdown:
-        write_output(ops_render.to_ops_markdown(analysis), output, inputs)
-    elif output is None:
-        ops_render.render_ops_text(analysis, stdout_console())
-    else:
-        from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
-        from advisor.terminal_text import inert_console
-
-        console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
-        ops_render.render_ops_text(analysis, console)
-        write_output(trim_lines(console.export_text()), output, inputs)
+    _emit_view(analysis, fmt, output, ops_render.to_ops_json, ops_render.to_ops_markdown, ops_render.render_ops_text)
 
 
 def emit_kernels(analysis, fmt: Format, output: Optional[Path]) -> None:
     """`report --kernels`: the kernels as the advisor read them, in text, JSON or Markdown."""
     from advisor.render import kernels as kernels_render
 
+    _emit_view(analysis, fmt, output, kernels_render.to_kernels_json, kernels_render.to_kernels_markdown, kernels_render.render_kernels_text)
+
+
+def _emit_view(analysis, fmt: Format, output: Optional[Path], to_json, to_markdown, render_text) -> None:
+    """One of the report's views (JSON, Markdown, or a rich table: on the terminal, or to a
+    file unwrapped)."""
     inputs = run_input_files(analysis)
     if fmt is Format.json:
-        write_output(kernels_render.to_kernels_json(analysis), output, inputs)
+        write_output(to_json(analysis), output, inputs)
     elif fmt is Format.markdown:
-        write_output(kernels_render.to_kernels_markdown(analysis), output, inputs)
+        write_output(to_markdown(analysis), output, inputs)
     elif output is None:
-        kernels_render.render_kernels_text(analysis, stdout_console())
+        render_text(analysis, stdout_console())
     else:
         from advisor.render.console import UNWRAPPED_WIDTH, trim_lines
         from advisor.terminal_text import inert_console
 
         console = inert_console(record=True, width=UNWRAPPED_WIDTH, file=open(os.devnull, "w"), color_system=None)
-        kernels_render.render_kernels_text(analysis, console)
+        render_text(analysis, console)
         write_output(trim_lines(console.export_text()), output, inputs)
 
 
