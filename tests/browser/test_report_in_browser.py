@@ -262,7 +262,8 @@ def test_the_first_screen_holds_the_verdict(browser, tmp_path, width):
     assert f"{mean:.2f} ms per step" in got["answer"] and "bound by the input pipeline" in got["answer"], got["answer"]
     top = analysis.findings[0]
     assert len(got["fixes"]) == 3 and got["fixes"][0].startswith(f"{top.rule} saves {top.saving_ms:.2f} ms/step"), got["fixes"]
-    assert "the profiler slowed the recorded steps 1.3x" in got["caveat"], got
+    # the window's median step (85.34 ms, the headline's) over the 39 unprofiled steps' (63.08 ms): 1.35x
+    assert "the profiler slowed the recorded steps 1.4x" in got["caveat"], got
     assert min(got["tile_rows"]) > 1, got["tile_rows"]  # no tile alone on a row
     assert page.errors() == []
 
