@@ -539,11 +539,15 @@ def test_reports_survive_mutated_cache_entries(data):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            before = os.environ.get("ADVISOR_CACHE")
             os.environ["ADVISOR_CACHE"] = str(entry.parent)
             try:
                 analysis = analyze(run, cache=True)
-            finally:
-                os.environ.pop("ADVISOR_CACHE", None)
+            finally:  # the suite's own cache folder back (tests/conftest.py), not the user's
+                if before is None:
+                    os.environ.pop("ADVISOR_CACHE", None)
+                else:
+                    os.environ["ADVISOR_CACHE"] = before
         check_report(analysis, json.loads(out))
     finally:
         for n, b in backup.items():
