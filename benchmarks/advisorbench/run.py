@@ -201,7 +201,7 @@ def profile(workload: Workload, device: str, folder: Path) -> list[tuple[str, fl
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"advisor profile wrote no report (exit {done.returncode}): {' | '.join(tail)}")
     findings = json.loads(report.read_text())["findings"]
-    return [(f["rule"], float(f["saving_ms"]), float(f["saving_pct"])) for f in findings]
+    return [(f["rule"], float(f["saving_ms"]), float(f["saving_share"])) for f in findings]
 
 
 def step_median(script: str, device: str, steps: int | None, warmup: int | None) -> float:
