@@ -110,14 +110,14 @@ class RunAnalysis:
     @cached_property
     def findings(self) -> pd.DataFrame:
         """The findings, ranked by the time their fix saves per step: rule, severity, title,
-        saving_ms, saving_pct, confidence, rank, message, fix."""
+        saving_ms, saving_share (a fraction of the step), confidence, rank, message, fix."""
         rows = [
             {
                 "rule": f.rule,
                 "severity": f.severity,
                 "title": f.title,
                 "saving_ms": f.saving_ms,
-                "saving_pct": f.saving_pct,
+                "saving_share": f.saving_pct,
                 "confidence": f.confidence,
                 "rank": f.rank,
                 "message": f.message,
@@ -125,7 +125,7 @@ class RunAnalysis:
             }
             for f in self.analysis.findings
         ]
-        columns = ["rule", "severity", "title", "saving_ms", "saving_pct", "confidence", "rank", "message", "fix"]
+        columns = ["rule", "severity", "title", "saving_ms", "saving_share", "confidence", "rank", "message", "fix"]
         return pd.DataFrame(rows, columns=columns)
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,7 +148,7 @@ class RunAnalysis:
         """Jupyter's view: the headline, the findings and the breakdown (every trace string escaped)."""
         st = self.summary["step_time_ms"]
         head = f"{st['mean']:.2f} ms mean step (median {st['median']:.2f}) over {self.summary['steps']} steps" if st.get("mean") is not None else "no steps"
-        findings = self.findings[["rule", "severity", "saving_ms", "saving_pct", "message"]]
+        findings = self.findings[["rule", "severity", "saving_ms", "saving_share", "message"]]
         breakdown = self.breakdown[self.breakdown["ms_per_step"] > 0]
         return (
             '<div class="advisor-analysis">'

@@ -308,11 +308,11 @@ class VerifyFix(_Out):
     fix: str
     safety: Literal["safe", "unsafe"]
     promised_ms: Optional[float]
-    promised_pct: Optional[float]
+    promised_share: Optional[float]
     original_ms: Optional[float]
     fixed_ms: Optional[float]
     saving_ms: Optional[float]
-    saving_pct: Optional[float]
+    saving_share: Optional[float]
     round_savings_ms: list[float]
     spread_ms: Optional[float]
     verdict: Literal["kept", "missed", "failed"]

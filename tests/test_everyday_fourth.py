@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, SAMPLE_RUNS
+from advisor.api import analyze
 
 GPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
 CPU_RUN = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"
@@ -293,6 +294,11 @@ def test_the_json_summary_has_throughput_and_batch_size_as_the_text_shows_them(c
     top = doc["findings"][0]
     assert "saving_pct" not in top
     assert re.search(rf"{re.escape(top['rule'])}  {top['saving_ms']:.2f} ms/step \({top['saving_share'] * 100:.1f}%\)", text), text
+    # the Python API names the same fraction the same way, in the same order
+    frame = analyze(GPU_RUN).findings
+    assert "saving_pct" not in frame.columns
+    assert list(frame["rule"]) == [f["rule"] for f in doc["findings"]]
+    assert frame["saving_share"].tolist() == pytest.approx([f["saving_share"] for f in doc["findings"]], abs=1e-6)
     # no float with more digits than a measurement holds (78.59808, not 78.59807833333333)
     for x in _floats(doc):
         assert x == int(x) or len(f"{x:.15g}".lstrip("-0.").replace(".", "").rstrip("0")) <= 7, x

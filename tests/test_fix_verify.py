@@ -65,7 +65,7 @@ def test_verify_prints_the_promise_the_measured_saving_and_a_verdict(verified):
     assert f"{promised_ms:.1f} ms ({100 * promised_pct:.0f}%)" in row  # the finding's own promise
     [fix] = record["verify"]["fixes"]
     assert row.split()[-1] == fix["verdict"] and fix["verdict"] in ("kept", "missed")
-    assert fix["promised_ms"] == pytest.approx(promised_ms, abs=1e-3) and fix["promised_pct"] == pytest.approx(promised_pct, abs=1e-3)
+    assert fix["promised_ms"] == pytest.approx(promised_ms, abs=1e-3) and fix["promised_share"] == pytest.approx(promised_pct, abs=1e-3)
     # The last lines say why, in the figures measured.
     assert any(line.startswith(f"dataloader-stall: {fix['verdict']}: measured ") for line in lines)
 

@@ -176,7 +176,7 @@ def test_cpu_change_is_verified_by_advisor_fix(cpu_walk):
     # the verdict as the README states it: kept when the measured share of the step is at least
     # half the promised share and every round saved time, else missed (both runs ran: "failed"
     # is for a run that did not)
-    promised = v["promised_pct"] or 0.0  # no promised share: judged on every round saving time
-    kept = (promised <= 0 or v["saving_pct"] >= 0.5 * promised) and min(v["round_savings_ms"]) > 0
+    promised = v["promised_share"] or 0.0  # no promised share: judged on every round saving time
+    kept = (promised <= 0 or v["saving_share"] >= 0.5 * promised) and min(v["round_savings_ms"]) > 0
     assert v["verdict"] == ("kept" if kept else "missed"), v
     assert "verified by the product (advisor fix --select RULE --verify" in cpu_walk["table"]

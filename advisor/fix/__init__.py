@@ -43,7 +43,7 @@ class FixResult:
     detail: str  # what was written, why not, or the setting to change
     note: str = ""
     promised_ms: float | None = None
-    promised_pct: float | None = None
+    promised_share: float | None = None
     edits: Edits | None = field(default=None, repr=False)
 
     @property
@@ -59,7 +59,7 @@ class FixResult:
             "detail": self.detail,
             "note": self.note,
             "promised_ms": self.promised_ms,
-            "promised_pct": self.promised_pct,
+            "promised_share": self.promised_share,
         }
 
 
@@ -151,7 +151,7 @@ def plan_fixes(
             continue
         seen.add(rule)
         ms, pct = promise(finding, step_ms)
-        promised = dict(promised_ms=ms, promised_pct=pct)
+        promised = dict(promised_ms=ms, promised_share=pct)
         kind = FIXES.get(rule)
         if kind is None:
             fix_text = str((finding.get("fix") or {}).get("text") or "")

@@ -13,7 +13,7 @@ round by round (each round's original run against the same round's fixed run).
 
 A promise is judged as a share of the step: the finding's saving was measured on the
 profiled window, whose steps are longer than unprofiled ones (the profiler's own cost), so
-`promised_pct` is set against the measured saving over the original's step. Kept: the
+`promised_share` is set against the measured saving over the original's step. Kept: the
 measured share is at least half the promised one and every round saved time; else missed.
 
 The record written with it is an `advisor/baseline/v1` document for the fixed script (its
@@ -68,11 +68,11 @@ class FixVerdict:
     fix: str
     safety: str
     promised_ms: float | None
-    promised_pct: float | None
+    promised_share: float | None
     original_ms: float
     fixed_ms: float
     saving_ms: float
-    saving_pct: float
+    saving_share: float
     round_savings_ms: list[float]
     verdict: str  # kept | missed | failed
     why: str = ""
@@ -204,10 +204,10 @@ def judge(v: Verification, r: FixResult) -> FixVerdict:
     saving = original - fixed
     share = saving / original if original > 0 else math.nan
     rounds = [b.median_ms - f.median_ms for b, f in zip(base_runs, fixed_runs, strict=False) if math.isfinite(b.median_ms - f.median_ms)]
-    verdict_args = dict(rule=r.rule, fix=r.fix, safety=r.safety, promised_ms=r.promised_ms, promised_pct=r.promised_pct, original_ms=original, fixed_ms=fixed, saving_ms=saving, saving_pct=share, round_savings_ms=rounds)
+    verdict_args = dict(rule=r.rule, fix=r.fix, safety=r.safety, promised_ms=r.promised_ms, promised_share=r.promised_share, original_ms=original, fixed_ms=fixed, saving_ms=saving, saving_share=share, round_savings_ms=rounds)
     if failed:
         return FixVerdict(**verdict_args, verdict="failed", why=failed)
-    promised = r.promised_pct if r.promised_pct is not None else math.nan
+    promised = r.promised_share if r.promised_share is not None else math.nan
     if not math.isfinite(promised) or promised <= 0:
         ok = bool(rounds) and min(rounds) > 0
         return FixVerdict(**verdict_args, verdict="kept" if ok else "missed", why="no promised share: judged on whether every round saved time")
@@ -221,8 +221,8 @@ def judge(v: Verification, r: FixResult) -> FixVerdict:
 def table_lines(v: Verification) -> list[str]:
     rows = [("fix", "safety", "promised", "original ms", "fixed ms", "measured saving", "verdict")]
     for f in v.fixes:
-        promised = "-" if f.promised_ms is None else f"{f.promised_ms:.1f} ms ({100 * (f.promised_pct or 0):.0f}%)"
-        measured = "-" if not math.isfinite(f.saving_ms) else f"{f.saving_ms:.1f} ± {f.spread_ms:.1f} ms ({100 * f.saving_pct:.0f}%)"
+        promised = "-" if f.promised_ms is None else f"{f.promised_ms:.1f} ms ({100 * (f.promised_share or 0):.0f}%)"
+        measured = "-" if not math.isfinite(f.saving_ms) else f"{f.saving_ms:.1f} ± {f.spread_ms:.1f} ms ({100 * f.saving_share:.0f}%)"
         rows.append((f.rule, f.safety, promised, _ms(f.original_ms), _ms(f.fixed_ms), measured, f.verdict))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
