@@ -12,7 +12,9 @@ must hold together:
   fixes ranked above it are in;
 - `saving_alone_ms` is a number on every finding, ranked or considered;
 - the text, JSON, Markdown and HTML reports, rendered from one analysis, rank the same
-  findings in the same order with the same savings.
+  findings in the same order with the same savings;
+- the HTML's drawing of the step with every fix is the step the report states, or its note
+  says it is the replay before the bounds and gives the stated figure.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ MINIMUM: dict[str, tuple[int, int]] = {
     "recipe-change": (17, 10),
     "dependents-below": (7, 4),
     "messages-leave-savings": (48, 28),
+    "drawn-step-is-stated": (31, 12),
 }
 
 
@@ -285,6 +288,24 @@ def test_messages_leave_the_savings_to_the_reports(name):
         estimate = f.evidence.get("estimate_ms")
         departs = estimate is not None and not (0.5 * estimate <= alone <= 2.0 * estimate)
         assert (f"rule's estimate {estimate:.2f}" in note) == departs if estimate is not None else "estimate" not in note, (f.rule, note)
+
+
+@invariant("drawn-step-is-stated")
+@pytest.mark.parametrize("name", RUNS)
+def test_the_drawn_step_with_every_fix_is_the_stated_one_or_says_so(name):
+    """The HTML draws the replayed step with every fix; the headline states that step after the
+    bounds on what each fix removes. A drawing of another length names the stated figure."""
+    a = analysis_of(name)
+    head = a.headline()
+    drawn = [(lanes, note) for title, lanes, note in a.view.replayed if title == "Replayed step with every fix"]
+    asserted_on(len(drawn) * (head is not None and head.all_fixes_ms is not None), "no drawing of the step with every fix")
+    lanes, note = drawn[0]
+    batch = re.search(r"for (\d+(?:\.\d+)?)× the samples", note)
+    drawn_ms = lanes.duration_ns / 1e6 / (float(batch.group(1)) if batch else 1.0)
+    if abs(drawn_ms - head.all_fixes_ms) > max(0.01, 0.005 * head.all_fixes_ms):
+        assert f"with them the step with every fix is {head.all_fixes_ms:.2f} ms per current step" in note, (drawn_ms, head.all_fixes_ms, note)
+    else:
+        assert "before the bounds" not in note, note
 
 
 # --- each invariant asserted on enough traces (runs last: every case of the file before it) ----
