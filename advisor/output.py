@@ -40,13 +40,15 @@ def write_output(text: str, output: Optional[Path], inputs: Iterable[Path] = (),
 # The suffixes a report file may have (each names a format: advisor.cli.FORMAT_BY_SUFFIX);
 # `-o out.pdf` would be plain text under a name that promises something else.
 REPORT_SUFFIXES = (".txt", ".json", ".md", ".markdown", ".html", ".htm")
+HTML_SUFFIXES = (".html", ".htm")
 # ... and a table's (`report --ops -f csv|parquet`).
 TABLE_SUFFIXES = (".csv", ".parquet")
 
 
-def check_report_file(output: Optional[Path], tables: bool = False) -> None:
-    """An `-o` report file is refused before any work when its suffix names no format or its
-    folder does not exist (`-` is stdout; a character device or FIFO is written into)."""
+def check_report_file(output: Optional[Path], tables: bool = False, html_only: bool = False) -> None:
+    """An `-o` report file is refused before any work when its suffix names no format (for
+    `view`, no HTML) or its folder does not exist (`-` is stdout; a character device or FIFO is
+    written into)."""
     if output is None or str(output) == "-":
         return
     try:
@@ -57,6 +59,9 @@ def check_report_file(output: Optional[Path], tables: bool = False) -> None:
         return  # /dev/stdout, a pipe: the bytes go where the name leads (advisor.files.write_atomically)
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError(output, "is a directory; give the output a file name")
+    if html_only and output.suffix.lower() not in HTML_SUFFIXES:
+        shown = f"suffix {output.suffix!r}" if output.suffix else "no suffix"
+        raise InputError(output, f"{shown}: `advisor view` writes an HTML report (name it .html)")
     allowed = (*REPORT_SUFFIXES, *TABLE_SUFFIXES) if tables else REPORT_SUFFIXES
     if output.suffix.lower() not in allowed:
         shown = f"suffix {output.suffix!r}" if output.suffix else "no suffix"

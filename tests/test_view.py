@@ -97,6 +97,18 @@ def test_view_of_a_missing_run_is_one_line_and_exit_2(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "advisor: error:" in r.stderr
 
 
+def test_view_refuses_an_output_not_named_html_before_any_work(tmp_path):
+    """`-o report.txt` would put a page of HTML under a text name: one line, exit 2, nothing written."""
+    run = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "cpu_baseline"
+    for name in ("report.txt", "report"):
+        r = _view([str(run), "--no-browser", "-o", str(tmp_path / name)], tmp_path, {})
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert name in r.stderr and ".html" in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / name).exists()
+    r = _view([str(run), "--no-browser", "-o", str(tmp_path / "report.HTML")], tmp_path, {})
+    assert r.returncode == 0 and (tmp_path / "report.HTML").read_text().lstrip().lower().startswith("<!doctype html"), r.stderr
+
+
 def _predicted_name(run: Path) -> str:
     """The report's file name for a run, as anyone can compute it from the run's path."""
     import hashlib

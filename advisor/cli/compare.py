@@ -109,6 +109,7 @@ def view(
     from advisor.render.html import to_html
     from advisor.cli.browser import no_browser_reason, open_in_browser, view_file
 
+    check_report_file(output, html_only=True)  # `-o report.txt` would hold HTML under a text name
     analysis = analyze_with_progress(path, run=run, config=load_config(config), rules_dir=rules_dir, cache=False)
     target = output or view_file(analysis.run)
     write_output(to_html(analysis), target, run_input_files(analysis), note=False)
