@@ -13,6 +13,7 @@ import json
 import math
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,46 @@ def test_a_process_the_script_forks_does_not_hold_the_run(cli, tmp_path):
     import time
 
     deadline = time.monotonic() + 10  # a killed process is gone once its new parent has read its status
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), [Path(f"/proc/{pid}/stat").read_text() for pid in pids if _alive(pid)]
+
+
+# A daemon's double fork: the grandchild leaves the run's session (setsid) and its parent
+# exits, so ending the session does not reach it.
+LEAVES_THE_SESSION = FORKS.replace(
+    """if os.fork() == 0:  # a logger or a watchdog that outlives the script, holding its stdout and stderr
+    Path(sys.argv[1]).joinpath(f"child-{os.getpid()}").write_text("")
+    time.sleep(600)
+    os._exit(0)""",
+    """if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        Path(sys.argv[1]).joinpath(f"child-{os.getpid()}").write_text("")
+        time.sleep(600)
+    os._exit(0)""",
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="adopting a run's orphans is Linux's (prctl)")
+def test_a_process_that_leaves_the_runs_session_is_ended_with_the_run(cli, tmp_path):
+    """A watchdog started as a daemon (fork, setsid, fork) is in no session of the run's: ending
+    the session left it sleeping beside the next run. The advisor adopts it and ends it."""
+    pytest.importorskip("torch")
+    assert "setsid" in LEAVES_THE_SESSION
+    folder = tmp_path / "project"
+    folder.mkdir()
+    script = folder / "train.py"
+    script.write_text(LEAVES_THE_SESSION)
+    children = tmp_path / "children"
+    children.mkdir()
+    code, out, err = _verify(cli, script, "--timeout", "60", "--", str(children))
+    assert code in (0, 1), err
+    pids = [int(p.name.split("-")[1]) for p in children.iterdir()]
+    assert len(pids) == 2, pids
+    import time
+
+    deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids), [Path(f"/proc/{pid}/stat").read_text() for pid in pids if _alive(pid)]

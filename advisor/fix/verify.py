@@ -24,6 +24,8 @@ verification itself under `verify` (schema docs/schemas/verify.schema.json).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import math
 import os
@@ -118,8 +120,9 @@ def time_script(path: Path, args: list[str], warmup: int, steps: int, source: Pa
     The run ends when the script's process ends: its stderr goes to a file, not a pipe (a
     process it forked, a logger or a watchdog, would hold a pipe open until the timeout), and
     it runs in a session of its own, whose processes still there then are ended (they would
-    share the machine with the next run)."""
-    with tempfile.TemporaryDirectory(prefix="advisor-clock-") as tmp:
+    share the machine with the next run), as are those that left it (`setsid`, a daemon's double
+    fork): on Linux the advisor adopts them while the run lasts (`_adopting_orphans`)."""
+    with tempfile.TemporaryDirectory(prefix="advisor-clock-") as tmp, _adopting_orphans() as adopted:
         result = Path(tmp) / "clock.json"
         cmd = [sys.executable, "-m", "advisor.fix.clock", str(result), str(warmup), str(steps), str(source or "-"), str(path), *args]
         started = time.perf_counter()
@@ -131,6 +134,7 @@ def time_script(path: Path, args: list[str], warmup: int, steps: int, source: Pa
                 return [], time.perf_counter() - started, f"did not finish {warmup + steps} steps in {timeout_s:g} s (--timeout)"
             finally:
                 _end_session(proc)
+                adopted.end()
             wall = time.perf_counter() - started
             err_file.seek(0, 2)
             err_file.seek(max(0, err_file.tell() - 64 * 1024))
@@ -145,6 +149,66 @@ def time_script(path: Path, args: list[str], warmup: int, steps: int, source: Pa
         why = tail[0][:300] if proc.returncode else f"the script ended after {len(times) + warmup} steps, fewer than the {warmup + steps} asked for"
         return times, wall, why
     return times, wall, ""
+
+
+# prctl(2): a process marked so adopts its orphaned descendants (they would go to init).
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class _Adopted:
+    """The run's descendants that outlived it and came to the advisor (see `_adopting_orphans`)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self.before = _children() if active else set()  # the advisor's own children, left alone
+
+    def end(self) -> None:
+        """Kills and reaps each adopted process; a killed one's own children come next, until
+        none is left (a bounded number of passes: a fork bomb is not chased forever)."""
+        for _ in range(64):
+            strays = _children() - self.before if self.active else set()
+            if not strays:
+                return
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            for pid in strays:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+
+def _children() -> set[int]:
+    """This process's children, from /proc (their parent id is the 4th field of stat)."""
+    me, out = os.getpid(), set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
+                        out.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+@contextlib.contextmanager
+def _adopting_orphans():
+    """Linux: the advisor adopts what a run leaves behind, even a process that left the run's
+    session, for as long as the run lasts, so it can end it. Elsewhere (or where prctl is
+    refused) only the session is ended."""
+    libc = None
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+                libc = None
+        except (OSError, AttributeError):
+            libc = None
+    try:
+        yield _Adopted(libc is not None)
+    finally:
+        if libc is not None:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def _end_session(proc: subprocess.Popen) -> None:
