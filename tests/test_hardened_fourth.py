@@ -202,6 +202,20 @@ def test_a_shape_with_a_negative_or_non_integer_dimension_is_not_costed(dims):
     assert op_cost("aten::_fused_adam_", ("float",), [[[4, 4], [-4, 4]]], None).flops == 12 * 16  # the negative tensor is not counted
 
 
+@pytest.mark.parametrize("dims", [[True, 4], [-2, 4], [2.0, 4], "[2, 4]", None])
+def test_every_shape_reader_refuses_what_is_not_a_shape(dims):
+    """Casts (autocast), copies (host_device), attention and elementwise chains read shapes
+    through one definition: a bool, a negative or a float dimension is no shape, so no element
+    is counted from it (a bool read as 1 made `[True, 4]` four elements)."""
+    from advisor.metrics import attention, autocast, elementwise
+    from advisor.metrics.shapes import is_shape, numel
+
+    assert not is_shape(dims) and numel(dims) == 0
+    assert autocast.numel is numel and elementwise.numel is numel
+    assert not attention._sized(dims)
+    assert numel([2, 3, 4]) == 24 and numel([]) == 1 and attention._sized([2, 3])
+
+
 def test_a_rate_past_the_device_is_left_out_with_a_note(cli, tmp_path):
     """The reproducer: a 10⁶×10⁶ `mm` in 2 µs showed 400,000,000 TFLOP/s on a 67 TFLOP/s H100
     (fp32; 989 bf16), and booleans and negative dimensions were costed. Now only the real

@@ -19,6 +19,7 @@ import pandas as pd
 from advisor.metrics.breakdown import name_matches, text_of
 from advisor.metrics.intervals import merge
 from advisor.metrics.precision import op_dtype
+from advisor.metrics.shapes import is_shape
 
 MATMUL_OP = re.compile(r"^aten::(?:matmul|bmm|baddbmm)$")
 SOFTMAX_OP = re.compile(r"^aten::(?:softmax|_softmax|_safe_softmax)$")
@@ -45,7 +46,7 @@ def _dims(value) -> list | None:
 
 
 def _sized(d) -> bool:
-    return isinstance(d, (list, tuple)) and len(d) >= 2 and all(isinstance(x, int) for x in d)
+    return is_shape(d, 2)
 
 
 def _eager_flops(first, softmax, second) -> float | None:

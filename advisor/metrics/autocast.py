@@ -28,7 +28,6 @@ run recorded (87 forward, 86 `ToCopyBackward0`, 17 in residual adds' backward).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -39,6 +38,7 @@ import pandas as pd
 
 from advisor.metrics.breakdown import name_matches, row_groups, text_of, text_or_empty
 from advisor.metrics.hierarchy import OpTree, op_tree
+from advisor.metrics.shapes import numel
 
 # Ops autocast runs in 16 bit (CUDA's lower-precision list), by the name the trace shows.
 LOWER_PRECISION_OP = re.compile(
@@ -124,13 +124,6 @@ def input_type_names(text: str) -> tuple[str, ...]:
     except orjson.JSONDecodeError:
         return ()
     return tuple(t if isinstance(t, str) else "" for t in out) if isinstance(out, list) else ()
-
-
-def numel(dims) -> int:
-    if not isinstance(dims, list) or any(not isinstance(d, int) for d in dims):
-        return 0
-    n = math.prod(dims)  # np.prod's value wherever that fits in int64 (its wrapped product otherwise)
-    return n if -(2**63) <= n < 2**63 else int(np.prod(dims))
 
 
 def _float_inputs_of(types_text: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int, int]]]:

@@ -14,7 +14,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from advisor.metrics.autocast import DTYPE_BYTES, input_type_names, numel
+from advisor.metrics.autocast import DTYPE_BYTES, input_type_names
+from advisor.metrics.shapes import numel
 from advisor.metrics.breakdown import name_matches, row_groups
 
 ELEMENTWISE_KERNEL = re.compile(

@@ -43,6 +43,7 @@ from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
 from advisor.metrics.summary import Metrics
 from advisor.metrics.timeline import Timeline
 from advisor.metrics.timeline import timeline as timeline  # the rules read it from here
+from advisor.metrics.shapes import is_shape
 
 SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
 MEMSET_CALL = re.compile(r"Memset")
@@ -204,7 +205,7 @@ def _numel(tree: OpTree, pos: np.ndarray) -> np.ndarray:
             continue
         d = dims[p]
         first = d[0] if isinstance(d, list) and d else None
-        if isinstance(first, list) and first and all(isinstance(x, int) for x in first):
+        if is_shape(first, 1):
             out[i] = float(np.prod(first, dtype=np.float64))
     return out
 
@@ -214,7 +215,7 @@ def first_input_shape(tree: OpTree, pos: int) -> list[int] | None:
         return None
     d = tree.ops["input_dims"].iloc[pos]
     first = d[0] if isinstance(d, list) and d else None
-    return list(first) if isinstance(first, list) and all(isinstance(x, int) for x in first) else None
+    return list(first) if is_shape(first) else None
 
 
 def _launched_device_work(tree: OpTree, frames: TraceFrames) -> np.ndarray:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from advisor.metrics.shapes import is_shape
+
 
 # Bytes per element of the dtypes the trace names (`Input type`); Scalar is a 4-byte argument.
 BPE = {
@@ -96,9 +98,7 @@ def _prod(shape) -> int:
 
 
 def _is_dims(s) -> bool:
-    """A tensor's shape as a run records it: a list of whole numbers, none negative (a bool or
-    a negative count is a damaged or forged trace: no cost rather than a negative or unit one)."""
-    return isinstance(s, list) and all(type(x) is int and x >= 0 for x in s)
+    return isinstance(s, list) and is_shape(s)
 
 
 def _shape(dims, i) -> list[int] | None:
@@ -741,7 +741,7 @@ def _cost_triton(op: str, types: tuple, dims) -> Cost | None:
     if not found:
         return None
     cls, fused = found.group(1), found.group(2).split("_")
-    tensors = [(d, t) for d, t in zip(dims, types, strict=False) if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and BPE.get(t) and t != "Scalar"]
+    tensors = [(d, t) for d, t in zip(dims, types, strict=False) if isinstance(d, list) and is_shape(d, 1) and BPE.get(t) and t != "Scalar"]
     if not tensors:
         return None
     dtype = max(tensors, key=lambda dt: _prod(dt[0]))[1]
