@@ -215,3 +215,58 @@ def test_the_report_summary_counts_the_grouped_and_fp8_gemms_on_tensor_cores(cli
     code, out, _ = cli(["report", "-f", "json", str(syncless)])
     summary = json.loads(out)["summary"]
     assert code == 0 and summary["tensor_core_kernel_share"] >= mxfp8 and summary["kernel_time_by_precision_ms"]["fp8"] > 0
+
+
+# --- AMD's Matrix Cores in the summary -------------------------------------------------------
+AMD_TRACES = [
+    "corpus/mi300x_falconsai_vit_infer.json.gz",
+    "corpus/mi300x_layernorm_fwd_bwd.json.gz",
+    "corpus/mi300x_qwen15_05b_chat_infer.json.gz",
+    "corpus/mi300x_xdit_flux_infer.json.gz",
+    "corpus/mi300x_sglang_qwen3_decode.json.gz",
+]
+
+
+def _raw_matrix_share(path: Path) -> tuple[float, float] | None:
+    """The share of the kernel time launched inside the ProfilerStep marks (all of it without
+    marks) that the truth file says ran on matrix units, read with json alone; None where a name
+    is unlabelled. A range: the names alone leave some kernels' unit unknown (`attn_fwd`), so
+    (share labelled yes, share labelled yes or unknown)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        doc = json.load(f)
+    events = [e for e in (doc["traceEvents"] if isinstance(doc, dict) else doc) if isinstance(e, dict) and e.get("ph") == "X"]
+    marks = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    lo, hi = (min(m[0] for m in marks), max(m[1] for m in marks)) if marks else (-float("inf"), float("inf"))
+    # a kernel belongs to the step that launched it: its launch's time, found by correlation id
+    launched = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") not in ("kernel", "Kernel") and isinstance(e.get("args"), dict) and "correlation" in e["args"]}
+    kernels = [
+        (e["name"], float(e.get("dur", 0)))
+        for e in events
+        if e.get("cat") in ("kernel", "Kernel") and lo <= launched.get((e.get("args") or {}).get("correlation"), e["ts"]) <= hi
+    ]
+    if not kernels or any(name not in TRUTH.index for name, _ in kernels):
+        return None
+    total = sum(d for _, d in kernels)
+    if not total:
+        return None
+    yes = sum(d for name, d in kernels if TRUTH.at[name, "matrix_unit"] == "yes") / total
+    return yes, yes + sum(d for name, d in kernels if TRUTH.at[name, "matrix_unit"] == "unknown") / total
+
+
+@pytest.mark.parametrize("name", AMD_TRACES)
+def test_an_amd_run_states_its_matrix_core_share_as_its_kernels_show(name, cli):
+    """An MI300X run's summary names AMD's Matrix Cores (not NVIDIA's Tensor Cores) and gives
+    the share of kernel time the truth file's labels put on them: between the share labelled
+    yes and that with the unknown ones added, a percentage point either side."""
+    path = shared_trace(name)
+    expected = _raw_matrix_share(path)
+    if expected is None:
+        pytest.skip(f"{name}: a kernel name the truth file does not label, or no kernel in the steps")
+    code, out, err = cli(["report", str(path), "-f", "json"])
+    assert code == 0, err
+    share = json.loads(out)["summary"]["tensor_core_kernel_share"]
+    assert expected[0] - 0.01 <= share <= expected[1] + 0.01, (share, expected)
+    code, text, err = cli(["report", str(path)])
+    assert "Tensor Cores" not in text.split("Step-time breakdown")[0]
+    assert "of kernel time on Matrix Cores" in text, text[:2000]

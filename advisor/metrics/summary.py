@@ -153,6 +153,13 @@ class DeviceInfo:
         """Tensor Cores (and CUDA compute capabilities) are NVIDIA's: not shown for other devices."""
         return self.vendor == "nvidia"
 
+    @property
+    def matrix_units(self) -> str | None:
+        """The vendor's name for its matrix units, where the kernel taxonomy tells which kernels
+        ran on them (`advisor/metrics/kernel_taxonomy`): NVIDIA's Tensor Cores, AMD's Matrix
+        Cores (MFMA: Tensile's `_MI` tiles, xdlops convolutions, CK attention)."""
+        return {"nvidia": "Tensor Cores", "amd": "Matrix Cores"}.get(self.vendor or "")
+
 
 @dataclass(frozen=True)
 class FramesHeader:
@@ -414,8 +421,8 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     n = len(steps)
     h2d = copies(frames, "HtoD")
     d2h = copies(frames, "DtoH")
-    if not device.has_tensor_cores:
-        tc = eligible = None  # NVIDIA's Tensor Core kernel names say nothing about other devices
+    if device.matrix_units is None:
+        tc = eligible = None  # no kernel names that say which ran on matrix units
         by_precision = {}
     roof, roof_rows, roof_table = _roofline(frames, kernels, steps, device)
     notes = notes + beyond_ceiling_notes(roof)  # shapes left out of the roofline: said with the run's notes

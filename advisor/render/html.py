@@ -122,8 +122,8 @@ def _header(a: Analysis) -> str:
         tiles.append(tile("Throughput", f"{rate(tp[0])} {tp[1]}", "from the mean step time"))
     if m.has_device:
         tiles.append(tile(f"{dev.short_kind} utilisation", pct(s["gpu_utilization"]), "of step time with device activity"))
-        if dev.has_tensor_cores:
-            tiles.append(tile("Tensor Cores", pct(s["tensor_core_kernel_share"]), f"of kernel time; eligible ops launch {pct(s['tensor_core_eligible_share'])}"))
+        if dev.matrix_units and s["tensor_core_kernel_share"] is not None:
+            tiles.append(tile(dev.matrix_units, pct(s["tensor_core_kernel_share"]), f"of kernel time; eligible ops launch {pct(s['tensor_core_eligible_share'])}"))
         if s["peak_memory_bytes"] is not None:
             tot = s["device_memory_bytes"]
             tiles.append(tile("Peak memory", fmt_bytes(s["peak_memory_bytes"]), f"allocated, {pct(s['peak_memory_bytes'] / tot)} of the device" if tot else "allocated"))

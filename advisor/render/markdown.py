@@ -69,8 +69,8 @@ def _headline(a: Analysis) -> list[str]:
         facts.append(f"{rate(tp[0])} {tp[1]}")
     if m.has_device:
         facts.append(f"{m.device.short_kind} busy {pct(s['gpu_utilization'])}")
-        if m.device.has_tensor_cores:
-            facts.append(f"Tensor Cores {pct(s['tensor_core_kernel_share'])} of kernel time")
+        if m.device.matrix_units and s["tensor_core_kernel_share"] is not None:
+            facts.append(f"{m.device.matrix_units} {pct(s['tensor_core_kernel_share'])} of kernel time")
         if s["peak_memory_bytes"] is not None:
             facts.append(f"peak memory {fmt_bytes(s['peak_memory_bytes'])}")
     out += [" · ".join(facts), ""]

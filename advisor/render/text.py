@@ -111,10 +111,10 @@ def _overview(a: Analysis, console: Console) -> Group:
     peak_memory = _peak_memory_text(s)
     if m.has_device:
         head.add_row(f"{dev.short_kind} utilisation", Text(f"{pct(s['gpu_utilization'])} of step time with device activity"))
-        if dev.has_tensor_cores:
+        if dev.matrix_units and s["tensor_core_kernel_share"] is not None:
             head.add_row(
-                "Tensor Cores",
-                Text(f"{pct(s['tensor_core_kernel_share'])} of kernel time on Tensor Cores; {pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
+                dev.matrix_units,
+                Text(f"{pct(s['tensor_core_kernel_share'])} of kernel time on {dev.matrix_units}; {pct(s['tensor_core_eligible_share'])} launched by eligible ops"),
             )
             if s.get("kernel_time_by_precision_ms"):
                 by = ", ".join(f"{p} {v:.2f} ms" for p, v in s["kernel_time_by_precision_ms"].items())
