@@ -3,7 +3,7 @@ of that pair's fix (its rule, on its run) is scaled by 1.15 and by 0.85 where th
 it, and the pair's tests run; the table says, per pair and mutation, whether a test failed.
 
 The mutation: `RankReplay.replayed_ms` of the rule's change (and of a merge of that change
-alone) returns baseline - factor x (baseline - replayed), so the finding's saving alone, the
+alone; of the pair's changes together where it applied several fixes) returns baseline - factor x (baseline - replayed), so the finding's saving alone, the
 replay of its fix alone (`Analysis.replayed_saving([rule])`) and the rule's own replayed figure
 all move by the factor. The change is the one `build_finding` attaches to a finding of that rule
 while that run's trace is analysed (`analyze_rank`). A control row runs the same tests unmutated:
@@ -51,6 +51,24 @@ PAIRS: dict[str, tuple[str, str, list[str]]] = {
         "tests/test_promise_pins.py::test_workers_pin_the_walks_first_round",
         "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[walk/follow_the_advice_gpu#1]",
     ]),
+    # Pairs without a pin (no value worked out by hand lands within 7% of their promise: compile's
+    # device time fell 9.2 ms a step against 6.3 promised; a 4x batch's step, 174 ms of device
+    # work and four batches loaded, gives 8.7 ms per 64 samples against 10.75): the pair tests'
+    # ±25% band only.
+    "vit/compile": ("unfused-elementwise", "h100_vit/baseline", [
+        "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[vit/compile]",
+    ]),
+    "vit/batch256": ("spare-gpu-memory", "h100_vit/baseline", [
+        "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[vit/batch256]",
+        "tests/test_promise_optimizer_batch.py::test_batch256_promise_is_what_the_4x_batch_measured_per_64_samples",
+    ]),
+    "walk/gpu#3 (batch)": ("spare-gpu-memory", "runs/gpu_workers", [
+        "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[walk/follow_the_advice_gpu#3]",
+        "tests/test_promise_optimizer_batch.py::test_the_walks_larger_batch_promise_stays_kept",
+    ]),
+    "walk/cudagraphs#1": ("launch-bound+zero-grad-memset", "runs/gpu_compiled", [
+        "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[walk/follow_the_advice_gpu_cudagraphs#1]",
+    ]),
 }
 FACTORS = (1.15, 0.85)
 
@@ -66,7 +84,9 @@ def pytest_configure(config) -> None:
 
 
 def install(rule: str, run: str, factor: float) -> None:
-    """Scale the replayed saving of `rule`'s change on the run whose trace path holds `run`."""
+    """Scale the replayed saving of `rule`'s change on the run whose trace path holds `run` (`rule`:
+    several, joined by "+", for a pair that applied several fixes: their changes replayed together)."""
+    rules = set(rule.split("+"))
     import advisor.analysis as analysis
     import advisor.engine.contract as contract
     from advisor.whatif.savings import RankReplay
@@ -87,7 +107,7 @@ def install(rule: str, run: str, factor: float) -> None:
 
     def build_finding_marking(r, *args, **kwargs):
         f = build_finding(r, *args, **kwargs)
-        if f.rule == rule and f.change is not None and run in current[0]:
+        if f.rule in rules and f.change is not None and run in current[0]:
             marked[id(f.change)] = f.change
         return f
 
@@ -95,7 +115,7 @@ def install(rule: str, run: str, factor: float) -> None:
 
     def merged_marking(self, changes):
         out = merged(self, changes)
-        if len(changes) == 1 and marked.get(id(changes[0])) is changes[0]:
+        if len(changes) == len(rules) and all(marked.get(id(c)) is c for c in changes):
             marked[id(out)] = out
         return out
 
