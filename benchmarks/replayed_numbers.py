@@ -69,7 +69,7 @@ def compare(before: Path, after: Path, every: bool = False) -> None:
     for name in sorted(b.keys() | a.keys()):
         x, y = b.get(name, {}), a.get(name, {})
 
-        def pair(k):
+        def pair(k, x=x, y=y):
             return f"{x.get(k)} -> {y.get(k)}" if x.get(k) != y.get(k) else f"{x.get(k)}"
 
         changed = {k for k in ("step_ms", "top", "top_ms", "all_fixes_ms", "findings", "error") if x.get(k) != y.get(k)}
