@@ -183,7 +183,7 @@ def test_no_sync_pins_the_device_idle_the_per_step_item_leaves():
     # the step is the device's work (49.0 ms busy per window step) plus the idle no ordering
     # removes: where the device waits for the host to launch the optimizer's 808 per-parameter
     # kernels (its device span 3.94 ms, 1.50 busy: 2.44 ms, at the host's unprofiled pace x0.854).
-    # 60.63 - 49.0 - 2.1 = 9.6 ms (the no_sync run measured 9.6 ms).
+    # 60.63 - 49.0 - 2.1 = 9.5 ms (the no_sync run measured 9.6 ms).
     run = _vit("baseline")
     events, facts = _events(run)
     step = statistics.median(_after_window(facts, "step_times_ms"))
