@@ -66,6 +66,7 @@ import pandas as pd
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import name_matches
+from advisor.metrics.host_device import SYNC_CALL
 from advisor.metrics.compute import (
     arch_speedup,
     device_capability,
@@ -111,7 +112,9 @@ def static_shapes(events, steps: pd.DataFrame) -> bool | None:
 
 
 SETUP_CALL = re.compile(r"^(cudaGetDeviceCount|cudaGetDeviceProperties(_v2)?|cudaDriverGetVersion|cuInit|cuDevicePrimaryCtxRetain)$")
-SYNC_CALL = re.compile(r"^(cudaEventSynchronize|cudaStreamSynchronize|cudaDeviceSynchronize)$|cudnnFind")
+# The autotuner times its trials between synchronize calls (the one definition of a sync:
+# advisor.metrics.host_waits), or calls cuDNN's own search.
+AUTOTUNE_CALL = re.compile(f"{SYNC_CALL.pattern}|cudnnFind")
 CONV_OP = re.compile(r"^aten::(cudnn_convolution|miopen_convolution)")
 AUTOTUNE_SYNCS = 3  # synchronize calls inside one convolution op: the autotuner timing its trials
 
@@ -125,7 +128,7 @@ def switch_from_trace(events) -> tuple[bool | None, str]:
     conv = host[name_matches(host["name"], CONV_OP)]
     if len(conv) == 0:
         return None, "the trace has no cuDNN convolution ops"
-    sync = rt[name_matches(rt["name"], SYNC_CALL)]
+    sync = rt[name_matches(rt["name"], AUTOTUNE_CALL)]
     bursts = 0
     if len(sync):
         cs, ce = conv["ts"].to_numpy(np.int64), conv["end"].to_numpy(np.int64)

@@ -39,16 +39,16 @@ from advisor.metrics.breakdown import (
 from advisor.metrics.device_records import COPY_CALL as COPY_CALL
 from advisor.metrics.device_records import LAUNCH_CALL as LAUNCH_CALL
 from advisor.metrics.hierarchy import OpTree, op_tree
+from advisor.metrics.host_waits import FREE_CALL as FREE_CALL  # the rules read them from here
+from advisor.metrics.host_waits import SYNC_CALL as SYNC_CALL
 from advisor.metrics.intervals import covers, merge, overlap_with, sorted_unique
 from advisor.metrics.summary import Metrics
 from advisor.metrics.timeline import Timeline
 from advisor.metrics.timeline import timeline as timeline  # the rules read it from here
 from advisor.metrics.shapes import is_shape
 
-SYNC_CALL = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$")
 MEMSET_CALL = re.compile(r"Memset")
 MALLOC_CALL = re.compile(r"^(cuda|hip)Malloc(Managed|Pitch)?$")
-FREE_CALL = re.compile(r"^(cuda|hip)Free$")
 COPY_OP = re.compile(r"^aten::(to|_to_copy|copy_|cpu|cuda)$")
 ATEN_OP = re.compile(r"^aten::")
 ZERO_GRAD_SPAN = re.compile(r"zero_grad", re.IGNORECASE)

@@ -14,7 +14,7 @@ from advisor.metrics.events import RankEvents
 from advisor.metrics.breakdown import name_matches, text_of
 from advisor.metrics.host_device import COPY_CALL, LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with, subtract
-from advisor.whatif.graph import WAIT_CALL
+from advisor.metrics.host_waits import host_wait_calls
 from advisor.whatif.replay import Change
 
 # A launch call that a CUDA graph or a compiled region replaces costs about this much of its time.
@@ -54,7 +54,7 @@ def wait_calls_in(events: RankEvents, starts, ends) -> np.ndarray:
     ends = np.asarray(ends, dtype=np.int64)
     if len(starts) == 0:
         return np.zeros(0, dtype=np.int64)
-    waits = np.nonzero(name_matches(rt["name"], WAIT_CALL))[0]
+    waits = np.nonzero(host_wait_calls(rt["name"]))[0]
     ts = rt["ts"].to_numpy(np.int64)[waits]
     order = np.argsort(starts)
     s, e = starts[order], ends[order]

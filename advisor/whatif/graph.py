@@ -28,7 +28,6 @@ and device ops it changes. The graph holds no frames and pickles small.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -36,11 +35,9 @@ import numpy as np
 import pandas as pd
 
 from advisor.load.trace import TraceFrames
-from advisor.metrics.breakdown import name_matches, text_of
+from advisor.metrics.breakdown import text_of
+from advisor.metrics.host_waits import host_wait_calls
 
-# CUDA's and HIP's synchronize, blocking copy and free calls; MTIA's runtime names its
-# synchronize calls without a prefix (`synchronize`, `synchronizeStream`).
-WAIT_CALL = re.compile(r"^((cuda|hip)((Stream|Device|Event|Ctx)Synchronize|Memcpy\w*|Free)|synchronize(Stream|Device|Event)?)$")
 MARK_START, MARK_END, CALL = 1, 2, 0
 # An op that started more than this after its stream went idle measures the launch latency.
 QUEUED_NS = 3_000
@@ -439,7 +436,7 @@ def _waits(frames, h_ts, h_dur, runtime_row, node_of_row, launch, stream, ts, en
     pairs_node: list[np.ndarray] = []
     pairs_op: list[np.ndarray] = []
     # 1. wait calls
-    is_wait_row = name_matches(rt["name"], WAIT_CALL)
+    is_wait_row = host_wait_calls(rt["name"])  # the one definition (advisor.metrics.host_waits)
     wait_nodes = node_of_row[np.nonzero(is_wait_row)[0]]
     wait_nodes = np.sort(wait_nodes[wait_nodes >= 0])
     for s in range(n_streams):

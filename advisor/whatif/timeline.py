@@ -10,7 +10,6 @@ the same way from the replay's times, so it can sit beside the measured one.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,12 +23,11 @@ from advisor.metrics.breakdown import (
     communication_kernels,
     text_of,
 )
+from advisor.metrics.host_waits import host_wait_calls
 from advisor.metrics.intervals import merge
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import ReplayedStep
 
-# Runtime calls that make the host wait for the device (explicit syncs and blocking copies).
-SYNC_RUNTIME = re.compile(r"Synchronize|^(cuda|hip)Memcpy(2D|3D|ToSymbol|FromSymbol)?$|^(cuda|hip)MemcpyPeer$")
 SPAN_COLUMNS = ["start", "end", "name", "cls", "count", "total"]  # total: ns the members cover
 MAX_HOST_THREADS = 4
 # Above this many spans in a lane, spans narrower than a pixel are merged with their
@@ -190,7 +188,7 @@ def step_timeline(m: Metrics, row: int | None = None) -> StepTimeline | None:
     rt = frames.runtime
     sync_parts = []
     if len(rt):
-        sync = _clip(rt[name_matches(rt["name"], SYNC_RUNTIME)], lo, hi)
+        sync = _clip(rt[host_wait_calls(rt["name"])], lo, hi)  # the one definition (advisor.metrics.host_waits)
         if len(sync):
             sync_parts.append(sync)
     if frames.syncs is not None and len(frames.syncs) and {"ts", "end", "name"} <= set(frames.syncs.columns):
