@@ -195,6 +195,17 @@ class Analysis:
             self._derived["waits"] = job_waits([(m.rank, m.comm) for m in self.ranks]) if len(self.ranks) > 1 else None
         return self._derived["waits"]
 
+    @property
+    def collective_lanes(self):
+        """Each rank's time in collectives over the first steps every rank recorded, for the
+        HTML report's ranks x time chart (advisor.metrics.collectives.CollectiveLanes; None:
+        fewer than two ranks with collectives)."""
+        if "lanes" not in self._derived:
+            from advisor.metrics.collectives import collective_lanes
+
+            self._derived["lanes"] = collective_lanes([(m.rank, m.comm, m.steps) for m in self.ranks]) if len(self.ranks) > 1 else None
+        return self._derived["lanes"]
+
     def communication(self, m: Metrics) -> Communication | None:
         """One rank's collectives: time per step, how much of it compute hides, and its waits."""
         if m.comm is None or not m.comm.has_collectives:

@@ -31,7 +31,7 @@ from advisor.metrics.breakdown import communication_kernels
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import step_of
 
-COLLECTIVE_COLUMNS = ["step", "seq", "dur", "overlap"]
+COLLECTIVE_COLUMNS = ["step", "seq", "dur", "overlap", "offset"]
 COMPUTE_COLUMNS = ["step", "kernels", "kernel_ns"]
 
 
@@ -40,8 +40,9 @@ class RankComm:
     """One rank's collectives and compute kernels, per step (times in ns).
 
     collectives: one row per collective kernel that starts inside a step: the step number,
-    its position among the step's collectives on this rank (by start time), its duration and
-    how much of it compute kernels ran alongside. compute: per step, the number and the
+    its position among the step's collectives on this rank (by start time), its duration, how
+    much of it compute kernels ran alongside, and its start after the step's marker
+    (ProfilerStep#N) starts (offset). compute: per step, the number and the
     summed duration of the other kernels.
     """
 
@@ -79,6 +80,7 @@ def rank_comm(frames: TraceFrames, steps: pd.DataFrame) -> RankComm:
     comm = communication_kernels(frames)
     ts, te = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
     s_start, s_end = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+    h_start = steps["host_start"].to_numpy(np.int64) if "host_start" in steps else s_start  # where the step's marker starts
     numbers = steps["step"].to_numpy(np.int64)
 
     compute = is_kernel & ~comm
@@ -100,7 +102,8 @@ def rank_comm(frames: TraceFrames, steps: pd.DataFrame) -> RankComm:
     first = np.searchsorted(c_step, c_step, side="left")
     seq = np.arange(len(c_step)) - first
     collectives = pd.DataFrame(
-        {"step": numbers[c_step], "seq": seq.astype(np.int64), "dur": (ce - cs).astype(np.int64), "overlap": np.asarray(overlap, np.int64)}
+        {"step": numbers[c_step], "seq": seq.astype(np.int64), "dur": (ce - cs).astype(np.int64), "overlap": np.asarray(overlap, np.int64),
+         "offset": (cs - h_start[c_step]).astype(np.int64)}
     )
     return RankComm(collectives, compute_table)
 
@@ -156,6 +159,62 @@ def job_waits(comms: list[tuple[int, RankComm | None]]) -> JobWaits | None:
     second = np.partition(collective, 1, axis=0)[1]
     caused[last, np.arange(len(common))] = second - shortest
     return JobWaits(ranks, common.to_numpy(np.int64), collective, wait, caused)
+
+
+# --- ranks x time in collectives (the HTML report's chart) ---
+
+LANE_STEPS = 4  # steps the chart shows: the first ones every rank recorded
+
+
+@dataclass
+class CollectiveLanes:
+    """Each rank's time in collectives over the first steps every rank recorded (ns). The
+    ranks' clocks are not aligned, so each step starts at the same x on every rank: step j
+    occupies [slot_start[j], slot_start[j] + slot[j]), slot[j] the longest rank's step j
+    (from its ProfilerStep marker's start to the end of its work), and a collective sits at
+    its offset from its own rank's marker. spans[i]: rank i's collectives as (start, end) rows
+    on that axis; step_ns[i]: its steps' extents."""
+
+    ranks: list[int]
+    steps: np.ndarray
+    slot_start: np.ndarray
+    slot: np.ndarray
+    spans: list[np.ndarray]
+    step_ns: np.ndarray
+
+    @property
+    def duration_ns(self) -> int:
+        return int(self.slot_start[-1] + self.slot[-1]) if len(self.slot) else 0
+
+
+def collective_lanes(ranks: list[tuple[int, RankComm | None, pd.DataFrame]], max_steps: int = LANE_STEPS) -> CollectiveLanes | None:
+    """CollectiveLanes of (rank, its RankComm, its steps table); None without two ranks with
+    collectives in a step they all recorded (or an older cache entry without offsets)."""
+    ranks = [(r, c, s) for r, c, s in ranks if c is not None and c.has_collectives and "offset" in c.collectives]
+    if len(ranks) < 2:
+        return None
+    common = set(ranks[0][2]["step"].tolist())
+    for _, _, s in ranks[1:]:
+        common &= set(s["step"].tolist())
+    shown = np.array(sorted(common)[:max_steps], dtype=np.int64)
+    if len(shown) == 0:
+        return None
+    def extent(s: pd.DataFrame) -> np.ndarray:  # from the step's marker to the end of its work
+        t = s.set_index("step").loc[shown]
+        first = t["host_start"] if "host_start" in t else t["start"]
+        return (t["end"] - first).to_numpy(np.int64)
+
+    durations = np.vstack([extent(s) for _, _, s in ranks])
+    slot = durations.max(axis=0)
+    slot_start = np.concatenate([[0], np.cumsum(slot)[:-1]]).astype(np.int64)
+    spans = []
+    for _, c, _ in ranks:
+        t = c.collectives
+        t = t[t["step"].isin(shown)]
+        j = np.searchsorted(shown, t["step"].to_numpy(np.int64))
+        start = slot_start[j] + t["offset"].to_numpy(np.int64)
+        spans.append(np.column_stack([start, start + t["dur"].to_numpy(np.int64)]) if len(t) else np.zeros((0, 2), np.int64))
+    return CollectiveLanes([r for r, _, _ in ranks], shown, slot_start, slot, spans, durations)
 
 
 # --- every collective of a rank: kind, message size, algorithm (`advisor report --collectives`) ---

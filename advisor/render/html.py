@@ -601,6 +601,7 @@ def _ranks(a: Analysis) -> str:
         )
     out.append(sortable_table(cols, rows))
     out.append(_collectives_table(a))
+    out.append(_collective_lanes(a))
     out.append(_rank_heatmap(a))
     return "".join(out)
 
@@ -629,6 +630,33 @@ def _collectives_table(a: Analysis) -> str:
             ]
         )
     return "<h3>Collectives per step</h3>" + sortable_table(cols, rows, "collectives")
+
+
+def _collective_lanes(a: Analysis) -> str:
+    """Ranks x time: each rank's collectives over the first steps all ranks recorded (drawn
+    from Analysis.collective_lanes, made once in the analysis)."""
+    from advisor.whatif.timeline import Lane, coalesce
+
+    lanes_of = a.collective_lanes
+    if lanes_of is None:
+        return ""
+    d = lanes_of.duration_ns
+    steps = pd.DataFrame({"start": lanes_of.slot_start, "end": lanes_of.slot_start + lanes_of.slot, "name": [f"step {s}" for s in lanes_of.steps],
+                          "cls": "annotation", "count": 1, "total": lanes_of.slot})
+    lanes = [Lane("steps", "steps", steps)]
+    for rank, spans, durations in zip(lanes_of.ranks, lanes_of.spans, lanes_of.step_ns, strict=True):
+        t = pd.DataFrame({"start": spans[:, 0], "end": spans[:, 1], "name": "collective", "cls": "communication", "count": 1,
+                          "total": spans[:, 1] - spans[:, 0]})
+        total = float((spans[:, 1] - spans[:, 0]).sum()) / 1e6
+        lanes.append(Lane(f"rank {rank}: {total:.2f} ms", "rank", coalesce(t, d)))
+    chart = svg.timeline(lanes, pd.DataFrame(columns=["start", "end", "name", "cls", "count", "total"]), d, "ranks by time: collectives", uid="tl-collectives")
+    caption = (
+        f"Each rank's collective kernels (NCCL, RCCL, Gloo, ...) in {'step' if len(lanes_of.steps) == 1 else 'steps'} {', '.join(str(s) for s in lanes_of.steps)}, "
+        "the first every rank recorded. "
+        "The ranks' clocks are not aligned, so each step starts at the same place on every rank and is as wide as the longest rank's; "
+        "a rank whose bars are long waits in its collectives for a later rank. `advisor report --collectives` gives the figures."
+    )
+    return f"<h3>Ranks × time in collectives</h3><figure>{chart}<figcaption>{esc(caption)}</figcaption></figure>"
 
 
 def _rank_heatmap(a: Analysis) -> str:
