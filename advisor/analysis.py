@@ -38,6 +38,7 @@ from advisor.metrics.device_records import device_gaps
 from advisor.metrics.one_time import HOST_PACE_RULES, cold_window
 from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_caveat, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
+from advisor.metrics.copies import CopyBandwidth
 from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
 from advisor.rule_selection import selector_list
@@ -89,6 +90,8 @@ class RankReport(msgspec.Struct, forbid_unknown_fields=True):
     device: Device
     summary: Summary
     communication: Optional[Communication]
+    # bytes copied and set over the steps, per time bucket and kind (HTA's memory bandwidth timeline)
+    memory_bandwidth: Optional[CopyBandwidth]
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):
@@ -350,6 +353,7 @@ class Analysis:
                     device=Device(m.device.name, m.device.total_memory_bytes, m.device.compute_capability),
                     summary=m.summary_figures(),
                     communication=self.communication(m),
+                    memory_bandwidth=m.copy_bandwidth,
                 )
                 for m in self.ranks
             ],

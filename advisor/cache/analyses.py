@@ -189,6 +189,7 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "comm": m.comm is not None,
         "roofline": _roofline_meta(m),
         "measured": to_plain(asdict(m.measured)) if m.measured is not None else None,
+        "copy_bandwidth": to_plain(msgspec.structs.asdict(m.copy_bandwidth)) if m.copy_bandwidth is not None else None,
     }
 
 
@@ -198,6 +199,12 @@ def _roofline_meta(m: Metrics) -> dict[str, Any] | None:
         return None
     return to_plain({"device_name": r.device_name, "shapes_recorded": bool(r.shapes_recorded), "modelled_ms": float(r.modelled_ms),
                      "kernel_ms": float(r.kernel_ms), "bandwidth_tbps": r.bandwidth_tbps, "sm_count": r.sm_count, "notes": list(r.notes)})
+
+
+def _copy_bandwidth_of(fields: dict[str, Any] | None):
+    from advisor.metrics.copies import CopyBandwidth
+
+    return msgspec.convert(fields, CopyBandwidth) if fields is not None else None
 
 
 def _roofline_of(meta: dict[str, Any] | None, table: pd.DataFrame | None):
@@ -352,6 +359,7 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
                     measured=MeasuredWindow(**r.measured) if r.measured is not None else None,
                     comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,
                     roofline=_roofline_of(r.roofline, t.get("roofline")),
+                    copy_bandwidth=_copy_bandwidth_of(r.copy_bandwidth),
                 )
             )
         findings, whatif = typed_results(meta)

@@ -457,6 +457,30 @@ def _memory(a: Analysis) -> str:
     return "".join(out)
 
 
+BANDWIDTH_KEYS = {"H2D": "bw-h2d", "D2H": "bw-d2h", "D2D": "bw-d2d", "P2P": "bw-p2p", "H2H": "bw-h2h", "memset": "bw-memset"}
+
+
+def _copy_bandwidth(a: Analysis) -> str:
+    """The slowest rank's bytes copied and set per time bucket and kind over its steps
+    (Metrics.copy_bandwidth, made once in the analysis): HTA's memory bandwidth timeline."""
+    m = a.primary
+    bw = m.copy_bandwidth
+    if bw is None:
+        return ""
+    start = np.asarray(bw.start_ms, dtype=np.float64)
+    end = start + bw.bucket_ms
+    x = np.column_stack([start, end]).ravel()  # each bucket's value held over it
+    series = [svg.Series(f"{k}: peak {bw.peak_gbps[k]:.2f} GB/s", BANDWIDTH_KEYS.get(k, "bw-other"), x, np.repeat(np.asarray(v, dtype=np.float64), 2))
+              for k, v in bw.gbps.items()]
+    y_max = max(bw.peak_gbps.values()) * 1.1 or 1.0
+    chart = svg.LineChart(series, float(end[-1]) if len(end) else 1.0, y_max, lambda v: f"{v:g} GB/s", x_title="ms since the first step's start")
+    rank = f" of rank {m.rank}" if len(a.ranks) > 1 else ""
+    caption = (f"Bytes copied (memcpy) and set (memset) in each {bw.bucket_ms:.3f} ms of the steps{rank}, over that time: "
+               "each copy's bytes spread over its duration. " + "; ".join(f"{k} {fmt_bytes(b)} in all" for k, b in bw.bytes.items()) + ".")
+    legend = '<ul class="legend">' + "".join(f'<li><span class="sw c-{BANDWIDTH_KEYS.get(k, "bw-other")}"></span>{esc(k)}</li>' for k in bw.gbps) + "</ul>"
+    return f'<h3>Memory bandwidth over time</h3><figure>{svg.line_chart(chart, height=220)}<figcaption>{esc(caption)}</figcaption></figure>{legend}'
+
+
 def kernel_summary(kernels: pd.DataFrame, n: int = TOP_KERNELS) -> pd.DataFrame:
     """Kernels by total time with the op that launches each most often (of ops launching it
     equally often, the first by name), worked out over codes: a kernel table holds a row per
@@ -717,6 +741,7 @@ def to_html(analysis: Analysis) -> str:
             _breakdown(analysis),
             _timeline(analysis),
             _memory(analysis),
+            _copy_bandwidth(analysis),
             _kernels(analysis),
             _roofline(analysis),
             _ops(analysis),
