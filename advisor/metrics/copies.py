@@ -95,17 +95,22 @@ def copy_bandwidth(frames: TraceFrames, steps: pd.DataFrame, buckets: int = BAND
     if hi <= lo:
         return None
     kind = dev["kind"]
-    moved = ((kind == "memcpy") | (kind == "memset")).to_numpy() & dev["bytes"].notna().to_numpy()
-    moved &= (dev["end"].to_numpy(np.int64) >= lo) & (dev["ts"].to_numpy(np.int64) < hi)
+    is_set = (kind == "memset").to_numpy()
+    b = dev["bytes"].to_numpy(np.float64)
+    s, e = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
+    moved = ((kind == "memcpy").to_numpy() | is_set) & ~np.isnan(b) & (e >= lo) & (s < hi)
     if not moved.any():
         return None
-    rows = dev.loc[moved, ["kind", "copy_kind", "ts", "end", "bytes"]]
-    ck = rows["copy_kind"].astype(object)
-    named = ck.map(COPY_KINDS).fillna(ck).fillna("other copies").to_numpy(dtype=object)
-    label = np.where((rows["kind"] == "memset").to_numpy(), "memset", named)
+    # each row's kind from the categories' labels, not row by row
+    ck = dev["copy_kind"]
+    cats = np.array([COPY_KINDS.get(str(c), str(c)) for c in ck.cat.categories] + ["other copies"], dtype=object) if isinstance(ck.dtype, pd.CategoricalDtype) else None
+    if cats is not None:
+        named = cats[ck.cat.codes.to_numpy()[moved]]  # code -1 (missing) takes the last: "other copies"
+    else:
+        named = np.array([COPY_KINDS.get(str(c), str(c)) if isinstance(c, str) else "other copies" for c in ck.to_numpy(dtype=object)[moved]], dtype=object)
+    label = np.where(is_set[moved], "memset", named)
     # the parts of copies outside the window are not in it: clip, keeping each copy's rate
-    s, e = rows["ts"].to_numpy(np.float64), rows["end"].to_numpy(np.float64)
-    b = rows["bytes"].to_numpy(np.float64)
+    s, e, b = s[moved].astype(np.float64), e[moved].astype(np.float64), b[moved]
     d = e - s
     cs, ce = np.clip(s, lo, hi), np.clip(e, lo, hi)
     b = np.where(d > 0, b * (ce - cs) / np.where(d > 0, d, 1.0), b)
