@@ -51,6 +51,8 @@ def _message_bytes(nelems: list[Any], dtypes: list[Any]) -> np.ndarray:
     """A collective kernel's message size in bytes (`In msg nelems` x the dtype's size), NaN
     where either is absent, not a number or an unknown dtype."""
     out = np.full(len(nelems), np.nan)
+    if nelems.count(None) == len(nelems):  # no collective kernel among these rows
+        return out
     for i, (n, d) in enumerate(zip(nelems, dtypes, strict=True)):
         if n is None:
             continue
