@@ -39,6 +39,7 @@ from advisor.metrics.one_time import HOST_PACE_RULES, cold_window
 from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_caveat, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
 from advisor.metrics.copies import CopyBandwidth
+from advisor.metrics.modules import ModuleTime
 from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
 from advisor.rule_selection import selector_list
@@ -92,6 +93,8 @@ class RankReport(msgspec.Struct, forbid_unknown_fields=True):
     communication: Optional[Communication]
     # bytes copied and set over the steps, per time bucket and kind (HTA's memory bandwidth timeline)
     memory_bandwidth: Optional[CopyBandwidth]
+    # time per nn.Module path over the steps, where the trace records module calls (with_stack=True)
+    modules: Optional[ModuleTime]
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):
@@ -354,6 +357,7 @@ class Analysis:
                     summary=m.summary_figures(),
                     communication=self.communication(m),
                     memory_bandwidth=m.copy_bandwidth,
+                    modules=m.modules,
                 )
                 for m in self.ranks
             ],

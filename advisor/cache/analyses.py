@@ -36,7 +36,7 @@ else:
     from advisor.cache.lazy import pd
 
 ANALYSIS_META = "analysis.json"
-ANALYSIS_FORMAT = 7  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep; 6: a finding's saving_share; 7: collectives' offsets in their steps, copy bandwidth over time
+ANALYSIS_FORMAT = 7  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep; 6: a finding's saving_share; 7: collectives' offsets in their steps, copy bandwidth over time, time per module
 # Analyses faster than this are not worth an entry, unless a report rendered from it is kept
 # there (`analyze(store=True)`: a report to stdout, which a warm report then writes as it is).
 MIN_ANALYSIS_SECONDS = 0.5
@@ -190,6 +190,7 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "roofline": _roofline_meta(m),
         "measured": to_plain(asdict(m.measured)) if m.measured is not None else None,
         "copy_bandwidth": to_plain(msgspec.structs.asdict(m.copy_bandwidth)) if m.copy_bandwidth is not None else None,
+        "modules": to_plain(msgspec.to_builtins(m.modules)) if m.modules is not None else None,
     }
 
 
@@ -205,6 +206,12 @@ def _copy_bandwidth_of(fields: dict[str, Any] | None):
     from advisor.metrics.copies import CopyBandwidth
 
     return msgspec.convert(fields, CopyBandwidth) if fields is not None else None
+
+
+def _modules_of(fields: dict[str, Any] | None):
+    from advisor.metrics.modules import ModuleTime
+
+    return msgspec.convert(fields, ModuleTime) if fields is not None else None
 
 
 def _roofline_of(meta: dict[str, Any] | None, table: pd.DataFrame | None):
@@ -360,6 +367,7 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
                     comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,
                     roofline=_roofline_of(r.roofline, t.get("roofline")),
                     copy_bandwidth=_copy_bandwidth_of(r.copy_bandwidth),
+                    modules=_modules_of(r.modules),
                 )
             )
         findings, whatif = typed_results(meta)
