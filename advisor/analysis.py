@@ -38,6 +38,8 @@ from advisor.metrics.device_records import device_gaps
 from advisor.metrics.one_time import HOST_PACE_RULES, cold_window
 from advisor.metrics.unprofiled import MeasuredOverhead, ProfilerOverhead, noisy_window_caveat, noisy_window_note, profiler_overhead
 from advisor.metrics.collectives import JobWaits, job_waits
+from advisor.metrics.copies import CopyBandwidth
+from advisor.metrics.modules import ModuleTime
 from advisor.metrics.summary import FramesHeader, Metrics, Summary, compute_metrics, plain, step_stats, without_frames
 from advisor.rank_view import RankView, rank_view, view_files, view_from_files
 from advisor.rule_selection import selector_list
@@ -89,6 +91,10 @@ class RankReport(msgspec.Struct, forbid_unknown_fields=True):
     device: Device
     summary: Summary
     communication: Optional[Communication]
+    # bytes copied and set over the steps, per time bucket and kind (HTA's memory bandwidth timeline)
+    memory_bandwidth: Optional[CopyBandwidth]
+    # time per nn.Module path over the steps, where the trace records module calls (with_stack=True)
+    modules: Optional[ModuleTime]
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):
@@ -194,6 +200,17 @@ class Analysis:
         if "waits" not in self._derived:
             self._derived["waits"] = job_waits([(m.rank, m.comm) for m in self.ranks]) if len(self.ranks) > 1 else None
         return self._derived["waits"]
+
+    @property
+    def collective_lanes(self):
+        """Each rank's time in collectives over the first steps every rank recorded, for the
+        HTML report's ranks x time chart (advisor.metrics.collectives.CollectiveLanes; None:
+        fewer than two ranks with collectives)."""
+        if "lanes" not in self._derived:
+            from advisor.metrics.collectives import collective_lanes
+
+            self._derived["lanes"] = collective_lanes([(m.rank, m.comm, m.steps) for m in self.ranks]) if len(self.ranks) > 1 else None
+        return self._derived["lanes"]
 
     def communication(self, m: Metrics) -> Communication | None:
         """One rank's collectives: time per step, how much of it compute hides, and its waits."""
@@ -339,6 +356,8 @@ class Analysis:
                     device=Device(m.device.name, m.device.total_memory_bytes, m.device.compute_capability),
                     summary=m.summary_figures(),
                     communication=self.communication(m),
+                    memory_bandwidth=m.copy_bandwidth,
+                    modules=m.modules,
                 )
                 for m in self.ranks
             ],

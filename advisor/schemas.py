@@ -133,8 +133,11 @@ class KernelsReport(_Out):
 class CollectiveRow(_Out):
     """One collective kind and message size bucket over every rank: NCCL's algorithm and bus
     bandwidth (null where the message size is not recorded), and its share of the link's peak
-    (null where the link is unknown)."""
+    (null where the link is unknown). One row per process group (its name as the kernels
+    record it, null where they do not; group_size: its ranks, the n of the bus bandwidth)."""
 
+    group: Optional[str]
+    group_size: Optional[int]
     kind: str
     bucket: str
     algorithm: str

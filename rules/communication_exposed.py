@@ -46,10 +46,14 @@ for i, (x, y) in enumerate(loader):
 ```
 
 ## The link's bandwidth
-Where the collective kernels carry their message size (`In msg nelems` and `dtype`, recorded
-by PyTorch 2.x), the rule reports the bus bandwidth they achieve: message bytes over kernel
-time, times 2(n-1)/n for all-reduce and (n-1)/n for all-gather and reduce-scatter (n ranks),
-as nccl-tests defines it. Kernel time includes waiting for the other ranks, so this is a lower
+Where the collectives carry their message size (the kernel's `In msg nelems` and `dtype`,
+recorded by PyTorch 2.x, or the input shapes of the `nccl:*` op around the launch), the rule
+reports the bus bandwidth they achieve, computed as the collectives table of `advisor report
+--collectives` computes it (one definition, in `advisor.metrics.collectives`): message bytes
+(an all-gather's gathered output) over kernel time, times 2(n-1)/n for all-reduce, (n-1)/n for
+all-gather, reduce-scatter and all-to-all, 1 for broadcast, reduce and send/recv, as
+nccl-tests defines it, n the ranks of each collective's own process group (a tensor-parallel
+group of 2 and a data-parallel group of 8 in one job each count with their own). Kernel time includes waiting for the other ranks, so this is a lower
 bound. It is set against what the links give between GPUs of the device's generation, as
 typical NCCL bus bandwidths: NVLink (V100 ~130, A100 ~230, H100/H200 ~360, B200 ~700 GB/s),
 xGMI (MI250 ~150, MI300X ~300 GB/s), PCIe (3: ~10, 4: ~20, 5: ~40 GB/s), InfiniBand (HDR
@@ -78,6 +82,7 @@ from advisor.metrics.host_device import per_step
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import communication_kernels
+from advisor.metrics.collectives import collective_calls, group_size_of, process_groups_of
 from advisor.metrics.kernels import read_kernel_names
 from advisor.metrics.intervals import intersect, merge, subtract
 
@@ -112,24 +117,30 @@ GPU_LINK_GBPS = (
 )
 PCIE_GBPS = {"NVLink 5": ("PCIe 5", 40.0), "NVLink 4": ("PCIe 5", 40.0), "NVLink 3": ("PCIe 4", 20.0), "NVLink 2": ("PCIe 3", 10.0), "xGMI": ("PCIe 4", 20.0)}
 INFINIBAND = "InfiniBand ~23 GB/s (HDR) to ~45 GB/s (NDR) per NIC"
-BUS_FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n, "ReduceScatter": lambda n: (n - 1) / n}
 
 
-def link_bandwidth(kernels, kind, world: int | None, device_name: str | None) -> dict | None:
-    """Achieved bus bandwidth of the collectives that carry a message size, against the links
-    of the device's generation; None when no kernel carries one."""
+def link_bandwidth(calls, groups: dict[str, int], world: int | None, device_name: str | None) -> dict | None:
+    """Achieved bus bandwidth of the collectives (collective_calls) that carry a message size,
+    by the collectives table's definitions (advisor.metrics.collectives: each collective's own
+    process group size, an all-gather's size its gathered output), against the links of the
+    device's generation; None when no collective carries a size."""
     import re
 
-    if "msg_bytes" not in kernels or world is None or world < 2:
+    from advisor.metrics.collectives import collective_bandwidth
+
+    if len(calls) == 0:
         return None
-    sized = kernels["msg_bytes"].notna().to_numpy() & kind.isin(list(BUS_FACTOR)).to_numpy() & (kernels["dur"] > 0).to_numpy()
+    b = collective_bandwidth(calls, groups, world)
+    sized = (np.isfinite(b["bus_bytes"].to_numpy(np.float64)) & (b["n"].to_numpy(np.float64) >= 2) & (b["dur"] > 0).to_numpy())
     if not sized.any():
         return None
-    k = kernels[sized]
-    kinds = kind[sized]
-    bus_bytes = float(sum(float(b) * BUS_FACTOR[c](world) for b, c in zip(k["msg_bytes"], kinds, strict=True)))
-    gbps = bus_bytes / float(k["dur"].sum())  # bytes/ns == GB/s
-    out = {"bus_gbps": round(gbps, 2), "collectives_sized": int(sized.sum()), "ranks": int(world)}
+    b = b[sized]
+    gbps = float(b["bus_bytes"].sum()) / float(b["dur"].sum())  # bytes/ns == GB/s
+    by_kind = []
+    for (group, kind, n), g in b.groupby([b["group"].fillna(""), "kind", "n"], sort=True):
+        by_kind.append({"kind": kind, "group": group or None, "group_size": int(n), "count": int(len(g)),
+                        "busbw_gbps": round(float(g["bus_bytes"].sum()) / float(g["dur"].sum()), 3)})
+    out = {"bus_gbps": round(gbps, 2), "collectives_sized": int(sized.sum()), "ranks": int(b["n"].max()), "by_kind": by_kind}
     for pattern, link, expect in GPU_LINK_GBPS:
         if device_name and re.search(pattern, device_name):
             pcie, pcie_gbps = PCIE_GBPS[link]
@@ -177,6 +188,9 @@ def check(ctx: Context):
     kind = kinds[0].fillna(kinds[1]).fillna(by_taxonomy.where(by_taxonomy.ne("other"))).fillna("other")
     p2p_share = float(kernels.loc[names.str.contains(POINT_TO_POINT).to_numpy(), "dur"].sum() / max(kernels["dur"].sum(), 1))
     world = ctx.recorded.world_size or ctx.events.distributed.get("world_size")
+    d = ctx.events.distributed
+    calls = collective_calls(ctx.events)
+    calls = calls[tl.in_steps(calls["start"].to_numpy(np.int64))]
     evidence = {
         "collective_ms_per_step": round(per_step(float((ce - cs)[tl.in_steps(cs)].sum()), tl), 3),
         "exposed_ms_per_step": round(per_step(total_ns, tl), 3),
@@ -189,7 +203,8 @@ def check(ctx: Context):
     }
     if world:
         evidence["world_size"] = world
-    link = link_bandwidth(kernels, kind, int(world) if isinstance(world, (int, float)) and not isinstance(world, bool) else None, m.device.name)
+    default = group_size_of(d) or (int(world) if isinstance(world, (int, float)) and not isinstance(world, bool) else None)
+    link = link_bandwidth(calls, process_groups_of(d), default, m.device.name)
     confidence = "low" if p2p_share > 0.5 else "medium"
     snippet = AFTER
     if p2p_share > 0.5:
@@ -204,7 +219,8 @@ def check(ctx: Context):
     )
     if link is not None:
         evidence["link"] = link
-        message += f" The collectives reach {link['bus_gbps']:.1f} GB/s of bus bandwidth over {link['ranks']} ranks (message bytes over kernel time, waits included)"
+        message += (f" The collectives reach {link['bus_gbps']:.1f} GB/s of bus bandwidth over {link['ranks']} ranks (message bytes over kernel time, waits included; "
+                    "`advisor report --collectives` lists them by process group, kind and size)")
         if "link_gbps" in link:
             message += (
                 f", where {link['link']} between {m.device.name} GPUs gives about {link['link_gbps']:.0f} GB/s, "

@@ -166,7 +166,8 @@ def check(ctx: JobContext):
     message = (
         f"{who} {'arrives' if len(named) == 1 else 'arrive'} last at the collectives: the job waits {saving:.1f} ms per step for "
         f"{'it' if len(named) == 1 else 'them'} ({saving / step_ms:.1%} of the {step_ms:.1f} ms step; the other ranks wait "
-        f"{others_wait:.1f} ms per step in their collectives){why}."
+        f"{others_wait:.1f} ms per step in their collectives){why}. `advisor report --collectives` lists each rank's lag and wait per "
+        "collective, and each collective's bus bandwidth."
     )
     evidence = {
         "straggler_ranks": [w.ranks[i] for i in named],
@@ -177,6 +178,7 @@ def check(ctx: JobContext):
         "more_than_median_rank_ms_per_step": differences,
         "compute_kernels_per_step": {"straggler": round(kernels, 1), "median_rank": round(typical_kernels, 1)},
         "compute_kernel_ms_per_step": {"straggler": round(kernel_ms, 3), "median_rank": round(typical_kernel_ms, 3)},
+        "see": "advisor report --collectives",
     }
     if evidence["collective_ms_per_step"] is None:
         del evidence["collective_ms_per_step"]

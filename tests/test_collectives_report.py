@@ -51,8 +51,9 @@ def _group_size(trace: dict) -> int:
     return pgs[0]["pg_size"] if len(pgs) == 1 else d["world_size"]
 
 
-def hand_collectives(path: Path) -> list[dict]:
-    """Each collective of one rank's raw trace: kind, size (NCCL's), duration (µs)."""
+def hand_collectives(path: Path, with_start: bool = False) -> list[dict]:
+    """Each collective of one rank's raw trace: kind, size (NCCL's), duration (µs); with_start:
+    also its first kernel's start (µs)."""
     trace = _raw(path)
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     n = _group_size(trace)
@@ -75,12 +76,17 @@ def hand_collectives(path: Path) -> list[dict]:
             size = math.prod(owner["args"]["Input Dims"][0]) * ELEMENT[owner["args"]["Input type"][0]]
         kind = (_kind(owner["name"]) if owner else None) or _kind(k["name"].split("_", 1)[1])
         key = id(owner) if owner is not None else id(k)
-        row = by_owner.setdefault(key, {"kind": kind, "size": size, "dur": 0.0})
+        row = by_owner.setdefault(key, {"kind": kind, "size": size, "dur": 0.0, "start": k["ts"]})
         row["dur"] += k["dur"]
+        row["start"] = min(row["start"], k["ts"])
     for row in by_owner.values():
         if row["size"] is not None and row["kind"] == "all_gather":
             row["size"] *= n
-    return list(by_owner.values())
+    rows = list(by_owner.values())
+    if not with_start:
+        for row in rows:
+            del row["start"]
+    return rows
 
 
 def _report(cli, job: str) -> dict:
@@ -205,7 +211,7 @@ def test_text_and_markdown_and_bad_formats(cli):
     code, out, _ = cli(["report", job, "--collectives"])
     assert code == 0 and "busbw GB/s" in out and "NVLink 2" in out and "exposed ms" in out
     code, out, _ = cli(["report", job, "--collectives", "-f", "md"])
-    assert code == 0 and out.startswith("# Collectives") and "| kind | size |" in out
+    assert code == 0 and out.startswith("# Collectives") and "| group | n | kind | size |" in out
     code, out, err = cli(["report", job, "--collectives", "-f", "html"])
     assert code == 2 and "--collectives writes text, json or markdown" in err and "Traceback" not in err
 

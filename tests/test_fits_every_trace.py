@@ -196,18 +196,22 @@ def test_communication_exposed_compares_achieved_bandwidth_with_the_link():
     a = analyze(path, select=["communication-exposed"])
     f = a.findings[0]
     link = f.evidence["link"]
-    # Independently, from the raw events: the all-reduce kernels inside the ProfilerStep spans,
-    # their float32 message bytes times 2(n-1)/n over their kernel time.
+    # Independently, from the raw events: the collective kernels inside the ProfilerStep spans
+    # (all-reduces and broadcasts), their message bytes times NCCL's factor (2(n-1)/n for an
+    # all-reduce, 1 for a broadcast) over their kernel time.
     doc = orjson.loads(gzip.decompress(path.read_bytes()))
     ev = doc["traceEvents"]
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"]
     ar = [
         e
         for e in ev
-        if e.get("cat") == "kernel" and "AllReduce" in e["name"] and any(s <= e["ts"] < t for s, t in steps)
+        if e.get("cat") == "kernel" and ("AllReduce" in e["name"] or "Broadcast" in e["name"]) and any(s <= e["ts"] < t for s, t in steps)
     ]
     n = doc["distributedInfo"]["world_size"]
-    expect = sum(e["args"]["In msg nelems"] * 4 * 2 * (n - 1) / n for e in ar) / sum(e["dur"] for e in ar) / 1e3
+    element = {"Float": 4, "Long": 8}
+    factor = {True: 2 * (n - 1) / n, False: 1.0}
+    expect = sum(e["args"]["In msg nelems"] * element[e["args"]["dtype"]] * factor["AllReduce" in e["name"]] for e in ar) / sum(e["dur"] for e in ar) / 1e3
+    assert link["collectives_sized"] == len(ar)
     assert link["bus_gbps"] == pytest.approx(expect, rel=0.02) and link["bus_gbps"] < 10
     assert link["link"] == "NVLink 3" and link["link_gbps"] == 230
     assert "GB/s of bus bandwidth" in f.message and "NVLink 3" in f.message and "PCIe 4" in f.message and "InfiniBand" in f.message

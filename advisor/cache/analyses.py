@@ -36,7 +36,7 @@ else:
     from advisor.cache.lazy import pd
 
 ANALYSIS_META = "analysis.json"
-ANALYSIS_FORMAT = 6  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep; 6: a finding's saving_share
+ANALYSIS_FORMAT = 7  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep; 6: a finding's saving_share; 7: collectives' offsets in their steps, copy bandwidth over time, time per module
 # Analyses faster than this are not worth an entry, unless a report rendered from it is kept
 # there (`analyze(store=True)`: a report to stdout, which a warm report then writes as it is).
 MIN_ANALYSIS_SECONDS = 0.5
@@ -189,6 +189,8 @@ def _rank_meta(m: Metrics, run: RunFiles) -> dict[str, Any]:
         "comm": m.comm is not None,
         "roofline": _roofline_meta(m),
         "measured": to_plain(asdict(m.measured)) if m.measured is not None else None,
+        "copy_bandwidth": to_plain(msgspec.structs.asdict(m.copy_bandwidth)) if m.copy_bandwidth is not None else None,
+        "modules": to_plain(msgspec.to_builtins(m.modules)) if m.modules is not None else None,
     }
 
 
@@ -198,6 +200,18 @@ def _roofline_meta(m: Metrics) -> dict[str, Any] | None:
         return None
     return to_plain({"device_name": r.device_name, "shapes_recorded": bool(r.shapes_recorded), "modelled_ms": float(r.modelled_ms),
                      "kernel_ms": float(r.kernel_ms), "bandwidth_tbps": r.bandwidth_tbps, "sm_count": r.sm_count, "notes": list(r.notes)})
+
+
+def _copy_bandwidth_of(fields: dict[str, Any] | None):
+    from advisor.metrics.copies import CopyBandwidth
+
+    return msgspec.convert(fields, CopyBandwidth) if fields is not None else None
+
+
+def _modules_of(fields: dict[str, Any] | None):
+    from advisor.metrics.modules import ModuleTime
+
+    return msgspec.convert(fields, ModuleTime) if fields is not None else None
 
 
 def _roofline_of(meta: dict[str, Any] | None, table: pd.DataFrame | None):
@@ -352,6 +366,8 @@ def _analysis_of(files: dict[str, bytes], key: AnalysisKey, run: RunFiles) -> Ca
                     measured=MeasuredWindow(**r.measured) if r.measured is not None else None,
                     comm=RankComm(t["collectives"], t["compute"]) if r.comm else None,
                     roofline=_roofline_of(r.roofline, t.get("roofline")),
+                    copy_bandwidth=_copy_bandwidth_of(r.copy_bandwidth),
+                    modules=_modules_of(r.modules),
                 )
             )
         findings, whatif = typed_results(meta)

@@ -58,6 +58,8 @@ class RankEntry(_Entry):
     comm: bool = False  # the rank's collectives and compute tables are stored
     measured: dict[str, Any] | None = None  # the window as recorded, where one-time work was taken out (metrics.summary.MeasuredWindow)
     roofline: dict[str, Any] | None = None  # the roofline's figures (its ops are the `roofline` table)
+    copy_bandwidth: dict[str, Any] | None = None  # metrics.copies.CopyBandwidth's fields
+    modules: dict[str, Any] | None = None  # metrics.modules.ModuleTime's fields
 
 
 def _within_replay(w: RankWhatIf) -> bool:

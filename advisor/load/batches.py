@@ -51,6 +51,8 @@ def _message_bytes(nelems: list[Any], dtypes: list[Any]) -> np.ndarray:
     """A collective kernel's message size in bytes (`In msg nelems` x the dtype's size), NaN
     where either is absent, not a number or an unknown dtype."""
     out = np.full(len(nelems), np.nan)
+    if nelems.count(None) == len(nelems):  # no collective kernel among these rows
+        return out
     for i, (n, d) in enumerate(zip(nelems, dtypes, strict=True)):
         if n is None:
             continue
@@ -58,6 +60,16 @@ def _message_bytes(nelems: list[Any], dtypes: list[Any]) -> np.ndarray:
         if size and type(n) is int and 0 <= n < MAX_BYTES / 8:
             out[i] = float(n * size)
     return out
+
+
+def _process_groups(rows: list[Any]) -> pd.Categorical:
+    """The process group a collective kernel ran in: its `Process Group Name`, else its
+    `Process Group Ranks` ("ranks [0, 1]"); missing where the kernel names neither."""
+    names = [a.pg_name for a in rows]
+    ranks = [a.pg_ranks for a in rows]
+    if names.count(None) == len(names) and ranks.count(None) == len(ranks):
+        return object_categorical(names)
+    return object_categorical([str(n) if n is not None else (f"ranks {r}" if r is not None else None) for n, r in zip(names, ranks, strict=True)])
 
 
 def _take(values: list[Any], idx: np.ndarray) -> list[Any]:
@@ -223,6 +235,9 @@ def _batch(events: list[Any], cat_order: dict[Any, int]) -> _Batch:
         "block": raw_text_categorical([a.block for a in rows]),
         "bytes": floats([a.bytes for a in rows]),
         "msg_bytes": _message_bytes([a.msg_nelems for a in rows], [a.msg_dtype for a in rows]),
+        "msg_out_bytes": _message_bytes([a.msg_out_nelems for a in rows], [a.msg_dtype for a in rows]),
+        "group_size": ids([a.group_size for a in rows]),
+        "process_group": _process_groups(rows),
     })
     del rows
 

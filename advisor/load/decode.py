@@ -86,6 +86,10 @@ class EventArgs(msgspec.Struct, gc=False):
     sequence: int = _arg("Sequence number", -1)  # autograd's sequence number: the op ran with grad mode on
     msg_nelems: Any = _arg("In msg nelems", None)  # a collective kernel's message: elements and their dtype
     msg_dtype: Any = _arg("dtype", None)
+    msg_out_nelems: Any = _arg("Out msg nelems", None)  # the collective's output (an all-gather's gathered buffer)
+    group_size: int = _arg("Group size", -1)  # the ranks of the collective's process group
+    pg_name: Any = _arg("Process Group Name", None)  # which process group (TP, DP, ...) it ran in
+    pg_ranks: Any = _arg("Process Group Ranks", None)  # that group's ranks, as text ("[0, 1]")
 
 
 class MemoryArgs(msgspec.Struct, gc=False):

@@ -31,7 +31,7 @@ from advisor.metrics.breakdown import communication_kernels
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.steps import step_of
 
-COLLECTIVE_COLUMNS = ["step", "seq", "dur", "overlap"]
+COLLECTIVE_COLUMNS = ["step", "seq", "dur", "overlap", "offset"]
 COMPUTE_COLUMNS = ["step", "kernels", "kernel_ns"]
 
 
@@ -40,8 +40,9 @@ class RankComm:
     """One rank's collectives and compute kernels, per step (times in ns).
 
     collectives: one row per collective kernel that starts inside a step: the step number,
-    its position among the step's collectives on this rank (by start time), its duration and
-    how much of it compute kernels ran alongside. compute: per step, the number and the
+    its position among the step's collectives on this rank (by start time), its duration, how
+    much of it compute kernels ran alongside, and its start after the step's marker
+    (ProfilerStep#N) starts (offset). compute: per step, the number and the
     summed duration of the other kernels.
     """
 
@@ -79,6 +80,7 @@ def rank_comm(frames: TraceFrames, steps: pd.DataFrame) -> RankComm:
     comm = communication_kernels(frames)
     ts, te = dev["ts"].to_numpy(np.int64), dev["end"].to_numpy(np.int64)
     s_start, s_end = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+    h_start = steps["host_start"].to_numpy(np.int64) if "host_start" in steps else s_start  # where the step's marker starts
     numbers = steps["step"].to_numpy(np.int64)
 
     compute = is_kernel & ~comm
@@ -100,7 +102,8 @@ def rank_comm(frames: TraceFrames, steps: pd.DataFrame) -> RankComm:
     first = np.searchsorted(c_step, c_step, side="left")
     seq = np.arange(len(c_step)) - first
     collectives = pd.DataFrame(
-        {"step": numbers[c_step], "seq": seq.astype(np.int64), "dur": (ce - cs).astype(np.int64), "overlap": np.asarray(overlap, np.int64)}
+        {"step": numbers[c_step], "seq": seq.astype(np.int64), "dur": (ce - cs).astype(np.int64), "overlap": np.asarray(overlap, np.int64),
+         "offset": (cs - h_start[c_step]).astype(np.int64)}
     )
     return RankComm(collectives, compute_table)
 
@@ -158,9 +161,68 @@ def job_waits(comms: list[tuple[int, RankComm | None]]) -> JobWaits | None:
     return JobWaits(ranks, common.to_numpy(np.int64), collective, wait, caused)
 
 
+# --- ranks x time in collectives (the HTML report's chart) ---
+
+LANE_STEPS = 4  # steps the chart shows: the first ones every rank recorded
+
+
+@dataclass
+class CollectiveLanes:
+    """Each rank's time in collectives over the first steps every rank recorded (ns). The
+    ranks' clocks are not aligned, so each step starts at the same x on every rank: step j
+    occupies [slot_start[j], slot_start[j] + slot[j]), slot[j] the longest rank's step j
+    (from its ProfilerStep marker's start to the end of its work), and a collective sits at
+    its offset from its own rank's marker. spans[i]: rank i's collectives as (start, end) rows
+    on that axis; step_ns[i]: its steps' extents."""
+
+    ranks: list[int]
+    steps: np.ndarray
+    slot_start: np.ndarray
+    slot: np.ndarray
+    spans: list[np.ndarray]
+    step_ns: np.ndarray
+
+    @property
+    def duration_ns(self) -> int:
+        return int(self.slot_start[-1] + self.slot[-1]) if len(self.slot) else 0
+
+
+def collective_lanes(ranks: list[tuple[int, RankComm | None, pd.DataFrame]], max_steps: int = LANE_STEPS) -> CollectiveLanes | None:
+    """CollectiveLanes of (rank, its RankComm, its steps table); None without two ranks with
+    collectives in a step they all recorded (or an older cache entry without offsets)."""
+    ranks = [(r, c, s) for r, c, s in ranks if c is not None and c.has_collectives and "offset" in c.collectives]
+    if len(ranks) < 2:
+        return None
+    common = set(ranks[0][2]["step"].tolist())
+    for _, _, s in ranks[1:]:
+        common &= set(s["step"].tolist())
+    shown = np.array(sorted(common)[:max_steps], dtype=np.int64)
+    if len(shown) == 0:
+        return None
+    def extent(s: pd.DataFrame) -> np.ndarray:  # from the step's marker to the end of its work
+        t = s.set_index("step").loc[shown]
+        first = t["host_start"] if "host_start" in t else t["start"]
+        return (t["end"] - first).to_numpy(np.int64)
+
+    durations = np.vstack([extent(s) for _, _, s in ranks])
+    slot = durations.max(axis=0)
+    slot_start = np.concatenate([[0], np.cumsum(slot)[:-1]]).astype(np.int64)
+    spans = []
+    for _, c, _ in ranks:
+        t = c.collectives
+        t = t[t["step"].isin(shown)]
+        j = np.searchsorted(shown, t["step"].to_numpy(np.int64))
+        start = slot_start[j] + t["offset"].to_numpy(np.int64)
+        spans.append(np.column_stack([start, start + t["dur"].to_numpy(np.int64)]) if len(t) else np.zeros((0, 2), np.int64))
+    return CollectiveLanes([r for r, _, _ in ranks], shown, slot_start, slot, spans, durations)
+
+
 # --- every collective of a rank: kind, message size, algorithm (`advisor report --collectives`) ---
 
-# NCCL's bus bandwidth factors (nccl-tests, doc/PERFORMANCE.md): busbw = algbw x factor(n).
+# NCCL's bus bandwidth factors (nccl-tests, doc/PERFORMANCE.md): busbw = algbw x factor(n),
+# n the ranks of the collective's own process group. The one definition: the collectives table
+# (`advisor report --collectives`) and the rules that quote a bus bandwidth read it through
+# `bus_factor` and `collective_bandwidth`.
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
@@ -182,7 +244,58 @@ ELEMENT_BYTES = {
     "int64": 8, "half": 2, "c10::half": 2, "float16": 2, "c10::bfloat16": 2, "bfloat16": 2, "short": 2, "int16": 2,
     "signed char": 1, "unsigned char": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1, "byte": 1,
 }
-CALL_COLUMNS = ["start", "end", "dur", "kind", "algorithm", "bytes"]
+CALL_COLUMNS = ["start", "end", "dur", "kind", "algorithm", "bytes", "out_bytes", "group", "group_size"]
+
+
+def bus_factor(kind: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """NCCL's busbw / algbw of each collective of `kind` over `n` ranks (BUS_FACTOR); NaN
+    where the kind has none or n is unknown (NaN or < 1)."""
+    kind = np.asarray(kind, dtype=object)
+    n = np.asarray(n, dtype=np.float64)
+    out = np.full(len(kind), np.nan)
+    known = np.isfinite(n) & (n >= 1)
+    for k, f in BUS_FACTOR.items():
+        m = (kind == k) & known
+        if m.any():
+            out[m] = np.broadcast_to(np.asarray(f(n[m]), dtype=np.float64), (int(m.sum()),))
+    return out
+
+
+def nccl_size(kind: np.ndarray, in_bytes: np.ndarray, out_bytes: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """nccl-tests' size of each collective (the size its algbw divides): an all-gather's is the
+    gathered output (the kernel's `Out msg nelems`, else one rank's input x n); a
+    reduce-scatter's the full input (`In msg nelems`: n x each rank's output); every other
+    kind's the input its record names."""
+    kind = np.asarray(kind, dtype=object)
+    in_bytes = np.asarray(in_bytes, dtype=np.float64)
+    out_bytes = np.asarray(out_bytes, dtype=np.float64)
+    gathered = np.where(np.isnan(out_bytes), in_bytes * np.asarray(n, dtype=np.float64), out_bytes)
+    return np.where(kind == "all_gather", gathered, in_bytes)
+
+
+def call_group_sizes(calls: pd.DataFrame, groups: dict[str, int], default: int | None) -> np.ndarray:
+    """The ranks of each collective's own process group: the kernel's `Group size`, else the
+    size `distributedInfo.pg_config` gives the group the kernel names, else `default` (the
+    job's one group, or its world size); NaN where none is known."""
+    own = calls["group_size"].to_numpy(np.float64)
+    n = np.where(own >= 1, own, np.nan)
+    if groups and np.isnan(n).any():
+        named = pd.Series(calls["group"].to_numpy(dtype=object)).map(groups).to_numpy(np.float64)
+        n = np.where(np.isnan(n), named, n)
+    if default:
+        n = np.where(np.isnan(n), float(default), n)
+    return n
+
+
+def collective_bandwidth(calls: pd.DataFrame, groups: dict[str, int], default: int | None) -> pd.DataFrame:
+    """`calls` (collective_calls) with n (its group's ranks), size (nccl_size), factor
+    (bus_factor) and bus_bytes (size x factor): busbw over any set of calls is the sum of
+    their bus_bytes over the sum of their durations."""
+    n = call_group_sizes(calls, groups, default)
+    kind = calls["kind"].to_numpy(dtype=object)
+    size = nccl_size(kind, calls["bytes"].to_numpy(np.float64), calls["out_bytes"].to_numpy(np.float64), n)
+    factor = bus_factor(kind, n)
+    return calls.assign(n=n, size=size, factor=factor, bus_bytes=size * factor)
 
 
 def collective_kind(name: str) -> str | None:
@@ -225,8 +338,13 @@ def collective_calls(frames: TraceFrames) -> pd.DataFrame:
     comm = communication_kernels(frames) if len(dev) else np.zeros(0, dtype=bool)
     if not comm.any():
         return pd.DataFrame({"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64), "dur": np.zeros(0, np.int64),
-                             "kind": np.zeros(0, object), "algorithm": np.zeros(0, object), "bytes": np.zeros(0)})
+                             "kind": np.zeros(0, object), "algorithm": np.zeros(0, object), "bytes": np.zeros(0), "out_bytes": np.zeros(0),
+                             "group": np.zeros(0, object), "group_size": np.zeros(0, np.int64)})
     k = dev.loc[comm, ["name", "ts", "end", "correlation", "msg_bytes"]].reset_index(drop=True)
+    sel = np.flatnonzero(comm)
+    out_b = dev["msg_out_bytes"].to_numpy(np.float64)[sel] if "msg_out_bytes" in dev else np.full(len(k), np.nan)
+    g_size = dev["group_size"].to_numpy(np.int64)[sel] if "group_size" in dev else np.full(len(k), -1, np.int64)
+    g_name = dev["process_group"].to_numpy(dtype=object)[sel] if "process_group" in dev else np.full(len(k), None, object)
     names = k["name"].astype(str).to_numpy(dtype=object)
     # The launch call of each kernel, and the nccl:* annotation around it on the same thread.
     rt = frames.runtime
@@ -263,7 +381,9 @@ def collective_calls(frames: TraceFrames) -> pd.DataFrame:
         if np.isnan(size) and a >= 0:
             size = a_bytes[a]
         dur = int((k["end"].to_numpy(np.int64)[idx] - k["ts"].to_numpy(np.int64)[idx]).sum())
-        out.append((int(k["ts"].iat[first]), int(k["end"].to_numpy(np.int64)[idx].max()), dur, kind, collective_algorithm(names[first]), size))
+        group = g_name[first] if isinstance(g_name[first], str) else None
+        out.append((int(k["ts"].iat[first]), int(k["end"].to_numpy(np.int64)[idx].max()), dur, kind, collective_algorithm(names[first]), size,
+                    float(out_b[first]), group, int(g_size[first])))
     table = pd.DataFrame(out, columns=CALL_COLUMNS)
     return table.sort_values("start", kind="stable").reset_index(drop=True)
 
@@ -302,10 +422,12 @@ class RankCollectives:
     device_name: str | None
     devices_in_trace: int
     group_size: int | None
+    groups: dict[str, int] | None = None  # process group name -> its ranks, as distributedInfo.pg_config lists them
 
 
 def group_size_of(distributed: dict) -> int | None:
-    """The ranks a collective spans: the one process group's size, else the world size."""
+    """The ranks a collective spans when its kernel does not say: the one process group's
+    size, else the world size."""
     groups = distributed.get("pg_config")
     if isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict) and isinstance(groups[0].get("pg_size"), int):
         return int(groups[0]["pg_size"])
@@ -313,10 +435,20 @@ def group_size_of(distributed: dict) -> int | None:
     return int(world) if isinstance(world, int) and world > 0 else None
 
 
+def process_groups_of(distributed: dict) -> dict[str, int]:
+    """Each process group's name -> its ranks, from `distributedInfo.pg_config`."""
+    groups = distributed.get("pg_config")
+    if not isinstance(groups, list):
+        return {}
+    return {str(g["pg_name"]): int(g["pg_size"]) for g in groups
+            if isinstance(g, dict) and g.get("pg_name") is not None and isinstance(g.get("pg_size"), int) and g["pg_size"] > 0}
+
+
 def rank_collectives(frames: TraceFrames, rank: int) -> RankCollectives:
     props = frames.device_properties
     name = str(props["name"].iloc[0]) if len(props) else None
-    return RankCollectives(rank, collective_calls(frames), comm_compute_overlap(frames), name, len(props), group_size_of(frames.distributed))
+    d = frames.distributed
+    return RankCollectives(rank, collective_calls(frames), comm_compute_overlap(frames), name, len(props), group_size_of(d), process_groups_of(d))
 
 
 def size_bucket(size: np.ndarray) -> np.ndarray:
@@ -326,18 +458,19 @@ def size_bucket(size: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(size), "size unknown", labels[np.clip(idx, 0, len(labels) - 1)])
 
 
-def nccl_size(kind: np.ndarray, recorded: np.ndarray, n: int) -> np.ndarray:
-    """nccl-tests' size of each collective from the bytes its record gives: an all-gather's
-    record names one rank's input, its size is the gathered output (x n); every other kind's
-    record names the size itself."""
-    return np.where(kind == "all_gather", recorded * n, recorded)
+TABLE_COLUMNS = ["group", "group_size", "kind", "bucket", "algorithm", "count", "ranks", "time_ms", "bytes", "algbw_gbps", "busbw_gbps", "peak_share"]
+
+
+def collective_calls_empty() -> pd.DataFrame:
+    return pd.DataFrame({c: np.zeros(0, np.int64 if c in ("start", "end", "dur", "group_size") else np.float64 if c.endswith("bytes") else object)
+                         for c in CALL_COLUMNS})
 
 
 @dataclass
 class JobCollectives:
     """The job's collectives (see to_dict for the fields)."""
 
-    table: pd.DataFrame  # kind, bucket, algorithm, count, time_ms, bytes, algbw_gbps, busbw_gbps, peak_share
+    table: pd.DataFrame  # group, group_size, kind, bucket, algorithm, count, ranks, time_ms, bytes, algbw_gbps, busbw_gbps, peak_share
     ranks: pd.DataFrame  # rank, collectives, time_ms, matched, mean_lag_ms, max_lag_ms, wait_ms
     overlap: pd.DataFrame  # rank, compute_ms, communication_ms, overlapped_ms, exposed_ms, overlap_share
     link: Any
@@ -362,33 +495,41 @@ def job_collectives(ranks: list[RankCollectives]) -> JobCollectives:
     Skew and wait need the ranks' clocks on one time base: a collective ends on every rank at
     about the same moment (when the last rank's data arrived), so each rank's clock offset is
     the median over matched collectives of its end less the first rank's, and a collective's
-    start on each rank is compared after that offset. Collectives are matched by kind and
-    order of that kind."""
+    start on each rank is compared after that offset. Collectives are matched by process group,
+    kind and order within those.
+
+    Each collective's bandwidth uses its own process group's size (a TP all-reduce over 2
+    ranks and a DP all-reduce over 8 in one job): one row per group, kind and size bucket."""
     from advisor.metrics.links import infer_link
 
     ranks = sorted(ranks, key=lambda r: r.rank)
     notes: list[str] = []
     n = next((r.group_size for r in ranks if r.group_size), None)
     named = next((r for r in ranks if r.device_name), None)
-    link = infer_link(named.device_name if named else None, named.devices_in_trace if named else 0, n)
-    frames = [r.calls.assign(rank=r.rank) for r in ranks]
-    calls = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*CALL_COLUMNS, "rank"])
-    kind = calls["kind"].to_numpy(dtype=object)
-    size = nccl_size(kind, calls["bytes"].to_numpy(np.float64), n or 1)
-    calls = calls.assign(size=size, bucket=size_bucket(size))
-    factor = np.array([BUS_FACTOR[k](n) if k in BUS_FACTOR and n else np.nan for k in kind], dtype=np.float64)
-    calls["factor"] = factor
+    frames = [collective_bandwidth(r.calls, r.groups or {}, r.group_size or n).assign(rank=r.rank) for r in ranks]
+    calls = pd.concat(frames, ignore_index=True) if frames else collective_bandwidth(collective_calls_empty(), {}, n).assign(rank=0).iloc[:0]
+    sizes = calls["n"].dropna()
+    widest = int(sizes.max()) if len(sizes) else n
+    link = infer_link(named.device_name if named else None, named.devices_in_trace if named else 0, widest)
+    calls = calls.assign(bucket=size_bucket(calls["size"].to_numpy(np.float64)), group=calls["group"].fillna(""))
+    links = {widest: link}
     rows = []
-    for (kd, bucket), g in calls.groupby(["kind", "bucket"], sort=True):
+    for (group, kd, bucket), g in calls.groupby(["group", "kind", "bucket"], sort=True):
         dur = float(g["dur"].sum())
-        moved = float(g["size"].sum()) if g["size"].notna().all() else np.nan
+        sized = g["size"].notna().all()
+        moved = float(g["size"].sum()) if sized else np.nan
         algbw = moved / dur if dur > 0 else np.nan  # bytes/ns = GB/s
-        busbw = algbw * float(g["factor"].iloc[0])
+        busbw = float(g["bus_bytes"].sum()) / dur if dur > 0 and sized and g["factor"].notna().all() else np.nan
         algs = sorted({a for a in g["algorithm"] if a})
-        rows.append({"kind": kd, "bucket": bucket, "algorithm": ", ".join(algs) or "not named", "count": len(g), "ranks": int(g["rank"].nunique()),
+        ns = g["n"].dropna().unique()
+        size = int(ns[0]) if len(ns) == 1 else None
+        # the link of this group: a tensor-parallel group of 2 may sit in one node where the job does not
+        own = links.setdefault(size, infer_link(named.device_name if named else None, named.devices_in_trace if named else 0, size))
+        rows.append({"group": group or None, "group_size": size, "kind": kd, "bucket": bucket,
+                     "algorithm": ", ".join(algs) or "not named", "count": len(g), "ranks": int(g["rank"].nunique()),
                      "time_ms": dur / 1e6, "bytes": moved, "algbw_gbps": algbw, "busbw_gbps": busbw,
-                     "peak_share": busbw / link.peak_gbps if link.peak_gbps and np.isfinite(busbw) else np.nan})
-    table = pd.DataFrame(rows, columns=["kind", "bucket", "algorithm", "count", "ranks", "time_ms", "bytes", "algbw_gbps", "busbw_gbps", "peak_share"])
+                     "peak_share": busbw / own.peak_gbps if own.peak_gbps and np.isfinite(busbw) else np.nan})
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     table = table.sort_values("time_ms", ascending=False, kind="stable").reset_index(drop=True)
     if calls["size"].isna().any():
         notes.append("Some collectives' message size is not in the trace (neither the kernel's `In msg nelems` nor an `nccl:*` op's input shapes): "
@@ -411,13 +552,18 @@ def _lateness(ranks: list[RankCollectives], notes: list[str]) -> tuple[pd.DataFr
     empty = base.assign(matched=0, mean_lag_ms=np.nan, max_lag_ms=np.nan, wait_ms=np.nan)
     if len(ranks) < 2 or any(len(r.calls) == 0 for r in ranks):
         return empty, (None, None)
-    kinds = sorted(set.intersection(*(set(r.calls["kind"]) for r in ranks)))
+    def keyed(c: pd.DataFrame) -> pd.Series:
+        return c["group"].fillna("").astype(str) + "\x00" + c["kind"].astype(str)
+
+    keys = sorted(set.intersection(*(set(keyed(r.calls)) for r in ranks)))
     starts, ends = [], []
-    for kd in kinds:
-        per = [r.calls.loc[r.calls["kind"] == kd] for r in ranks]
+    for key in keys:
+        group, kd = key.split("\x00")
+        per = [r.calls.loc[(keyed(r.calls) == key).to_numpy()] for r in ranks]
         m = min(len(p) for p in per)
         if any(len(p) != m for p in per):
-            notes.append(f"The ranks recorded different numbers of {kd} collectives: the first {m} of each are compared.")
+            where = f" in process group {group}" if group else ""
+            notes.append(f"The ranks recorded different numbers of {kd} collectives{where}: the first {m} of each are compared.")
         starts.append(np.vstack([p["start"].to_numpy(np.int64)[:m] for p in per]))
         ends.append(np.vstack([p["end"].to_numpy(np.int64)[:m] for p in per]))
     s, e = np.hstack(starts), np.hstack(ends)

@@ -20,7 +20,8 @@ from advisor.facts import FactsFile, typed_facts
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import CATEGORIES, name_matches, step_breakdown, text_of
 from advisor.metrics.collectives import RankComm, rank_comm
-from advisor.metrics.copies import copies, copy_summary
+from advisor.metrics.copies import copies, copy_bandwidth, copy_summary
+from advisor.metrics.modules import module_time
 from advisor.metrics.device_records import LAUNCH_CALL
 from advisor.metrics.intervals import merge, overlap_with
 from advisor.metrics.kernels import (
@@ -203,6 +204,10 @@ class Metrics:
     # The window as recorded, where one-time work was taken out of `steps` (None: nothing was):
     # the headline figures are these, the rest of the metrics are of the projection.
     measured: Optional[MeasuredWindow] = None
+    # Bytes copied and set over the steps, per time bucket and kind (metrics.copies.CopyBandwidth; None: none).
+    copy_bandwidth: Any = None
+    # Time per nn.Module path over the steps (metrics.modules.ModuleTime; None: no module calls recorded).
+    modules: Any = None
     # Intermediate results several rules share (op tree, idle timeline), built once per rank.
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -444,6 +449,8 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
         kernel_time_by_precision_ms=by_precision,
         comm=comm,
         roofline=roof,
+        copy_bandwidth=copy_bandwidth(frames, steps),
+        modules=module_time(frames, steps),
     )
     out.derived["roofline.kernel_row"] = roof_rows  # each kernel's row of roofline.table (-1: not costed)
     out.derived["roofline.table"] = roof_table  # every costed group, not only the stored ones
@@ -513,6 +520,8 @@ def without_frames(m: Metrics) -> Metrics:
         kernel_time_by_precision_ms=m.kernel_time_by_precision_ms,
         comm=m.comm,
         roofline=m.roofline,
+        copy_bandwidth=m.copy_bandwidth,
+        modules=m.modules,
     )
 
 

@@ -41,7 +41,8 @@ def _bytes(v: Any) -> str:
 def tables(job) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of each table the report shows, as text cells."""
     peak = f"of {job.link.name} peak" if job.link.name else "of link peak"
-    by_kind = [[r.kind, r.bucket, r.algorithm, str(r.count), _f(r.time_ms), _bytes(r.bytes), _f(r.algbw_gbps, 2), _f(r.busbw_gbps, 2), _pct(r.peak_share)]
+    by_kind = [[r.group or "–", "–" if r.group_size is None or r.group_size != r.group_size else str(int(r.group_size)),
+                r.kind, r.bucket, r.algorithm, str(r.count), _f(r.time_ms), _bytes(r.bytes), _f(r.algbw_gbps, 2), _f(r.busbw_gbps, 2), _pct(r.peak_share)]
                for r in job.table.itertuples(index=False)]
     ranks = [[str(r.rank), str(r.collectives), _f(r.time_ms), str(r.matched), _f(r.mean_lag_ms), _f(r.max_lag_ms), _f(r.wait_ms)]
              for r in job.ranks.itertuples(index=False)]
@@ -49,7 +50,7 @@ def tables(job) -> list[tuple[str, list[str], list[list[str]]]]:
                for r in job.overlap.itertuples(index=False)]
     return [
         ("Collectives by kind and message size (all ranks)",
-         ["kind", "size", "algorithm", "count", "time ms", "moved", "algbw GB/s", "busbw GB/s", peak], by_kind),
+         ["group", "n", "kind", "size", "algorithm", "count", "time ms", "moved", "algbw GB/s", "busbw GB/s", peak], by_kind),
         ("Ranks: start behind the earliest rank, and time waited for the last",
          ["rank", "collectives", "time ms", "matched", "mean lag ms", "max lag ms", "waited ms"], ranks),
         ("Communication and compute per rank (kernel time, merged)",
@@ -58,13 +59,18 @@ def tables(job) -> list[tuple[str, list[str], list[list[str]]]]:
 
 
 def heading(run_name: str, job) -> list[str]:
-    n = f"{job.group_size} ranks per collective" if job.group_size else "group size not recorded"
+    sizes = sorted({int(v) for v in job.table["group_size"] if v is not None and v == v}) if len(job.table) else []
+    if len(sizes) > 1:
+        n = "process groups of " + ", ".join(map(str, sizes)) + " ranks (each collective's bandwidth uses its own group's size)"
+    else:
+        n = f"{sizes[0] if sizes else job.group_size} ranks per collective" if (sizes or job.group_size) else "group size not recorded"
     lines = [f"Collectives of {run_name}: {n}; {job.link.why}."]
     if len(job.table) == 0:
         lines.append("No collective kernel (NCCL, RCCL, Gloo, or one a c10d op launched) in this run.")
     if job.skew_p50_ms is not None:
         lines.append(f"Start skew across ranks (clocks aligned on the collectives' ends): median {job.skew_p50_ms:.3f} ms, max {job.skew_max_ms:.3f} ms.")
-    lines.append("Bus bandwidth by NCCL's definitions: algbw = size / time; busbw = algbw × 2(n-1)/n (all-reduce), "
+    lines.append("Bus bandwidth by NCCL's definitions (n: the ranks of the collective's process group): algbw = size / time "
+                 "(an all-gather's size is its gathered output); busbw = algbw × 2(n-1)/n (all-reduce), "
                  "(n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (broadcast, reduce, send/recv).")
     return lines + list(job.notes)
 

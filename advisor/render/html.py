@@ -457,6 +457,30 @@ def _memory(a: Analysis) -> str:
     return "".join(out)
 
 
+BANDWIDTH_KEYS = {"H2D": "bw-h2d", "D2H": "bw-d2h", "D2D": "bw-d2d", "P2P": "bw-p2p", "H2H": "bw-h2h", "memset": "bw-memset"}
+
+
+def _copy_bandwidth(a: Analysis) -> str:
+    """The slowest rank's bytes copied and set per time bucket and kind over its steps
+    (Metrics.copy_bandwidth, made once in the analysis): HTA's memory bandwidth timeline."""
+    m = a.primary
+    bw = m.copy_bandwidth
+    if bw is None:
+        return ""
+    start = np.asarray(bw.start_ms, dtype=np.float64)
+    end = start + bw.bucket_ms
+    x = np.column_stack([start, end]).ravel()  # each bucket's value held over it
+    series = [svg.Series(f"{k}: peak {bw.peak_gbps[k]:.2f} GB/s", BANDWIDTH_KEYS.get(k, "bw-other"), x, np.repeat(np.asarray(v, dtype=np.float64), 2))
+              for k, v in bw.gbps.items()]
+    y_max = max(bw.peak_gbps.values()) * 1.1 or 1.0
+    chart = svg.LineChart(series, float(end[-1]) if len(end) else 1.0, y_max, lambda v: f"{v:g} GB/s", x_title="ms since the first step's start")
+    rank = f" of rank {m.rank}" if len(a.ranks) > 1 else ""
+    caption = (f"Bytes copied (memcpy) and set (memset) in each {bw.bucket_ms:.3f} ms of the steps{rank}, over that time: "
+               "each copy's bytes spread over its duration. " + "; ".join(f"{k} {fmt_bytes(b)} in all" for k, b in bw.bytes.items()) + ".")
+    legend = '<ul class="legend">' + "".join(f'<li><span class="sw c-{BANDWIDTH_KEYS.get(k, "bw-other")}"></span>{esc(k)}</li>' for k in bw.gbps) + "</ul>"
+    return f'<h3>Memory bandwidth over time</h3><figure>{svg.line_chart(chart, height=220)}<figcaption>{esc(caption)}</figcaption></figure>{legend}'
+
+
 def kernel_summary(kernels: pd.DataFrame, n: int = TOP_KERNELS) -> pd.DataFrame:
     """Kernels by total time with the op that launches each most often (of ops launching it
     equally often, the first by name), worked out over codes: a kernel table holds a row per
@@ -601,6 +625,7 @@ def _ranks(a: Analysis) -> str:
         )
     out.append(sortable_table(cols, rows))
     out.append(_collectives_table(a))
+    out.append(_collective_lanes(a))
     out.append(_rank_heatmap(a))
     return "".join(out)
 
@@ -629,6 +654,33 @@ def _collectives_table(a: Analysis) -> str:
             ]
         )
     return "<h3>Collectives per step</h3>" + sortable_table(cols, rows, "collectives")
+
+
+def _collective_lanes(a: Analysis) -> str:
+    """Ranks x time: each rank's collectives over the first steps all ranks recorded (drawn
+    from Analysis.collective_lanes, made once in the analysis)."""
+    from advisor.whatif.timeline import Lane, coalesce
+
+    lanes_of = a.collective_lanes
+    if lanes_of is None:
+        return ""
+    d = lanes_of.duration_ns
+    steps = pd.DataFrame({"start": lanes_of.slot_start, "end": lanes_of.slot_start + lanes_of.slot, "name": [f"step {s}" for s in lanes_of.steps],
+                          "cls": "annotation", "count": 1, "total": lanes_of.slot})
+    lanes = [Lane("steps", "steps", steps)]
+    for rank, spans, durations in zip(lanes_of.ranks, lanes_of.spans, lanes_of.step_ns, strict=True):
+        t = pd.DataFrame({"start": spans[:, 0], "end": spans[:, 1], "name": "collective", "cls": "communication", "count": 1,
+                          "total": spans[:, 1] - spans[:, 0]})
+        total = float((spans[:, 1] - spans[:, 0]).sum()) / 1e6
+        lanes.append(Lane(f"rank {rank}: {total:.2f} ms", "rank", coalesce(t, d)))
+    chart = svg.timeline(lanes, pd.DataFrame(columns=["start", "end", "name", "cls", "count", "total"]), d, "ranks by time: collectives", uid="tl-collectives")
+    caption = (
+        f"Each rank's collective kernels (NCCL, RCCL, Gloo, ...) in {'step' if len(lanes_of.steps) == 1 else 'steps'} {', '.join(str(s) for s in lanes_of.steps)}, "
+        "the first every rank recorded. "
+        "The ranks' clocks are not aligned, so each step starts at the same place on every rank and is as wide as the longest rank's; "
+        "a rank whose bars are long waits in its collectives for a later rank. `advisor report --collectives` gives the figures."
+    )
+    return f"<h3>Ranks × time in collectives</h3><figure>{chart}<figcaption>{esc(caption)}</figcaption></figure>"
 
 
 def _rank_heatmap(a: Analysis) -> str:
@@ -689,6 +741,7 @@ def to_html(analysis: Analysis) -> str:
             _breakdown(analysis),
             _timeline(analysis),
             _memory(analysis),
+            _copy_bandwidth(analysis),
             _kernels(analysis),
             _roofline(analysis),
             _ops(analysis),
