@@ -143,21 +143,41 @@ def _step_with_kernel(start: float, host_us: float, kernel_us: float, corr: int)
 def test_last_step_ends_by_its_mark_not_where_the_queue_drains(tmp_path):
     """Marks of 2,700 µs at 0, 2,720 and 5,440 µs. Steps 0 and 1's kernels (140 µs in, 2,600 µs
     long) end 40 µs past their marks; step 2's runs 8,000 µs, to 13,580 µs, 5,440 µs past its
-    mark. Steps: 0 → 2,740 µs; 1 → 2,740–5,460 (2,720 µs); 2 starts at 5,460 and ends at its
-    mark's end 8,140 plus the most any step's device work trails its host (its kernel starts
-    140 µs in, more than the others' 40 µs overhang): 8,280, a 2,820 µs step (8,120 µs before,
-    and a "step times vary" note the steps do not support)."""
+    mark. Steps: 0 → 0–2,740 µs (its device work, inside the next mark); 1 → 2,740–5,460
+    (2,720 µs); step 2's first launch (5,540 µs) finds the device idle (step 1's kernel ended at
+    5,460): the host paced it, so it ends at its mark's end, 8,140: a 2,680 µs step (8,120 µs
+    before, and a "step times vary" note the steps do not support; 2,820 µs later, still past
+    the mark). No step lies outside [0, 8,140]."""
     events = [*_step_with_kernel(0.0, 2700.0, 2600.0, 0), *_step_with_kernel(2720.0, 2700.0, 2600.0, 1), *_step_with_kernel(5440.0, 2700.0, 8000.0, 2)]
     path = write(tmp_path / "trailing.json", events, deviceProperties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}])
     a = analysis(path)
     steps = a.primary.steps
-    assert steps["duration"].to_numpy() / 1e3 == pytest.approx([2740.0, 2720.0, 2820.0], abs=1.0)
-    # no step outside its marks: each starts at or after its mark and ends before the next one's
-    # device work (the last: within its mark plus the lag its device work starts with)
+    assert steps["duration"].to_numpy() / 1e3 == pytest.approx([2740.0, 2720.0, 2680.0], abs=1.0)
+    # no step outside its marks: each starts at or after its mark, the last ends at its mark's end
     assert (steps["start"] >= steps["host_start"]).all()
+    assert steps["end"].max() / 1e3 == pytest.approx(8140.0, abs=1.0)
     notes = " ".join(a.notes())
     assert "step times vary" not in notes
     assert "5.44 ms past its ProfilerStep mark" in notes
+
+
+def test_device_paced_steps_stay_on_the_device_timeline(tmp_path):
+    """The host runs ahead: marks of 1,000 µs at 0, 1,010 and 2,020 µs, each launching a 3,000
+    µs kernel that queues behind the one before (kernels at 140–3,140, 3,140–6,140, 6,140–9,140
+    µs). The device paces the steps: each lasts its kernel's 3,000 µs (the first from its mark's
+    start: 3,140 µs), the last ending at 9,140 µs, past the marks (3,020 µs): ending it at its mark
+    would read a 3.0 ms step as none."""
+    events = []
+    for i, t0 in enumerate((0.0, 1010.0, 2020.0)):
+        k = 140.0 + 3000.0 * i
+        events += [
+            span("user_annotation", f"ProfilerStep#{i}", t0, 1000.0),
+            span("cpu_op", "aten::mm", t0 + 90.0, 30.0, **{"External id": i}),
+            span("cuda_runtime", "cudaLaunchKernel", t0 + 100.0, 10.0, correlation=i, **{"External id": i}),
+            span("kernel", "sgemm_kernel", k, 3000.0, tid=7, device=0, stream=7, correlation=i, **{"External id": i}),
+        ]
+    a = analysis(write(tmp_path / "queued.json", events, deviceProperties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]))
+    assert a.primary.steps["duration"].to_numpy() / 1e3 == pytest.approx([3140.0, 3000.0, 3000.0], abs=1.0)
 
 
 # --- an empty window ------------------------------------------------------------------------

@@ -456,10 +456,42 @@ def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str
 
 
 TRAILING_SPAN = 1.5
+TRAILING_NOTE_NS = 100_000  # a last step's device work this far past its mark is said in a note
+
+
+def host_paced_last(
+    launch_ts: np.ndarray, dev_ts: np.ndarray, dev_end: np.ndarray, owner: np.ndarray, dev_count: np.ndarray
+) -> bool:
+    """Whether the last step with device work launched it onto an idle device: no device
+    activity launched before the step's first launch (by another step, or before the steps)
+    was still running, or queued to run, when that launch was issued. Then the host paced the step, and its end is its mark's: what its
+    device work runs past the mark is the end of the recording draining the queue (the closing
+    synchronisation), not the step. Where earlier work was still running, the device paces the
+    steps and they lie on its timeline, behind the marks."""
+    has = np.nonzero(dev_count > 0)[0]
+    if len(has) == 0:
+        return False
+    last = int(has[-1])
+    own = owner == last
+    if not own.any():
+        return False
+    first = int(launch_ts[own].min())
+    # work launched (or started) before that first launch and still running then or later:
+    # the step's work queued behind it
+    with np.errstate(invalid="ignore"):
+        earlier = ~own & ((launch_ts < first) | (dev_ts < first))
+    busy = earlier & (dev_end > first)
+    return not bool(busy.any())
 
 
 def own_device_end(
-    h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, dev_max: np.ndarray, dev_count: np.ndarray, notes: list[str] | None = None
+    h_start: np.ndarray,
+    h_end: np.ndarray,
+    dev_min: np.ndarray,
+    dev_max: np.ndarray,
+    dev_count: np.ndarray,
+    notes: list[str] | None = None,
+    paced_by_host: bool = False,
 ) -> np.ndarray:
     """Per step, where its own device work ends: the end of its last device activity, unless
     the device runs behind the host, where that end is a queue of earlier work draining.
@@ -467,11 +499,24 @@ def own_device_end(
     The device runs behind when some step's device work starts before the previous step's
     has ended. Then a step ends where the next step's device work starts, and the last step
     ends as far behind its host end as its device work started behind its host start.
+    Where the host paced the last step (`paced_by_host`: its work was launched onto an idle
+    device, see `host_paced_last`), the last step ends at its mark: no step lies outside the
+    marks, and no trailing synchronisation stretches the last one.
     """
     has = dev_count > 0
     out = np.where(has, dev_max, h_end)
     idx = np.nonzero(has)[0]
-    if len(idx) < 2:
+    if paced_by_host and len(idx):
+        last = idx[-1]
+        if out[last] > h_end[last]:
+            if notes is not None and int(dev_max[last]) - int(h_end[last]) >= TRAILING_NOTE_NS:
+                notes.append(
+                    f"the last step's device work ran {(int(dev_max[last]) - int(h_end[last])) / 1e6:,.2f} ms past its ProfilerStep mark, "
+                    "launched onto an idle device (the host paced the step): that step ends at its mark, as no step is measured "
+                    "outside the marks (a step's time is never read from a queue the end of the recording drains)"
+                )
+            out[last] = h_end[last]
+    if len(idx) < 2 or paced_by_host:
         return out
     nxt_min = dev_min[idx[1:]]
     behind = dev_max[idx[:-1]] > nxt_min
@@ -577,7 +622,11 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     start = h_start.copy()
     end = h_end.copy()
     if use_device:
-        own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count, notes)
+        paced = False
+        if len(frames.steps):
+            # ProfilerStep marks: a step launched onto an idle device ends by its mark
+            paced = host_paced_last(lts, lk["ts"].to_numpy(np.int64), lk["end"].to_numpy(np.int64), owner, dev_count)
+        own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count, notes, paced_by_host=paced)
         for i in range(n):  # a step's start depends on the previous step's stretched end
             s = max(prev_end, int(h_start[i]))
             e = int(h_end[i])

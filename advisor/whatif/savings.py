@@ -670,7 +670,9 @@ def sampled_graph(frames, steps) -> tuple[StepGraph, tuple[np.ndarray, np.ndarra
     dev_in = (dev_ts >= lo) & (dev_ts <= hi)
     rt_rows, dev_rows = np.nonzero(rt_in)[0], np.nonzero(dev_in)[0]
     part = _Part(frames.runtime.iloc[rt_rows].reset_index(drop=True), frames.device.iloc[dev_rows].reset_index(drop=True))
-    g = build_graph(part, sub)  # type: ignore[arg-type]
+    # the block's last step is the run's last (ended by its mark where the host paced it) only at the run's end
+    marks = bool(len(frames.steps)) and block.stop == len(steps)
+    g = build_graph(part, sub, step_marks=marks)  # type: ignore[arg-type]
     if len(rt_rows):  # a CPU run's block has no runtime calls to name
         g.runtime_row = np.where(g.runtime_row >= 0, rt_rows[np.maximum(g.runtime_row, 0)], -1)
     if len(dev_rows):
