@@ -585,3 +585,60 @@ def test_public_forward_only_run_with_tf32_convolutions_is_described_as_it_ran()
     assert f.evidence["training"] is False
     assert "after allowing TF32 for matmuls (convolutions already run TF32)" in f.message
     assert "in the backward" not in f.message and "GradScaler" not in f.message + f.fix.text
+
+
+# --- a single pass with a first-call stall: shares are of the measured step -----------------------
+def _single_pass_with_stall() -> list[Event]:
+    """One forward (a `Model_Forward` annotation, no ProfilerStep) of 20 aten::mm, each launching
+    a 2,000 µs fp32 sgemm; the first launch stalls 300,000 µs (a library loaded), the others take
+    10 µs. The host runs ahead (a launch every 55 µs), so the kernels run back to back from
+    300,010 µs to 340,010 µs; a closing cudaDeviceSynchronize waits for them."""
+    events, t, kend = [], 0.0, 0.0
+    for i in range(20):
+        launch = 300000.0 if i == 0 else 10.0
+        events.append(span("cpu_op", "aten::mm", t, launch + 25.0, **{"External id": i}))
+        events.append(span("cuda_runtime", "cudaLaunchKernel", t + 5.0, launch, correlation=i, **{"External id": i}))
+        k0 = max(t + 5.0 + launch + 5.0, kend)
+        events.append(span("kernel", "ampere_sgemm_128x64_nn", k0, 2000.0, tid=7, device=0, stream=7, correlation=i, **{"External id": i}))
+        kend = k0 + 2000.0
+        t += launch + 45.0
+    events.append(span("cuda_runtime", "cudaDeviceSynchronize", t, kend - t + 5.0, correlation=-1))
+    events.append(span("user_annotation", "Model_Forward", -5.0, kend + 20.0))
+    return events
+
+
+def test_single_pass_savings_shares_are_of_the_measured_step(tmp_path):
+    """The window as measured: the annotation's -5 µs to its end at 340,025 µs, 340.03 ms. The
+    projection without the stall is 40.04 ms (the kernels' 40 ms and the host's lead). Allowing
+    TF32 halves the 40 ms of fp32 sgemm: 20 ms per step, 5.9% of the measured 340.03 ms step
+    (it read 50%, of the projection, before)."""
+    path = write(tmp_path / "single_pass.json", _single_pass_with_stall(), deviceProperties=A100)
+    a = analysis(path)
+    assert a.summary()["step_time_ms"]["mean"] == pytest.approx(340.03, abs=0.01)
+    f = next(f for f in a.findings if f.rule == "tf32-disabled")
+    assert f.saving_ms == pytest.approx(20.0, abs=0.5)
+    assert f.saving_pct == pytest.approx(f.saving_ms / 340.03, rel=1e-3)
+    doc = json.loads(report(path, "--format", "json").stdout)
+    j = next(x for x in doc["findings"] if x["rule"] == "tf32-disabled")
+    assert j["saving_share"] == pytest.approx(j["saving_ms"] / 340.03, rel=1e-3)  # a fraction
+    out = report(path).stdout
+    line = next(x for x in out.splitlines() if "tf32-disabled" in x and "ms/step" in x)
+    assert f"({100 * j['saving_ms'] / 340.03:.1f}%)" in line  # a percent in the text
+
+
+def test_public_single_pass_shares_are_of_the_measured_window():
+    """The RTX 4090 TP2 job (one cold pass per rank, 387 and 422 ms of first-call stalls): the
+    step every share is taken of is the window as the raw events measure it (rank 0 1,001.49 ms,
+    rank 1 1,011.50 ms), not the projection without the stalls (about 615 ms)."""
+    from conftest import SHARED_TRACES
+
+    from advisor.engine import measured_step_ms
+
+    folder = SHARED_TRACES / "corpus" / "rtx4090_llama_tp2"
+    if not folder.is_dir():
+        pytest.skip(f"public trace not found: {folder}")
+    windows = {p.stem.split(".")[0]: _busy_share(_raw_events(p))[0] for p in sorted(folder.glob("rank*.json.gz"))}
+    a = analysis(folder)
+    w = a.headline()
+    assert w.measured_ms < 0.7 * windows[f"rank{a.primary.rank}"]  # the replay stands on the projection
+    assert measured_step_ms(w) == pytest.approx(windows[f"rank{a.primary.rank}"], abs=0.05)

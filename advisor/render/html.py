@@ -177,7 +177,7 @@ def _verdict(a: Analysis) -> str:
     if projected is not None and projected["step_time_ms"]["mean"] is not None:
         answer += (
             f" Without the one-time work (see the notes): {projected['step_time_ms']['mean']:.2f} ms per step, a projection, "
-            "not a measurement; the replay and the savings are figured on it."
+            "not a measurement; the replay and the savings (ms per step) are figured on it, their shares are of the measured step."
         )
     replayed = a.headline()
     if replayed is not None and replayed.all_fixes_ms is not None and replayed.fixes:

@@ -61,7 +61,7 @@ def _headline(a: Analysis) -> list[str]:
     if st["mean"] is not None:
         facts.append(f"{s['steps']} steps: mean {st['mean']:.2f} ms (median {st['median']:.2f}, p90 {st['p90']:.2f})")
     if s["projected"] is not None and s["projected"]["step_time_ms"]["mean"] is not None:
-        facts.append(f"{s['projected']['step_time_ms']['mean']:.2f} ms/step without one-time work (a projection: the replay and savings are of it)")
+        facts.append(f"{s['projected']['step_time_ms']['mean']:.2f} ms/step without one-time work (a projection: the replay and savings in ms are of it, their shares of the measured step)")
     if replayed is not None:
         facts.append(f"replayed {replayed.baseline_ms:.2f} ms")
     tp = throughput(a)

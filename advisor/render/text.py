@@ -56,7 +56,7 @@ def projection_text(projected: dict) -> str:
     busy = f", device busy {pct(projected['gpu_utilization'])}" if projected["gpu_utilization"] is not None else ""
     return (
         f"{projected['step_time_ms']['mean']:.2f} ms mean step without the one-time work (see the note){busy}: a projection, "
-        "not a measurement; the replay, the findings and their savings are figured on it"
+        "not a measurement; the replay and the findings' savings (ms per step) are figured on it, their shares are of the measured step"
     )
 
 
