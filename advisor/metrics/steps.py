@@ -11,6 +11,11 @@ step's has ended), the end of a step's last kernel is not that step's own time: 
 waited in a queue of work launched earlier. Such a step ends where the next step's device
 work begins, and the last step of the window ends as far behind its host end as it started
 behind its host start, not when the queue drains (the profiler's closing synchronisation).
+Where the host paces the steps (the last step's work is launched onto an idle device), no
+step lies outside the ProfilerStep marks: the first starts at its mark's start and the last
+ends at its mark's end, whatever its device work runs past it (the end of the recording
+draining the queue); where the device paces them (the last step's work queued behind earlier
+work), the steps lie on the device's timeline, behind the marks.
 A `ProfilerStep` range that runs past the end of the profiler's own span (`PyTorch
 Profiler (0)`, a marker left open: a 13 s step in a 355 ms recording) is clipped to the last
 recorded event, with a note; one that ends inside it is the step, however few of its events a
@@ -627,6 +632,10 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
             # ProfilerStep marks: a step launched onto an idle device ends by its mark
             paced = host_paced_last(lts, lk["ts"].to_numpy(np.int64), lk["end"].to_numpy(np.int64), owner, dev_count)
         own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count, notes, paced_by_host=paced)
+        if paced:
+            # the host paces the steps: the window is the marks', from the first one's start
+            # (device work queued before it does not push it) to the last one's end
+            prev_end = int(h_start[0])
         for i in range(n):  # a step's start depends on the previous step's stretched end
             s = max(prev_end, int(h_start[i]))
             e = int(h_end[i])
