@@ -215,6 +215,71 @@ def test_gpu_listed_but_idle_reads_as_a_cpu_run(tmp_path):
     assert "ran nothing: read as a CPU run" in device_line
 
 
+def _t4_cpu_convolutions() -> list[Event]:
+    """Four 20,000 µs ProfilerSteps on a host whose header lists a Tesla T4: two convolutions
+    each (aten::conv2d → aten::mkldnn_convolution, oneDNN's CPU convolution, 7,940-7,980 µs)
+    and a relu, all on the CPU; in the first step only, one 4 MB pageable copy to the T4
+    (cudaMemcpyAsync, a 200 µs `Memcpy HtoD`). No kernel, no kernel launch."""
+    events, t = [], 0.0
+    for i in range(4):
+        events += [
+            span("user_annotation", f"ProfilerStep#{i}", t, 20000.0),
+            span("cpu_op", "aten::conv2d", t + 100.0, 8000.0),
+            span("cpu_op", "aten::convolution", t + 110.0, 7980.0),
+            span("cpu_op", "aten::_convolution", t + 120.0, 7960.0),
+            span("cpu_op", "aten::mkldnn_convolution", t + 130.0, 7940.0),
+            span("cpu_op", "aten::relu", t + 8200.0, 1500.0),
+            span("cpu_op", "aten::conv2d", t + 9800.0, 8000.0),
+            span("cpu_op", "aten::mkldnn_convolution", t + 9810.0, 7980.0),
+        ]
+        if i == 0:
+            events += [
+                span("cpu_op", "aten::to", t + 18000.0, 300.0, **{"External id": 100}),
+                span("cuda_runtime", "cudaMemcpyAsync", t + 18010.0, 250.0, correlation=100, **{"External id": 100}),
+                span("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", t + 18030.0, 200.0, tid=7, device=0, stream=7, correlation=100,
+                     bytes=4_000_000, **{"External id": 100}),
+            ]
+        t += 20010.0
+    return events
+
+
+def test_gpu_listed_with_a_copy_but_no_kernel_says_the_convolutions_ran_on_the_cpu(tmp_path):
+    """The T4 holds one 200 µs copy and nothing else: it did none of the compute. Before, the
+    report read "Device Tesla T4" and "GPU utilisation 1.0%" as a GPU run, and dropped the last
+    3 steps ("the profiler did not capture all of their device work": they launched none)."""
+    from device_rules import KERNEL_RULES
+
+    t4 = [{"id": 0, "name": "Tesla T4", "computeMajor": 7, "computeMinor": 5, "totalGlobalMem": 15.8e9}]
+    path = write(tmp_path / "t4_cpu_convs.json", _t4_cpu_convolutions(), deviceProperties=t4)
+    a = analysis(path)
+    # four marks of 20,000 µs, none missing device work (none launched any)
+    assert a.primary.steps["duration"].to_numpy() / 1e3 == pytest.approx([20000.0] * 4, abs=1.0)
+    assert not any("dropped the last" in n for n in a.notes())
+    note = next(n for n in a.notes() if n.startswith("Tesla T4 ran no kernel"))
+    assert "1 copy (0.20 ms in all)" in note and "convolutions ran on the CPU" in note and "aten::mkldnn_convolution" in note
+    assert not {f.rule for f in a.findings} & KERNEL_RULES
+    p = report(path)
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())  # the header's rows wrap in a narrow terminal
+    assert "Device Tesla T4, compute capability 7.5, 14.7 GiB (listed; ran no kernel, copies only: the compute ran on the CPU)" in text
+
+
+def test_public_gpu_listed_cpu_only_trace_reads_as_a_cpu_run():
+    """Particle Transformer profiled with CPU activity only on a host whose header lists an A100:
+    its raw events hold 7 CUDA runtime calls and no kernel, copy or memset."""
+    from conftest import SHARED_TRACES
+
+    path = SHARED_TRACES / "corpus" / "a100_host_cpu_activity_only.json.gz"
+    if not path.is_file():
+        pytest.skip(f"public trace not found: {path}")
+    events = _raw_events(path)
+    assert not [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")]
+    a = analysis(path)
+    assert any("A100-PCIE-40GB is listed in the trace but no kernel, copy or launch is recorded on it" in n for n in a.notes())
+    assert a.summary()["gpu_utilization"] is None
+    assert not a.findings or all(f.rule.startswith("cpu") or f.rule in ("dataloader-stall", "inference-mode") for f in a.findings)
+
+
 # --- launches whose kernels were never recorded --------------------------------------------
 def test_launches_without_kernel_records_at_the_end_are_warned(tmp_path):
     """40 launches, 100 µs apart; the first 12 have their kernel recorded, the last 28 none (the

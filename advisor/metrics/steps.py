@@ -51,6 +51,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import name_matches, text_of
+from advisor.metrics.device_records import COPY_CALL, LAUNCH_CALL
 
 
 def launches(frames: TraceFrames) -> pd.DataFrame:
@@ -649,6 +650,16 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
             keep = last + 1
             if last > 0 and dev_count[last - 1] * 0.8 > dev_count[last]:
                 keep = last
+            # steps after the last with device work are missing it only where their host
+            # launched work whose records are absent; a step that launched nothing (a CPU
+            # run's steps after a first copy) misses nothing and stays
+            if keep == last + 1 and last + 1 < n:
+                rt = frames.runtime
+                issues = name_matches(rt["name"], LAUNCH_CALL) | name_matches(rt["name"], COPY_CALL)
+                lost = rt[issues & ~rt["correlation"].isin(lk["correlation"]).to_numpy()]
+                lost_step = step_of(h_start, h_end, lost["ts"].to_numpy(np.int64)) if len(lost) else np.zeros(0, dtype=np.int64)
+                if not (lost_step > last).any():
+                    keep = n
             if keep < n:
                 notes.append(
                     f"dropped the last {n - keep} step(s): the profiler did not capture all of their device work"

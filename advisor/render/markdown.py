@@ -12,7 +12,7 @@ from advisor.analysis import Analysis
 from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
-from advisor.metrics.summary import device_idle
+from advisor.metrics.summary import device_idle, device_ran_no_kernel
 from advisor.render.fmt import (
     esc,
     finding_rank,
@@ -53,7 +53,7 @@ def _headline(a: Analysis) -> list[str]:
     out = [f"### advisor: {md(a.run.name)} — {step}{could}", ""]
     facts = []
     if m.device.name:
-        facts.append(f"**{md(m.device.name)}**" + (" (listed; ran nothing: read as a CPU run)" if device_idle(m) else ""))
+        facts.append(f"**{md(m.device.name)}**" + (" (listed; ran nothing: read as a CPU run)" if device_idle(m) else device_ran_no_kernel(m)))
     elif not m.has_device:
         facts.append("**CPU only**")
     if len(a.ranks) > 1:
