@@ -650,10 +650,10 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
             keep = last + 1
             if last > 0 and dev_count[last - 1] * 0.8 > dev_count[last]:
                 keep = last
-            # steps after the last with device work are missing it only where their host
-            # launched work whose records are absent; a step that launched nothing (a CPU
-            # run's steps after a first copy) misses nothing and stays
-            if keep == last + 1 and last + 1 < n:
+            # on a device that ran no kernel (a CPU run that copied a batch once), steps after
+            # the last with device work miss it only where their host launched work whose
+            # records are absent: a step that launched nothing misses nothing and stays
+            if keep == last + 1 and last + 1 < n and not (frames.device["kind"].astype(str) == "kernel").any():
                 rt = frames.runtime
                 issues = name_matches(rt["name"], LAUNCH_CALL) | name_matches(rt["name"], COPY_CALL)
                 lost = rt[issues & ~rt["correlation"].isin(lk["correlation"]).to_numpy()]
