@@ -51,7 +51,6 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import name_matches, text_of
-from advisor.metrics.device_records import COPY_CALL, LAUNCH_CALL
 
 
 def launches(frames: TraceFrames) -> pd.DataFrame:
@@ -462,6 +461,8 @@ def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str
 
 
 TRAILING_SPAN = 1.5
+# A runtime call that issues device work (a launch or a copy; metrics.device_records names each)
+ISSUES_WORK = re.compile(r"Launch|Memcpy")
 TRAILING_NOTE_NS = 100_000  # a last step's device work this far past its mark is said in a note
 
 
@@ -509,9 +510,8 @@ def own_device_end(
     device, see `host_paced_last`), the last step ends at its mark: no step lies outside the
     marks, and no trailing synchronisation stretches the last one.
     """
-    has = dev_count > 0
-    out = np.where(has, dev_max, h_end)
-    idx = np.nonzero(has)[0]
+    out = _device_end(h_start, h_end, dev_min, dev_max, dev_count, None if paced_by_host else notes)
+    idx = np.nonzero(dev_count > 0)[0]
     if paced_by_host and len(idx):
         last = idx[-1]
         if out[last] > h_end[last]:
@@ -522,7 +522,17 @@ def own_device_end(
                     "outside the marks (a step's time is never read from a queue the end of the recording drains)"
                 )
             out[last] = h_end[last]
-    if len(idx) < 2 or paced_by_host:
+    return out
+
+
+def _device_end(
+    h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, dev_max: np.ndarray, dev_count: np.ndarray, notes: list[str] | None
+) -> np.ndarray:
+    """own_device_end before a host-paced last step is ended at its mark."""
+    has = dev_count > 0
+    out = np.where(has, dev_max, h_end)
+    idx = np.nonzero(has)[0]
+    if len(idx) < 2:
         return out
     nxt_min = dev_min[idx[1:]]
     behind = dev_max[idx[:-1]] > nxt_min
@@ -655,7 +665,7 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
             # records are absent: a step that launched nothing misses nothing and stays
             if keep == last + 1 and last + 1 < n and not (frames.device["kind"].astype(str) == "kernel").any():
                 rt = frames.runtime
-                issues = name_matches(rt["name"], LAUNCH_CALL) | name_matches(rt["name"], COPY_CALL)
+                issues = name_matches(rt["name"], ISSUES_WORK)
                 lost = rt[issues & ~rt["correlation"].isin(lk["correlation"]).to_numpy()]
                 lost_step = step_of(h_start, h_end, lost["ts"].to_numpy(np.int64)) if len(lost) else np.zeros(0, dtype=np.int64)
                 if not (lost_step > last).any():
