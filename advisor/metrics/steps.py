@@ -471,10 +471,11 @@ def host_paced_last(
 ) -> bool:
     """Whether the last step with device work launched it onto an idle device: no device
     activity launched before the step's first launch (by another step, or before the steps)
-    was still running, or queued to run, when that launch was issued. Then the host paced the step, and its end is its mark's: what its
-    device work runs past the mark is the end of the recording draining the queue (the closing
-    synchronisation), not the step. Where earlier work was still running, the device paces the
-    steps and they lie on its timeline, behind the marks."""
+    was still running, or queued to run, when that launch was issued. Then the host paced the
+    step, and its end is its mark's: what its device work runs past the mark is the end of the
+    recording draining the queue (the closing synchronisation), not the step. Where earlier
+    work was still running, the device paces the steps and they lie on its timeline, behind
+    the marks."""
     has = np.nonzero(dev_count > 0)[0]
     if len(has) == 0:
         return False
