@@ -8,6 +8,15 @@ has memory events, reserved memory that still moves from step to step. It fires 
 calls cost at least `min_share` of the step (0.1% by default: after warm-up a steady loop
 makes none).
 
+## What it needs from the trace
+Device activity and the host's runtime calls: the `cudaMalloc`/`cudaFree`
+(`hipMalloc`/`hipFree`) calls inside the steps, with the ops around them. Reserved memory
+moving from step to step needs `[memory]` events (`profile_memory=True`); without them the rule
+judges the calls alone. A CPU-only run, or one with no allocator call after warm-up, gets
+nothing from it. It is not run where the launches have no kernel records (the device's activity
+is missing); where the host's operators are missing (a device-only trace): the report's warning
+or note says why.
+
 ## Why it is slow
 After the first steps the caching allocator should serve every allocation from memory it
 already holds. A `cudaMalloc` after that means the cache did not fit the request — shapes

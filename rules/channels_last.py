@@ -5,6 +5,14 @@ Layout-transposing kernels (`nchwToNhwcKernel`, `nhwcToNchwKernel`; cuDNN's
 `convertTensor_kernel` and MIOpen's `batched_transpose_*` when a convolution launches them)
 launched around convolutions that take at least `min_share` (2%) of the step.
 
+## What it needs from the trace
+The device's kernel records: the layout-transpose kernels and the convolution ops that launched
+them (the host's operators, linked by correlation id). Without transposes around convolutions
+it says nothing; a CPU-only run has no kernels and gets nothing from it. It is not run where
+the launches have no kernel records (the device's activity is missing); where the host's
+operators are missing (a device-only trace); where the device's timeline lies outside the
+host's: the report's warning or note says why.
+
 ## Why it is slow
 Tensor Core convolution kernels (fp16/bf16 on Volta and newer, TF32 on Ampere and newer)
 work on channels-last (NHWC) data. PyTorch tensors are channels-first (NCHW) by default, so

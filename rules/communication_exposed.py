@@ -7,6 +7,15 @@ all-to-all in Triton or DeepEP, NVSHMEM, symmetric-memory and custom all-reduce)
 but communicate. It fires when that exposed time, less what cannot be hidden, is at least
 `min_share` of the step (5% by default).
 
+## What it needs from the trace
+The device's kernel records on every stream: the collective kernels (by name, or launched by a
+`nccl:*`/`c10d::*` op) and the compute kernels they could overlap. A trace with no collective
+kernel inside the steps (one process, or gloo on the host) gets nothing from it. It is not run
+where the launches have no kernel records (the device's activity is missing); where the host's
+operators are missing (a device-only trace); where the device's timeline lies outside the
+host's; where launched work waited with nothing recorded on the device; on a window whose every
+step holds first-call work (a single cold pass): the report's warning or note says why.
+
 ## Why it is slow
 Data-parallel training exchanges gradients every step. `DistributedDataParallel` splits
 them into buckets and all-reduces each bucket as soon as backward has produced it, so the

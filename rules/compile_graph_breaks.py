@@ -12,6 +12,14 @@ Options: `min_kernel_share` (float, 0.10): the least share of the steps' kernel 
 elementwise kernels outside compiled graphs; `min_share` (float, 0.03): the least saving, as a
 share of the step, worth a finding.
 
+## What it needs from the trace
+The device's kernel records and the compiled code's marks: Triton kernels or the host spans of
+compiled graphs (`CompiledFunction`, `## Call CompiledFxGraph ##`). A run with no compiled code
+is `unfused-elementwise`'s, and this rule says nothing there. It is not run where the launches
+have no kernel records (the device's activity is missing); where the host's operators are
+missing (a device-only trace); where the device's timeline lies outside the host's: the
+report's warning or note says why.
+
 ## Why it is slow
 Dynamo compiles the Python it can trace into graphs and hands the rest back to eager
 PyTorch: a data-dependent branch, `.item()`, `print`, an unsupported module or library call

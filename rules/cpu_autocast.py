@@ -9,6 +9,13 @@ stays silent). The facts must not say that bf16 autocast was in use. It fires wh
 the fix saves is at least `min_share` (5%) of the step (the unprofiled step where the facts
 record one: the saving is unprofiled time).
 
+## What it needs from the trace
+A run with no device activity, the matrix ops' input types (`record_shapes=True`) and the facts
+file of `advisor profile`, whose `cpu_features.flags` say the CPU computes in bf16
+(`avx512_bf16`, `amx_bf16`). The trace alone does not say what the CPU supports: without the
+facts file, or without input types, it says nothing. It is not run where the host's operators
+are missing (a device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 An fp32 matrix product on the CPU runs on AVX-512 (or AVX2) fused multiply-adds, 16 fp32
 lanes per instruction. CPUs with AVX512-BF16 (`vdpbf16ps`: two bf16 products per fp32 lane)

@@ -7,6 +7,13 @@ once per parameter, in an optimizer that has a fused CPU implementation (Adam, A
 Adagrad; PyTorch 2.4 and later). The facts file, when present, must not say `fused=True`.
 It fires when the time the fix saves is at least `min_share` (1%) of the step.
 
+## What it needs from the trace
+A run with no device activity and its `Optimizer.step` spans with the ops inside them. Without
+those spans (an optimizer stepped outside the profiled window, or an unnamed update) it says
+nothing; the facts file, when present, rules out an optimizer already `fused=True`. It is not
+run where the host's operators are missing (a device-only trace): the report's warning or note
+says why.
+
 ## Why it is slow
 The default (for-loop) implementation dispatches every elementwise op of the update (`mul_`,
 `add_`, `lerp_`, `addcmul_`, `sqrt`, `div`, ...) once per parameter: each dispatch costs the

@@ -10,6 +10,14 @@ trace records both (an uninitialised `aten::empty` right before a copy is the co
 destination, not data). It fires when the copies cost at least `min_share` of the step
 (0.2% by default).
 
+## What it needs from the trace
+Device activity, the host's operators (their nesting on each thread) and the host→device copies
+they launched. Without the host's operators nothing names the factory op before a copy, and it
+says nothing. It is not run where the launches have no kernel records (the device's activity is
+missing); where the host's operators are missing (a device-only trace); where the device's
+timeline lies outside the host's; where copy calls have no copy records: the report's warning
+or note says why.
+
 ## Why it is slow
 `torch.zeros(n).to(device)` or `torch.randn(shape).cuda()` fills memory on the CPU, then
 pushes the bytes over PCIe from pageable memory: the host blocks in the copy, the device

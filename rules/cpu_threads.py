@@ -9,6 +9,12 @@ takes a core while it loads). The ops that split their work over the intra-op th
 least `min_share` (5%) of the step. Without a facts file the thread count is not in the
 trace, and the rule stays silent.
 
+## What it needs from the trace
+A run with no device activity and the facts file of `advisor profile`: the intra-op thread
+count, the CPU count, the world size and the DataLoader's workers. The trace does not record
+the thread count: without the facts file it says nothing. It is not run where the host's
+operators are missing (a device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 PyTorch runs each CPU op's inner loops on its intra-op thread pool (OpenMP or the native
 pool). With `torch.set_num_threads(1)`, `OMP_NUM_THREADS=1` in the environment (set by some

@@ -13,6 +13,15 @@ runs the autotuner's trials (a burst of `cudaEventSynchronize`/`cudaStreamSynchr
 may still pick them, and a window that starts after the first step never shows the tuning.
 The message says which of the two the finding rests on.
 
+## What it needs from the trace
+The device's convolution kernels inside the steps, and whether cuDNN's autotuner is off: the
+facts file's `cudnn_benchmark`, else positive evidence in the trace (its first convolutions
+after the device set-up, none running the autotuner's trials). Without either it says nothing.
+Static shapes are read from the convolution ops' input shapes (`record_shapes=True`); without
+them the finding says so. It is not run where the launches have no kernel records (the device's
+activity is missing); where the host's operators are missing (a device-only trace); where the
+device's timeline lies outside the host's: the report's warning or note says why.
+
 ## Why it is slow
 With `cudnn.benchmark = False` PyTorch asks cuDNN's heuristics for one algorithm per
 convolution; the heuristics often fall back to the generic algorithms above, which need no

@@ -17,6 +17,14 @@ that asked for it, and the causes are named with their fix:
 
 It fires when the avoidable copy time is at least `min_share` (0.5%) of the step.
 
+## What it needs from the trace
+Device activity (device-to-device copy records and copy kernels) and the host's operators,
+whose call tree names the cause of each copy. Without the host's operators it says nothing. It
+is not run where the launches have no kernel records (the device's activity is missing); where
+the host's operators are missing (a device-only trace); where the device's timeline lies
+outside the host's; where copy calls have no copy records: the report's warning or note says
+why.
+
 ## Why it is slow
 A device copy reads and writes every byte through device memory: at best half the memory
 bandwidth of the chip goes to moving data that already exists, and every copy is one more

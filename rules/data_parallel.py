@@ -9,6 +9,12 @@ It fires whenever the trace shows several devices (or the facts say DataParallel
 with a single device, where DataParallel only scatters the batch, when the estimated saving
 is at least `min_share` of the step (1% by default).
 
+## What it needs from the trace
+The `DataParallel.forward` spans or the backward nodes of its collectives in the trace, or
+`parallel.data_parallel` in the facts file. Without them it says nothing. It is not run where
+the launches have no kernel records (the device's activity is missing); where the host's
+operators are missing (a device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 `DataParallel` is one process driving all GPUs. Every step it scatters the batch from GPU 0,
 copies (broadcasts) all parameters and buffers to every other GPU, runs the replicas in

@@ -5,6 +5,15 @@ Time spent inside `enumerate(DataLoader)#*.__next__` (the DataLoader handing ove
 batch) that is a real share of the step (at least `min_share`, 5% by default), above all
 while the device has nothing to do.
 
+## What it needs from the trace
+`enumerate(DataLoader)#*.__next__` spans inside the steps. A loop that loads its data any other
+way records none, and the rule says nothing there. The DataLoader's settings (workers, pinning)
+and the CPU count come from the facts file where there is one. It is not run where the launches
+have no kernel records (the device's activity is missing); where the host's operators are
+missing (a device-only trace); where launched work waited with nothing recorded on the device;
+on a window whose every step holds first-call work (a single cold pass): the report's warning
+or note says why.
+
 ## Why it is slow
 With `num_workers=0` every batch is loaded, decoded and augmented in the training process
 itself, between two steps: the GPU sits idle until the batch is ready. Worker processes load

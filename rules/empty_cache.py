@@ -7,6 +7,13 @@ frame encloses, when the trace has stacks): the training loop hands the caching
 allocator's free blocks back to the driver. The `cudaMalloc` calls that follow in the same
 and the next step — getting the memory back — are counted with it.
 
+## What it needs from the trace
+`ProfilerStep` marks (a trace without them has no loop to judge) and the host's runtime calls:
+`cudaFree`/`cudaMalloc` inside the steps that no aten op made, on a run with device activity.
+Without marks, or on a CPU-only run, it says nothing. It is not run where the launches have no
+kernel records (the device's activity is missing); where the host's operators are missing (a
+device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 PyTorch keeps freed GPU memory in its cache so the next step can reuse it without asking
 the driver. `empty_cache()` gives the cached blocks back: `cudaFree` synchronizes the whole

@@ -17,6 +17,13 @@ It fires when the cost, spread over all the steps the run made, is at least `min
 of the window's step. Traces alone cannot show this (a profiling window rarely holds an epoch
 end): without a facts file the rule is silent.
 
+## What it needs from the trace
+The facts file of `advisor profile`: every step's time and wait for its batch, the DataLoader's
+settings and where each epoch began. The trace holds one window of steps and no epoch boundary:
+without the facts file it says nothing. It is not run where the launches have no kernel records
+(the device's activity is missing); where the host's operators are missing (a device-only
+trace): the report's warning or note says why.
+
 ## Why it is slow
 Worker start-up is paid once per epoch by every rank, and the device waits through all of
 it: hundreds of milliseconds to seconds with a large dataset object, heavy imports, or

@@ -13,6 +13,13 @@ Options: `min_gemm_share` (float, 0.25): the least share of the steps' kernel ti
 bf16/fp16 GEMM kernels; `min_share` (float, 0.03): the least saving, as a share of the step,
 worth a finding.
 
+## What it needs from the trace
+The device's kernel records on an NVIDIA GPU of compute capability 9.x or 10.x (from the
+trace's device properties, else the facts file, else kernel names at lower confidence), whose
+peak table has FP8. On any other device, or without kernels, it says nothing. It is not run
+where the launches have no kernel records (the device's activity is missing); where the host's
+operators are missing (a device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 Hopper and Blackwell Tensor Cores run FP8 matrix products at twice their bf16/fp16 rate
 (H100 SXM: 1,979 against 989 dense TFLOP/s; B200: 4,500 against 2,250), and FP8 operands move

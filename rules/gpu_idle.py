@@ -8,6 +8,15 @@ copies, host synchronisation, launch overhead, `zero_grad` memsets, a batch too 
 device) name the fix. When they fire, this finding keeps only what their fixes, replayed
 together, leave (and is dropped when that is under 1% of the step), and points at them.
 
+## What it needs from the trace
+The device's kernel, copy and memset records and at least `min_kernels_per_step` kernels per
+step; the host's operators and runtime calls say what the host did meanwhile. A CPU-only run,
+or a device listed but running nothing, gets nothing from it. It is not run where the launches
+have no kernel records (the device's activity is missing); where the host's operators are
+missing (a device-only trace); where the device's timeline lies outside the host's; where
+launched work waited with nothing recorded on the device; on a window whose every step holds
+first-call work (a single cold pass): the report's warning or note says why.
+
 ## Why it is slow
 Whatever the GPU does not do while it is idle has to be done later: idle time is step time
 that no faster kernel can win back. It comes from the host — loading data, copying from

@@ -5,6 +5,14 @@ Host→device copies of at least 256 KiB inside the steps whose time — as it w
 pinned memory, and only where no kernel runs alongside — is at least `min_share` of the step
 (3% by default), for tensors that are not already 1 or 2 bytes per element.
 
+## What it needs from the trace
+Device activity: the host→device copy records with their bytes. The copied tensor's element
+size comes from the copy op's input shapes (`record_shapes=True`); without them the element
+size is unknown and the finding says so. A run without such copies gets nothing from it. It is
+not run where the launches have no kernel records (the device's activity is missing); where the
+host's operators are missing (a device-only trace); where the device's timeline lies outside
+the host's; where copy calls have no copy records: the report's warning or note says why.
+
 ## Why it is slow
 The link between host and GPU (PCIe) is one to two orders of magnitude slower than GPU
 memory. Images decoded to `float32` on the host are four times the bytes of the `uint8`

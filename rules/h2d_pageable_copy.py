@@ -6,6 +6,13 @@ the source tensor lives in ordinary (pageable) memory. Copies smaller than `min_
 in all (1 MiB by default) are ignored, and the rule fires when the estimated saving is at
 least `min_share` of the step (0.2% by default).
 
+## What it needs from the trace
+The device's copy records labelled `Memcpy HtoD (Pageable -> Device)`, with their bytes. Traces
+whose copies carry no memory kind (older schemas) give it nothing to read, and it says nothing
+there. It is not run where the launches have no kernel records (the device's activity is
+missing); where the device's timeline lies outside the host's; where copy calls have no copy
+records: the report's warning or note says why.
+
 ## Why it is slow
 The GPU's copy engine can only read page-locked (pinned) memory. From pageable memory the
 driver first copies the data into a pinned staging buffer, chunk by chunk, and the copy runs

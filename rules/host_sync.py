@@ -10,6 +10,15 @@ the op that made it: `aten::item`/`aten::_local_scalar_dense` (`.item()`, `float
 explicit `torch.cuda.synchronize()`). It fires when the time they cost is at least
 `min_share` of the step (0.5% by default).
 
+## What it needs from the trace
+The host's runtime calls (synchronize calls, blocking device→host copies) inside the steps and
+the ops that made them, on a run with device activity. A sync that no op made is named as an
+explicit `torch.cuda.synchronize()`. It is not run where the launches have no kernel records
+(the device's activity is missing); where the host's operators are missing (a device-only
+trace); where the device's timeline lies outside the host's; where launched work waited with
+nothing recorded on the device; on a window whose every step holds first-call work (a single
+cold pass): the report's warning or note says why.
+
 ## Why it is slow
 CUDA work is asynchronous: the host normally queues kernels far ahead of the GPU. A sync
 empties that queue. While the host waits, it prepares nothing; when the wait ends, the GPU

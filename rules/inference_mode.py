@@ -9,6 +9,12 @@ goes up by one for every graph node autograd creates. Ops under `torch.inference
 nodes each and the time the fix saves is at least `min_share` (2%) of the step (the
 unprofiled step where the facts record one: the saving is unprofiled time).
 
+## What it needs from the trace
+A run with no device activity that does not train (no backward op or optimizer step in the
+trace; the facts file's `mode` decides where recorded), whose ops carry autograd's `Sequence
+number`. Without sequence numbers (older traces) it says nothing. It is not run where the
+host's operators are missing (a device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 With grad mode on, every op on a tensor that requires grad (the model's parameters do)
 goes through autograd's kernel first: it creates a graph node, saves the tensors the

@@ -9,6 +9,15 @@ them: idle gaps shorter than `max_gap_ms` (1 ms) that end with a kernel the host
 only after the device had gone idle. It fires when those gaps add up to at least
 `min_share` of the step (3% by default).
 
+## What it needs from the trace
+The device's kernel records and the runtime calls that launched them (linked by correlation
+id), with many short kernels per step. A CPU-only run, or a device listed but running nothing,
+gets nothing from it. It is not run where the launches have no kernel records (the device's
+activity is missing); where the host's operators are missing (a device-only trace); where the
+device's timeline lies outside the host's; where launched work waited with nothing recorded on
+the device; on a window whose every step holds first-call work (a single cold pass): the
+report's warning or note says why.
+
 ## Why it is slow
 Eager PyTorch launches every op's kernels from Python, one by one: each costs the host
 roughly 5–20 µs of dispatch and launch overhead. When the kernels themselves take only a

@@ -13,6 +13,13 @@ and `small-gemm`; cuDNN's and MIOpen's batch norms to the fusing findings
 (`unfused-elementwise`, `compile-graph-breaks`), which price them at the same bandwidth.
 A symptom: it is saved only what the other findings' fixes leave.
 
+## What it needs from the trace
+The roofline (`advisor report --ops`): the ops' input shapes and types (`record_shapes=True`)
+and the kernels they launched. Without input shapes the roofline is not available and it says
+nothing. It is not run where the launches have no kernel records (the device's activity is
+missing); where the host's operators are missing (a device-only trace): the report's warning or
+note says why.
+
 ## Why it is slow
 A memory-bound op can go no faster than its bytes over the memory's bandwidth; one far
 below that is not limited by the memory but by how it reads it: strided or transposed

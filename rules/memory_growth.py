@@ -6,6 +6,12 @@ Device memory allocated at the end of each step rises across the window: at leas
 `min_growth_mb` (16 MiB) over at least `min_steps` (3) steps. Only changes are used, so the
 rule works on traces whose `[memory]` events carry only allocation sizes, too.
 
+## What it needs from the trace
+`[memory]` events (`profile_memory=True`) over at least `min_steps` steps. Without them it says
+nothing. It is not run where the launches have no kernel records (the device's activity is
+missing); where the host's operators are missing (a device-only trace): the report's warning or
+note says why.
+
 ## Why it is slow
 A training step should end with the memory it started with. When it does not, something
 outside the step holds on to tensors of each step — most often `losses.append(loss)` or

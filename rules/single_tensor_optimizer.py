@@ -6,6 +6,13 @@
 for-loop implementation, one or more small elementwise kernels per parameter. It fires when
 the estimated saving is at least `min_share` of the step (0.3% by default: the fix is one argument).
 
+## What it needs from the trace
+Device activity and the `Optimizer.step#...` spans with the kernels launched inside them.
+Without optimizer spans (an update outside the window, or unnamed) it says nothing. It is not
+run where the launches have no kernel records (the device's activity is missing); where the
+host's operators are missing (a device-only trace); where the device's timeline lies outside
+the host's: the report's warning or note says why.
+
 ## Why it is slow
 For a model with N parameter tensors the per-tensor implementation launches several kernels
 for each of them every step (SGD with momentum: `mul_`, `add_`, `add_`). Each launch costs

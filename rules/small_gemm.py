@@ -7,6 +7,13 @@ count from the trace's device properties), and that reach less than `max_ceiling
 (25%) of the device's ceiling for their precision (metrics.roofline), while batching them
 would save at least `min_share` (1%) of the step.
 
+## What it needs from the trace
+The roofline: the GEMM ops' input shapes and types (`record_shapes=True`) and their kernels, on
+a device of the peak table (its multiprocessor count from the device properties, 108 when
+absent). Without input shapes it says nothing. It is not run where the launches have no kernel
+records (the device's activity is missing); where the host's operators are missing (a
+device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 A GEMM kernel gives each multiprocessor one output tile at a time. An output of 64×512 on a
 132-SM H100 keeps 4 of them busy and leaves the rest idle, whatever the precision, and a

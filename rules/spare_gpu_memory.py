@@ -5,6 +5,14 @@ Peak device memory is below `max_share` (25%) of the device's memory while the G
 less than `max_utilization` (80%) of the step, and the per-step overhead a larger batch would
 spread over more samples is at least `min_share` (3%) of the step.
 
+## What it needs from the trace
+The device's busy share (kernel records) and a peak memory: the facts file's, else the trace's
+`[memory]` events (`profile_memory=True`), with the device's memory. Without a peak it says
+nothing. It is not run where the launches have no kernel records (the device's activity is
+missing); where the host's operators are missing (a device-only trace); where the device's
+timeline lies outside the host's; on a window whose every step holds first-call work (a single
+cold pass): the report's warning or note says why.
+
 ## Why it is slow
 Part of every step costs the same whatever the batch size: launching each op's kernels,
 Python and dispatcher work between them, the optimizer step and `zero_grad`, gradient

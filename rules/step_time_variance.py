@@ -14,6 +14,15 @@ wait, or the slow steps (and no typical step) run a garbage collection (`gc`), s
 measurement's quality (another process on a busy machine, frequency scaling: see the metrics'
 step note), never a ranked fix.
 
+## What it needs from the trace
+At least `min_steps` steps, and a cause the trace shows for the slow ones (DataLoader wait, a
+garbage collection, an epoch's start, a checkpoint). Without a cause the spread is a note on
+the measurement, not a finding. It is not run where the launches have no kernel records (the
+device's activity is missing); where the host's operators are missing (a device-only trace);
+where the device's timeline lies outside the host's; where launched work waited with nothing
+recorded on the device; on a window whose every step holds first-call work (a single cold
+pass): the report's warning or note says why.
+
 ## Why it is slow
 A mean over a few steps is only a good picture of training when the steps are alike. A slow
 first step is warm-up (cuDNN autotuning, allocator growth, lazy initialisation, compilation)

@@ -11,6 +11,14 @@ DataLoader, more copies. It fires when the wait the named ranks cause is at leas
 `min_share` (a float, 0.02) of the job's step. It needs two ranks or more, each with
 collective kernels in its trace.
 
+## What it needs from the trace
+Two ranks' traces or more of one job, with collective kernels in their steps. A single trace,
+or ranks without collective kernels, gets nothing from it. It is not run where the launches
+have no kernel records (the device's activity is missing); where the host's operators are
+missing (a device-only trace); where the device's timeline lies outside the host's; where
+launched work waited with nothing recorded on the device; on a window whose every step holds
+first-call work (a single cold pass): the report's warning or note says why.
+
 ## Why it is slow
 A collective ends only when every rank has joined it, so a synchronous job runs at the pace of
 its slowest rank in every step: one rank with a slower GPU, a busier host, a DataLoader that

@@ -7,6 +7,12 @@ for TF32, 16 for fp8 and int8 (16 bytes in every case), read from the op's input
 (`record_shapes=True`) on the roofline (`advisor report --ops`), and whose padded time
 would save at least `min_share` (1%) of the step.
 
+## What it needs from the trace
+The roofline: the GEMM ops' input shapes and types (`record_shapes=True`) and their kernels, on
+a device with Tensor Cores. Without input shapes it says nothing. It is not run where the
+launches have no kernel records (the device's activity is missing); where the host's operators
+are missing (a device-only trace): the report's warning or note says why.
+
 ## Why it is slow
 cuBLAS and cuDNN feed the Tensor Cores 16-byte vectors along each matrix dimension. A
 dimension that is not a multiple of that width either falls back to slower kernels or runs

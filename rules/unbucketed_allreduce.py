@@ -13,6 +13,14 @@ for p in model.parameters():
 or of DistributedDataParallel with buckets set so small that each holds one gradient. It fires
 when the estimated saving is at least `min_share` (2%) of the step.
 
+## What it needs from the trace
+All-reduce calls in the profiled steps (`c10d::allreduce_`, or the
+`nccl:all_reduce`/`gloo:all_reduce` ranges of older traces) the message sizes come from their
+tensors' recorded shapes (`record_shapes=True`). Without all-reduce calls it says nothing. It
+is not run where the launches have no kernel records (the device's activity is missing); where
+the host's operators are missing (a device-only trace); where the device's timeline lies
+outside the host's: the report's warning or note says why.
+
 ## Why it is slow
 Every collective pays a fixed cost however small its message: a launch, a handshake between
 all ranks (each call waits for the slowest rank to arrive) and the protocol's latency, tens of

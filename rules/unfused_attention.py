@@ -18,6 +18,15 @@ Options: `min_share` (float, 0.02): the least saving, as a share of the step, wo
 `fused_peak_share` (float, 0.25): the share of the device's peak for the products' precision
 that a fused kernel is modelled to reach at best.
 
+## What it needs from the trace
+The host ops' nesting and input shapes and types (`record_shapes=True`), from which the
+attention's sizes come, and a device and dtype for which PyTorch has a fused kernel
+(FlashAttention or memory-efficient attention on an NVIDIA GPU of a known compute capability or
+an AMD GPU; the flash CPU kernel for fp32 and bf16 on a CPU run). Without input shapes it says
+nothing. It is not run where the launches have no kernel records (the device's activity is
+missing); where the host's operators are missing (a device-only trace): the report's warning or
+note says why.
+
 ## Why it is slow
 Unfused attention writes the L×S score matrix to memory, reads it back for the softmax, writes
 the probabilities and reads them again for the second product: per head, memory traffic that

@@ -6,6 +6,13 @@
 gradients are zeroed in place, one memset or fill kernel per parameter. It fires when the
 time this costs is at least `min_share` of the step (0.5% by default).
 
+## What it needs from the trace
+Device activity and the `zero_grad` spans (`Optimizer.zero_grad#...`, or an annotation named
+`zero_grad`) with the zeroing ops and kernels inside them. Without those spans it says nothing.
+It is not run where the launches have no kernel records (the device's activity is missing);
+where the host's operators are missing (a device-only trace); where the device's timeline lies
+outside the host's: the report's warning or note says why.
+
 ## Why it is slow
 Zeroing launches one small kernel per parameter — hundreds per step — and the backward pass
 then *adds* into the zeroed buffers (a read-modify-write) instead of writing them. With

@@ -210,3 +210,33 @@ def test_each_module_lives_where_its_job_is():
             elif isinstance(node, ast.ImportFrom) and node.module:
                 found.add(node.module)
         assert found & starts == set(), p
+
+
+def test_every_rule_page_says_what_it_needs_from_the_trace_and_what_it_says_without_it():
+    """Each rule's page (its module docstring) has a `## What it needs from the trace` section,
+    after what it detects: what the rule reads (kernels, copies, memory events, input shapes,
+    the facts file, marks) and what it says when that is missing. Where the analysis does not
+    run it on a trace missing a side (advisor.metrics.device_records, the cold window), the
+    section says so."""
+    from advisor.metrics.device_records import HOST_SIDE_RULES
+    from advisor.metrics.one_time import HOST_PACE_RULES
+
+    missing, silent, gating = [], [], []
+    for rule in builtin_rules():
+        doc = rule.doc
+        if "## What it needs from the trace" not in doc:
+            missing.append(rule.id)
+            continue
+        section = doc.split("## What it needs from the trace", 1)[1].split("\n## ", 1)[0]
+        text = " ".join(section.split())
+        if doc.index("## What it detects") > doc.index("## What it needs from the trace") or len(text) < 80:
+            missing.append(rule.id)
+        if not re.search(r"says nothing|gets nothing|is not run|not a finding|stays silent|makes it silent", text):
+            silent.append(rule.id)
+        if rule.id not in HOST_SIDE_RULES and "kernel records" not in text:
+            gating.append(f"{rule.id}: kernel records")
+        if rule.id in HOST_PACE_RULES and "first-call work" not in text:
+            gating.append(f"{rule.id}: cold window")
+    assert missing == [], f"rule pages without the section: {missing}"
+    assert silent == [], f"rule pages that do not say what the rule says when its input is missing: {silent}"
+    assert gating == [], f"rule pages silent on when the analysis does not run them: {gating}"

@@ -73,8 +73,11 @@ def _own_step_ms(f: Finding) -> float | None:
 
 def measured_step_ms(summary: RankWhatIf) -> float:
     """The measured step every share is taken of: the unprofiled steps' median where the run
-    recorded them, else the window's median (never the profiler-corrected replay)."""
-    return summary.unprofiled_ms if summary.unprofiled_ms is not None else summary.measured_ms
+    recorded them, else the window's median as measured, the headline's (with any one-time
+    work in it: never the projection without it, nor the profiler-corrected replay)."""
+    if summary.unprofiled_ms is not None:
+        return summary.unprofiled_ms
+    return summary.headline_ms if summary.headline_ms is not None else summary.measured_ms
 
 
 def critical_path_of_base(replay: RankReplay, change: Change) -> str:

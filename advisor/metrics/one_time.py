@@ -137,10 +137,16 @@ def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None
     cut_len = calls["excess"].to_numpy(np.int64)
     cut_at = calls["end"].to_numpy(np.int64) - cut_len
 
-    def moved(df: pd.DataFrame | None, cols: tuple[str, ...]) -> pd.DataFrame | None:
+    def moved(df: pd.DataFrame | None, cols: tuple[str, ...], keep_dur: bool = False) -> pd.DataFrame | None:
         if df is None or len(df) == 0:
             return df
         df = df.copy()
+        if keep_dur:
+            # device work is the device's own time: it moves with the cut, never shortens (a
+            # kernel that ran during a host stall keeps its duration)
+            df["ts"] = _shift(df["ts"].to_numpy(np.int64), cut_at, cut_len)
+            df["end"] = df["ts"].to_numpy(np.int64) + df["dur"].to_numpy(np.int64)
+            return df
         for c in cols:
             if c in df.columns:
                 df[c] = _shift(df[c].to_numpy(np.int64), cut_at, cut_len)
@@ -157,7 +163,7 @@ def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None
         frames,
         host=moved(frames.host, ("ts", "end")),
         runtime=moved(frames.runtime, ("ts", "end")),
-        device=moved(frames.device, ("ts", "end")),
+        device=moved(frames.device, ("ts", "end"), keep_dur=True),
         memory=moved(frames.memory, ("ts",)),
         steps=moved(frames.steps, ("start", "end")),
         syncs=moved(frames.syncs, ("ts", "end")),

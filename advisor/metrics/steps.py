@@ -11,6 +11,11 @@ step's has ended), the end of a step's last kernel is not that step's own time: 
 waited in a queue of work launched earlier. Such a step ends where the next step's device
 work begins, and the last step of the window ends as far behind its host end as it started
 behind its host start, not when the queue drains (the profiler's closing synchronisation).
+Where the host paces the steps (the last step's work is launched onto an idle device), no
+step lies outside the ProfilerStep marks: the first starts at its mark's start and the last
+ends at its mark's end, whatever its device work runs past it (the end of the recording
+draining the queue); where the device paces them (the last step's work queued behind earlier
+work), the steps lie on the device's timeline, behind the marks.
 A `ProfilerStep` range that runs past the end of the profiler's own span (`PyTorch
 Profiler (0)`, a marker left open: a 13 s step in a 355 ms recording) is clipped to the last
 recorded event, with a note; one that ends inside it is the step, however few of its events a
@@ -456,10 +461,45 @@ def clip_to_trace(frames: TraceFrames, host_steps: pd.DataFrame, notes: list[str
 
 
 TRAILING_SPAN = 1.5
+# A runtime call that issues device work (a launch or a copy; metrics.device_records names each)
+ISSUES_WORK = re.compile(r"Launch|Memcpy")
+TRAILING_NOTE_NS = 100_000  # a last step's device work this far past its mark is said in a note
+
+
+def host_paced_last(
+    launch_ts: np.ndarray, dev_ts: np.ndarray, dev_end: np.ndarray, owner: np.ndarray, dev_count: np.ndarray
+) -> bool:
+    """Whether the last step with device work launched it onto an idle device: no device
+    activity launched before the step's first launch (by another step, or before the steps)
+    was still running, or queued to run, when that launch was issued. Then the host paced the
+    step, and its end is its mark's: what its device work runs past the mark is the end of the
+    recording draining the queue (the closing synchronisation), not the step. Where earlier
+    work was still running, the device paces the steps and they lie on its timeline, behind
+    the marks."""
+    has = np.nonzero(dev_count > 0)[0]
+    if len(has) == 0:
+        return False
+    last = int(has[-1])
+    own = owner == last
+    if not own.any():
+        return False
+    first = int(launch_ts[own].min())
+    # work launched (or started) before that first launch and still running then or later:
+    # the step's work queued behind it
+    with np.errstate(invalid="ignore"):
+        earlier = ~own & ((launch_ts < first) | (dev_ts < first))
+    busy = earlier & (dev_end > first)
+    return not bool(busy.any())
 
 
 def own_device_end(
-    h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, dev_max: np.ndarray, dev_count: np.ndarray, notes: list[str] | None = None
+    h_start: np.ndarray,
+    h_end: np.ndarray,
+    dev_min: np.ndarray,
+    dev_max: np.ndarray,
+    dev_count: np.ndarray,
+    notes: list[str] | None = None,
+    paced_by_host: bool = False,
 ) -> np.ndarray:
     """Per step, where its own device work ends: the end of its last device activity, unless
     the device runs behind the host, where that end is a queue of earlier work draining.
@@ -467,7 +507,29 @@ def own_device_end(
     The device runs behind when some step's device work starts before the previous step's
     has ended. Then a step ends where the next step's device work starts, and the last step
     ends as far behind its host end as its device work started behind its host start.
+    Where the host paced the last step (`paced_by_host`: its work was launched onto an idle
+    device, see `host_paced_last`), the last step ends at its mark: no step lies outside the
+    marks, and no trailing synchronisation stretches the last one.
     """
+    out = _device_end(h_start, h_end, dev_min, dev_max, dev_count, None if paced_by_host else notes)
+    idx = np.nonzero(dev_count > 0)[0]
+    if paced_by_host and len(idx):
+        last = idx[-1]
+        if out[last] > h_end[last]:
+            if notes is not None and int(dev_max[last]) - int(h_end[last]) >= TRAILING_NOTE_NS:
+                notes.append(
+                    f"the last step's device work ran {(int(dev_max[last]) - int(h_end[last])) / 1e6:,.2f} ms past its ProfilerStep mark, "
+                    "launched onto an idle device (the host paced the step): that step ends at its mark, as no step is measured "
+                    "outside the marks (a step's time is never read from a queue the end of the recording drains)"
+                )
+            out[last] = h_end[last]
+    return out
+
+
+def _device_end(
+    h_start: np.ndarray, h_end: np.ndarray, dev_min: np.ndarray, dev_max: np.ndarray, dev_count: np.ndarray, notes: list[str] | None
+) -> np.ndarray:
+    """own_device_end before a host-paced last step is ended at its mark."""
     has = dev_count > 0
     out = np.where(has, dev_max, h_end)
     idx = np.nonzero(has)[0]
@@ -577,7 +639,15 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
     start = h_start.copy()
     end = h_end.copy()
     if use_device:
-        own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count, notes)
+        paced = False
+        if len(frames.steps):
+            # ProfilerStep marks: a step launched onto an idle device ends by its mark
+            paced = host_paced_last(lts, lk["ts"].to_numpy(np.int64), lk["end"].to_numpy(np.int64), owner, dev_count)
+        own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count, notes, paced_by_host=paced)
+        if paced:
+            # the host paces the steps: the window is the marks', from the first one's start
+            # (device work queued before it does not push it) to the last one's end
+            prev_end = int(h_start[0])
         for i in range(n):  # a step's start depends on the previous step's stretched end
             s = max(prev_end, int(h_start[i]))
             e = int(h_end[i])
@@ -591,6 +661,16 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
             keep = last + 1
             if last > 0 and dev_count[last - 1] * 0.8 > dev_count[last]:
                 keep = last
+            # on a device that ran no kernel (a CPU run that copied a batch once), steps after
+            # the last with device work miss it only where their host launched work whose
+            # records are absent: a step that launched nothing misses nothing and stays
+            if keep == last + 1 and last + 1 < n and not (frames.device["kind"].astype(str) == "kernel").any():
+                rt = frames.runtime
+                issues = name_matches(rt["name"], ISSUES_WORK)
+                lost = rt[issues & ~rt["correlation"].isin(lk["correlation"]).to_numpy()]
+                lost_step = step_of(h_start, h_end, lost["ts"].to_numpy(np.int64)) if len(lost) else np.zeros(0, dtype=np.int64)
+                if not (lost_step > last).any():
+                    keep = n
             if keep < n:
                 notes.append(
                     f"dropped the last {n - keep} step(s): the profiler did not capture all of their device work"

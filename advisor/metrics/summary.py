@@ -369,6 +369,48 @@ def idle_device_note(frames: TraceFrames, name: str | None) -> str | None:
     return f"{name} {IDLE_DEVICE_NOTE}: every op ran on the CPU, and the run is read as a CPU run"
 
 
+NO_KERNEL_NOTE = "ran no kernel"
+COMPUTE_OP = re.compile(r"^aten::(?:\w*conv\w*|mm|addmm|bmm|baddbmm|matmul|linear)$")
+
+
+def kernelless_device_note(frames: TraceFrames, name: str | None) -> str | None:
+    """The trace lists a device whose only records are copies or memsets, with no kernel and no
+    kernel launch (a CPU run that moved a batch to the GPU and computed on the CPU): said so,
+    with the convolutions and matrix products the host ran itself. Launches without kernel
+    records are the device's records missing (advisor.metrics.device_records), not this."""
+    dev = frames.device
+    if not name or len(frames.device_properties) == 0 or len(dev) == 0:
+        return None
+    if (dev["kind"].astype(str) == "kernel").any():
+        return None
+    if len(frames.runtime) and name_matches(frames.runtime["name"], LAUNCH_CALL).any():
+        return None
+    kinds = dev["kind"].astype(str)
+    n_copy, n_set = int((kinds == "memcpy").sum()), int((kinds == "memset").sum())
+    what = " and ".join(x for x in (f"{n_copy} cop{'y' if n_copy == 1 else 'ies'}" if n_copy else "", f"{n_set} memset{'s' if n_set != 1 else ''}" if n_set else "") if x)
+    ms = float((dev["end"] - dev["ts"]).sum()) / NS_PER_MS
+    note = f"{name} {NO_KERNEL_NOTE}: its only records are {what or 'device records of no kernel'} ({ms:,.2f} ms in all)"
+    host = frames.host
+    if len(host):
+        ops = host[(host["kind"].astype(str) == "op").to_numpy() & name_matches(host["name"], COMPUTE_OP)]
+        if len(ops):
+            counts = ops["name"].astype(str).value_counts()
+            convs = bool(counts.index.str.contains("conv").any())
+            products = bool((~counts.index.str.contains("conv")).any())
+            what = " and ".join(w for w, has in (("convolutions", convs), ("matrix products", products)) if has)
+            note += f"; its {what} ran on the CPU ({', '.join(counts.index[:3])})"
+    return note + ": the device was idle for the compute"
+
+
+def device_ran_no_kernel(metrics: Metrics) -> str:
+    """Where the rank's listed device ran copies or memsets only (its note is among the rank's
+    notes), the words the reports put after its name; else ""."""
+    note = next((n for n in metrics.notes if f" {NO_KERNEL_NOTE}: its only records are" in n), None)
+    if note is None:
+        return ""
+    return " (listed; ran no kernel, copies only" + (": the compute ran on the CPU)" if "ran on the CPU" in note else ")")
+
+
 def device_idle(metrics: Metrics) -> bool:
     """Whether the rank's listed device ran nothing (its note is among the rank's notes)."""
     return any(IDLE_DEVICE_NOTE in n for n in metrics.notes)
@@ -413,7 +455,7 @@ def compute_metrics(frames: TraceFrames, rank: int = 0, facts: dict[str, Any] | 
     breakdown = step_breakdown(frames, steps)
     util = _utilization(frames, steps)
     device = _device_info(frames)
-    idle = idle_device_note(frames, device.name)
+    idle = idle_device_note(frames, device.name) or kernelless_device_note(frames, device.name)
     if idle:
         notes.append(idle)
     recorded = typed_facts(facts)

@@ -25,7 +25,7 @@ from advisor.version import __version__
 from advisor.analysis import Analysis
 from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES, sorted_text_codes
-from advisor.metrics.summary import Metrics, device_idle
+from advisor.metrics.summary import Metrics, device_idle, device_ran_no_kernel
 from advisor.render import svg
 from advisor.render.demangle import demangle
 from advisor.render.fmt import esc, finding_rank, fmt_bytes, ms, order_note, pct, rate, saved_text, saving_note, short_value, throughput
@@ -103,7 +103,7 @@ def _header(a: Analysis) -> str:
     if dev.name:
         device = f"{dev.name}" + (f", compute capability {dev.compute_capability}" if dev.compute_capability else "")
         device += f", {fmt_bytes(dev.total_memory_bytes)}" if dev.total_memory_bytes else ""
-        device += " (listed; ran nothing: read as a CPU run)" if device_idle(m) else ""
+        device += " (listed; ran nothing: read as a CPU run)" if device_idle(m) else device_ran_no_kernel(m)
     elif not m.has_device:
         device = "CPU only (no device activity in the trace)"
     else:
@@ -177,7 +177,7 @@ def _verdict(a: Analysis) -> str:
     if projected is not None and projected["step_time_ms"]["mean"] is not None:
         answer += (
             f" Without the one-time work (see the notes): {projected['step_time_ms']['mean']:.2f} ms per step, a projection, "
-            "not a measurement; the replay and the savings are figured on it."
+            "not a measurement; the replay and the savings (ms per step) are figured on it, their shares are of the measured step."
         )
     replayed = a.headline()
     if replayed is not None and replayed.all_fixes_ms is not None and replayed.fixes:

@@ -12,7 +12,7 @@ from advisor.analysis import Analysis
 from advisor.engine import Finding
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
-from advisor.metrics.summary import device_idle
+from advisor.metrics.summary import device_idle, device_ran_no_kernel
 from advisor.render.fmt import (
     esc,
     finding_rank,
@@ -53,7 +53,7 @@ def _headline(a: Analysis) -> list[str]:
     out = [f"### advisor: {md(a.run.name)} — {step}{could}", ""]
     facts = []
     if m.device.name:
-        facts.append(f"**{md(m.device.name)}**" + (" (listed; ran nothing: read as a CPU run)" if device_idle(m) else ""))
+        facts.append(f"**{md(m.device.name)}**" + (" (listed; ran nothing: read as a CPU run)" if device_idle(m) else device_ran_no_kernel(m)))
     elif not m.has_device:
         facts.append("**CPU only**")
     if len(a.ranks) > 1:
@@ -61,7 +61,7 @@ def _headline(a: Analysis) -> list[str]:
     if st["mean"] is not None:
         facts.append(f"{s['steps']} steps: mean {st['mean']:.2f} ms (median {st['median']:.2f}, p90 {st['p90']:.2f})")
     if s["projected"] is not None and s["projected"]["step_time_ms"]["mean"] is not None:
-        facts.append(f"{s['projected']['step_time_ms']['mean']:.2f} ms/step without one-time work (a projection: the replay and savings are of it)")
+        facts.append(f"{s['projected']['step_time_ms']['mean']:.2f} ms/step without one-time work (a projection: the replay and savings in ms are of it, their shares of the measured step)")
     if replayed is not None:
         facts.append(f"replayed {replayed.baseline_ms:.2f} ms")
     tp = throughput(a)

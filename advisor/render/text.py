@@ -19,7 +19,7 @@ from rich.text import Text
 from advisor.analysis import Analysis
 from advisor.metrics.breakdown import CATEGORIES
 from advisor.metrics.kernels import top_kernels
-from advisor.metrics.summary import device_idle
+from advisor.metrics.summary import device_idle, device_ran_no_kernel
 from advisor.render.console import is_unwrapped
 from advisor.render.demangle import demangle
 from advisor.render.fmt import batch_size, finding_rank, fmt_bytes, order_note, pct, ranks_line, rate, saving_note, short_value, step_time_text, throughput
@@ -56,7 +56,7 @@ def projection_text(projected: dict) -> str:
     busy = f", device busy {pct(projected['gpu_utilization'])}" if projected["gpu_utilization"] is not None else ""
     return (
         f"{projected['step_time_ms']['mean']:.2f} ms mean step without the one-time work (see the note){busy}: a projection, "
-        "not a measurement; the replay, the findings and their savings are figured on it"
+        "not a measurement; the replay and the findings' savings (ms per step) are figured on it, their shares are of the measured step"
     )
 
 
@@ -88,7 +88,7 @@ def _overview(a: Analysis, console: Console) -> Group:
         cc = f", compute capability {dev.compute_capability}" if dev.compute_capability else ""
         cc += " (MTIA accelerator)" if dev.vendor == "mtia" else ""
         mem = f", {fmt_bytes(dev.total_memory_bytes)}" if dev.total_memory_bytes else ""
-        idle = " (listed; ran nothing: read as a CPU run)" if device_idle(m) else ""
+        idle = " (listed; ran nothing: read as a CPU run)" if device_idle(m) else device_ran_no_kernel(m)
         head.add_row("Device", Text(one_line(f"{dev.name}{cc}{mem}{idle}")))
     elif not m.has_device:
         head.add_row("Device", Text("CPU only (no device activity in the trace)"))

@@ -106,6 +106,7 @@ class StepGraph:
     step_end: np.ndarray
     step_host_start: np.ndarray
     n_streams: int
+    step_marks: bool = False  # the steps are the user's ProfilerStep marks (metrics.steps ends a host-paced last step by its mark)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}  # no replay caches
@@ -167,7 +168,7 @@ def _anchors(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return anchor, serial, gap, lo
 
 
-def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
+def build_graph(frames: TraceFrames, steps: pd.DataFrame, step_marks: bool | None = None) -> StepGraph:
     """The replayable graph of a rank, for the steps of `metrics.steps` (see module docstring)."""
     nodes = _host_nodes(frames, steps)
     h_ts = nodes["ts"].to_numpy(np.int64)
@@ -332,6 +333,7 @@ def build_graph(frames: TraceFrames, steps: pd.DataFrame) -> StepGraph:
         step_end=steps["end"].to_numpy(np.int64),
         step_host_start=hs,
         n_streams=n_streams,
+        step_marks=bool(len(frames.steps)) if step_marks is None else step_marks,
     )
 
 

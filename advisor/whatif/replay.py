@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from advisor.metrics.intervals import merge, overlap_with
-from advisor.metrics.steps import own_device_end
+from advisor.metrics.steps import host_paced_last, own_device_end
 from advisor.whatif.graph import CALL, HELD_NS, MARK_END, MARK_START, StepGraph
 
 
@@ -650,11 +650,14 @@ def _step_bounds(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np
         np.minimum.at(dev_min, g.d_step[own], np.round(d_start[own]).astype(np.int64))
         np.maximum.at(dev_max, g.d_step[own], np.round(d_end[own]).astype(np.int64))
         np.add.at(count, g.d_step[own], 1)
-    own_end = own_device_end(hs, he, dev_min, dev_max, count)
+    paced = False
+    if g.step_marks and own.any():
+        paced = host_paced_last(np.round(start[g.d_launch]).astype(np.int64), np.round(d_start).astype(np.int64), np.round(d_end).astype(np.int64), g.d_step, count)
+    own_end = own_device_end(hs, he, dev_min, dev_max, count, paced_by_host=paced)
     starts = np.zeros(n, dtype=np.int64)
     ends = np.zeros(n, dtype=np.int64)
     prev = hs[0]
-    if g.d_before_first_step.any():
+    if g.d_before_first_step.any() and not paced:  # host-paced: the window is the marks' (metrics.steps)
         prev = max(prev, int(np.round(d_end[g.d_before_first_step].max())))
     for i in range(n):
         s = max(prev, hs[i]) if i else prev

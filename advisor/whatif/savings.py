@@ -51,6 +51,10 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
     # "median", or "mean" where slow steps recur (see `recurring_slow_steps`): throughput is
     # the mean step, and a cost that hits a share of the steps is a cost per step on average.
     statistic: Literal["median", "mean"]
+    # Where one-time work was taken out of the steps (the replay stands on that projection):
+    # the window's step as measured, with it (the same statistic), which the headline states
+    # and every saving's share is taken of; None where nothing was taken out.
+    headline_ms: NonNegative | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The replay as the JSON report writes it."""
@@ -613,9 +617,15 @@ class RankReplay:
         if self.scale_range is not None:
             scales = [round(x, 4) for x in self.scale_range]
             ranged = [round(self._of(replay_graph(self.graph, Change(host_scale=x))), 3) for x in self.scale_range]
+        headline = None
+        if getattr(self.metrics, "measured", None) is not None:
+            h = np.asarray(self.metrics.headline_step_ms, dtype=np.float64)
+            if len(h):
+                headline = float(np.mean(h) if self.statistic == "mean" else np.median(h))
         return RankWhatIf(
             self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled,
             all_fixes_ms=None, scale_range=scales, baseline_range_ms=ranged, fixes=[], savings={}, statistic=self.statistic,
+            headline_ms=headline,
         )
 
 
@@ -670,7 +680,9 @@ def sampled_graph(frames, steps) -> tuple[StepGraph, tuple[np.ndarray, np.ndarra
     dev_in = (dev_ts >= lo) & (dev_ts <= hi)
     rt_rows, dev_rows = np.nonzero(rt_in)[0], np.nonzero(dev_in)[0]
     part = _Part(frames.runtime.iloc[rt_rows].reset_index(drop=True), frames.device.iloc[dev_rows].reset_index(drop=True))
-    g = build_graph(part, sub)  # type: ignore[arg-type]
+    # the block's last step is the run's last (ended by its mark where the host paced it) only at the run's end
+    marks = bool(len(frames.steps)) and block.stop == len(steps)
+    g = build_graph(part, sub, step_marks=marks)  # type: ignore[arg-type]
     if len(rt_rows):  # a CPU run's block has no runtime calls to name
         g.runtime_row = np.where(g.runtime_row >= 0, rt_rows[np.maximum(g.runtime_row, 0)], -1)
     if len(dev_rows):
