@@ -6,8 +6,9 @@ Content-Security-Policy allows nothing but that one stylesheet and that one scri
 no request leaves the page, and even a string that escaped escaping could not run. Every
 string from a trace goes through `esc`.
 
-It stays one module of about 670 lines: one page, one short function per section (header,
-verdict, findings, breakdown, timeline, memory, kernels, ops, roofline, ranks) over the same
+It stays one module of about 750 lines: one page, one short function per section (header,
+verdict, findings, breakdown, timeline, memory, copy bandwidth, kernels, ops, roofline, ranks
+and their collectives) over the same
 few helpers (`page`, `tile`, `sortable_table`, `esc`); the charts are `advisor.render.svg`.
 """
 
