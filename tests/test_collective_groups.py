@@ -156,3 +156,22 @@ def test_the_rule_counts_each_group_with_its_own_size(tmp_path):
         assert by[(group, "all_reduce")]["group_size"] == n
         assert by[(group, "all_reduce")]["busbw_gbps"] == pytest.approx(bus, rel=1e-3, abs=1e-3)
     assert link["ranks"] == 8
+
+
+@pytest.mark.parametrize(
+    ("device", "link"),
+    [
+        # deviceProperties names as the traces in ../shared write them
+        ("Tesla V100-SXM2-32GB", "NVLink 2"),
+        ("NVIDIA GeForce RTX 4090", "PCIe gen4 x16"),
+        ("NVIDIA A100-PG509-200", None),  # an A100 module whose name says neither SXM nor PCIe: not an A10
+        ("NVIDIA A10", "PCIe gen4 x16"),
+        ("NVIDIA L40S", "PCIe gen4 x16"),
+        ("Tesla T4", "PCIe gen3 x16"),
+        ("NVIDIA H100 80GB HBM3", "NVLink 4"),
+    ],
+)
+def test_a_device_name_names_its_link_by_whole_model_names(device, link):
+    from advisor.metrics.links import device_link
+
+    assert device_link(device) == link

@@ -20,6 +20,7 @@ slower). Anything else is unknown, and said so.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 LINK_GBPS: dict[str, float] = {
@@ -70,7 +71,8 @@ def device_link(device_name: str | None) -> str | None:
         return None
     words = device_name.lower()
     for needles, link in DEVICE_LINKS:
-        if all(n in words for n in needles):
+        # a needle is a whole word or model number: "a10" is not the start of "a100", nor "l4" of "l40"
+        if all(re.search(rf"(?<![a-z0-9]){re.escape(n)}" + ("(?![0-9])" if n[-1].isdigit() else ""), words) for n in needles):
             return link
     return None
 

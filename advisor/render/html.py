@@ -6,8 +6,9 @@ Content-Security-Policy allows nothing but that one stylesheet and that one scri
 no request leaves the page, and even a string that escaped escaping could not run. Every
 string from a trace goes through `esc`.
 
-It stays one module of about 670 lines: one page, one short function per section (header,
-verdict, findings, breakdown, timeline, memory, kernels, ops, roofline, ranks) over the same
+It stays one module of about 750 lines: one page, one short function per section (header,
+verdict, findings, breakdown, timeline, memory, copy bandwidth, kernels, ops, roofline, ranks
+and their collectives) over the same
 few helpers (`page`, `tile`, `sortable_table`, `esc`); the charts are `advisor.render.svg`.
 """
 
@@ -668,7 +669,7 @@ def _collective_lanes(a: Analysis) -> str:
     steps = pd.DataFrame({"start": lanes_of.slot_start, "end": lanes_of.slot_start + lanes_of.slot, "name": [f"step {s}" for s in lanes_of.steps],
                           "cls": "annotation", "count": 1, "total": lanes_of.slot})
     lanes = [Lane("steps", "steps", steps)]
-    for rank, spans, durations in zip(lanes_of.ranks, lanes_of.spans, lanes_of.step_ns, strict=True):
+    for rank, spans in zip(lanes_of.ranks, lanes_of.spans, strict=True):
         t = pd.DataFrame({"start": spans[:, 0], "end": spans[:, 1], "name": "collective", "cls": "communication", "count": 1,
                           "total": spans[:, 1] - spans[:, 0]})
         total = float((spans[:, 1] - spans[:, 0]).sum()) / 1e6
