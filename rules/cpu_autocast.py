@@ -91,6 +91,18 @@ recordings measured 0.4 to 0.9 of them; the inference pair in
 `tests/data/cpu_inference_grad/runs`, `batch256` → `batch256_bf16`, measured 1.17 ms against
 1.50 promised), so they read "up to".
 
+On AdvisorBench's 2-core Xeon (avx512_bf16, amx_bf16) autocast alone does speed the small CNN
+inference loops: `inference_threads` (batch 8, one thread, grad mode on) against the same script
+under bf16 autocast, fresh processes alternated 8 times, went from 1.83 to 1.37 ms a step
+(median of the paired savings 0.60 ms, 32.6%; load average 7.3 to 8.5, paired savings -0.06 to
+18.7 ms), where the rule promised 13.4% (`benchmarks/results/advisorbench_cpu.txt`). Interleaved
+in one process on one thread, autocast took the grad-mode forward from 1.90 to 1.31 ms (lower
+quartiles of 300 passes) and the `inference_mode` forward from 1.28 to 1.07 ms: with grad mode on
+part of its gain is the halved activations the graph keeps alive (`inference-mode` counts that
+memory). The estimate stays an "up to" figure below what these pairs measured; no pair has
+checked it within ±30%, so a fix whose model measured pairs confirm ranks above it unless it
+saves over twice as much (`advisor.engine.ranking.UNCHECKED_MARGIN`).
+
 Reference: https://pytorch.org/docs/stable/amp.html#cpu-op-specific-behavior
 """
 

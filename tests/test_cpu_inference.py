@@ -33,6 +33,29 @@ def found(a, rule=RULE):
     return next((f for f in [*a.findings, *a.considered] if f.rule == rule), None)
 
 
+def held_mb_from_raw(run) -> float:
+    """MB the graph holds per step, from the trace file's own events: per ProfilerStep span, the
+    rise of the CPU allocator's `Total Allocated` over its level before the step's first
+    `[memory]` event, less the step's two largest allocations; the mean over the steps."""
+    import gzip
+
+    trace = orjson.loads(gzip.decompress(next(run.glob("*.pt.trace.json.gz")).read_bytes()))
+    events = trace["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    mem = sorted((e["ts"], e["args"]["Bytes"], e["args"]["Total Allocated"]) for e in events
+                 if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
+    held = []
+    for lo, hi in steps:
+        inside = [m for m in mem if lo <= m[0] < hi]
+        if not inside:
+            continue
+        base = inside[0][2] - inside[0][1]
+        peak = max(m[2] for m in inside)
+        top2 = sum(sorted(m[1] for m in inside if m[1] > 0)[-2:])
+        held.append(max(peak - base - top2, 0))
+    return sum(held) / len(held) / 1e6
+
+
 def host_of(run):
     from advisor.metrics.events import rank_events
 
@@ -62,8 +85,13 @@ def test_inference_mode_fires_on_the_grad_mode_run_and_speaks_of_latency():
     assert "torch.inference_mode()" in f.message and "latency" in f.message and "throughput" in f.message
     assert "with torch.inference_mode():" in f.fix.snippet
     assert not any("learning rate" in (x.message + x.fix.text).lower() for x in a.findings)
-    # The replayed saving is the nodes' bookkeeping at the rule's cost per node, unprofiled.
-    assert abs(f.saving_alone_ms - NODES_PER_PASS * 2.0 / 1e3) < 0.1 * NODES_PER_PASS * 2.0 / 1e3
+    # The replayed saving is the nodes' bookkeeping at the rule's cost per node and the memory the
+    # graph holds at its cost per MB (held MB derived here from the trace's raw memory events).
+    held = held_mb_from_raw(GRAD)
+    assert 0.1 < held < 0.4  # 8 blocks' activations of 8 x 256 floats (8 KiB each), a few per block
+    assert abs(f.evidence["held_mb_per_step"] - held) < 0.002
+    expected = NODES_PER_PASS * 2.0 / 1e3 + held * 100.0 / 1e3
+    assert abs(f.saving_alone_ms - expected) < 0.1 * expected
 
 
 def test_the_saving_follows_the_cost_per_node_and_adds_to_the_thread_advice():
@@ -192,3 +220,78 @@ def test_cpu_autocast_on_a_training_run_counts_the_backward_products():
     forward = ev["calls_per_step"] - ev["backward_calls_per_step"]
     assert forward > 0 and ev["backward_calls_per_step"] == 2 * forward
     assert {"aten::mm", "aten::linear"} <= set(ev["fp32_matrix_ops"])
+
+
+# --- AdvisorBench's inference workloads (benchmarks/advisorbench/workloads) ---------------------
+# Recorded with `advisor profile --full` on the 2-core Xeon (avx512_bf16, amx_bf16) while other
+# work kept about 1.8 of its cores busy: their step times are inflated (noisy windows), their
+# counts (nodes, allocations, layer calls) are the scripts' own.
+BENCH_RUNS = REPO / "tests" / "data" / "advisorbench_cpu"
+CNN_GRAD = BENCH_RUNS / "inference_threads"  # the 4-conv CNN, batch 8, one thread, grad mode on
+TR_GRAD, TR_FIXED = BENCH_RUNS / "transformer_inference", BENCH_RUNS / "transformer_inference_fixed"
+# Bytes the CNN's graph saves for a backward at batch 8 (by hand): each conv's output (for its
+# batch norm) and each ReLU's output (for itself and the next conv): 2 x 8x16x32x32 floats,
+# 2 x 8x32x16x16 twice over (conv2, conv3), 2 x 8x64x8x8; the batch norms' outputs are freed.
+CNN_SAVED = 4 * 8 * (2 * 16 * 32 * 32 + 2 * 2 * 32 * 16 * 16 + 2 * 64 * 8 * 8)
+CNN_LARGEST = 2 * 4 * 8 * 16 * 32 * 32  # the two largest allocations: two 8x16x32x32 outputs
+
+
+def inference_mode_of(run):
+    a = analyze(run, select=[RULE], config=Config(rule_options={RULE: {"min_share": 0.0}}))
+    return found(a)
+
+
+def test_the_cnn_graph_holds_its_saved_activations_and_the_promise_counts_them():
+    f = inference_mode_of(CNN_GRAD)
+    assert f is not None
+    # 4 x (conv, batch norm, ReLU), the pooling's mean, the flatten's view, the head's t and addmm
+    assert f.evidence["graph_nodes_per_step"] == 16
+    held = held_mb_from_raw(CNN_GRAD)
+    assert abs(f.evidence["held_mb_per_step"] - held) < 0.002
+    # at the step's peak the saved tensors are alive and at most one batch-norm output (8x16x32x32) beside them
+    low, high = (CNN_SAVED - CNN_LARGEST) / 1e6, (CNN_SAVED + 4 * 8 * 16 * 32 * 32 - CNN_LARGEST) / 1e6 + 0.01
+    assert low <= held <= high, (low, held, high)
+    assert f.evidence["fast_path_layers_per_step"] == 0
+    expected = 16 * 2.0 / 1e3 + held * 100.0 / 1e3
+    assert abs(f.evidence["estimate_ms"] - expected) < 0.01 * expected
+    # The old promise (the nodes alone, 0.03 ms) was 2.7% of the 1.2 ms unprofiled step this
+    # workload measured on the idle machine (benchmarks/results/advisorbench_cpu.txt) and under
+    # the 18% that `inference_mode` gained on the same CNN at two threads (0.9 -> 0.7 ms): the
+    # held memory is most of the saving.
+    assert f.evidence["held_ms"] > 3 * f.evidence["graph_ms"]
+    assert "MB of activations" in f.message
+
+
+def test_the_transformer_layers_take_the_fused_path_only_with_grad_off():
+    grad, fixed = host_of(TR_GRAD), host_of(TR_FIXED)
+    fused = "aten::_transformer_encoder_layer_fwd"
+    assert (grad["name"].astype(str) == fused).sum() == 0
+    # under inference_mode: one fused call per layer per step, 4 layers (nn.TransformerEncoder(num_layers=4))
+    calls = fixed[fixed["name"].astype(str) == fused]
+    assert len(calls) == 4 * len(rank_steps(TR_FIXED))
+    f = inference_mode_of(TR_GRAD)
+    assert f is not None and f.evidence["fast_path_layers_per_step"] == 4
+    # the fused part is window time inside the 4 layers' spans (raw events) not covered by their products and norms
+    layers = layer_ms_from_raw(TR_GRAD)
+    assert 0 < f.evidence["fast_path_window_ms"] < layers
+    assert f.evidence["fast_path_ms"] > f.evidence["graph_ms"] + f.evidence["held_ms"]
+    assert abs(f.evidence["held_mb_per_step"] - held_mb_from_raw(TR_GRAD)) < 0.002
+    assert "fused inference path" in f.message
+
+
+def rank_steps(run):
+    from advisor.metrics.events import rank_events
+
+    return rank_events(analyze(run).with_primary_frames().primary).steps
+
+
+def layer_ms_from_raw(run) -> float:
+    """ms per step in `nn.Module: TransformerEncoderLayer_*` spans, from the trace file's own events."""
+    import gzip
+
+    trace = orjson.loads(gzip.decompress(next(run.glob("*.pt.trace.json.gz")).read_bytes()))
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    layers = [e for e in events if re.match(r"nn\.Module: TransformerEncoderLayer_\d+$", str(e.get("name", "")))]
+    inside = [e for e in layers if any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
+    return sum(e["dur"] for e in inside) / len(steps) / 1e3

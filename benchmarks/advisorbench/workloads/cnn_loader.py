@@ -1,4 +1,6 @@
-"""CNN training whose per-sample augmentation runs in the training process (num_workers=0)."""
+"""CNN training whose per-sample reads and augmentation run in the training process (num_workers=0)."""
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -7,9 +9,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from _bench import StepTimer, parse_args
 
+READ_S = 0.0002  # latency of one sample's read from storage
+
 
 class AugmentedImages(Dataset):
-    """Synthetic 3x32x32 images with a random crop, flip, blur and normalisation per sample."""
+    """Synthetic 3x32x32 images, each read from storage (0.2 ms a file), with a random crop, flip,
+    blur and normalisation per sample."""
 
     def __init__(self, count: int = 2048) -> None:
         generator = torch.Generator().manual_seed(0)
@@ -21,6 +26,7 @@ class AugmentedImages(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int):
+        time.sleep(READ_S)  # the image file's read: a small file on a network filesystem
         image = self.images[index]
         top, left = torch.randint(0, 4, (2,)).tolist()
         image = image[:, top : top + 32, left : left + 32]
