@@ -5,7 +5,8 @@ the host-sync metric and the one-time work taken out of a window.
 The labels below were written from the raw events of each trace (the runtime calls' names and
 categories as recorded, read with json), before the stages were run on them: which calls can make
 the host wait (a synchronize, a copy, a free) and which cannot (a launch, an enqueued memset, an
-event query or a device-side wait on an event).
+event query or a device-side wait on an event); and which copies did wait (their call returned
+only after their copy on the device ended).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ LABELS = {
     "misc/a100_nccl.json.gz": ({"cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"}, {"cudaEventSynchronize", "cudaDeviceSynchronize"},
                                {"cudaStreamWaitEvent", "cudaEventQuery", "cudaMemsetAsync", "cudaLaunchKernel", "cudaEventRecord"}),
 }  # fmt: skip
+# Copy calls of the median step that returned only after their copy on the device ended (raw events,
+# by correlation id): a100_nccl's cudaMemcpyAsync are device-to-device copies of which 959 of 960
+# return in ~9 µs, before their copy ends; ROCm's hipMemcpyWithStream returns after its copy
+# (311.5 µs against 289.6 µs, 930.9 against 923.7).
+BLOCKING_COPIES_DRAWN = {"misc/mtia_inference.json.gz": 0, "misc/amd_mi250_minitoy.json.gz": 2, "misc/a100_nccl.json.gz": 1}
 
 
 def _metrics(rel: str):
@@ -56,13 +62,14 @@ def test_every_stage_takes_the_same_calls_as_host_waits(rel):
     events = rank_events(m)
     rows = wait_calls_in(events, [frames.window[0]], [frames.window[1]])
     assert set(events.runtime["name"].astype(str).to_numpy()[rows]) == waits
-    # the drawn step's "Sync (host waits)" lane: the waits recorded in that step, no other call
+    # the drawn step's "Sync (host waits)" lane: the calls of the step in which the host did wait,
+    # every synchronize and only the copies that returned after their own copy ended
     st = step_timeline(m)
     lo, hi = (int(v) for v in m.steps.iloc[[m.steps["duration"].sub(m.steps["duration"].median()).abs().argmin()]][["start", "end"]].iloc[0])
     in_step = frames.runtime[(frames.runtime["ts"] >= lo) & (frames.runtime["end"] <= hi)]
-    expected_lane = set(in_step["name"].astype(str)) & waits
-    lane = {n for ln in st.lanes if ln.label.startswith("Sync") for n in ln.spans["name"].astype(str)}
-    assert expected_lane and lane == expected_lane, (lane, expected_lane)
+    drawn = Counter(n for ln in st.lanes if ln.label.startswith("Sync") for n in ln.spans["name"].astype(str))
+    assert set(in_step["name"].astype(str)) & syncs <= set(drawn) <= waits, (drawn, rel)
+    assert sum(drawn[n] for n in waits - syncs) == BLOCKING_COPIES_DRAWN[rel], drawn
     # the host-sync metric: synchronize calls (and copies to the host that blocked), never a call
     # that cannot wait
     named = {n for n in sync_calls(timeline(m, None))["name"] if not n.startswith("blocking copy")}

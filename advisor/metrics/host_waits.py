@@ -13,11 +13,14 @@ allocator metrics (advisor.metrics.host_device), and through them the rules.
   an asynchronous one waits where the host memory is pageable (the host stages the bytes).
 - FREE_CALL, a free: cudaFree/hipFree synchronise the device before they return.
 
-Whether a call did wait, and for how long, is the trace's to say: the replay tests each call's
-duration against the device work it returned with; the host-sync metric keeps the
-synchronizations and the copies to the host that returned only after their copy was done
-(a pageable copy to the device and its own stream sync are `h2d-pageable-copy`'s, a free
-`allocator-churn`'s). Not waits: cudaStreamWaitEvent (the device waits, not the host),
+Whether a call did wait is the trace's to say (`waited_calls`: every synchronize, a copy whose
+call returned only after its own copy on the device ended, a free while the device had work):
+the drawn timeline's sync lane shows those, the one-time filter leaves them (and every copy,
+which lasts as long as its bytes take) in the steps; the replay's graph takes every
+HOST_WAIT_CALL and tests each call's time against the device work it returned with; the
+host-sync metric keeps the synchronizations and the copies to the host that returned only after
+their copy (a pageable copy to the device and its own stream sync are `h2d-pageable-copy`'s, a
+free `allocator-churn`'s). Not waits: cudaStreamWaitEvent (the device waits, not the host),
 cudaEventQuery (a poll that returns at once), cudaMemsetAsync (enqueued).
 
 The ops in which user code makes such a wait (`.item()`, a data-dependent shape, a tensor
@@ -45,22 +48,45 @@ def host_wait_calls(names: pd.Series) -> np.ndarray:
     return np.asarray(name_matches(names, HOST_WAIT_CALL), dtype=bool)
 
 
+
 def waited_calls(runtime: pd.DataFrame, device: pd.DataFrame) -> np.ndarray:
-    """Per runtime call: a host-wait call (HOST_WAIT_CALL) during which the device had work
-    (a kernel, copy or memset overlaps it), so that its time may be the device's. A call of
-    those names with the device idle all along did not wait for it: its time is the host's
-    own (`cudaFree` initialising the context for three seconds on an idle device in
-    ../shared/traces/corpus/a4000_gpu_only_vit_infer.json.gz)."""
-    out = host_wait_calls(runtime["name"]) if len(runtime) else np.zeros(0, dtype=bool)
-    if not out.any():
+    """Per runtime call: a host-wait call (HOST_WAIT_CALL) in which the host did wait for the
+    device, as the trace shows it:
+
+    - a synchronize, always (it returns when the work it names is done, at once when none is left);
+    - a copy, where its call returned only after its own copy on the device ended (the device
+      record of the same correlation id); a copy call that returned first only enqueued it
+      (../shared/traces/misc/a100_nccl.json.gz: 959 of its 960 cudaMemcpyAsync, device-to-device,
+      return in ~9 µs before their copy ends). Without a device record of it: where the device
+      had work during the call;
+    - a free, where the device had work during the call: `cudaFree` for three seconds on an idle
+      device (../shared/traces/corpus/a4000_gpu_only_vit_infer.json.gz) is the context's setup,
+      the host's own time.
+    """
+    n = len(runtime)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    sync = np.asarray(name_matches(runtime["name"], SYNC_CALL), dtype=bool)
+    copy = np.asarray(name_matches(runtime["name"], COPY_CALL), dtype=bool)
+    free = np.asarray(name_matches(runtime["name"], FREE_CALL), dtype=bool)
+    out = sync.copy()
+    if not (copy | free).any() or len(device) == 0:
         return out
-    if len(device) == 0:
-        return np.zeros(len(runtime), dtype=bool)
     from advisor.metrics.intervals import merge
 
-    s, e = merge(device["ts"].to_numpy(np.int64), device["end"].to_numpy(np.int64))
     ts, end = runtime["ts"].to_numpy(np.int64), runtime["end"].to_numpy(np.int64)
+    s, e = merge(device["ts"].to_numpy(np.int64), device["end"].to_numpy(np.int64))
     # the last device interval that starts before the call ends: busy during the call if it ends after the call starts
     i = np.searchsorted(s, end, side="left") - 1
     busy = (i >= 0) & (e[np.maximum(i, 0)] > ts)
-    return out & busy
+    # a copy's own device record: the latest end among the device rows of its correlation id
+    own_end = np.full(n, -1, dtype=np.int64)
+    if "correlation" in runtime.columns and "correlation" in device.columns:
+        ends = device.groupby("correlation", observed=True)["end"].max()
+        mapped = pd.Series(runtime["correlation"].to_numpy()).map(ends)
+        own_end = mapped.fillna(-1).to_numpy(np.int64)
+    recorded = copy & (own_end >= 0)
+    out |= recorded & (end >= own_end)
+    out |= copy & ~recorded & busy
+    out |= free & busy
+    return out

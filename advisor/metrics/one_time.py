@@ -7,8 +7,8 @@ autotunes. A window that holds such a call (a single cold pass, or a trace start
 run) would charge it to a step and promise it back as a per-step saving. A runtime call is
 taken as one-time work when it lasts at least ONE_TIME_MIN_MS and more than ONE_TIME_FACTOR
 times the typical call of its name (the lower quartile of their durations) (at least MIN_CALLS of them), and is not a wait for
-the device (a synchronize lasts as long as the work it waits for: advisor.metrics.host_waits, a
-call of its names during which the device had work); also a call that only
+the device (a synchronize lasts as long as the work it waits for: advisor.metrics.host_waits)
+nor a copy (it lasts as long as its bytes take); also a call that only
 initialises a library (LIBRARY_INIT) lasting at least ONE_TIME_MIN_MS. Long calls that recur,
 a name's in more than half the steps (`hipFree` stalling in every iteration), are the steps'
 own work and stay in them, however large: one-time work is what happens once.
@@ -33,6 +33,7 @@ import pandas as pd
 
 from advisor.load.trace import TraceFrames
 from advisor.metrics.breakdown import name_matches, text_of
+from advisor.metrics.device_records import COPY_CALL
 from advisor.metrics.host_waits import waited_calls
 from advisor.metrics.intervals import merge, overlap_with
 
@@ -76,10 +77,9 @@ def one_time_calls(frames: TraceFrames, steps: pd.DataFrame | None = None) -> pd
     # of them: seven launches of which three load a module)
     med = s.groupby(by_name).transform("quantile", TYPICAL_QUANTILE).to_numpy(np.float64)  # linear, as Series.quantile
     count = s.groupby(by_name).transform("size").to_numpy(np.int64)
-    # a wait lasts as long as the work it waits for, a copy as long as its bytes take: neither is
-    # one-time work of its own where the device had work meanwhile (the one definition of a
-    # wait: advisor.metrics.host_waits)
-    waits = waited_calls(rt, frames.device)
+    # a wait lasts as long as the work it waits for (the one definition of a wait:
+    # advisor.metrics.host_waits), a copy as long as its bytes take: neither is one-time work
+    waits = waited_calls(rt, frames.device) | name_matches(rt["name"], COPY_CALL)
     long = dur >= ONE_TIME_MIN_MS * 1e6
     outlier = long & (dur > ONE_TIME_FACTOR * med) & (count >= MIN_CALLS) & ~waits
     init = long & name_matches(rt["name"], LIBRARY_INIT)

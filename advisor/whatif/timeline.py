@@ -23,7 +23,7 @@ from advisor.metrics.breakdown import (
     communication_kernels,
     text_of,
 )
-from advisor.metrics.host_waits import host_wait_calls
+from advisor.metrics.host_waits import waited_calls
 from advisor.metrics.intervals import merge
 from advisor.metrics.summary import Metrics
 from advisor.whatif.replay import ReplayedStep
@@ -188,7 +188,7 @@ def step_timeline(m: Metrics, row: int | None = None) -> StepTimeline | None:
     rt = frames.runtime
     sync_parts = []
     if len(rt):
-        sync = _clip(rt[host_wait_calls(rt["name"])], lo, hi)  # the one definition (advisor.metrics.host_waits)
+        sync = _clip(rt[waited_calls(rt, frames.device)], lo, hi)  # the one definition (advisor.metrics.host_waits)
         if len(sync):
             sync_parts.append(sync)
     if frames.syncs is not None and len(frames.syncs) and {"ts", "end", "name"} <= set(frames.syncs.columns):
