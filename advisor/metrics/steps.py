@@ -509,13 +509,14 @@ def own_device_end(
     has ended. Then a step ends where the next step's device work starts, and the last step
     ends as far behind its host end as its device work started behind its host start.
     Where the host paced the last step (`paced_by_host`: its work was launched onto an idle
-    device, see `host_paced_last`), the last step ends no further past its mark than the other
-    steps' device work ran past theirs (or its own work started after its mark's start): no
-    trailing synchronisation stretches it, whatever its span.
+    device, see `host_paced_last`) after other steps with device work, the last step ends no
+    further past its mark than the other steps' device work ran past theirs (or its own work
+    started after its mark's start): no trailing synchronisation stretches it, whatever its
+    span. A window of one step has no other to measure it by: its device work is its own.
     """
     out = _device_end(h_start, h_end, dev_min, dev_max, dev_count, None if paced_by_host else notes)
     idx = np.nonzero(dev_count > 0)[0]
-    if paced_by_host and len(idx):
+    if paced_by_host and len(idx) >= 2:
         # no further past its mark than the other steps' device work ran past theirs, or than
         # its own work started after its mark's start: the rest is a queue the end of the
         # recording drains (the closing synchronisation), never the step's
