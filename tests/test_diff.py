@@ -1,7 +1,7 @@
 """`advisor diff`: did the fix do what the advisor promised?
 
 The V100 ResNet-50 pair differs in one change, DataLoader(num_workers=0) → 4. The expected
-figures are the TensorBoard plugin's (ANCHORS.md): mean step 177.59 → 141.07 ms (-20.6%),
+figures are the TensorBoard plugin's (ANCHORS.md): mean step 177.59 → 141.07 ms (-20.6%; -20.9% to conftest.NW4_MEAN_MS),
 DataLoader 59.26 → 1.19 ms per step.
 """
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import NW4_MEAN_MS
 from trace_edit import trace_path
 
 from advisor.analysis import analyze
@@ -31,10 +32,10 @@ def comparison(pair):
 def test_step_time_drop_and_dataloader_stall_resolved(comparison, pair):
     c = comparison
     assert c.before.mean_ms == pytest.approx(177.59, abs=0.01)
-    assert c.after.mean_ms == pytest.approx(141.07, abs=0.01)
-    assert c.step_change_pct == pytest.approx(141.07 / 177.59 - 1, abs=1e-4)  # about -21%
+    assert c.after.mean_ms == pytest.approx(NW4_MEAN_MS, abs=0.01)
+    assert c.step_change_pct == pytest.approx(NW4_MEAN_MS / 177.59 - 1, abs=1e-4)  # about -21%
     assert c.throughput_unit == "steps/s"  # no facts file: no batch size
-    assert c.throughput_change_pct == pytest.approx(177.59 / 141.07 - 1, abs=1e-3)
+    assert c.throughput_change_pct == pytest.approx(177.59 / NW4_MEAN_MS - 1, abs=1e-3)
     assert c.significant is True
     status = {f.rule: f.status for f in c.findings}
     assert status["dataloader-stall"] == "resolved"
@@ -45,7 +46,7 @@ def test_step_time_drop_and_dataloader_stall_resolved(comparison, pair):
     assert (dl_before, dl_after) == (pytest.approx(59.26, abs=0.01), pytest.approx(1.19, abs=0.01))
     # The promise is the resolved findings' savings; the measurement is the step-time drop.
     assert c.promised_ms == pytest.approx(sum(f.before_ms for f in c.findings if f.status == "resolved"))
-    assert c.measured_saving_ms == pytest.approx(177.59 - 141.07, abs=0.01)
+    assert c.measured_saving_ms == pytest.approx(177.59 - NW4_MEAN_MS, abs=0.01)
 
 
 def test_every_finding_is_sorted_into_exactly_one_status(comparison, pair):
@@ -72,7 +73,7 @@ def test_a_run_against_itself_changes_nothing(pair):
 
 def test_reverse_direction_is_slower_and_the_stall_is_new(pair):
     c = compare(pair[1], pair[0])
-    assert c.step_change_pct == pytest.approx(177.59 / 141.07 - 1, abs=1e-4)
+    assert c.step_change_pct == pytest.approx(177.59 / NW4_MEAN_MS - 1, abs=1e-4)
     assert "slower" in c.verdict()
     assert {f.rule: f.status for f in c.findings}["dataloader-stall"] == "new"
 
@@ -85,22 +86,22 @@ def test_json_markdown_html_carry_the_same_numbers(comparison):
     assert doc["promise"]["resolved_saving_ms"] == pytest.approx(comparison.promised_ms)
 
     md = diff_markdown(comparison)
-    assert "20.6% faster per step" in md
+    assert f"{100 * (1 - NW4_MEAN_MS / 177.59):.1f}% faster per step" in md  # 20.9%
     stall = next(f for f in comparison.findings if f.rule == "dataloader-stall")
     assert f"| dataloader-stall | resolved | {stall.before_ms:.2f} ms" in md
     # The promise and the measurement side by side.
-    assert f"promised {comparison.promised_ms:.2f} ms per step; the mean step fell by 36.52 ms" in md
+    assert f"promised {comparison.promised_ms:.2f} ms per step; the mean step fell by {177.59 - NW4_MEAN_MS:.2f} ms" in md
 
     html = diff_html(comparison)
     assert html.startswith("<!DOCTYPE html>") and "http-equiv=\"Content-Security-Policy\"" in html
-    assert "-36.52 ms" in html and "dataloader-stall" in html
+    assert f"-{177.59 - NW4_MEAN_MS:.2f} ms" in html and "dataloader-stall" in html
 
 
 def test_cli_diff_text_and_json(tmp_path):
     nw0, nw4 = trace_path("v100_resnet50_nw0"), trace_path("v100_resnet50_nw4")
     r = subprocess.run([sys.executable, "-m", "advisor", "diff", str(nw0), str(nw4)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "COLUMNS": "100"})
     assert r.returncode == 0, r.stderr
-    assert "20.6% faster per step" in r.stdout
+    assert f"{100 * (1 - NW4_MEAN_MS / 177.59):.1f}% faster per step" in r.stdout
     assert "\x1b[" not in r.stdout  # piped: no colour codes
     resolved_line = next(line for line in r.stdout.splitlines() if "dataloader-stall" in line)
     out = tmp_path / "diff.json"

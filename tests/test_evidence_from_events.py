@@ -15,8 +15,9 @@ on every public trace (../shared/traces) and every recording of the project's ow
 - forward-only or training: a run whose evidence counts backward calls has backward events.
 - the device used or idle: a trace with no kernel, copy or memset record states no device
   busy share above 0 and gets no finding that rests on kernels; one whose header lists a GPU
-  that ran nothing says so in its notes or warnings; a trace with kernel records is never
-  said to have run nothing.
+  that ran nothing says so in its notes or warnings; one whose only device records are
+  copies or memsets (no kernel, no kernel launch) is said to have run no kernel; a trace with
+  kernel records is never said to have run nothing, or no kernel.
 - fused chains: a message saying it "fuses its N chains" states the count of its evidence
   (N > 0), and the raw kernels hold two elementwise kernels back to back on one stream.
 - autocast's casts: a message saying "N casts per step" has N > 0, a trace that records input
@@ -26,7 +27,9 @@ on every public trace (../shared/traces) and every recording of the project's ow
   inside the reported steps over their time, a fraction in the summary and a percent (one
   decimal) in the text; the top kernel's share is its total time over all kernel time, a
   percent in the text's kernel table; a finding's `saving_share` is a fraction (its saving
-  over the measured step) and the text prints it as a percent beside its ms/step.
+  over the measured step: the unprofiled steps' median where recorded, else the window's
+  median step as measured, one-time work and all) and the text prints it as a percent beside
+  its ms/step.
 
 The last test counts the traces each check asserted on: a check that found nothing to assert
 on anywhere would pass without meaning anything.

@@ -1,7 +1,8 @@
 """`advisor gate` and `advisor baseline` on the real V100 ResNet-50 traces, and the statistics.
 
 Expected figures come from outside the code under test: the TensorBoard plugin's numbers in
-../shared/ANCHORS.md (mean step 177.59 ms with num_workers=0, 141.07 ms with 4 workers: +26%;
+../shared/ANCHORS.md (mean step 177.59 ms with num_workers=0, 141.07 ms with 4 workers: +26%, conftest.NW4_MEAN_MS
+for the advisor's last step;
 DataLoader 59.26 ms of 177.59 = 33.4% and 1.19 of 141.07 = 0.8%), the devices named in
 ../shared/traces/MANIFEST.md, and published critical values of the Mann-Whitney U test.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from conftest import shared_trace
+from conftest import NW4_MEAN_MS, shared_trace
 from rich.console import Console
 
 from advisor.errors import InputError
@@ -142,7 +143,7 @@ def test_v100_step_times_regression_swap_and_self(analyses):
     assert len(nw0) == len(nw4) == 6  # the traces hold 6 steps each
     slower = compare_step_times(nw4, nw0)
     assert slower.verdict == "fail"
-    assert slower.mean_ratio == pytest.approx(177.59 / 141.07, rel=0.002)  # ANCHORS.md: +26%
+    assert slower.mean_ratio == pytest.approx(177.59 / NW4_MEAN_MS, rel=0.002)  # ANCHORS.md: +26%
     assert slower.lower > 1.05 and slower.p_slower < 0.05
     faster = compare_step_times(nw0, nw4)
     assert faster.verdict == "pass" and faster.ratio < 1
@@ -168,7 +169,7 @@ def test_baseline_file_holds_every_step_and_the_environment(baselines, analyses)
     doc = orjson.loads(baselines["v100_resnet50_nw4"].read_bytes())
     assert doc["schema"] == BASELINE_SCHEMA
     steps = np.array(doc["step_times_ms"])
-    assert len(steps) == 6 and steps.mean() == pytest.approx(141.07, abs=0.01)  # ANCHORS.md
+    assert len(steps) == 6 and steps.mean() == pytest.approx(NW4_MEAN_MS, abs=0.01)  # ANCHORS.md, the last step as the advisor ends it
     assert len(set(doc["step_times_ms"])) == 6  # the samples, not a repeated mean
     assert doc["breakdown_ms"]["dataloader"] == pytest.approx(1.19, abs=0.01)
     assert sum(doc["breakdown_share"].values()) == pytest.approx(1.0)
@@ -216,7 +217,7 @@ def test_gate_fails_a_slower_run_and_names_the_regression_and_the_new_finding(ba
     assert doc["verdict"] == "fail" and doc["exit_code"] == 1
     step = next(c for c in doc["checks"] if c["id"] == "step-time-regression")
     assert step["status"] == "fail"
-    assert step["details"]["mean_ratio"] == pytest.approx(177.59 / 141.07, rel=0.002)
+    assert step["details"]["mean_ratio"] == pytest.approx(177.59 / NW4_MEAN_MS, rel=0.002)
     assert "dataloader-stall" in [f["rule"] for f in doc["new_findings"]]
     assert junit_out.is_file()
 
@@ -281,7 +282,7 @@ def test_finding_budgets_memory_and_throughput(analyses):
     # throughput needs the batch size: without it the budget cannot be judged
     assert checks(nw4, min_samples_per_s=100)["min-samples-per-s"].status == "inconclusive"
     tp = checks(nw4, min_samples_per_s=100, batch_size=32)["min-samples-per-s"]
-    assert tp.details["samples_per_s"] == pytest.approx(32 / 0.14107, rel=0.002)  # batch / mean step
+    assert tp.details["samples_per_s"] == pytest.approx(32 / (NW4_MEAN_MS / 1e3), rel=0.002)  # batch / mean step
     assert tp.status == "pass"
     assert checks(nw4, min_samples_per_s=300, batch_size=32)["min-samples-per-s"].status == "fail"
     assert checks(nw0, min_gpu_utilization=0.9)["min-gpu-utilization"].status == "fail"

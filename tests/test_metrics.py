@@ -37,7 +37,13 @@ def test_breakdown_agrees_with_tensorboard_plugin(run):
     ours = m.breakdown_mean_ms
     step = float(m.step_ms.mean())
     assert len(m.steps) == len(their_steps)
-    np.testing.assert_allclose(m.step_ms, their_steps, rtol=1e-3)
+    # every step but the last as the plugin spans it; the plugin stretches the last step to the
+    # end of its device work, the advisor no further past its mark than the other steps' work
+    # ran past theirs or its own work started into it (nw4's last ran 8.05 ms past its mark,
+    # the others' at most 3.26 ms past theirs, its own first kernel 4.37 ms into its mark: it
+    # ends 4.37 ms past its mark, 3.69 ms shorter), so it is never longer than the plugin's
+    np.testing.assert_allclose(m.step_ms[:-1], their_steps[:-1], rtol=1e-3)
+    assert m.step_ms[-1] <= their_steps[-1] * (1 + 1e-3)
     for cat in CATEGORIES:
         assert abs(ours[cat] - theirs[cat]) <= 0.02 * step, (cat, ours[cat], theirs[cat])
     # the categories add up to the step

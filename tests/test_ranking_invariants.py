@@ -24,6 +24,7 @@ import io
 import json
 import re
 
+import numpy as np
 import pytest
 from conftest import check_invariant_minimum
 from corpus import analysis_of, own_runs, public_traces
@@ -69,10 +70,15 @@ PART_OF_STEP = re.compile(r"(\d+(?:\.\d+)?)(?: ms)? of (?:the|each) (\d+(?:\.\d+
 
 def _steps_ms(a) -> dict[int | None, float]:
     """Each rank's measured step (the unprofiled median where recorded, else the window's
-    median), from the what-if summaries; a rank without a replay: its mean window step."""
+    median as the headline measures it: its steps with any one-time work in them, never the
+    projection without it), from the what-if summaries and the ranks' steps."""
     out: dict[int | None, float] = {}
     for w in a.whatif:
-        out[w.rank] = w.unprofiled_ms if w.unprofiled_ms is not None else w.measured_ms
+        m = next((r for r in a.ranks if r.rank == w.rank), None)
+        window = w.measured_ms
+        if m is not None and len(m.headline_step_ms):
+            window = float(np.mean(m.headline_step_ms) if w.statistic == "mean" else np.median(m.headline_step_ms))
+        out[w.rank] = w.unprofiled_ms if w.unprofiled_ms is not None else window
     return out
 
 

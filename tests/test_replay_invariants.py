@@ -247,10 +247,8 @@ def host_alone_ms(g: StepGraph, pre_end: float) -> float:
     sm, em = g.h_kind == MARK_START, g.h_kind == MARK_END
     hs[g.h_step[sm]] = start[sm]
     he[g.h_step[em]] = start[em]
-    # steps follow each other: from the first's start to the last's end; with the device at
-    # zero the host paces the steps, and where they are the user's ProfilerStep marks the window
-    # is the marks' (metrics.steps): device work in flight when it opened does not push it
-    first = float(hs[0]) if g.step_marks else max(hs[0], pre_end)
+    # steps follow each other: from the first's start to the last's end
+    first = max(hs[0], pre_end)
     return float(max(he.max(), hs.max(), first) - first) / k / 1e6
 
 

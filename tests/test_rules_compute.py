@@ -401,11 +401,12 @@ def test_channels_last_silent_without_transposes(tmp_path):
 
 # --- step-time-variance -------------------------------------------------------------------
 def test_step_time_variance_without_a_visible_cause_is_a_note_not_a_finding():
-    # 182, 126, 127, 123, 163, 124 ms: the slow steps grow runtime calls and host work, and the
-    # trace shows no DataLoader stall, GC, epoch start or checkpoint in them.
+    # 182, 126, 127, 123, 163, 124 ms (the TensorBoard plugin's; the last 120.5 ms as the advisor
+    # ends it, 3.69 ms sooner: test_metrics): the slow steps grow runtime calls and host work, and
+    # the trace shows no DataLoader stall, GC, epoch start or checkpoint in them.
     assert "step-time-variance" not in report("v100_resnet50_nw4")
     a = analyze(trace_path("v100_resnet50_nw4"))
-    assert any(n.startswith("step times vary 123.1–182.3 ms") and "not a fix" in n for n in a.notes())
+    assert any(n.startswith("step times vary 120.5–182.3 ms") and "not a fix" in n for n in a.notes())
 
 
 def test_step_time_variance_silent_on_even_steps():

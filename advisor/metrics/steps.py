@@ -11,11 +11,12 @@ step's has ended), the end of a step's last kernel is not that step's own time: 
 waited in a queue of work launched earlier. Such a step ends where the next step's device
 work begins, and the last step of the window ends as far behind its host end as it started
 behind its host start, not when the queue drains (the profiler's closing synchronisation).
-Where the host paces the steps (the last step's work is launched onto an idle device), no
-step lies outside the ProfilerStep marks: the first starts at its mark's start and the last
-ends at its mark's end, whatever its device work runs past it (the end of the recording
-draining the queue); where the device paces them (the last step's work queued behind earlier
-work), the steps lie on the device's timeline, behind the marks.
+Where the host paces the steps (the last step's work is launched onto an idle device), the
+last step ends no further past its ProfilerStep mark than the other steps' device work ran
+past theirs (or its own work started after its mark's start), whatever the device does after
+that (the end of the recording draining the queue); where the device paces them (the last
+step's work queued behind earlier work), the steps lie on the device's timeline, behind the
+marks, and only a last step spanning far longer than the others is cut.
 A `ProfilerStep` range that runs past the end of the profiler's own span (`PyTorch
 Profiler (0)`, a marker left open: a 13 s step in a 355 ms recording) is clipped to the last
 recorded event, with a note; one that ends inside it is the step, however few of its events a
@@ -472,10 +473,10 @@ def host_paced_last(
     """Whether the last step with device work launched it onto an idle device: no device
     activity launched before the step's first launch (by another step, or before the steps)
     was still running, or queued to run, when that launch was issued. Then the host paced the
-    step, and its end is its mark's: what its device work runs past the mark is the end of the
-    recording draining the queue (the closing synchronisation), not the step. Where earlier
-    work was still running, the device paces the steps and they lie on its timeline, behind
-    the marks."""
+    step, and what its device work runs past the mark beyond what the other steps' work ran
+    past theirs is the end of the recording draining the queue (the closing synchronisation),
+    not the step. Where earlier work was still running, the device paces the steps and they
+    lie on its timeline, behind the marks."""
     has = np.nonzero(dev_count > 0)[0]
     if len(has) == 0:
         return False
@@ -508,21 +509,30 @@ def own_device_end(
     has ended. Then a step ends where the next step's device work starts, and the last step
     ends as far behind its host end as its device work started behind its host start.
     Where the host paced the last step (`paced_by_host`: its work was launched onto an idle
-    device, see `host_paced_last`), the last step ends at its mark: no step lies outside the
-    marks, and no trailing synchronisation stretches the last one.
+    device, see `host_paced_last`) after other steps with device work, the last step ends no
+    further past its mark than the other steps' device work ran past theirs (or its own work
+    started after its mark's start): no trailing synchronisation stretches it, whatever its
+    span. A window of one step has no other to measure it by: its device work is its own.
     """
     out = _device_end(h_start, h_end, dev_min, dev_max, dev_count, None if paced_by_host else notes)
     idx = np.nonzero(dev_count > 0)[0]
-    if paced_by_host and len(idx):
+    if paced_by_host and len(idx) >= 2:
+        # no further past its mark than the other steps' device work ran past theirs, or than
+        # its own work started after its mark's start: the rest is a queue the end of the
+        # recording drains (the closing synchronisation), never the step's
         last = idx[-1]
-        if out[last] > h_end[last]:
-            if notes is not None and int(dev_max[last]) - int(h_end[last]) >= TRAILING_NOTE_NS:
+        others = idx[:-1]
+        overhang = max(int(np.maximum(dev_max[others] - h_end[others], 0).max()) if len(others) else 0, int(dev_min[last]) - int(h_start[last]), 0)
+        bound = max(int(h_end[last]) + overhang, int(dev_min[last]))
+        out[last] = min(int(out[last]), bound)
+        if int(dev_max[last]) > out[last]:
+            if notes is not None and int(dev_max[last]) - int(out[last]) >= TRAILING_NOTE_NS:
                 notes.append(
                     f"the last step's device work ran {(int(dev_max[last]) - int(h_end[last])) / 1e6:,.2f} ms past its ProfilerStep mark, "
-                    "launched onto an idle device (the host paced the step): that step ends at its mark, as no step is measured "
-                    "outside the marks (a step's time is never read from a queue the end of the recording drains)"
+                    f"launched onto an idle device (the host paced the step), where no other step's ran more than "
+                    f"{overhang / 1e6:,.2f} ms past its own: that step is measured as the others are, to that far past its mark "
+                    "(a step's time is never read from a queue the end of the recording drains)"
                 )
-            out[last] = h_end[last]
     return out
 
 
@@ -644,10 +654,6 @@ def step_spans(frames: TraceFrames) -> tuple[pd.DataFrame, list[str]]:
             # ProfilerStep marks: a step launched onto an idle device ends by its mark
             paced = host_paced_last(lts, lk["ts"].to_numpy(np.int64), lk["end"].to_numpy(np.int64), owner, dev_count)
         own_end = own_device_end(h_start, h_end, dev_min, dev_max, dev_count, notes, paced_by_host=paced)
-        if paced:
-            # the host paces the steps: the window is the marks', from the first one's start
-            # (device work queued before it does not push it) to the last one's end
-            prev_end = int(h_start[0])
         for i in range(n):  # a step's start depends on the previous step's stretched end
             s = max(prev_end, int(h_start[i]))
             e = int(h_end[i])

@@ -657,7 +657,7 @@ def _step_bounds(g: StepGraph, start: np.ndarray, d_start: np.ndarray, d_end: np
     starts = np.zeros(n, dtype=np.int64)
     ends = np.zeros(n, dtype=np.int64)
     prev = hs[0]
-    if g.d_before_first_step.any() and not paced:  # host-paced: the window is the marks' (metrics.steps)
+    if g.d_before_first_step.any():
         prev = max(prev, int(np.round(d_end[g.d_before_first_step].max())))
     for i in range(n):
         s = max(prev, hs[i]) if i else prev
