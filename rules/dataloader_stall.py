@@ -164,9 +164,10 @@ GROUP = "input"
 TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading"
 DEFAULTS = {"min_share": 0.05, "worker_batch_ms": 0.3}
-# Python calls in which the loading waits instead of computing (with stacks recorded): a worker
+# Python calls in which the loading waits on storage or the network instead of computing (with
+# stacks recorded; not the host waiting for the device, advisor/metrics/host_waits.py): a worker
 # waits in them without a core.
-WAIT_CALL = re.compile(
+PYTHON_IO_CALL = re.compile(
     r"^<(built-in (function|method) (sleep|select|poll|recv\w*|read|readinto|readline|pread|urlopen|wait)\b|"
     r"method '(acquire|read|readinto|recv\w*)' of )"
 )
@@ -615,7 +616,7 @@ def worker_beside_threads(ctx: Context, budget: "CoreBudget", dl_s: np.ndarray, 
     if m.has_device or budget.loader_ms <= 0 or budget.workers_now != 0:
         return None
     host = ctx.events.host
-    calls = host[(text_of(host["kind"]) == "python") & name_matches(host["name"], WAIT_CALL)]
+    calls = host[(text_of(host["kind"]) == "python") & name_matches(host["name"], PYTHON_IO_CALL)]
     wait_ms = 0.0
     if len(calls) and len(dl_s):
         ws, we = merge(calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64))
