@@ -236,7 +236,7 @@ def held_megabytes(memory, steps) -> float | None:
     nbytes = mem["bytes"].to_numpy(np.float64)[order]
     total = mem["total_allocated"].to_numpy(np.float64)[order]
     held = []
-    for start, end in zip(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)):
+    for start, end in zip(steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64), strict=True):
         lo, hi = np.searchsorted(ts, start), np.searchsorted(ts, end)
         if hi <= lo:
             continue
