@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from advisor.engine import Context
@@ -125,11 +126,26 @@ class EpochEnds:
         return self.per_epoch_ms / max(self.steps_per_epoch, 1)
 
 
+def _signature(d: DataLoaderFacts) -> tuple:
+    return (d.dataset_class, d.dataset_len, d.batch_size, d.num_workers, d.persistent_workers, d.drop_last)
+
+
 def _driver_loader(loaders: list[DataLoaderFacts]) -> DataLoaderFacts | None:
-    """The DataLoader the loop iterates (the one with the most epochs begun, else the first)."""
+    """The DataLoader the loop iterates (the one with the most epochs begun, else the first).
+    A loop that builds a new DataLoader every epoch records one loader per epoch, each begun
+    once: loaders with the same dataset and settings are one loader, their epochs together
+    (each new one starts its workers as a non-persistent loader's new epoch does)."""
     if not loaders:
         return None
-    return max(loaders, key=lambda d: len(d.epoch_starts or []))
+    merged: dict[tuple, DataLoaderFacts] = {}
+    for d in loaders:
+        key = _signature(d)
+        if key in merged and d.epoch_starts is not None:
+            starts = sorted(set(merged[key].epoch_starts or []) | set(d.epoch_starts))
+            merged[key] = msgspec.structs.replace(merged[key], epoch_starts=starts, persistent_workers=False if len(starts) > 1 and merged[key].persistent_workers is not True else merged[key].persistent_workers)
+        elif key not in merged:
+            merged[key] = d
+    return max(merged.values(), key=lambda d: len(d.epoch_starts or []))
 
 
 def _epoch_starts(loader: DataLoaderFacts, n_steps: int) -> tuple[list[int], bool] | None:
@@ -164,10 +180,30 @@ def epoch_ends(recorded: FactsFile, max_restart_steps: int = 5) -> EpochEnds | N
     if profiled:
         ordinary[profiled] = False
         ordinary[min(max(profiled) + 1, len(step_ms) - 1)] = False
-    for s in starts:  # the boundaries themselves are what is measured
-        ordinary[max(s - 1, 0): s + max_restart_steps] = False
+    size, bs = loader.dataset_len, loader.batch_size
+    short = not loader.drop_last and size is not None and bs is not None and size % bs != 0
+    per_epoch = int(np.median(np.diff([0, *starts]))) if starts else len(step_ms)
+    # The boundaries themselves are what is measured: an epoch's first steps (at most all but
+    # its last), and its previous step where that batch is short.
+    after = max(min(max_restart_steps, per_epoch - 1), 1)
+    for s in starts:
+        ordinary[max(s - 1, 0) if short else s: s + after] = False
+    in_window = np.zeros(len(step_ms), dtype=bool)
+    in_window[profiled] = True
+    # Beside the window, the typical step: the steps of no boundary, profiled or not where the
+    # window and its next step leave too few out of it.
+    apart = np.ones(len(step_ms), dtype=bool)
+    apart[0] = False
+    for s in starts:
+        apart[max(s - 1, 0) if short else s: s + after] = False
     if ordinary.sum() < 3:
-        return None
+        if apart.sum() < 3:
+            return None
+        ordinary = apart
+    # A profiled boundary step is set against the profiled steps, an unprofiled one against
+    # the unprofiled steps: the profiler's own cost is not an epoch end's.
+    pool = {False: apart & ~in_window, True: apart & in_window}
+    typical_of = {k: (float(np.median(step_ms[v])), float(np.median(wait_ms[v])) if wait_ms is not None else 0.0) if v.sum() >= 2 else None for k, v in pool.items()}
     ends = EpochEnds(
         loader=loader,
         starts=starts,
@@ -177,16 +213,21 @@ def epoch_ends(recorded: FactsFile, max_restart_steps: int = 5) -> EpochEnds | N
         run_steps=len(step_ms) - 1,
     )
     if loader.num_workers and not loader.persistent_workers and wait_ms is not None:
-        tolerance = 2 * ends.typical_wait_ms + 1.0
         for s in starts:
+            # What a restart costs: the whole extra time of the epoch's first steps, not only
+            # their wait for a batch: the old iterator's teardown (its workers joined in the
+            # `__next__` that ends the epoch), the new one's start (forking the workers, in
+            # `iter()`), and the wait for the first batches while they fill the queue.
+            typ_step, typ_wait = typical_of[bool(in_window[s])] or (ends.typical_step_ms, ends.typical_wait_ms)
+            tolerance = 2 * typ_wait + 1.0
             extra = 0.0
-            for i in range(s, min(s + max_restart_steps, len(wait_ms))):
+            for i in range(s, min(s + after, len(wait_ms))):
                 if i > s and wait_ms[i] <= tolerance:
                     break
-                extra += max(wait_ms[i] - ends.typical_wait_ms, 0.0)
-            ends.restart_ms.append(extra)
-    size, bs = loader.dataset_len, loader.batch_size
-    if not loader.drop_last and size is not None and bs is not None and size % bs:
+                typ_step, typ_wait = typical_of[bool(in_window[i])] or (ends.typical_step_ms, ends.typical_wait_ms)
+                extra += max(step_ms[i] - typ_step, wait_ms[i] - typ_wait, 0.0)
+            ends.restart_ms.append(float(extra))
+    if short:
         ends.short_batch_size = size % bs
         ends.short_batch_ms = [max(float(step_ms[s - 1]) - ends.typical_step_ms, 0.0) for s in starts]
     return ends

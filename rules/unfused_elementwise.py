@@ -129,15 +129,25 @@ from advisor.metrics.compute import (
     launched_inside,
     step_kernels,
 )
-from advisor.metrics.elementwise import ELEMENTWISE_KERNEL, batch_norm_roofline_share, compiled_regions_ran, fused_chain_members, in_chain
+from advisor.metrics.elementwise import (
+    ELEMENTWISE_KERNEL,
+    batch_norm_roofline_share,
+    compiled_regions_ran,
+    cpu_elementwise_chains,
+    fused_chain_members,
+    in_chain,
+)
 from advisor.metrics.host_device import OPTIMIZER_SPAN
 
 ID = "unfused-elementwise"
 TITLE = "Eager elementwise kernels dominate: nothing is fused"
 GROUP = "compute"
-TESTED_ON = ("nvidia", "amd", "mtia")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py); no kernels on a CPU-only run
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html"
 DEFAULTS = {"min_kernel_share": 0.10, "min_share": 0.03}
+# The measured pair that checked the CPU model (fusion and dispatch): AdvisorBench's
+# mlp_elementwise and its torch.compile twin (benchmarks/results/advisorbench_cpu.txt).
+CPU_COMPILE_PAIR = None
 FIX = "Compile the model with torch.compile so chains of elementwise ops run as fused kernels."
 AFTER = """model = torch.compile(model)
 """
@@ -161,6 +171,8 @@ def check(ctx: Context):
         return None
     if compiled_regions_ran(ctx.metrics.kernels, ctx.events.host):
         return None  # compiled regions ran: the compiler already fuses what it can
+    if not m.has_device:
+        return _check_cpu(ctx)
     k = step_kernels(m)
     total = float(k["dur"].sum())
     if total <= 0:
@@ -258,3 +270,79 @@ def _parts(k, chained, transposes, kept_bn_dur, bn_saved_ns: float, generated: C
                     "cuDNN's layout transposes' kernel time").as_evidence(),
         PromisePart("norms", per_step(bn_saved_ns), per_step(kept_bn_dur.sum()), "the kept cuDNN batch norms' kernel time").as_evidence(),
     ]
+
+
+def _check_cpu(ctx: Context):
+    """A run without a device: the host's elementwise chains (advisor.metrics.elementwise), each
+    fused into one vectorised loop by torch.compile's C++ backend."""
+    m = ctx.metrics
+    host = ctx.events.host
+    n_steps = max(len(m.steps), 1)
+    # The optimizer and the DataLoader are not the model's: compiling it leaves them eager.
+    kept_host = host[name_matches(host["name"], OPTIMIZER_SPAN)]
+    dl_s, dl_e = dataloader_spans(ctx.events)
+    exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
+    found = cpu_elementwise_chains(host, m.steps, exclude)
+    chains = found.chains
+    if len(chains) == 0:
+        return None  # no chain, nothing to fuse: no finding
+    ops_ns = float(chains["ops_ns"].sum())
+    window_ns = float((chains["end"] - chains["start"]).sum())
+    dispatch_ns = float(chains["dispatch_ns"].sum())
+    shapes = bool(np.isfinite(chains["traffic_ns"].to_numpy(np.float64)).all())
+    # Without recorded shapes the fused loop is bounded only: it costs at least its costliest
+    # member's work, so the rest of the members' work is what fusing removes at most.
+    bound_traffic = (chains["ops_ns"] - chains["kept_ns"] - (chains["members"] - 1) * (found.dispatch_ns_per_op or 0.0)).clip(lower=0.0)
+    traffic_ns = float(chains["traffic_ns"].sum()) if shapes else float(bound_traffic.sum())
+    # Never more than the chains take beside the fused loop's own work.
+    saved = np.minimum(chains["dispatch_ns"] + (chains["traffic_ns"] if shapes else bound_traffic), chains["typical_ns"] - chains["kept_ns"]).clip(lower=0.0)
+    saved_ns = float(saved.sum())
+    typical_ns = float(chains["typical_ns"].sum())
+    if saved_ns <= 0 or window_ns <= 0 or typical_ns <= 0:
+        return None
+    # What fusing removes of the chains' typical time, taken off their windows as they ran; a
+    # wait for a core inside a chain (a busy machine) is not counted as the chain's work.
+    # Each chain loses its own share (in steps of 1%: one replay window set per share).
+    s, e = chains["start"].to_numpy(np.int64), chains["end"].to_numpy(np.int64)
+    share = np.round(np.clip(saved.to_numpy(np.float64) / np.maximum(e - s, 1), 0.0, 1.0), 2)
+    change = Change(host_remove=[(s[share == f], e[share == f], float(f)) for f in np.unique(share) if f > 0])
+    estimate_ms = float((share * (e - s)).sum()) / n_steps / 1e6
+    replayed = ctx.replayed_saving(change)
+    saving_ms = replayed if replayed is not None else estimate_ms
+    base_ms = ctx.replay.baseline_ms if replayed is not None else ctx.step_ms
+    if base_ms <= 0 or saving_ms / base_ms < ctx.options["min_share"]:
+        return None
+    per_step = lambda ns: float(ns) / n_steps / 1e6
+    scale = min(1.0, saved_ns / max(dispatch_ns + traffic_ns, 1.0))
+    evidence = {
+        "device": "CPU",
+        "chains_per_step": round(len(chains) / n_steps, 1),
+        "chain_ops_per_step": round(float(chains["members"].sum()) / n_steps, 1),
+        "chain_ops_ms_per_step": round(per_step(ops_ns), 3),
+        "chain_window_ms_per_step": round(per_step(window_ns), 3),
+        "elementwise_ops_per_step": round(found.eligible_ops / n_steps, 1),
+        "elementwise_ms_per_step": round(per_step(found.eligible_ns), 3),
+        "dispatch_us_per_op": None if found.dispatch_ns_per_op is None else round(found.dispatch_ns_per_op / 1e3, 2),
+        "intermediates_from_shapes": shapes,
+        "removed_ms_per_step": round(estimate_ms, 3),
+        "compile": ctx.recorded.compile.used if ctx.recorded.compile.used is not None else "not recorded (no facts file); judged from the op names",
+    }
+    checked = CPU_COMPILE_PAIR
+    evidence["promise_parts"] = [
+        PromisePart("fusion", per_step(traffic_ns * scale), per_step(ops_ns),
+                    "the chains' ops' own time" if shapes else "the chains' ops' work beside their costliest member's",
+                    checked if shapes else None).as_evidence(),
+        PromisePart("dispatch", per_step(dispatch_ns * scale), per_step(window_ns - ops_ns + float(((chains["members"] - 1) * (found.dispatch_ns_per_op or 0.0)).sum())),
+                    "the members' dispatch but one each, and the host time between them", checked).as_evidence(),
+    ]
+    chains_n = len(chains) / n_steps
+    message = (
+        f"{_count(chains_n)} chains of eager elementwise ops per step ({float(chains['members'].sum()) / n_steps:.0f} ops, "
+        f"{per_step(ops_ns):.1f} ms/step) run one op at a time on the CPU, each writing its output and the next reading it back, "
+        f"and no compiled region ran. torch.compile(model) fuses each chain into one vectorised loop (its C++ backend): "
+        + ("the intermediates' write and read-back go (from the recorded shapes)" if shapes else "up to all but each chain's costliest op's work goes (no shapes recorded)")
+        + (f", and each chain's dispatch but one (~{found.dispatch_ns_per_op / 1e3:.0f} µs per op in this run) with the host time between its ops"
+           if found.dispatch_ns_per_op is not None else ", and the host time between its ops")
+        + "."
+    )
+    return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, change=change)
