@@ -14,13 +14,19 @@ Options: `min_kernel_share` (float, 0.10): the least share of the steps' kernel 
 eager elementwise/normalisation kernels; `min_share` (float, 0.03): the least saving, as a
 share of the step, worth a finding.
 
+**On a CPU** (a run without a device) it reads the host's ops instead: chains of at least two
+consecutive eager elementwise, reduction and normalisation ops (`aten::mul`, `aten::tanh`,
+`aten::relu`, `aten::layer_norm`, their backward formulas, ...) on a thread inside a step,
+view ops (`chunk`, `view`, `transpose`, ...) aside, outside the optimizer and the DataLoader.
+It fires when fusing them saves at least `min_share` of the step; with no chain, no finding.
+
 ## What it needs from the trace
 The device's kernel records (GPU or MTIA): the eager elementwise kernels and the chains they
-form. A CPU-only run has no kernels, and the rule says nothing there: CPU ops fused by
-torch.compile's C++ backend are not estimated (the CPU rules read the host's ops). A compiled
-region in the trace (Triton kernels, compiled-region spans) or `compile.used` in the facts
-file makes it silent. Each clause of its message stands on an evidence field: with no chain to
-fuse (`fusable_chains_per_step` 0) it promises no fusion.
+form; on a CPU-only run, the host ops with their input shapes (`record_shapes=True`, as
+`advisor profile` records them). A compiled region in the trace (Triton kernels,
+compiled-region spans) or `compile.used` in the facts file makes it silent. Each clause of its
+message stands on an evidence field: with no chain to fuse (`fusable_chains_per_step` 0, or on
+a CPU no chain at all) it promises no fusion.
 
 ## Why it is slow
 Each eager op reads its inputs from GPU memory and writes its output back; a chain like
@@ -104,6 +110,30 @@ are at least 5% of it ranks behind a fix whose model measured pairs confirm (a r
 `CONFIRMED_BY`: `dataloader-stall`, `tf32-disabled`, `single-tensor-optimizer`, `host-sync`)
 unless it saves more than twice as much (`advisor.engine.ranking.UNCHECKED_MARGIN`), and its
 line then says why it sits below a smaller figure.
+
+**On a CPU.** torch.compile's C++ backend fuses each chain into one vectorised loop. Each chain
+member's time is the median of its like ops (same name, input types and shapes) over the
+window, so that a call that waited for a core on a busy machine does not count as work; the
+host time between members (the model's Python in the forward, the autograd engine's nodes in
+the backward) likewise. What fusing a chain removes, in two parts:
+
+- **fusion**: each intermediate written and read back. From the recorded shapes, every member
+  reads its tensor inputs and writes an output of its largest input's size (a reduction writes
+  next to nothing); a fused loop writes only the chain's last output, so of the members' work
+  (their time less their dispatch) the share `2 × (bytes written by all but the last) / (bytes
+  read and written by all)` goes. Without shapes, at most all but the costliest member's work.
+- **dispatch**: each member's dispatch but one (the run's own figure: the median time of its
+  elementwise ops on at most 4096 elements, `dispatch_us_per_op`; none where it has too few),
+  and the host time between members, which compiled code does not run.
+
+Per chain the two together never exceed its time less its costliest member's work (what the
+fused loop still does). The fix is replayed as that time taken off each chain's window as it
+ran. Before: `h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale`, then
+a gated tanh-GELU written op by op (AdvisorBench's `mlp_elementwise`: 16 ops per block, 12
+chains per step with the backward's); after: `model = torch.compile(model)`. The message and
+evidence (`promise_parts`) give the two parts, "up to" while no measured pair has checked them
+(`CPU_COMPILE_PAIR`); `docs/accuracy.md` has the pairs measured so far. A control that fires
+is measured against a compile twin of its own before anyone calls it a false positive.
 
 Reference: https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html
 """

@@ -204,6 +204,7 @@ CPU_VIEW_OP = re.compile(
 )
 # Reductions write an output much smaller than their input: no intermediate of note.
 CPU_REDUCTION_OP = re.compile(r"^aten::(?:mean|sum|amax|amin|var|std|norm|linalg_vector_norm)_?$")
+ATEN_OP = re.compile(r"^aten::")
 # An op on at most this many elements does no work worth the name: its time is its dispatch.
 DISPATCH_PROBE_ELEMENTS = 4096
 MIN_DISPATCH_PROBES = 5
@@ -232,22 +233,25 @@ class CpuChains:
     eligible_ns: float
 
 
-def _bytes_of(types_text: object, dims: object) -> tuple[float, float]:
-    """(bytes read, bytes written) by a pointwise op from its recorded inputs: every tensor input
-    read once, an output of the largest input's size (NaN, NaN where no shape is recorded)."""
+def _bytes_of(types_text: object, dims: object) -> tuple[float, float, float]:
+    """(bytes read, bytes written, elements of the largest input) of a pointwise op from its
+    recorded inputs: every tensor input read once, an output of the largest input's size (NaN
+    where no shape is recorded; a 0-d tensor or a scalar argument is no tensor read)."""
     types = input_type_names(types_text) if isinstance(types_text, str) else ()
     if not isinstance(dims, list) or not dims:
-        return np.nan, np.nan
-    read, largest = 0.0, 0.0
+        return np.nan, np.nan, np.nan
+    read, largest, elements = 0.0, 0.0, 0
     for i, d in enumerate(dims):
         if not isinstance(d, list) or not d:
-            continue  # a scalar argument
-        size = DTYPE_BYTES.get(types[i] if i < len(types) else "", 4) * numel(d)
+            continue
+        n = numel(d)
+        size = DTYPE_BYTES.get(types[i] if i < len(types) else "", 4) * n
         read += size
         largest = max(largest, size)
+        elements = max(elements, n)
     if read == 0:
-        return np.nan, np.nan
-    return read, largest
+        return np.nan, np.nan, 0.0
+    return read, largest, float(elements)
 
 
 def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tuple[np.ndarray, np.ndarray]) -> CpuChains:
@@ -256,7 +260,7 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     empty = CpuChains(pd.DataFrame({c: [] for c in ("start", "end", "members", "ops_ns", "dispatch_ns", "traffic_ns", "kept_ns", "typical_ns")}), None, 0, 0.0)
     if len(host) == 0 or len(steps) == 0:
         return empty
-    aten = host[host["name"].astype(str).str.startswith("aten::").to_numpy()] if not isinstance(host["name"].dtype, pd.CategoricalDtype) else host[name_matches(host["name"], re.compile(r"^aten::"))]
+    aten = host[name_matches(host["name"], ATEN_OP)]
     if len(aten) == 0:
         return empty
     tids = text_of(aten["tid"]) if isinstance(aten["tid"].dtype, pd.CategoricalDtype) else aten["tid"].astype(str).to_numpy()
@@ -288,8 +292,8 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     # bytes each member reads and writes, worked out once per distinct (types, shapes)
     key = row_groups([types, np.fromiter(map(id, dims), dtype=np.int64, count=len(dims))])
     first = np.unique(key, return_index=True)[1]
-    worked = np.array([_bytes_of(types[i], dims[i]) for i in first], dtype=np.float64).reshape(-1, 2)[key]
-    read, written = worked[:, 0], worked[:, 1]
+    worked = np.array([_bytes_of(types[i], dims[i]) for i in first], dtype=np.float64).reshape(-1, 3)[key]
+    read, written, elements = worked[:, 0], worked[:, 1], worked[:, 2]
     # Each op's time as the median of its like (same name, input types and shapes) over the
     # window: a step repeats the same ops, and one call that waited for a core (a busy
     # machine, another thread's barrier) is not what fusing it saves.
@@ -298,8 +302,7 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     dur = pd.Series(dur).groupby(like).transform("median").to_numpy(np.float64)
     reduction = np.asarray(name_matches(sub["name"], CPU_REDUCTION_OP), dtype=bool)
     written = np.where(reduction, 0.0, written)
-    elements = np.array([max((numel(d) for d in dd if isinstance(d, list)), default=0) if isinstance(dd, list) else -1 for dd in dims], dtype=np.int64)
-    probes = dur[ew & (elements >= 0) & (elements <= DISPATCH_PROBE_ELEMENTS)]
+    probes = dur[ew & np.isfinite(elements) & (elements <= DISPATCH_PROBE_ELEMENTS)]
     d = float(np.median(probes)) if len(probes) >= MIN_DISPATCH_PROBES else None
     # The host time from each member to the next one of its chain (the Python or autograd glue
     # between them), at its median over like members, as the members' own time.
