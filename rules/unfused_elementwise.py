@@ -122,9 +122,11 @@ the backward) likewise. What fusing a chain removes, in two parts:
   next to nothing); a fused loop writes only the chain's last output, so of the members' work
   (their time less their dispatch) the share `2 × (bytes written by all but the last) / (bytes
   read and written by all)` goes. Without shapes, at most all but the costliest member's work.
-- **dispatch**: each member's dispatch but one (the run's own figure: the median time of its
-  elementwise ops on at most 4096 elements, `dispatch_us_per_op`; none where it has too few),
-  and the host time between members, which compiled code does not run.
+- **dispatch**: each member's dispatch but one (the run's own figure: the lower quartile of
+  the times of its elementwise ops on at most 4096 elements, `dispatch_us_per_op`; none where
+  it has fewer than 20), and the host time between members, which compiled code does not run.
+  Both are taken without the profiler's own cost of the events they hold
+  (`PROFILER_NS_PER_EVENT` per op or Python function recorded, as `cpu-autocast` does).
 
 Per chain the two together never exceed its time less its costliest member's work (what the
 fused loop still does). The fix is replayed as that time taken off each chain's window as it
@@ -147,7 +149,7 @@ import numpy as np
 from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL, compiled, fused
 from advisor.whatif.parts import PromisePart
 from advisor.whatif.replay import Change
-from advisor.whatif.savings import dataloader_spans
+from advisor.whatif.savings import PROFILER_NS_PER_EVENT, dataloader_spans
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import COMM_OP_NAME, name_matches
@@ -312,7 +314,7 @@ def _check_cpu(ctx: Context):
     kept_host = host[name_matches(host["name"], OPTIMIZER_SPAN)]
     dl_s, dl_e = dataloader_spans(ctx.events)
     exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
-    found = cpu_elementwise_chains(host, m.steps, exclude)
+    found = cpu_elementwise_chains(host, m.steps, exclude, PROFILER_NS_PER_EVENT[1])
     chains = found.chains
     if len(chains) == 0:
         return None  # no chain, nothing to fuse: no finding
@@ -330,20 +332,21 @@ def _check_cpu(ctx: Context):
     typical_ns = float(chains["typical_ns"].sum())
     if saved_ns <= 0 or window_ns <= 0 or typical_ns <= 0:
         return None
-    # What fusing removes of the chains' typical time, taken off their windows as they ran; a
-    # wait for a core inside a chain (a busy machine) is not counted as the chain's work.
-    # Each chain loses its own share (in steps of 1%: one replay window set per share).
+    # The chains lose the share of their typical time that fusing removes, taken off their
+    # windows as they ran: a wait for a core inside a chain (a busy machine, a thread's
+    # barrier) belongs to the ops it held up, and a fused loop has fewer ops to hold up.
     s, e = chains["start"].to_numpy(np.int64), chains["end"].to_numpy(np.int64)
-    share = np.round(np.clip(saved.to_numpy(np.float64) / np.maximum(e - s, 1), 0.0, 1.0), 2)
-    change = Change(host_remove=[(s[share == f], e[share == f], float(f)) for f in np.unique(share) if f > 0])
-    estimate_ms = float((share * (e - s)).sum()) / n_steps / 1e6
+    share = float(np.clip(saved_ns / typical_ns, 0.0, 1.0))
+    change = Change(host_remove=[(s, e, share)])
+    estimate_ms = share * window_ns / n_steps / 1e6
     replayed = ctx.replayed_saving(change)
     saving_ms = replayed if replayed is not None else estimate_ms
     base_ms = ctx.replay.baseline_ms if replayed is not None else ctx.step_ms
     if base_ms <= 0 or saving_ms / base_ms < ctx.options["min_share"]:
         return None
     per_step = lambda ns: float(ns) / n_steps / 1e6
-    scale = min(1.0, saved_ns / max(dispatch_ns + traffic_ns, 1.0))
+    ran = window_ns / typical_ns  # the chains as they ran over their typical time
+    scale = min(1.0, saved_ns / max(dispatch_ns + traffic_ns, 1.0)) * ran
     evidence = {
         "device": "CPU",
         "chains_per_step": round(len(chains) / n_steps, 1),
@@ -359,11 +362,11 @@ def _check_cpu(ctx: Context):
     }
     checked = CPU_COMPILE_PAIR
     evidence["promise_parts"] = [
-        PromisePart("fusion", per_step(traffic_ns * scale), per_step(ops_ns),
+        PromisePart("fusion", per_step(traffic_ns * scale), per_step(ops_ns * ran),
                     "the chains' ops' own time" if shapes else "the chains' ops' work beside their costliest member's",
                     checked if shapes else None).as_evidence(),
-        PromisePart("dispatch", per_step(dispatch_ns * scale), per_step(window_ns - ops_ns + float(((chains["members"] - 1) * (found.dispatch_ns_per_op or 0.0)).sum())),
-                    "the members' dispatch but one each, and the host time between them", checked).as_evidence(),
+        PromisePart("dispatch", per_step(dispatch_ns * scale), per_step(window_ns),
+                    "the chains' time as they ran (their dispatch but one each, and the host time between their ops)", checked, rest=True).as_evidence(),
     ]
     chains_n = len(chains) / n_steps
     message = (

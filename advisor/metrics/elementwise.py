@@ -207,7 +207,7 @@ CPU_REDUCTION_OP = re.compile(r"^aten::(?:mean|sum|amax|amin|var|std|norm|linalg
 ATEN_OP = re.compile(r"^aten::")
 # An op on at most this many elements does no work worth the name: its time is its dispatch.
 DISPATCH_PROBE_ELEMENTS = 4096
-MIN_DISPATCH_PROBES = 5
+MIN_DISPATCH_PROBES = 20
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,9 @@ class CpuChains:
     `typical_ns` (the chain's time with each member and each gap at its typical time).
     A member's time is the median of its like ops' (same name, input types and shapes) over
     the window, so that a call that waited for a core does not count as work fusing removes.
-    `dispatch_ns_per_op`: the run's own dispatch cost, the median time of its elementwise ops
-    on at most DISPATCH_PROBE_ELEMENTS elements (None where it has too few)."""
+    `dispatch_ns_per_op`: the run's own dispatch cost, the lower quartile of the times of its
+    elementwise ops on at most DISPATCH_PROBE_ELEMENTS elements (None where it has fewer than
+    MIN_DISPATCH_PROBES)."""
 
     chains: pd.DataFrame
     dispatch_ns_per_op: float | None
@@ -250,13 +251,15 @@ def _bytes_of(types_text: object, dims: object) -> tuple[float, float, float]:
         largest = max(largest, size)
         elements = max(elements, n)
     if read == 0:
-        return np.nan, np.nan, 0.0
+        return np.nan, np.nan, np.nan
     return read, largest, float(elements)
 
 
-def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tuple[np.ndarray, np.ndarray]) -> CpuChains:
+def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tuple[np.ndarray, np.ndarray], event_cost_ns: float = 0.0) -> CpuChains:
     """The elementwise chains of a CPU run's steps (see CpuChains); ops inside the `exclude`
-    windows (the optimizer, the DataLoader) neither join nor break a chain."""
+    windows (the optimizer, the DataLoader) neither join nor break a chain. `event_cost_ns`:
+    the profiler's own host cost per event it records (an op, a Python function), taken out of
+    each member's time (at most 80% of it) and of the host time between members."""
     empty = CpuChains(pd.DataFrame({c: [] for c in ("start", "end", "members", "ops_ns", "dispatch_ns", "traffic_ns", "kept_ns", "typical_ns")}), None, 0, 0.0)
     if len(host) == 0 or len(steps) == 0:
         return empty
@@ -287,6 +290,11 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     brk[1:] = (ew[1:] != ew[:-1]) | (tid[1:] != tid[:-1]) | (step[1:] != step[:-1])
     run = np.cumsum(brk) - 1
     dur = (ops["end"] - ops["ts"]).to_numpy(np.float64)
+    kind = text_of(host["kind"]) if isinstance(host["kind"].dtype, pd.CategoricalDtype) else host["kind"].astype(str).to_numpy()
+    marks = np.sort(host["ts"].to_numpy(np.int64)[(kind == "op") | (kind == "python")])
+    ts_all, end_all = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    held = np.searchsorted(marks, end_all, side="left") - np.searchsorted(marks, ts_all, side="left")
+    dur = np.maximum(dur - held * event_cost_ns, 0.2 * dur)
     dims = sub["input_dims"].to_numpy(object) if "input_dims" in sub else np.full(len(sub), None, object)
     types = sub["input_types"].to_numpy(object) if "input_types" in sub else np.full(len(sub), None, object)
     # bytes each member reads and writes, worked out once per distinct (types, shapes)
@@ -303,15 +311,16 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     reduction = np.asarray(name_matches(sub["name"], CPU_REDUCTION_OP), dtype=bool)
     written = np.where(reduction, 0.0, written)
     probes = dur[ew & np.isfinite(elements) & (elements <= DISPATCH_PROBE_ELEMENTS)]
-    d = float(np.median(probes)) if len(probes) >= MIN_DISPATCH_PROBES else None
+    # their lower quartile: every call pays its dispatch, a wait for a core only makes it longer
+    d = float(np.percentile(probes, 25)) if len(probes) >= MIN_DISPATCH_PROBES else None
     # The host time from each member to the next one of its chain (the Python or autograd glue
     # between them), at its median over like members, as the members' own time.
-    ts_all, end_all = ops["ts"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
     gap = np.zeros(len(ops), dtype=np.float64)
     same = np.zeros(len(ops), dtype=bool)
     if len(ops) > 1:
         same[:-1] = ew[:-1] & ew[1:] & (run[:-1] == run[1:])
-        gap[:-1] = np.where(same[:-1], np.maximum(ts_all[1:] - end_all[:-1], 0), 0.0)
+        between = np.searchsorted(marks, ts_all[1:], side="left") - np.searchsorted(marks, end_all[:-1], side="left")
+        gap[:-1] = np.where(same[:-1], np.maximum(ts_all[1:] - end_all[:-1] - between * event_cost_ns, 0), 0.0)
     gap = pd.Series(gap).groupby(like).transform("median").to_numpy(np.float64) * same
     frame = pd.DataFrame({"run": run[ew], "ts": ts_all[ew], "end": end_all[ew],
                           "dur": dur[ew], "gap": gap[ew], "read": read[ew], "written": written[ew]})
@@ -322,8 +331,7 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     if len(per) == 0:
         return CpuChains(empty.chains, d, int(ew.sum()), float(dur[ew].sum()))
     dispatch = d if d is not None else 0.0
-    work = (frame["dur"] - dispatch).clip(lower=0.0)
-    frame = frame.assign(work=work)
+    frame = frame.assign(work=(frame["dur"] - dispatch).clip(lower=0.0), disp=np.minimum(frame["dur"], dispatch))
     g = frame.groupby("run", sort=True)
     work_sum, work_max = g["work"].sum()[per.index], g["work"].max()[per.index]
     moved = (g["read"].sum() + g["written"].sum())[per.index]
@@ -333,7 +341,7 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     traffic = (work_sum * share).where(moved > 0)
     gaps = g["gap"].sum()[per.index]
     per = per.assign(
-        dispatch_ns=(per["members"] - 1) * dispatch + gaps.clip(lower=0.0),
+        dispatch_ns=(g["disp"].sum() - g["disp"].max())[per.index] + gaps.clip(lower=0.0),
         traffic_ns=traffic.to_numpy(np.float64),
         kept_ns=work_max.to_numpy(np.float64),
         typical_ns=per["ops_ns"] + gaps.clip(lower=0.0),
