@@ -42,7 +42,9 @@ MINIMUM: dict[str, tuple[int, int]] = {
     "part-of-step": (33, 21),
     "share-of-measured-step": (48, 28),
     "half-a-percent": (48, 28),
-    "tenth-alone": (9, 5),
+    # 7 with ../shared since disjoint host windows of two fixes in one gap add up (the
+    # replay took the larger before, leaving the second fix "nothing" on two more traces)
+    "tenth-alone": (7, 5),
     "saving-alone-number": (49, 28),
     "formats-agree": (73, 30),
     "recipe-change": (17, 10),
