@@ -42,10 +42,7 @@ MINIMUM: dict[str, tuple[int, int]] = {
     "part-of-step": (33, 21),
     "share-of-measured-step": (48, 28),
     "half-a-percent": (48, 28),
-    # 9 with ../shared before disjoint host windows of two fixes in one gap added up in the
-    # replay (it took the larger) and the CPU rules changed (unfused-attention under dropout,
-    # cpu-optimizer, unfused-elementwise on a CPU); 7 after, the invariant holding on each
-    "tenth-alone": (7, 5),
+    "tenth-alone": (9, 5),
     "saving-alone-number": (49, 28),
     "formats-agree": (73, 30),
     "recipe-change": (17, 10),

@@ -312,27 +312,17 @@ def _effective(g: StepGraph, change: Change) -> EffectiveArrays:
         return _host_time_in(g, ms, me, ov, own, scale)
 
     if change.host_remove:
-        # Fractions: windows of the same fraction merge; the largest fraction wins where they
-        # overlap, and disjoint windows in one gap each remove their own share (a CPU step is
-        # one gap: its matrix ops' threads and its optimizer's loop are two removals that add).
-        from advisor.metrics.intervals import intersect, subtract
+        # Fractions: windows of the same fraction merge; the largest fraction wins where they overlap.
+        from advisor.metrics.intervals import intersect
 
         windows, overlaps = {}, {}
         for frac in sorted({f for _, _, f in change.host_remove}):
             windows[frac], overlaps[frac] = _window_overlaps(g, [(a, b) for a, b, f in change.host_remove if f == frac])
         removed = np.zeros(len(gap))
         added = np.zeros(len(gap))
-        taken_s, taken_e = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        for frac in sorted((f for f in windows if f >= 0), reverse=True):
-            ms, me = windows[frac]
-            ov = overlaps[frac]
-            if len(taken_s) and len(intersect(ms, me, taken_s, taken_e)[0]):
-                ms, me = subtract(ms, me, taken_s, taken_e)
-                ov = _gap_overlap(g, ms, me)
-            removed += host_time(ms, me, ov) * frac
-            taken_s, taken_e = merge(np.concatenate([taken_s, windows[frac][0]]), np.concatenate([taken_e, windows[frac][1]]))
         for frac, (ms, me) in windows.items():
             if frac >= 0:
+                removed = np.maximum(removed, host_time(ms, me, overlaps[frac]) * frac)  # the largest removal wins where fixes overlap
                 continue
             # A negative fraction adds host time (more samples per step, a compute thread
             # fewer), except where a removal takes the same time away: time a fix removes is not
