@@ -16,7 +16,10 @@ flash CPU kernel takes no dropout: SDPA with `dropout_p > 0` in training runs th
 a CPU whatever the call, so a CPU call that draws a dropout mask (`aten::native_dropout` or
 `aten::bernoulli_` inside it, as `nn.TransformerEncoderLayer` and `nn.MultiheadAttention` do
 in training with their default dropout of 0.1) has no fused kernel to move to and is not
-counted. It fires where the estimated saving is at least `min_share` (2%) of the step.
+counted. Nor is attention inside PyTorch's own encoder fast path
+(`aten::_native_multi_head_attention`, `aten::_transformer_encoder_layer_fwd`: an
+`nn.TransformerEncoderLayer` in eval without grad), whose bmm, softmax, bmm are no code the
+user wrote to replace. It fires where the estimated saving is at least `min_share` (2%) of the step.
 
 Options: `min_share` (float, 0.02): the least saving, as a share of the step, worth a finding;
 `fused_peak_share` (float, 0.25): the share of the device's peak for the products' precision

@@ -3,7 +3,7 @@ the per-parameter optimizer and a DataLoader rebuilt every epoch.
 
 tests/data/advisorbench_cpu/runs/<workload> were recorded on the 2-core machine with
 `advisor profile --device cpu --warmup 2 --active 3 --no-memory benchmarks/advisorbench/workloads/<workload>.py`
-(loader_per_epoch: the default window, `--no-stack`), while other processes kept the machine
+(loader_per_epoch: the default window, `--no-stack`; inference_clean: the default window and memory), while other processes kept the machine
 busy (steps 50-150x their unprofiled time): the tests below read counts and structure, which
 the load does not change, and figures worked out from the raw events or the facts file.
 """
@@ -105,6 +105,21 @@ def test_the_dropout_evidence_is_read_per_call(run, dropout):
     host = rank_events(compute_metrics(load_trace(path))).host
     calls = unfused_attention(host).calls
     assert len(calls) > 0 and calls["dropout"].tolist() == [dropout] * len(calls)
+
+
+def test_attention_inside_pytorchs_own_encoder_fast_path_is_not_the_users_to_replace():
+    # inference_clean: nn.TransformerEncoderLayer in eval under inference_mode runs
+    # aten::_transformer_encoder_layer_fwd, whose aten::_native_multi_head_attention runs
+    # bmm, softmax, bmm inside it (by hand from the raw events below).
+    run = RUNS / "inference_clean"
+    events = _events(run)
+    native = [e for e in events if e["name"] == "aten::_native_multi_head_attention"]
+    # the attention's `aten::_softmax` is over the [4, 4, 32, 32] scores (the loop's own
+    # `.softmax(-1)` of the [4, 2] outputs is not attention)
+    softmax = [e for e in events if e["name"] == "aten::_softmax" and len((e.get("args", {}).get("Input Dims") or [[]])[0]) >= 3]
+    assert native and softmax
+    assert all(any(n["ts"] <= x["ts"] <= n["ts"] + n["dur"] for n in native) for x in softmax)
+    assert "unfused-attention" not in _all(run, **{"unfused-attention": {"min_share": 0.0}})
 
 
 def test_eager_attention_without_dropout_still_fires():

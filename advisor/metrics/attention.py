@@ -23,6 +23,10 @@ from advisor.metrics.precision import op_dtype
 MATMUL_OP = re.compile(r"^aten::(?:matmul|bmm|baddbmm)$")
 SOFTMAX_OP = re.compile(r"^aten::(?:softmax|_softmax|_safe_softmax)$")
 SDPA_MATH_OP = re.compile(r"^aten::_scaled_dot_product_attention_math(?:_for_mps)?$")
+# PyTorch's own fused encoder path (`nn.TransformerEncoderLayer` and `nn.MultiheadAttention`
+# in eval without grad): its bmm, softmax, bmm are inside the op, not code the user wrote and
+# could replace with F.scaled_dot_product_attention.
+NATIVE_MHA_OP = re.compile(r"^aten::(?:_native_multi_head_attention|_transformer_encoder_layer_fwd)$")
 # The ops that draw a dropout mask: they run only where dropout is on (training, p > 0); an
 # `aten::dropout` in eval returns its input and draws nothing.
 DROPOUT_MASK_OP = re.compile(r"^aten::(?:native_dropout|bernoulli_|_fused_dropout)$")
@@ -95,6 +99,24 @@ def _dropout_inside(host: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def _inside_native_mha(host: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+    """Whether each eager call lies inside one of PyTorch's own fused encoder ops on its thread."""
+    out = np.zeros(len(calls), dtype=bool)
+    native = host[name_matches(host["name"], NATIVE_MHA_OP)]
+    if len(native) == 0 or len(calls) == 0:
+        return out
+    tids = np.asarray(text_of(native["tid"]) if isinstance(native["tid"].dtype, pd.CategoricalDtype) else native["tid"].to_numpy())
+    eager = (calls["path"] == "eager").to_numpy()
+    for tid in np.unique(tids):
+        mine = tids == tid
+        s, e = merge(native["ts"].to_numpy(np.int64)[mine], native["end"].to_numpy(np.int64)[mine])
+        rows = eager & (calls["tid"] == tid).to_numpy()
+        ts = calls["ts"].to_numpy(np.int64)[rows]
+        j = np.searchsorted(s, ts, side="right") - 1
+        out[rows] = (j >= 0) & (calls["end"].to_numpy(np.int64)[rows] <= e[np.maximum(j, 0)])
+    return out
+
+
 def unfused_attention(host: pd.DataFrame) -> UnfusedAttention:
     """The SDPA math fallbacks and the eager softmax(QKᵀ)V sequences among the host ops.
 
@@ -140,6 +162,9 @@ def unfused_attention(host: pd.DataFrame) -> UnfusedAttention:
         return empty
     calls = pd.DataFrame(rows, columns=["path", "ts", "end", "flops", "dtype", "shape", "tid"]).sort_values("ts", kind="stable", ignore_index=True)
     calls["dropout"] = _dropout_inside(host, calls)
+    calls = calls[~_inside_native_mha(host, calls)].reset_index(drop=True)
+    if len(calls) == 0:
+        return empty
     if math.any():  # the products inside the math fallback's spans
         ms, me = merge(ts[math], end[math])
         inner = sel[sel["mm"].to_numpy(bool)]
