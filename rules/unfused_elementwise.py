@@ -130,16 +130,19 @@ the backward) likewise. What fusing a chain removes, in two parts:
 
 Per chain the two together never exceed its time less its costliest member's work (what the
 fused loop still does), nor the chain's window as it ran, and the fused loop's call from the
-generated code costs `COMPILED_HOST_NS_PER_KERNEL` of host time (a chain of a few small ops
-gains nothing: `tabular_clean`, a residual MLP of 128-wide layers, ran 4.1 → 6.6 and 13.0 →
-17.8 ms per step compiled, slower). That time is replayed as the host's
-work that much shorter per step (`host_shorter_by`): it is the chains' own work at their
-typical pace, without the profiler's cost, and it composes with another fix of the same host
-time by multiplying rather than hiding behind the larger removal. A wait for a core inside a chain (a busy machine, a thread's
-barrier in each parallel op) is not counted as work that fusing removes: on a busy machine the
-compile twins disagree about it (at a load of 8 on 2 cores `transformer_clean` compiled ran 17%
-and 25% faster, `tabular_clean` compiled 1.8× and 4× slower), so a CPU promise from a busy
-window is a floor for the chains' own work, not a measure of the waits. Before: `h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale`, then
+generated code costs `COMPILED_HOST_NS_PER_KERNEL` of host time: a chain of a few small ops
+gains nothing (`tabular_clean`, a residual MLP of 128-wide layers, ran 4.1 → 6.6 and 13.0 →
+17.8 ms per step compiled: slower). That time is replayed as the host's work that much shorter
+per step (`host_shorter_by`): it is the chains' own work at their typical pace, without the
+profiler's cost, and it composes with another fix of the same host time by multiplying rather
+than hiding behind the larger removal. A wait for a core inside a chain (a busy machine, a
+thread's barrier in each parallel op) is not counted as work that fusing removes: on a busy
+machine the compile twins disagree about it (at a load of 7 to 10 on 2 cores,
+`transformer_clean` compiled ran 25% and 17% faster in two pairs, `tabular_clean` compiled
+1.8× and 4× slower in two of three), so a CPU promise from a busy window is a floor for the
+chains' own work, not a measure of the waits.
+
+Before: `h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale`, then
 a gated tanh-GELU written op by op (AdvisorBench's `mlp_elementwise`: 16 ops per block, 12
 chains per step with the backward's); after: `model = torch.compile(model)`. The message and
 evidence (`promise_parts`) give the two parts, "up to" while no measured pair has checked them
