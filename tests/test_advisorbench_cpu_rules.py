@@ -43,7 +43,7 @@ def _all(run, **options) -> dict:
 
 
 def test_the_cpu_elementwise_chains_of_the_gated_mlp_are_counted_and_priced_in_parts():
-    f = _all(RUNS / "mlp_elementwise", **{"unfused-elementwise": {"min_share": 0.0}})["unfused-elementwise"]
+    f = _all(RUNS / "mlp_elementwise", **{"unfused-elementwise": {"min_cpu_share": 0.0}})["unfused-elementwise"]
     ev = f.evidence
     # By hand from the raw events of a step (mlp_elementwise.py: 4 GatedBlocks, then a linear):
     # forward, one chain per block from `pow` to the residual `add` (16 ops; `chunk` is a view),
@@ -79,7 +79,7 @@ def test_the_cpu_elementwise_rule_stays_under_the_benchmarks_floor_on_runs_witho
 def test_no_chain_no_cpu_finding_on_a_compiled_or_chainless_run():
     # eager_attention_cpu/sdpa: a model of matmuls and SDPA's fused kernel; whatever fires,
     # never a promise of fusing zero chains.
-    f = _all(REPO / "tests" / "data" / "eager_attention_cpu" / "runs" / "sdpa", **{"unfused-elementwise": {"min_share": 0.0}}).get("unfused-elementwise")
+    f = _all(REPO / "tests" / "data" / "eager_attention_cpu" / "runs" / "sdpa", **{"unfused-elementwise": {"min_cpu_share": 0.0}}).get("unfused-elementwise")
     assert f is None or f.evidence["chains_per_step"] > 0
 
 

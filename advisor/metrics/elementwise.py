@@ -183,7 +183,9 @@ __all__ = ["CpuChains", "cpu_elementwise_chains", "BATCH_NORM_KERNEL", "achieved
 # `evaluate_function` span is not an aten op, so the backward's ops count as the forward's).
 
 # Pointwise, reduction and normalisation ops that Inductor's CPU backend fuses with their
-# neighbours (their backward formulas too).
+# neighbours (their backward formulas too). Dropout is left out (its time is drawing random
+# numbers, which a fused loop still does), and so are casts and copies (often the input's own
+# preparation, outside the model).
 CPU_ELEMENTWISE_OP = re.compile(
     r"^aten::(?:add|sub|rsub|mul|div|pow|neg|abs|sign|reciprocal|exp|exp2|expm1|log|log1p|log2|sqrt|rsqrt|square|"
     r"tanh|sigmoid|relu|relu6|gelu|silu|mish|hardtanh|hardswish|hardsigmoid|leaky_relu|elu|selu|softplus|erf|sin|cos|"
@@ -193,8 +195,7 @@ CPU_ELEMENTWISE_OP = re.compile(
     r"softmax|_softmax|log_softmax|_log_softmax|_softmax_backward_data|_log_softmax_backward_data|"
     r"layer_norm|native_layer_norm|native_layer_norm_backward|rms_norm|_fused_rms_norm|"
     r"batch_norm|_batch_norm_impl_index|native_batch_norm|native_batch_norm_backward|_batch_norm_impl_index_backward|"
-    r"group_norm|native_group_norm|native_group_norm_backward|"
-    r"dropout|native_dropout|native_dropout_backward|to|_to_copy|copy_|clone|contiguous)_?$"
+    r"group_norm|native_group_norm|native_group_norm_backward)_?$"
 )
 # Ops that only make a view (no pass over memory): they neither join nor break a chain.
 CPU_VIEW_OP = re.compile(
