@@ -51,7 +51,8 @@ loader = DataLoader(train_set, batch_size=512, shuffle=True, num_workers=8,
 ```
 
 ## How the saving is estimated
-Per epoch: (a) the mean extra time of each epoch's first steps (each step's time over a typical
+Per epoch: (a) the mean extra time of each epoch's first steps (boundaries at the profiler's
+start or stop left out where another one is measured) (each step's time over a typical
 step, or its wait over the typical wait where more), until the wait is back to typical (at
 most `max_restart_steps`, 5, and never the epoch's last step), when workers are restarted, plus (b) the extra time
 of the epoch's last step when that batch is short. A recompilation on the first short batch
@@ -227,8 +228,12 @@ def epoch_ends(recorded: FactsFile, max_restart_steps: int = 5) -> EpochEnds | N
         typical_wait_ms=float(np.median(wait_ms[ordinary])) if wait_ms is not None else 0.0,
         run_steps=len(step_ms) - 1,
     )
+    # A boundary at the profiler's start or stop (the step before the window, its first, the
+    # step after it) holds the profiler's own work: measured only where no other boundary is.
+    edges = {min(profiled) - 1, min(profiled), max(profiled) + 1} if profiled else set()
+    measured = [s for s in starts if s not in edges] or starts
     if loader.num_workers and not loader.persistent_workers and wait_ms is not None:
-        for s in starts:
+        for s in measured:
             # What a restart costs: the whole extra time of the epoch's first steps, not only
             # their wait for a batch: the old iterator's teardown (its workers joined in the
             # `__next__` that ends the epoch), the new one's start (forking the workers, in
