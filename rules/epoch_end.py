@@ -9,10 +9,10 @@ run crossed after its first step, and what each cost beyond a typical step:
   and fill the prefetch queue before the first batch arrives. A loop that builds a new
   DataLoader every epoch does the same: the facts file then holds one loader per epoch, each
   begun once, and loaders with the same dataset and settings are read as one. Measured as the
-  epoch's first steps' time over a typical step, or their wait for a batch over the typical
-  wait where that is more: the old iterator's teardown (its workers joined in the `__next__`
-  that ends the epoch) and the new one's start (forking the workers in `iter()`) are in the
-  step, not in the wait.
+  wait for the first batches of the epoch above the typical wait. The old iterator's teardown
+  and the new one's start (forking the workers in `iter()`) are in the step, not in the wait,
+  but under the profiler they cost several times what they do unprofiled, so the step's own
+  excess is not taken (it promised 63–74% on `loader_per_epoch`, measured 12–29%).
 - **a short last batch**: with `drop_last=False` and a dataset that the batch size does not
   divide, the last step of each epoch has a different shape, which makes a compiled model
   recompile (the first time) and cuDNN autotune again. Measured as that step's time above a
@@ -51,10 +51,11 @@ loader = DataLoader(train_set, batch_size=512, shuffle=True, num_workers=8,
 ```
 
 ## How the saving is estimated
-Per epoch: (a) the mean extra time of each epoch's first steps (boundaries at the profiler's
-start or stop left out where another one is measured) (each step's time over a typical
-step, or its wait over the typical wait where more), until the wait is back to typical (at
-most `max_restart_steps`, 5, and never the epoch's last step), when workers are restarted, plus (b) the extra time
+Per epoch: (a) the mean extra wait of each epoch's first steps over the typical wait (a
+boundary in the window against the window's, one outside against the unprofiled steps'),
+until the wait is back to typical (at most `max_restart_steps`, 5, and never the epoch's
+last step), when workers are restarted, boundaries at the profiler's start or stop left out
+where another one is measured, plus (b) the extra time
 of the epoch's last step when that batch is short. A recompilation on the first short batch
 happens once per run: it is reported, not counted, when later epochs show the steady cost or
 when it is the only one seen. The first epoch's start is left out (workers start once anyway).
@@ -67,9 +68,8 @@ epoch began at, medium when the boundaries are computed from the dataset length.
 Before (AdvisorBench's `loader_per_epoch`: 96 samples in batches of 32, one worker, a new
 DataLoader each epoch): the wait alone gave 15.9% where the pair measured 29.4%, the workers'
 start and the teardown being outside the wait; after: one DataLoader with
-`persistent_workers=True`. Counting the whole step, the figure moves from one profile to the
-next, since the window (9 steps) holds two epoch ends, one next to the profiler's start: 15.7%
-to 65.7% promised from four profiles where quiet pairs measured 28–29%.
+`persistent_workers=True`. The window (9 steps) holds two epoch ends, one next to the
+profiler's start, so the figure moves from one profile to the next.
 
 Reference: https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader
 """
@@ -234,10 +234,12 @@ def epoch_ends(recorded: FactsFile, max_restart_steps: int = 5) -> EpochEnds | N
     measured = [s for s in starts if s not in edges] or starts
     if loader.num_workers and not loader.persistent_workers and wait_ms is not None:
         for s in measured:
-            # What a restart costs: the whole extra time of the epoch's first steps, not only
-            # their wait for a batch: the old iterator's teardown (its workers joined in the
-            # `__next__` that ends the epoch), the new one's start (forking the workers, in
-            # `iter()`), and the wait for the first batches while they fill the queue.
+            # What a restart costs: the wait of the epoch's first steps for their batches over
+            # the typical wait, until it is back to typical. The step's time over a typical
+            # step would hold the workers' start and the old ones' teardown too, but under the
+            # profiler forking a worker costs several times what it does unprofiled
+            # (AdvisorBench's loader_per_epoch: ~90 ms more per boundary step in the window,
+            # ~12 ms per epoch measured unprofiled), so the wait is the figure kept.
             typ_step, typ_wait = typical_of[bool(in_window[s])] or (ends.typical_step_ms, ends.typical_wait_ms)
             tolerance = 2 * typ_wait + 1.0
             extra = 0.0
@@ -245,7 +247,7 @@ def epoch_ends(recorded: FactsFile, max_restart_steps: int = 5) -> EpochEnds | N
                 if i > s and wait_ms[i] <= tolerance:
                     break
                 typ_step, typ_wait = typical_of[bool(in_window[i])] or (ends.typical_step_ms, ends.typical_wait_ms)
-                extra += max(step_ms[i] - typ_step, wait_ms[i] - typ_wait, 0.0)
+                extra += max(wait_ms[i] - typ_wait, 0.0)
             ends.restart_ms.append(float(extra))
     if short:
         ends.short_batch_size = size % bs
