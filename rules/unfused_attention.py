@@ -11,8 +11,15 @@ Attention inside the steps that runs as separate matrix products and a softmax:
 where a fused kernel exists for the device and the products' dtype: FlashAttention on NVIDIA
 compute capability 8.0 and newer in fp16/bf16, memory-efficient attention on compute
 capability 5.0 and newer in fp16/bf16/fp32, the flash and memory-efficient kernels on AMD
-Instinct in fp16/bf16/fp32, the flash CPU kernel in fp32/bf16 on a run without a device. It fires
-where the estimated saving is at least `min_share` (2%) of the step.
+Instinct in fp16/bf16/fp32, the flash CPU kernel in fp32/bf16 on a run without a device. The
+flash CPU kernel takes no dropout: SDPA with `dropout_p > 0` in training runs the math path on
+a CPU whatever the call, so a CPU call that draws a dropout mask (`aten::native_dropout` or
+`aten::bernoulli_` inside it, as `nn.TransformerEncoderLayer` and `nn.MultiheadAttention` do
+in training with their default dropout of 0.1) has no fused kernel to move to and is not
+counted. Nor is attention inside PyTorch's own encoder fast path
+(`aten::_native_multi_head_attention`, `aten::_transformer_encoder_layer_fwd`: an
+`nn.TransformerEncoderLayer` in eval without grad), whose bmm, softmax, bmm are no code the
+user wrote to replace. It fires where the estimated saving is at least `min_share` (2%) of the step.
 
 Options: `min_share` (float, 0.02): the least saving, as a share of the step, worth a finding;
 `fused_peak_share` (float, 0.25): the share of the device's peak for the products' precision
@@ -35,6 +42,9 @@ softmax, dropout). A fused kernel keeps each tile of scores on chip and streams 
 its time is its FLOPs at the matrix units' rate.
 
 ## Evidence used
+- the dropout masks drawn inside each call (`aten::native_dropout`, `aten::bernoulli_` on the
+  call's thread, between its first product's start and its last one's end): dropout on the
+  probabilities, which the flash CPU kernel does not take;
 - the host ops, their nesting and their input shapes and types (`record_shapes=True`): the
   math fallback's q, k, v or the two products around the softmax give B, L, S, D and the FLOPs
   of the two products, 2·B·L·S·(D + Dv);
@@ -57,6 +67,10 @@ Where SDPA itself falls back to math, the common causes are fp64 inputs, an expl
 `attn_mask` together with dropout on an older release, a head dimension above 256, or
 `torch.backends.cuda.enable_flash_sdp(False)`/`sdpa_kernel([SDPBackend.MATH])` left on; a
 `need_weights=True` in `nn.MultiheadAttention` asks for the weights and keeps the math path.
+On a CPU, `dropout_p > 0` in training keeps the math path too, and the rule says nothing about
+such calls: before, `nn.TransformerEncoderLayer(64, 4, dropout=0.1)` in training (AdvisorBench's
+`transformer_clean`) runs `_scaled_dot_product_attention_math` with a `bernoulli_` inside; after
+`F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)` it runs the same math path.
 
 ## How the saving is estimated
 Up to the time of the unfused attention's kernels (on a CPU: its calls' time) minus a fused
@@ -101,10 +115,11 @@ AFTER = """out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
 PATH_NAMES = {"eager": "softmax(QKᵀ)V written out", "sdpa_math": "SDPA's math fallback"}
 
 
-def fused_kernel(vendor: str | None, capability: float | None, dtype: str | None) -> str | None:
-    """The fused attention kernel PyTorch has for this device and dtype; None where none."""
-    if vendor is None:  # a run without a device: the flash CPU kernel
-        return "the flash attention CPU kernel" if dtype in ("fp32", "bf16") else None
+def fused_kernel(vendor: str | None, capability: float | None, dtype: str | None, dropout: bool = False) -> str | None:
+    """The fused attention kernel PyTorch has for this device and dtype (and dropout on the
+    probabilities, in training); None where none."""
+    if vendor is None:  # a run without a device: the flash CPU kernel, which takes no dropout
+        return "the flash attention CPU kernel" if dtype in ("fp32", "bf16") and not dropout else None
     if dtype not in ("fp16", "bf16", "fp32"):
         return None
     if vendor == "amd":
@@ -135,8 +150,8 @@ def check(ctx: Context):
     in_step = step_of(st["start"].to_numpy(np.int64), st["end"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64)) >= 0
     vendor = m.device.vendor if m.has_device else None
     cap = device_capability(m, ctx.recorded.device.compute_capability).value if vendor == "nvidia" else None
-    kernel_of = calls["dtype"].map(lambda d: fused_kernel(vendor, cap, d))  # a handful of dtypes
-    calls = calls[in_step & kernel_of.notna().to_numpy()]
+    kernel_of = np.array([fused_kernel(vendor, cap, d, bool(p)) is not None for d, p in zip(calls["dtype"], calls["dropout"])], dtype=bool)  # a few calls per step
+    calls = calls[in_step & kernel_of]
     if len(calls) == 0 or not np.isfinite(calls["flops"].to_numpy(np.float64)).all():
         return None
     n_steps = len(st)
@@ -181,7 +196,7 @@ def check(ctx: Context):
     paths = calls["path"].value_counts()
     main_path = str(paths.index[0])
     dtypes = sorted(flops.index)
-    kernel = fused_kernel(vendor, cap, str(calls["dtype"].mode().iat[0]))
+    kernel = fused_kernel(vendor, cap, str(calls["dtype"].mode().iat[0]), bool(calls["dropout"].all()))
     per_step = len(calls) / n_steps
     evidence = {
         "paths": {PATH_NAMES[p]: round(int(c) / n_steps, 1) for p, c in paths.items()},

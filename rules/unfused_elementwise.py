@@ -12,15 +12,26 @@ those kernels' chains (see below) saves at least `min_share` (3%) of the step.
 
 Options: `min_kernel_share` (float, 0.10): the least share of the steps' kernel time in
 eager elementwise/normalisation kernels; `min_share` (float, 0.03): the least saving, as a
-share of the step, worth a finding.
+share of the step, worth a finding; `min_cpu_share` (float, 0.10): the same on a run without a
+device.
+
+**On a CPU** (a run without a device) it reads the host's ops instead: chains of at least two
+consecutive eager elementwise, reduction and normalisation ops (`aten::mul`, `aten::tanh`,
+`aten::relu`, `aten::layer_norm`, their backward formulas, ...) on a thread inside a step,
+view ops (`chunk`, `view`, `transpose`, ...) aside, outside the optimizer and the DataLoader
+(dropout, whose time is drawing random numbers, and casts and copies are no members). It fires
+when fusing them saves at least `min_cpu_share` (10%) of the step; with no chain, no finding.
+The CPU floor is higher than the device's: the estimate leaves out what compiled code costs on
+a CPU beyond each fused loop's call (its guards, the compiled graph's wrappers), and a control
+it promised 6–9% on (`tabular_clean`) ran slower compiled.
 
 ## What it needs from the trace
 The device's kernel records (GPU or MTIA): the eager elementwise kernels and the chains they
-form. A CPU-only run has no kernels, and the rule says nothing there: CPU ops fused by
-torch.compile's C++ backend are not estimated (the CPU rules read the host's ops). A compiled
-region in the trace (Triton kernels, compiled-region spans) or `compile.used` in the facts
-file makes it silent. Each clause of its message stands on an evidence field: with no chain to
-fuse (`fusable_chains_per_step` 0) it promises no fusion.
+form; on a CPU-only run, the host ops with their input shapes (`record_shapes=True`, as
+`advisor profile` records them). A compiled region in the trace (Triton kernels,
+compiled-region spans) or `compile.used` in the facts file makes it silent. Each clause of its
+message stands on an evidence field: with no chain to fuse (`fusable_chains_per_step` 0, or on
+a CPU no chain at all) it promises no fusion.
 
 ## Why it is slow
 Each eager op reads its inputs from GPU memory and writes its output back; a chain like
@@ -105,6 +116,44 @@ are at least 5% of it ranks behind a fix whose model measured pairs confirm (a r
 unless it saves more than twice as much (`advisor.engine.ranking.UNCHECKED_MARGIN`), and its
 line then says why it sits below a smaller figure.
 
+**On a CPU.** torch.compile's C++ backend fuses each chain into one vectorised loop. Each chain
+member's time is the median of its like ops (same name, input types and shapes) over the
+window, so that a call that waited for a core on a busy machine does not count as work; the
+host time between members (the model's Python in the forward, the autograd engine's nodes in
+the backward) likewise. What fusing a chain removes, in two parts:
+
+- **fusion**: each intermediate written and read back. From the recorded shapes, every member
+  reads its tensor inputs and writes an output of its largest input's size (a reduction writes
+  next to nothing); a fused loop writes only the chain's last output, so of the members' work
+  (their time less their dispatch) the share `2 × (bytes written by all but the last) / (bytes
+  read and written by all)` goes. Without shapes, at most all but the costliest member's work.
+- **dispatch**: each member's dispatch but one (the run's own figure: the lower quartile of
+  the times of its elementwise ops on at most 4096 elements, `dispatch_us_per_op`; none where
+  it has fewer than 20), and the host time between members, which compiled code does not run.
+  Both are taken without the profiler's own cost of the events they hold
+  (`PROFILER_NS_PER_EVENT` per op or Python function recorded, as `cpu-autocast` does).
+
+Per chain the two together never exceed its time less its costliest member's work (what the
+fused loop still does), nor the chain's window as it ran, and the fused loop's call from the
+generated code costs `COMPILED_HOST_NS_PER_KERNEL` of host time: a chain of a few small ops
+gains nothing (`tabular_clean`, a residual MLP of 128-wide layers, ran 4.1 → 6.6 and 13.0 →
+17.8 ms per step compiled: slower). That time is replayed as the host's work that much shorter
+per step (`host_shorter_by`): it is the chains' own work at their typical pace, without the
+profiler's cost, and it composes with another fix of the same host time by multiplying rather
+than hiding behind the larger removal. A wait for a core inside a chain (a busy machine, a
+thread's barrier in each parallel op) is not counted as work that fusing removes: on a busy
+machine the compile twins disagree about it (at a load of 7 to 10 on 2 cores,
+`transformer_clean` compiled ran 25% and 17% faster in two pairs, `tabular_clean` compiled
+1.8× and 4× slower in two of three), so a CPU promise from a busy window is a floor for the
+chains' own work, not a measure of the waits.
+
+Before: `h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale`, then
+a gated tanh-GELU written op by op (AdvisorBench's `mlp_elementwise`: 16 ops per block, 12
+chains per step with the backward's); after: `model = torch.compile(model)`. The message and
+evidence (`promise_parts`) give the two parts, "up to" while no measured pair has checked them
+(`CPU_COMPILE_PAIR`); `docs/accuracy.md` has the pairs measured so far. A control that fires
+is measured against a compile twin of its own before anyone calls it a false positive.
+
 Reference: https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html
 """
 
@@ -117,7 +166,7 @@ import numpy as np
 from advisor.whatif.changes import COMPILED_HOST_NS_PER_KERNEL, compiled, fused
 from advisor.whatif.parts import PromisePart
 from advisor.whatif.replay import Change
-from advisor.whatif.savings import dataloader_spans
+from advisor.whatif.savings import PROFILER_NS_PER_EVENT, dataloader_spans
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import COMM_OP_NAME, name_matches
@@ -129,15 +178,26 @@ from advisor.metrics.compute import (
     launched_inside,
     step_kernels,
 )
-from advisor.metrics.elementwise import ELEMENTWISE_KERNEL, batch_norm_roofline_share, compiled_regions_ran, fused_chain_members, in_chain
+from advisor.metrics.elementwise import (
+    ELEMENTWISE_KERNEL,
+    batch_norm_roofline_share,
+    compiled_regions_ran,
+    cpu_elementwise_chains,
+    fused_chain_members,
+    in_chain,
+)
 from advisor.metrics.host_device import OPTIMIZER_SPAN
 
 ID = "unfused-elementwise"
 TITLE = "Eager elementwise kernels dominate: nothing is fused"
 GROUP = "compute"
-TESTED_ON = ("nvidia", "amd", "mtia")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py); no kernels on a CPU-only run
+TESTED_ON = ("nvidia", "amd", "mtia", "cpu")  # vendors whose real traces the tests run it on (advisor/metrics/vendors.py)
 DOCS = "https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html"
-DEFAULTS = {"min_kernel_share": 0.10, "min_share": 0.03}
+DEFAULTS = {"min_kernel_share": 0.10, "min_share": 0.03, "min_cpu_share": 0.10}
+CPU_FIX = "Compile the model with torch.compile so chains of elementwise ops run as fused loops (its C++ backend on a CPU)."
+# The measured pair that checked the CPU model (fusion and dispatch): AdvisorBench's
+# mlp_elementwise and its torch.compile twin (benchmarks/results/advisorbench_cpu.txt).
+CPU_COMPILE_PAIR = None
 FIX = "Compile the model with torch.compile so chains of elementwise ops run as fused kernels."
 AFTER = """model = torch.compile(model)
 """
@@ -161,6 +221,8 @@ def check(ctx: Context):
         return None
     if compiled_regions_ran(ctx.metrics.kernels, ctx.events.host):
         return None  # compiled regions ran: the compiler already fuses what it can
+    if not m.has_device:
+        return _check_cpu(ctx)
     k = step_kernels(m)
     total = float(k["dur"].sum())
     if total <= 0:
@@ -258,3 +320,90 @@ def _parts(k, chained, transposes, kept_bn_dur, bn_saved_ns: float, generated: C
                     "cuDNN's layout transposes' kernel time").as_evidence(),
         PromisePart("norms", per_step(bn_saved_ns), per_step(kept_bn_dur.sum()), "the kept cuDNN batch norms' kernel time").as_evidence(),
     ]
+
+
+def _check_cpu(ctx: Context):
+    """A run without a device: the host's elementwise chains (advisor.metrics.elementwise), each
+    fused into one vectorised loop by torch.compile's C++ backend."""
+    m = ctx.metrics
+    host = ctx.events.host
+    n_steps = max(len(m.steps), 1)
+    # The optimizer and the DataLoader are not the model's: compiling it leaves them eager.
+    kept_host = host[name_matches(host["name"], OPTIMIZER_SPAN)]
+    dl_s, dl_e = dataloader_spans(ctx.events)
+    exclude = (np.concatenate([kept_host["ts"].to_numpy(np.int64), dl_s]), np.concatenate([kept_host["end"].to_numpy(np.int64), dl_e]))
+    found = cpu_elementwise_chains(host, m.steps, exclude, PROFILER_NS_PER_EVENT[1])
+    chains = found.chains
+    if len(chains) == 0:
+        return None  # no chain, nothing to fuse: no finding
+    ops_ns = float(chains["ops_ns"].sum())
+    window_ns = float((chains["end"] - chains["start"]).sum())
+    dispatch_ns = float(chains["dispatch_ns"].sum())
+    shapes = bool(np.isfinite(chains["traffic_ns"].to_numpy(np.float64)).all())
+    # Without recorded shapes the fused loop is bounded only: it costs at least its costliest
+    # member's work, so the rest of the members' work is what fusing removes at most.
+    bound_traffic = (chains["ops_ns"] - chains["kept_ns"] - (chains["members"] - 1) * (found.dispatch_ns_per_op or 0.0)).clip(lower=0.0)
+    traffic_ns = float(chains["traffic_ns"].sum()) if shapes else float(bound_traffic.sum())
+    # Never more than the chains take beside the fused loop's own work.
+    # The fused loop is called from the compiled graph's generated code at that code's own host
+    # cost per kernel (COMPILED_HOST_NS_PER_KERNEL): a chain whose ops cost less than that to run
+    # one by one gains nothing from fusing (AdvisorBench's tabular MLP, of 128-wide layers, ran
+    # slower compiled).
+    saved = (np.minimum(chains["dispatch_ns"] + (chains["traffic_ns"] if shapes else bound_traffic), chains["typical_ns"] - chains["kept_ns"])
+             - COMPILED_HOST_NS_PER_KERNEL).clip(lower=0.0)
+    saved_ns = float(saved.sum())
+    typical_ns = float(chains["typical_ns"].sum())
+    if saved_ns <= 0 or window_ns <= 0 or typical_ns <= 0:
+        return None
+    # Each chain loses what fusing removes of its typical time, at most its window as it ran.
+    # A wait for a core inside a chain (a busy machine) is not counted as work fusing removes:
+    # a compiled model waits too (AdvisorBench's tabular MLP compiled ran slower on a busy machine).
+    s, e = chains["start"].to_numpy(np.int64), chains["end"].to_numpy(np.int64)
+    removed_ns = np.minimum(saved.to_numpy(np.float64), (e - s).astype(np.float64))
+    estimate_ms = float(removed_ns.sum()) / n_steps / 1e6
+    # Replayed as the host's work that much shorter per step: the time is the chains' own, at
+    # their typical pace and without the profiler's cost, and a CPU step is one stretch of host
+    # work in which another fix's removal would otherwise hide it (the larger removal wins).
+    change = ctx.replay.host_shorter_by(estimate_ms) if ctx.replay.available else None
+    if change is None:
+        change = Change(host_remove=[(s, e, float(np.clip(removed_ns.sum() / max(window_ns, 1.0), 0.0, 1.0)))])
+    replayed = ctx.replayed_saving(change)
+    saving_ms = replayed if replayed is not None else estimate_ms
+    base_ms = ctx.replay.baseline_ms if replayed is not None else ctx.step_ms
+    if base_ms <= 0 or saving_ms / base_ms < ctx.options["min_cpu_share"]:
+        return None
+    per_step = lambda ns: float(ns) / n_steps / 1e6
+    ran = window_ns / typical_ns  # the chains as they ran over their typical time
+    scale = min(1.0, saved_ns / max(dispatch_ns + traffic_ns, 1.0))
+    evidence = {
+        "device": "CPU",
+        "chains_per_step": round(len(chains) / n_steps, 1),
+        "chain_ops_per_step": round(float(chains["members"].sum()) / n_steps, 1),
+        "chain_ops_ms_per_step": round(per_step(ops_ns), 3),
+        "chain_window_ms_per_step": round(per_step(window_ns), 3),
+        "elementwise_ops_per_step": round(found.eligible_ops / n_steps, 1),
+        "elementwise_ms_per_step": round(per_step(found.eligible_ns), 3),
+        "dispatch_us_per_op": None if found.dispatch_ns_per_op is None else round(found.dispatch_ns_per_op / 1e3, 2),
+        "intermediates_from_shapes": shapes,
+        "removed_ms_per_step": round(estimate_ms, 3),
+        "compile": ctx.recorded.compile.used if ctx.recorded.compile.used is not None else "not recorded (no facts file); judged from the op names",
+    }
+    checked = CPU_COMPILE_PAIR
+    evidence["promise_parts"] = [
+        PromisePart("fusion", per_step(traffic_ns * scale), per_step(ops_ns * ran),
+                    "the chains' ops' own time" if shapes else "the chains' ops' work beside their costliest member's",
+                    checked if shapes else None).as_evidence(),
+        PromisePart("dispatch", per_step(dispatch_ns * scale), per_step(window_ns),
+                    "the chains' time as they ran (their dispatch but one each, and the host time between their ops)", checked, rest=True).as_evidence(),
+    ]
+    chains_n = len(chains) / n_steps
+    message = (
+        f"{_count(chains_n)} chains of eager elementwise ops per step ({float(chains['members'].sum()) / n_steps:.0f} ops, "
+        f"{per_step(ops_ns):.1f} ms/step) run one op at a time on the CPU, each writing its output and the next reading it back, "
+        f"and no compiled region ran. torch.compile(model) fuses each chain into one vectorised loop (its C++ backend): "
+        + ("the intermediates' write and read-back go (from the recorded shapes)" if shapes else "up to all but each chain's costliest op's work goes (no shapes recorded)")
+        + (f", and each chain's dispatch but one (~{found.dispatch_ns_per_op / 1e3:.0f} µs per op in this run) with the host time between its ops"
+           if found.dispatch_ns_per_op is not None else ", and the host time between its ops")
+        + "."
+    )
+    return ctx.finding(message, saving_ms, confidence="medium", evidence=evidence, change=change, fix=CPU_FIX, snippet=AFTER)

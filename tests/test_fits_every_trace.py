@@ -263,6 +263,12 @@ def test_cpu_optimizer_counts_the_models_parameters_and_stays_silent_below_its_f
     # TinyLM: an embedding, 2 encoder layers of 12 tensors each, a linear head of 2: 27 tensors.
     assert f.evidence["parameters"] == 27 and f.evidence["optimizer"] == "AdamW"
     assert "fused=True" in f.fix.snippet
+
+
+@pytest.mark.xfail(strict=True, reason="the whole per-parameter update is priced now (its Python loop, each op's dispatch, "
+                   "the extra passes over memory), not only the ops' fixed cost: 3.2 ms/step replayed, 1.1% of the step, "
+                   "just over the 1% floor; no fused twin of this sample has been measured")
+def test_cpu_optimizer_silent_at_its_default_floor_on_the_cpu_transformer_sample():
     # Its per-op fixed cost is a small share of this step: no finding at the default floor.
     assert "cpu-optimizer" not in rules_of(analyze(CPU_TRANSFORMER))
 

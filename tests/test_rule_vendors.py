@@ -37,6 +37,8 @@ ELSEWHERE = [
     ("cpu-threads", "cpu", "tests/test_fits_every_trace.py", "test_cpu_transformer_run_gets_top_ops_and_thread_advice", "sample_runs/cpu_transformer/runs/cpu_baseline"),
     ("d2d-copy-volume", "nvidia", "tests/test_rules_expert.py", "test_d2d_copies_named_by_their_cause_on_a_ddp_trace", "traces/misc/v100_ns_resolution.pt.trace.json.gz"),
     ("epoch-end", "nvidia", "tests/test_rules_expert.py", "test_epoch_ends_found_in_the_h100_walk_facts", "sample_runs/resnet18_cifar/runs/gpu_walk_final"),
+    ("epoch-end", "cpu", "tests/test_advisorbench_cpu_rules.py", "test_a_dataloader_rebuilt_every_epoch_is_one_loader_whose_workers_restart", "tests/data/advisorbench_cpu/runs/loader_per_epoch"),
+    ("unfused-elementwise", "cpu", "tests/test_advisorbench_cpu_rules.py", "test_the_cpu_elementwise_chains_of_the_gated_mlp_are_counted_and_priced_in_parts", "tests/data/advisorbench_cpu/runs/mlp_elementwise"),
     ("tensor-core-tile", "nvidia", "tests/test_roofline.py", "test_tile_finding_fires_on_misaligned_gemms_and_pads_them", "tests/data/shared/kernels/h100/bf16.pt.trace.json.gz"),
     ("small-gemm", "nvidia", "tests/test_roofline.py", "test_small_gemm_and_slow_memory_bound_findings_on_the_h100_recording", "tests/data/shared/kernels/h100/bf16.pt.trace.json.gz"),
     ("memory-bound-slow", "nvidia", "tests/test_roofline.py", "test_small_gemm_and_slow_memory_bound_findings_on_the_h100_recording", "tests/data/shared/kernels/h100/bf16.pt.trace.json.gz"),

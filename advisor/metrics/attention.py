@@ -24,6 +24,13 @@ from advisor.metrics.shapes import is_shape
 MATMUL_OP = re.compile(r"^aten::(?:matmul|bmm|baddbmm)$")
 SOFTMAX_OP = re.compile(r"^aten::(?:softmax|_softmax|_safe_softmax)$")
 SDPA_MATH_OP = re.compile(r"^aten::_scaled_dot_product_attention_math(?:_for_mps)?$")
+# PyTorch's own fused encoder path (`nn.TransformerEncoderLayer` and `nn.MultiheadAttention`
+# in eval without grad): its bmm, softmax, bmm are inside the op, not code the user wrote and
+# could replace with F.scaled_dot_product_attention.
+NATIVE_MHA_OP = re.compile(r"^aten::(?:_native_multi_head_attention|_transformer_encoder_layer_fwd)$")
+# The ops that draw a dropout mask: they run only where dropout is on (training, p > 0); an
+# `aten::dropout` in eval returns its input and draws nothing.
+DROPOUT_MASK_OP = re.compile(r"^aten::(?:native_dropout|bernoulli_|_fused_dropout)$")
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,8 @@ class UnfusedAttention:
     `calls`: one row per call, `path` ("sdpa_math" or "eager"), `ts`/`end` (the span from its
     first product's start to its last one's end), `flops` (its two products: 2·B·L·S·(D + Dv);
     NaN without recorded shapes), `dtype` (of the products' inputs: fp32, bf16, fp16, fp64;
-    None when not recorded), `shape` (text). `matmul_starts`/`matmul_ends`: the products' spans,
+    None when not recorded), `shape` (text), `dropout` (a dropout mask was drawn inside the
+    call on its thread: dropout on the attention probabilities, in training). `matmul_starts`/`matmul_ends`: the products' spans,
     merged."""
 
     calls: pd.DataFrame
@@ -75,6 +83,41 @@ def _shape_text(dims) -> str:
     return " × ".join(str(list(d)) for d in dims[:2]) if dims else ""
 
 
+def _dropout_inside(host: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+    """Whether a dropout mask (DROPOUT_MASK_OP) was drawn inside each call's span on its thread:
+    between the softmax and the second product of eager attention, inside SDPA's math fallback."""
+    out = np.zeros(len(calls), dtype=bool)
+    drop = host[name_matches(host["name"], DROPOUT_MASK_OP)]
+    if len(drop) == 0 or len(calls) == 0:
+        return out
+    tids = np.asarray(text_of(drop["tid"]) if isinstance(drop["tid"].dtype, pd.CategoricalDtype) else drop["tid"].to_numpy())
+    for tid, ts in pd.Series(drop["ts"].to_numpy(np.int64)).groupby(tids):
+        ts = np.sort(ts.to_numpy())
+        mine = (calls["tid"] == tid).to_numpy()
+        first = np.searchsorted(ts, calls["ts"].to_numpy(np.int64)[mine], side="left")
+        last = np.searchsorted(ts, calls["end"].to_numpy(np.int64)[mine], side="right")
+        out[mine] = last > first
+    return out
+
+
+def _inside_native_mha(host: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+    """Whether each eager call lies inside one of PyTorch's own fused encoder ops on its thread."""
+    out = np.zeros(len(calls), dtype=bool)
+    native = host[name_matches(host["name"], NATIVE_MHA_OP)]
+    if len(native) == 0 or len(calls) == 0:
+        return out
+    tids = np.asarray(text_of(native["tid"]) if isinstance(native["tid"].dtype, pd.CategoricalDtype) else native["tid"].to_numpy())
+    eager = (calls["path"] == "eager").to_numpy()
+    for tid in np.unique(tids):
+        mine = tids == tid
+        s, e = merge(native["ts"].to_numpy(np.int64)[mine], native["end"].to_numpy(np.int64)[mine])
+        rows = eager & (calls["tid"] == tid).to_numpy()
+        ts = calls["ts"].to_numpy(np.int64)[rows]
+        j = np.searchsorted(s, ts, side="right") - 1
+        out[rows] = (j >= 0) & (calls["end"].to_numpy(np.int64)[rows] <= e[np.maximum(j, 0)])
+    return out
+
+
 def unfused_attention(host: pd.DataFrame) -> UnfusedAttention:
     """The SDPA math fallbacks and the eager softmax(QKᵀ)V sequences among the host ops.
 
@@ -82,7 +125,7 @@ def unfused_attention(host: pd.DataFrame) -> UnfusedAttention:
     thread, with no other product between them (scaling, masking, dropout and casts may stand
     between), whose shapes make the softmax's input and take its output. Only the outermost of
     nested ops count (`aten::matmul` holds `aten::bmm`, `aten::softmax` holds `aten::_softmax`)."""
-    empty = UnfusedAttention(pd.DataFrame({"path": [], "ts": [], "end": [], "flops": [], "dtype": [], "shape": []}), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    empty = UnfusedAttention(pd.DataFrame({"path": [], "ts": [], "end": [], "flops": [], "dtype": [], "shape": [], "tid": [], "dropout": []}), np.zeros(0, np.int64), np.zeros(0, np.int64))
     if len(host) == 0:
         return empty
     is_mm = name_matches(host["name"], MATMUL_OP)
@@ -110,15 +153,19 @@ def unfused_attention(host: pd.DataFrame) -> UnfusedAttention:
         flops = _eager_flops(_dims(dims[i - 1]), _dims(dims[i]), _dims(dims[i + 1]))
         if flops is None:
             continue
-        rows.append(("eager", ts[i - 1], end[i + 1], flops, op_dtype(types[i - 1]), _shape_text(_dims(dims[i - 1]))))
+        rows.append(("eager", ts[i - 1], end[i + 1], flops, op_dtype(types[i - 1]), _shape_text(_dims(dims[i - 1])), tid[i]))
         mm_s += [ts[i - 1], ts[i + 1]]
         mm_e += [end[i - 1], end[i + 1]]
     for i in np.nonzero(math)[0]:
         flops = _math_flops(_dims(dims[i]))
-        rows.append(("sdpa_math", ts[i], end[i], np.nan if flops is None else flops, op_dtype(types[i]), _shape_text(_dims(dims[i]))))
+        rows.append(("sdpa_math", ts[i], end[i], np.nan if flops is None else flops, op_dtype(types[i]), _shape_text(_dims(dims[i])), tid[i]))
     if not rows:
         return empty
-    calls = pd.DataFrame(rows, columns=["path", "ts", "end", "flops", "dtype", "shape"]).sort_values("ts", kind="stable", ignore_index=True)
+    calls = pd.DataFrame(rows, columns=["path", "ts", "end", "flops", "dtype", "shape", "tid"]).sort_values("ts", kind="stable", ignore_index=True)
+    calls["dropout"] = _dropout_inside(host, calls)
+    calls = calls[~_inside_native_mha(host, calls)].reset_index(drop=True)
+    if len(calls) == 0:
+        return empty
     if math.any():  # the products inside the math fallback's spans
         ms, me = merge(ts[math], end[math])
         inner = sel[sel["mm"].to_numpy(bool)]
