@@ -228,6 +228,42 @@ def steady_wait(after: UnprofiledSteps | None) -> tuple[float, float, int] | Non
     return float(after.loader_wait_ms[steady].mean()), float(after.step_ms[steady].mean()), int(steady.sum())
 
 
+def _settings_fix(loaders, cpus, workers, exposed_ms: float, step_ms: float, has_device: bool, evidence: dict):
+    """The fix the recorded DataLoader settings call for (more workers, or less host work
+    where the workers already use every core), its message, confidence and snippet, and
+    whether the cores are used; without recorded settings, the workers to try."""
+    cores_used = False
+    if loaders and loaders[0].num_workers is not None:  # null: the setting is unknown
+        dl = loaders[0]
+        nw = dl.num_workers
+        evidence["dataloader_settings"] = {k: getattr(dl, k) for k in ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}
+        evidence["cpu_count"] = cpus
+        where = f" on a {cpus}-core machine" if cpus else ""
+        if nw == 0:
+            fix = f"num_workers=0{where}: set num_workers={workers or 4}, persistent_workers=True."
+        elif workers and nw < workers:
+            fix = f"num_workers={nw}{where}: raise it towards {workers}, with persistent_workers=True and prefetch_factor=2-4."
+        else:
+            cores_used = True
+            fix = less_host_work_fix(nw, where, has_device)
+        message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
+        confidence = "high"
+        snippet = AFTER.replace("num_workers=8", f"num_workers={max(workers or 4, (nw or 0))}")
+        if isinstance(dl.batch_size, int):
+            snippet = snippet.replace("batch_size=32", f"batch_size={dl.batch_size}")
+        if cores_used:
+            snippet = LESS_HOST_WORK if has_device else PREPROCESS_ONCE
+    else:
+        fix = (
+            f"raise num_workers (about {workers} here)" if workers else "set num_workers to about (CPU cores / ranks) - 1"
+        ) + ", persistent_workers=True; this trace does not record the DataLoader settings (profile with `advisor profile` to check them)."
+        message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
+        confidence = "medium"
+        # the trace holds neither the batch size nor the workers: the snippet names them
+        snippet = AFTER.replace("batch_size=32", "batch_size=batch_size").replace("num_workers=8", f"num_workers={workers or 'num_workers'}")
+    return fix, message, confidence, snippet, cores_used
+
+
 def check(ctx: Context):
     m = ctx.metrics
     step_ms = ctx.step_ms
@@ -267,35 +303,7 @@ def check(ctx: Context):
     if lines:
         evidence["source"] = lines
 
-    cores_used = False
-    if loaders and loaders[0].num_workers is not None:  # null: the setting is unknown
-        dl = loaders[0]
-        nw = dl.num_workers
-        evidence["dataloader_settings"] = {k: getattr(dl, k) for k in ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")}
-        evidence["cpu_count"] = cpus
-        where = f" on a {cpus}-core machine" if cpus else ""
-        if nw == 0:
-            fix = f"num_workers=0{where}: set num_workers={workers or 4}, persistent_workers=True."
-        elif workers and nw < workers:
-            fix = f"num_workers={nw}{where}: raise it towards {workers}, with persistent_workers=True and prefetch_factor=2-4."
-        else:
-            cores_used = True
-            fix = less_host_work_fix(nw, where, m.has_device)
-        message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
-        confidence = "high"
-        snippet = AFTER.replace("num_workers=8", f"num_workers={max(workers or 4, (nw or 0))}")
-        if isinstance(dl.batch_size, int):
-            snippet = snippet.replace("batch_size=32", f"batch_size={dl.batch_size}")
-        if cores_used:
-            snippet = LESS_HOST_WORK if m.has_device else PREPROCESS_ONCE
-    else:
-        fix = (
-            f"raise num_workers (about {workers} here)" if workers else "set num_workers to about (CPU cores / ranks) - 1"
-        ) + ", persistent_workers=True; this trace does not record the DataLoader settings (profile with `advisor profile` to check them)."
-        message = f"{exposed_ms:.1f} ms of each {step_ms:.1f} ms step waits for the DataLoader ({100 * exposed_ms / step_ms:.0f}%); {fix}"
-        confidence = "medium"
-        # the trace holds neither the batch size nor the workers: the snippet names them
-        snippet = AFTER.replace("batch_size=32", "batch_size=batch_size").replace("num_workers=8", f"num_workers={workers or 'num_workers'}")
+    fix, message, confidence, snippet, cores_used = _settings_fix(loaders, cpus, workers, exposed_ms, step_ms, m.has_device, evidence)
     if idle_share is not None:
         message += f" The device is idle {100 * idle_share:.0f}% of that time."
     # A stall that recurs on a share of the steps (the workers fall behind every other batch):

@@ -150,7 +150,7 @@ def check(ctx: Context):
     in_step = step_of(st["start"].to_numpy(np.int64), st["end"].to_numpy(np.int64), calls["ts"].to_numpy(np.int64)) >= 0
     vendor = m.device.vendor if m.has_device else None
     cap = device_capability(m, ctx.recorded.device.compute_capability).value if vendor == "nvidia" else None
-    kernel_of = np.array([fused_kernel(vendor, cap, d, bool(p)) is not None for d, p in zip(calls["dtype"], calls["dropout"])], dtype=bool)  # a few calls per step
+    kernel_of = np.array([fused_kernel(vendor, cap, d, bool(p)) is not None for d, p in zip(calls["dtype"], calls["dropout"], strict=True)], dtype=bool)  # a few calls per step
     calls = calls[in_step & kernel_of]
     if len(calls) == 0 or not np.isfinite(calls["flops"].to_numpy(np.float64)).all():
         return None
