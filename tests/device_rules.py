@@ -25,3 +25,8 @@ KERNEL_RULES = frozenset(
 )
 # Findings that rest on the device's copy records.
 COPY_RULES = frozenset({"h2d-pageable-copy", "h2d-copy-volume", "d2d-copy-volume"})
+
+# Of those, the rules whose description says they also read a CPU-only run's own ops (no device
+# listed at all): `unfused-elementwise` prices eager elementwise chains from the host ops there.
+# On a run that lists a GPU but has no kernel records they still must not fire.
+CPU_RUN_RULES = frozenset({"unfused-elementwise"})

@@ -223,7 +223,7 @@ def _number(text: str) -> float:
 
 
 def check_device_and_shares(name: str, a, m, raw: dict[str, Any], findings: list) -> None:
-    from device_rules import KERNEL_RULES
+    from device_rules import CPU_RUN_RULES, KERNEL_RULES
 
     s = a.summary()
     text = report_text(a) if len(a.ranks) == 1 else None
@@ -235,7 +235,7 @@ def check_device_and_shares(name: str, a, m, raw: dict[str, Any], findings: list
     # the device used or idle
     if not raw["device"]:
         assert not s["gpu_utilization"], (name, "a device busy share without a device record", s["gpu_utilization"])
-        rules = {f.rule for f in a.findings} & KERNEL_RULES
+        rules = {f.rule for f in a.findings} & (KERNEL_RULES if raw["gpu_listed"] else KERNEL_RULES - CPU_RUN_RULES)
         assert not rules, (name, "findings resting on kernels without a kernel record", sorted(rules))
         if raw["gpu_listed"]:
             said = " ".join([*a.notes(), *a.warnings])

@@ -122,6 +122,7 @@ def copy_bandwidth(frames: TraceFrames, steps: pd.DataFrame, buckets: int = BAND
     for k in order:
         m = label == k
         per = _spread(cs[m], ce[m], b[m], edges) / width_ns  # bytes/ns = GB/s
+        per[np.abs(per) < 1e-9 * np.abs(per).max()] = 0.0  # the cumulative sums' rounding, not a copy
         gbps[k] = per.tolist()
         total[k] = float(b[m].sum())
         peak[k] = float(per.max())
