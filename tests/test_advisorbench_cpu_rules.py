@@ -180,3 +180,24 @@ def test_epoch_boundaries_of_one_rebuilt_loader_from_the_typed_facts():
 
     facts = typed_facts(json.loads((RUNS / "loader_per_epoch" / "advisor_facts.json").read_text()))
     assert _driver_loader(facts.dataloaders).epoch_starts == [0, 3, 6]
+
+
+def test_an_all_reduce_between_elementwise_ops_ends_their_chain():
+    """The per-tensor all-reduce loop over gloo (tests/data/allreduce_gloo/runs/manual): each
+    gradient's `div_` sits between two `c10d::allreduce_` calls, 74.6 ms of the step in all.
+    No chain spans an all-reduce, so the chains' window holds none of that time, and the first
+    fix is the bucketed all-reduce (the defect the script was written with)."""
+    run = REPO / "tests" / "data" / "allreduce_gloo" / "runs" / "manual"
+    a = analyze(run, config=Config(rule_options={"unfused-elementwise": {"min_cpu_share": 0.0}}))
+    assert a.findings[0].rule == "unbucketed-allreduce"
+    f = next((f for f in [*a.findings, *a.considered] if f.rule == "unfused-elementwise"), None)
+    if f is None:
+        return
+    # from the raw events (rank 0): each step's time outside its all-reduce calls bounds the chains' window
+    (path,) = sorted(run.glob("*.pt.trace.json*"))[:1]
+    raw = [e for e in json.loads(gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes())["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in raw if str(e.get("name", "")).startswith("ProfilerStep#")]
+    reduces = [(e["ts"], e["ts"] + e["dur"]) for e in raw if e.get("name") == "c10d::allreduce_"]
+    outside = [(b - a) - sum(min(y, b) - max(x, a) for x, y in reduces if x < b and y > a) for a, b in steps]
+    assert steps and reduces
+    assert f.evidence["chain_window_ms_per_step"] <= max(outside) / 1e3, (f.evidence["chain_window_ms_per_step"], outside)

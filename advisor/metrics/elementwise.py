@@ -207,6 +207,8 @@ CPU_VIEW_OP = re.compile(
 # Reductions write an output much smaller than their input: no intermediate of note.
 CPU_REDUCTION_OP = re.compile(r"^aten::(?:mean|sum|amax|amin|var|std|norm|linalg_vector_norm)_?$")
 ATEN_OP = re.compile(r"^aten::")
+# An op of another library (c10d::allreduce_, torchvision::nms), not autograd's own nodes.
+LIBRARY_OP = re.compile(r"^(?!autograd::|torch::autograd::)\w+::")
 # An op on at most this many elements does no work worth the name: its time is its dispatch.
 DISPATCH_PROBE_ELEMENTS = 4096
 MIN_DISPATCH_PROBES = 20
@@ -265,7 +267,10 @@ def cpu_elementwise_chains(host: pd.DataFrame, steps: pd.DataFrame, exclude: tup
     empty = CpuChains(pd.DataFrame({c: [] for c in ("start", "end", "members", "ops_ns", "dispatch_ns", "traffic_ns", "kept_ns", "typical_ns")}), None, 0, 0.0)
     if len(host) == 0 or len(steps) == 0:
         return empty
-    aten = host[name_matches(host["name"], ATEN_OP)]
+    # an op of any library breaks a chain (a `c10d::allreduce_` between two `div_` is no glue
+    # that fusing removes); autograd's nodes only hold the aten ops a backward chain is made of
+    host_kind = text_of(host["kind"]) if isinstance(host["kind"].dtype, pd.CategoricalDtype) else host["kind"].astype(str).to_numpy()
+    aten = host[np.asarray(name_matches(host["name"], ATEN_OP), dtype=bool) | ((host_kind == "op") & np.asarray(name_matches(host["name"], LIBRARY_OP), dtype=bool))]
     if len(aten) == 0:
         return empty
     tids = text_of(aten["tid"]) if isinstance(aten["tid"].dtype, pd.CategoricalDtype) else aten["tid"].astype(str).to_numpy()
