@@ -3,7 +3,11 @@
 ## What it detects
 Time spent inside `enumerate(DataLoader)#*.__next__` (the DataLoader handing over the next
 batch) that is a real share of the step (at least `min_share`, 5% by default), above all
-while the device has nothing to do.
+while the device has nothing to do. The wait of the steps that begin a new epoch with
+restarted workers (a non-persistent DataLoader, or one built every epoch; the facts file says
+where each epoch began) is left out, in the window and after it: it is `epoch-end`'s, which
+`persistent_workers=True` removes, and more workers would make it longer. Those steps count
+as waiting as long as the window's others.
 
 ## What it needs from the trace
 `enumerate(DataLoader)#*.__next__` spans inside the steps. A loop that loads its data any other
@@ -148,6 +152,7 @@ import numpy as np
 
 from advisor.engine import Context
 from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
+from advisor.metrics.epochs import epoch_ends
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
 from advisor.metrics.unprofiled import NOISY_OTHER_CORES, UnprofiledSteps, unprofiled_steps, window_other_cores
@@ -212,17 +217,20 @@ def suggested_workers(cpu_count: int | None, world_size: int) -> int | None:
     return max(1, min(16, cpu_count // max(world_size, 1) - 1))
 
 
-def steady_wait(after: UnprofiledSteps | None) -> tuple[float, float, int] | None:
+def steady_wait(after: UnprofiledSteps | None, restarts: list[int] | None = None) -> tuple[float, float, int] | None:
     """Mean DataLoader wait and step time (ms) of the steady unprofiled steps after the window.
 
     Means, not medians: with several workers, batches arrive in bursts (one long wait, then
     a few short ones), and the time lost per step is the average wait. Steps over 5x the
     upper quartile are left out: epoch ends that start new workers and recompilations are
-    not the steady state this rule is about (bursts keep the quartile honest).
+    not the steady state this rule is about (bursts keep the quartile honest); so are the
+    steps `restarts` names (run step indices: the waits of restarted workers, epoch-end's).
     """
     if after is None or after.loader_wait_ms is None:
         return None
     steady = after.step_ms <= 5 * np.percentile(after.step_ms, 75)
+    if restarts:
+        steady &= ~np.isin(np.arange(after.first, after.first + len(after.step_ms)), restarts)
     if steady.sum() < 3:
         return None
     return float(after.loader_wait_ms[steady].mean()), float(after.step_ms[steady].mean()), int(steady.sum())
@@ -264,13 +272,28 @@ def _settings_fix(loaders, cpus, workers, exposed_ms: float, step_ms: float, has
     return fix, message, confidence, snippet, cores_used
 
 
+def restart_steps(ctx: Context) -> list[int]:
+    """The run's steps that wait for a new epoch's restarted workers (a non-persistent
+    DataLoader, or one built every epoch): that wait is `epoch-end`'s, which
+    `persistent_workers=True` removes; more workers only make a restart longer."""
+    ends = epoch_ends(ctx.recorded)
+    return [] if ends is None else ends.restart_steps
+
+
 def check(ctx: Context):
     m = ctx.metrics
     step_ms = ctx.step_ms
-    exposed_ms = m.breakdown_mean_ms["dataloader"]
     if step_ms <= 0:
         return None
-    after = steady_wait(unprofiled_steps(ctx.recorded))
+    exposed_ms = m.breakdown_mean_ms["dataloader"]
+    restarts = restart_steps(ctx)
+    restarting = np.isin(m.steps["step"].to_numpy(), restarts)
+    per_step = m.breakdown["dataloader"].to_numpy(np.float64) / 1e6
+    if restarting.any() and not restarting.all():
+        # A restart's wait is left to epoch-end; those steps wait as long as the others do.
+        per_step = np.where(restarting, np.median(per_step[~restarting]), per_step)
+        exposed_ms = float(per_step.mean())
+    after = steady_wait(unprofiled_steps(ctx.recorded), restarts)
     shown = exposed_ms / step_ms >= ctx.options["min_share"]
     # The window understates the stall: the steps after it waited over twice as long.
     hidden = after is not None and after[0] / after[1] >= ctx.options["min_share"] and after[0] > 2 * exposed_ms
@@ -280,6 +303,15 @@ def check(ctx: Context):
     host = ctx.events.host
     spans = host[name_matches(host["name"], DATALOADER_NAME)]
     dl_s, dl_e = dataloader_spans(ctx.events)
+    if restarting.any() and not restarting.all():
+        hs, he = m.steps["host_start"].to_numpy(np.int64), m.steps["host_end"].to_numpy(np.int64)
+        # a span belongs to the step it begins in; the restarts' spans stay in the replay
+        k = np.searchsorted(hs, dl_s, side="right") - 1
+        keep = ~((k >= 0) & (dl_s < he[np.clip(k, 0, None)]) & restarting[np.clip(k, 0, None)])
+        dl_s, dl_e = dl_s[keep], dl_e[keep]
+        evidence_restarts = {"restart_steps_left_to_epoch_end": m.steps["step"][restarting].astype(int).tolist()}
+    else:
+        evidence_restarts = {}
     idle_share = None
     if m.has_device and len(dl_s):
         dev = ctx.events.device
@@ -296,6 +328,7 @@ def check(ctx: Context):
         "share_of_step": round(exposed_ms / step_ms, 4),
         "steps": m.steps["step"].tolist(),
         "dataloader_spans": [str(n) for n in spans["name"].astype(str).unique()[:3]],
+        **evidence_restarts,
     }
     if idle_share is not None:
         evidence["device_idle_during_loading"] = round(float(idle_share), 4)
@@ -308,7 +341,6 @@ def check(ctx: Context):
         message += f" The device is idle {100 * idle_share:.0f}% of that time."
     # A stall that recurs on a share of the steps (the workers fall behind every other batch):
     # the mean step is the throughput, and the wait is a cost per step on average.
-    per_step = m.breakdown["dataloader"].to_numpy(np.float64) / 1e6
     median_step = float(np.median(m.step_ms)) if len(m.step_ms) else step_ms
     hit = per_step > RECURRING_WAIT_SHARE * median_step
     if 0 < int(hit.sum()) < len(per_step):
@@ -337,7 +369,7 @@ def check(ctx: Context):
     if not hidden:
         nw_now = (loaders[0].num_workers if loaders else None) or 0
         # Where the workers already use the cores the fix is less work per sample, not workers.
-        budget = None if cores_used else core_budget(ctx, cpus, world, workers, nw_now)
+        budget = None if cores_used else core_budget(ctx, cpus, world, workers, nw_now, exposed_ms)
         beside = None
         if budget is not None:
             evidence["cores"] = budget.evidence()
@@ -549,7 +581,8 @@ class CoreBudget:
         }
 
 
-def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int | None, workers_now: int) -> CoreBudget | None:
+def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int | None, workers_now: int,
+                loader_ms: float) -> CoreBudget | None:
     """The cores the fix's workers can have, from the facts file (None without a CPU count).
 
     The training process keeps busy one core while it feeds a device (its Python thread), and
@@ -565,7 +598,6 @@ def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int |
     else:
         intra = ctx.recorded.torch_threads.intra_op
         busy = int(intra) if isinstance(intra, int) and intra > 0 else cores
-    loader_ms = m.breakdown_mean_ms["dataloader"]
     rest_ms = max(ctx.step_ms - loader_ms, 0.0)
     parallel_ms = 0.0 if m.has_device else m.parallel_op_ms
     return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms, window_other_cores(ctx.recorded))

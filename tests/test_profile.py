@@ -126,12 +126,13 @@ def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
     assert f["zero_grad_set_to_none"] is False
     assert f["autocast"] == {"used": False, "dtypes": []} and f["compile"] == {"used": False, "modes": []}
     assert f["window"] == {"wait": 1, "warmup": 1, "active": 2, "repeat": 1}
-    assert len(f["step_times_ms"]) == 4 and all(t > 0 for t in f["step_times_ms"])
+    # the window's 4 steps and the 5 timed after it without the profiler (--after-steps)
+    assert len(f["step_times_ms"]) == 4 + 5 and all(t > 0 for t in f["step_times_ms"])
     assert f["device_step_times_ms"] is None  # no CUDA device: nothing for the device clock to time
     assert f["profiled_steps"] == [2, 3] and f["step_source"] == "optimizer"
     assert f["stopped_early"] is True and f["outcome"] == "stopped"
     assert any("stopped" in line and "on purpose" in line for line in advisor_lines(r.stderr))
-    assert "step 20" not in r.stdout  # the script's own output: it was stopped at step 4
+    assert "step 20" not in r.stdout  # the script's own output: it was stopped at step 9
 
 
 @needs_torch
@@ -276,11 +277,23 @@ def test_default_out_dir_is_new_every_time(tmp_path: Path):
 @needs_torch
 def test_stops_after_the_window_unless_full(tmp_path: Path):
     script = write(tmp_path / "train.py", TRAIN)
-    r = profile(["--out", str(tmp_path / "cut"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", str(script)], tmp_path)
+    r = profile(["--out", str(tmp_path / "cut"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", "--after-steps", "0", str(script)], tmp_path)
     assert r.returncode == STOPPED, r.stderr
     assert "finished" not in r.stdout
     f = facts(tmp_path / "cut")
     assert f["stopped_early"] and len(f["step_times_ms"]) == 4 and f["profiled_steps"] == [2, 3]
+    # by default 5 steps are timed after the window without the profiler, then the run stops:
+    # the report measures the profiler's cost on them (the first one after it left out)
+    r = profile(["--out", str(tmp_path / "after"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", "-o",
+                 str(tmp_path / "after.json"), str(script)], tmp_path)
+    assert r.returncode == STOPPED, r.stderr
+    assert "finished" not in r.stdout
+    assert "and 5 steps timed after it without the profiler" in r.stderr
+    f = facts(tmp_path / "after")
+    assert f["stopped_early"] and len(f["step_times_ms"]) == 4 + 5 and f["profiled_steps"] == [2, 3]
+    overhead = json.loads((tmp_path / "after.json").read_text())["profiler_overhead"]
+    assert overhead["unprofiled_steps"] == 4
+    assert overhead["unprofiled_median_ms"] == pytest.approx(statistics.median(f["step_times_ms"][5:]), abs=1e-3)
     r = profile(["--out", str(tmp_path / "full"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", "--full", str(script)], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "finished 12 steps" in r.stdout
@@ -481,7 +494,7 @@ def test_facts_record_autocast_compile_and_scaler_and_hooks_are_undone(tmp_path:
         from advisor.capture.session import CaptureOptions, capture
         from pathlib import Path
         out = Path({str(tmp_path / 'run')!r}); out.mkdir()
-        result = capture(Target("script", {str(script)!r}), CaptureOptions(out_dir=out, wait=0, warmup=1, active=1, with_stack=False, progress=False))
+        result = capture(Target("script", {str(script)!r}), CaptureOptions(out_dir=out, wait=0, warmup=1, active=1, after_steps=0, with_stack=False, progress=False))
         after = (torch.compile, Optimizer._patch_step_function, Optimizer.zero_grad, dl.DataLoader.__iter__,
                  dl._BaseDataLoaderIter.__next__, torch.amp.autocast_mode.autocast.__enter__, torch.amp.GradScaler.step)
         assert all(a is b for a, b in zip(before, after)), [a for a, b in zip(before, after) if a is not b]

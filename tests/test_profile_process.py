@@ -134,7 +134,7 @@ def test_torchs_own_lines_go_to_the_log_and_the_scripts_output_passes(tmp_path: 
             print(f"\\x1b[1mstderr of step {step}\\x1b[0m", file=sys.stderr, flush=True)
     """)
     out = tmp_path / "run"
-    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "4", "--no-stack", str(script)], tmp_path)
+    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "4", "--no-stack", "--after-steps", "0", str(script)], tmp_path)
     assert r.returncode == STOPPED, r.stderr
     assert "USDT" not in r.stderr and "CPUAllocator" not in r.stderr and "profiler_st" not in r.stderr
     # the script's own lines are there, untouched (escape sequences included)

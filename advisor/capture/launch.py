@@ -27,7 +27,7 @@ def rank_argv(target: Target, o: CaptureOptions) -> list[str]:
     argv = [
         "--out", str(o.out_dir),
         "--wait", str(o.wait), "--warmup", str(o.warmup), "--active", str(o.active), "--repeat", str(o.repeat),
-        "--device", o.device,
+        "--device", o.device, "--after-steps", str(o.after_steps),
     ]
     argv += ["--full"] * o.full + {True: ["--stack"], False: ["--no-stack"], None: []}[o.with_stack]
     argv += ["--no-shapes"] * (not o.record_shapes) + ["--no-memory"] * (not o.profile_memory)
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--full", action="store_true")
+    p.add_argument("--after-steps", type=int, default=CaptureOptions.after_steps)
     p.add_argument("--stack", dest="with_stack", action="store_true", default=None)
     p.add_argument("--no-stack", dest="with_stack", action="store_false")
     p.add_argument("--no-shapes", action="store_true")
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         active=ns.active,
         repeat=ns.repeat,
         full=ns.full,
+        after_steps=ns.after_steps,
         device=ns.device,
         record_shapes=not ns.no_shapes,
         profile_memory=not ns.no_memory,

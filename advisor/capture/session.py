@@ -6,8 +6,10 @@
 
 The profiler is started before the script's first line and advanced at every step end that
 the hooks find. Its schedule is `wait / warmup / active / repeat`; when the last active step
-ends, torch writes the trace (tensorboard_trace_handler, gzip) and, unless `full`, the run is
-stopped on purpose by raising `StopRun` from the step hook. Whatever way the script ends
+ends, torch writes the trace (tensorboard_trace_handler, gzip) and the profiler is stopped;
+unless `full`, the run goes on for `after_steps` steps timed without it (they measure the
+profiler's own cost: advisor.metrics.unprofiled) and is then stopped on purpose by raising
+`StopRun` from the step hook. Whatever way the script ends
 (finished, sys.exit, its own exception, Ctrl-C, SIGTERM) the profiler is stopped, which saves
 a partly recorded window, the hooks are undone and the facts file is written.
 
@@ -67,6 +69,10 @@ class CaptureOptions:
     active: int = 5
     repeat: int = 1
     full: bool = False
+    # steps timed without the profiler after the window before a run that is not `full` is
+    # stopped: the first is left out (the trace is written during it), the rest measure the
+    # profiler's cost (advisor.metrics.unprofiled needs at least 3)
+    after_steps: int = 5
     device: str = "cpu"  # resolved: "cpu" | "cuda"
     record_shapes: bool = True
     profile_memory: bool = True
@@ -188,12 +194,16 @@ class _Session:
                 raise Terminated()
             if done >= self.window.length:
                 self.window_complete = True
-                if self.o.full:  # nothing more to record: keep only the step clock running
+                if self.o.full or self.o.after_steps > 0:  # nothing more to record: keep only the step clock running
                     self._stop_profiler()
         self.progress.step(done, self.step_times_ms[-1])
+        if self.window_complete and not self.o.full and not self.own_profiler:
+            if done == self.window.length + self.o.after_steps:
+                raise StopRun()
+            if done == self.window.length:
+                n = self.o.after_steps
+                self.progress.say(f"timing {n} more step{'s' if n != 1 else ''} without the profiler, to measure its cost")
         self._last_end = time.perf_counter()
-        if self.window_complete and not self.o.full and not self.own_profiler and done == self.window.length:
-            raise StopRun()
 
     def _start_late(self) -> None:
         """Start the profiler after the wait steps, without Python stacks for a compiled model.
@@ -500,8 +510,10 @@ def summary_lines(result: CaptureResult, removed: bool = False) -> list[str]:
             f"and never called a model twice from the same line, so nothing was profiled; the facts are in {out}"
         )
     elif how == "stopped":
+        after = result.steps - w.length
+        timed = f" and {after} step{'s' if after != 1 else ''} timed after it without the profiler" if after > 0 else ""
         lines.append(
-            f"stopped {t} on purpose after step {result.steps - 1}, the window recorded ({recorded}): the rest of it "
+            f"stopped {t} on purpose after step {result.steps - 1}, the window recorded ({recorded}){timed}: the rest of it "
             f"did not run, so its own exit status is not known (--full runs it to its end and exits with it)"
         )
     elif how in ("interrupted", "terminated"):

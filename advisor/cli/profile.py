@@ -68,6 +68,10 @@ def profile(
     active: int = typer.Option(5, "--active", min=1, help="Steps recorded."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="How many wait/warmup/active cycles (one trace file each)."),
     full: bool = typer.Option(False, "--full", help="Let the script run to its end instead of stopping it after the window."),
+    after_steps: int = typer.Option(
+        5, "--after-steps", min=0,
+        help="Steps timed without the profiler after the window before the script is stopped: they measure the profiler's own cost, which every saving is figured without (0: stop right after the window).",
+    ),
     device: Device = typer.Option(Device.auto, "--device", help="What to profile: cuda when available, else cpu."),
     out: Path | None = typer.Option(None, "--out", "--log-dir", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file (.txt, .json, .md, .html set the format, as in `advisor report`); without it the report goes to stderr, so stdout stays the script's."),
@@ -101,6 +105,7 @@ def profile(
             script = None
         values = {**ctx.params, **options, "script": script}
         wait, warmup, active, repeat, full = values["wait"], values["warmup"], values["active"], values["repeat"], values["full"]
+        after_steps = values["after_steps"]
         device, out, stack, no_shapes, no_memory = values["device"], values["out"], values["stack"], values["no_shapes"], values["no_memory"]
         nproc_per_node, format, verbose, module = values["nproc_per_node"], values["format"], values["verbose"], values["module"]
         output, select, ignore, rules_dir, config = values["output"], values["select"], values["ignore"], values["rules_dir"], values["config"]
@@ -138,6 +143,7 @@ def profile(
         active=active,
         repeat=repeat,
         full=full,
+        after_steps=after_steps,
         device=resolved,
         record_shapes=not no_shapes,
         profile_memory=not no_memory,

@@ -75,6 +75,7 @@ class UnprofiledSteps:
     window_ms: np.ndarray
     step_ms: np.ndarray
     loader_wait_ms: np.ndarray | None  # aligned with step_ms; None in facts that lack it
+    first: int = 0  # the run's step index of step_ms[0]
 
 
 def unprofiled_steps(recorded: FactsFile) -> UnprofiledSteps | None:
@@ -95,7 +96,7 @@ def unprofiled_steps(recorded: FactsFile) -> UnprofiledSteps | None:
     after = all_ms[first:]
     if len(after) < MIN_UNPROFILED_STEPS or not np.isfinite(after).all() or (after <= 0).any():
         return None
-    return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:])
+    return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:], first)
 
 
 def profiler_overhead(recorded: FactsFile, window_median_ms: float | None = None) -> MeasuredOverhead | None:

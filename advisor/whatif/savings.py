@@ -40,7 +40,7 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
     loader_scale: NonNegative  # the DataLoader's scale to the unprofiled steps' wait for their batch
     remainder_ms: NonNegative  # what neither the scaled host nor the device explains, kept per step
     untimed_host_ms: NonNegative  # host time per step the trace does not show, replayed after its longest wait
-    unprofiled_ms: NonNegative | None  # median of the unprofiled steps after the window, if recorded
+    unprofiled_ms: NonNegative | None  # the unprofiled steps after the window, if recorded: their median (mean where `statistic` is)
     all_fixes_ms: NonNegative | None  # replayed with every modelled fix together
     # Without unprofiled steps: the profiler's host cost estimated from the trace (see
     # `profiler_cost`): the host scales of its high and low end and the replayed steps at them.
@@ -76,7 +76,11 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
             out = (f"{measured} {self.measured_ms:.2f} ms (window mean: slow steps recur, and throughput is the mean step; "
                    "every replayed figure is a mean)")
         if self.unprofiled_ms is not None and abs(self.baseline_ms - self.measured_ms) > 0.005 * self.measured_ms:
-            out += f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f} to match the unprofiled steps ({self.unprofiled_ms:.2f} ms)"
+            if self.statistic == "mean":
+                out += (f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f} to match the typical (median) "
+                        f"unprofiled step (the unprofiled steps' mean is {self.unprofiled_ms:.2f} ms)")
+            else:
+                out += f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f} to match the unprofiled steps ({self.unprofiled_ms:.2f} ms)"
             if self.untimed_host_ms > 0.005:
                 out += f", {self.untimed_host_ms:.2f} ms of it host time the trace does not show (replayed after each step's longest wait on the device)"
             if self.remainder_ms > 0.005:
@@ -85,14 +89,14 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
             out += (
                 f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f}: the profiler's own cost is not known on this "
                 "noisy window (an estimate from its host events cannot tell it from the waits for a core), and no unprofiled steps "
-                "were recorded to measure it (`advisor profile --full` records them)"
+                "were recorded to measure it (`advisor profile` times 5 after the window unless `--after-steps 0`)"
             )
         elif self.unprofiled_ms is None and self.scale_range is not None and self.baseline_range_ms is not None:
             lo, hi = self.baseline_range_ms
             out += (
                 f", replayed {self.baseline_ms:.2f} ms (range {lo:.2f}–{hi:.2f}) with host time ×{self.host_scale:.2f} "
                 f"(×{self.scale_range[0]:.2f}–×{self.scale_range[1]:.2f}): the profiler's own cost estimated from the host events it "
-                "recorded, as no unprofiled steps were recorded (`advisor profile --full` records them)"
+                "recorded, as no unprofiled steps were recorded (`advisor profile` times them after the window unless `--after-steps 0`)"
             )
         elif self.unprofiled_ms is None:
             out += ", host times as profiled, the profiler's own cost in them (no unprofiled steps to calibrate them)"
@@ -155,6 +159,7 @@ class RankReplay:
         self._scale: float | None = None
         self._baseline: float | None = None
         self._unprofiled: float | None = None
+        self._unprofiled_mean: float | None = None
         self._base: Change | None = None
         self.loader_scale: float = 1.0
         self.remainder_ms: float = 0.0
@@ -241,6 +246,7 @@ class RankReplay:
             base = Change()
             if after is not None:
                 self._unprofiled = float(np.median(after.step_ms))
+                self._unprofiled_mean = float(np.mean(after.step_ms))
                 dl_s, dl_e = dataloader_spans(self.metrics.frames)
                 window_wait = float((dl_e - dl_s).sum()) / max(len(self.metrics.steps), 1) / 1e6
                 if after.loader_wait_ms is not None and window_wait > 0:
@@ -609,6 +615,13 @@ class RankReplay:
             y1 = self.saving_ms(Change(host_scale=1.0 - x1))
         return Change(host_scale=1.0 - x1)
 
+    def _unprofiled_of_statistic(self) -> float | None:
+        """The unprofiled steps' figure in the replay's statistic: where slow steps recur (an
+        epoch's restarted workers every few steps) their mean, as the replayed step is, else
+        their median. (The host's calibration matches the typical step, the median.)"""
+        _ = self.base
+        return self._unprofiled_mean if self.statistic == "mean" else self._unprofiled
+
     def summary(self) -> RankWhatIf:
         d = self.metrics.steps["duration"].to_numpy(np.float64)
         measured = float(np.mean(d) if self.statistic == "mean" else np.median(d)) / 1e6
@@ -623,7 +636,7 @@ class RankReplay:
             if len(h):
                 headline = float(np.mean(h) if self.statistic == "mean" else np.median(h))
         return RankWhatIf(
-            self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled,
+            self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled_of_statistic(),
             all_fixes_ms=None, scale_range=scales, baseline_range_ms=ranged, fixes=[], savings={}, statistic=self.statistic,
             headline_ms=headline,
         )

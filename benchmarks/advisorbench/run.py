@@ -10,11 +10,18 @@ the profiled step); then run the defect script and its fixed twin alternately in
 processes, unprofiled, each printing its own step times (warm-up dropped) as JSON on its last
 line. The measured saving is the median, over the alternations, of the paired difference of the
 two runs' median steps; its share is of the defect's median step. See docs/accuracy.md.
+
+The measurements do not depend on the advisor's code, only on the scripts: `--pairs FILE` keeps
+each pair's runs in FILE (with a digest of the two scripts and the shared helper) and reuses
+them while the scripts are unchanged and enough alternations are there, so the advisor can be
+scored again on the same measurements (`--pairs` without profiling anything new is not a way
+to pick favourable runs: every run measured is kept and counted).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -69,6 +76,9 @@ class Result:
     first_fix_expected: str | None
     # (rule, saving_ms, saving share of the profiled step), in the report's order
     findings: list[tuple[str, float, float]] = field(default_factory=list)
+    # the step the report's savings were replayed on (ms), and the profiled window's median
+    replayed_ms: float | None = None
+    window_ms: float | None = None
     measured_ms: float | None = None  # median paired saving of the twin, unprofiled
     measured_pct: float | None = None  # ... as a share of the defect's median step
     spread_pct: tuple[float, float] | None = None  # least and most paired saving, as shares
@@ -187,8 +197,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def profile(workload: Workload, device: str, folder: Path) -> list[tuple[str, float, float]]:
-    """Run `advisor profile` on the defect script; its findings as (rule, ms, share)."""
+def profile(workload: Workload, device: str, folder: Path) -> tuple[list[tuple[str, float, float]], dict]:
+    """Run `advisor profile` on the defect script; its findings as (rule, ms, share), and its
+    replay (the JSON report's `whatif`)."""
     log_dir, report = folder / f"{workload.name}-profile", folder / f"{workload.name}.json"
     command = [sys.executable, "-m", "advisor", "profile", "--device", device, "--out", str(log_dir),
                "-o", str(report)]
@@ -200,8 +211,9 @@ def profile(workload: Workload, device: str, folder: Path) -> list[tuple[str, fl
     if not report.is_file():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"advisor profile wrote no report (exit {done.returncode}): {' | '.join(tail)}")
-    findings = json.loads(report.read_text())["findings"]
-    return [(f["rule"], float(f["saving_ms"]), float(f["saving_share"])) for f in findings]
+    written = json.loads(report.read_text())
+    findings = [(f["rule"], float(f["saving_ms"]), float(f["saving_share"])) for f in written["findings"]]
+    return findings, written.get("whatif") or {}
 
 
 def step_median(script: str, device: str, steps: int | None, warmup: int | None) -> float:
@@ -219,19 +231,33 @@ def step_median(script: str, device: str, steps: int | None, warmup: int | None)
     return statistics.median(json.loads(lines[-1])["step_ms"])
 
 
+def scripts_digest(workload: Workload, steps: int | None, warmup: int | None) -> str:
+    """What a pair's runs depend on: the two scripts, the shared helper and the step counts."""
+    digest = hashlib.sha256(f"{steps}/{warmup}".encode())
+    for name in (workload.defect, workload.twin, "_bench.py"):
+        digest.update((WORKLOADS / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def measure(workload: Workload, device: str, alternations: int, steps: int | None,
-            warmup: int | None, loads: list[float]) -> tuple[float, float, list[float]]:
+            warmup: int | None, loads: list[float], kept: dict | None = None) -> tuple[float, float, list[float]]:
     """Defect and twin, alternately, each in a fresh process (which goes first alternates too).
 
+    `kept`: the pair's runs from an earlier measurement of the same scripts ({"defect_ms",
+    "twin_ms", "loads"}), extended here to `alternations` rounds and updated in place.
     Returns the defect's and the twin's median step over the runs, and the paired savings.
     """
-    defect_ms, twin_ms = [], []
-    for round_index in range(alternations):
+    kept = kept if kept is not None else {}
+    defect_ms, twin_ms = kept.setdefault("defect_ms", []), kept.setdefault("twin_ms", [])
+    pair_loads = kept.setdefault("loads", [])
+    for round_index in range(len(defect_ms), alternations):
         order = [workload.defect, workload.twin] if round_index % 2 == 0 else [workload.twin, workload.defect]
         for script in order:
-            loads.append(os.getloadavg()[0])
+            load = os.getloadavg()[0]
+            pair_loads.append(load)
             median = step_median(script, device, steps, warmup)
             (defect_ms if script == workload.defect else twin_ms).append(median)
+    loads.extend(pair_loads)
     paired = [d - t for d, t in zip(defect_ms, twin_ms, strict=True)]
     return statistics.median(defect_ms), statistics.median(twin_ms), paired
 
@@ -262,6 +288,11 @@ def render(results: list[Result], totals: dict, device: str, alternations: int,
             promised_ms, promised_share = r.promise(r.first_fix_expected)
             if r.measured_ms is not None:
                 low, high = r.spread_pct
+                if r.replayed_ms and r.window_ms:
+                    lines.append(
+                        f"  profiled step {r.window_ms:.1f} ms, replayed without the profiler's cost {r.replayed_ms:.1f} ms "
+                        f"(the promise is {_pct(promised_ms / r.replayed_ms)} of it)"
+                    )
                 lines.append(
                     f"  promised {promised_ms:.1f} ms ({_pct(promised_share)}); measured {r.measured_ms:.1f} ms "
                     f"({_pct(r.measured_pct)}, paired runs {_pct(low)} to {_pct(high)}); "
@@ -293,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 alternation and fewer steps: a smoke run")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default: the script's)")
     parser.add_argument("--out", type=Path, default=None, help="write the table here too")
+    parser.add_argument("--pairs", type=Path, default=None,
+                        help="keep the measured pairs in this JSON file and reuse those of unchanged scripts")
     args = parser.parse_args(argv)
     if args.alternations < 1 or (args.steps is not None and args.steps < 1):
         print("run.py: --alternations and --steps must be at least 1", file=sys.stderr)
@@ -308,14 +341,22 @@ def main(argv: list[str] | None = None) -> int:
     alternations = 1 if args.quick else args.alternations
     steps, warmup = (8, 3) if args.quick else (args.steps, None)
     started, loads, results = time.perf_counter(), [], []
+    pairs = json.loads(args.pairs.read_text()) if args.pairs is not None and args.pairs.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="advisorbench-") as tmp:
         for workload in workloads:
             result = Result(workload.name, workload.seeded, workload.first_fix)
             try:
-                result.findings = profile(workload, args.device, Path(tmp))
+                result.findings, replay = profile(workload, args.device, Path(tmp))
+                result.replayed_ms, result.window_ms = replay.get("baseline_ms"), replay.get("measured_ms")
                 if workload.twin is not None:
+                    key = f"{args.device}/{workload.name}"
+                    digest = scripts_digest(workload, steps, warmup)
+                    if pairs.get(key, {}).get("digest") != digest:
+                        pairs[key] = {"digest": digest}
                     result.defect_ms, result.twin_ms, paired = measure(
-                        workload, args.device, alternations, steps, warmup, loads)
+                        workload, args.device, alternations, steps, warmup, loads, kept=pairs[key])
+                    if args.pairs is not None:
+                        args.pairs.write_text(json.dumps(pairs, indent=1, sort_keys=True) + "\n")
                     result.measured_ms = statistics.median(paired)
                     result.measured_pct = result.measured_ms / result.defect_ms
                     result.spread_pct = (min(paired) / result.defect_ms, max(paired) / result.defect_ms)
