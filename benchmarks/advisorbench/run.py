@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +79,8 @@ class Result:
     # the step the report's savings were replayed on (ms), and the profiled window's median
     replayed_ms: float | None = None
     window_ms: float | None = None
+    # the findings of the workload's further profiles (--profiles), in the same form
+    more_findings: list[list[tuple[str, float, float]]] = field(default_factory=list)
     measured_ms: float | None = None  # median paired saving of the twin, unprofiled
     measured_pct: float | None = None  # ... as a share of the defect's median step
     spread_pct: tuple[float, float] | None = None  # least and most paired saving, as shares
@@ -197,10 +199,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def profile(workload: Workload, device: str, folder: Path) -> tuple[list[tuple[str, float, float]], dict]:
+def profile(workload: Workload, device: str, folder: Path, index: int = 0) -> tuple[list[tuple[str, float, float]], dict]:
     """Run `advisor profile` on the defect script; its findings as (rule, ms, share), and its
     replay (the JSON report's `whatif`)."""
-    log_dir, report = folder / f"{workload.name}-profile", folder / f"{workload.name}.json"
+    log_dir, report = folder / f"{workload.name}-profile{index}", folder / f"{workload.name}-{index}.json"
     command = [sys.executable, "-m", "advisor", "profile", "--device", device, "--out", str(log_dir),
                "-o", str(report)]
     if workload.nproc > 1:
@@ -288,6 +290,10 @@ def render(results: list[Result], totals: dict, device: str, alternations: int,
             promised_ms, promised_share = r.promise(r.first_fix_expected)
             if r.measured_ms is not None:
                 low, high = r.spread_pct
+                if r.more_findings:
+                    shares = ", ".join(_pct(Result(r.name, r.seeded, r.first_fix_expected, f).promise(r.first_fix_expected)[1])
+                                       for f in r.more_findings)
+                    lines.append(f"  promised in the further profiles: {shares}")
                 if r.replayed_ms and r.window_ms:
                     lines.append(
                         f"  profiled step {r.window_ms:.1f} ms, replayed without the profiler's cost {r.replayed_ms:.1f} ms "
@@ -298,6 +304,10 @@ def render(results: list[Result], totals: dict, device: str, alternations: int,
                     f"({_pct(r.measured_pct)}, paired runs {_pct(low)} to {_pct(high)}); "
                     f"steps {r.defect_ms:.1f} -> {r.twin_ms:.1f} ms unprofiled"
                 )
+        for k, more in enumerate(r.more_findings, start=2):
+            unseeded = [f"{rule} {_pct(share)}" for rule, _, share in more if rule not in r.seeded and share >= FINDING_SHARE]
+            if unseeded:
+                lines.append(f"  profile {k} also found: {', '.join(unseeded)}")
         lines.append("")
     t = totals
     lines += [
@@ -309,6 +319,17 @@ def render(results: list[Result], totals: dict, device: str, alternations: int,
         f"{100 * SCORED_GAIN:.0f}%: median {_ratio(t['error_median'])}, 80th percentile "
         f"{_ratio(t['error_p80'])}, within ±30%: {t['within_30pct']} of {t['scored_pairs']}",
     ]
+    profiles = 1 + max((len(r.more_findings) for r in results), default=0)
+    if profiles > 1:
+        lines.append(f"each of the {profiles} profiles of every workload scored on its own (the same measured pairs):")
+        for k in range(profiles):
+            t = score([r if k == 0 else replace(r, findings=r.more_findings[k - 1] if k - 1 < len(r.more_findings) else r.findings)
+                       for r in results])
+            lines.append(
+                f"  profile {k + 1}: recall {_ratio(t['recall'])}, precision {_ratio(t['precision'])}, first fix right "
+                f"{_ratio(t['first_fix_accuracy'])}, promise error median {_ratio(t['error_median'])}, within ±30%: "
+                f"{t['within_30pct']} of {t['scored_pairs']}"
+            )
     if loads:
         lines.append(f"load average while measuring ({os.cpu_count()} cores): median {statistics.median(loads):.2f}, "
                      f"max {max(loads):.2f}")
@@ -324,11 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 alternation and fewer steps: a smoke run")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default: the script's)")
     parser.add_argument("--out", type=Path, default=None, help="write the table here too")
+    parser.add_argument("--profiles", type=int, default=1,
+                        help="profile each workload this many times; the table is the first's, and each is scored on its own")
     parser.add_argument("--pairs", type=Path, default=None,
                         help="keep the measured pairs in this JSON file and reuse those of unchanged scripts")
     args = parser.parse_args(argv)
-    if args.alternations < 1 or (args.steps is not None and args.steps < 1):
-        print("run.py: --alternations and --steps must be at least 1", file=sys.stderr)
+    if args.alternations < 1 or args.profiles < 1 or (args.steps is not None and args.steps < 1):
+        print("run.py: --alternations, --profiles and --steps must be at least 1", file=sys.stderr)
         return 2
     workloads = [w for w in load_manifest() if args.device in w.devices]
     if args.only:
@@ -342,17 +365,20 @@ def main(argv: list[str] | None = None) -> int:
     steps, warmup = (8, 3) if args.quick else (args.steps, None)
     started, loads, results = time.perf_counter(), [], []
     pairs = json.loads(args.pairs.read_text()) if args.pairs is not None and args.pairs.is_file() else {}
+    reused = 0
     with tempfile.TemporaryDirectory(prefix="advisorbench-") as tmp:
         for workload in workloads:
             result = Result(workload.name, workload.seeded, workload.first_fix)
             try:
                 result.findings, replay = profile(workload, args.device, Path(tmp))
                 result.replayed_ms, result.window_ms = replay.get("baseline_ms"), replay.get("measured_ms")
+                result.more_findings = [profile(workload, args.device, Path(tmp), k)[0] for k in range(1, args.profiles)]
                 if workload.twin is not None:
                     key = f"{args.device}/{workload.name}"
                     digest = scripts_digest(workload, steps, warmup)
                     if pairs.get(key, {}).get("digest") != digest:
                         pairs[key] = {"digest": digest}
+                    reused += len(pairs[key].get("defect_ms", [])) >= alternations
                     result.defect_ms, result.twin_ms, paired = measure(
                         workload, args.device, alternations, steps, warmup, loads, kept=pairs[key])
                     if args.pairs is not None:
@@ -365,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
             print(f"{workload.name}: done", file=sys.stderr, flush=True)
     table = render(results, score(results), args.device, alternations, loads, time.perf_counter() - started)
+    if reused:
+        table += (f"{reused} pair(s) measured by an earlier run of the same scripts, kept in {args.pairs.name}: "
+                  "their load average is theirs, the time above is this run's\n")
     print(table, end="")
     out = args.out
     if out is None and not args.quick and not args.only:
