@@ -106,7 +106,8 @@ def advisor_lines(stderr: str) -> list[str]:
 @needs_torch
 def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
     out = tmp_path / "run"
-    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", str(SAMPLE), "--", "--cpu-variant", "--steps", "50"], tmp_path)
+    # one step timed after the window (the sample's CPU steps are slow; the default 5 are tested below)
+    r = profile(["--out", str(out), "--wait", "1", "--warmup", "1", "--active", "2", "--after-steps", "1", str(SAMPLE), "--", "--cpu-variant", "--steps", "50"], tmp_path)
     assert r.returncode == STOPPED, r.stderr
     [trace] = traces(out)
     doc = json.loads(gzip.decompress(trace.read_bytes()))
@@ -126,13 +127,13 @@ def test_profile_the_sample_writes_trace_and_facts(tmp_path: Path):
     assert f["zero_grad_set_to_none"] is False
     assert f["autocast"] == {"used": False, "dtypes": []} and f["compile"] == {"used": False, "modes": []}
     assert f["window"] == {"wait": 1, "warmup": 1, "active": 2, "repeat": 1}
-    # the window's 4 steps and the 5 timed after it without the profiler (--after-steps)
-    assert len(f["step_times_ms"]) == 4 + 5 and all(t > 0 for t in f["step_times_ms"])
+    # the window's 4 steps and the one timed after it without the profiler (--after-steps 1)
+    assert len(f["step_times_ms"]) == 4 + 1 and all(t > 0 for t in f["step_times_ms"])
     assert f["device_step_times_ms"] is None  # no CUDA device: nothing for the device clock to time
     assert f["profiled_steps"] == [2, 3] and f["step_source"] == "optimizer"
     assert f["stopped_early"] is True and f["outcome"] == "stopped"
-    assert any("stopped" in line and "on purpose" in line for line in advisor_lines(r.stderr))
-    assert "step 20" not in r.stdout  # the script's own output: it was stopped at step 9
+    assert any("stopped" in line and "on purpose" in line and "and 1 step timed after it" in line for line in advisor_lines(r.stderr))
+    assert "step 20" not in r.stdout  # the script's own output: it was stopped at step 5
 
 
 @needs_torch
