@@ -255,37 +255,32 @@ def check(ctx: Context):
         f"(×{evidence['autocast_over_fp32']:.2f} overall, casts included)."
     )
     fast_path = int(name_matches(host["name"], NATIVE_MHA_OP).sum())
-    if not trains and fast_path:
+    if fast_path:
         evidence["native_transformer_fast_path_calls"] = fast_path
-        not_ranked = (
-            f"{message} Not ranked: the run takes PyTorch's native Transformer fast path "
-            "(aten::_transformer_encoder_layer_fwd, _native_multi_head_attention), which autocast turns off: its layers "
-            "fall back to their Python path. On AdvisorBench's transformer serving loop bf16 autocast measured 38-50% slower "
-            "(fresh processes alternated 9 times). Apply it and compare the unprofiled steps (`advisor profile`, before "
-            "and after) to see what it gives yours."
-        )
-        return ctx.finding(message, saving, confidence="low", evidence=evidence, snippet=AFTER, change=change, no_gain=not_ranked)
-    conv_ms = sum(ms for op, ms in by_op.items() if CONVOLUTION.search(op))
-    if not trains and conv_ms >= 0.5 * fp32_ms:
-        not_ranked = (
-            f"{message} Not ranked: most of that time is in convolutions, and on this project's CPU two convolution "
-            "inference loops measured far less than this per-call estimate (AdvisorBench, fresh processes alternated: "
-            "-3.2% to 5.8% against 25.8% promised, 7.7% to 14.0% against 20.4%): a convolution with few channels gains little in bf16 and "
-            "pays for its casts. Apply it and compare the unprofiled steps (`advisor profile`, before and after) to see "
-            "what it gives yours."
-        )
-        return ctx.finding(message, saving, confidence="low", evidence=evidence, snippet=AFTER, change=change, no_gain=not_ranked)
-    if trains:
-        not_ranked = (
-            f"{message} Not ranked: on this project's CPU training recordings bf16 autocast measured 0.4 to 0.9 of what "
-            "this per-op estimate promised (the backward's products and the gradients' casts gain less); apply it and "
-            "compare the unprofiled steps (`advisor profile --full`, before and after) to see what it gives yours."
-        )
-        return ctx.finding(message, saving, confidence="low", evidence=evidence, snippet=AFTER, change=change, no_gain=not_ranked)
+    conv = np.char.find(np.asarray(names, dtype=str), "conv") >= 0  # aten::conv2d, aten::convolution, ...
+    conv_share = float(own_us[conv].sum() / own_us.sum()) if own_us.sum() > 0 else 0.0
+    why = _why_not_ranked(trains, fast_path, conv_share)
+    if why is not None:
+        no_gain = (f"{message} Not ranked: {why} Apply it and compare the unprofiled steps (`advisor profile`, before and "
+                   "after) to see what it gives yours.")
+        return ctx.finding(message, saving, confidence="low", evidence=evidence, snippet=AFTER, change=change, no_gain=no_gain)
     return ctx.finding(message, saving, confidence="medium", evidence=evidence, snippet=AFTER, change=change)
 
 
-CONVOLUTION = re.compile(r"conv")
+def _why_not_ranked(trains: bool, fast_path: int, conv_share: float) -> str | None:
+    """Why a finding stays considered, from the measured pairs that refute its estimate there."""
+    if trains:
+        return ("on this project's CPU training recordings bf16 autocast measured 0.4 to 0.9 of what this per-op estimate "
+                "promised (the backward's products and the gradients' casts gain less).")
+    if fast_path:
+        return ("the run takes PyTorch's native Transformer fast path (aten::_transformer_encoder_layer_fwd, "
+                "_native_multi_head_attention), which autocast turns off: its layers fall back to their Python path. On "
+                "AdvisorBench's transformer serving loop bf16 autocast measured 38-50% slower.")
+    if conv_share >= 0.5:
+        return ("most of that time is in convolutions, and two convolution inference loops on this project's CPU measured "
+                "far less than this per-call estimate (-3.2% to 5.8% against 25.8% promised, 7.7% to 14.0% against "
+                "20.4%): a convolution with few channels gains little in bf16 and pays for its casts.")
+    return None
 
 
 def _trains(ctx: Context) -> bool:

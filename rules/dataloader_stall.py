@@ -155,6 +155,7 @@ from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
 from advisor.metrics.epochs import epoch_ends
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
+from advisor.metrics.steps import step_of
 from advisor.metrics.unprofiled import NOISY_OTHER_CORES, UnprofiledSteps, unprofiled_steps, window_other_cores
 from advisor.whatif import Change
 from advisor.whatif.savings import dataloader_spans
@@ -288,8 +289,9 @@ def check(ctx: Context):
     exposed_ms = m.breakdown_mean_ms["dataloader"]
     restarts = restart_steps(ctx)
     restarting = np.isin(m.steps["step"].to_numpy(), restarts)
+    some_restart = bool(restarting.any() and not restarting.all())
     per_step = m.breakdown["dataloader"].to_numpy(np.float64) / 1e6
-    if restarting.any() and not restarting.all():
+    if some_restart:
         # A restart's wait is left to epoch-end; those steps wait as long as the others do.
         per_step = np.where(restarting, np.median(per_step[~restarting]), per_step)
         exposed_ms = float(per_step.mean())
@@ -303,11 +305,10 @@ def check(ctx: Context):
     host = ctx.events.host
     spans = host[name_matches(host["name"], DATALOADER_NAME)]
     dl_s, dl_e = dataloader_spans(ctx.events)
-    if restarting.any() and not restarting.all():
-        hs, he = m.steps["host_start"].to_numpy(np.int64), m.steps["host_end"].to_numpy(np.int64)
+    if some_restart:
         # a span belongs to the step it begins in; the restarts' spans stay in the replay
-        k = np.searchsorted(hs, dl_s, side="right") - 1
-        keep = ~((k >= 0) & (dl_s < he[np.clip(k, 0, None)]) & restarting[np.clip(k, 0, None)])
+        k = step_of(m.steps["host_start"].to_numpy(np.int64), m.steps["host_end"].to_numpy(np.int64), dl_s)
+        keep = ~((k >= 0) & restarting[np.maximum(k, 0)])
         dl_s, dl_e = dl_s[keep], dl_e[keep]
         evidence_restarts = {"restart_steps_left_to_epoch_end": m.steps["step"][restarting].astype(int).tolist()}
     else:
