@@ -167,6 +167,7 @@ class FactsFile(_Facts):
     stopped_early: bool | None = None
     step_times_ms: list[Milliseconds] | None = None
     loader_wait_ms: list[Milliseconds] | None = None
+    optimizer_step_ms: list[Milliseconds] | None = None
     other_cpu_cores: list[Annotated[float, msgspec.Meta(ge=0, lt=1e6)] | None] | None = None
     device_step_times_ms: list[Milliseconds | None] | None = None
     profiled_steps: list[Count] | None = None

@@ -144,12 +144,49 @@ def test_the_per_parameter_sgd_is_priced_from_its_whole_update():
     spans = [e for e in events if e["name"] == "Optimizer.step#SGD.step" and any(a <= e["ts"] < b for a, b in steps)]
     span_ms = sum(e["dur"] for e in spans) / len(steps) / 1e3
     assert ev["optimizer_step_ms_per_step"] == pytest.approx(span_ms, rel=1e-3)
-    # What goes: the span but one pass of the update's arithmetic (and `_init_group`): more than
-    # the ops' fixed cost alone (the old model), less than the whole span.
+    # What goes is at most the per-parameter loop (by hand: the `_single_tensor_sgd` frames in
+    # the spans), less one pass of its ops; more than the ops' fixed cost alone (the old model).
+    # The run has no optimizer_step_ms (recorded before the capture timed it): no scale.
+    loops = [e for e in events if e["name"].endswith(": _single_tensor_sgd")
+             and any(s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in spans)]
+    loop_ms = sum(e["dur"] for e in loops) / len(steps) / 1e3
     removed = ev["removed_ms_per_step"]
-    assert ev["fixed_cost_ms_per_step"] < removed <= span_ms
-    assert removed >= span_ms - ev["arithmetic_ms_per_step"] - 0.05 * span_ms
+    assert ev["unprofiled_scale"] == 1.0
+    assert ev["fixed_cost_ms_per_step"] < removed < loop_ms - (ev["fixed_cost_ms_per_step"] + ev["arithmetic_ms_per_step"]) / 4 + 1e-3
     assert "fused=True" in f.fix.snippet
+
+
+def test_the_per_parameter_sgd_is_promised_what_its_fused_twin_measured():
+    """tabular_optimizer_timed: recorded on the idle 2-core machine with the default capture,
+    `advisor profile --device cpu --no-memory benchmarks/advisorbench/workloads/tabular_optimizer.py`,
+    which times the optimizer's step in the steps after the window (the script ran to its end,
+    36 steps). The measurement: AdvisorBench's pair of the same script and its fused twin, 9
+    alternations in fresh processes (benchmarks/results/advisorbench_cpu_pairs.json)."""
+    run = RUNS / "tabular_optimizer_timed"
+    facts = json.loads((run / "advisor_facts.json").read_text())
+    pair = json.loads((REPO / "benchmarks" / "results" / "advisorbench_cpu_pairs.json").read_text())["cpu/tabular_optimizer"]
+    paired = [d - t for d, t in zip(pair["defect_ms"], pair["twin_ms"], strict=True)]
+    measured_share = float(np.median(paired)) / float(np.median(pair["defect_ms"]))
+    f = _all(run)["cpu-optimizer"]
+    ev = f.evidence
+    # By hand from the raw events: the spans' time outside `_single_tensor_sgd` (the step's
+    # wrappers and `_init_group`) stays with a fused update
+    events = _events(run)
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+    spans = [e for e in events if e["name"] == "Optimizer.step#SGD.step" and any(a <= e["ts"] < b for a, b in steps)]
+    loops = [e for e in events if e["name"].endswith(": _single_tensor_sgd")
+             and any(s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in spans)]
+    span_ms = sum(e["dur"] for e in spans) / len(steps) / 1e3
+    assert len(loops) == len(spans) == len(steps) == 5
+    assert ev["outside_the_loop_ms_per_step"] == pytest.approx(span_ms - sum(e["dur"] for e in loops) / len(steps) / 1e3, abs=2e-3)
+    # the replay holds the spans at the optimizer's unprofiled time: the median of the facts'
+    # optimizer_step_ms after the window (the first step after it, which writes the trace, left out)
+    after = facts["optimizer_step_ms"][max(facts["profiled_steps"]) + 2:]
+    assert ev["unprofiled_scale"] == pytest.approx(float(np.median(after)) / span_ms, abs=2e-3)
+    assert ev["unprofiled_scale"] < 0.8  # the profiler inflated the per-parameter loop
+    # The promise, as a share of the step without the profiler, against the pair's: ±30%, the
+    # band AdvisorBench scores (the paired runs spread from 4.6% to 9.7%).
+    assert f.saving_pct == pytest.approx(measured_share, rel=0.30), (f.saving_pct, measured_share)
 
 
 # --- epoch-end: a DataLoader built anew every epoch -----------------------------------------

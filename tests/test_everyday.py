@@ -163,7 +163,7 @@ for i in range(8):
 print("script end", flush=True)
 sys.exit(7)
 """
-WINDOW = ["--wait", "0", "--warmup", "1", "--active", "2", "--no-stack"]
+WINDOW = ["--wait", "0", "--warmup", "1", "--active", "2", "--no-stack", "--after-steps", "5"]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from conftest import REPO
 SAMPLE = REPO / "sample_runs" / "resnet18_cifar" / "train.py"
 # The scripts these tests profile import torch; the file itself does not (it collects without it).
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install 'torch-advisor[profile]')")
-QUICK = ["--wait", "0", "--warmup", "1", "--active", "1", "--no-stack"]
+QUICK = ["--wait", "0", "--warmup", "1", "--active", "1", "--no-stack", "--after-steps", "5"]
 STOPPED = 0  # advisor profile stopped the script after the window and wrote the report
 
 TRAIN = """
@@ -207,7 +207,7 @@ def test_a_window_recorded_and_reported_exits_0_so_set_e_and_and_go_on(tmp_path:
     is recorded and the report written (a shell's `set -e` and `&&` go on); a script that
     fails after the window under --full ends with its own status."""
     script = write(tmp_path / "train.py", TRAIN + "\nsys.exit(5)\n")
-    cmd = f"set -e; {sys.executable} -m advisor.cli.profile_main --out run --wait 0 --warmup 1 --active 2 --no-stack -o r.json train.py && echo next"
+    cmd = f"set -e; {sys.executable} -m advisor.cli.profile_main --out run --wait 0 --warmup 1 --active 2 --no-stack --after-steps 5 -o r.json train.py && echo next"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     r = subprocess.run(["/bin/sh", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -283,9 +283,9 @@ def test_stops_after_the_window_unless_full(tmp_path: Path):
     assert "finished" not in r.stdout
     f = facts(tmp_path / "cut")
     assert f["stopped_early"] and len(f["step_times_ms"]) == 4 and f["profiled_steps"] == [2, 3]
-    # by default 5 steps are timed after the window without the profiler, then the run stops:
-    # the report measures the profiler's cost on them (the first one after it left out)
-    r = profile(["--out", str(tmp_path / "after"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", "-o",
+    # 5 steps timed after the window without the profiler, then the run stops: the report
+    # measures the profiler's cost on them (the first one after it left out)
+    r = profile(["--out", str(tmp_path / "after"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", "--after-steps", "5", "-o",
                  str(tmp_path / "after.json"), str(script)], tmp_path)
     assert r.returncode == STOPPED, r.stderr
     assert "finished" not in r.stdout
@@ -301,6 +301,51 @@ def test_stops_after_the_window_unless_full(tmp_path: Path):
     f = facts(tmp_path / "full")
     assert not f["stopped_early"] and len(f["step_times_ms"]) == 12 and f["profiled_steps"] == [2, 3]
     assert f["outcome"] == "finished"
+
+
+@needs_torch
+@pytest.mark.parametrize(("pause_s", "after"), [(0.04, "2 s"), (0.0, "100 steps")])
+def test_by_default_the_steps_after_the_window_are_timed_for_two_seconds_or_a_hundred_steps(tmp_path: Path, pause_s: float, after: str):
+    """The steps right after the trace is written run slower than the run's pace: a short step
+    is timed for at least 2 s, at most 100 steps (and never fewer than 5)."""
+    script = write(tmp_path / "train.py", f"""
+        import time, torch
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(400):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+            time.sleep({pause_s})
+    """)
+    r = profile(["--out", str(tmp_path / "run"), "--wait", "1", "--warmup", "1", "--active", "2", "--no-stack", str(script)], tmp_path)
+    assert r.returncode == STOPPED, r.stderr
+    f = facts(tmp_path / "run")
+    window = 4
+    timed = f["step_times_ms"][window:]
+    if after == "2 s":  # 40 ms steps: about 50 of them, the last one crossing 2 s
+        assert sum(timed) >= 1990 and sum(timed[:-1]) < 2000, timed  # the hooks' own time between steps aside
+        assert 30 <= len(timed) < 100
+    else:
+        assert len(timed) == 100 and sum(timed) < 2000
+    # the optimizer's step is timed on every step, as the steps are
+    assert len(f["optimizer_step_ms"]) == len(f["step_times_ms"])
+    assert all(0 < o < t for o, t in zip(f["optimizer_step_ms"][1:], f["step_times_ms"][1:], strict=True))
+
+
+def test_every_rank_of_a_multi_process_run_stops_after_the_same_count_of_steps():
+    """A rank that stops on its own clock would leave the others waiting in a collective for it:
+    with several ranks the stretch after the window is a count, however long its steps took."""
+    from advisor.capture.launch import rank_argv
+    from advisor.capture.runner import Target
+    from advisor.capture.session import AFTER_STEPS, CaptureOptions, after_done
+
+    assert not after_done(AFTER_STEPS, 0.1, None, 1) and after_done(AFTER_STEPS, 0.1, None, 2)
+    assert not after_done(AFTER_STEPS - 1, 60.0, None, 2) and not after_done(AFTER_STEPS - 1, 60.0, None, 1)
+    assert after_done(3, 0.0, 3, 1) and not after_done(2, 60.0, 3, 1)
+    argv = rank_argv(Target("script", "train.py", []), CaptureOptions(out_dir=Path("out"), world_size=2))
+    assert "--after-steps" not in argv  # every rank takes the same default count
+    argv = rank_argv(Target("script", "train.py", []), CaptureOptions(out_dir=Path("out"), after_steps=7, world_size=2))
+    assert argv[argv.index("--after-steps") + 1] == "7"
 
 
 @needs_torch

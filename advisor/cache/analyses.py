@@ -36,7 +36,7 @@ else:
     from advisor.cache.lazy import pd
 
 ANALYSIS_META = "analysis.json"
-ANALYSIS_FORMAT = 9  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep; 6: a finding's saving_share; 7: collectives' offsets in their steps, copy bandwidth over time, time per module; 8: shares of the measured window (RankWhatIf.headline_ms); 9: the unprofiled figure in the replay's statistic
+ANALYSIS_FORMAT = 10  # 4: one sealed cache, keyed on the traces' content and names, not paths; 5: steps found without ProfilerStep; 6: a finding's saving_share; 7: collectives' offsets in their steps, copy bandwidth over time, time per module; 8: shares of the measured window (RankWhatIf.headline_ms); 9: the unprofiled figure in the replay's statistic; 10: the optimizer step at its unprofiled time (RankWhatIf.optimizer_scale)
 # Analyses faster than this are not worth an entry, unless a report rendered from it is kept
 # there (`analyze(store=True)`: a report to stdout, which a warm report then writes as it is).
 MIN_ANALYSIS_SECONDS = 0.5

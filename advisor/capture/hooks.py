@@ -28,9 +28,10 @@ Where a step ends:
 
 What is recorded (see facts.py): DataLoaders iterated, autocast entered, GradScaler used,
 torch.compile calls, DataParallel / DistributedDataParallel built, optimizers stepped,
-zero_grad(set_to_none=...), and how long each step waited for its DataLoader's next batch
+zero_grad(set_to_none=...), how long each step waited for its DataLoader's next batch
 (also outside the profiled window, where prefetched batches can no longer hide a slow input
-pipeline). Profilers started by the script itself are reported to the session, which then
+pipeline) and how long it spent in its optimizer's step (outside the window, that step's cost
+without the profiler, which inflates a per-parameter loop of small ops more than the rest). Profilers started by the script itself are reported to the session, which then
 stands aside.
 """
 
@@ -160,6 +161,8 @@ class Hooks:
         self._driver_loader: int | None = None
         self._exporting = 0
         self._loader_wait_ns = 0
+        self._optimizer_ns = 0  # inside the outermost wrapped Optimizer.step since the last step end
+        self._optimizer_depth = 0
         self.backward_seen = False
         self._in_fetch = 0  # inside DataLoader.__next__ (transforms may call modules)
         self._module_depth = 0
@@ -381,12 +384,19 @@ class Hooks:
         def step(obj, *args, **kwargs):
             if not p.active:
                 return original(obj, *args, **kwargs)
+            timed = isinstance(obj, Optimizer) and hooks._optimizer_depth == 0
             hooks._enter_step()
+            hooks._optimizer_depth += isinstance(obj, Optimizer)
+            started = time.perf_counter_ns()
             try:
                 result = original(obj, *args, **kwargs)
             except BaseException:
+                hooks._optimizer_depth -= isinstance(obj, Optimizer)
                 hooks._leave_step(None)
                 raise
+            hooks._optimizer_depth -= isinstance(obj, Optimizer)
+            if timed:  # before the step ends, so that the step that just ran holds its own update
+                hooks._optimizer_ns += time.perf_counter_ns() - started
             hooks._leave_step(obj if isinstance(obj, Optimizer) else (args[0] if args else kwargs.get("optimizer")))
             return result
 
@@ -450,6 +460,12 @@ class Hooks:
         """DataLoader waiting since the last call (the step that just ended)."""
         waited, self._loader_wait_ns = self._loader_wait_ns, 0
         return waited / 1e6
+
+    def take_optimizer_ms(self) -> float:
+        """Time inside optimizer steps since the last call (the step that just ended): an
+        optimizer class wrapped here, outermost (a GradScaler's step around it not counted)."""
+        spent, self._optimizer_ns = self._optimizer_ns, 0
+        return spent / 1e6
 
     # -- model calls ------------------------------------------------------------------------
     def _forward_counts(self) -> bool:

@@ -27,8 +27,9 @@ def rank_argv(target: Target, o: CaptureOptions) -> list[str]:
     argv = [
         "--out", str(o.out_dir),
         "--wait", str(o.wait), "--warmup", str(o.warmup), "--active", str(o.active), "--repeat", str(o.repeat),
-        "--device", o.device, "--after-steps", str(o.after_steps),
+        "--device", o.device,
     ]
+    argv += ["--after-steps", str(o.after_steps)] * (o.after_steps is not None)
     argv += ["--full"] * o.full + {True: ["--stack"], False: ["--no-stack"], None: []}[o.with_stack]
     argv += ["--no-shapes"] * (not o.record_shapes) + ["--no-memory"] * (not o.profile_memory)
     if target.kind == "module":

@@ -7,8 +7,9 @@
 The profiler is started before the script's first line and advanced at every step end that
 the hooks find. Its schedule is `wait / warmup / active / repeat`; when the last active step
 ends, torch writes the trace (tensorboard_trace_handler, gzip) and the profiler is stopped;
-unless `full`, the run goes on for `after_steps` steps timed without it (they measure the
-profiler's own cost: advisor.metrics.unprofiled) and is then stopped on purpose by raising
+unless `full`, the run goes on for steps timed without it (at least 5 and 2 s by default, see
+`after_done`; they measure the profiler's own cost: advisor.metrics.unprofiled) and is then
+stopped on purpose by raising
 `StopRun` from the step hook. Whatever way the script ends
 (finished, sys.exit, its own exception, Ctrl-C, SIGTERM) the profiler is stopped, which saves
 a partly recorded window, the hooks are undone and the facts file is written.
@@ -50,6 +51,26 @@ from advisor.capture.progress import Progress, Window, step_span
 from advisor.capture.runner import Outcome, Target, Terminated, run
 from advisor.capture.streams import own_streams, take_back_streams
 
+# The default stretch timed after the window: at least this many steps and this long, at most
+# AFTER_STEPS_MAX steps. The steps right after the trace is written run slower than the run's
+# own pace (caches and the allocator settle again: a 5 ms CPU step took 8.4, 6.7, 6.1 ms before
+# it came back to 5.2), so a short step is timed for longer than five of them.
+AFTER_STEPS = 5
+AFTER_WINDOW_S = 2.0
+AFTER_STEPS_MAX = 100
+
+
+def after_done(after: int, elapsed_s: float, count: int | None, world_size: int) -> bool:
+    """Whether `after` steps timed over `elapsed_s` after the window are enough. With several
+    ranks the stretch is a count (every rank must stop at the same step, or one would wait in a
+    collective for a rank that has stopped)."""
+    if count is not None:
+        return after >= count
+    if world_size > 1:
+        return after >= AFTER_STEPS
+    return after >= AFTER_STEPS and (elapsed_s >= AFTER_WINDOW_S or after >= AFTER_STEPS_MAX)
+
+
 def profiler_log_name(rank: int, world_size: int) -> str:
     return f"advisor_profiler.rank{rank}.log" if world_size > 1 else "advisor_profiler.log"
 
@@ -71,8 +92,9 @@ class CaptureOptions:
     full: bool = False
     # steps timed without the profiler after the window before a run that is not `full` is
     # stopped: the first is left out (the trace is written during it), the rest measure the
-    # profiler's cost (advisor.metrics.unprofiled needs at least 3)
-    after_steps: int = 5
+    # profiler's cost (advisor.metrics.unprofiled needs at least 3). None: at least
+    # AFTER_STEPS and AFTER_WINDOW_S (see `after_done`); a count: exactly that many.
+    after_steps: int | None = None
     device: str = "cpu"  # resolved: "cpu" | "cuda"
     record_shapes: bool = True
     profile_memory: bool = True
@@ -136,6 +158,7 @@ class _Session:
         self.progress = Progress(self.window, enabled=options.progress)
         self.step_times_ms: list[float] = []
         self.loader_wait_ms: list[float] = []  # per step, the time spent in DataLoader.__next__
+        self.optimizer_ms: list[float] = []  # per step, the time spent in the optimizer's step
         self.other_work = OtherWork()  # per step, the cores other processes kept busy
         self.device_clock = DeviceStepClock(torch) if options.device == "cuda" else None
         self.window_complete = False
@@ -167,6 +190,7 @@ class _Session:
         self.profiling = False
         self.profiler_failed = False
         self._last_end = 0.0
+        self._after_since = 0.0  # when the window's last step ended
 
     # -- hooks' callbacks -------------------------------------------------------------------
     def on_step(self) -> None:
@@ -175,6 +199,7 @@ class _Session:
         now = time.perf_counter()
         self.step_times_ms.append((now - self._last_end) * 1e3)
         self.loader_wait_ms.append(self.hooks.take_loader_wait_ms())
+        self.optimizer_ms.append(self.hooks.take_optimizer_ms())
         self.other_work.mark()
         if self.device_clock is not None:
             self.device_clock.mark()
@@ -194,16 +219,24 @@ class _Session:
                 raise Terminated()
             if done >= self.window.length:
                 self.window_complete = True
-                if self.o.full or self.o.after_steps > 0:  # nothing more to record: keep only the step clock running
+                if self.o.full or self.o.after_steps != 0:  # nothing more to record: keep only the step clock running
                     self._stop_profiler()
         self.progress.step(done, self.step_times_ms[-1])
         if self.window_complete and not self.o.full and not self.own_profiler:
-            if done == self.window.length + self.o.after_steps:
+            after = done - self.window.length
+            if after_done(after, now - self._after_since, self.o.after_steps, self.o.world_size):
                 raise StopRun()
-            if done == self.window.length:
+            if after == 0:
                 n = self.o.after_steps
-                self.progress.say(f"timing {n} more step{'s' if n != 1 else ''} without the profiler, to measure its cost")
+                if n is None and self.o.world_size == 1:
+                    what = f"at least {AFTER_STEPS} more steps ({AFTER_WINDOW_S:g} s, at most {AFTER_STEPS_MAX})"
+                else:
+                    n = AFTER_STEPS if n is None else n
+                    what = f"{n} more step{'s' if n != 1 else ''}"
+                self.progress.say(f"timing {what} without the profiler, to measure its cost")
         self._last_end = time.perf_counter()
+        if self.window_complete and done == self.window.length:  # the trace is written: the stretch after it starts
+            self._after_since = self._last_end
 
     def _start_late(self) -> None:
         """Start the profiler after the wait steps, without Python stacks for a compiled model.
@@ -454,6 +487,7 @@ class _Session:
             "stopped_early": result.outcome.how == "stopped",
             "step_times_ms": [round(t, 3) for t in self.step_times_ms],
             "loader_wait_ms": [round(t, 3) for t in self.loader_wait_ms],
+            "optimizer_step_ms": [round(t, 3) for t in self.optimizer_ms] if any(self.optimizer_ms) else None,
             "other_cpu_cores": self.other_work.per_step if any(v is not None for v in self.other_work.per_step) else None,
             "device_step_times_ms": self._device_step_times(),
             "profiled_steps": result.recorded_steps,

@@ -68,9 +68,9 @@ def profile(
     active: int = typer.Option(5, "--active", min=1, help="Steps recorded."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="How many wait/warmup/active cycles (one trace file each)."),
     full: bool = typer.Option(False, "--full", help="Let the script run to its end instead of stopping it after the window."),
-    after_steps: int = typer.Option(
-        5, "--after-steps", min=0,
-        help="Steps timed without the profiler after the window before the script is stopped: they measure the profiler's own cost, which every saving is figured without (0: stop right after the window).",
+    after_steps: int | None = typer.Option(
+        None, "--after-steps", min=0, show_default=False,
+        help="Steps timed without the profiler after the window before the script is stopped: they measure the profiler's own cost, which every saving is figured without. Default: at least 5 steps and 2 s (at most 100 steps; 5 on every rank of a multi-process run). 0: stop right after the window.",
     ),
     device: Device = typer.Option(Device.auto, "--device", help="What to profile: cuda when available, else cpu."),
     out: Path | None = typer.Option(None, "--out", "--log-dir", help="Log dir to create (default ./advisor_runs/<script>-<time>/); never an existing non-empty one."),

@@ -58,9 +58,10 @@ def whatif(
     replayed_one = f"; the replay takes its median step, {head.measured_ms:.2f} ms"
     say(out, f"Measured step    {mean:.2f} ms mean over the profiled window{replayed_one}" if mean is not None else f"Measured step    {head.measured_ms:.2f} ms (median of the profiled window)")
     if head.unprofiled_ms is not None and head.host_scale < 1.0:
+        optimizer = f", optimizer step ×{head.optimizer_scale:.2f}" if head.optimizer_scale is not None else ""
         say(
             out,
-            f"Replayed step    {head.baseline_ms:.2f} ms: host time scaled ×{head.host_scale:.2f} (DataLoader ×{replay.loader_scale:.2f}) to match "
+            f"Replayed step    {head.baseline_ms:.2f} ms: host time scaled ×{head.host_scale:.2f} (DataLoader ×{replay.loader_scale:.2f}{optimizer}) to match "
             f"the {head.unprofiled_ms:.2f} ms median of the unprofiled steps, so the profiler's own cost is not counted",
         )
     elif head.unprofiled_ms is None and (noisy := analysis.noisy_caveat()) is not None:

@@ -1,7 +1,7 @@
 """The steps after the profiled window, from the facts file's step clock.
 
-`advisor profile` times every step of the run, and its wait for the DataLoader, profiled or
-not. When the run goes on after the window (`--full`), the steps after it are the same work
+`advisor profile` times every step of the run, its wait for the DataLoader and its optimizer's
+step, profiled or not. When the run goes on after the window (`--full`), the steps after it are the same work
 without the profiler: comparing them with the window says how much the profiler itself
 slowed the recorded steps (Python stack recording can cost more than a compiled step, and
 then every host-side figure of the trace is inflated) and whether the window showed what
@@ -76,6 +76,7 @@ class UnprofiledSteps:
     step_ms: np.ndarray
     loader_wait_ms: np.ndarray | None  # aligned with step_ms; None in facts that lack it
     first: int = 0  # the run's step index of step_ms[0]
+    optimizer_ms: np.ndarray | None = None  # aligned with step_ms: time in the optimizer's step; None in facts that lack it
 
 
 def unprofiled_steps(recorded: FactsFile) -> UnprofiledSteps | None:
@@ -87,16 +88,20 @@ def unprofiled_steps(recorded: FactsFile) -> UnprofiledSteps | None:
     graphs (advisor.capture.device_clock).
     """
     times, waits, profiled = recorded.step_times_ms, recorded.loader_wait_ms, recorded.profiled_steps
+    updates = recorded.optimizer_step_ms
     if times is None or not profiled or max(profiled) >= len(times):
         return None
     times = steps_as_run(times, recorded.device_step_times_ms)
     first = max(profiled) + 2
     all_ms = np.asarray(times, dtype=np.float64)
     wait_ms = np.asarray(waits, dtype=np.float64) if waits is not None and len(waits) == len(times) else None
+    update_ms = np.asarray(updates, dtype=np.float64) if updates is not None and len(updates) == len(times) else None
     after = all_ms[first:]
     if len(after) < MIN_UNPROFILED_STEPS or not np.isfinite(after).all() or (after <= 0).any():
         return None
-    return UnprofiledSteps(all_ms[profiled], after, None if wait_ms is None else wait_ms[first:], first)
+    return UnprofiledSteps(
+        all_ms[profiled], after, None if wait_ms is None else wait_ms[first:], first, None if update_ms is None else update_ms[first:]
+    )
 
 
 def profiler_overhead(recorded: FactsFile, window_median_ms: float | None = None) -> MeasuredOverhead | None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from advisor.facts import typed_facts
 from advisor.metrics.breakdown import DATALOADER_NAME, name_matches, text_of
+from advisor.metrics.host_device import OPTIMIZER_STEP_SPAN
 from advisor.metrics.intervals import merge
 from advisor.metrics.one_time import cold_window
 from advisor.metrics.unprofiled import unprofiled_steps
@@ -55,6 +56,9 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
     # the window's step as measured, with it (the same statistic), which the headline states
     # and every saving's share is taken of; None where nothing was taken out.
     headline_ms: NonNegative | None = None
+    # A CPU run's optimizer step scaled to its unprofiled steps' time in it (None: not timed,
+    # or a run with a device, where host_scale holds for it too).
+    optimizer_scale: NonNegative | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The replay as the JSON report writes it."""
@@ -89,7 +93,7 @@ class RankWhatIf(msgspec.Struct, forbid_unknown_fields=True):
             out += (
                 f", replayed {self.baseline_ms:.2f} ms with host time ×{self.host_scale:.2f}: the profiler's own cost is not known on this "
                 "noisy window (an estimate from its host events cannot tell it from the waits for a core), and no unprofiled steps "
-                "were recorded to measure it (`advisor profile` times 5 after the window unless `--after-steps 0`)"
+                "were recorded to measure it (`advisor profile` times at least 5 after the window unless `--after-steps 0`)"
             )
         elif self.unprofiled_ms is None and self.scale_range is not None and self.baseline_range_ms is not None:
             lo, hi = self.baseline_range_ms
@@ -162,6 +166,7 @@ class RankReplay:
         self._unprofiled_mean: float | None = None
         self._base: Change | None = None
         self.loader_scale: float = 1.0
+        self.optimizer_scale: float | None = None  # the optimizer step's own scale (CPU runs with it timed)
         self.remainder_ms: float = 0.0
         self.step_host_ms: float = 0.0  # unprofiled host time placed at each step's start
         self._rows: tuple[np.ndarray, np.ndarray] | None = None  # calls and device ops of a replayed block
@@ -251,11 +256,20 @@ class RankReplay:
                 window_wait = float((dl_e - dl_s).sum()) / max(len(self.metrics.steps), 1) / 1e6
                 if after.loader_wait_ms is not None and window_wait > 0:
                     self.loader_scale = min(float(np.median(after.loader_wait_ms)) / window_wait, 1.0)
+                # A CPU run's optimizer step at its own unprofiled time: a per-parameter loop of
+                # small ops carries more of the profiler's cost per ms than the model's large
+                # ones. (On a device, the host's step can hold waits for the launch queue.)
+                op_s, op_e = optimizer_step_spans(self.metrics.frames)
+                window_update = float((op_e - op_s).sum()) / max(len(self.metrics.steps), 1) / 1e6
+                if after.optimizer_ms is not None and window_update > 0 and len(self.graph.d_dur) == 0:
+                    self.optimizer_scale = min(float(np.median(after.optimizer_ms)) / window_update, 1.0)
 
                 def build(scale: float) -> Change:
                     c = Change(host_scale=scale)
                     if len(dl_s):  # DataLoader time at loader_scale of its window figure, whatever the host scale
                         c.host_own.append((dl_s, dl_e, self.loader_scale))
+                    if self.optimizer_scale is not None:
+                        c.host_own.append((op_s, op_e, self.optimizer_scale))
                     return c
 
                 # Without device work nothing can hide the host: the scale that meets the
@@ -638,7 +652,7 @@ class RankReplay:
         return RankWhatIf(
             self.metrics.rank, measured, self.baseline_ms, scale, self.loader_scale, self.remainder_ms, self.step_host_ms, self._unprofiled_of_statistic(),
             all_fixes_ms=None, scale_range=scales, baseline_range_ms=ranged, fixes=[], savings={}, statistic=self.statistic,
-            headline_ms=headline,
+            headline_ms=headline, optimizer_scale=None if self.optimizer_scale is None else round(self.optimizer_scale, 4),
         )
 
 
@@ -738,6 +752,13 @@ def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
     """Merged DataLoader spans of a rank's host (where the loop waits for its batch)."""
     host = frames.host
     spans = host[name_matches(host["name"], DATALOADER_NAME)]
+    return merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
+
+
+def optimizer_step_spans(frames) -> tuple[np.ndarray, np.ndarray]:
+    """Merged `Optimizer.step#...` spans of a rank's host (the update, its zero_grad not included)."""
+    host = frames.host
+    spans = host[name_matches(host["name"], OPTIMIZER_STEP_SPAN)]
     return merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
 
 
