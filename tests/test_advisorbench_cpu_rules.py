@@ -70,6 +70,31 @@ def test_the_cpu_elementwise_chains_of_the_gated_mlp_are_counted_and_priced_in_p
     assert "12 chains" in f.message and "0 chains" not in f.message and "fusion" in f.message
 
 
+def _measured_share(workload: str) -> float:
+    """The share of the defect's median step its twin saved in AdvisorBench's pair (9
+    alternations in fresh processes, benchmarks/results/advisorbench_cpu_pairs.json): the
+    median paired saving over the defect's median step, as benchmarks/advisorbench/run.py scores it."""
+    pair = json.loads((REPO / "benchmarks" / "results" / "advisorbench_cpu_pairs.json").read_text())[f"cpu/{workload}"]
+    paired = [d - t for d, t in zip(pair["defect_ms"], pair["twin_ms"], strict=True)]
+    return float(np.median(paired)) / float(np.median(pair["defect_ms"]))
+
+
+def test_the_gated_mlp_is_promised_what_its_compiled_twin_measured():
+    """mlp_elementwise_timed: the third of three profiles taken in a row on the idle 2-core
+    machine with the default capture, `advisor profile --device cpu
+    benchmarks/advisorbench/workloads/mlp_elementwise.py` (the script ran to its end, 34 steps).
+    The model that priced the chains at the window's op times less the profiler's cost per
+    event promised 64.1% on it (44.9% and 50.1% on the other two), against 41.4% measured."""
+    run = RUNS / "mlp_elementwise_timed"
+    f = _all(run)["unfused-elementwise"]
+    ev = f.evidence
+    # the chains are priced at the host's scale the unprofiled steps measured
+    assert ev["unprofiled_scale"] is not None and ev["unprofiled_scale"] < 1.0
+    assert ev["removed_ms_per_step"] <= ev["chain_window_ms_per_step"] * ev["unprofiled_scale"] + 1e-3
+    # ±30% of the pair's measured share, the band AdvisorBench scores (paired runs 36.3% to 44.8%)
+    assert f.saving_pct == pytest.approx(_measured_share("mlp_elementwise"), rel=0.30), f.saving_pct
+
+
 @pytest.mark.parametrize("control", ["transformer_clean", "tabular_optimizer"])
 def test_the_cpu_elementwise_rule_stays_under_the_benchmarks_floor_on_runs_without_that_defect(control):
     f = _all(RUNS / control).get("unfused-elementwise")
@@ -164,9 +189,7 @@ def test_the_per_parameter_sgd_is_promised_what_its_fused_twin_measured():
     alternations in fresh processes (benchmarks/results/advisorbench_cpu_pairs.json)."""
     run = RUNS / "tabular_optimizer_timed"
     facts = json.loads((run / "advisor_facts.json").read_text())
-    pair = json.loads((REPO / "benchmarks" / "results" / "advisorbench_cpu_pairs.json").read_text())["cpu/tabular_optimizer"]
-    paired = [d - t for d, t in zip(pair["defect_ms"], pair["twin_ms"], strict=True)]
-    measured_share = float(np.median(paired)) / float(np.median(pair["defect_ms"]))
+    measured_share = _measured_share("tabular_optimizer")
     f = _all(run)["cpu-optimizer"]
     ev = f.evidence
     # By hand from the raw events: the spans' time outside `_single_tensor_sgd` (the step's

@@ -357,6 +357,13 @@ class RankReplay:
     def host_scale(self) -> float:
         return self.base.host_scale
 
+    @property
+    def measured_host_scale(self) -> float | None:
+        """The host scale the unprofiled steps measured (None where it is estimated from the
+        trace's events, or there is none)."""
+        base = self.base
+        return base.host_scale if self._unprofiled is not None else None
+
     @functools.cached_property
     def statistic(self) -> str:
         """"mean" where slow steps recur in the window (throughput is the mean step), else
