@@ -51,9 +51,9 @@ every implementation runs them) and one vectorised pass over each parameter grou
   one op's fixed cost per tensor and one pass of the arithmetic stay.
 
 `advisor profile` times the optimizer's step in the unprofiled steps after the window, and the
-replay holds the spans at that time (`optimizer_scale`, CPU runs): the profiler inflates a loop
-of small ops more than the model's large ones (2x on AdvisorBench's `tabular_optimizer`, whose
-step it inflated 1.6x). What the fused update keeps runs few Python calls, so its traced time
+replay holds the spans at that time (`optimizer_scale`, CPU runs), measured rather than assumed
+to shrink with the rest of the host (on AdvisorBench's `tabular_optimizer`: x0.60 to x0.67,
+the rest x0.57 to x0.58). What the fused update keeps runs few Python calls, so its traced time
 stands as its own, and the share removed is of the unprofiled span. Everything else goes: the
 per-parameter Python loop, each op's dispatch, the `.item()` of the step count, the extra
 passes over memory. Before (AdvisorBench's `transformer_optimizer`):

@@ -31,7 +31,7 @@ torch.compile calls, DataParallel / DistributedDataParallel built, optimizers st
 zero_grad(set_to_none=...), how long each step waited for its DataLoader's next batch
 (also outside the profiled window, where prefetched batches can no longer hide a slow input
 pipeline) and how long it spent in its optimizer's step (outside the window, that step's cost
-without the profiler, which inflates a per-parameter loop of small ops more than the rest). Profilers started by the script itself are reported to the session, which then
+without the profiler, measured rather than assumed to shrink with the rest of the step). Profilers started by the script itself are reported to the session, which then
 stands aside.
 """
 
