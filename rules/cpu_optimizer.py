@@ -121,6 +121,8 @@ def _optimizer_scale(ctx: Context) -> float:
     """The replay's factor from the window's optimizer spans to the unprofiled steps' time in
     the optimizer (1.0 where the run did not time it)."""
     replay = ctx.replay
+    if not replay.available:
+        return 1.0
     _ = replay.base
     return replay.optimizer_scale if replay.optimizer_scale is not None else 1.0
 

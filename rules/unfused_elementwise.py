@@ -372,7 +372,7 @@ def _check_cpu(ctx: Context):
     removed_ns = np.minimum(saved.to_numpy(np.float64), (e - s).astype(np.float64) * unit)
     estimate_ms = float(removed_ns.sum()) / n_steps / 1e6
     # Replayed as the host's work that much shorter per step: the time is the chains' own, at
-    # their typical pace and without the profiler's cost, and a CPU step is one stretch of host
+    # their typical pace and in the replay's units, and a CPU step is one stretch of host
     # work in which another fix's removal would otherwise hide it (the larger removal wins).
     change = ctx.replay.host_shorter_by(estimate_ms) if ctx.replay.available else None
     if change is None:
