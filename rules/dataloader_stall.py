@@ -424,13 +424,13 @@ def check(ctx: Context):
 
 def _ranked_figure(ctx: Context, change: Change | None, stated_ms: float | None) -> str:
     """The replay's figure, where the message states a saving in the window's ms that it departs
-    from (the ranked figure is the replay's)."""
+    from (the finding's saving is the replay's: `saving_alone_ms`)."""
     if stated_ms is None or change is None:
         return ""
     replayed = ctx.replayed_saving(change)
     if replayed is None or abs(replayed - stated_ms) < max(0.05 * stated_ms, 0.05):
         return ""
-    return f" Replayed on the step without the profiler's cost, the fix alone saves {replayed:.1f} ms: the figure ranked."
+    return f" Replayed on the step without the profiler's cost, the fix alone saves {replayed:.1f} ms."
 
 
 @dataclass(frozen=True)

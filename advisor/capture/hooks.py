@@ -384,20 +384,21 @@ class Hooks:
         def step(obj, *args, **kwargs):
             if not p.active:
                 return original(obj, *args, **kwargs)
-            timed = isinstance(obj, Optimizer) and hooks._optimizer_depth == 0
+            update = int(isinstance(obj, Optimizer))  # not a GradScaler's step around it
+            timed = update and hooks._optimizer_depth == 0
             hooks._enter_step()
-            hooks._optimizer_depth += isinstance(obj, Optimizer)
+            hooks._optimizer_depth += update
             started = time.perf_counter_ns()
             try:
                 result = original(obj, *args, **kwargs)
             except BaseException:
-                hooks._optimizer_depth -= isinstance(obj, Optimizer)
+                hooks._optimizer_depth -= update
                 hooks._leave_step(None)
                 raise
-            hooks._optimizer_depth -= isinstance(obj, Optimizer)
+            hooks._optimizer_depth -= update
             if timed:  # before the step ends, so that the step that just ran holds its own update
                 hooks._optimizer_ns += time.perf_counter_ns() - started
-            hooks._leave_step(obj if isinstance(obj, Optimizer) else (args[0] if args else kwargs.get("optimizer")))
+            hooks._leave_step(obj if update else (args[0] if args else kwargs.get("optimizer")))
             return result
 
         return step

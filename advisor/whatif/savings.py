@@ -757,18 +757,20 @@ def _set_in(rows: set[int], inside: np.ndarray) -> set[int]:
     return rows if ok.all() else set(r[ok].tolist())
 
 
+def _merged_host_spans(frames, pattern) -> tuple[np.ndarray, np.ndarray]:
+    host = frames.host
+    spans = host[name_matches(host["name"], pattern)]
+    return merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
+
+
 def dataloader_spans(frames) -> tuple[np.ndarray, np.ndarray]:
     """Merged DataLoader spans of a rank's host (where the loop waits for its batch)."""
-    host = frames.host
-    spans = host[name_matches(host["name"], DATALOADER_NAME)]
-    return merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
+    return _merged_host_spans(frames, DATALOADER_NAME)
 
 
 def optimizer_step_spans(frames) -> tuple[np.ndarray, np.ndarray]:
     """Merged `Optimizer.step#...` spans of a rank's host (the update, its zero_grad not included)."""
-    host = frames.host
-    spans = host[name_matches(host["name"], OPTIMIZER_STEP_SPAN)]
-    return merge(spans["ts"].to_numpy(np.int64), spans["end"].to_numpy(np.int64))
+    return _merged_host_spans(frames, OPTIMIZER_STEP_SPAN)
 
 
 def rank_replay(metrics, facts: dict[str, Any] | None) -> RankReplay:
