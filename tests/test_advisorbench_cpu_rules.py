@@ -182,7 +182,8 @@ def test_the_per_parameter_sgd_is_priced_from_its_whole_update():
 
 
 def test_the_per_parameter_sgd_is_promised_what_its_fused_twin_measured():
-    """tabular_optimizer_timed: recorded on the idle 2-core machine with the default capture,
+    """tabular_optimizer_timed: recorded on the 2-core machine (load average 0.7; its facts read
+    0 or 1.3-1.4 other cores per 5 ms window step, /proc's 10 ms ticks, 0 after it) with the default capture,
     `advisor profile --device cpu --no-memory benchmarks/advisorbench/workloads/tabular_optimizer.py`,
     which times the optimizer's step in the steps after the window (the script ran to its end,
     36 steps). The measurement: AdvisorBench's pair of the same script and its fused twin, 9
