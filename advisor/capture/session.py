@@ -62,7 +62,7 @@ AFTER_STEPS_MAX = 100
 
 
 def after_done(after: int, elapsed_s: float, count: int | None, world_size: int) -> bool:
-    """Whether `after` steps timed over `elapsed_s` after the window are enough. With several
+    """Whether `after` steps after the window, `elapsed_s` of step times in all, are enough. With several
     ranks the stretch is a count (every rank must stop at the same step, or one would wait in a
     collective for a rank that has stopped)."""
     if count is not None:
@@ -191,7 +191,6 @@ class _Session:
         self.profiling = False
         self.profiler_failed = False
         self._last_end = 0.0
-        self._after_since = 0.0  # when the window's last step ended
 
     # -- hooks' callbacks -------------------------------------------------------------------
     def on_step(self) -> None:
@@ -225,7 +224,8 @@ class _Session:
         self.progress.step(done, self.step_times_ms[-1])
         if self.window_complete and not self.o.full and not self.own_profiler:
             after = done - self.window.length
-            if after_done(after, now - self._after_since, self.o.after_steps, self.o.world_size):
+            timed_s = sum(self.step_times_ms[self.window.length:]) / 1e3  # the stretch as the facts record it
+            if after_done(after, timed_s, self.o.after_steps, self.o.world_size):
                 raise StopRun()
             if after == 0:
                 n = self.o.after_steps
@@ -236,8 +236,6 @@ class _Session:
                     what = f"{n} more step{'s' if n != 1 else ''}"
                 self.progress.say(f"timing {what} without the profiler, to measure its cost")
         self._last_end = time.perf_counter()
-        if self.window_complete and done == self.window.length:  # the trace is written: the stretch after it starts
-            self._after_since = self._last_end
 
     def _start_late(self) -> None:
         """Start the profiler after the wait steps, without Python stacks for a compiled model.
