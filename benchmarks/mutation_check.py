@@ -51,22 +51,22 @@ PAIRS: dict[str, tuple[str, str, list[str]]] = {
         "tests/test_promise_pins.py::test_workers_pin_the_walks_first_round",
         "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[walk/follow_the_advice_gpu#1]",
     ]),
-    # Pairs without a pin (no value worked out by hand lands within 7% of their promise: compile's
-    # device time fell 9.2 ms a step against 6.3 promised; a 4x batch's step, 174 ms of device
-    # work and four batches loaded, gives 8.7 ms per 64 samples against 10.75): the pair tests'
-    # ±25% band only.
     "vit/compile": ("unfused-elementwise", "h100_vit/baseline", [
+        "tests/test_promise_pins.py::test_compile_pins_the_kernel_time_its_chains_fuse_away",
         "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[vit/compile]",
     ]),
     "vit/batch256": ("spare-gpu-memory", "h100_vit/baseline", [
+        "tests/test_promise_pins.py::test_batch256_pins_the_step_a_4x_batch_replays_on_the_vit",
         "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[vit/batch256]",
         "tests/test_promise_optimizer_batch.py::test_batch256_promise_is_what_the_4x_batch_measured_per_64_samples",
     ]),
     "walk/gpu#3 (batch)": ("spare-gpu-memory", "runs/gpu_workers", [
+        "tests/test_promise_pins.py::test_batch128_pins_the_walks_third_round",
         "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[walk/follow_the_advice_gpu#3]",
         "tests/test_promise_optimizer_batch.py::test_the_walks_larger_batch_promise_stays_kept",
     ]),
     "walk/cudagraphs#1": ("launch-bound+zero-grad-memset", "runs/gpu_compiled", [
+        "tests/test_promise_pins.py::test_cuda_graphs_pin_the_compiled_walk_to_its_device_work",
         "tests/test_promise_pairs.py::test_a_measured_fix_gains_what_the_run_before_it_promised[walk/follow_the_advice_gpu_cudagraphs#1]",
     ]),
 }
