@@ -118,7 +118,8 @@ gives, with the model's threads as they are (the fix writes no `torch.set_num_th
 otherwise the thread trade is weighed, and where that loses too nothing is promised.
 
 **A window timed beside other work** (`advisor profile` records per step how many cores other
-processes kept busy: at least half a core on average) does not decide the trade on its op
+processes kept busy: at least half a core over the window's time, beyond what /proc's 10 ms
+ticks can tell from none on a window that short) does not decide the trade on its op
 times. Its `p` compute threads wait for each other whenever one of them waits for a core, so
 the model's time swells far more than the loading's single thread (`tests/data/quick_start_load`):
 weighed against each other they say the worker loses, where the same script on an idle machine
@@ -156,7 +157,7 @@ from advisor.metrics.epochs import epoch_ends
 from advisor.metrics.intervals import merge, overlap_with, subtract
 from advisor.metrics.source import source_lines
 from advisor.metrics.steps import step_of
-from advisor.metrics.unprofiled import NOISY_OTHER_CORES, UnprofiledSteps, unprofiled_steps, window_other_cores
+from advisor.metrics.unprofiled import UnprofiledSteps, WindowOtherWork, unprofiled_steps, window_other_work
 from advisor.whatif import Change
 from advisor.whatif.savings import dataloader_spans
 
@@ -445,12 +446,14 @@ class CoreBudget:
     rest_ms: float  # the rest of the step, that a worker's loading can run beside
     parallel_ms: float = 0.0  # of the rest, op time the intra-op threads share (CPU runs)
     other_cores: float | None = None  # cores other processes kept busy during the window (facts)
+    other_resolution: float = 0.0  # the least other work the window's /proc ticks tell from none
 
     @property
     def noisy(self) -> bool:
-        """The window was timed beside other work (at least half a core of it on average): its
-        op times include waits for the cores, so they cannot tell what a thread gives the model."""
-        return self.other_cores is not None and self.other_cores >= NOISY_OTHER_CORES
+        """The window was timed beside other work (at least half a core of it on average, beyond
+        what /proc's ticks resolve): its op times include waits for the cores, so they cannot
+        tell what a thread gives the model (`WindowOtherWork.noisy`)."""
+        return self.other_cores is not None and WindowOtherWork(self.other_cores, self.other_resolution).noisy
 
     @property
     def free_cores(self) -> int:
@@ -616,7 +619,9 @@ def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int |
         busy = int(intra) if isinstance(intra, int) and intra > 0 else cores
     rest_ms = max(ctx.step_ms - loader_ms, 0.0)
     parallel_ms = 0.0 if m.has_device else m.parallel_op_ms
-    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms, window_other_cores(ctx.recorded))
+    other = window_other_work(ctx.recorded)
+    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms,
+                      None if other is None else other.cores, 0.0 if other is None else other.resolution)
 
 
 @dataclass(frozen=True)

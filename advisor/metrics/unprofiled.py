@@ -116,25 +116,53 @@ def profiler_overhead(recorded: FactsFile, window_median_ms: float | None = None
 
 # Cores other processes kept busy, on average over the window, from which it is called noisy.
 NOISY_OTHER_CORES = 0.5
+# /proc counts CPU time in USER_HZ ticks, 100 a second on Linux.
+PROC_TICK_S = 0.01
 
 
-def window_other_cores(recorded: FactsFile) -> float | None:
-    """The cores other processes kept busy during the profiled steps, on average (the facts
-    file's `other_cpu_cores`, recorded per step by `advisor profile`); None when not recorded."""
-    per_step, steps = recorded.other_cpu_cores, recorded.profiled_steps
+@dataclass(frozen=True)
+class WindowOtherWork:
+    """Other processes' CPU time during the profiled steps, in cores on average (`cores`), and
+    the least of it /proc's ticks can tell from none over the window (`resolution`): each
+    core's count and the script's own are read at the window's two ends, each off by up to a
+    tick, while the samples between them cancel in the sum. A window of short steps (a few ms)
+    reads 0 or 2 cores per step from whole ticks; only its whole can say more."""
+
+    cores: float
+    resolution: float
+
+    @property
+    def noisy(self) -> bool:
+        """Timed beside other work: at least half a core of it, beyond what the ticks resolve."""
+        return self.cores - self.resolution >= NOISY_OTHER_CORES
+
+
+def window_other_work(recorded: FactsFile) -> WindowOtherWork | None:
+    """The facts file's `other_cpu_cores` (recorded per step by `advisor profile`) over the
+    window: each step's figure weighted by its time (`step_times_ms`), so that the window's
+    other CPU time is over its wall time; None when not recorded."""
+    per_step, steps, times = recorded.other_cpu_cores, recorded.profiled_steps, recorded.step_times_ms
     if per_step is None or steps is None:
         return None
-    got = [per_step[k] for k in steps if k < len(per_step) and per_step[k] is not None]
-    return round(sum(got) / len(got), 2) if got else None
+    got = [(per_step[k], times[k] if times is not None and k < len(times) else None) for k in steps if k < len(per_step) and per_step[k] is not None]
+    if not got:
+        return None
+    if all(t is not None and t > 0 for _, t in got):
+        window_s = sum(t for _, t in got) / 1e3
+        cores = sum(c * t for c, t in got) / 1e3 / window_s
+        resolution = ((recorded.cpu_count or 1) + 1) * PROC_TICK_S / window_s
+    else:  # no step clock: their mean, at face value
+        cores, resolution = sum(c for c, _ in got) / len(got), 0.0
+    return WindowOtherWork(round(cores, 2), round(resolution, 2))
 
 
 def noisy_window_note(recorded: FactsFile) -> str | None:
     """A note when the window was timed beside other work: its step and op times are inflated
     by waits for a core, the more so the more threads the training runs."""
-    other = window_other_cores(recorded)
-    if other is None or other < NOISY_OTHER_CORES:
+    work = window_other_work(recorded)
+    if work is None or not work.noisy:
         return None
-    cores = recorded.cpu_count
+    other, cores = work.cores, recorded.cpu_count
     of = f" of the {cores} cores" if cores is not None else ""
     return (
         f"the window was timed beside other work: other processes kept {other:.1f}{of} busy while it was recorded, so its "
@@ -145,9 +173,9 @@ def noisy_window_note(recorded: FactsFile) -> str | None:
 def noisy_window_caveat(recorded: FactsFile) -> str | None:
     """The noisy window's caveat in a few words, for the verdict beside the step figure it
     qualifies (`noisy_window_note` says it at length)."""
-    other = window_other_cores(recorded)
-    if other is None or other < NOISY_OTHER_CORES:
+    work = window_other_work(recorded)
+    if work is None or not work.noisy:
         return None
-    cores = recorded.cpu_count
+    other, cores = work.cores, recorded.cpu_count
     of = f" of {cores}" if cores is not None else ""
     return f"noisy window: other processes kept {other:.1f}{of} cores busy, so these times include waits for a core"
