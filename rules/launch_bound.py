@@ -185,7 +185,7 @@ def check(ctx: Context):
     message = (
         f"{per_step_kernels:.0f} kernels/step (median {median_us:.1f} µs) outrun the host: the GPU sits idle "
         f"{saving:.1f} ms/step in {evidence['starved_gaps_per_step']:.0f} short gaps waiting for the next launch; "
-        f"CUDA graphs (torch.compile mode='reduce-overhead') or a larger batch recover up to that."
+        f"CUDA graphs (torch.compile mode='reduce-overhead') or a larger batch take those waits off the device."
     )
     snippet = None
     if not is_training(m, ctx.recorded):
@@ -194,7 +194,8 @@ def check(ctx: Context):
         message = (
             f"{per_step_kernels:.0f} kernels per forward pass (median {median_us:.1f} µs) outrun the host: the GPU sits idle "
             f"{saving:.1f} ms of each {ctx.step_ms:.1f} ms step in {evidence['starved_gaps_per_step']:.0f} short gaps waiting for the next launch, "
-            "latency every request pays; a CUDA graph of the forward pass (torch.compile mode='reduce-overhead') recovers up to that, "
+            "latency every request pays; a CUDA graph of the forward pass (torch.compile mode='reduce-overhead') takes those waits off "
+            "the device, "
             "and more requests per launch raise throughput."
         )
     # The fix, replayed: the step's kernels are issued as a graph, back to back on their
