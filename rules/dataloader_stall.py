@@ -445,15 +445,17 @@ class CoreBudget:
     loader_ms: float  # per step, the DataLoader's time in the window (single-process loading)
     rest_ms: float  # the rest of the step, that a worker's loading can run beside
     parallel_ms: float = 0.0  # of the rest, op time the intra-op threads share (CPU runs)
-    other_cores: float | None = None  # cores other processes kept busy during the window (facts)
-    other_resolution: float = 0.0  # the least other work the window's /proc ticks tell from none
+    other_work: WindowOtherWork | None = None  # other processes' CPU time during the window (facts)
+
+    @property
+    def other_cores(self) -> float | None:
+        return None if self.other_work is None else self.other_work.cores
 
     @property
     def noisy(self) -> bool:
-        """The window was timed beside other work (at least half a core of it on average, beyond
-        what /proc's ticks resolve): its op times include waits for the cores, so they cannot
-        tell what a thread gives the model (`WindowOtherWork.noisy`)."""
-        return self.other_cores is not None and WindowOtherWork(self.other_cores, self.other_resolution).noisy
+        """The window was timed beside other work (`WindowOtherWork.noisy`): its op times include
+        waits for the cores, so they cannot tell what a thread gives the model."""
+        return self.other_work is not None and self.other_work.noisy
 
     @property
     def free_cores(self) -> int:
@@ -619,9 +621,7 @@ def core_budget(ctx: Context, cpus: int | None, world: int, workers_after: int |
         busy = int(intra) if isinstance(intra, int) and intra > 0 else cores
     rest_ms = max(ctx.step_ms - loader_ms, 0.0)
     parallel_ms = 0.0 if m.has_device else m.parallel_op_ms
-    other = window_other_work(ctx.recorded)
-    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms,
-                      None if other is None else other.cores, 0.0 if other is None else other.resolution)
+    return CoreBudget(cores, min(busy, cores), int(workers_now), int(workers_after), loader_ms, rest_ms, parallel_ms, window_other_work(ctx.recorded))
 
 
 @dataclass(frozen=True)

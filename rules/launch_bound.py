@@ -195,8 +195,7 @@ def check(ctx: Context):
             f"{per_step_kernels:.0f} kernels per forward pass (median {median_us:.1f} µs) outrun the host: the GPU sits idle "
             f"{saving:.1f} ms of each {ctx.step_ms:.1f} ms step in {evidence['starved_gaps_per_step']:.0f} short gaps waiting for the next launch, "
             "latency every request pays; a CUDA graph of the forward pass (torch.compile mode='reduce-overhead') takes those waits off "
-            "the device, "
-            "and more requests per launch raise throughput."
+            "the device, and more requests per launch raise throughput."
         )
     # The fix, replayed: the step's kernels are issued as a graph, back to back on their
     # streams, their launch calls shrink to a small share of their cost, and the host work

@@ -98,14 +98,19 @@ def _device_busy_per_step(events) -> float:
     return statistics.median(busy)
 
 
+def _optimizer_on_device(events) -> list[tuple[float, float]]:
+    """The optimizer steps as the device ran them: their gpu_user_annotation spans (µs)."""
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("Optimizer.step#") and e.get("cat") == "gpu_user_annotation"]
+
+
 def _optimizer_device_span(events) -> tuple[float, float]:
-    """The optimizer step as the device ran it (its gpu_user_annotation span), median over the
-    window: (span ms, busy ms within it). The span less the busy time is where the device waited
-    for the host to launch the next per-parameter kernel."""
+    """The optimizer step as the device ran it, median over the window: (span ms, busy ms within
+    it). The span less the busy time is where the device waited for the host to launch the next
+    per-parameter kernel."""
     dev = _merged((e["ts"], e["ts"] + e["dur"]) for e in _device(events))
-    spans = [e for e in events if e["name"].startswith("Optimizer.step#") and e.get("cat") == "gpu_user_annotation"]
+    spans = _optimizer_on_device(events)
     assert len(spans) == len(_steps(events)), len(spans)
-    return (statistics.median(e["dur"] / 1e3 for e in spans), statistics.median(_covered(dev, e["ts"], e["ts"] + e["dur"]) / 1e3 for e in spans))
+    return (statistics.median((b - a) / 1e3 for a, b in spans), statistics.median(_covered(dev, a, b) / 1e3 for a, b in spans))
 
 
 @functools.cache
@@ -215,7 +220,7 @@ def _grown_device_ms(events) -> float:
     """Median over the window's steps of the device time a larger batch grows: every kernel,
     copy and memset of the step (their summed durations) but the optimizer's, whose work is
     per parameter, not per sample (ms)."""
-    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("Optimizer.step#") and e.get("cat") == "gpu_user_annotation"]
+    spans = _optimizer_on_device(events)
     per_step = []
     for a, b in _steps(events):
         dev = [e for e in _device(events) if a <= e["ts"] < b and not any(s <= e["ts"] < t for s, t in spans)]
@@ -301,7 +306,7 @@ def test_compile_pins_the_kernel_time_its_chains_fuse_away():
     # kernels (fusion 5.45 ms), and it adds the eager launches that go (0.81 ms).
     run = _vit("baseline")
     events, _ = _events(run)
-    optimizer = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("Optimizer.step#") and e.get("cat") == "gpu_user_annotation"]
+    optimizer = _optimizer_on_device(events)
     per_step = []
     for a, b in _steps(events):
         kernels = [e for e in _device(events) if e["cat"] == "kernel" and a <= e["ts"] < b and not any(s <= e["ts"] < t for s, t in optimizer)]

@@ -100,10 +100,11 @@ def test_a_noisy_windows_trade_is_the_middle_of_its_ends_and_says_so(loading, re
     nothing) gains: positive whenever the loading is, and said to be noisy; the same window
     timed alone keeps Amdahl's estimate on its op times."""
     from advisor.engine import find_rule
+    from advisor.metrics.unprofiled import WindowOtherWork
 
     budget_of = find_rule("dataloader-stall").module.CoreBudget
-    noisy = budget_of(2, 2, 0, 1, loading, rest, parallel_ms=0.9 * rest, other_cores=1.2)
-    alone = budget_of(2, 2, 0, 1, loading, rest, parallel_ms=0.9 * rest, other_cores=0.1)
+    noisy = budget_of(2, 2, 0, 1, loading, rest, parallel_ms=0.9 * rest, other_work=WindowOtherWork(1.2, 0.0))
+    alone = budget_of(2, 2, 0, 1, loading, rest, parallel_ms=0.9 * rest, other_work=WindowOtherWork(0.1, 0.0))
     best, worst = min(loading, rest), max(loading + rest - max(2 * rest, loading), 0.0)
     assert noisy.trade_gain_ms == pytest.approx((best + worst) / 2) and noisy.trade_gain_ms > 0
     assert noisy.expected_step_ms == pytest.approx(loading + rest - (best + worst) / 2)

@@ -21,8 +21,10 @@ import re
 from statistics import median
 
 import pytest
-from conftest import SAMPLE_RUNS
+from conftest import SAMPLE_RUNS, shared
 from trace_edit import load_events
+
+from advisor.analysis import analyze
 
 GPU_BASELINE = SAMPLE_RUNS / "resnet18_cifar" / "runs" / "gpu_baseline"
 QUICK_START = SAMPLE_RUNS.parent / "tests" / "data" / "quick_start_load" / "runs"
@@ -190,8 +192,6 @@ def test_a_quiet_window_carries_no_noisy_caveat(cli):
 
 @pytest.mark.parametrize("run", NOISY_RUNS, ids=lambda p: p.name)
 def test_a_saving_the_sentence_states_is_the_one_ranked(run):
-    from advisor.analysis import analyze
-
     f = next(f for f in analyze(run).findings if f.rule == "dataloader-stall")
     ranked = f.saving_alone_ms if f.saving_alone_ms is not None else f.saving_ms
     # the sentence gives the window's arithmetic ("about X ms", the middle of the thread trade);
@@ -206,10 +206,6 @@ def test_a_message_never_caps_a_saving_its_ranking_exceeds():
     short gaps waiting for launches, and CUDA graphs replay to 5.70 ms saved (the host's launch
     work on the step's path goes too). Its message said the fix would "recover up to that", below
     a ranked figure twice as large."""
-    from conftest import shared
-
-    from advisor.analysis import analyze
-
     f = next(f for f in analyze(shared("whatif/h100_vit/baseline")).findings if f.rule == "launch-bound")
     idle = float(re.search(r"sits idle (\d+\.\d+) ms/step", f.message).group(1))
     assert f.saving_ms > idle  # the run that showed it

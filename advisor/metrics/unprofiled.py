@@ -125,8 +125,8 @@ class WindowOtherWork:
     """Other processes' CPU time during the profiled steps, in cores on average (`cores`), and
     the least of it /proc's ticks can tell from none over the window (`resolution`): each
     core's count and the script's own are read at the window's two ends, each off by up to a
-    tick, while the samples between them cancel in the sum. A window of short steps (a few ms)
-    reads 0 or 2 cores per step from whole ticks; only its whole can say more."""
+    tick, while the samples between them cancel in the sum. A step of a few ms reads 0 or one
+    whole tick over its time (1.4 cores for 7 ms); only the window's whole can say more."""
 
     cores: float
     resolution: float
