@@ -11,12 +11,16 @@ only after their copy on the device ended).
 
 from __future__ import annotations
 
+import copy
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 from conftest import REPO, shared, shared_trace
+from trace_edit import events, load_events, trace_file, write_trace
 
+from advisor.analysis import analyze
 from advisor.load.trace import load_trace
 from advisor.metrics.events import rank_events
 from advisor.metrics.host_device import sync_calls, timeline
@@ -126,3 +130,24 @@ def test_the_definition_names_what_the_raw_scan_found():
         assert all(HOST_WAIT_CALL.search(n) for n in waits) and all(SYNC_CALL.search(n) for n in syncs)
         assert not any(HOST_WAIT_CALL.search(n) for n in never)
     assert Counter(bool(HOST_WAIT_CALL.search(n)) for n in ("cudaFree", "hipFree", "cudaMemcpy", "cudaMemcpy2DAsync", "cudaCtxSynchronize")) == {True: 5}
+
+
+def test_one_time_work_written_twice_is_cut_once(tmp_path):
+    # The MI250 minitoy's one step holds one hipLaunchKernel of 6.54 ms where its other 11 take
+    # ~5 µs: one-time work, cut out of the timeline. The same record written twice (a merged or
+    # re-exported trace; the fuzz test found it) overlaps itself: cut once, the steps are what
+    # they are with it once. Cut twice, the step ran 3.8 ms backwards.
+    source = trace_file("misc/amd_mi250_minitoy.json.gz")
+    frames = load_trace(source)
+    (call,) = one_time_calls(frames, frames.steps).itertuples()
+    doc = load_events(source)
+    long_launch = [e for e in events(doc, lambda e: e.get("name") == "hipLaunchKernel") if e["dur"] > 6000]
+    assert len(long_launch) == 1 and round(long_launch[0]["dur"]) == round((call.end - call.ts) / 1e3)
+    doc["traceEvents"].append(copy.deepcopy(long_launch[0]))
+    twice = analyze(write_trace(doc, tmp_path / "twice.json"))
+    once = analyze(source)
+    # (the copy adds a 13th call to the name's typical time: 78 ns)
+    columns = ["start", "end", "duration"]
+    for got, want in ((twice.ranks[0].steps[columns], once.ranks[0].steps[columns]), (twice.ranks[0].breakdown, once.ranks[0].breakdown)):
+        assert abs(got.to_numpy(np.int64) - want.to_numpy(np.int64)).max() < 1000, (got, want)
+    assert (twice.ranks[0].steps["duration"] > 0).all()

@@ -134,8 +134,10 @@ def without_one_time_work(frames: TraceFrames, steps: pd.DataFrame | None = None
     calls = one_time_calls(frames, steps)
     if len(calls) == 0:
         return frames, []
-    cut_len = calls["excess"].to_numpy(np.int64)
-    cut_at = calls["end"].to_numpy(np.int64) - cut_len
+    # calls that overlap (two threads stalled at once, a record written twice) cut their union once
+    cut_end = calls["end"].to_numpy(np.int64)
+    cut_at, cut_end = merge(cut_end - calls["excess"].to_numpy(np.int64), cut_end)
+    cut_len = cut_end - cut_at
 
     def moved(df: pd.DataFrame | None, cols: tuple[str, ...], keep_dur: bool = False) -> pd.DataFrame | None:
         if df is None or len(df) == 0:
